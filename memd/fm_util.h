@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Small helpers shared by memd, the pager and the agent: logging, units, time, checksums. */
+#ifndef FARMEM_UTIL_H
+#define FARMEM_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+#include <isa-l/crc.h>
+
+enum fm_log_level { FM_LOG_ERROR = 0, FM_LOG_WARN = 1, FM_LOG_INFO = 2, FM_LOG_DEBUG = 3 };
+
+extern int fm_log_level;
+extern const char *fm_log_prefix;
+
+void fm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define fm_err(...)   fm_log(FM_LOG_ERROR, __VA_ARGS__)
+#define fm_warn(...)  fm_log(FM_LOG_WARN, __VA_ARGS__)
+#define fm_info(...)  fm_log(FM_LOG_INFO, __VA_ARGS__)
+#define fm_debug(...) do { if (fm_log_level >= FM_LOG_DEBUG) fm_log(FM_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+/* "error" | "warn" | "info" | "debug" -> level, or -1. */
+int fm_log_level_parse(const char *s);
+
+/*
+ * Parse a byte size: a number with an optional suffix k, m, g, t (powers of
+ * 1024, either case, optional trailing "b"/"ib"). Returns 0 or -EINVAL.
+ */
+int fm_parse_bytes(const char *s, uint64_t *out);
+/* Parse an unsigned integer in [min, max]. Returns 0, -EINVAL or -ERANGE. */
+int fm_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+static inline uint64_t fm_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* crc32c (Castagnoli), the standard definition: crc32c("123456789") == 0xe3069283. */
+static inline uint32_t fm_crc32c(const void *buf, size_t len)
+{
+	return ~crc32_iscsi((unsigned char *)buf, (int)len, 0xffffffffu);
+}
+
+/* Fill buf with len bytes from getrandom(2). Returns 0 or -errno. */
+int fm_random(void *buf, size_t len);
+
+/* Read and write exactly len bytes, retrying on EINTR and short transfers. */
+int fm_read_full(int fd, void *buf, size_t len);
+int fm_write_full(int fd, const void *buf, size_t len);
+
+#endif /* FARMEM_UTIL_H */

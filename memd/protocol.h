@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * farmem memd wire protocol, version 1. The normative description is
+ * docs/protocol.md; this header is its C form, shared by memd and by the
+ * pager's client side. Everything on the wire is little-endian and packed.
+ *
+ * A frame is a fixed 24-byte header followed by `len` payload bytes.
+ * Requests carry a client-chosen req_id that the reply echoes, so a client
+ * may pipeline: memd answers the requests of one connection in order.
+ */
+#ifndef FARMEM_PROTOCOL_H
+#define FARMEM_PROTOCOL_H
+
+#include <stdint.h>
+
+#define FM_PROTO_MAGIC      0x31444d46u /* "FMD1" */
+#define FM_PROTO_VERSION    1
+#define FM_PAGE_SIZE        4096u
+#define FM_PAGE_SHIFT       12
+#define FM_NONCE_LEN        32
+#define FM_MAC_LEN          32          /* HMAC-SHA256 */
+#define FM_SESSION_KEY_LEN  16
+
+/* Bounds that memd enforces on every request (docs/protocol.md, "Limits"). */
+#define FM_MAX_BATCH        256u        /* pages per READ or WRITE */
+#define FM_MAX_RANGES       1024u       /* ranges per DISCARD */
+#define FM_MAX_SPACE_PAGES  (1ull << 36) /* 256 TiB of 4 KiB pages */
+#define FM_MAX_PAYLOAD      (FM_MAX_BATCH * (FM_PAGE_SIZE + 16u) + 64u)
+
+enum fm_op {
+	FM_OP_HELLO        = 1,  /* C: fm_hello_req; S: fm_hello_rep */
+	FM_OP_AUTH         = 2,  /* C: fm_auth_req;  S: fm_auth_rep  */
+	FM_OP_SESSION_NEW  = 3,  /* C: -;             S: fm_session  */
+	FM_OP_SESSION_JOIN = 4,  /* C: fm_session;    S: -           */
+	FM_OP_SPACE_OPEN   = 5,  /* C: fm_space_open_req; S: fm_space_open_rep */
+	FM_OP_SPACE_CLOSE  = 6,  /* C: fm_space_ref;  S: -           */
+	FM_OP_READ         = 7,  /* C: fm_space_ref + u64 page[count];
+	                          * S: fm_page_status[count] + count pages */
+	FM_OP_WRITE        = 8,  /* C: fm_space_ref + fm_write_ent[count] + count pages;
+	                          * S: u32 status[count] */
+	FM_OP_DISCARD      = 9,  /* C: fm_space_ref + fm_range[count]; S: -  */
+	FM_OP_STATS        = 10, /* C: -; S: fm_stats */
+	FM_OP_SHM_MAP      = 11, /* C: fm_space_ref; S: fm_shm_map_rep + memfd (SCM_RIGHTS) */
+	FM_OP_QUOTA        = 12, /* C: fm_quota_req; S: fm_quota_rep */
+	FM_OP_ERROR        = 0x7fff, /* S only: status in header, UTF-8 message as payload */
+};
+
+/* Header status values (replies) and per-page status values. */
+enum fm_status {
+	FM_OK          = 0,
+	FM_E_PROTO     = 1,  /* malformed frame; memd closes the connection */
+	FM_E_VERSION   = 2,  /* no common protocol version */
+	FM_E_AUTH      = 3,  /* bad or missing authentication */
+	FM_E_OP        = 4,  /* unknown op */
+	FM_E_RANGE     = 5,  /* page or space out of range */
+	FM_E_TOOBIG    = 6,  /* count or len beyond the limits above */
+	FM_E_FULL      = 7,  /* memd or session quota full: the client keeps the page */
+	FM_E_NOSPACE   = 8,  /* no such space in this session */
+	FM_E_CRC       = 9,  /* page data does not match its checksum */
+	FM_E_ABSENT    = 10, /* READ of a page that was never written (or discarded) */
+	FM_E_STATE     = 11, /* op not allowed now (before auth, no session, ...) */
+	FM_E_NOSHM     = 12, /* SHM_MAP over a transport that cannot pass fds */
+	FM_E_INTERNAL  = 13,
+};
+
+struct fm_hdr {
+	uint32_t magic;
+	uint16_t op;
+	uint16_t status;
+	uint64_t req_id;
+	uint32_t count;
+	uint32_t len;
+} __attribute__((packed));
+
+#define FM_HELLO_F_SHM  1u /* server: can pass its store as memfd (Unix socket) */
+
+struct fm_hello_req {
+	uint16_t min_version;
+	uint16_t max_version;
+	uint32_t flags;
+	uint8_t  client_nonce[FM_NONCE_LEN];
+} __attribute__((packed));
+
+struct fm_hello_rep {
+	uint16_t version;
+	uint16_t reserved;
+	uint32_t flags;        /* FM_HELLO_F_* */
+	uint8_t  server_nonce[FM_NONCE_LEN];
+} __attribute__((packed));
+
+/*
+ * mac = HMAC-SHA256(secret, "farmem-client-v1" || server_nonce || client_nonce)
+ * The reply proves the server knows the secret too:
+ * mac = HMAC-SHA256(secret, "farmem-server-v1" || client_nonce || server_nonce)
+ */
+struct fm_auth_req { uint8_t mac[FM_MAC_LEN]; } __attribute__((packed));
+struct fm_auth_rep { uint8_t mac[FM_MAC_LEN]; } __attribute__((packed));
+
+struct fm_session {
+	uint64_t session_id;
+	uint8_t  key[FM_SESSION_KEY_LEN];
+} __attribute__((packed));
+
+struct fm_space_open_req {
+	uint64_t npages;
+	uint32_t flags;
+	uint32_t reserved;
+} __attribute__((packed));
+
+struct fm_space_open_rep {
+	uint32_t space_id;
+	uint32_t reserved;
+} __attribute__((packed));
+
+struct fm_space_ref {
+	uint32_t space_id;
+	uint32_t reserved;
+} __attribute__((packed));
+
+struct fm_page_status {
+	uint32_t status;   /* FM_OK, FM_E_ABSENT or FM_E_RANGE */
+	uint32_t crc;      /* crc32c of the page as written */
+} __attribute__((packed));
+
+struct fm_write_ent {
+	uint64_t page;
+	uint32_t crc;      /* crc32c of the page data that follows */
+	uint32_t reserved;
+} __attribute__((packed));
+
+struct fm_range {
+	uint64_t first;
+	uint64_t npages;
+} __attribute__((packed));
+
+struct fm_quota_req {
+	int64_t delta_pages;   /* > 0 reserve, < 0 release */
+} __attribute__((packed));
+
+struct fm_quota_rep {
+	uint64_t granted_pages; /* the session's grant after the change */
+} __attribute__((packed));
+
+/*
+ * One-sided (shared-memory) layout of a space. The memfd holds the page data
+ * first, then one fm_shm_meta per page. A client that writes a page stores
+ * the data and crc, then publishes FM_SHM_PRESENT with a release store; a
+ * reader acquires flags before it trusts crc and data.
+ */
+struct fm_shm_map_rep {
+	uint64_t npages;
+	uint64_t data_offset;
+	uint64_t meta_offset;
+	uint64_t map_len;
+} __attribute__((packed));
+
+#define FM_SHM_PRESENT 1u
+struct fm_shm_meta {
+	uint32_t crc;
+	uint32_t flags;
+};
+
+struct fm_stats {
+	uint64_t capacity_pages;
+	uint64_t used_pages;       /* pages held for TCP spaces + shm grants */
+	uint64_t sessions;
+	uint64_t spaces;
+	uint64_t connections;
+	uint64_t reads;            /* pages */
+	uint64_t writes;           /* pages */
+	uint64_t discards;         /* pages */
+	uint64_t errors;           /* error replies sent */
+	uint64_t full_rejects;     /* pages refused with FM_E_FULL */
+} __attribute__((packed));
+
+_Static_assert(sizeof(struct fm_hdr) == 24, "fm_hdr is 24 bytes on the wire");
+_Static_assert(sizeof(struct fm_hello_req) == 40, "hello req");
+_Static_assert(sizeof(struct fm_write_ent) == 16, "write entry");
+_Static_assert(sizeof(struct fm_shm_meta) == 8, "shm meta");
+
+#endif /* FARMEM_PROTOCOL_H */

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install what farmem needs to build and test, from Debian's packages. Idempotent:
+# a second run installs nothing and takes well under a second.
+set -euo pipefail
+
+PKGS=(
+	build-essential pkg-config git
+	libisal-dev libssl-dev liburing-dev libnuma-dev numactl
+	clang llvm libbpf-dev bpftool
+	libibverbs-dev librdmacm-dev rdma-core
+	iproute2 tmux util-linux procps
+	python3 python3-venv python3-pip
+	openjdk-17-jdk-headless
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "deps: installing ${missing[*]}"
+	if [ "$(id -u)" -ne 0 ]; then
+		SUDO=sudo
+	else
+		SUDO=
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get -o DPkg::Lock::Timeout=300 update -q >/dev/null
+	$SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi

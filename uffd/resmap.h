@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The residency map and pager statistics (DESIGN.md interface 2).
+ *
+ * One shared-memory object per paged process, a memfd named "farmem-map",
+ * so that nothing is left behind when the process dies. Readers outside the
+ * process open /proc/PID/fd/N (the link reads "/memfd:farmem-map (deleted)")
+ * and map it read-only. The layout is:
+ *
+ *   [0, FM_RESMAP_MAP_OFFSET)  struct fm_resmap_hdr (regions, epoch, stats)
+ *   [FM_RESMAP_MAP_OFFSET, ..) one state byte per page of every region,
+ *                              region r at regions[r].map_offset
+ *
+ * The collector and outside readers use plain loads; every writer is the
+ * pager, with atomic byte operations. A byte may be stale by the time it
+ * is read: it is advice for the GC and a figure for tools, never a lock.
+ * docs/residency-map.md describes it for readers in other languages.
+ */
+#ifndef FARMEM_RESMAP_H
+#define FARMEM_RESMAP_H
+
+#include <stdint.h>
+
+#define FM_RESMAP_MAGIC        0x50414d52u /* "RMAP" */
+#define FM_RESMAP_VERSION      1
+#define FM_RESMAP_MAX_REGIONS  64
+#define FM_RESMAP_MAP_OFFSET   (64u * 1024u)
+#define FM_LAT_BUCKETS         256 /* 8 per power of two of nanoseconds */
+
+/* The low three bits of a page byte. */
+enum fm_page_state {
+	FM_PG_UNTOUCHED = 0, /* neither local nor remote: a touch is a local zero-fill */
+	FM_PG_FILLING   = 1, /* in flight: a handler is installing it */
+	FM_PG_CLEAN     = 2, /* resident, write-protected, memd (or zero) has these bytes */
+	FM_PG_UPDATING  = 3, /* resident, a handler is making it writable */
+	FM_PG_DIRTY     = 4, /* resident and writable: must be written back before a drop */
+	FM_PG_LEAVING   = 5, /* resident, being evicted */
+	FM_PG_REMOTE    = 6, /* not resident: memd holds the latest bytes */
+	FM_PG_UNMANAGED = 7, /* inside a region but not paged (e.g. a file-backed hole) */
+};
+#define FM_PG_STATE_MASK   0x07u
+
+/* Flags in the high bits of a page byte. */
+#define FM_PGF_HAS_REMOTE  0x08u /* memd holds a copy (current if CLEAN/REMOTE) */
+#define FM_PGF_REF         0x10u /* filled or written since the evictor's hand passed */
+#define FM_PGF_GC          0x20u /* faulted in by a GC thread, untouched by the app since */
+#define FM_PGF_PREFETCH    0x40u /* installed by prefetch, use not yet seen */
+#define FM_PGF_WAITER      0x80u /* a faulting thread waits for the evictor to finish */
+
+static inline unsigned fm_pg_state(uint8_t b) { return b & FM_PG_STATE_MASK; }
+
+/* What the collector asks: will touching this page cost a remote fetch? */
+static inline int fm_pg_is_remote(uint8_t b)
+{
+	unsigned s = fm_pg_state(b);
+	return s == FM_PG_REMOTE || s == FM_PG_FILLING;
+}
+
+static inline int fm_pg_is_resident(uint8_t b)
+{
+	unsigned s = fm_pg_state(b);
+	return s == FM_PG_CLEAN || s == FM_PG_UPDATING || s == FM_PG_DIRTY ||
+	       s == FM_PG_LEAVING;
+}
+
+#define FM_REGION_F_LIVE   1u /* slot in use */
+#define FM_REGION_F_HEAP   2u /* the Java heap */
+#define FM_REGION_F_SHMEM  4u /* shared-memory backed (minor-fault mode) */
+
+struct fm_resmap_region {
+	uint64_t base;        /* first byte of the region */
+	uint64_t npages;
+	uint64_t map_offset;  /* offset of its first state byte in the memfd */
+	uint32_t flags;       /* FM_REGION_F_* */
+	uint32_t space_id;    /* memd space that holds its remote pages */
+};
+
+/* Counters: monotonically increasing unless noted. Updated with relaxed atomics. */
+struct fm_pager_stats {
+	uint64_t faults;             /* missing faults served (zero-fill + remote) */
+	uint64_t wp_faults;          /* write-protect faults (clean page written) */
+	uint64_t zero_fills;         /* faults served locally with zeros */
+	uint64_t remote_reads;       /* pages read from memd, demand + prefetch */
+	uint64_t remote_read_bytes;
+	uint64_t remote_writes;      /* pages written to memd */
+	uint64_t remote_write_bytes;
+	uint64_t evictions_clean;    /* dropped with no write-back */
+	uint64_t evictions_dirty;    /* written back, then dropped */
+	uint64_t discards;           /* dropped because the program freed them */
+	uint64_t prefetch_issued;
+	uint64_t prefetch_used;
+	uint64_t gc_faults;          /* faults taken by GC threads */
+	uint64_t app_faults;         /* faults taken by every other thread */
+	uint64_t resident_pages;     /* gauge */
+	uint64_t peak_resident_pages;/* gauge */
+	uint64_t local_limit_pages;  /* gauge: the budget */
+	uint64_t registered_pages;   /* gauge */
+	uint64_t memd_full;          /* writes memd refused: page kept local */
+	uint64_t crc_errors;
+	uint64_t transport_errors;
+	uint64_t evict_batches;
+	uint64_t evict_syscalls;     /* write-protect + drop calls made by the evictor */
+	uint64_t direct_evictions;   /* evictions done by a fault handler at the limit */
+	uint64_t lat_hist[FM_LAT_BUCKETS]; /* fault service time, see fm_lat_bucket() */
+	uint64_t reserved[16];
+};
+
+struct fm_resmap_hdr {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t page_shift;
+	uint32_t hdr_size;           /* FM_RESMAP_MAP_OFFSET */
+	uint64_t pid;
+	uint64_t start_time_ns;      /* CLOCK_REALTIME at pager start */
+	uint64_t swap_epoch;         /* advances when churn exceeds epoch_churn_pct */
+	uint64_t churn_pages;        /* pages filled + evicted since the last advance */
+	uint64_t gc_cycles;          /* GarbageCollectionFinish events seen */
+	uint32_t gc_active;          /* 1 between GarbageCollectionStart and Finish */
+	uint32_t epoch_churn_pct;
+	uint32_t nregions;           /* slots in use are flagged FM_REGION_F_LIVE */
+	uint32_t transport;          /* enum fm_transport_kind */
+	uint64_t map_capacity;       /* bytes of page-state area */
+	uint64_t map_used;
+	char     memd[128];          /* address of the memory server, for tools */
+	struct fm_resmap_region regions[FM_RESMAP_MAX_REGIONS];
+	struct fm_pager_stats stats;
+};
+
+enum fm_transport_kind { FM_XPORT_NONE = 0, FM_XPORT_STREAM = 1, FM_XPORT_SHM = 2, FM_XPORT_RDMA = 3 };
+
+_Static_assert(sizeof(struct fm_resmap_hdr) <= FM_RESMAP_MAP_OFFSET, "header fits");
+
+/* Histogram bucket of a duration: 8 buckets per power of two of ns. */
+static inline unsigned fm_lat_bucket(uint64_t ns)
+{
+	if (ns < 8)
+		return (unsigned)ns;
+	unsigned lg = 63u - (unsigned)__builtin_clzll(ns);
+	unsigned sub = (unsigned)(ns >> (lg - 3)) & 7u;
+	unsigned b = (lg - 2) * 8u + sub;
+	return b < FM_LAT_BUCKETS ? b : FM_LAT_BUCKETS - 1;
+}
+
+/* Lower bound in ns of bucket b; the inverse of fm_lat_bucket. */
+static inline uint64_t fm_lat_bucket_floor(unsigned b)
+{
+	if (b < 8)
+		return b;
+	unsigned lg = b / 8u + 2u, sub = b % 8u;
+	return (8ull + sub) << (lg - 3);
+}
+
+#endif /* FARMEM_RESMAP_H */
