@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Internal to the client transports: one authenticated connection to memd. */
+#ifndef FARMEM_CLIENT_CONN_H
+#define FARMEM_CLIENT_CONN_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "protocol.h"
+#include "transport.h"
+
+struct fm_conn {
+	int fd;
+	int is_unix;
+	uint32_t server_flags;
+	uint64_t next_req;
+};
+
+/* Connect to addr, run HELLO/AUTH (verifying memd's own proof of the secret). */
+int fm_conn_open(struct fm_conn *c, const struct fm_xport_cfg *cfg, char *err, size_t errlen);
+void fm_conn_close(struct fm_conn *c);
+
+/*
+ * One request/reply exchange. The request payload is the concatenation of
+ * iov; the reply payload (at most rep_cap bytes) lands in rep, its length in
+ * *rep_len. Returns 0 with *status set to the header status, or -errno for
+ * transport failures (the connection is then unusable).
+ */
+struct fm_iov { const void *base; size_t len; };
+int fm_conn_call(struct fm_conn *c, uint16_t op, uint32_t count,
+		 const struct fm_iov *iov, unsigned niov,
+		 void *rep, size_t rep_cap, size_t *rep_len, uint16_t *status,
+		 int *rep_fd);
+/* The same, with the reply payload scattered over rep[0..nrep). */
+int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
+		  const struct fm_iov *iov, unsigned niov,
+		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
+		  int *rep_fd);
+
+struct space_map {
+	uint32_t id;
+	uint64_t npages;
+	uint8_t *data;
+	struct fm_shm_meta *meta;
+	size_t map_len;
+	int memfd;
+};
+
+struct fm_xport {
+	struct fm_xport_cfg cfg;
+	char addr[256];
+	uint8_t secret[256];
+	int kind;                      /* enum fm_transport_kind */
+	struct fm_session session;
+	pthread_mutex_t lock;          /* guards ctrl and the space table */
+	struct fm_conn ctrl;
+	atomic_int dead;               /* memd vanished: no more writes */
+	/* shm: mapped spaces, and this session's unused quota grant */
+	struct space_map spaces[64];
+	unsigned nspaces;
+	atomic_int_fast64_t grant_avail;
+};
+
+struct fm_chan {
+	struct fm_xport *x;
+	struct fm_conn conn;           /* stream only */
+	uint8_t *buf;                  /* stream: reply staging, FM_MAX_BATCH pages */
+	struct fm_page_status st[FM_MAX_BATCH];
+};
+
+int fm_errmsg(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * remaptest: memory-management calls on paged ranges stay correct under
+ * farmem. Run it with a local budget well below --size so that most pages
+ * are remote when each check runs:
+ *   farmem run --local 32M -- remaptest --size 256M
+ * Every check verifies bytes; the first failure prints and exits 1.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define PG 4096ul
+
+static uint64_t pattern(uint64_t page, uint64_t salt, unsigned word)
+{
+	uint64_t x = page * 0x9e3779b97f4a7c15ull ^ salt ^ ((uint64_t)word << 32);
+	x ^= x >> 29;
+	x *= 0xbf58476d1ce4e5b9ull;
+	return x ^ (x >> 32);
+}
+
+static void fill(uint8_t *base, size_t pages, uint64_t salt)
+{
+	for (size_t p = 0; p < pages; p++) {
+		uint64_t *w = (uint64_t *)(base + p * PG);
+		for (unsigned k = 0; k < PG / 8; k++)
+			w[k] = pattern(p, salt, k);
+	}
+}
+
+static int check(const char *what, const uint8_t *base, size_t first, size_t pages, uint64_t salt, size_t pat_first)
+{
+	for (size_t p = first; p < first + pages; p++) {
+		const uint64_t *w = (const uint64_t *)(base + p * PG);
+		for (unsigned k = 0; k < PG / 8; k++) {
+			uint64_t want = salt == 0 ? 0 : pattern(p - first + pat_first, salt, k);
+			if (w[k] != want) {
+				fprintf(stderr, "remaptest: %s: page %zu word %u: expected %#llx, got %#llx\n",
+					what, p, k, (unsigned long long)want, (unsigned long long)w[k]);
+				return 1;
+			}
+		}
+	}
+	return 0;
+}
+
+/* Touch another region end to end so that the pages under test are evicted. */
+static void churn(uint8_t *other, size_t pages)
+{
+	for (size_t p = 0; p < pages; p++)
+		other[p * PG] ^= 1;
+}
+
+int main(int argc, char **argv)
+{
+	size_t size = 256ul << 20, pages, half;
+	uint8_t *a, *other, *b;
+	int opt;
+
+	static const struct option opts[] = { { "size", required_argument, 0, 's' }, { 0, 0, 0, 0 } };
+	while ((opt = getopt_long(argc, argv, "s:", opts, NULL)) != -1) {
+		if (opt == 's') {
+			char *end;
+			size = strtoul(optarg, &end, 10);
+			if (*end == 'M' || *end == 'm')
+				size <<= 20;
+			else if (*end == 'G' || *end == 'g')
+				size <<= 30;
+		} else {
+			fprintf(stderr, "usage: remaptest [--size N[M|G]]\n");
+			return 2;
+		}
+	}
+	pages = size / PG;
+	half = pages / 2;
+	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	other = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a == MAP_FAILED || other == MAP_FAILED) {
+		perror("mmap");
+		return 1;
+	}
+	fill(a, pages, 1);
+	churn(other, pages);
+	if (check("after eviction", a, 0, pages, 1, 0))
+		return 1;
+
+	/* 1. MADV_DONTNEED of (mostly remote) pages: they must read as zeros, not as the old bytes. */
+	churn(other, pages);
+	if (madvise(a + 16 * PG, 64 * PG, MADV_DONTNEED)) {
+		perror("madvise");
+		return 1;
+	}
+	if (check("dontneed zeroes", a, 16, 64, 0, 0) || check("dontneed neighbours", a, 80, 16, 1, 80))
+		return 1;
+
+	/* 2. munmap then a new mapping at the same place: zeros again. */
+	fill(a, pages, 2);
+	churn(other, pages);
+	if (munmap(a + half * PG, (pages - half) * PG)) {
+		perror("munmap");
+		return 1;
+	}
+	b = mmap(a + half * PG, (pages - half) * PG, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	if (b == MAP_FAILED) {
+		perror("mmap fixed");
+		return 1;
+	}
+	if (check("remapped half is zero", a, half, pages - half, 0, 0) || check("first half kept", a, 0, half, 2, 0))
+		return 1;
+	munmap(a, pages * PG);
+
+	/* 3. mremap that moves and grows: contents follow, the tail is zero. */
+	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	fill(a, pages, 3);
+	churn(other, pages);
+	b = mremap(a, size, size + 64 * PG, MREMAP_MAYMOVE);
+	if (b == MAP_FAILED) {
+		perror("mremap");
+		return 1;
+	}
+	churn(other, pages);
+	if (check("mremap moved contents", b, 0, pages, 3, 0) || check("mremap tail", b, pages, 64, 0, 0))
+		return 1;
+	munmap(b, size + 64 * PG);
+
+	/* 4. Big malloc blocks are paged too; calloc after free is zero. */
+	{
+		uint8_t *m = malloc(size), *c;
+		if (!m)
+			return 1;
+		fill(m, pages, 4);
+		churn(other, pages);
+		if (check("malloc block", m, 0, pages, 4, 0))
+			return 1;
+		free(m);
+		c = calloc(1, size);
+		if (!c)
+			return 1;
+		churn(other, pages);
+		if (check("calloc zero", c, 0, pages, 0, 0))
+			return 1;
+		m = realloc(c, size * 2);
+		if (!m || check("realloc kept zeros", m, 0, pages, 0, 0))
+			return 1;
+		free(m);
+	}
+	printf("remaptest: ok (%zu MiB)\n", size >> 20);
+	return 0;
+}

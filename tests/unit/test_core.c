@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Unit tests of the pieces every component shares: units, knobs, checksums, histogram, auth. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "auth.h"
+#include "fm_util.h"
+#include "pager.h"
+#include "resmap.h"
+
+static int failures;
+#define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); failures++; } } while (0)
+
+static void test_units(void)
+{
+	uint64_t v;
+	CHECK(fm_parse_bytes("64M", &v) == 0 && v == 64ull << 20);
+	CHECK(fm_parse_bytes("2g", &v) == 0 && v == 2ull << 30);
+	CHECK(fm_parse_bytes("512MiB", &v) == 0 && v == 512ull << 20);
+	CHECK(fm_parse_bytes("4096", &v) == 0 && v == 4096);
+	CHECK(fm_parse_bytes("1kb", &v) == 0 && v == 1024);
+	CHECK(fm_parse_bytes("", &v) == -EINVAL);
+	CHECK(fm_parse_bytes("-1M", &v) == -EINVAL);
+	CHECK(fm_parse_bytes("12Q", &v) == -EINVAL);
+	CHECK(fm_parse_bytes("1M2", &v) == -EINVAL);
+	CHECK(fm_parse_bytes("99999999999999999999", &v) == -EINVAL);
+	CHECK(fm_parse_bytes("20000000000T", &v) == -EINVAL); /* overflows on shift */
+	CHECK(fm_parse_u64("7", 1, 10, &v) == 0 && v == 7);
+	CHECK(fm_parse_u64("11", 1, 10, &v) == -ERANGE);
+	CHECK(fm_parse_u64("x", 1, 10, &v) == -EINVAL);
+	CHECK(fm_parse_u64(" 3", 1, 10, &v) == -EINVAL);
+}
+
+static void test_knobs(void)
+{
+	struct fm_pager_cfg c;
+	char err[256];
+
+	fm_pager_cfg_defaults(&c);
+	CHECK(fm_pager_cfg_set(&c, "local", "25%", err, sizeof(err)) == 0 && c.local_pct == 25 && c.local_bytes == 0);
+	CHECK(fm_pager_cfg_set(&c, "local", "64M", err, sizeof(err)) == 0 && c.local_bytes == 64ull << 20 && c.local_pct == 0);
+	CHECK(fm_pager_cfg_set(&c, "local", "150%", err, sizeof(err)) == -EINVAL && strstr(err, "150%"));
+	CHECK(fm_pager_cfg_set(&c, "local", "12", err, sizeof(err)) == -EINVAL);
+	CHECK(fm_pager_cfg_set(&c, "fill_threads", "0", err, sizeof(err)) == -EINVAL && strstr(err, "fill_threads"));
+	CHECK(fm_pager_cfg_set(&c, "prefetch", "16", err, sizeof(err)) == 0 && c.prefetch == 16);
+	CHECK(fm_pager_cfg_set(&c, "transport", "rdma", err, sizeof(err)) == -EINVAL);
+	CHECK(fm_pager_cfg_set(&c, "transport", "stream", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&c, "bogus", "1", err, sizeof(err)) == -ENOENT && strstr(err, "bogus"));
+
+	setenv("FARMEM_EVICT_HIGH", "80", 1);
+	setenv("FARMEM_EVICT_LOW", "85", 1);
+	CHECK(fm_pager_cfg_from_env(&c, err, sizeof(err)) == -EINVAL && strstr(err, "EVICT_LOW"));
+	setenv("FARMEM_EVICT_LOW", "70", 1);
+	setenv("FARMEM_PREFETCH", "lots", 1);
+	CHECK(fm_pager_cfg_from_env(&c, err, sizeof(err)) == -EINVAL && strstr(err, "FARMEM_PREFETCH"));
+	unsetenv("FARMEM_PREFETCH");
+	CHECK(fm_pager_cfg_from_env(&c, err, sizeof(err)) == 0 && c.evict_high == 80 && c.evict_low == 70);
+	unsetenv("FARMEM_EVICT_HIGH");
+	unsetenv("FARMEM_EVICT_LOW");
+}
+
+static void test_crc(void)
+{
+	static const char v[] = "123456789";
+	uint8_t page[4096];
+	CHECK(fm_crc32c(v, 9) == 0xe3069283u);
+	memset(page, 0, sizeof(page));
+	uint32_t z = fm_crc32c(page, sizeof(page));
+	page[4095] ^= 1;
+	CHECK(fm_crc32c(page, sizeof(page)) != z);
+}
+
+static void test_hist(void)
+{
+	/* Buckets are monotonic, and a value falls in [floor(b), floor(b+1)). */
+	unsigned prev = 0;
+	for (uint64_t ns = 1; ns < (1ull << 33); ns = ns * 9 / 8 + 1) {
+		unsigned b = fm_lat_bucket(ns);
+		CHECK(b >= prev);
+		prev = b;
+		if (b + 1 < FM_LAT_BUCKETS) {
+			CHECK(fm_lat_bucket_floor(b) <= ns);
+			CHECK(ns < fm_lat_bucket_floor(b + 1));
+		}
+	}
+	CHECK(fm_lat_bucket(~0ull) == FM_LAT_BUCKETS - 1);
+}
+
+static void test_auth(void)
+{
+	uint8_t sn[FM_NONCE_LEN], cn[FM_NONCE_LEN], a[FM_MAC_LEN], b[FM_MAC_LEN], c[FM_MAC_LEN];
+	memset(sn, 1, sizeof(sn));
+	memset(cn, 2, sizeof(cn));
+	fm_auth_client_mac("secret", 6, sn, cn, a);
+	fm_auth_client_mac("secret", 6, sn, cn, b);
+	CHECK(fm_auth_mac_equal(a, b));
+	fm_auth_client_mac("secreT", 6, sn, cn, b);
+	CHECK(!fm_auth_mac_equal(a, b));
+	/* The server's proof differs from the client's: a reflected MAC is useless. */
+	fm_auth_server_mac("secret", 6, sn, cn, c);
+	CHECK(!fm_auth_mac_equal(a, c));
+}
+
+static void test_page_bytes(void)
+{
+	CHECK(fm_pg_is_remote(FM_PG_REMOTE | FM_PGF_HAS_REMOTE));
+	CHECK(fm_pg_is_remote(FM_PG_FILLING));
+	CHECK(!fm_pg_is_remote(FM_PG_UNTOUCHED));
+	CHECK(fm_pg_is_resident(FM_PG_DIRTY | FM_PGF_REF));
+	CHECK(!fm_pg_is_resident(FM_PG_REMOTE));
+	CHECK(fm_pg_state(FM_PG_LEAVING | FM_PGF_WAITER | FM_PGF_GC) == FM_PG_LEAVING);
+}
+
+int main(void)
+{
+	test_units();
+	test_knobs();
+	test_crc();
+	test_hist();
+	test_auth();
+	test_page_bytes();
+	if (failures) {
+		fprintf(stderr, "test_core: %d checks failed\n", failures);
+		return 1;
+	}
+	printf("test_core: ok\n");
+	return 0;
+}

@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * Eviction. A batch is chosen by a clock hand that sweeps addresses, so
+ * victims come out sorted and often contiguous: write-protect and drop are
+ * one system call per run of pages, and the drop of a whole batch is one
+ * process_madvise with one TLB shootdown (Linux 6.16+ batches the flush over
+ * its ranges). Cross-CPU TLB shootdowns are what made UMap 15x slower than
+ * local memory here (research/anchors.md §7): this file counts its calls.
+ *
+ * Never lose a write: a dirty page is write-protected before it is copied
+ * out, memd acknowledges the copy, and only then is the page dropped. A
+ * writer that faults meanwhile waits (handle_wp queues it) until the page is
+ * remote, then faults it back in.
+ */
+#include "pager_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "fm_util.h"
+
+#define MAX_VICTIMS 1024
+
+struct victim {
+	uintptr_t addr;
+	struct region *r;
+	uint64_t i;
+	uint8_t old;        /* its byte before LEAVING */
+	uint8_t keep;       /* write-back refused: stays resident */
+};
+
+void fm_evict_kick(struct fm_pager *p)
+{
+	pthread_mutex_lock(&p->ev_lock);
+	if (!p->ev_kick) {
+		p->ev_kick = 1;
+		pthread_cond_signal(&p->ev_cond);
+	}
+	pthread_mutex_unlock(&p->ev_lock);
+}
+
+void fm_wake_waiters(struct fm_pager *p)
+{
+	uintptr_t local[64], *w = local;
+	size_t n;
+
+	pthread_mutex_lock(&p->wait_lock);
+	n = p->nwaiters;
+	if (n > 64) {
+		w = malloc(n * sizeof(*w));
+		if (!w) {
+			w = local;
+			n = 64;
+		}
+	}
+	memcpy(w, p->waiters + (p->nwaiters - n), n * sizeof(*w));
+	p->nwaiters -= n;
+	pthread_mutex_unlock(&p->wait_lock);
+	/* They fault again and find their page remote (or resident again). */
+	for (size_t k = 0; k < n; k++)
+		fm_wake_range(p, w[k], PG_SIZE);
+	if (w != local)
+		free(w);
+}
+
+/*
+ * Choose up to want victims. Pages filled by GC threads and never touched
+ * by the program go at once; others get a second chance if their REF bit is
+ * set. Caller holds rlock for reading.
+ */
+static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
+{
+	unsigned n = 0;
+	uint64_t scanned = 0, total = atomic_load(&p->registered) * 2 + 1;
+
+	pthread_mutex_lock(&p->clock_lock);
+	while (n < want && scanned < total) {
+		struct region *r;
+		uint64_t i;
+		uint8_t b;
+		unsigned s;
+
+		if (p->hand_region >= p->nregions) {
+			p->hand_region = 0;
+			p->hand_idx = 0;
+		}
+		r = &p->regions[p->hand_region];
+		if (!r->live || p->hand_idx >= r->npages) {
+			p->hand_region++;
+			p->hand_idx = 0;
+			if (!r->live)
+				scanned++;
+			continue;
+		}
+		i = p->hand_idx++;
+		scanned++;
+		b = pg_load(&r->pg[i]);
+		s = fm_pg_state(b);
+		if (s != FM_PG_CLEAN && s != FM_PG_DIRTY)
+			continue;
+		if ((b & FM_PGF_REF) && !(p->cfg.gc_aware && (b & FM_PGF_GC))) {
+			uint8_t nb = (uint8_t)(b & ~FM_PGF_REF);
+			pg_cas(&r->pg[i], &b, nb);
+			continue;
+		}
+		if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_LEAVING, b)))
+			continue;
+		v[n++] = (struct victim){ .addr = r->base + (i << PG_SHIFT), .r = r, .i = i, .old = b };
+	}
+	pthread_mutex_unlock(&p->clock_lock);
+	return n;
+}
+
+/* Drop the given pages: one process_madvise for all of them where the kernel allows it. */
+static void drop(struct fm_pager *p, struct victim *v, unsigned n)
+{
+	struct iovec iov[MAX_VICTIMS];
+	unsigned niov = 0;
+
+	for (unsigned k = 0; k < n; k++) {
+		if (v[k].keep)
+			continue;
+		if (niov && (uintptr_t)iov[niov - 1].iov_base + iov[niov - 1].iov_len == v[k].addr)
+			iov[niov - 1].iov_len += PG_SIZE;
+		else
+			iov[niov++] = (struct iovec){ (void *)v[k].addr, PG_SIZE };
+	}
+	if (!niov)
+		return;
+	if (p->pidfd >= 0) {
+		ssize_t rc = syscall(SYS_process_madvise, p->pidfd, iov, niov, MADV_DONTNEED, 0);
+		STAT_ADD(p, evict_syscalls, 1);
+		if (rc >= 0) {
+			size_t want = 0;
+			for (unsigned k = 0; k < niov; k++)
+				want += iov[k].iov_len;
+			if ((size_t)rc == want)
+				return;
+		}
+		/* Before 6.13 process_madvise refuses MADV_DONTNEED even on ourselves. */
+		close(p->pidfd);
+		p->pidfd = -1;
+	}
+	for (unsigned k = 0; k < niov; k++) {
+		if (madvise(iov[k].iov_base, iov[k].iov_len, MADV_DONTNEED))
+			fm_fatal("madvise(DONTNEED) of an evicted page failed: %s", strerror(errno));
+		STAT_ADD(p, evict_syscalls, 1);
+	}
+}
+
+/* Write-protect (or open again) the runs of dirty victims. */
+static void protect_dirty(struct fm_pager *p, struct victim *v, unsigned n, int on)
+{
+	for (unsigned k = 0; k < n;) {
+		unsigned e = k;
+		if (fm_pg_state(v[k].old) != FM_PG_DIRTY || (!on && !v[k].keep)) {
+			k++;
+			continue;
+		}
+		while (e + 1 < n && fm_pg_state(v[e + 1].old) == FM_PG_DIRTY &&
+		       (on || v[e + 1].keep) && v[e + 1].addr == v[e].addr + PG_SIZE)
+			e++;
+		if (fm_wp_range(p, v[k].addr, (size_t)(e - k + 1) * PG_SIZE, on))
+			fm_fatal("UFFDIO_WRITEPROTECT of %#lx+%u pages failed: %s",
+				 (unsigned long)v[k].addr, e - k + 1, strerror(errno));
+		STAT_ADD(p, evict_syscalls, 1);
+		k = e + 1;
+	}
+}
+
+/* Copy the dirty victims out to memd; the ones it refuses are kept. */
+static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct victim *v, unsigned n)
+{
+	uint64_t pages[FM_MAX_BATCH];
+	const void *data[FM_MAX_BATCH];
+	uint32_t status[FM_MAX_BATCH];
+	unsigned idx[FM_MAX_BATCH], written = 0;
+
+	for (unsigned k = 0; k < n;) {
+		unsigned m = 0;
+		struct region *r = NULL;
+		int rc;
+		/* One request per space and at most FM_MAX_BATCH pages. */
+		for (; k < n && m < FM_MAX_BATCH; k++) {
+			if (fm_pg_state(v[k].old) != FM_PG_DIRTY)
+				continue;
+			if (r && v[k].r != r)
+				break;
+			r = v[k].r;
+			pages[m] = v[k].i;
+			data[m] = (const void *)v[k].addr;
+			idx[m++] = k;
+		}
+		if (!m)
+			continue;
+		rc = atomic_load(&p->evict_broken) ? -EPIPE : fm_chan_write(chan, r->space, pages, m, data, status);
+		if (rc) {
+			if (!atomic_exchange(&p->evict_broken, 1))
+				fm_err("cannot write pages to memd at %s (%s): eviction stops and pages stay local, "
+				       "over the budget if need be", p->cfg.memd, strerror(-rc));
+			STAT_ADD(p, transport_errors, 1);
+		}
+		for (unsigned j = 0; j < m; j++) {
+			if (!rc && status[j] == FM_OK) {
+				written++;
+				continue;
+			}
+			v[idx[j]].keep = 1;
+			if (!rc)
+				STAT_ADD(p, memd_full, 1);
+		}
+	}
+	if (written) {
+		STAT_ADD(p, remote_writes, written);
+		STAT_ADD(p, remote_write_bytes, (uint64_t)written * PG_SIZE);
+	}
+	return written;
+}
+
+unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
+{
+	struct victim *v;
+	unsigned n, dropped = 0, clean = 0, dirty = 0;
+	static __thread struct victim *buf;
+
+	if (!buf)
+		buf = malloc(sizeof(*buf) * MAX_VICTIMS);
+	if (!buf)
+		return 0;
+	v = buf;
+	if (want > MAX_VICTIMS)
+		want = MAX_VICTIMS;
+	pthread_rwlock_rdlock(&p->rlock);
+	n = pick(p, v, want);
+	if (!n) {
+		pthread_rwlock_unlock(&p->rlock);
+		return 0;
+	}
+	protect_dirty(p, v, n, 1);
+	write_back(p, chan, v, n);
+	/* Pages memd refused are opened again (this wakes their writers) and stay resident. */
+	protect_dirty(p, v, n, 0);
+	drop(p, v, n);
+	for (unsigned k = 0; k < n; k++) {
+		uint8_t b = v[k].old;
+		struct region *r = v[k].r;
+		if (v[k].keep) {
+			pg_store(&r->pg[v[k].i], pg_make(FM_PG_DIRTY, (uint8_t)(b | FM_PGF_REF)));
+			continue;
+		}
+		if (fm_pg_state(b) == FM_PG_DIRTY) {
+			dirty++;
+			b |= FM_PGF_HAS_REMOTE;
+		} else {
+			clean++;
+		}
+		/* A clean page memd never had held only zeros: it is untouched again. */
+		pg_store(&r->pg[v[k].i], (b & FM_PGF_HAS_REMOTE)
+				 ? pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE)
+				 : pg_make(FM_PG_UNTOUCHED, 0));
+		dropped++;
+	}
+	pthread_rwlock_unlock(&p->rlock);
+	STAT_ADD(p, evict_batches, 1);
+	STAT_ADD(p, evictions_clean, clean);
+	STAT_ADD(p, evictions_dirty, dirty);
+	if (dropped) {
+		fm_resident_add(p, -(int64_t)dropped);
+		fm_churn(p, dropped);
+	}
+	fm_wake_waiters(p);
+	return dropped;
+}
+
+void *fm_evictor_main(void *arg)
+{
+	struct fm_pager *p = arg;
+
+	pthread_setname_np(pthread_self(), "farmem-evict");
+	for (;;) {
+		pthread_mutex_lock(&p->ev_lock);
+		while (!p->ev_kick && !atomic_load(&p->stopping))
+			pthread_cond_wait(&p->ev_cond, &p->ev_lock);
+		p->ev_kick = 0;
+		pthread_mutex_unlock(&p->ev_lock);
+		if (atomic_load(&p->stopping))
+			return NULL;
+		while (!atomic_load(&p->stopping) && !atomic_load(&p->evict_broken) &&
+		       atomic_load(&p->resident) > atomic_load(&p->low)) {
+			uint64_t over = atomic_load(&p->resident) - atomic_load(&p->low);
+			unsigned want = over < p->cfg.evict_batch ? (unsigned)over : p->cfg.evict_batch;
+			if (!fm_evict_batch(p, p->ev_chan, want))
+				break;
+		}
+	}
+}

@@ -1,0 +1,1126 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The pager's fault side: regions, the residency map, fault handlers and
+ * the prefetcher. Eviction lives in evict.c.
+ *
+ * Every page's life is its state byte in the residency map (resmap.h); a
+ * state changes only by compare-and-swap, so a handler, the evictor and a
+ * program thread that frees memory agree on who owns a page at each moment.
+ */
+#include "pager_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fm_util.h"
+#include "uffd_compat.h"
+
+#define MAP_CAPACITY (1ull << 32) /* state bytes: 16 TiB of registered memory */
+#define MSGS_PER_READ 16
+#define MIN_LIMIT_PAGES 256
+
+void fm_fatal(const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fm_err("%s; stopping the program so that it never runs on with wrong memory", msg);
+	_exit(70);
+}
+
+/* --- small kernel wrappers ------------------------------------------------ */
+
+int fm_wake_range(struct fm_pager *p, uintptr_t addr, size_t len)
+{
+	struct uffdio_range r = { .start = addr, .len = len };
+	return ioctl(p->uffd, UFFDIO_WAKE, &r) ? -errno : 0;
+}
+
+int fm_wp_range(struct fm_pager *p, uintptr_t addr, size_t len, int protect)
+{
+	struct uffdio_writeprotect wp = {
+		.range = { .start = addr, .len = len },
+		.mode = protect ? UFFDIO_WRITEPROTECT_MODE_WP : 0,
+	};
+	return ioctl(p->uffd, UFFDIO_WRITEPROTECT, &wp) ? -errno : 0;
+}
+
+static int uffd_copy(struct fm_pager *p, uintptr_t dst, const void *src, int wp)
+{
+	struct uffdio_copy c = {
+		.dst = dst, .src = (uintptr_t)src, .len = PG_SIZE,
+		.mode = wp ? UFFDIO_COPY_MODE_WP : 0,
+	};
+	if (ioctl(p->uffd, UFFDIO_COPY, &c) == 0)
+		return 0;
+	return -errno;
+}
+
+static int uffd_open(char *err, size_t errlen)
+{
+	int fd = -1, dev;
+
+	dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+	if (dev >= 0) {
+		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC);
+		close(dev);
+	}
+	if (fd < 0)
+		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+	if (fd < 0) {
+		/*
+		 * UFFD_USER_MODE_ONLY would work unprivileged, but then a
+		 * system call that touches a remote page fails with EFAULT
+		 * instead of waiting for it: not safe for arbitrary programs.
+		 */
+		snprintf(err, errlen, "userfaultfd is not available to this process (%s): it needs root, "
+			 "access to /dev/userfaultfd, or vm.unprivileged_userfaultfd=1; run `farmem doctor`",
+			 strerror(errno));
+		return -EPERM;
+	}
+	return fd;
+}
+
+static int uffd_api(int fd, char *err, size_t errlen)
+{
+	const uint64_t need = UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_EVENT_UNMAP |
+			      UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+	struct uffdio_api api = { .api = UFFD_API, .features = need };
+
+	if (ioctl(fd, UFFDIO_API, &api)) {
+		snprintf(err, errlen, "UFFDIO_API refused features 0x%llx (%s): this kernel lacks "
+			 "write-protect or thread-id support; run `farmem doctor`",
+			 (unsigned long long)need, strerror(errno));
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
+/* --- residency map --------------------------------------------------------- */
+
+static int map_create(struct fm_pager *p)
+{
+	p->map_len = FM_RESMAP_MAP_OFFSET + MAP_CAPACITY;
+	p->map_fd = memfd_create("farmem-map", MFD_CLOEXEC);
+	if (p->map_fd < 0)
+		return -errno;
+	if (ftruncate(p->map_fd, (off_t)p->map_len))
+		return -errno;
+	p->hdr = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, p->map_fd, 0);
+	if (p->hdr == MAP_FAILED) {
+		p->hdr = NULL;
+		return -errno;
+	}
+	p->map = (uint8_t *)p->hdr + FM_RESMAP_MAP_OFFSET;
+	p->st = &p->hdr->stats;
+	p->hdr->page_shift = PG_SHIFT;
+	p->hdr->hdr_size = FM_RESMAP_MAP_OFFSET;
+	p->hdr->pid = (uint64_t)getpid();
+	p->hdr->epoch_churn_pct = p->cfg.epoch_pct;
+	p->hdr->map_capacity = MAP_CAPACITY;
+	{
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		p->hdr->start_time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
+	/* Tools show the address; a longer one is cut, with its NUL kept. */
+	{
+		size_t n = strnlen(p->cfg.memd, sizeof(p->hdr->memd) - 1);
+		memcpy(p->hdr->memd, p->cfg.memd, n);
+		p->hdr->memd[n] = '\0';
+	}
+	p->hdr->version = FM_RESMAP_VERSION;
+	/* Readers check the magic last written. */
+	__atomic_store_n(&p->hdr->magic, FM_RESMAP_MAGIC, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* Hand our map to the launcher that asked for it, so its summary survives our exit. */
+static void report_to_launcher(struct fm_pager *p)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr a; } cm;
+	char line[64];
+	struct iovec v;
+	struct msghdr m = { 0 };
+	struct cmsghdr *c;
+	int fd;
+
+	if (!p->cfg.control[0] || strlen(p->cfg.control) >= sizeof(sa.sun_path))
+		return;
+	strcpy(sa.sun_path, p->cfg.control);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		fm_warn("cannot reach the farmem launcher at %s: %s", p->cfg.control, strerror(errno));
+		close(fd);
+		return;
+	}
+	v.iov_base = line;
+	v.iov_len = (size_t)snprintf(line, sizeof(line), "FMCTL1 pid=%d\n", getpid());
+	m.msg_iov = &v;
+	m.msg_iovlen = 1;
+	m.msg_control = cm.buf;
+	m.msg_controllen = sizeof(cm.buf);
+	c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &p->map_fd, sizeof(int));
+	if (sendmsg(fd, &m, MSG_NOSIGNAL) < 0)
+		fm_warn("cannot report to the farmem launcher: %s", strerror(errno));
+	close(fd);
+}
+
+/* --- accounting ------------------------------------------------------------ */
+
+void fm_resident_add(struct fm_pager *p, int64_t delta)
+{
+	uint64_t now = atomic_fetch_add(&p->resident, (uint64_t)delta) + (uint64_t)delta;
+	uint64_t peak = __atomic_load_n(&p->st->peak_resident_pages, __ATOMIC_RELAXED);
+
+	__atomic_store_n(&p->st->resident_pages, now, __ATOMIC_RELAXED);
+	while (delta > 0 && now > peak &&
+	       !__atomic_compare_exchange_n(&p->st->peak_resident_pages, &peak, now, 0,
+					    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	if (delta > 0 && now > atomic_load(&p->high))
+		fm_evict_kick(p);
+}
+
+/* MemLiner's epoch: a new one once pages in + out since the last exceed epoch_pct of all pages. */
+void fm_churn(struct fm_pager *p, uint64_t pages)
+{
+	uint64_t c = __atomic_add_fetch(&p->hdr->churn_pages, pages, __ATOMIC_RELAXED);
+	uint64_t reg = atomic_load(&p->registered);
+
+	if (reg && c * 100 >= reg * p->cfg.epoch_pct &&
+	    __atomic_compare_exchange_n(&p->hdr->churn_pages, &c, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		__atomic_add_fetch(&p->hdr->swap_epoch, 1, __ATOMIC_RELEASE);
+}
+
+static void set_budget(struct fm_pager *p)
+{
+	uint64_t reg = atomic_load(&p->registered);
+	uint64_t lim = p->cfg.local_bytes ? p->cfg.local_bytes / PG_SIZE
+					  : reg * p->cfg.local_pct / 100;
+	if (lim < MIN_LIMIT_PAGES)
+		lim = MIN_LIMIT_PAGES;
+	atomic_store(&p->limit, lim);
+	atomic_store(&p->high, lim * p->cfg.evict_high / 100);
+	atomic_store(&p->low, lim * p->cfg.evict_low / 100);
+	__atomic_store_n(&p->st->local_limit_pages, lim, __ATOMIC_RELAXED);
+	__atomic_store_n(&p->st->registered_pages, reg, __ATOMIC_RELAXED);
+}
+
+/* --- regions --------------------------------------------------------------- */
+
+/* Caller holds rlock (read or write). */
+static struct region *find_region(struct fm_pager *p, uintptr_t addr, int *idx)
+{
+	for (int i = 0; i < p->nregions; i++) {
+		struct region *r = &p->regions[i];
+		if (r->live && addr >= r->base && addr < r->end) {
+			if (idx)
+				*idx = i;
+			return r;
+		}
+	}
+	return NULL;
+}
+
+int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr, e = a + len;
+	int hit = 0;
+
+	pthread_rwlock_rdlock(&p->rlock);
+	for (int i = 0; i < p->nregions && !hit; i++) {
+		struct region *r = &p->regions[i];
+		hit = r->live && a < r->end && e > r->base;
+	}
+	pthread_rwlock_unlock(&p->rlock);
+	return hit;
+}
+
+/* Mark the pages that are already present: they are resident and, for all we know, dirty. */
+static uint64_t adopt_present(struct fm_pager *p, struct region *r)
+{
+	struct page_region vec[256];
+	uint64_t n = 0, start = r->base;
+	int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+
+	if (pagemap < 0)
+		return 0;
+	while (start < r->end) {
+		struct pm_scan_arg a = {
+			.size = sizeof(a), .start = start, .end = r->end,
+			.vec = (uintptr_t)vec, .vec_len = 256,
+			.category_mask = PAGE_IS_PRESENT, .return_mask = PAGE_IS_PRESENT,
+		};
+		long got = ioctl(pagemap, PAGEMAP_SCAN, &a);
+		if (got < 0) {
+			/* Before 6.7 there is no PAGEMAP_SCAN: count every page as present. */
+			for (uint64_t i = (start - r->base) >> PG_SHIFT; i < r->npages; i++) {
+				pg_store(&r->pg[i], pg_make(FM_PG_DIRTY, FM_PGF_REF));
+				n++;
+			}
+			break;
+		}
+		for (long i = 0; i < got; i++)
+			for (uint64_t a2 = vec[i].start; a2 < vec[i].end; a2 += PG_SIZE) {
+				pg_store(&r->pg[(a2 - r->base) >> PG_SHIFT], pg_make(FM_PG_DIRTY, FM_PGF_REF));
+				n++;
+			}
+		if (a.walk_end <= start)
+			break;
+		start = a.walk_end;
+	}
+	close(pagemap);
+	return n;
+}
+
+int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
+{
+	uintptr_t a = (uintptr_t)addr;
+	struct uffdio_register reg = {
+		.range = { .start = a, .len = len },
+		.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP,
+	};
+	struct region *r = NULL;
+	uint64_t npages = len >> PG_SHIFT, present;
+	uint32_t space;
+	int slot = -1, rc;
+
+	if (!len || (a | len) & (PG_SIZE - 1))
+		return -EINVAL;
+	pthread_rwlock_wrlock(&p->rlock);
+	for (int i = 0; i < FM_RESMAP_MAX_REGIONS; i++)
+		if (!p->regions[i].live && !p->hdr->regions[i].flags) {
+			slot = i;
+			break;
+		}
+	if (slot < 0 || p->hdr->map_used + npages > p->hdr->map_capacity) {
+		pthread_rwlock_unlock(&p->rlock);
+		fm_warn("cannot page %zu more bytes at %p: region table full", len, addr);
+		return -ENOSPC;
+	}
+	rc = fm_xport_space_open(p->x, npages, &space);
+	if (rc) {
+		pthread_rwlock_unlock(&p->rlock);
+		fm_warn("memd refused a space of %llu pages: %s", (unsigned long long)npages, strerror(-rc));
+		return rc;
+	}
+	/* Page-table entries per 4 KiB: keep the kernel from making huge pages we then split. */
+	madvise(addr, len, MADV_NOHUGEPAGE);
+	if (ioctl(p->uffd, UFFDIO_REGISTER, &reg)) {
+		rc = -errno;
+		pthread_rwlock_unlock(&p->rlock);
+		fm_xport_space_close(p->x, space);
+		fm_warn("UFFDIO_REGISTER of %p+%zu failed: %s", addr, len, strerror(-rc));
+		return rc;
+	}
+	if (!(reg.ioctls & (1ull << _UFFDIO_COPY)) || !(reg.ioctls & (1ull << _UFFDIO_WRITEPROTECT))) {
+		struct uffdio_range ur = { .start = a, .len = len };
+		ioctl(p->uffd, UFFDIO_UNREGISTER, &ur);
+		pthread_rwlock_unlock(&p->rlock);
+		fm_xport_space_close(p->x, space);
+		fm_warn("%p+%zu cannot be paged (no copy or write-protect on this mapping)", addr, len);
+		return -ENOTSUP;
+	}
+	r = &p->regions[slot];
+	*r = (struct region){
+		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,
+		.pg = p->map + p->hdr->map_used,
+	};
+	memset(r->pg, 0, npages);
+	present = adopt_present(p, r);
+	p->hdr->regions[slot] = (struct fm_resmap_region){
+		.base = a, .npages = npages, .map_offset = FM_RESMAP_MAP_OFFSET + p->hdr->map_used,
+		.space_id = space, .flags = 1u /* FM_REGION_F_LIVE */ | (flags & FM_REG_HEAP),
+	};
+	p->hdr->map_used += (npages + 63) & ~63ull;
+	if (slot >= p->nregions)
+		p->nregions = slot + 1;
+	__atomic_store_n(&p->hdr->nregions, (uint32_t)p->nregions, __ATOMIC_RELEASE);
+	r->live = 1;
+	atomic_fetch_add(&p->registered, npages);
+	set_budget(p);
+	pthread_rwlock_unlock(&p->rlock);
+	fm_resident_add(p, (int64_t)present);
+	fm_info("paging %p+%zu MiB (%llu pages present), budget %llu pages",
+		addr, len >> 20, (unsigned long long)present, (unsigned long long)atomic_load(&p->limit));
+	return 0;
+}
+
+/* Wait out a page's transitional states, then move it to UNTOUCHED. Returns the state it left. */
+static unsigned forget_page(struct region *r, uint64_t i, uint8_t *flags_out)
+{
+	for (;;) {
+		uint8_t b = pg_load(&r->pg[i]);
+		unsigned s = fm_pg_state(b);
+		if (s == FM_PG_FILLING || s == FM_PG_LEAVING || s == FM_PG_UPDATING) {
+			sched_yield();
+			continue;
+		}
+		if (pg_cas(&r->pg[i], &b, pg_make(FM_PG_UNTOUCHED, 0))) {
+			*flags_out = b;
+			return s;
+		}
+	}
+}
+
+/* Forget pages [first, first+n) of r: local copies are the caller's to drop, remote ones die. */
+static void forget_pages(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n)
+{
+	struct fm_range rg[64];
+	unsigned nr = 0;
+	int64_t res = 0;
+
+	for (uint64_t i = first; i < first + n; i++) {
+		uint8_t old;
+		unsigned s = forget_page(r, i, &old);
+		if (fm_pg_is_resident(pg_make(s, 0)))
+			res--;
+		if (old & FM_PGF_HAS_REMOTE) {
+			if (nr && rg[nr - 1].first + rg[nr - 1].npages == i) {
+				rg[nr - 1].npages++;
+			} else {
+				if (nr == 64) {
+					pthread_mutex_lock(&p->misc_lock);
+					fm_chan_discard(p->misc_chan, r->space, rg, nr);
+					pthread_mutex_unlock(&p->misc_lock);
+					nr = 0;
+				}
+				rg[nr++] = (struct fm_range){ .first = i, .npages = 1 };
+			}
+		}
+	}
+	if (nr) {
+		pthread_mutex_lock(&p->misc_lock);
+		fm_chan_discard(p->misc_chan, r->space, rg, nr);
+		pthread_mutex_unlock(&p->misc_lock);
+	}
+	STAT_ADD(p, discards, (uint64_t)-res);
+	if (res)
+		fm_resident_add(p, res);
+}
+
+int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;
+
+	pthread_rwlock_rdlock(&p->rlock);
+	for (int i = 0; i < p->nregions; i++) {
+		struct region *r = &p->regions[i];
+		uintptr_t s, t;
+		if (!r->live || a >= r->end || e <= r->base)
+			continue;
+		s = a > r->base ? a : r->base;
+		t = e < r->end ? e : r->end;
+		/* Only whole pages are dropped by madvise. */
+		t &= ~(uintptr_t)(PG_SIZE - 1);
+		if (t > s)
+			forget_pages(p, r, (s - r->base) >> PG_SHIFT, (t - s) >> PG_SHIFT);
+	}
+	pthread_rwlock_unlock(&p->rlock);
+	return 0;
+}
+
+int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1);
+	uintptr_t e = ((uintptr_t)addr + len + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1);
+
+	pthread_rwlock_wrlock(&p->rlock);
+	for (int i = 0; i < p->nregions; i++) {
+		struct region *r = &p->regions[i];
+		struct uffdio_range ur;
+		uintptr_t s, t;
+		if (!r->live || a >= r->end || e <= r->base)
+			continue;
+		s = a > r->base ? a : r->base;
+		t = e < r->end ? e : r->end;
+		forget_pages(p, r, (s - r->base) >> PG_SHIFT, (t - s) >> PG_SHIFT);
+		ur = (struct uffdio_range){ .start = s, .len = t - s };
+		ioctl(p->uffd, UFFDIO_UNREGISTER, &ur);
+		if (s == r->base && t == r->end) {
+			fm_xport_space_close(p->x, r->space);
+			atomic_fetch_sub(&p->registered, r->npages);
+			r->live = 0;
+			p->hdr->regions[i].flags = 0;
+		} else {
+			for (uintptr_t q = s; q < t; q += PG_SIZE)
+				pg_store(&r->pg[(q - r->base) >> PG_SHIFT], pg_make(FM_PG_UNMANAGED, 0));
+		}
+	}
+	set_budget(p);
+	pthread_rwlock_unlock(&p->rlock);
+	return 0;
+}
+
+/* --- faults ----------------------------------------------------------------- */
+
+static int is_gc(struct fm_pager *p, pid_t tid)
+{
+	return p->cfg.is_gc_thread && tid > 0 && p->cfg.is_gc_thread(tid);
+}
+
+/* Fetch page i of r from memd into *src; dies if memd lost it. */
+static const void *fetch_one(struct fm_pager *p, struct fm_chan *chan, struct region *r, uint64_t i)
+{
+	const void *src;
+	int rc = fm_chan_read(chan, r->space, &i, 1, &src);
+
+	if (rc) {
+		STAT_ADD(p, transport_errors, 1);
+		if (rc == -EIO)
+			STAT_ADD(p, crc_errors, 1);
+		fm_fatal("page %#lx is in memd but cannot be read back (%s%s)",
+			 (unsigned long)(r->base + (i << PG_SHIFT)), strerror(-rc),
+			 rc == -EIO ? ": checksum mismatch" : "");
+	}
+	STAT_ADD(p, remote_reads, 1);
+	STAT_ADD(p, remote_read_bytes, PG_SIZE);
+	return src;
+}
+
+/* Make room before a fill: at the hard limit the handler evicts a batch itself. */
+static void ensure_room(struct fm_pager *p, struct fm_chan *chan)
+{
+	while (atomic_load(&p->resident) + 1 > atomic_load(&p->limit) && !atomic_load(&p->evict_broken)) {
+		unsigned n = fm_evict_batch(p, chan, 64);
+		STAT_ADD(p, direct_evictions, n);
+		if (!n)
+			break;
+	}
+}
+
+static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct region *r,
+		     uint64_t idx, pid_t tid);
+
+static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr, int write, pid_t tid)
+{
+	struct region *r;
+	int ridx;
+	uint64_t i;
+	uint8_t b;
+
+	pthread_rwlock_rdlock(&p->rlock);
+	r = find_region(p, addr, &ridx);
+	if (!r) {
+		/* Unregistered while the fault was queued: it retries on plain memory. */
+		pthread_rwlock_unlock(&p->rlock);
+		fm_wake_range(p, addr & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE);
+		return;
+	}
+	i = (addr - r->base) >> PG_SHIFT;
+	addr = r->base + (i << PG_SHIFT);
+	for (;;) {
+		unsigned s;
+		b = pg_load(&r->pg[i]);
+		s = fm_pg_state(b);
+		if (s == FM_PG_UNTOUCHED || s == FM_PG_REMOTE) {
+			const void *src;
+			int gc = is_gc(p, tid), rc;
+			uint8_t fl;
+
+			ensure_room(p, h->chan);
+			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
+				continue;
+			if (s == FM_PG_UNTOUCHED) {
+				src = p->zero;
+				STAT_ADD(p, zero_fills, 1);
+			} else {
+				src = fetch_one(p, h->chan, r, i);
+				fm_churn(p, 1);
+			}
+			/*
+			 * A read installs the page write-protected: it stays clean
+			 * (no write-back) until a write fault tells us otherwise.
+			 */
+			rc = uffd_copy(p, addr, src, !write);
+			if (rc && rc != -EEXIST)
+				fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)addr, strerror(-rc));
+			fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc ? FM_PGF_GC : FM_PGF_REF));
+			if (write)
+				fl &= (uint8_t)~FM_PGF_GC;
+			pg_store(&r->pg[i], pg_make(write ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
+			STAT_ADD(p, faults, 1);
+			if (gc)
+				STAT_ADD(p, gc_faults, 1);
+			else
+				STAT_ADD(p, app_faults, 1);
+			fm_resident_add(p, 1);
+			if (p->cfg.prefetch && !gc)
+				prefetch(p, h->chan, ridx, r, i, tid);
+			break;
+		}
+		if (s == FM_PG_LEAVING) {
+			/* The evictor dropped it and has not said so yet: wait for it. */
+			int queued = 0;
+			pthread_mutex_lock(&p->wait_lock);
+			if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_LEAVING) {
+				if (p->nwaiters == p->waiters_cap) {
+					size_t cap = p->waiters_cap ? p->waiters_cap * 2 : 64;
+					uintptr_t *w = realloc(p->waiters, cap * sizeof(*w));
+					if (w) {
+						p->waiters = w;
+						p->waiters_cap = cap;
+					}
+				}
+				if (p->nwaiters < p->waiters_cap) {
+					p->waiters[p->nwaiters++] = addr;
+					queued = 1;
+				}
+			}
+			pthread_mutex_unlock(&p->wait_lock);
+			if (queued)
+				break;
+			if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_LEAVING)
+				sched_yield();
+			continue;
+		}
+		if (s == FM_PG_FILLING) {
+			/* Another handler's copy wakes every thread waiting on this page. */
+			break;
+		}
+		if (s == FM_PG_UNMANAGED) {
+			fm_wake_range(p, addr, PG_SIZE);
+			break;
+		}
+		/*
+		 * Resident by our books. Either this is a stale message (the page
+		 * was filled after the fault was queued) or the program dropped
+		 * it behind our back, which for private anonymous memory means
+		 * zeros. A zero copy tells the two apart: EEXIST for the first.
+		 */
+		{
+			int rc = uffd_copy(p, addr, p->zero, 0);
+			if (rc == -EEXIST) {
+				fm_wake_range(p, addr, PG_SIZE);
+			} else if (rc == 0) {
+				uint8_t nb = pg_make(FM_PG_DIRTY, FM_PGF_REF);
+				if (!pg_cas(&r->pg[i], &b, nb))
+					fm_debug("page %#lx changed under a zero refill", (unsigned long)addr);
+				STAT_ADD(p, zero_fills, 1);
+			} else {
+				fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)addr, strerror(-rc));
+			}
+		}
+		break;
+	}
+	pthread_rwlock_unlock(&p->rlock);
+}
+
+static void handle_wp(struct fm_pager *p, uintptr_t addr, pid_t tid)
+{
+	struct region *r;
+	uint64_t i;
+
+	pthread_rwlock_rdlock(&p->rlock);
+	r = find_region(p, addr, NULL);
+	if (!r) {
+		pthread_rwlock_unlock(&p->rlock);
+		fm_wp_range(p, addr & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE, 0);
+		return;
+	}
+	i = (addr - r->base) >> PG_SHIFT;
+	addr = r->base + (i << PG_SHIFT);
+	for (;;) {
+		uint8_t b = pg_load(&r->pg[i]);
+		unsigned s = fm_pg_state(b);
+		if (s == FM_PG_CLEAN) {
+			uint8_t fl = (uint8_t)((b | FM_PGF_REF) & ~FM_PGF_PREFETCH);
+			if (!is_gc(p, tid))
+				fl &= (uint8_t)~FM_PGF_GC;
+			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_UPDATING, fl)))
+				continue;
+			if (b & FM_PGF_PREFETCH)
+				STAT_ADD(p, prefetch_used, 1);
+			/* Unprotect before DIRTY is visible: the evictor must not protect a page we then open. */
+			if (fm_wp_range(p, addr, PG_SIZE, 0))
+				fm_fatal("UFFDIO_WRITEPROTECT at %#lx failed: %s", (unsigned long)addr, strerror(errno));
+			pg_store(&r->pg[i], pg_make(FM_PG_DIRTY, fl));
+			STAT_ADD(p, wp_faults, 1);
+			break;
+		}
+		if (s == FM_PG_LEAVING) {
+			int queued = 0;
+			pthread_mutex_lock(&p->wait_lock);
+			if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_LEAVING &&
+			    p->nwaiters < p->waiters_cap) {
+				p->waiters[p->nwaiters++] = addr;
+				queued = 1;
+			}
+			pthread_mutex_unlock(&p->wait_lock);
+			if (queued)
+				break;
+			sched_yield();
+			continue;
+		}
+		if (s == FM_PG_UPDATING || s == FM_PG_FILLING) {
+			sched_yield();
+			continue;
+		}
+		/*
+		 * DIRTY: another handler opened it already. UNTOUCHED/UNMANAGED:
+		 * the program is freeing it. REMOTE: stale, it refaults as missing.
+		 * Unprotecting wakes the writer in every case.
+		 */
+		if (s == FM_PG_REMOTE)
+			fm_wake_range(p, addr, PG_SIZE);
+		else
+			fm_wp_range(p, addr, PG_SIZE, 0);
+		break;
+	}
+	pthread_rwlock_unlock(&p->rlock);
+}
+
+/* Install pages [j0, j0+n) of r from one contiguous source with a single UFFDIO_COPY. */
+static void copy_run(struct fm_pager *p, struct region *r, uint64_t j0, unsigned n, const void *src, int wp)
+{
+	struct uffdio_copy c = {
+		.dst = r->base + (j0 << PG_SHIFT), .src = (uintptr_t)src,
+		.len = (uint64_t)n << PG_SHIFT, .mode = wp ? UFFDIO_COPY_MODE_WP : 0,
+	};
+	if (ioctl(p->uffd, UFFDIO_COPY, &c) && errno != EEXIST)
+		fm_fatal("UFFDIO_COPY of %u pages at %#llx failed: %s", n,
+			 (unsigned long long)c.dst, strerror(errno));
+}
+
+/* Pages a stream ran through without faulting were used: clear their marks, count them. */
+static unsigned count_used(struct region *r, uint64_t first, int64_t stride, unsigned n)
+{
+	unsigned used = 0;
+	for (unsigned k = 0; k < n; k++) {
+		int64_t j = (int64_t)first + stride * (int64_t)k;
+		uint8_t b;
+		if (j < 0 || (uint64_t)j >= r->npages)
+			break;
+		b = pg_load(&r->pg[j]);
+		while ((b & FM_PGF_PREFETCH) && fm_pg_is_resident(b) &&
+		       !pg_cas(&r->pg[j], &b, (uint8_t)(b & ~FM_PGF_PREFETCH)))
+			;
+		if ((b & FM_PGF_PREFETCH) && fm_pg_is_resident(b))
+			used++;
+	}
+	return used;
+}
+
+/*
+ * Sequential and strided runs per faulting thread: after two faults with
+ * the same stride, fetch the next `prefetch` pages along it. Remote pages
+ * come in one batched read and go in write-protected (clean); pages never
+ * written go in as zeros, writable, since a stream that touches fresh memory
+ * writes it. Contiguous pages share one UFFDIO_COPY.
+ */
+static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct region *r,
+		     uint64_t idx, pid_t tid)
+{
+	struct stream *s;
+	uint64_t want[64], remote[64];
+	unsigned nw = 0, nr = 0, used = 0, got = 0, zeros = 0;
+	int64_t stride;
+	const void *src[64];
+
+	pthread_mutex_lock(&p->stream_lock);
+	s = &p->streams[(unsigned)tid % NSTREAMS];
+	if (s->tid != tid || s->region != ridx) {
+		*s = (struct stream){ .tid = tid, .region = ridx, .last = idx };
+		pthread_mutex_unlock(&p->stream_lock);
+		return;
+	}
+	stride = (int64_t)idx - (int64_t)s->last;
+	if (s->pf_count && idx == s->pf_next)
+		used = count_used(r, s->pf_next - (uint64_t)((int64_t)s->pf_count * s->stride),
+				  s->stride, s->pf_count);
+	s->pf_count = 0;
+	if (stride != 0 && stride == s->stride && stride >= -16 && stride <= 16)
+		s->hits++;
+	else
+		s->hits = 0;
+	s->stride = stride;
+	s->last = idx;
+	if (s->hits >= 1) {
+		for (unsigned k = 1; k <= p->cfg.prefetch && nw < 64; k++) {
+			int64_t j = (int64_t)idx + stride * (int64_t)k;
+			if (j < 0 || (uint64_t)j >= r->npages)
+				break;
+			want[nw++] = (uint64_t)j;
+		}
+	}
+	pthread_mutex_unlock(&p->stream_lock);
+	if (used)
+		STAT_ADD(p, prefetch_used, used);
+	if (!nw)
+		return;
+
+	/* Claim the pages that are not resident, stopping at the first that is. */
+	for (unsigned k = 0; k < nw; k++) {
+		uint8_t b = pg_load(&r->pg[want[k]]);
+		unsigned st = fm_pg_state(b);
+		if (atomic_load(&p->resident) + k + 1 >= atomic_load(&p->high) ||
+		    (st != FM_PG_REMOTE && st != FM_PG_UNTOUCHED) ||
+		    !pg_cas(&r->pg[want[k]], &b, pg_make(FM_PG_FILLING, b))) {
+			nw = k;
+			break;
+		}
+		if (st == FM_PG_REMOTE)
+			remote[nr++] = want[k];
+	}
+	if (!nw)
+		return;
+	if (nr) {
+		int rc = fm_chan_read(chan, r->space, remote, nr, src);
+		if (rc)
+			fm_fatal("prefetch of %u pages from memd failed: %s", nr, strerror(-rc));
+		STAT_ADD(p, remote_reads, nr);
+		STAT_ADD(p, remote_read_bytes, (uint64_t)nr * PG_SIZE);
+		fm_churn(p, nr);
+	}
+	for (unsigned k = 0, ri = 0; k < nw;) {
+		/* A run: consecutive pages of one kind whose sources are consecutive too. */
+		int is_remote = ri < nr && remote[ri] == want[k];
+		const uint8_t *from = is_remote ? src[ri] : p->zero_run;
+		unsigned n = 1;
+		while (k + n < nw && want[k + n] == want[k] + n &&
+		       (is_remote ? (ri + n < nr && remote[ri + n] == want[k + n] &&
+				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT))
+				  : (fm_pg_state(pg_load(&r->pg[want[k + n]])) == FM_PG_FILLING &&
+				     !(pg_load(&r->pg[want[k + n]]) & FM_PGF_HAS_REMOTE) &&
+				     !(ri < nr && remote[ri] == want[k + n]) && n < ZERO_RUN_PAGES)))
+			n++;
+		copy_run(p, r, want[k], n, from, is_remote);
+		for (unsigned q = 0; q < n; q++) {
+			uint64_t j = want[k + q];
+			uint8_t b = pg_load(&r->pg[j]);
+			pg_store(&r->pg[j], is_remote
+				 ? pg_make(FM_PG_CLEAN, (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | FM_PGF_REF))
+				 : pg_make(FM_PG_DIRTY, FM_PGF_REF));
+		}
+		if (is_remote) {
+			got += n;
+			ri += n;
+		} else {
+			zeros += n;
+		}
+		k += n;
+	}
+	if (got)
+		STAT_ADD(p, prefetch_issued, got);
+	if (zeros)
+		STAT_ADD(p, zero_fills, zeros);
+	fm_resident_add(p, got + zeros);
+	pthread_mutex_lock(&p->stream_lock);
+	if (s->tid == tid) {
+		s->pf_count = nw;
+		s->pf_next = (uint64_t)((int64_t)idx + stride * (int64_t)(nw + 1));
+	}
+	pthread_mutex_unlock(&p->stream_lock);
+}
+
+/* The program unmapped part of a region without telling us (munmap through a raw syscall). */
+static void handle_unmap(struct fm_pager *p, uintptr_t start, uintptr_t end)
+{
+	pthread_rwlock_rdlock(&p->rlock);
+	for (int i = 0; i < p->nregions; i++) {
+		struct region *r = &p->regions[i];
+		uintptr_t s, t;
+		if (!r->live || start >= r->end || end <= r->base)
+			continue;
+		s = start > r->base ? start : r->base;
+		t = end < r->end ? end : r->end;
+		forget_pages(p, r, (s - r->base) >> PG_SHIFT, (t - s) >> PG_SHIFT);
+		for (uintptr_t q = s; q < t; q += PG_SIZE)
+			pg_store(&r->pg[(q - r->base) >> PG_SHIFT], pg_make(FM_PG_UNMANAGED, 0));
+	}
+	pthread_rwlock_unlock(&p->rlock);
+}
+
+static void *handler_main(void *arg)
+{
+	struct handler *h = arg;
+	struct fm_pager *p = h->p;
+	struct uffd_msg msgs[MSGS_PER_READ];
+	char name[16];
+
+	snprintf(name, sizeof(name), "farmem-fault%d", h->idx);
+	pthread_setname_np(pthread_self(), name);
+	for (;;) {
+		ssize_t n = read(p->uffd, msgs, sizeof(msgs));
+		uint64_t t0;
+		if (n < 0) {
+			if (errno == EINTR || errno == EAGAIN)
+				continue;
+			fm_fatal("reading userfaultfd failed: %s", strerror(errno));
+		}
+		t0 = fm_now_ns();
+		for (ssize_t k = 0; k < n / (ssize_t)sizeof(msgs[0]); k++) {
+			struct uffd_msg *m = &msgs[k];
+			switch (m->event) {
+			case UFFD_EVENT_PAGEFAULT: {
+				uintptr_t a = (uintptr_t)m->arg.pagefault.address;
+				uint64_t fl = m->arg.pagefault.flags;
+				pid_t tid = (pid_t)m->arg.pagefault.feat.ptid;
+				if (a >= (uintptr_t)p->doorbell &&
+				    a < (uintptr_t)p->doorbell + (size_t)MAX_HANDLERS * PG_SIZE) {
+					struct uffdio_zeropage z = {
+						.range = { .start = a & ~(uintptr_t)(PG_SIZE - 1), .len = PG_SIZE } };
+					ioctl(p->uffd, UFFDIO_ZEROPAGE, &z);
+					if (atomic_load(&p->stopping))
+						return NULL;
+					break;
+				}
+				if (fl & UFFD_PAGEFAULT_FLAG_WP)
+					handle_wp(p, a, tid);
+				else
+					handle_missing(p, h, a, !!(fl & UFFD_PAGEFAULT_FLAG_WRITE), tid);
+				__atomic_fetch_add(&p->st->lat_hist[fm_lat_bucket(fm_now_ns() - t0)], 1,
+						   __ATOMIC_RELAXED);
+				break;
+			}
+			case UFFD_EVENT_UNMAP:
+				handle_unmap(p, (uintptr_t)m->arg.remove.start, (uintptr_t)m->arg.remove.end);
+				break;
+			case UFFD_EVENT_REMAP:
+				/*
+				 * mremap of a paged range behind the shim's back: the
+				 * pages now live at an address we do not track, so
+				 * remote pages there could never come back right.
+				 */
+				fm_fatal("a paged range at %#llx was moved with mremap outside farmem's control",
+					 (unsigned long long)m->arg.remap.from);
+			default:
+				fm_warn("ignoring userfaultfd event %u", m->event);
+			}
+		}
+	}
+	return NULL;
+}
+
+/* --- start and stop ---------------------------------------------------------- */
+
+int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *err, size_t errlen)
+{
+	struct fm_xport_cfg xc = {
+		.addr = cfg->memd, .secret = cfg->secret, .secret_len = cfg->secret_len,
+		.pref = cfg->xport_pref,
+	};
+	struct fm_pager *p;
+	struct uffdio_register reg;
+	int rc;
+
+	if (!cfg->memd[0]) {
+		snprintf(err, errlen, "no memd address (FARMEM_MEMD or memd=)");
+		return -EINVAL;
+	}
+	if (!cfg->secret_len) {
+		snprintf(err, errlen, "no memd secret (FARMEM_SECRET or secret=)");
+		return -EINVAL;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->cfg = *cfg;
+	p->uffd = p->pidfd = p->map_fd = -1;
+	fm_log_level = cfg->log_level;
+	pthread_rwlock_init(&p->rlock, NULL);
+	pthread_mutex_init(&p->ev_lock, NULL);
+	pthread_cond_init(&p->ev_cond, NULL);
+	pthread_mutex_init(&p->clock_lock, NULL);
+	pthread_mutex_init(&p->wait_lock, NULL);
+	pthread_mutex_init(&p->misc_lock, NULL);
+	pthread_mutex_init(&p->stream_lock, NULL);
+	p->waiters_cap = 256;
+	p->waiters = calloc(p->waiters_cap, sizeof(*p->waiters));
+	p->zero = aligned_alloc(PG_SIZE, PG_SIZE);
+	p->zero_run = aligned_alloc(PG_SIZE, (size_t)ZERO_RUN_PAGES * PG_SIZE);
+	if (!p->waiters || !p->zero || !p->zero_run) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	memset(p->zero, 0, PG_SIZE);
+	memset(p->zero_run, 0, (size_t)ZERO_RUN_PAGES * PG_SIZE);
+
+	rc = uffd_open(err, errlen);
+	if (rc < 0)
+		goto fail;
+	p->uffd = rc;
+	rc = uffd_api(p->uffd, err, errlen);
+	if (rc)
+		goto fail;
+	p->pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+
+	rc = fm_xport_connect(&xc, &p->x, err, errlen);
+	if (rc)
+		goto fail;
+	rc = map_create(p);
+	if (rc) {
+		snprintf(err, errlen, "cannot create the residency map: %s", strerror(-rc));
+		goto fail;
+	}
+	p->hdr->transport = (uint32_t)fm_xport_kind(p->x);
+	set_budget(p);
+
+	rc = fm_chan_open(p->x, &p->misc_chan);
+	if (!rc)
+		rc = fm_chan_open(p->x, &p->ev_chan);
+	if (rc) {
+		snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
+		goto fail;
+	}
+
+	p->doorbell = mmap(NULL, (size_t)MAX_HANDLERS * PG_SIZE, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p->doorbell == MAP_FAILED) {
+		p->doorbell = NULL;
+		rc = -errno;
+		goto fail;
+	}
+	reg = (struct uffdio_register){
+		.range = { .start = (uintptr_t)p->doorbell, .len = (size_t)MAX_HANDLERS * PG_SIZE },
+		.mode = UFFDIO_REGISTER_MODE_MISSING,
+	};
+	if (ioctl(p->uffd, UFFDIO_REGISTER, &reg)) {
+		rc = -errno;
+		snprintf(err, errlen, "UFFDIO_REGISTER failed: %s", strerror(errno));
+		goto fail;
+	}
+
+	p->nhandlers = cfg->fill_threads < 1 ? 1 : cfg->fill_threads > MAX_HANDLERS ? MAX_HANDLERS : cfg->fill_threads;
+	for (unsigned i = 0; i < p->nhandlers; i++) {
+		struct handler *h = &p->handlers[i];
+		h->p = p;
+		h->idx = (int)i;
+		rc = fm_chan_open(p->x, &h->chan);
+		if (rc) {
+			snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
+			p->nhandlers = i;
+			goto fail;
+		}
+		rc = -pthread_create(&h->th, NULL, handler_main, h);
+		if (rc) {
+			fm_chan_close(h->chan);
+			p->nhandlers = i;
+			snprintf(err, errlen, "cannot start a fault handler: %s", strerror(-rc));
+			goto fail;
+		}
+	}
+	rc = -pthread_create(&p->evictor, NULL, fm_evictor_main, p);
+	if (rc) {
+		snprintf(err, errlen, "cannot start the evictor: %s", strerror(-rc));
+		goto fail;
+	}
+	p->evictor_started = 1;
+	report_to_launcher(p);
+	fm_info("pager up: memd %s (%s), %u fault threads", cfg->memd,
+		fm_xport_kind(p->x) == FM_XPORT_SHM ? "shared memory" : "stream", p->nhandlers);
+	*out = p;
+	return 0;
+fail:
+	fm_pager_stop(p);
+	return rc < 0 ? rc : -EIO;
+}
+
+int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr, e = a + len;
+
+	pthread_rwlock_rdlock(&p->rlock);
+	for (int k = 0; k < p->nregions; k++) {
+		struct region *r = &p->regions[k];
+		if (!r->live || a >= r->end || e <= r->base)
+			continue;
+		for (uint64_t i = 0; i < r->npages; i++) {
+			uintptr_t pa = r->base + (i << PG_SHIFT);
+			uint8_t b;
+			if (pa < a || pa >= e)
+				continue;
+			b = pg_load(&r->pg[i]);
+			while (fm_pg_state(b) == FM_PG_LEAVING || fm_pg_state(b) == FM_PG_FILLING) {
+				sched_yield();
+				b = pg_load(&r->pg[i]);
+			}
+			if (fm_pg_state(b) != FM_PG_REMOTE || !pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
+				continue;
+			pthread_mutex_lock(&p->misc_lock);
+			{
+				const void *src = fetch_one(p, p->misc_chan, r, i);
+				int rc = uffd_copy(p, pa, src, 0);
+				if (rc && rc != -EEXIST)
+					fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)pa, strerror(-rc));
+			}
+			pthread_mutex_unlock(&p->misc_lock);
+			pg_store(&r->pg[i], pg_make(FM_PG_DIRTY, (uint8_t)(b & FM_PGF_HAS_REMOTE)));
+			fm_resident_add(p, 1);
+		}
+	}
+	pthread_rwlock_unlock(&p->rlock);
+	return 0;
+}
+
+int fm_pager_stop(struct fm_pager *p)
+{
+	if (!p)
+		return 0;
+	atomic_store(&p->stopping, 1);
+	if (p->evictor_started) {
+		pthread_mutex_lock(&p->ev_lock);
+		p->ev_kick = 1;
+		pthread_cond_broadcast(&p->ev_cond);
+		pthread_mutex_unlock(&p->ev_lock);
+		pthread_join(p->evictor, NULL);
+	}
+	/* Each touch of a doorbell page is served by one handler, which then exits. */
+	for (unsigned i = 0; i < p->nhandlers; i++)
+		(void)*(volatile uint8_t *)(p->doorbell + (size_t)i * PG_SIZE);
+	for (unsigned i = 0; i < p->nhandlers; i++) {
+		pthread_join(p->handlers[i].th, NULL);
+		fm_chan_close(p->handlers[i].chan);
+	}
+	fm_chan_close(p->ev_chan);
+	fm_chan_close(p->misc_chan);
+	if (p->doorbell)
+		munmap(p->doorbell, (size_t)MAX_HANDLERS * PG_SIZE);
+	fm_xport_close(p->x);
+	if (p->uffd >= 0)
+		close(p->uffd);
+	if (p->pidfd >= 0)
+		close(p->pidfd);
+	if (p->hdr)
+		munmap(p->hdr, p->map_len);
+	if (p->map_fd >= 0)
+		close(p->map_fd);
+	free(p->waiters);
+	free(p->zero);
+	free(p->zero_run);
+	free(p);
+	return 0;
+}
+
+void fm_pager_gc_event(struct fm_pager *p, int start)
+{
+	__atomic_store_n(&p->hdr->gc_active, start ? 1u : 0u, __ATOMIC_RELEASE);
+	if (!start)
+		__atomic_add_fetch(&p->hdr->gc_cycles, 1, __ATOMIC_RELEASE);
+}
+
+int fm_pager_map_fd(const struct fm_pager *p) { return p->map_fd; }
+struct fm_resmap_hdr *fm_pager_map(const struct fm_pager *p) { return p->hdr; }

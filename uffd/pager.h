@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The in-process pager: userfaultfd fault handlers, an evictor and a
+ * prefetcher that keep a process's registered memory within a local budget,
+ * with the rest in memd. Used by the preload shim and the JVMTI agent.
+ *
+ * Knobs (DESIGN.md interface 4) keep UMap's names where users know them;
+ * docs/knobs.md is the table of flags, agent options and environment names.
+ */
+#ifndef FARMEM_PAGER_H
+#define FARMEM_PAGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct fm_pager;
+
+struct fm_pager_cfg {
+	char memd[256];          /* FARMEM_MEMD: memd address */
+	char secret[256];        /* FARMEM_SECRET */
+	size_t secret_len;
+	uint64_t local_bytes;    /* FARMEM_LOCAL as bytes, or 0 when given as a percentage */
+	unsigned local_pct;      /* FARMEM_LOCAL as a percentage of registered memory */
+	unsigned fill_threads;   /* FARMEM_FILL_THREADS: fault handler threads (1..16) */
+	unsigned evict_high;     /* FARMEM_EVICT_HIGH: % of budget that wakes the evictor */
+	unsigned evict_low;      /* FARMEM_EVICT_LOW: % of budget it evicts down to */
+	unsigned evict_batch;    /* FARMEM_EVICT_BATCH: pages per eviction batch */
+	unsigned prefetch;       /* FARMEM_PREFETCH: pages fetched ahead of a stream, 0 = off */
+	unsigned epoch_pct;      /* FARMEM_EPOCH_PCT: churn (% of pages) that advances the swap epoch */
+	uint64_t threshold;      /* FARMEM_THRESHOLD: smallest mapping the shim registers */
+	int xport_pref;          /* FARMEM_TRANSPORT: enum fm_xport_pref */
+	int gc_aware;            /* evict pages only GC threads touched first */
+	int log_level;           /* FARMEM_LOG */
+	char control[256];       /* FARMEM_CONTROL: launcher socket that collects our map */
+	/* Called with the faulting thread's id; returns 1 for GC threads (the agent sets it). */
+	int (*is_gc_thread)(pid_t tid);
+};
+
+/* Defaults, then FARMEM_* from the environment. Returns 0, or -EINVAL with err set. */
+int fm_pager_cfg_from_env(struct fm_pager_cfg *cfg, char *err, size_t errlen);
+void fm_pager_cfg_defaults(struct fm_pager_cfg *cfg);
+/* Apply one knob by its environment name without the FARMEM_ prefix, lower case ok. */
+int fm_pager_cfg_set(struct fm_pager_cfg *cfg, const char *key, const char *val, char *err, size_t errlen);
+
+/* Connect to memd, create the residency map, start the threads. */
+int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *err, size_t errlen);
+/* Bring every page back, stop the threads, unregister everything. */
+int fm_pager_stop(struct fm_pager *p);
+
+#define FM_REG_HEAP 2u /* FM_REGION_F_HEAP */
+
+/*
+ * Put [addr, addr+len) (page-aligned, anonymous private) under the pager.
+ * Pages already present stay resident and count as dirty.
+ */
+int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags);
+/*
+ * The program is about to unmap or remap [addr, addr+len): forget its
+ * pages (local and remote) and unregister it. The caller then unmaps.
+ */
+int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len);
+/* Make every page of [addr, addr+len) resident again (before an mremap). */
+int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
+/*
+ * The program dropped [addr, addr+len) (MADV_DONTNEED and friends): its
+ * contents are now zero. Forget remote copies; call it before the madvise.
+ */
+int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
+/* 1 if addr lies in a registered region. */
+int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len);
+
+/* GC cycle boundaries, from the agent. */
+void fm_pager_gc_event(struct fm_pager *p, int start);
+
+/* The residency map memfd (for the launcher and for farmem stat). */
+int fm_pager_map_fd(const struct fm_pager *p);
+struct fm_resmap_hdr *fm_pager_map(const struct fm_pager *p);
+
+#endif /* FARMEM_PAGER_H */

@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Internal to the pager: shared by pager.c (faults, regions) and evict.c. */
+#ifndef FARMEM_PAGER_INTERNAL_H
+#define FARMEM_PAGER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "pager.h"
+#include "resmap.h"
+#include "transport.h"
+
+#define PG_SIZE 4096u
+#define PG_SHIFT 12
+
+struct region {
+	uintptr_t base;
+	uintptr_t end;
+	uint64_t npages;
+	uint8_t *pg;           /* its state bytes in the residency map */
+	uint32_t space;        /* memd space of its remote pages */
+	int slot;              /* index in hdr->regions */
+	int live;
+};
+
+struct handler {
+	pthread_t th;
+	struct fm_pager *p;
+	struct fm_chan *chan;
+	int idx;
+};
+
+/* A faulting thread's recent faults, for the prefetcher. */
+struct stream {
+	pid_t tid;
+	int region;
+	uint64_t last;
+	int64_t stride;
+	unsigned hits;
+	uint64_t pf_next;      /* first page past what we prefetched for it */
+	unsigned pf_count;
+};
+
+#define MAX_HANDLERS 16
+#define NSTREAMS 64
+
+struct fm_pager {
+	struct fm_pager_cfg cfg;
+	int uffd;
+	int pidfd;                      /* our own, for process_madvise */
+	struct fm_xport *x;
+
+	int map_fd;
+	struct fm_resmap_hdr *hdr;
+	uint8_t *map;
+	size_t map_len;
+	struct fm_pager_stats *st;
+
+	pthread_rwlock_t rlock;         /* region table: read for faults, write to change it */
+	struct region regions[FM_RESMAP_MAX_REGIONS];
+	int nregions;                   /* high-water mark of used slots */
+
+	atomic_uint_fast64_t resident;  /* resident pages in all regions */
+	atomic_uint_fast64_t registered;
+	atomic_uint_fast64_t limit, high, low; /* pages */
+
+	struct handler handlers[MAX_HANDLERS];
+	unsigned nhandlers;
+
+	pthread_t evictor;
+	int evictor_started;
+	struct fm_chan *ev_chan;
+	pthread_mutex_t ev_lock;
+	pthread_cond_t ev_cond;
+	int ev_kick;
+
+	pthread_mutex_t clock_lock;     /* the evictor's hand, shared with direct eviction */
+	int hand_region;
+	uint64_t hand_idx;
+
+	pthread_mutex_t wait_lock;      /* faults waiting for an eviction to finish */
+	uintptr_t *waiters;
+	size_t nwaiters, waiters_cap;
+
+	pthread_mutex_t misc_lock;      /* misc_chan, for calls from program threads */
+	struct fm_chan *misc_chan;
+
+	pthread_mutex_t stream_lock;
+	struct stream streams[NSTREAMS];
+
+	atomic_int stopping;
+	atomic_int evict_broken;        /* memd cannot take writes: keep pages local */
+	uint8_t *doorbell;              /* one page per handler, touched to stop them */
+	uint8_t *zero;
+	uint8_t *zero_run;              /* ZERO_RUN_PAGES of zeros, for runs of fresh pages */
+};
+
+#define ZERO_RUN_PAGES 64
+
+static inline uint8_t pg_load(const uint8_t *b)
+{
+	return __atomic_load_n(b, __ATOMIC_ACQUIRE);
+}
+
+static inline int pg_cas(uint8_t *b, uint8_t *old, uint8_t nv)
+{
+	return __atomic_compare_exchange_n(b, old, nv, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+static inline void pg_store(uint8_t *b, uint8_t v)
+{
+	__atomic_store_n(b, v, __ATOMIC_RELEASE);
+}
+
+static inline uint8_t pg_make(unsigned state, uint8_t flags)
+{
+	return (uint8_t)((flags & ~FM_PG_STATE_MASK) | state);
+}
+
+#define STAT_ADD(p, field, n) __atomic_fetch_add(&(p)->st->field, (uint64_t)(n), __ATOMIC_RELAXED)
+
+/* evict.c */
+void *fm_evictor_main(void *arg);
+/* Evict up to want pages now; returns pages dropped. */
+unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want);
+void fm_evict_kick(struct fm_pager *p);
+void fm_wake_waiters(struct fm_pager *p);
+
+/* pager.c */
+void fm_resident_add(struct fm_pager *p, int64_t delta);
+void fm_churn(struct fm_pager *p, uint64_t pages);
+int fm_wake_range(struct fm_pager *p, uintptr_t addr, size_t len);
+int fm_wp_range(struct fm_pager *p, uintptr_t addr, size_t len, int protect);
+void fm_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+#endif
