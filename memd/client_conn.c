@@ -102,12 +102,12 @@ static int connect_tcp(const char *hostport, int *out)
 static int send_frame(struct fm_conn *c, uint16_t op, uint32_t count,
 		      const struct fm_iov *iov, unsigned niov, uint64_t req_id)
 {
-	struct iovec v[8];
+	struct iovec v[1 + 16];
 	struct fm_hdr h = { .magic = FM_PROTO_MAGIC, .op = op, .req_id = req_id, .count = count };
 	size_t total = 0, left;
 	unsigned i, nv = 0;
 
-	if (niov + 1 > 8)
+	if (niov > 16)
 		return -E2BIG;
 	v[nv++] = (struct iovec){ &h, sizeof(h) };
 	for (i = 0; i < niov; i++) {

@@ -81,7 +81,7 @@ void fm_xport_close(struct fm_xport *x)
 		return;
 	for (unsigned i = 0; i < x->nspaces; i++) {
 		if (x->spaces[i].data)
-			munmap(x->spaces[i].data, x->spaces[i].map_len);
+			fm_sys_munmap(x->spaces[i].data, x->spaces[i].map_len);
 		if (x->spaces[i].memfd >= 0)
 			close(x->spaces[i].memfd);
 	}
@@ -151,7 +151,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 		rc = -EPROTO;
 		goto fail;
 	}
-	p = mmap(NULL, rep.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	p = fm_sys_mmap(NULL, rep.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		rc = -errno;
 		goto fail;
@@ -173,7 +173,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 	}
 	pthread_mutex_unlock(&x->lock);
 	if (!sm) {
-		munmap(p, rep.map_len);
+		fm_sys_munmap(p, rep.map_len);
 		rc = -ENOSPC;
 		goto fail;
 	}
@@ -220,7 +220,7 @@ int fm_xport_space_close(struct fm_xport *x, uint32_t space_id)
 
 	if (sm) {
 		pthread_mutex_lock(&x->lock);
-		munmap(sm->data - 0, sm->map_len);
+		fm_sys_munmap(sm->data - 0, sm->map_len);
 		close(sm->memfd);
 		sm->data = NULL;
 		sm->memfd = -1;

@@ -9,7 +9,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/random.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 int fm_log_level = FM_LOG_WARN;
@@ -155,4 +157,26 @@ int fm_write_full(int fd, const void *buf, size_t len)
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+void *fm_sys_mmap(void *addr, size_t len, int prot, int flags, int fd, long off)
+{
+	long r = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+	if (r < 0 && r > -4096) {
+		errno = (int)-r;
+		return MAP_FAILED;
+	}
+	return (void *)r;
+}
+
+int fm_sys_munmap(void *addr, size_t len)
+{
+	long r = syscall(SYS_munmap, addr, len);
+	return r ? -1 : 0;
+}
+
+int fm_sys_madvise(void *addr, size_t len, int advice)
+{
+	long r = syscall(SYS_madvise, addr, len, advice);
+	return r ? -1 : 0;
 }

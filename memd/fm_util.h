@@ -43,6 +43,15 @@ static inline uint32_t fm_crc32c(const void *buf, size_t len)
 	return ~crc32_iscsi((unsigned char *)buf, (int)len, 0xffffffffu);
 }
 
+/*
+ * mmap, munmap and madvise straight to the kernel. Library code uses these:
+ * in a process under the preload shim the libc names are the shim's own
+ * interposers, which must only ever see the program's calls.
+ */
+void *fm_sys_mmap(void *addr, size_t len, int prot, int flags, int fd, long off);
+int fm_sys_munmap(void *addr, size_t len);
+int fm_sys_madvise(void *addr, size_t len, int advice);
+
 /* Fill buf with len bytes from getrandom(2). Returns 0 or -errno. */
 int fm_random(void *buf, size_t len);
 

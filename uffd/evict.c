@@ -90,10 +90,10 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 			p->hand_idx = 0;
 		}
 		r = &p->regions[p->hand_region];
-		if (!r->live || p->hand_idx >= r->npages) {
+		if (!r->live || atomic_load(&r->pinned) || p->hand_idx >= r->npages) {
 			p->hand_region++;
 			p->hand_idx = 0;
-			if (!r->live)
+			if (!r->live || atomic_load(&r->pinned))
 				scanned++;
 			continue;
 		}
@@ -147,8 +147,8 @@ static void drop(struct fm_pager *p, struct victim *v, unsigned n)
 		p->pidfd = -1;
 	}
 	for (unsigned k = 0; k < niov; k++) {
-		if (madvise(iov[k].iov_base, iov[k].iov_len, MADV_DONTNEED))
-			fm_fatal("madvise(DONTNEED) of an evicted page failed: %s", strerror(errno));
+		if (fm_sys_madvise(iov[k].iov_base, iov[k].iov_len, MADV_DONTNEED))
+			fm_fatal("fm_sys_madvise(DONTNEED) of an evicted page failed: %s", strerror(errno));
 		STAT_ADD(p, evict_syscalls, 1);
 	}
 }
@@ -235,10 +235,10 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 	v = buf;
 	if (want > MAX_VICTIMS)
 		want = MAX_VICTIMS;
-	pthread_rwlock_rdlock(&p->rlock);
+	rlock_rd(p);
 	n = pick(p, v, want);
 	if (!n) {
-		pthread_rwlock_unlock(&p->rlock);
+		rlock_un(p);
 		return 0;
 	}
 	protect_dirty(p, v, n, 1);
@@ -265,7 +265,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 				 : pg_make(FM_PG_UNTOUCHED, 0));
 		dropped++;
 	}
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 	STAT_ADD(p, evict_batches, 1);
 	STAT_ADD(p, evictions_clean, clean);
 	STAT_ADD(p, evictions_dirty, dirty);

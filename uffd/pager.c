@@ -121,7 +121,7 @@ static int map_create(struct fm_pager *p)
 		return -errno;
 	if (ftruncate(p->map_fd, (off_t)p->map_len))
 		return -errno;
-	p->hdr = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, p->map_fd, 0);
+	p->hdr = fm_sys_mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, p->map_fd, 0);
 	if (p->hdr == MAP_FAILED) {
 		p->hdr = NULL;
 		return -errno;
@@ -231,12 +231,17 @@ static void set_budget(struct fm_pager *p)
 
 /* --- regions --------------------------------------------------------------- */
 
-/* Caller holds rlock (read or write). */
+/*
+ * Caller holds rlock (read or write). A page given up by a partial unmap
+ * stays in its old region as UNMANAGED; a new mapping at that address is a
+ * region of its own, so the lookup passes over unmanaged pages.
+ */
 static struct region *find_region(struct fm_pager *p, uintptr_t addr, int *idx)
 {
 	for (int i = 0; i < p->nregions; i++) {
 		struct region *r = &p->regions[i];
-		if (r->live && addr >= r->base && addr < r->end) {
+		if (r->live && addr >= r->base && addr < r->end &&
+		    fm_pg_state(pg_load(&r->pg[(addr - r->base) >> PG_SHIFT])) != FM_PG_UNMANAGED) {
 			if (idx)
 				*idx = i;
 			return r;
@@ -250,12 +255,12 @@ int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
 	uintptr_t a = (uintptr_t)addr, e = a + len;
 	int hit = 0;
 
-	pthread_rwlock_rdlock(&p->rlock);
+	rlock_rd(p);
 	for (int i = 0; i < p->nregions && !hit; i++) {
 		struct region *r = &p->regions[i];
 		hit = r->live && a < r->end && e > r->base;
 	}
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 	return hit;
 }
 
@@ -310,28 +315,28 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 
 	if (!len || (a | len) & (PG_SIZE - 1))
 		return -EINVAL;
-	pthread_rwlock_wrlock(&p->rlock);
+	rlock_wr(p);
 	for (int i = 0; i < FM_RESMAP_MAX_REGIONS; i++)
 		if (!p->regions[i].live && !p->hdr->regions[i].flags) {
 			slot = i;
 			break;
 		}
 	if (slot < 0 || p->hdr->map_used + npages > p->hdr->map_capacity) {
-		pthread_rwlock_unlock(&p->rlock);
+		rlock_un(p);
 		fm_warn("cannot page %zu more bytes at %p: region table full", len, addr);
 		return -ENOSPC;
 	}
 	rc = fm_xport_space_open(p->x, npages, &space);
 	if (rc) {
-		pthread_rwlock_unlock(&p->rlock);
+		rlock_un(p);
 		fm_warn("memd refused a space of %llu pages: %s", (unsigned long long)npages, strerror(-rc));
 		return rc;
 	}
 	/* Page-table entries per 4 KiB: keep the kernel from making huge pages we then split. */
-	madvise(addr, len, MADV_NOHUGEPAGE);
+	fm_sys_madvise(addr, len, MADV_NOHUGEPAGE);
 	if (ioctl(p->uffd, UFFDIO_REGISTER, &reg)) {
 		rc = -errno;
-		pthread_rwlock_unlock(&p->rlock);
+		rlock_un(p);
 		fm_xport_space_close(p->x, space);
 		fm_warn("UFFDIO_REGISTER of %p+%zu failed: %s", addr, len, strerror(-rc));
 		return rc;
@@ -339,7 +344,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	if (!(reg.ioctls & (1ull << _UFFDIO_COPY)) || !(reg.ioctls & (1ull << _UFFDIO_WRITEPROTECT))) {
 		struct uffdio_range ur = { .start = a, .len = len };
 		ioctl(p->uffd, UFFDIO_UNREGISTER, &ur);
-		pthread_rwlock_unlock(&p->rlock);
+		rlock_un(p);
 		fm_xport_space_close(p->x, space);
 		fm_warn("%p+%zu cannot be paged (no copy or write-protect on this mapping)", addr, len);
 		return -ENOTSUP;
@@ -362,7 +367,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	r->live = 1;
 	atomic_fetch_add(&p->registered, npages);
 	set_budget(p);
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 	fm_resident_add(p, (int64_t)present);
 	fm_info("paging %p+%zu MiB (%llu pages present), budget %llu pages",
 		addr, len >> 20, (unsigned long long)present, (unsigned long long)atomic_load(&p->limit));
@@ -378,6 +383,10 @@ static unsigned forget_page(struct region *r, uint64_t i, uint8_t *flags_out)
 		if (s == FM_PG_FILLING || s == FM_PG_LEAVING || s == FM_PG_UPDATING) {
 			sched_yield();
 			continue;
+		}
+		if (s == FM_PG_UNMANAGED) {
+			*flags_out = b;
+			return s;
 		}
 		if (pg_cas(&r->pg[i], &b, pg_make(FM_PG_UNTOUCHED, 0))) {
 			*flags_out = b;
@@ -426,7 +435,7 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;
 
-	pthread_rwlock_rdlock(&p->rlock);
+	rlock_rd(p);
 	for (int i = 0; i < p->nregions; i++) {
 		struct region *r = &p->regions[i];
 		uintptr_t s, t;
@@ -439,7 +448,7 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
 		if (t > s)
 			forget_pages(p, r, (s - r->base) >> PG_SHIFT, (t - s) >> PG_SHIFT);
 	}
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 	return 0;
 }
 
@@ -448,7 +457,7 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1);
 	uintptr_t e = ((uintptr_t)addr + len + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1);
 
-	pthread_rwlock_wrlock(&p->rlock);
+	rlock_wr(p);
 	for (int i = 0; i < p->nregions; i++) {
 		struct region *r = &p->regions[i];
 		struct uffdio_range ur;
@@ -471,7 +480,7 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 		}
 	}
 	set_budget(p);
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 	return 0;
 }
 
@@ -522,11 +531,11 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 	uint64_t i;
 	uint8_t b;
 
-	pthread_rwlock_rdlock(&p->rlock);
+	rlock_rd(p);
 	r = find_region(p, addr, &ridx);
 	if (!r) {
 		/* Unregistered while the fault was queued: it retries on plain memory. */
-		pthread_rwlock_unlock(&p->rlock);
+		rlock_un(p);
 		fm_wake_range(p, addr & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE);
 		return;
 	}
@@ -626,7 +635,7 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 		}
 		break;
 	}
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 }
 
 static void handle_wp(struct fm_pager *p, uintptr_t addr, pid_t tid)
@@ -634,10 +643,10 @@ static void handle_wp(struct fm_pager *p, uintptr_t addr, pid_t tid)
 	struct region *r;
 	uint64_t i;
 
-	pthread_rwlock_rdlock(&p->rlock);
+	rlock_rd(p);
 	r = find_region(p, addr, NULL);
 	if (!r) {
-		pthread_rwlock_unlock(&p->rlock);
+		rlock_un(p);
 		fm_wp_range(p, addr & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE, 0);
 		return;
 	}
@@ -690,7 +699,7 @@ static void handle_wp(struct fm_pager *p, uintptr_t addr, pid_t tid)
 			fm_wp_range(p, addr, PG_SIZE, 0);
 		break;
 	}
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 }
 
 /* Install pages [j0, j0+n) of r from one contiguous source with a single UFFDIO_COPY. */
@@ -839,7 +848,7 @@ static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct 
 /* The program unmapped part of a region without telling us (munmap through a raw syscall). */
 static void handle_unmap(struct fm_pager *p, uintptr_t start, uintptr_t end)
 {
-	pthread_rwlock_rdlock(&p->rlock);
+	rlock_rd(p);
 	for (int i = 0; i < p->nregions; i++) {
 		struct region *r = &p->regions[i];
 		uintptr_t s, t;
@@ -851,7 +860,7 @@ static void handle_unmap(struct fm_pager *p, uintptr_t start, uintptr_t end)
 		for (uintptr_t q = s; q < t; q += PG_SIZE)
 			pg_store(&r->pg[(q - r->base) >> PG_SHIFT], pg_make(FM_PG_UNMANAGED, 0));
 	}
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 }
 
 static void *handler_main(void *arg)
@@ -987,7 +996,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		goto fail;
 	}
 
-	p->doorbell = mmap(NULL, (size_t)MAX_HANDLERS * PG_SIZE, PROT_READ | PROT_WRITE,
+	p->doorbell = fm_sys_mmap(NULL, (size_t)MAX_HANDLERS * PG_SIZE, PROT_READ | PROT_WRITE,
 			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p->doorbell == MAP_FAILED) {
 		p->doorbell = NULL;
@@ -1043,11 +1052,13 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr, e = a + len;
 
-	pthread_rwlock_rdlock(&p->rlock);
+	rlock_rd(p);
 	for (int k = 0; k < p->nregions; k++) {
 		struct region *r = &p->regions[k];
 		if (!r->live || a >= r->end || e <= r->base)
 			continue;
+		/* Until the caller unregisters it, nothing of it may leave again. */
+		atomic_store(&r->pinned, 1);
 		for (uint64_t i = 0; i < r->npages; i++) {
 			uintptr_t pa = r->base + (i << PG_SHIFT);
 			uint8_t b;
@@ -1072,7 +1083,7 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len)
 			fm_resident_add(p, 1);
 		}
 	}
-	pthread_rwlock_unlock(&p->rlock);
+	rlock_un(p);
 	return 0;
 }
 
@@ -1098,14 +1109,14 @@ int fm_pager_stop(struct fm_pager *p)
 	fm_chan_close(p->ev_chan);
 	fm_chan_close(p->misc_chan);
 	if (p->doorbell)
-		munmap(p->doorbell, (size_t)MAX_HANDLERS * PG_SIZE);
+		fm_sys_munmap(p->doorbell, (size_t)MAX_HANDLERS * PG_SIZE);
 	fm_xport_close(p->x);
 	if (p->uffd >= 0)
 		close(p->uffd);
 	if (p->pidfd >= 0)
 		close(p->pidfd);
 	if (p->hdr)
-		munmap(p->hdr, p->map_len);
+		fm_sys_munmap(p->hdr, p->map_len);
 	if (p->map_fd >= 0)
 		close(p->map_fd);
 	free(p->waiters);

@@ -60,7 +60,11 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
  * pages (local and remote) and unregister it. The caller then unmaps.
  */
 int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len);
-/* Make every page of [addr, addr+len) resident again (before an mremap). */
+/*
+ * Make every page of the regions overlapping [addr, addr+len) resident and
+ * keep them resident (the evictor skips them) until they are unregistered:
+ * the preload shim calls it before it lets the kernel move the range.
+ */
 int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
 /*
  * The program dropped [addr, addr+len) (MADV_DONTNEED and friends): its

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "pager.h"
@@ -23,6 +24,7 @@ struct region {
 	uint32_t space;        /* memd space of its remote pages */
 	int slot;              /* index in hdr->regions */
 	int live;
+	atomic_int pinned;     /* being brought home for an mremap: the evictor skips it */
 };
 
 struct handler {
@@ -118,6 +120,11 @@ static inline uint8_t pg_make(unsigned state, uint8_t flags)
 {
 	return (uint8_t)((flags & ~FM_PG_STATE_MASK) | state);
 }
+
+/* The region table's lock. A failure here is a bug in the pager, never the program's. */
+#define rlock_rd(p) do { int e_ = pthread_rwlock_rdlock(&(p)->rlock); if (e_) fm_fatal("region lock (read): %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
+#define rlock_wr(p) do { int e_ = pthread_rwlock_wrlock(&(p)->rlock); if (e_) fm_fatal("region lock (write): %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
+#define rlock_un(p) do { int e_ = pthread_rwlock_unlock(&(p)->rlock); if (e_) fm_fatal("region unlock: %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
 
 #define STAT_ADD(p, field, n) __atomic_fetch_add(&(p)->st->field, (uint64_t)(n), __ATOMIC_RELAXED)
 

@@ -154,7 +154,7 @@ EXPORT int munmap(void *addr, size_t len)
 {
 	long r;
 
-	if (pager && atomic_load(&state) == 2 && fm_pager_owns(pager, addr, len))
+	if (pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, addr, len))
 		fm_pager_unregister(pager, addr, len);
 	r = syscall(SYS_munmap, addr, len);
 	return r ? -1 : 0;
@@ -163,7 +163,7 @@ EXPORT int munmap(void *addr, size_t len)
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 {
 	void *new_addr = NULL, *p;
-	int paged = pager && atomic_load(&state) == 2 && fm_pager_owns(pager, old, old_len);
+	int paged = pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, old, old_len);
 	va_list ap;
 
 	if (flags & MREMAP_FIXED) {

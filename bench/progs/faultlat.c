@@ -1,0 +1,389 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * faultlat: per-access latency of touching every page of a large region once,
+ * the program the core benchmark runs under farmem and under Linux swap.
+ *
+ *   faultlat --size 512M --pattern random|seq [--passes P] [--write] [--json]
+ *            [--seed S] [--fill random|compressible|zero] [--thp]
+ *            [--fault-threshold-us US]
+ *
+ * 1. Maps SIZE bytes anonymous private (one mapping, so the preload shim
+ *    registers it) and writes every 4 KiB page once in full, so that under a
+ *    small local budget most pages end up remote (or swapped out).
+ * 2. The measured pass: touches each page exactly once, in a random
+ *    permutation or sequentially, reading (or with --write, writing) one
+ *    8-byte word, and times every access on its own with
+ *    clock_gettime(CLOCK_MONOTONIC) (vDSO; the clocksource here is tsc).
+ *    Reads are checked against the fill pattern (bad_words must be 0).
+ *
+ * Accesses slower than the fault threshold (1.0 us) count as faults; their
+ * p50/p90/p99 and the pass throughput are reported, as text or, with --json,
+ * as one JSON object on stdout.  uffd_floor prints the same keys.
+ *
+ * Fill content: "random" (default) is incompressible, so zram gains nothing
+ * from compression; "compressible" is half random, half zero; "zero" leaves
+ * pages zero-filled apart from the checked word (zram stores those for free).
+ * The region is madvise(MADV_NOHUGEPAGE)'d unless --thp, so every system
+ * under comparison moves 4 KiB pages whatever the machine's THP setting.
+ *
+ * Exit status: 0 ok, 1 a read returned the wrong data, 2 usage, 3 system error.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PGSZ 4096u
+#define WORDS (PGSZ / 8u)
+#define PROG "faultlat"
+
+enum fill_kind { FILL_RANDOM, FILL_COMPRESSIBLE, FILL_ZERO };
+
+static uint64_t splitmix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ULL;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+	return x ^ (x >> 31);
+}
+
+static inline uint64_t xs_next(uint64_t *s)
+{
+	uint64_t x = *s;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*s = x;
+	return x * 0x2545f4914f6cdd1dULL;
+}
+
+static uint64_t page_seed(uint64_t seed, uint64_t page)
+{
+	uint64_t h = splitmix64(splitmix64(seed ^ 0x6661756c746c6174ULL) ^ page);
+	return h ? h : 1;
+}
+
+/* Word 0 of a page: the one the measured pass reads and checks. */
+static uint64_t page_word0(uint64_t seed, uint64_t page)
+{
+	uint64_t s = page_seed(seed, page);
+	return xs_next(&s);
+}
+
+static void fill_page(uint8_t *p, uint64_t seed, uint64_t page, enum fill_kind k)
+{
+	uint64_t *w = (uint64_t *)p;
+	uint64_t s = page_seed(seed, page);
+	unsigned n = k == FILL_RANDOM ? WORDS : k == FILL_COMPRESSIBLE ? WORDS / 2 : 1;
+	for (unsigned i = 0; i < n; i++)
+		w[i] = xs_next(&s);
+	/* the rest stays zero (fresh anonymous memory) */
+}
+
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -1;
+	uint64_t mul = 1;
+	switch (*end) {
+	case 'k': case 'K': mul = 1ULL << 10; end++; break;
+	case 'm': case 'M': mul = 1ULL << 20; end++; break;
+	case 'g': case 'G': mul = 1ULL << 30; end++; break;
+	case 't': case 'T': mul = 1ULL << 40; end++; break;
+	default: break;
+	}
+	if (mul > 1 && *end == 'i')
+		end++;
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || v > UINT64_MAX / mul)
+		return -1;
+	*out = v * mul;
+	return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of a sorted array, in microseconds. */
+static double pct_us(const uint32_t *sorted, uint64_t n, double q)
+{
+	if (!n)
+		return 0.0;
+	uint64_t r = (uint64_t)(q * (double)n + 0.999999999);
+	if (r < 1)
+		r = 1;
+	if (r > n)
+		r = n;
+	return sorted[r - 1] / 1000.0;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: " PROG " --size SIZE [--pattern random|seq] [--passes P] [--write] [--json]\n"
+		"                [--seed S] [--fill random|compressible|zero] [--thp]\n"
+		"                [--fault-threshold-us US]\n"
+		"  --size SIZE        region size (K/M/G suffixes, multiple of 4 KiB; required)\n"
+		"  --pattern P        order of the measured pass: random permutation or seq (default random)\n"
+		"  --passes P         measured passes over every page (default 1)\n"
+		"  --write            the measured access writes a word instead of reading one\n"
+		"  --json             one JSON object on stdout instead of text\n"
+		"  --seed S           seed of the fill pattern and the permutation (default 1)\n"
+		"  --fill KIND        page content: random (default), compressible (half zero), zero\n"
+		"  --thp              do not madvise(MADV_NOHUGEPAGE) the region\n"
+		"  --fault-threshold-us US   accesses slower than this count as faults (default 1.0)\n");
+}
+
+int main(int argc, char **argv)
+{
+	enum { O_SIZE = 1, O_PATTERN, O_PASSES, O_WRITE, O_JSON, O_SEED, O_FILL, O_THP, O_THR, O_HELP };
+	static const struct option opts[] = {
+		{"size", required_argument, 0, O_SIZE},
+		{"pattern", required_argument, 0, O_PATTERN},
+		{"passes", required_argument, 0, O_PASSES},
+		{"write", no_argument, 0, O_WRITE},
+		{"json", no_argument, 0, O_JSON},
+		{"seed", required_argument, 0, O_SEED},
+		{"fill", required_argument, 0, O_FILL},
+		{"thp", no_argument, 0, O_THP},
+		{"fault-threshold-us", required_argument, 0, O_THR},
+		{"help", no_argument, 0, O_HELP},
+		{0, 0, 0, 0},
+	};
+	uint64_t size = 0, seed = 1, passes = 1;
+	int random_order = 1, do_write = 0, json = 0, thp = 0;
+	enum fill_kind fill = FILL_RANDOM;
+	double thr_us = 1.0;
+	char *end;
+
+	for (;;) {
+		int o = getopt_long(argc, argv, "", opts, NULL);
+		if (o == -1)
+			break;
+		switch (o) {
+		case O_SIZE:
+			if (parse_size(optarg, &size) || !size || size % PGSZ) {
+				fprintf(stderr, PROG ": bad --size '%s' (a positive multiple of 4 KiB)\n", optarg);
+				return 2;
+			}
+			break;
+		case O_PATTERN:
+			if (!strcmp(optarg, "random"))
+				random_order = 1;
+			else if (!strcmp(optarg, "seq") || !strcmp(optarg, "sequential"))
+				random_order = 0;
+			else {
+				fprintf(stderr, PROG ": bad --pattern '%s' (random or seq)\n", optarg);
+				return 2;
+			}
+			break;
+		case O_PASSES:
+			errno = 0;
+			passes = strtoull(optarg, &end, 10);
+			if (errno || *end || !passes || passes > 1000) {
+				fprintf(stderr, PROG ": bad --passes '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_WRITE: do_write = 1; break;
+		case O_JSON: json = 1; break;
+		case O_SEED:
+			errno = 0;
+			seed = strtoull(optarg, &end, 0);
+			if (errno || *end) {
+				fprintf(stderr, PROG ": bad --seed '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_FILL:
+			if (!strcmp(optarg, "random")) fill = FILL_RANDOM;
+			else if (!strcmp(optarg, "compressible")) fill = FILL_COMPRESSIBLE;
+			else if (!strcmp(optarg, "zero")) fill = FILL_ZERO;
+			else {
+				fprintf(stderr, PROG ": bad --fill '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_THP: thp = 1; break;
+		case O_THR:
+			errno = 0;
+			thr_us = strtod(optarg, &end);
+			if (errno || *end || !(thr_us > 0)) {
+				fprintf(stderr, PROG ": bad --fault-threshold-us '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_HELP: usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (!size) {
+		fprintf(stderr, PROG ": --size is required\n");
+		usage(stderr);
+		return 2;
+	}
+	uint64_t npages = size / PGSZ;
+	if (npages > UINT32_MAX) {
+		fprintf(stderr, PROG ": --size too large\n");
+		return 2;
+	}
+	uint64_t naccess = npages * passes;
+
+	/* Bookkeeping arrays: small malloc'd buffers, well below the shim's threshold
+	 * for the sizes the benchmarks use (8 bytes a page a pass). */
+	uint32_t *order = malloc(npages * sizeof *order);
+	uint32_t *lat = malloc(naccess * sizeof *lat);
+	if (!order || !lat) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return 3;
+	}
+	for (uint64_t i = 0; i < npages; i++)
+		order[i] = (uint32_t)i;
+	if (random_order) {
+		uint64_t s = splitmix64(seed ^ 0x7065726d) | 1;
+		for (uint64_t i = npages - 1; i > 0; i--) {
+			uint64_t j = xs_next(&s) % (i + 1);
+			uint32_t t = order[i];
+			order[i] = order[j];
+			order[j] = t;
+		}
+	}
+	/* touch the bookkeeping now, so none of its faults land in the measured pass */
+	memset(lat, 0, naccess * sizeof *lat);
+
+	uint8_t *region = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (region == MAP_FAILED) {
+		fprintf(stderr, PROG ": mmap %" PRIu64 " bytes: %s\n", size, strerror(errno));
+		return 3;
+	}
+	if (!thp)
+		madvise(region, size, MADV_NOHUGEPAGE);
+
+	uint64_t f0 = now_ns();
+	for (uint64_t p = 0; p < npages; p++)
+		fill_page(region + p * PGSZ, seed, p, fill);
+	uint64_t fill_ns = now_ns() - f0;
+
+	struct rusage ru0, ru1;
+	uint64_t bad = 0, sink = 0;
+	int cpu_start = sched_getcpu();
+	getrusage(RUSAGE_SELF, &ru0);
+	uint64_t w0 = now_ns();
+	uint64_t k = 0;
+	for (uint64_t pass = 0; pass < passes; pass++) {
+		for (uint64_t i = 0; i < npages; i++, k++) {
+			uint32_t p = order[i];
+			volatile uint64_t *w = (volatile uint64_t *)(region + (uint64_t)p * PGSZ);
+			uint64_t a, b, v = 0;
+			if (do_write) {
+				uint64_t nv = pass + 1;
+				a = now_ns();
+				w[1] = nv;
+				b = now_ns();
+			} else {
+				a = now_ns();
+				v = w[0];
+				b = now_ns();
+			}
+			uint64_t d = b - a;
+			lat[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+			if (!do_write) {
+				sink += v;
+				if (v != page_word0(seed, p))
+					bad++;
+			}
+		}
+	}
+	uint64_t wall_ns = now_ns() - w0;
+	getrusage(RUSAGE_SELF, &ru1);
+	int cpu_end = sched_getcpu();
+
+	/* statistics */
+	uint64_t thr_ns = (uint64_t)(thr_us * 1000.0);
+	uint64_t nf = 0;
+	double sum_all = 0;
+	for (uint64_t i = 0; i < naccess; i++) {
+		sum_all += lat[i];
+		if (lat[i] > thr_ns)
+			lat[nf++] = lat[i];   /* compact the faults to the front */
+	}
+	qsort(lat, nf, sizeof *lat, cmp_u32);
+	double wall_s = wall_ns / 1e9;
+	double p50 = pct_us(lat, nf, 0.50), p90 = pct_us(lat, nf, 0.90);
+	double p99 = pct_us(lat, nf, 0.99), p999 = pct_us(lat, nf, 0.999);
+	double fmax = nf ? lat[nf - 1] / 1000.0 : 0.0;
+	double fmean = 0;
+	for (uint64_t i = 0; i < nf; i++)
+		fmean += lat[i];
+	fmean = nf ? fmean / nf / 1000.0 : 0.0;
+	double pps = wall_s > 0 ? naccess / wall_s : 0;
+	double mbps = wall_s > 0 ? naccess * (double)PGSZ / wall_s / 1e6 : 0;
+	double fps = wall_s > 0 ? nf / wall_s : 0;
+	long majflt = ru1.ru_majflt - ru0.ru_majflt, minflt = ru1.ru_minflt - ru0.ru_minflt;
+	long vcsw = ru1.ru_nvcsw - ru0.ru_nvcsw, ivcsw = ru1.ru_nivcsw - ru0.ru_nivcsw;
+	const char *pat = random_order ? "random" : "seq";
+	const char *op = do_write ? "write" : "read";
+	const char *fills = fill == FILL_RANDOM ? "random" : fill == FILL_COMPRESSIBLE ? "compressible" : "zero";
+
+	if (json) {
+		printf("{\"program\": \"" PROG "\", \"pattern\": \"%s\", \"op\": \"%s\", \"fill\": \"%s\", "
+		       "\"size_bytes\": %" PRIu64 ", \"page_size\": %u, \"pages\": %" PRIu64 ", "
+		       "\"passes\": %" PRIu64 ", \"accesses\": %" PRIu64 ", \"fill_s\": %.6f, "
+		       "\"pass_wall_s\": %.6f, \"pages_per_s\": %.1f, \"mb_per_s\": %.2f, "
+		       "\"fault_threshold_us\": %.3f, \"faults\": %" PRIu64 ", \"faults_per_s\": %.1f, "
+		       "\"fault_p50_us\": %.3f, \"fault_p90_us\": %.3f, \"fault_p99_us\": %.3f, "
+		       "\"fault_p999_us\": %.3f, \"fault_max_us\": %.3f, \"fault_mean_us\": %.3f, "
+		       "\"access_mean_us\": %.3f, \"majflt\": %ld, \"minflt\": %ld, "
+		       "\"vcsw\": %ld, \"ivcsw\": %ld, \"cpu_start\": %d, \"cpu_end\": %d, "
+		       "\"bad_words\": %" PRIu64 "}\n",
+		       pat, op, fills, size, PGSZ, npages, passes, naccess, fill_ns / 1e9,
+		       wall_s, pps, mbps, thr_us, nf, fps, p50, p90, p99, p999, fmax, fmean,
+		       naccess ? sum_all / naccess / 1000.0 : 0.0, majflt, minflt, vcsw, ivcsw,
+		       cpu_start, cpu_end, bad);
+	} else {
+		printf(PROG ": %s %s, %" PRIu64 " pages (%" PRIu64 " MiB) x %" PRIu64 " passes, fill %s %.3f s\n",
+		       pat, op, npages, size >> 20, passes, fills, fill_ns / 1e9);
+		printf(PROG ": pass %.3f s, %.0f pages/s, %.1f MB/s, mean access %.3f us\n",
+		       wall_s, pps, mbps, naccess ? sum_all / naccess / 1000.0 : 0.0);
+		printf(PROG ": faults (>%.1f us): %" PRIu64 ", %.0f/s, p50 %.2f p90 %.2f p99 %.2f p99.9 %.2f max %.1f us\n",
+		       thr_us, nf, fps, p50, p90, p99, p999, fmax);
+		printf(PROG ": majflt %ld minflt %ld vcsw %ld ivcsw %ld cpu %d->%d bad_words %" PRIu64 "\n",
+		       majflt, minflt, vcsw, ivcsw, cpu_start, cpu_end, bad);
+	}
+	fflush(stdout);
+	(void)sink;
+	free(order);
+	free(lat);
+	munmap(region, size);
+	if (bad) {
+		fprintf(stderr, PROG ": %" PRIu64 " reads returned the wrong data\n", bad);
+		return 1;
+	}
+	return 0;
+}

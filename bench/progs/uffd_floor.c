@@ -1,0 +1,550 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * uffd_floor: the bare userfaultfd floor that every farmem fault is compared with.
+ *
+ *   uffd_floor --size 512M --pattern random|seq [--passes P] [--write] [--json]
+ *              [--seed S] [--fill random|compressible|zero] [--pin none|same|split]
+ *              [--fault-threshold-us US]
+ *
+ * The same measured pass as faultlat (every page touched once, one 8-byte word,
+ * each access timed on its own), but the region is registered with this
+ * program's own userfaultfd (UFFDIO_REGISTER_MODE_MISSING) and never touched
+ * beforehand, so every access is a missing fault.  One handler thread blocks in
+ * read() and serves each fault with one UFFDIO_COPY of 4 KiB from a local,
+ * pre-filled store of SIZE bytes (same content as faultlat's fill), so the
+ * figure is the cost of the kernel's uffd round trip with no transport at all.
+ * Between passes the region is zapped with MADV_DONTNEED so every pass faults.
+ *
+ * --pin: none (default, the scheduler decides, as for farmem's threads), same
+ * (faulting and handler threads both on CPU 0), split (faulter CPU 0, handler
+ * CPU 1).  On this VM kind a cross-CPU wakeup costs ~8 us (anchors.md §8).
+ *
+ * Output: the same text lines and JSON keys as faultlat, plus uffd_faults (the
+ * faults the handler served: equal to the accesses), copy_retries, handler_cpu
+ * and pin.  Needs root or access to /dev/userfaultfd: it opens /dev/userfaultfd
+ * and asks for a descriptor with USERFAULTFD_IOC_NEW, and falls back to the
+ * userfaultfd(2) system call.
+ *
+ * Exit status: 0 ok, 1 a read returned the wrong data, 2 usage, 3 system error.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PGSZ 4096u
+#define WORDS (PGSZ / 8u)
+#define PROG "uffd_floor"
+#define MSG_BATCH 64
+
+enum fill_kind { FILL_RANDOM, FILL_COMPRESSIBLE, FILL_ZERO };
+
+static uint64_t splitmix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ULL;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+	return x ^ (x >> 31);
+}
+
+static inline uint64_t xs_next(uint64_t *s)
+{
+	uint64_t x = *s;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*s = x;
+	return x * 0x2545f4914f6cdd1dULL;
+}
+
+static uint64_t page_seed(uint64_t seed, uint64_t page)
+{
+	uint64_t h = splitmix64(splitmix64(seed ^ 0x6661756c746c6174ULL) ^ page);
+	return h ? h : 1;
+}
+
+/* Word 0 of a page: the one the measured pass reads and checks. */
+static uint64_t page_word0(uint64_t seed, uint64_t page)
+{
+	uint64_t s = page_seed(seed, page);
+	return xs_next(&s);
+}
+
+static void fill_page(uint8_t *p, uint64_t seed, uint64_t page, enum fill_kind k)
+{
+	uint64_t *w = (uint64_t *)p;
+	uint64_t s = page_seed(seed, page);
+	unsigned n = k == FILL_RANDOM ? WORDS : k == FILL_COMPRESSIBLE ? WORDS / 2 : 1;
+	for (unsigned i = 0; i < n; i++)
+		w[i] = xs_next(&s);
+	/* the rest stays zero (fresh anonymous memory) */
+}
+
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -1;
+	uint64_t mul = 1;
+	switch (*end) {
+	case 'k': case 'K': mul = 1ULL << 10; end++; break;
+	case 'm': case 'M': mul = 1ULL << 20; end++; break;
+	case 'g': case 'G': mul = 1ULL << 30; end++; break;
+	case 't': case 'T': mul = 1ULL << 40; end++; break;
+	default: break;
+	}
+	if (mul > 1 && *end == 'i')
+		end++;
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || v > UINT64_MAX / mul)
+		return -1;
+	*out = v * mul;
+	return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of a sorted array, in microseconds. */
+static double pct_us(const uint32_t *sorted, uint64_t n, double q)
+{
+	if (!n)
+		return 0.0;
+	uint64_t r = (uint64_t)(q * (double)n + 0.999999999);
+	if (r < 1)
+		r = 1;
+	if (r > n)
+		r = n;
+	return sorted[r - 1] / 1000.0;
+}
+
+/* ---- the userfaultfd side ---- */
+
+struct handler {
+	int uffd;
+	uint8_t *region;
+	const uint8_t *store;
+	uint64_t size;
+	int pin_cpu;                 /* -1: unpinned */
+	atomic_uint_fast64_t served;
+	atomic_uint_fast64_t retries;
+	atomic_int cpu;
+	atomic_int stop;             /* set, then touch the sentinel page: the handler exits */
+};
+
+/* The sentinel page just past the measured region is served from here. */
+static uint8_t zero_page[PGSZ] __attribute__((aligned(PGSZ)));
+
+static int pin_to(int cpu)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	return sched_setaffinity(0, sizeof set, &set);
+}
+
+static int open_uffd(void)
+{
+	int fd = -1;
+	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+	if (dev >= 0) {
+		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC);
+		close(dev);
+	}
+	if (fd < 0)
+		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+	return fd;
+}
+
+/* The faulting thread stays blocked until its fault is served: a handler that
+ * cannot serve it must end the process. */
+static void handler_fail(const char *what, int err)
+{
+	fprintf(stderr, PROG ": handler: %s: %s\n", what, strerror(err));
+	fflush(stderr);
+	_exit(3);
+}
+
+static void *handler_main(void *arg)
+{
+	struct handler *h = arg;
+	struct uffd_msg msgs[MSG_BATCH];
+
+	if (h->pin_cpu >= 0)
+		pin_to(h->pin_cpu);
+	for (;;) {
+		ssize_t n = read(h->uffd, msgs, sizeof msgs);   /* blocks */
+		if (n < 0) {
+			if (errno == EINTR || errno == EAGAIN)
+				continue;
+			handler_fail("read", errno);
+		}
+		atomic_store_explicit(&h->cpu, sched_getcpu(), memory_order_relaxed);
+		for (size_t i = 0; i < (size_t)n / sizeof msgs[0]; i++) {
+			if (msgs[i].event != UFFD_EVENT_PAGEFAULT)
+				continue;
+			uint64_t addr = msgs[i].arg.pagefault.address & ~(uint64_t)(PGSZ - 1);
+			uint64_t off = addr - (uint64_t)(uintptr_t)h->region;
+			int sentinel = off >= h->size;
+			struct uffdio_copy c = {
+				.dst = addr,
+				.src = sentinel ? (uint64_t)(uintptr_t)zero_page
+						: (uint64_t)(uintptr_t)(h->store + off),
+				.len = PGSZ,
+				.mode = 0,
+			};
+			while (ioctl(h->uffd, UFFDIO_COPY, &c) < 0) {
+				if (errno == EEXIST) {        /* already there: just wake */
+					struct uffdio_range r = { .start = addr, .len = PGSZ };
+					ioctl(h->uffd, UFFDIO_WAKE, &r);
+					break;
+				}
+				if (errno == EAGAIN || errno == EINTR) {
+					atomic_fetch_add_explicit(&h->retries, 1, memory_order_relaxed);
+					c.copy = 0;
+					continue;
+				}
+				handler_fail("UFFDIO_COPY", errno);
+			}
+			if (sentinel) {
+				if (atomic_load(&h->stop))
+					return NULL;
+				continue;
+			}
+			atomic_fetch_add_explicit(&h->served, 1, memory_order_relaxed);
+		}
+	}
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: " PROG " --size SIZE [--pattern random|seq] [--passes P] [--write] [--json]\n"
+		"                  [--seed S] [--fill random|compressible|zero] [--pin none|same|split]\n"
+		"                  [--fault-threshold-us US]\n"
+		"  --size SIZE        region size (K/M/G suffixes, multiple of 4 KiB; required)\n"
+		"  --pattern P        order of the measured pass: random permutation or seq (default random)\n"
+		"  --passes P         measured passes (default 1); the region is zapped between passes\n"
+		"  --write            the measured access writes a word instead of reading one\n"
+		"  --json             one JSON object on stdout instead of text\n"
+		"  --seed S           seed of the store's content and the permutation (default 1)\n"
+		"  --fill KIND        store content: random (default), compressible, zero\n"
+		"  --pin WHERE        none (default), same (both threads on CPU 0), split (CPU 0 and 1)\n"
+		"  --fault-threshold-us US   accesses slower than this count as faults (default 1.0)\n");
+}
+
+int main(int argc, char **argv)
+{
+	enum { O_SIZE = 1, O_PATTERN, O_PASSES, O_WRITE, O_JSON, O_SEED, O_FILL, O_PIN, O_THR, O_HELP };
+	static const struct option opts[] = {
+		{"size", required_argument, 0, O_SIZE},
+		{"pattern", required_argument, 0, O_PATTERN},
+		{"passes", required_argument, 0, O_PASSES},
+		{"write", no_argument, 0, O_WRITE},
+		{"json", no_argument, 0, O_JSON},
+		{"seed", required_argument, 0, O_SEED},
+		{"fill", required_argument, 0, O_FILL},
+		{"pin", required_argument, 0, O_PIN},
+		{"fault-threshold-us", required_argument, 0, O_THR},
+		{"help", no_argument, 0, O_HELP},
+		{0, 0, 0, 0},
+	};
+	uint64_t size = 0, seed = 1, passes = 1;
+	int random_order = 1, do_write = 0, json = 0;
+	const char *pin = "none";
+	enum fill_kind fill = FILL_RANDOM;
+	double thr_us = 1.0;
+	char *end;
+
+	for (;;) {
+		int o = getopt_long(argc, argv, "", opts, NULL);
+		if (o == -1)
+			break;
+		switch (o) {
+		case O_SIZE:
+			if (parse_size(optarg, &size) || !size || size % PGSZ) {
+				fprintf(stderr, PROG ": bad --size '%s' (a positive multiple of 4 KiB)\n", optarg);
+				return 2;
+			}
+			break;
+		case O_PATTERN:
+			if (!strcmp(optarg, "random"))
+				random_order = 1;
+			else if (!strcmp(optarg, "seq") || !strcmp(optarg, "sequential"))
+				random_order = 0;
+			else {
+				fprintf(stderr, PROG ": bad --pattern '%s' (random or seq)\n", optarg);
+				return 2;
+			}
+			break;
+		case O_PASSES:
+			errno = 0;
+			passes = strtoull(optarg, &end, 10);
+			if (errno || *end || !passes || passes > 1000) {
+				fprintf(stderr, PROG ": bad --passes '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_WRITE: do_write = 1; break;
+		case O_JSON: json = 1; break;
+		case O_SEED:
+			errno = 0;
+			seed = strtoull(optarg, &end, 0);
+			if (errno || *end) {
+				fprintf(stderr, PROG ": bad --seed '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_FILL:
+			if (!strcmp(optarg, "random")) fill = FILL_RANDOM;
+			else if (!strcmp(optarg, "compressible")) fill = FILL_COMPRESSIBLE;
+			else if (!strcmp(optarg, "zero")) fill = FILL_ZERO;
+			else {
+				fprintf(stderr, PROG ": bad --fill '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_PIN:
+			if (strcmp(optarg, "none") && strcmp(optarg, "same") && strcmp(optarg, "split")) {
+				fprintf(stderr, PROG ": bad --pin '%s' (none, same or split)\n", optarg);
+				return 2;
+			}
+			pin = optarg;
+			break;
+		case O_THR:
+			errno = 0;
+			thr_us = strtod(optarg, &end);
+			if (errno || *end || !(thr_us > 0)) {
+				fprintf(stderr, PROG ": bad --fault-threshold-us '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_HELP: usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (!size) {
+		fprintf(stderr, PROG ": --size is required\n");
+		usage(stderr);
+		return 2;
+	}
+	uint64_t npages = size / PGSZ;
+	if (npages > UINT32_MAX) {
+		fprintf(stderr, PROG ": --size too large\n");
+		return 2;
+	}
+	uint64_t naccess = npages * passes;
+
+	uint32_t *order = malloc(npages * sizeof *order);
+	uint32_t *lat = malloc(naccess * sizeof *lat);
+	if (!order || !lat) {
+		fprintf(stderr, PROG ": out of memory\n");
+		return 3;
+	}
+	for (uint64_t i = 0; i < npages; i++)
+		order[i] = (uint32_t)i;
+	if (random_order) {
+		uint64_t s = splitmix64(seed ^ 0x7065726d) | 1;
+		for (uint64_t i = npages - 1; i > 0; i--) {
+			uint64_t j = xs_next(&s) % (i + 1);
+			uint32_t t = order[i];
+			order[i] = order[j];
+			order[j] = t;
+		}
+	}
+	memset(lat, 0, naccess * sizeof *lat);
+
+	/* The store: what a memory server would hold, here local and pre-filled. */
+	uint8_t *store = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	/* the region plus one sentinel page, used to stop the handler */
+	uint8_t *region = mmap(NULL, size + PGSZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (store == MAP_FAILED || region == MAP_FAILED) {
+		fprintf(stderr, PROG ": mmap %" PRIu64 " bytes: %s\n", size, strerror(errno));
+		return 3;
+	}
+	madvise(region, size + PGSZ, MADV_NOHUGEPAGE);
+	uint64_t f0 = now_ns();
+	for (uint64_t p = 0; p < npages; p++)
+		fill_page(store + p * PGSZ, seed, p, fill);
+	uint64_t fill_ns = now_ns() - f0;
+
+	int uffd = open_uffd();
+	if (uffd < 0) {
+		fprintf(stderr, PROG ": userfaultfd: %s (needs root or access to /dev/userfaultfd)\n",
+			strerror(errno));
+		return 3;
+	}
+	struct uffdio_api api = { .api = UFFD_API, .features = 0 };
+	if (ioctl(uffd, UFFDIO_API, &api) < 0) {
+		fprintf(stderr, PROG ": UFFDIO_API: %s\n", strerror(errno));
+		return 3;
+	}
+	struct uffdio_register reg = {
+		.range = { .start = (uint64_t)(uintptr_t)region, .len = size + PGSZ },
+		.mode = UFFDIO_REGISTER_MODE_MISSING,
+	};
+	if (ioctl(uffd, UFFDIO_REGISTER, &reg) < 0) {
+		fprintf(stderr, PROG ": UFFDIO_REGISTER: %s\n", strerror(errno));
+		return 3;
+	}
+	if (!(reg.ioctls & (1ULL << _UFFDIO_COPY))) {
+		fprintf(stderr, PROG ": UFFDIO_COPY not available on the range\n");
+		return 3;
+	}
+
+	static struct handler h;
+	h.uffd = uffd;
+	h.region = region;
+	h.store = store;
+	h.size = size;
+	h.pin_cpu = !strcmp(pin, "same") ? 0 : !strcmp(pin, "split") ? 1 : -1;
+	atomic_init(&h.cpu, -1);
+	if (strcmp(pin, "none") && pin_to(0)) {
+		fprintf(stderr, PROG ": sched_setaffinity: %s\n", strerror(errno));
+		return 3;
+	}
+	pthread_t ht;
+	int e = pthread_create(&ht, NULL, handler_main, &h);
+	if (e) {
+		fprintf(stderr, PROG ": pthread_create: %s\n", strerror(e));
+		return 3;
+	}
+
+	struct rusage ru0, ru1;
+	uint64_t bad = 0, sink = 0, wall_ns = 0;
+	int cpu_start = sched_getcpu();
+	getrusage(RUSAGE_SELF, &ru0);
+	uint64_t k = 0;
+	for (uint64_t pass = 0; pass < passes; pass++) {
+		if (pass)
+			madvise(region, size, MADV_DONTNEED);   /* every pass faults again */
+		uint64_t w0 = now_ns();
+		for (uint64_t i = 0; i < npages; i++, k++) {
+			uint32_t p = order[i];
+			volatile uint64_t *w = (volatile uint64_t *)(region + (uint64_t)p * PGSZ);
+			uint64_t a, b, v = 0;
+			if (do_write) {
+				uint64_t nv = pass + 1;
+				a = now_ns();
+				w[1] = nv;
+				b = now_ns();
+			} else {
+				a = now_ns();
+				v = w[0];
+				b = now_ns();
+			}
+			uint64_t d = b - a;
+			lat[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+			if (!do_write) {
+				sink += v;
+				if (v != page_word0(seed, p))
+					bad++;
+			}
+		}
+		wall_ns += now_ns() - w0;
+	}
+	getrusage(RUSAGE_SELF, &ru1);
+	int cpu_end = sched_getcpu();
+	atomic_store(&h.stop, 1);
+	(void)*(volatile uint8_t *)(region + size);   /* the handler serves it and exits */
+	pthread_join(ht, NULL);
+
+	uint64_t thr_ns = (uint64_t)(thr_us * 1000.0);
+	uint64_t nf = 0;
+	double sum_all = 0;
+	for (uint64_t i = 0; i < naccess; i++) {
+		sum_all += lat[i];
+		if (lat[i] > thr_ns)
+			lat[nf++] = lat[i];
+	}
+	qsort(lat, nf, sizeof *lat, cmp_u32);
+	double wall_s = wall_ns / 1e9;
+	double p50 = pct_us(lat, nf, 0.50), p90 = pct_us(lat, nf, 0.90);
+	double p99 = pct_us(lat, nf, 0.99), p999 = pct_us(lat, nf, 0.999);
+	double fmax = nf ? lat[nf - 1] / 1000.0 : 0.0;
+	double fmean = 0;
+	for (uint64_t i = 0; i < nf; i++)
+		fmean += lat[i];
+	fmean = nf ? fmean / nf / 1000.0 : 0.0;
+	double pps = wall_s > 0 ? naccess / wall_s : 0;
+	double mbps = wall_s > 0 ? naccess * (double)PGSZ / wall_s / 1e6 : 0;
+	double fps = wall_s > 0 ? nf / wall_s : 0;
+	long majflt = ru1.ru_majflt - ru0.ru_majflt, minflt = ru1.ru_minflt - ru0.ru_minflt;
+	long vcsw = ru1.ru_nvcsw - ru0.ru_nvcsw, ivcsw = ru1.ru_nivcsw - ru0.ru_nivcsw;
+	uint64_t served = atomic_load(&h.served), retries = atomic_load(&h.retries);
+	int hcpu = atomic_load(&h.cpu);
+	const char *pat = random_order ? "random" : "seq";
+	const char *op = do_write ? "write" : "read";
+	const char *fills = fill == FILL_RANDOM ? "random" : fill == FILL_COMPRESSIBLE ? "compressible" : "zero";
+
+	if (json) {
+		printf("{\"program\": \"" PROG "\", \"pattern\": \"%s\", \"op\": \"%s\", \"fill\": \"%s\", "
+		       "\"size_bytes\": %" PRIu64 ", \"page_size\": %u, \"pages\": %" PRIu64 ", "
+		       "\"passes\": %" PRIu64 ", \"accesses\": %" PRIu64 ", \"fill_s\": %.6f, "
+		       "\"pass_wall_s\": %.6f, \"pages_per_s\": %.1f, \"mb_per_s\": %.2f, "
+		       "\"fault_threshold_us\": %.3f, \"faults\": %" PRIu64 ", \"faults_per_s\": %.1f, "
+		       "\"fault_p50_us\": %.3f, \"fault_p90_us\": %.3f, \"fault_p99_us\": %.3f, "
+		       "\"fault_p999_us\": %.3f, \"fault_max_us\": %.3f, \"fault_mean_us\": %.3f, "
+		       "\"access_mean_us\": %.3f, \"majflt\": %ld, \"minflt\": %ld, "
+		       "\"vcsw\": %ld, \"ivcsw\": %ld, \"cpu_start\": %d, \"cpu_end\": %d, "
+		       "\"bad_words\": %" PRIu64 ", \"uffd_faults\": %" PRIu64 ", \"copy_retries\": %" PRIu64 ", "
+		       "\"handler_cpu\": %d, \"pin\": \"%s\"}\n",
+		       pat, op, fills, size, PGSZ, npages, passes, naccess, fill_ns / 1e9,
+		       wall_s, pps, mbps, thr_us, nf, fps, p50, p90, p99, p999, fmax, fmean,
+		       naccess ? sum_all / naccess / 1000.0 : 0.0, majflt, minflt, vcsw, ivcsw,
+		       cpu_start, cpu_end, bad, served, retries, hcpu, pin);
+	} else {
+		printf(PROG ": %s %s, %" PRIu64 " pages (%" PRIu64 " MiB) x %" PRIu64 " passes, store fill %s %.3f s, pin %s\n",
+		       pat, op, npages, size >> 20, passes, fills, fill_ns / 1e9, pin);
+		printf(PROG ": pass %.3f s, %.0f pages/s, %.1f MB/s, mean access %.3f us\n",
+		       wall_s, pps, mbps, naccess ? sum_all / naccess / 1000.0 : 0.0);
+		printf(PROG ": faults (>%.1f us): %" PRIu64 ", %.0f/s, p50 %.2f p90 %.2f p99 %.2f p99.9 %.2f max %.1f us\n",
+		       thr_us, nf, fps, p50, p90, p99, p999, fmax);
+		printf(PROG ": uffd faults served %" PRIu64 " (retries %" PRIu64 "), handler cpu %d, "
+		       "majflt %ld minflt %ld vcsw %ld ivcsw %ld cpu %d->%d bad_words %" PRIu64 "\n",
+		       served, retries, hcpu, majflt, minflt, vcsw, ivcsw, cpu_start, cpu_end, bad);
+	}
+	fflush(stdout);
+	(void)sink;
+	free(order);
+	free(lat);
+	munmap(region, size + PGSZ);
+	munmap(store, size);
+	close(uffd);
+	if (bad) {
+		fprintf(stderr, PROG ": %" PRIu64 " reads returned the wrong data\n", bad);
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,1 @@
+"""One module per subcommand; each exposes cmd_<name>(args) -> exit status."""

@@ -1,0 +1,360 @@
+"""`farmem run [options] [--] CMD...`: run a program under the pager, with an embedded memd by default.
+
+The contract with the preload shim is its environment (one variable per flag):
+
+    LD_PRELOAD           <build>/lib/libfarmem_preload.so, before any LD_PRELOAD already set
+    FARMEM_MEMD          unix:<tmpdir>/memd.sock (embedded) or the --memd list as given
+    FARMEM_SECRET        the memd's shared secret (64 hex digits for the embedded memd)
+    FARMEM_LOCAL         the local budget: a byte count or NN%
+    FARMEM_CONTROL       <tmpdir>/control.sock, where each pager hands over its residency map
+    FARMEM_TRANSPORT, FARMEM_THRESHOLD (bytes), FARMEM_FILL_THREADS, FARMEM_EVICT_HIGH,
+    FARMEM_EVICT_LOW, FARMEM_PREFETCH, FARMEM_LOG      only when the flag is given
+
+The end-of-run figures come from the residency maps the pagers passed over FARMEM_CONTROL
+(farmem/control.py), read after CMD has exited.
+"""
+
+import ctypes
+import json
+import logging
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from farmem import doctor, paths, resmap
+from farmem.control import ControlServer
+from farmem.errors import FarmemError
+from farmem.units import fmt_bytes
+
+log = logging.getLogger("farmem.run")
+
+DEFAULT_LOCAL = "25%"  # the pager's own default (uffd/config.c)
+READY_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0
+PROBE_TIMEOUT_S = 3.0
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
+
+# Flag -> environment variable of the shim, for the flags that are passed only when given.
+OPTIONAL_ENV = (
+    ("transport", "FARMEM_TRANSPORT"),
+    ("threshold", "FARMEM_THRESHOLD"),
+    ("fill_threads", "FARMEM_FILL_THREADS"),
+    ("evict_high", "FARMEM_EVICT_HIGH"),
+    ("evict_low", "FARMEM_EVICT_LOW"),
+    ("prefetch", "FARMEM_PREFETCH"),
+    ("log", "FARMEM_LOG"),
+)
+
+
+def validate(args, parser) -> None:
+    """Checks that need more than one flag; argparse has checked each value."""
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("missing CMD: the program to run (farmem run [options] -- CMD [ARG...])")
+    args.cmd = cmd
+    if args.evict_low is not None and args.evict_high is not None and args.evict_low >= args.evict_high:
+        parser.error(f"--evict-low {args.evict_low}% must be below --evict-high {args.evict_high}%")
+    if args.memd:
+        if not args.secret_file and not os.environ.get("FARMEM_SECRET"):
+            parser.error("--memd needs the memd's secret: give --secret-file FILE or set FARMEM_SECRET")
+        if args.transport == "shm" and not all(a.startswith("unix:") for a in args.memd):
+            parser.error("--transport shm needs unix: memd addresses (shared memory is same-host only)")
+    elif args.secret_file:
+        parser.error("--secret-file goes with --memd (the embedded memd makes its own secret)")
+    if args.summary_json:
+        parent = Path(args.summary_json).parent
+        if not parent.is_dir():
+            parser.error(f"argument --summary-json: directory {parent} does not exist")
+
+
+def cmd_run(args) -> int:
+    saved = {s: signal.signal(s, _terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _run(args)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _terminated(signo, _frame):
+    """SIGTERM/SIGHUP outside CMD's lifetime: unwind, so that memd and the tmpdir go too."""
+    raise FarmemError(f"stopped by {signal.Signals(signo).name}", exit_code=128 + signo)
+
+
+def _run(args) -> int:
+    doctor.require("userfaultfd")
+    doctor.require("farmem-preload")
+    if args.memd:
+        secret = read_secret(args.secret_file)
+        probe_memds(args.memd, secret)
+    else:
+        doctor.require("farmem-memd")
+    tmpdir = private_tmpdir()
+    memd = control = None
+    try:
+        if args.memd:
+            address = ",".join(args.memd)
+        else:
+            memd = EmbeddedMemd(paths.memd_binary(), tmpdir, log_level=args.log)
+            memd.start()
+            address, secret = memd.address, memd.secret
+        try:
+            control = ControlServer(os.path.join(tmpdir, "control.sock"))
+        except OSError as e:
+            raise FarmemError(f"cannot listen on the control socket in {tmpdir}: {e.strerror or e}")
+        control.start()
+        env = build_env(args, os.environ, address, secret, control.path)
+        status, elapsed = run_child(args.cmd, env)
+        control.stop()
+        summary = summarise(control.snapshot(), status, elapsed)
+    finally:
+        if control is not None:
+            control.close()
+        if memd is not None:
+            memd.stop()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    for line in summary_lines(summary):
+        print(line, file=sys.stderr)
+    if args.summary_json:
+        write_json(args.summary_json, summary)
+    return status
+
+
+# --- the pieces -----------------------------------------------------------------------------------
+
+def read_secret(path: str | None) -> str:
+    if path:
+        try:
+            secret = Path(path).read_text().rstrip("\r\n")  # as memd reads it
+        except OSError as e:
+            raise FarmemError(f"cannot read the secret file {path}: {e.strerror or e}")
+        where = path
+    else:
+        secret, where = os.environ.get("FARMEM_SECRET", "").strip(), "$FARMEM_SECRET"
+    if not secret:
+        raise FarmemError(f"the memd secret in {where} is empty")
+    return secret
+
+
+def probe_memds(addrs: list, secret: str) -> None:
+    """Authenticate to every memd before CMD starts, so that a typo fails in seconds, not at the
+    first eviction."""
+    try:
+        from farmem import memdproto
+    except ModuleNotFoundError as e:
+        if e.name != "farmem.memdproto":
+            raise
+        raise FarmemError("cannot check the memd: farmem/memdproto.py (the protocol client) "
+                          "is missing from this install") from None
+    for addr in addrs:
+        try:
+            memdproto.probe(addr, secret, timeout=PROBE_TIMEOUT_S)
+        except memdproto.MemdError as e:
+            raise FarmemError(f"cannot reach memd at {addr}: {e}") from None
+        except OSError as e:
+            raise FarmemError(f"cannot reach memd at {addr}: {e.strerror or e}") from None
+
+
+def private_tmpdir() -> str:
+    """A 0700 directory for the memd socket, its secret and the control socket."""
+    tmpdir = tempfile.mkdtemp(prefix="farmem-run-")
+    if len(os.path.join(tmpdir, "control.sock")) > SUN_PATH_MAX:  # a long $TMPDIR
+        os.rmdir(tmpdir)
+        tmpdir = tempfile.mkdtemp(prefix="farmem-run-", dir="/tmp")
+    return tmpdir
+
+
+def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
+    env = dict(base)
+    shim = str(paths.preload_lib())
+    old = env.get("LD_PRELOAD", "").strip()
+    env["LD_PRELOAD"] = f"{shim}:{old}" if old else shim
+    env["FARMEM_MEMD"] = address
+    env["FARMEM_SECRET"] = secret
+    env["FARMEM_LOCAL"] = args.local
+    env["FARMEM_CONTROL"] = control_path
+    for attr, name in OPTIONAL_ENV:
+        value = getattr(args, attr)
+        if value is not None:
+            env[name] = str(value)
+    return env
+
+
+def run_child(cmd: list, env: dict) -> tuple:
+    """Run CMD, forwarding SIGINT/SIGTERM/SIGHUP to it; return (shell-style status, seconds)."""
+    child = None
+    pending = []
+
+    def forward(signo, _frame):
+        if child is None:
+            pending.append(signo)
+            return
+        try:
+            os.kill(child.pid, signo)
+        except ProcessLookupError:
+            pass
+
+    saved = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        start = time.monotonic()
+        try:
+            child = subprocess.Popen(cmd, env=env)
+        except FileNotFoundError:
+            raise FarmemError(f"cannot run {cmd[0]}: command not found", exit_code=127) from None
+        except OSError as e:
+            raise FarmemError(f"cannot run {cmd[0]}: {e.strerror or e}", exit_code=126) from None
+        for signo in pending:
+            os.kill(child.pid, signo)
+        rc = child.wait()
+        elapsed = time.monotonic() - start
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    return (128 - rc if rc < 0 else rc), elapsed
+
+
+def summarise(pagers: list, status: int, elapsed: float) -> dict:
+    hdrs = []
+    for p in pagers:
+        try:
+            hdrs.append(resmap.read_fd(p.fd).hdr)
+        except (OSError, ValueError) as e:
+            log.warning("the residency map of pid %d is unreadable: %s", p.pid, e)
+    out = resmap.figures(hdrs)
+    out["pids"] = [int(h.pid) for h in hdrs]
+    out["exit_status"] = status
+    out["elapsed_s"] = round(elapsed, 3)
+    return out
+
+
+def summary_lines(s: dict) -> list:
+    tail = f"exit status {s['exit_status']}, {s['elapsed_s']:.2f} s"
+    if s["processes"] == 0:
+        return [f"farmem: no pager started (nothing was mapped at or above the threshold); {tail}"]
+    first = (f"farmem: {s['faults']} faults ({s['zero_fills']} zero-fill, {s['wp_faults']} write-protect), "
+             f"{s['remote_reads']} remote reads, {s['remote_writes']} remote writes, "
+             f"{s['evictions']} evictions ({s['evictions_clean']} clean, {s['evictions_dirty']} dirty); "
+             f"fault p50 {s['fault_p50_us']:.2f} us, p99 {s['fault_p99_us']:.2f} us")
+    problems = [f"{s[k]} {k.replace('_', ' ')}" for k in ("memd_full", "crc_errors", "transport_errors") if s[k]]
+    procs = f"{s['processes']} process" + ("es" if s["processes"] != 1 else "")
+    # registered_bytes is a gauge: 0 once the program has unmapped its memory, so say it only if not.
+    registered = f", registered {fmt_bytes(s['registered_bytes'])}" if s["registered_bytes"] else ""
+    second = (f"farmem: local limit {fmt_bytes(s['local_limit_bytes'])}, peak resident "
+              f"{fmt_bytes(s['peak_resident_bytes'])}{registered}; "
+              f"transport {s['transport']}, {procs}; " + ("; ".join(problems) + "; " if problems else "") + tail)
+    return [first, second]
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise FarmemError(f"cannot write the summary to {path}: {e.strerror or e}") from None
+
+
+# --- the embedded memory server -------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """In the memd child: get SIGTERM if farmem itself dies, so that no memd is left behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def default_capacity() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
+class EmbeddedMemd:
+    """farmem-memd on a private Unix socket with a fresh secret, for the length of one run."""
+
+    def __init__(self, binary: Path, tmpdir: str, log_level: str | None = None, capacity: int | None = None):
+        self.binary = binary
+        self.socket = os.path.join(tmpdir, "memd.sock")
+        self.secret_file = os.path.join(tmpdir, "secret")
+        self.address = "unix:" + self.socket
+        self.log_level = log_level
+        self.capacity = capacity or default_capacity()
+        self.secret = ""
+        self.proc = None
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> None:
+        self.secret = secrets.token_hex(32)
+        fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.secret)
+        r, w = os.pipe()
+        argv = [str(self.binary), "--unix", self.socket, "--secret-file", self.secret_file,
+                "--ready-fd", str(w), "--capacity", str(self.capacity)]
+        if self.log_level:
+            argv += ["--log", self.log_level]
+        log.debug("starting %s", " ".join(argv))
+        try:
+            try:
+                # Its own session: a Ctrl-C meant for CMD must not stop memd under it.
+                self.proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL,
+                                             start_new_session=True, preexec_fn=_die_with_parent)
+            except OSError as e:
+                raise FarmemError(f"cannot start {self.binary}: {e.strerror or e}") from None
+            finally:
+                os.close(w)
+            self._wait_ready(r, timeout)
+        finally:
+            os.close(r)
+
+    def _wait_ready(self, r: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        buf = b""
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.stop(quiet=True)
+                raise FarmemError(f"the embedded memd ({self.binary}) did not report ready within "
+                                  f"{timeout:.0f} s")
+            if not select.select([r], [], [], left)[0]:
+                continue
+            chunk = os.read(r, 64)
+            if not chunk:
+                try:
+                    rc = self.proc.wait(1.0)
+                    how = (f"exited with status {rc}" if rc >= 0 else
+                           f"was killed by signal {-rc} ({signal.Signals(-rc).name})")
+                except subprocess.TimeoutExpired:
+                    how = "closed its ready pipe"
+                self.stop(quiet=True)
+                raise FarmemError(f"the embedded memd ({self.binary}) {how} before it was ready; "
+                                  "its messages, if any, are above")
+            buf += chunk
+        line = buf.split(b"\n", 1)[0]
+        if line != b"ready":
+            self.stop(quiet=True)
+            raise FarmemError(f"the embedded memd wrote {line!r} on its ready pipe instead of 'ready'")
+        log.debug("memd ready on %s", self.socket)
+
+    def stop(self, quiet: bool = False) -> None:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT_S. Warns if memd had died on its own."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+                return
+            except subprocess.TimeoutExpired:
+                log.warning("the embedded memd ignored SIGTERM for %.0f s: killing it", STOP_TIMEOUT_S)
+                proc.kill()
+                proc.wait()
+                return
+        if not quiet:
+            log.warning("the embedded memd had exited during the run (status %s)", proc.returncode)

@@ -1,0 +1,233 @@
+"""The farmem command line: one parser, one _add_<cmd>() per subcommand, one cli() for exit codes.
+
+Exit codes: a command's own (farmem run passes its program's through), 1 for a FarmemError,
+2 for a usage error (argparse), 130 for Ctrl-C.
+"""
+
+import argparse
+import logging
+import re
+import sys
+
+from farmem import __version__
+from farmem.errors import FarmemError
+from farmem.units import parse_bytes, parse_local, parse_percent
+
+LOG_LEVELS = ("error", "warn", "info", "debug")  # fm_log_level_parse() in memd/fm_util.c
+
+
+# --- argument types: each raises ArgumentTypeError with the reason --------------------------
+
+def _typed(fn, name):
+    def parse(text):
+        try:
+            return fn(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = name  # argparse names the type in "invalid <name> value"
+    return parse
+
+
+def size_at_least(minimum: int):
+    def parse(text):
+        value = parse_bytes(text)
+        if value < minimum:
+            raise ValueError(f"{text!r} is less than {minimum} bytes")
+        return value
+    return _typed(parse, "size")
+
+
+def int_range(lo: int, hi: int):
+    def parse(text):
+        if not re.fullmatch(r"[0-9]+", text.strip()):
+            raise ValueError(f"{text!r} is not a whole number")
+        value = int(text)
+        if not lo <= value <= hi:
+            raise ValueError(f"{text!r} is out of range: give {lo} to {hi}")
+        return value
+    return _typed(parse, "number")
+
+
+def _log_level(text):
+    if text.lower() not in LOG_LEVELS:
+        raise ValueError(f"{text!r} is not a log level: give one of {', '.join(LOG_LEVELS)}")
+    return text.lower()
+
+
+_HOST_PORT_RE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+_LISTEN_RE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):([0-9]{1,5})")  # empty host: all
+
+
+def memd_address(text: str) -> str:
+    """One memd address as the pager takes it: unix:PATH, tcp:HOST:PORT or HOST:PORT."""
+    if text.startswith("unix:"):
+        if len(text) == len("unix:"):
+            raise ValueError(f"{text!r}: unix: needs a socket path")
+        return text
+    m = _HOST_PORT_RE.fullmatch(text.removeprefix("tcp:"))
+    if not m or not 1 <= int(m.group(2)) <= 65535:
+        raise ValueError(f"{text!r} is not a memd address (unix:PATH, tcp:HOST:PORT or HOST:PORT)")
+    return text
+
+
+def _memd_list(text: str) -> list:
+    addrs = [a.strip() for a in text.split(",")]
+    if not all(addrs):
+        raise ValueError(f"{text!r}: empty address in the list")
+    return [memd_address(a) for a in addrs]
+
+
+def _listen(text: str) -> str:
+    m = _LISTEN_RE.fullmatch(text)
+    if not m or not 1 <= int(m.group(2)) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT (an empty HOST listens on every address)")
+    return text
+
+
+local_type = _typed(parse_local, "local size")
+def percent_range(lo: int, hi: int):
+    return _typed(lambda text: parse_percent(text, lo, hi), "percentage")
+
+
+log_type = _typed(_log_level, "log level")
+memd_list_type = _typed(_memd_list, "memd address list")
+listen_type = _typed(_listen, "listen address")
+
+
+# --- the parser ---------------------------------------------------------------------------------
+
+RUN_EXAMPLES = """\
+examples:
+  farmem run --local 25% -- ./app --big-input      embedded memd, a quarter of the memory local
+  farmem run --local 2G --memd 10.0.0.2:7070 --secret-file memd.secret -- java -Xmx8g -jar app.jar
+  farmem run --summary-json s.json -- build/tests/pagetest --size 512M
+
+Without --memd, farmem starts a private memory server (build/bin/farmem-memd) on a Unix
+socket and stops it when CMD ends. The exit status is CMD's (128+N if a signal N killed it).
+"""
+
+
+def _add_run(sub) -> None:
+    from farmem.commands import run
+    p = sub.add_parser("run", help="run a program with most of its memory in memd",
+                       description="Run CMD under the farmem pager (LD_PRELOAD shim).",
+                       epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--local", type=local_type, default=run.DEFAULT_LOCAL, metavar="SIZE|PERCENT",
+                   help=f"local-memory budget: bytes (64M, 1g) or a percentage of the paged "
+                        f"memory (default {run.DEFAULT_LOCAL.replace('%', '%%')})")
+    p.add_argument("--memd", type=memd_list_type, metavar="ADDR[,ADDR...]",
+                   help="memory servers (unix:PATH, tcp:HOST:PORT, HOST:PORT); default: start one")
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="the memd's secret (for --memd; else $FARMEM_SECRET)")
+    p.add_argument("--transport", choices=("auto", "shm", "stream"),
+                   help="shm (same host, Unix socket only) or stream; default auto")
+    p.add_argument("--threshold", type=size_at_least(4096), metavar="SIZE",
+                   help="page mappings of at least SIZE (pager default 64M)")
+    p.add_argument("--fill-threads", type=int_range(1, 16), metavar="N",
+                   help="fault-handler threads, 1 to 16 (pager default 2)")
+    p.add_argument("--evict-high", type=percent_range(10, 100), metavar="PCT",
+                   help="start evicting at PCT%% of the local budget (pager default 95)")
+    p.add_argument("--evict-low", type=percent_range(5, 99), metavar="PCT",
+                   help="evict down to PCT%% of the local budget (pager default 90)")
+    p.add_argument("--prefetch", type=int_range(0, 64), metavar="PAGES",
+                   help="prefetch window in pages, 0 turns it off (pager default 8)")
+    p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run figures as JSON")
+    p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the program and its arguments")
+    p.set_defaults(func=run.cmd_run, validate=run.validate, parser=p)
+
+
+def _add_memd(sub) -> None:
+    from farmem.commands import memd
+    p = sub.add_parser("memd", help="run a memory server in the foreground",
+                       description="Run build/bin/farmem-memd in the foreground.",
+                       epilog="example:\n  farmem memd --listen 10.0.0.2:7070 --capacity 64G",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--listen", type=listen_type, action="append", metavar="HOST:PORT",
+                   help=f"TCP address to serve (repeatable; default {memd.DEFAULT_LISTEN} when "
+                        "--unix is not given)")
+    p.add_argument("--unix", metavar="PATH", help="Unix socket to serve")
+    p.add_argument("--capacity", type=size_at_least(1 << 20), metavar="SIZE",
+                   help="memory to hold pages in (default: half the physical memory)")
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="clients' shared secret; default: a new one, its path printed")
+    p.add_argument("--session-quota", type=size_at_least(1 << 20), metavar="SIZE",
+                   help="most one client session may hold (default: the capacity)")
+    p.add_argument("--threads", type=int_range(1, 64), metavar="N", help="event-loop threads, 1 to 64")
+    p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
+    p.set_defaults(func=memd.cmd_memd, parser=p)
+
+
+def _add_stat(sub) -> None:
+    from farmem.commands import stat
+    p = sub.add_parser("stat", help="figures of a process under farmem",
+                       description="Read a paged process's residency map and counters.")
+    p.add_argument("pid", type=int_range(1, 1 << 22), metavar="PID")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=stat.cmd_stat, parser=p)
+
+
+def _add_doctor(sub) -> None:
+    from farmem.commands import doctor
+    p = sub.add_parser("doctor", help="what this machine can do, and what each missing piece costs",
+                       description="Try each kernel feature and tool farmem uses; one line each.")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--require", metavar="FEATURE[,FEATURE...]",
+                   help="check only these; exit 1 with the refusal message if one is missing")
+    p.set_defaults(func=doctor.cmd_doctor, parser=p)
+
+
+def get_command_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="farmem", description="farmem: run programs with most of their memory far away.")
+    parser.add_argument("--version", action="version", version=f"farmem {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_run, _add_memd, _add_stat, _add_doctor):
+        add(sub)
+    return parser
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record):
+        level = {"WARNING": "warning"}.get(record.levelname, record.levelname.lower())
+        return f"farmem: {level}: {record.getMessage()}"
+
+
+def setup_logging(level: str | None) -> None:
+    logger = logging.getLogger("farmem")
+    for h in list(logger.handlers):  # in-process callers (tests) must not stack handlers
+        logger.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel({"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO,
+                     "debug": logging.DEBUG}.get(level or "warn"))
+
+
+def cli(argv=None) -> int:
+    """The entry point of `farmem` and `python -m farmem`. Returns the exit status."""
+    parser = get_command_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # name them under the subcommand's usage, not the top-level one
+            getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.command is None:
+            parser.print_usage(sys.stderr)
+            print("farmem: error: give a command (run, memd, stat, doctor); "
+                  "`farmem COMMAND --help` explains each", file=sys.stderr)
+            return 2
+        validate = getattr(args, "validate", None)
+        if validate:
+            validate(args, args.parser)
+    except SystemExit as e:  # argparse: usage errors are 2, --help is 0
+        return e.code if isinstance(e.code, int) else 2
+    setup_logging(getattr(args, "log", None))
+    try:
+        return args.func(args)
+    except FarmemError as e:
+        print(e.render(), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("farmem: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,240 @@
+"""The residency map (uffd/resmap.h, DESIGN.md interface 2), read from outside the paged process.
+
+The ctypes structures mirror the C header field for field; tests/test_cli.py checks their
+sizes and offsets against the compiler's (tests/progs/fm_layout.c). Everything here reads a
+snapshot: the pager keeps writing while we look, so figures may be a moment stale.
+"""
+
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass
+
+MAGIC = 0x50414D52  # "RMAP"
+VERSION = 1
+MAX_REGIONS = 64
+MAP_OFFSET = 64 * 1024
+LAT_BUCKETS = 256
+MEMFD_NAME = "farmem-map"
+
+# enum fm_page_state and the page-byte flags.
+PG_UNTOUCHED, PG_FILLING, PG_CLEAN, PG_UPDATING, PG_DIRTY, PG_LEAVING, PG_REMOTE, PG_UNMANAGED = range(8)
+PG_STATE_MASK = 0x07
+PAGE_STATE_NAMES = ("untouched", "filling", "clean", "updating", "dirty", "leaving", "remote", "unmanaged")
+
+REGION_F_LIVE, REGION_F_HEAP, REGION_F_SHMEM = 1, 2, 4
+TRANSPORTS = {0: "none", 1: "stream", 2: "shm", 3: "rdma"}
+
+u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+
+
+class ResmapRegion(ctypes.Structure):
+    _fields_ = [
+        ("base", u64),
+        ("npages", u64),
+        ("map_offset", u64),
+        ("flags", u32),
+        ("space_id", u32),
+    ]
+
+
+# The counters of struct fm_pager_stats, in order, before lat_hist.
+STAT_FIELDS = (
+    "faults", "wp_faults", "zero_fills", "remote_reads", "remote_read_bytes", "remote_writes",
+    "remote_write_bytes", "evictions_clean", "evictions_dirty", "discards", "prefetch_issued",
+    "prefetch_used", "gc_faults", "app_faults", "resident_pages", "peak_resident_pages",
+    "local_limit_pages", "registered_pages", "memd_full", "crc_errors", "transport_errors",
+    "evict_batches", "evict_syscalls", "direct_evictions",
+)
+
+
+class PagerStats(ctypes.Structure):
+    _fields_ = [(name, u64) for name in STAT_FIELDS] + [
+        ("lat_hist", u64 * LAT_BUCKETS),
+        ("reserved", u64 * 16),
+    ]
+
+
+class ResmapHdr(ctypes.Structure):
+    _fields_ = [
+        ("magic", u32),
+        ("version", u32),
+        ("page_shift", u32),
+        ("hdr_size", u32),
+        ("pid", u64),
+        ("start_time_ns", u64),
+        ("swap_epoch", u64),
+        ("churn_pages", u64),
+        ("gc_cycles", u64),
+        ("gc_active", u32),
+        ("epoch_churn_pct", u32),
+        ("nregions", u32),
+        ("transport", u32),
+        ("map_capacity", u64),
+        ("map_used", u64),
+        ("memd", ctypes.c_char * 128),
+        ("regions", ResmapRegion * MAX_REGIONS),
+        ("stats", PagerStats),
+    ]
+
+
+assert ctypes.sizeof(ResmapHdr) <= MAP_OFFSET
+
+
+def layout() -> dict:
+    """The sizes and offsets that tests/progs/fm_layout.c prints from the C header."""
+    return {
+        "sizeof_hdr": ctypes.sizeof(ResmapHdr),
+        "offsetof_stats": ResmapHdr.stats.offset,
+        "offsetof_regions": ResmapHdr.regions.offset,
+        "offsetof_swap_epoch": ResmapHdr.swap_epoch.offset,
+        "offsetof_nregions": ResmapHdr.nregions.offset,
+        "offsetof_lat_hist": PagerStats.lat_hist.offset,
+        "sizeof_region": ctypes.sizeof(ResmapRegion),
+        "sizeof_stats": ctypes.sizeof(PagerStats),
+    }
+
+
+# --- latency histogram: a port of fm_lat_bucket() and fm_lat_bucket_floor() -----------------
+
+def lat_bucket(ns: int) -> int:
+    """Histogram bucket of a duration: 8 buckets per power of two of nanoseconds."""
+    if ns < 8:
+        return ns
+    lg = ns.bit_length() - 1
+    sub = (ns >> (lg - 3)) & 7
+    b = (lg - 2) * 8 + sub
+    return min(b, LAT_BUCKETS - 1)
+
+
+def lat_bucket_floor(b: int) -> int:
+    """Lower bound in ns of bucket b; the inverse of lat_bucket."""
+    if b < 8:
+        return b
+    lg, sub = b // 8 + 2, b % 8
+    return (8 + sub) << (lg - 3)
+
+
+def percentile_us(hist, pct: int) -> float:
+    """The floor of the bucket where the cumulative count reaches pct% of all samples, in µs."""
+    total = sum(hist)
+    if total == 0:
+        return 0.0
+    rank = max(1, -(-total * pct // 100))  # ceil without floats
+    cum = 0
+    for b, count in enumerate(hist):
+        cum += count
+        if cum >= rank:
+            return round(lat_bucket_floor(b) / 1000.0, 2)
+    raise AssertionError("unreachable: cumulative count never reached the total")
+
+
+# --- reading a map ----------------------------------------------------------------------------
+
+class ResmapError(ValueError):
+    pass
+
+
+@dataclass
+class Snapshot:
+    hdr: ResmapHdr
+    regions: list  # live regions with their page counts (read_fd(..., with_regions=True))
+
+
+def read_fd(fd: int, with_regions: bool = False) -> Snapshot:
+    """Map a residency-map memfd read-only; copy out its header and count its pages' states."""
+    size = os.fstat(fd).st_size
+    if size < ctypes.sizeof(ResmapHdr):
+        raise ResmapError(f"the map is {size} bytes, smaller than its header "
+                          f"({ctypes.sizeof(ResmapHdr)} bytes)")
+    # The memfd is sized for the largest page-state area it may need (gigabytes, sparse):
+    # touch only the header and the bytes of live regions.
+    with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as mm:
+        hdr = ResmapHdr.from_buffer_copy(mm, 0)
+        check_header(hdr)
+        regs = _regions(hdr, mm, size) if with_regions else []
+    return Snapshot(hdr, regs)
+
+
+def check_header(hdr: ResmapHdr) -> None:
+    if hdr.magic != MAGIC:
+        raise ResmapError(f"bad magic {hdr.magic:#x} (a farmem residency map has {MAGIC:#x})")
+    if hdr.version != VERSION:
+        raise ResmapError(f"map version {hdr.version}; this farmem reads version {VERSION}")
+    if not 12 <= hdr.page_shift <= 30:
+        raise ResmapError(f"implausible page shift {hdr.page_shift}")
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+# Counters summed over pagers, reported under their own names.
+SUMMED = (
+    "faults", "remote_reads", "remote_writes", "evictions_clean", "evictions_dirty", "zero_fills",
+    "wp_faults", "prefetch_issued", "prefetch_used", "gc_faults", "app_faults", "memd_full",
+    "crc_errors", "transport_errors", "remote_read_bytes", "remote_write_bytes", "discards",
+    "evict_batches", "evict_syscalls", "direct_evictions",
+)
+# Page gauges, reported in bytes.
+GAUGES = {
+    "local_limit_pages": "local_limit_bytes",
+    "peak_resident_pages": "peak_resident_bytes",
+    "resident_pages": "resident_bytes",
+    "registered_pages": "registered_bytes",
+}
+
+
+def figures(hdrs) -> dict:
+    """The summary of `farmem run` and the body of `farmem stat`, summed over every header."""
+    out = {key: 0 for key in SUMMED}
+    out.update({key: 0 for key in GAUGES.values()})
+    hist = [0] * LAT_BUCKETS
+    transport = "none"
+    for hdr in hdrs:
+        st = hdr.stats
+        for key in SUMMED:
+            out[key] += getattr(st, key)
+        for field, key in GAUGES.items():
+            out[key] += getattr(st, field) << hdr.page_shift
+        for b in range(LAT_BUCKETS):
+            hist[b] += st.lat_hist[b]
+        if transport == "none":
+            transport = TRANSPORTS.get(hdr.transport, f"unknown-{hdr.transport}")
+    out["evictions"] = out["evictions_clean"] + out["evictions_dirty"]
+    out["fault_p50_us"] = percentile_us(hist, 50)
+    out["fault_p99_us"] = percentile_us(hist, 99)
+    out["transport"] = transport
+    out["processes"] = len(hdrs)
+    return out
+
+
+_STATE_TABLE = bytes(b & PG_STATE_MASK for b in range(256))
+_CHUNK = 8 << 20
+
+
+def page_counts(mm, start: int, npages: int, size: int) -> dict:
+    """Count npages state bytes from offset start of the map by state (chunked: regions of
+    terabytes have hundreds of megabytes of state bytes)."""
+    counts = dict.fromkeys(PAGE_STATE_NAMES, 0)
+    end = min(start + npages, size) if start >= MAP_OFFSET else start
+    for off in range(start, end, _CHUNK):
+        states = mm[off:min(off + _CHUNK, end)].translate(_STATE_TABLE)
+        for i, name in enumerate(PAGE_STATE_NAMES):
+            counts[name] += states.count(i)
+    counts["resident"] = sum(counts[n] for n in ("clean", "updating", "dirty", "leaving"))
+    counts["remote"] = counts["remote"] + counts["filling"]  # fm_pg_is_remote()
+    counts["beyond_map"] = npages - max(0, end - start)  # past the end of the memfd: not counted
+    return counts
+
+
+def _regions(hdr: ResmapHdr, mm, size: int) -> list:
+    out = []
+    for i in range(min(hdr.nregions, MAX_REGIONS)):
+        r = hdr.regions[i]
+        if not r.flags & REGION_F_LIVE:
+            continue
+        kinds = [name for bit, name in ((REGION_F_HEAP, "heap"), (REGION_F_SHMEM, "shmem")) if r.flags & bit]
+        entry = {"slot": i, "base": r.base, "npages": r.npages, "bytes": r.npages << hdr.page_shift,
+                 "space_id": r.space_id, "flags": kinds}
+        entry.update(page_counts(mm, r.map_offset, r.npages, size))
+        out.append(entry)
+    return out

@@ -1,0 +1,182 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * farmem-memd internals: the page store (server_store.c) and the per
+ * connection protocol engine (server_conn.c). Neither knows about epoll:
+ * memd.c owns sockets, threads and the event loop, and the unit test in
+ * tests/unit/test_protocol.c drives a connection on plain byte buffers.
+ */
+#ifndef FARMEM_MEMD_SERVER_H
+#define FARMEM_MEMD_SERVER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "protocol.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "memd maps the wire structs directly; port the byte swapping first"
+#endif
+
+/* Limits of this memd (not of the protocol): docs/protocol.md, "Limits". */
+#define MEMD_MAX_SPACES_PER_SESSION 1024u
+/* Address space memd may map for spaces; x86-64 user space is 128 TiB. */
+#define MEMD_VA_BUDGET              (64ull << 40)
+/* Stop reading a connection's requests while this much reply data waits. */
+#define MEMD_TX_HIGH                (2u << 20)
+/* A connection must finish HELLO/AUTH within this time. */
+#define MEMD_AUTH_TIMEOUT_NS        (10ull * 1000000000ull)
+#define MEMD_META_PER_PAGE          (FM_PAGE_SIZE / sizeof(struct fm_shm_meta))
+
+/* ---- store ------------------------------------------------------------ */
+
+struct memd_session;
+struct memd_space;
+
+struct memd_store {
+	pthread_mutex_t lock;          /* sessions, spaces lists, accounting */
+	uint64_t capacity;             /* pages */
+	uint64_t session_quota;        /* pages per session */
+	uint64_t used;                 /* stream-accounted pages + grants */
+	uint64_t va_used;              /* bytes mapped for spaces */
+	uint64_t va_budget;
+	struct memd_session *sessions;
+	uint64_t nsessions;
+	uint64_t nspaces;
+	/* Counters, updated with atomics. */
+	uint64_t connections, reads, writes, discards, errors, full_rejects;
+};
+
+int memd_store_init(struct memd_store *st, uint64_t capacity_pages,
+		    uint64_t session_quota_pages);
+/* Frees every session; no connection may still use the store. */
+void memd_store_fini(struct memd_store *st);
+void memd_store_stats(struct memd_store *st, struct fm_stats *out);
+
+/* A new session with one connection attached; -errno on failure. */
+int memd_session_new(struct memd_store *st, struct memd_session **out,
+		     uint64_t *id, uint8_t key[FM_SESSION_KEY_LEN]);
+/* Attach a connection to an existing session: -EACCES on a bad id or key. */
+int memd_session_join(struct memd_store *st, uint64_t id,
+		      const uint8_t key[FM_SESSION_KEY_LEN], struct memd_session **out);
+/* Detach a connection; the last one frees the session, its spaces and grant. */
+void memd_session_put(struct memd_store *st, struct memd_session *s);
+
+/* -ERANGE (npages), -EMFILE/-ENOMEM (memd cannot hold another space). */
+int memd_space_open(struct memd_store *st, struct memd_session *s, uint64_t npages,
+		    uint32_t *id);
+/* -ENOENT if the session has no such space. */
+int memd_space_close(struct memd_store *st, struct memd_session *s, uint32_t id);
+/* A counted reference to one of the session's spaces, or NULL. */
+struct memd_space *memd_space_get(struct memd_store *st, struct memd_session *s,
+				  uint32_t id);
+void memd_space_put(struct memd_store *st, struct memd_space *sp);
+
+/*
+ * Page operations on a referenced space. Pages, entries and statuses are the
+ * raw (possibly unaligned) wire arrays; n <= FM_MAX_BATCH for READ and WRITE.
+ * They return -ENOENT when the space was closed meanwhile.
+ */
+int memd_space_read(struct memd_store *st, struct memd_space *sp,
+		    const uint8_t *pages, uint32_t n,
+		    struct fm_page_status *status, uint8_t *data);
+int memd_space_write(struct memd_store *st, struct memd_space *sp,
+		     const struct fm_write_ent *ents, const uint8_t *data,
+		     uint32_t n, uint8_t *status);
+/* -ERANGE (nothing discarded) if any range leaves the space. */
+int memd_space_discard(struct memd_store *st, struct memd_space *sp,
+		       const struct fm_range *r, uint32_t n);
+/* Switch the space to grant accounting; *fd is a dup the caller owns. */
+int memd_space_shm(struct memd_store *st, struct memd_space *sp,
+		   struct fm_shm_map_rep *rep, int *fd);
+/* Change the session's grant by delta pages; returns the grant after. */
+uint64_t memd_quota(struct memd_store *st, struct memd_session *s, int64_t delta);
+
+/* ---- connection ------------------------------------------------------- */
+
+enum memd_conn_state {
+	MEMD_C_HELLO = 0,  /* expects HELLO */
+	MEMD_C_AUTH,       /* expects AUTH */
+	MEMD_C_READY,      /* authenticated */
+};
+
+/* What memd_frame_check decided about a header. */
+enum memd_verdict {
+	MEMD_V_OK = 0,     /* read the payload and run the op */
+	MEMD_V_ERR,        /* answer FM_OP_ERROR, skip the payload, go on */
+	MEMD_V_CLOSE,      /* answer FM_OP_ERROR and close the connection */
+};
+
+struct memd_hdr {
+	uint32_t magic;
+	uint16_t op;
+	uint16_t status;
+	uint64_t req_id;
+	uint32_t count;
+	uint32_t len;
+};
+
+/*
+ * Validate a request header against the connection state, before its payload
+ * is read. Returns an enum memd_verdict; on ERR/CLOSE *status and msg (a
+ * sentence for the error reply) are set.
+ */
+int memd_frame_check(const uint8_t raw[sizeof(struct fm_hdr)], int state,
+		     struct memd_hdr *h, uint16_t *status, char *msg, size_t msglen);
+
+struct memd_txbuf {
+	struct memd_txbuf *next;
+	size_t off;        /* bytes already sent */
+	size_t len;        /* bytes queued */
+	size_t cap;
+	int fd;            /* passed with the first byte of data, or -1 */
+	uint8_t data[];
+};
+
+struct memd_conn {
+	struct memd_store *st;
+	const uint8_t *secret;
+	size_t secret_len;
+	int fd;                    /* -1 in unit tests */
+	bool is_unix;              /* can pass fds: SHM_MAP allowed */
+	int state;                 /* enum memd_conn_state */
+	bool closing;              /* stop reading; close when tx is empty */
+	bool eof;                  /* the peer shut down its side */
+	uint64_t born_ns;
+	uint8_t snonce[FM_NONCE_LEN];
+	uint8_t cnonce[FM_NONCE_LEN];
+	struct memd_session *sess;
+
+	uint8_t *rx;               /* received bytes [rx_off, rx_len) unparsed */
+	size_t rx_off, rx_len, rx_cap;
+
+	struct memd_txbuf *tx_head, *tx_tail;
+	size_t tx_bytes;           /* queued and unsent */
+
+	/* Owned by the event loop. */
+	void *owner;
+	struct memd_conn *prev, *next;
+	uint32_t events;
+};
+
+void memd_conn_init(struct memd_conn *c, struct memd_store *st, const void *secret,
+		    size_t secret_len, int fd, bool is_unix);
+/* Detach the session, free buffers and queued fds, close c->fd if >= 0. */
+void memd_conn_fini(struct memd_conn *c);
+
+/* Append received bytes (unit tests; the event loop reads into c->rx). */
+int memd_conn_feed(struct memd_conn *c, const void *buf, size_t len);
+/* Run every complete frame in rx while tx is below MEMD_TX_HIGH. 0 or -ENOMEM. */
+int memd_conn_process(struct memd_conn *c);
+/* Read from c->fd and process; 0 or -errno (the connection is dead). */
+int memd_conn_input(struct memd_conn *c);
+/* Send queued replies until EAGAIN; 0 or -errno (the connection is dead). */
+int memd_conn_output(struct memd_conn *c);
+/* Input (if readable), output, and what became runnable; 0 or -errno. */
+int memd_conn_service(struct memd_conn *c, bool readable);
+bool memd_conn_wants_read(const struct memd_conn *c);
+bool memd_conn_wants_write(const struct memd_conn *c);
+/* Nothing left to do: close it. */
+bool memd_conn_done(const struct memd_conn *c);
+
+#endif /* FARMEM_MEMD_SERVER_H */

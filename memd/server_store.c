@@ -1,0 +1,752 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * memd's page store: sessions, spaces and capacity accounting.
+ *
+ * Each space is one sealed memfd laid out as protocol.h describes (page
+ * data, then one fm_shm_meta per page) and mapped MAP_SHARED here. The
+ * same bytes may be mapped by a Unix-socket client (SHM_MAP), so the meta
+ * flags are the only truth about which pages are present, and they are
+ * published with release stores after data and crc.
+ *
+ * Locking: st->lock guards the session list, every session's space list,
+ * reference counts and the accounting figures; it is held only briefly and
+ * never while taking a space lock. A space's rwlock is held shared by the
+ * page operations (which touch pages with atomics) and exclusively by the
+ * rare state changes (close, the switch to shared-memory accounting).
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <linux/falloc.h>
+
+#include "fm_util.h"
+
+struct memd_space {
+	struct memd_space *next;       /* session's list, under st->lock */
+	struct memd_session *sess;
+	uint32_t id;
+	unsigned refs;                 /* under st->lock */
+	pthread_rwlock_t rw;
+	bool dead;                     /* closed: no more page operations */
+	bool mapped;                   /* handed out by SHM_MAP: grant accounting */
+	int fd;
+	uint8_t *map;
+	uint64_t map_len;
+	uint64_t npages;
+	uint64_t meta_offset;
+	struct fm_shm_meta *meta;
+	/*
+	 * One bit per meta page (MEMD_META_PER_PAGE pages) known to exist in
+	 * the memfd. Touching a shmem hole through a shared mapping allocates
+	 * a page, so a READ of absent pages must not touch meta that memd
+	 * never wrote: this anonymous private bitmap reads as zeros for free.
+	 */
+	uint64_t *known;
+	size_t known_len;
+	uint64_t present;              /* pages counted against capacity (atomic) */
+};
+
+struct memd_session {
+	struct memd_session *next;
+	uint64_t id;
+	uint8_t key[FM_SESSION_KEY_LEN];
+	unsigned conns;
+	struct memd_space *spaces;
+	unsigned nspaces;
+	uint32_t next_space_id;
+	uint64_t pages;                /* pages of unmapped spaces */
+	uint64_t grant;                /* QUOTA grant */
+};
+
+static inline uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
+{
+	uint64_t m = a < b ? a : b;
+	return m < c ? m : c;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t to)
+{
+	return (v + to - 1) / to * to;
+}
+
+/* Constant time: a session key is a credential. */
+static bool key_equal(const uint8_t *a, const uint8_t *b)
+{
+	uint8_t d = 0;
+	for (unsigned i = 0; i < FM_SESSION_KEY_LEN; i++)
+		d |= a[i] ^ b[i];
+	return d == 0;
+}
+
+int memd_store_init(struct memd_store *st, uint64_t capacity_pages,
+		    uint64_t session_quota_pages)
+{
+	memset(st, 0, sizeof(*st));
+	st->capacity = capacity_pages;
+	st->session_quota = session_quota_pages;
+	st->va_budget = MEMD_VA_BUDGET;
+	return -pthread_mutex_init(&st->lock, NULL);
+}
+
+void memd_store_stats(struct memd_store *st, struct fm_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	pthread_mutex_lock(&st->lock);
+	out->capacity_pages = st->capacity;
+	out->used_pages = st->used;
+	out->sessions = st->nsessions;
+	out->spaces = st->nspaces;
+	pthread_mutex_unlock(&st->lock);
+	out->connections = __atomic_load_n(&st->connections, __ATOMIC_RELAXED);
+	out->reads = __atomic_load_n(&st->reads, __ATOMIC_RELAXED);
+	out->writes = __atomic_load_n(&st->writes, __ATOMIC_RELAXED);
+	out->discards = __atomic_load_n(&st->discards, __ATOMIC_RELAXED);
+	out->errors = __atomic_load_n(&st->errors, __ATOMIC_RELAXED);
+	out->full_rejects = __atomic_load_n(&st->full_rejects, __ATOMIC_RELAXED);
+}
+
+/* ---- accounting ------------------------------------------------------- */
+
+/* Take up to want pages from capacity and the session quota; returns how many. */
+static uint64_t reserve(struct memd_store *st, struct memd_session *s, uint64_t want)
+{
+	uint64_t k, avail, qavail, held;
+
+	if (!want)
+		return 0;
+	pthread_mutex_lock(&st->lock);
+	avail = st->capacity > st->used ? st->capacity - st->used : 0;
+	held = s->pages + s->grant;
+	qavail = st->session_quota > held ? st->session_quota - held : 0;
+	k = min3(want, avail, qavail);
+	st->used += k;
+	s->pages += k;
+	pthread_mutex_unlock(&st->lock);
+	return k;
+}
+
+static void unreserve(struct memd_store *st, struct memd_session *s, uint64_t n)
+{
+	if (!n)
+		return;
+	pthread_mutex_lock(&st->lock);
+	st->used -= n;
+	s->pages -= n;
+	pthread_mutex_unlock(&st->lock);
+}
+
+uint64_t memd_quota(struct memd_store *st, struct memd_session *s, int64_t delta)
+{
+	uint64_t grant;
+
+	pthread_mutex_lock(&st->lock);
+	if (delta > 0) {
+		uint64_t avail = st->capacity > st->used ? st->capacity - st->used : 0;
+		uint64_t held = s->pages + s->grant;
+		uint64_t qavail = st->session_quota > held ? st->session_quota - held : 0;
+		uint64_t k = min3((uint64_t)delta, avail, qavail);
+
+		s->grant += k;
+		st->used += k;
+	} else if (delta < 0) {
+		/* 0 - (uint64_t)delta is |delta| even for INT64_MIN. */
+		uint64_t rel = 0 - (uint64_t)delta;
+
+		if (rel > s->grant)
+			rel = s->grant;
+		s->grant -= rel;
+		st->used -= rel;
+	}
+	grant = s->grant;
+	pthread_mutex_unlock(&st->lock);
+	return grant;
+}
+
+/* ---- sessions --------------------------------------------------------- */
+
+int memd_session_new(struct memd_store *st, struct memd_session **out,
+		     uint64_t *id, uint8_t key[FM_SESSION_KEY_LEN])
+{
+	struct memd_session *s, *o;
+	int ret;
+
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	ret = fm_random(s->key, sizeof(s->key));
+	if (ret)
+		goto fail;
+	s->conns = 1;
+	pthread_mutex_lock(&st->lock);
+	/* Ids are random so that they cannot be guessed; keep them unique and non-zero. */
+	for (;;) {
+		ret = fm_random(&s->id, sizeof(s->id));
+		if (ret) {
+			pthread_mutex_unlock(&st->lock);
+			goto fail;
+		}
+		for (o = st->sessions; o && s->id; o = o->next)
+			if (o->id == s->id)
+				break;
+		if (s->id && !o)
+			break;
+	}
+	s->next = st->sessions;
+	st->sessions = s;
+	st->nsessions++;
+	pthread_mutex_unlock(&st->lock);
+	*id = s->id;
+	memcpy(key, s->key, FM_SESSION_KEY_LEN);
+	*out = s;
+	return 0;
+fail:
+	free(s);
+	return ret;
+}
+
+int memd_session_join(struct memd_store *st, uint64_t id,
+		      const uint8_t key[FM_SESSION_KEY_LEN], struct memd_session **out)
+{
+	struct memd_session *s;
+	int ret = -EACCES;
+
+	pthread_mutex_lock(&st->lock);
+	for (s = st->sessions; s; s = s->next) {
+		if (s->id != id)
+			continue;
+		if (key_equal(s->key, key)) {
+			s->conns++;
+			*out = s;
+			ret = 0;
+		}
+		break;
+	}
+	pthread_mutex_unlock(&st->lock);
+	return ret;
+}
+
+/* ---- spaces ----------------------------------------------------------- */
+
+static void space_destroy(struct memd_space *sp)
+{
+	if (sp->map && sp->map != MAP_FAILED)
+		munmap(sp->map, sp->map_len);
+	if (sp->known && (void *)sp->known != MAP_FAILED)
+		munmap(sp->known, sp->known_len);
+	if (sp->fd >= 0)
+		close(sp->fd);
+	pthread_rwlock_destroy(&sp->rw);
+	free(sp);
+}
+
+/* Mark a space closed and give its pages back; waits for running operations. */
+static void space_kill(struct memd_store *st, struct memd_space *sp)
+{
+	uint64_t n = 0;
+
+	pthread_rwlock_wrlock(&sp->rw);
+	if (!sp->dead) {
+		sp->dead = true;
+		if (!sp->mapped) {
+			n = sp->present;
+			sp->present = 0;
+		}
+	}
+	pthread_rwlock_unlock(&sp->rw);
+	unreserve(st, sp->sess, n);
+}
+
+void memd_space_put(struct memd_store *st, struct memd_space *sp)
+{
+	bool last;
+
+	if (!sp)
+		return;
+	pthread_mutex_lock(&st->lock);
+	last = --sp->refs == 0;
+	if (last)
+		st->va_used -= sp->map_len;
+	pthread_mutex_unlock(&st->lock);
+	if (last)
+		space_destroy(sp);
+}
+
+void memd_session_put(struct memd_store *st, struct memd_session *s)
+{
+	struct memd_session **pp;
+	struct memd_space *sp, *next;
+
+	if (!s)
+		return;
+	pthread_mutex_lock(&st->lock);
+	if (--s->conns > 0) {
+		pthread_mutex_unlock(&st->lock);
+		return;
+	}
+	/* Unlinked under the lock, so no JOIN can find it from now on. */
+	for (pp = &st->sessions; *pp; pp = &(*pp)->next) {
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	}
+	st->nsessions--;
+	st->nspaces -= s->nspaces;
+	sp = s->spaces;
+	s->spaces = NULL;
+	s->nspaces = 0;
+	pthread_mutex_unlock(&st->lock);
+
+	for (; sp; sp = next) {
+		next = sp->next;
+		space_kill(st, sp);
+		memd_space_put(st, sp);
+	}
+	pthread_mutex_lock(&st->lock);
+	st->used -= s->grant;
+	pthread_mutex_unlock(&st->lock);
+	fm_debug("session %016llx ended", (unsigned long long)s->id);
+	free(s);
+}
+
+void memd_store_fini(struct memd_store *st)
+{
+	/* Connections are gone; drop whatever sessions they left. */
+	while (st->sessions) {
+		struct memd_session *s = st->sessions;
+
+		s->conns = 1;
+		memd_session_put(st, s);
+	}
+	pthread_mutex_destroy(&st->lock);
+}
+
+int memd_space_open(struct memd_store *st, struct memd_session *s, uint64_t npages,
+		    uint32_t *id)
+{
+	struct memd_space *sp;
+	uint64_t nmeta, meta_len, map_len;
+	int ret;
+
+	if (npages == 0 || npages > FM_MAX_SPACE_PAGES)
+		return -ERANGE;
+	nmeta = (npages + MEMD_META_PER_PAGE - 1) / MEMD_META_PER_PAGE;
+	meta_len = nmeta * FM_PAGE_SIZE;
+	map_len = npages * FM_PAGE_SIZE + meta_len;
+
+	/* Reserve the address space first so that a failure leaves nothing to undo. */
+	pthread_mutex_lock(&st->lock);
+	if (s->nspaces >= MEMD_MAX_SPACES_PER_SESSION) {
+		pthread_mutex_unlock(&st->lock);
+		return -EMFILE;
+	}
+	if (map_len > st->va_budget - st->va_used) {
+		pthread_mutex_unlock(&st->lock);
+		return -ENOMEM;
+	}
+	st->va_used += map_len;
+	pthread_mutex_unlock(&st->lock);
+
+	sp = calloc(1, sizeof(*sp));
+	if (!sp) {
+		ret = -ENOMEM;
+		goto unbudget;
+	}
+	sp->fd = -1;
+	sp->sess = s;
+	sp->refs = 1;
+	sp->npages = npages;
+	sp->meta_offset = npages * FM_PAGE_SIZE;
+	sp->map_len = map_len;
+	ret = -pthread_rwlock_init(&sp->rw, NULL);
+	if (ret) {
+		free(sp);
+		goto unbudget;
+	}
+
+	/*
+	 * Sealed against shrinking: a client holding the fd could otherwise
+	 * truncate it and make memd's own accesses fault with SIGBUS.
+	 */
+	sp->fd = memfd_create("farmem-space", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (sp->fd < 0) {
+		ret = -errno;
+		goto destroy;
+	}
+	if (ftruncate(sp->fd, (off_t)map_len) < 0 ||
+	    fcntl(sp->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		ret = -errno;
+		goto destroy;
+	}
+	sp->map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+		       sp->fd, 0);
+	if (sp->map == MAP_FAILED) {
+		ret = -errno;
+		goto destroy;
+	}
+	sp->meta = (struct fm_shm_meta *)(sp->map + sp->meta_offset);
+	sp->known_len = round_up((nmeta + 63) / 64 * sizeof(uint64_t), FM_PAGE_SIZE);
+	sp->known = mmap(NULL, sp->known_len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (sp->known == MAP_FAILED) {
+		ret = -errno;
+		goto destroy;
+	}
+
+	pthread_mutex_lock(&st->lock);
+	if (s->nspaces >= MEMD_MAX_SPACES_PER_SESSION || s->next_space_id == UINT32_MAX) {
+		pthread_mutex_unlock(&st->lock);
+		ret = -EMFILE;
+		goto destroy;
+	}
+	/* Ids are never reused within a session: a stale id cannot hit a new space. */
+	sp->id = ++s->next_space_id;
+	sp->next = s->spaces;
+	s->spaces = sp;
+	s->nspaces++;
+	st->nspaces++;
+	pthread_mutex_unlock(&st->lock);
+	*id = sp->id;
+	fm_debug("space %u opened: %llu pages", sp->id, (unsigned long long)npages);
+	return 0;
+
+destroy:
+	/* space_destroy does not touch the budget; give it back below. */
+	space_destroy(sp);
+unbudget:
+	pthread_mutex_lock(&st->lock);
+	st->va_used -= map_len;
+	pthread_mutex_unlock(&st->lock);
+	return ret;
+}
+
+int memd_space_close(struct memd_store *st, struct memd_session *s, uint32_t id)
+{
+	struct memd_space **pp, *sp = NULL;
+
+	pthread_mutex_lock(&st->lock);
+	for (pp = &s->spaces; *pp; pp = &(*pp)->next) {
+		if ((*pp)->id == id) {
+			sp = *pp;
+			*pp = sp->next;
+			s->nspaces--;
+			st->nspaces--;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&st->lock);
+	if (!sp)
+		return -ENOENT;
+	space_kill(st, sp);
+	memd_space_put(st, sp);
+	return 0;
+}
+
+struct memd_space *memd_space_get(struct memd_store *st, struct memd_session *s,
+				  uint32_t id)
+{
+	struct memd_space *sp;
+
+	pthread_mutex_lock(&st->lock);
+	for (sp = s->spaces; sp; sp = sp->next) {
+		if (sp->id == id) {
+			sp->refs++;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&st->lock);
+	return sp;
+}
+
+/* ---- pages ------------------------------------------------------------ */
+
+static bool known_test(struct memd_space *sp, uint64_t mp)
+{
+	return __atomic_load_n(&sp->known[mp / 64], __ATOMIC_RELAXED) & (1ull << (mp % 64));
+}
+
+static void known_set(struct memd_space *sp, uint64_t mp)
+{
+	if (!known_test(sp, mp))
+		__atomic_fetch_or(&sp->known[mp / 64], 1ull << (mp % 64), __ATOMIC_RELAXED);
+}
+
+/*
+ * Does meta page mp exist in the memfd, so that reading it allocates
+ * nothing? memd knows every page it wrote itself; in a mapped space the
+ * client may have written more, which lseek(SEEK_DATA) reveals (it also
+ * counts swapped-out pages, unlike mincore).
+ */
+static bool meta_exists(struct memd_space *sp, uint64_t mp)
+{
+	off_t want, got;
+
+	if (known_test(sp, mp))
+		return true;
+	if (!sp->mapped)
+		return false;
+	want = (off_t)(sp->meta_offset + mp * FM_PAGE_SIZE);
+	got = lseek(sp->fd, want, SEEK_DATA);
+	if (got != want)
+		return false;
+	known_set(sp, mp);
+	return true;
+}
+
+static inline struct fm_shm_meta *meta_of(struct memd_space *sp, uint64_t page)
+{
+	return &sp->meta[page];
+}
+
+static bool page_present(struct memd_space *sp, uint64_t page)
+{
+	if (!meta_exists(sp, page / MEMD_META_PER_PAGE))
+		return false;
+	return __atomic_load_n(&meta_of(sp, page)->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT;
+}
+
+int memd_space_read(struct memd_store *st, struct memd_space *sp,
+		    const uint8_t *pages, uint32_t n,
+		    struct fm_page_status *status, uint8_t *data)
+{
+	uint64_t ok = 0;
+
+	pthread_rwlock_rdlock(&sp->rw);
+	if (sp->dead) {
+		pthread_rwlock_unlock(&sp->rw);
+		return -ENOENT;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t *dst = data + (size_t)i * FM_PAGE_SIZE;
+		struct fm_shm_meta *m;
+		uint64_t page;
+
+		memcpy(&page, pages + (size_t)i * sizeof(uint64_t), sizeof(page));
+		status[i].crc = 0;
+		if (page >= sp->npages) {
+			status[i].status = FM_E_RANGE;
+		} else if (!page_present(sp, page)) {
+			status[i].status = FM_E_ABSENT;
+		} else {
+			/* page_present acquired the flags: crc and data are published. */
+			m = meta_of(sp, page);
+			status[i].status = FM_OK;
+			status[i].crc = __atomic_load_n(&m->crc, __ATOMIC_RELAXED);
+			memcpy(dst, sp->map + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
+			ok++;
+			continue;
+		}
+		memset(dst, 0, FM_PAGE_SIZE);
+	}
+	pthread_rwlock_unlock(&sp->rw);
+	__atomic_fetch_add(&st->reads, ok, __ATOMIC_RELAXED);
+	return 0;
+}
+
+int memd_space_write(struct memd_store *st, struct memd_space *sp,
+		     const struct fm_write_ent *ents, const uint8_t *data,
+		     uint32_t n, uint8_t *status_out)
+{
+	uint32_t status[FM_MAX_BATCH];
+	uint64_t want = 0, held, ok = 0, full = 0;
+	bool counted;
+
+	if (n > FM_MAX_BATCH)
+		return -E2BIG;
+	pthread_rwlock_rdlock(&sp->rw);
+	if (sp->dead) {
+		pthread_rwlock_unlock(&sp->rw);
+		return -ENOENT;
+	}
+	counted = !sp->mapped;
+
+	/* First pass: validate, and count the new pages to reserve in one go. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_write_ent e;
+
+		memcpy(&e, &ents[i], sizeof(e));
+		if (e.page >= sp->npages)
+			status[i] = FM_E_RANGE;
+		else if (fm_crc32c(data + (size_t)i * FM_PAGE_SIZE, FM_PAGE_SIZE) != e.crc)
+			status[i] = FM_E_CRC;
+		else
+			status[i] = FM_OK;
+		if (status[i] == FM_OK && counted && !page_present(sp, e.page))
+			want++;
+	}
+	held = counted ? reserve(st, sp->sess, want) : 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_write_ent e;
+		struct fm_shm_meta *m;
+		uint32_t old;
+
+		if (status[i] != FM_OK)
+			continue;
+		memcpy(&e, &ents[i], sizeof(e));
+		if (counted && !held && !page_present(sp, e.page)) {
+			/* The client keeps this page: memd or the session is full. */
+			status[i] = FM_E_FULL;
+			full++;
+			continue;
+		}
+		m = meta_of(sp, e.page);
+		known_set(sp, e.page / MEMD_META_PER_PAGE);
+		memcpy(sp->map + e.page * FM_PAGE_SIZE, data + (size_t)i * FM_PAGE_SIZE,
+		       FM_PAGE_SIZE);
+		__atomic_store_n(&m->crc, e.crc, __ATOMIC_RELAXED);
+		/* Publish: a shared-memory reader that sees PRESENT sees data and crc. */
+		old = __atomic_exchange_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
+		ok++;
+		if (!counted || (old & FM_SHM_PRESENT))
+			continue;
+		if (!held && !reserve(st, sp->sess, 1)) {
+			/*
+			 * Present when checked, discarded by a concurrent request
+			 * since: with no room left, take the page back.
+			 */
+			__atomic_store_n(&m->flags, 0, __ATOMIC_RELEASE);
+			status[i] = FM_E_FULL;
+			full++;
+			ok--;
+			continue;
+		}
+		if (held)
+			held--;
+		__atomic_fetch_add(&sp->present, 1, __ATOMIC_RELAXED);
+	}
+	unreserve(st, sp->sess, held);
+	pthread_rwlock_unlock(&sp->rw);
+	/* The reply buffer may be unaligned. */
+	memcpy(status_out, status, (size_t)n * sizeof(uint32_t));
+	__atomic_fetch_add(&st->writes, ok, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&st->full_rejects, full, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/* Clear the present pages of [first, end) that lie in existing meta pages. */
+static uint64_t clear_range(struct memd_space *sp, uint64_t first, uint64_t end)
+{
+	uint64_t mp = first / MEMD_META_PER_PAGE, last_mp = (end - 1) / MEMD_META_PER_PAGE;
+	uint64_t cleared = 0;
+
+	while (mp <= last_mp) {
+		/* Skip holes in O(log) rather than walking up to 2^27 meta pages. */
+		off_t want = (off_t)(sp->meta_offset + mp * FM_PAGE_SIZE);
+		off_t got = lseek(sp->fd, want, SEEK_DATA);
+		uint64_t lo, hi;
+
+		if (got < 0)
+			break;
+		mp = ((uint64_t)got - sp->meta_offset) / FM_PAGE_SIZE;
+		if (mp > last_mp)
+			break;
+		known_set(sp, mp);
+		lo = mp * MEMD_META_PER_PAGE;
+		hi = lo + MEMD_META_PER_PAGE;
+		if (lo < first)
+			lo = first;
+		if (hi > end)
+			hi = end;
+		for (uint64_t p = lo; p < hi; p++) {
+			struct fm_shm_meta *m = meta_of(sp, p);
+
+			/* Only store where needed: a clean page stays clean. */
+			if (!__atomic_load_n(&m->flags, __ATOMIC_RELAXED))
+				continue;
+			if (__atomic_exchange_n(&m->flags, 0, __ATOMIC_RELEASE) & FM_SHM_PRESENT)
+				cleared++;
+		}
+		mp++;
+	}
+	return cleared;
+}
+
+int memd_space_discard(struct memd_store *st, struct memd_space *sp,
+		       const struct fm_range *r, uint32_t n)
+{
+	uint64_t cleared = 0, dropped = 0;
+
+	pthread_rwlock_rdlock(&sp->rw);
+	if (sp->dead) {
+		pthread_rwlock_unlock(&sp->rw);
+		return -ENOENT;
+	}
+	/* All or nothing: check every range before touching any page. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_range x;
+
+		memcpy(&x, &r[i], sizeof(x));
+		if (x.first > sp->npages || x.npages > sp->npages - x.first) {
+			pthread_rwlock_unlock(&sp->rw);
+			return -ERANGE;
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_range x;
+		uint64_t c;
+
+		memcpy(&x, &r[i], sizeof(x));
+		if (!x.npages)
+			continue;
+		/* Flags first: a reader never finds PRESENT over punched data for long. */
+		c = clear_range(sp, x.first, x.first + x.npages);
+		cleared += c;
+		if (fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			      (off_t)(x.first * FM_PAGE_SIZE),
+			      (off_t)(x.npages * FM_PAGE_SIZE)) < 0)
+			fm_warn("space %u: punching pages %llu+%llu: %s", sp->id,
+				(unsigned long long)x.first, (unsigned long long)x.npages,
+				strerror(errno));
+	}
+	if (!sp->mapped) {
+		dropped = cleared;
+		__atomic_fetch_sub(&sp->present, dropped, __ATOMIC_RELAXED);
+	}
+	pthread_rwlock_unlock(&sp->rw);
+	unreserve(st, sp->sess, dropped);
+	__atomic_fetch_add(&st->discards, cleared, __ATOMIC_RELAXED);
+	return 0;
+}
+
+int memd_space_shm(struct memd_store *st, struct memd_space *sp,
+		   struct fm_shm_map_rep *rep, int *fd)
+{
+	int ret = 0;
+
+	pthread_rwlock_wrlock(&sp->rw);
+	if (sp->dead) {
+		ret = -ENOENT;
+		goto out;
+	}
+	*fd = fcntl(sp->fd, F_DUPFD_CLOEXEC, 3);
+	if (*fd < 0) {
+		ret = -errno;
+		goto out;
+	}
+	if (!sp->mapped) {
+		/*
+		 * From now on the client writes pages memd never sees: the
+		 * pages the space holds become part of the session's grant,
+		 * and capacity is accounted by QUOTA alone.
+		 */
+		pthread_mutex_lock(&st->lock);
+		sp->sess->pages -= sp->present;
+		sp->sess->grant += sp->present;
+		pthread_mutex_unlock(&st->lock);
+		sp->present = 0;
+		sp->mapped = true;
+	}
+	rep->npages = sp->npages;
+	rep->data_offset = 0;
+	rep->meta_offset = sp->meta_offset;
+	rep->map_len = sp->map_len;
+out:
+	pthread_rwlock_unlock(&sp->rw);
+	return ret;
+}

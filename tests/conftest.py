@@ -1,0 +1,55 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Fixtures shared by every test file: where the checkout and its build are, how to run
+./farmem, and a way to build one make target. Keep it small."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "build"
+
+if importlib.util.find_spec("farmem") is None:  # not installed in this Python: use the sources
+    sys.path.insert(0, str(REPO / "cli" / "src"))
+
+MARKERS = {
+    "root": "needs root (changes user, reads other users' processes)",
+    "bpf": "loads eBPF programs",
+    "memd": "starts build/bin/farmem-memd",
+    "pager": "runs programs under build/lib/libfarmem_preload.so",
+}
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def build() -> Path:
+    return BUILD
+
+
+@pytest.fixture(scope="session")
+def farmem_cmd() -> list:
+    """argv prefix that runs the farmem command of this checkout."""
+    return [str(REPO / "farmem")]
+
+
+@pytest.fixture(scope="session")
+def built():
+    """built("build/tests/x") -> Path: run `make` for that target (a no-op when up to date)."""
+    def make(target: str) -> Path:
+        r = subprocess.run(["make", "-s", target], cwd=REPO, capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.fail(f"make {target} failed:\n{r.stdout}{r.stderr}")
+        return REPO / target
+    return make

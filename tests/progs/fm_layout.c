@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fm_layout: print the residency map's layout and latency buckets as the C compiler sees
+ * them, as JSON. tests/test_cli.py compares it with the ctypes mirror in
+ * cli/src/farmem/resmap.py, so that a change to uffd/resmap.h cannot silently skew
+ * `farmem stat` and the `farmem run` summary.
+ */
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "resmap.h"
+
+int main(void)
+{
+	static const uint64_t samples[] = { 0, 1, 7, 8, 9, 15, 16, 17, 100, 1000, 4095, 4096,
+					    12345, 1000000, 123456789, 1ull << 40, UINT64_MAX };
+
+	printf("{\n");
+	printf("  \"sizeof_hdr\": %zu,\n", sizeof(struct fm_resmap_hdr));
+	printf("  \"offsetof_stats\": %zu,\n", offsetof(struct fm_resmap_hdr, stats));
+	printf("  \"offsetof_regions\": %zu,\n", offsetof(struct fm_resmap_hdr, regions));
+	printf("  \"offsetof_swap_epoch\": %zu,\n", offsetof(struct fm_resmap_hdr, swap_epoch));
+	printf("  \"offsetof_nregions\": %zu,\n", offsetof(struct fm_resmap_hdr, nregions));
+	printf("  \"offsetof_lat_hist\": %zu,\n", offsetof(struct fm_pager_stats, lat_hist));
+	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
+	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
+	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);
+	printf("  \"version\": %u,\n", FM_RESMAP_VERSION);
+	printf("  \"map_offset\": %u,\n", FM_RESMAP_MAP_OFFSET);
+	printf("  \"lat_floor\": [");
+	for (unsigned b = 0; b < FM_LAT_BUCKETS; b++)
+		printf("%s%" PRIu64, b ? ", " : "", fm_lat_bucket_floor(b));
+	printf("],\n");
+	printf("  \"lat_bucket\": [");
+	for (size_t i = 0; i < sizeof(samples) / sizeof(samples[0]); i++)
+		printf("%s[%" PRIu64 ", %u]", i ? ", " : "", samples[i], fm_lat_bucket(samples[i]));
+	printf("]\n}\n");
+	return 0;
+}

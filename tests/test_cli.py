@@ -1,0 +1,559 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The farmem command: flag checking, `farmem run` (embedded memd, environment, exit status,
+signals, control socket, summary), `farmem memd`, `farmem stat` and the residency-map reader."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from farmem import main, resmap, units
+
+CLI_SRC = Path(__file__).resolve().parent.parent / "cli" / "src"
+
+SUMMARY_KEYS = {
+    "faults", "remote_reads", "remote_writes", "evictions", "evictions_clean", "evictions_dirty",
+    "zero_fills", "wp_faults", "prefetch_issued", "prefetch_used", "gc_faults", "app_faults",
+    "memd_full", "crc_errors", "transport_errors", "fault_p50_us", "fault_p99_us",
+    "local_limit_bytes", "peak_resident_bytes", "registered_bytes", "transport", "processes",
+    "exit_status", "elapsed_s",
+}
+COUNTERS = SUMMARY_KEYS - {"transport", "exit_status", "elapsed_s"}
+
+
+def cli(capsys, *argv):
+    """Run farmem in this process; return (status, stdout, stderr)."""
+    status = main.cli([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def farmem(farmem_cmd, *args, timeout=120, env=None, **kw):
+    return subprocess.run([*farmem_cmd, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+def clean_env(**extra):
+    """The test's environment without any FARMEM_* knob or LD_PRELOAD that could leak in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARMEM_") and k != "LD_PRELOAD"}
+    env.update(extra)
+    return env
+
+
+def processes_mentioning(text: str) -> list:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+# --- sizes --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,value", [
+    ("4096", 4096), ("64M", 64 << 20), ("1g", 1 << 30), ("512MiB", 512 << 20), ("64mb", 64 << 20),
+    ("7K", 7 << 10), ("2T", 2 << 40), ("100b", 100),
+])
+def test_parse_bytes_accepts(text, value):
+    assert units.parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5G", "-1", "12x", "1ib", "64 M", "0x10", "1GiBB", "1P"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(ValueError):
+        units.parse_bytes(text)
+
+
+def test_parse_local():
+    assert units.parse_local("25%") == "25%"
+    assert units.parse_local("100%") == "100%"
+    assert units.parse_local("64M") == str(64 << 20)
+    for bad in ("0%", "101%", "150%", "abc", "%", "512K", "12.5%"):
+        with pytest.raises(ValueError):
+            units.parse_local(bad)
+
+
+# --- flags ----------------------------------------------------------------------------------------
+
+BAD_RUN_FLAGS = [
+    (["--local", "abc"], "argument --local"),
+    (["--local", "150%"], "argument --local"),
+    (["--local", "0%"], "argument --local"),
+    (["--local", "512K"], "argument --local"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--transport", "rdma"], "argument --transport"),
+    (["--threshold", "1x"], "argument --threshold"),
+    (["--threshold", "100"], "argument --threshold"),
+    (["--fill-threads", "0"], "argument --fill-threads"),
+    (["--fill-threads", "two"], "argument --fill-threads"),
+    (["--evict-high", "101"], "argument --evict-high"),
+    (["--evict-high", "80", "--evict-low", "90"], "--evict-low 90% must be below --evict-high 80%"),
+    (["--prefetch", "-1"], "argument --prefetch"),
+    (["--prefetch", "65"], "argument --prefetch"),
+    (["--memd", "nonsense"], "argument --memd"),
+    (["--memd", "tcp:127.0.0.1:99999"], "argument --memd"),
+    (["--memd", "unix:"], "argument --memd"),
+    (["--memd", "10.0.0.1:7070,"], "argument --memd"),
+    (["--log", "loud"], "argument --log"),
+    (["--summary-json", "/nonexistent-dir/s.json"], "argument --summary-json"),
+    (["--memd", "127.0.0.1:7070"], "--memd needs the memd's secret"),
+    (["--secret-file", "/etc/hostname"], "--secret-file goes with --memd"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_RUN_FLAGS, ids=[" ".join(f) for f, _ in BAD_RUN_FLAGS])
+def test_run_rejects_bad_flags(flags, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FARMEM_SECRET", raising=False)
+    marker = tmp_path / "ran"
+    status, out, err = cli(capsys, "run", *flags, "--", "touch", marker)
+    assert status == 2, err
+    assert err.startswith("usage: farmem run"), err
+    assert message in err
+    assert not marker.exists()
+
+
+def test_run_shm_needs_unix_addresses(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FARMEM_SECRET", "x" * 64)
+    status, _, err = cli(capsys, "run", "--transport", "shm", "--memd", "tcp:127.0.0.1:7070", "--", "true")
+    assert status == 2 and "--transport shm needs unix: memd addresses" in err
+
+
+@pytest.mark.parametrize("argv", [["run"], ["run", "--"], ["run", "--local", "25%"], ["run", "--local", "25%", "--"]])
+def test_run_without_cmd_is_a_usage_error(argv, capsys):
+    status, _, err = cli(capsys, *argv)
+    assert status == 2
+    assert err.startswith("usage: farmem run") and "missing CMD" in err
+
+
+def test_unknown_command_and_no_command(capsys):
+    assert cli(capsys, "frobnicate")[0] == 2
+    status, _, err = cli(capsys)
+    assert status == 2 and "usage: farmem" in err
+
+
+def test_help_exits_0(capsys):
+    status, out, _ = cli(capsys, "run", "--help")
+    assert status == 0 and "--summary-json" in out and "examples:" in out
+
+
+def test_cmd_arguments_that_look_like_flags_belong_to_cmd(tmp_path, farmem_cmd):
+    """Everything after CMD is CMD's, even without `--`."""
+    out = tmp_path / "args"
+    r = farmem(farmem_cmd, "run", "sh", "-c", f'printf "%s\\n" "$@" > {out}', "sh", "--local", "-x",
+               env=clean_env())
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().split() == ["--local", "-x"]
+
+
+# --- farmem run with the embedded memd ------------------------------------------------------------
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_run_exit_status_and_cleanup(tmp_path, farmem_cmd):
+    info = tmp_path / "info"
+    script = (f'echo "$FARMEM_CONTROL" > {info}; echo "$FARMEM_MEMD" >> {info}; '
+              f'test -S "${{FARMEM_MEMD#unix:}}" && echo memd-listening >> {info}; exit 7')
+    r = farmem(farmem_cmd, "run", "--", "sh", "-c", script, env=clean_env())
+    assert r.returncode == 7, r.stderr
+    control, memd, listening = info.read_text().splitlines()
+    assert listening == "memd-listening"
+    assert memd.startswith("unix:")
+    tmpdir = os.path.dirname(control)
+    assert os.path.dirname(memd.removeprefix("unix:")) == tmpdir
+    assert not os.path.exists(tmpdir), "the private directory outlived the run"
+    assert processes_mentioning(tmpdir) == [], "the embedded memd outlived the run"
+
+    r = farmem(farmem_cmd, "run", "--", "true", env=clean_env())
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+@pytest.mark.parametrize("signo", [signal.SIGTERM, signal.SIGKILL])
+def test_run_signal_death_is_128_plus_n(signo, farmem_cmd):
+    r = farmem(farmem_cmd, "run", "--", "sh", "-c", f"kill -{signo.name[3:]} $$", env=clean_env())
+    assert r.returncode == 128 + signo, r.stderr
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+@pytest.mark.parametrize("signo,code", [(signal.SIGTERM, 42), (signal.SIGINT, 43)])
+def test_run_forwards_signals_to_cmd(signo, code, tmp_path, farmem_cmd):
+    started = tmp_path / "started"
+    script = f'trap "exit {code}" {signo.name[3:]}; touch {started}; while :; do sleep 0.05; done'
+    proc = subprocess.Popen([*farmem_cmd, "run", "--", "sh", "-c", script], env=clean_env(),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline, "CMD never started"
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.02)
+        proc.send_signal(signo)
+        assert proc.wait(30) == code, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_run_environment_contract(tmp_path, farmem_cmd, build):
+    def run_env(*flags, **extra):
+        script = (f'env > {tmp_path}/env; cat "$(dirname "$FARMEM_CONTROL")/secret" > {tmp_path}/secret; '
+                  f'stat -c %a "$(dirname "$FARMEM_CONTROL")/secret" > {tmp_path}/mode; '
+                  f'test -S "$FARMEM_CONTROL" && echo yes > {tmp_path}/control')
+        r = farmem(farmem_cmd, "run", *flags, "--", "sh", "-c", script, env=clean_env(**extra))
+        assert r.returncode == 0, r.stderr
+        env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
+        return env
+
+    shim = str(build / "lib" / "libfarmem_preload.so")
+    env = run_env("--local", "64M", "--threshold", "128M", "--fill-threads", "3", "--evict-high", "80",
+                  "--evict-low", "60", "--prefetch", "16", "--transport", "stream", "--log", "warn",
+                  LD_PRELOAD="libc.so.6")
+    assert env["LD_PRELOAD"] == f"{shim}:libc.so.6"
+    assert env["FARMEM_LOCAL"] == str(64 << 20)
+    assert env["FARMEM_THRESHOLD"] == str(128 << 20)
+    assert (env["FARMEM_FILL_THREADS"], env["FARMEM_EVICT_HIGH"], env["FARMEM_EVICT_LOW"],
+            env["FARMEM_PREFETCH"], env["FARMEM_TRANSPORT"], env["FARMEM_LOG"]) == \
+        ("3", "80", "60", "16", "stream", "warn")
+    assert re.fullmatch(r"[0-9a-f]{64}", env["FARMEM_SECRET"])
+    assert (tmp_path / "secret").read_text() == env["FARMEM_SECRET"]
+    assert (tmp_path / "mode").read_text().strip() == "600"
+    assert (tmp_path / "control").read_text().strip() == "yes"
+    assert env["FARMEM_MEMD"] == "unix:" + os.path.join(os.path.dirname(env["FARMEM_CONTROL"]), "memd.sock")
+
+    first_secret = env["FARMEM_SECRET"]
+    env = run_env("--local", "30%")
+    assert env["LD_PRELOAD"] == shim
+    assert env["FARMEM_LOCAL"] == "30%"
+    assert env["FARMEM_SECRET"] != first_secret, "every run gets a fresh secret"
+    for name in ("FARMEM_THRESHOLD", "FARMEM_FILL_THREADS", "FARMEM_EVICT_HIGH", "FARMEM_EVICT_LOW",
+                 "FARMEM_PREFETCH", "FARMEM_TRANSPORT", "FARMEM_LOG"):
+        assert name not in env, f"{name} set although its flag was not given"
+    assert run_env()["FARMEM_LOCAL"] == "25%"
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_run_command_not_found_is_127(farmem_cmd, tmp_path):
+    r = farmem(farmem_cmd, "run", "--", str(tmp_path / "no-such-program"), env=clean_env())
+    assert r.returncode == 127
+    assert "farmem: error: cannot run" in r.stderr and "command not found" in r.stderr
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_summary_json_without_a_pager(tmp_path, farmem_cmd):
+    out = tmp_path / "s.json"
+    r = farmem(farmem_cmd, "run", "--summary-json", out, "--", "sh", "-c", "exit 3", env=clean_env())
+    assert r.returncode == 3, r.stderr
+    s = json.loads(out.read_text())
+    assert SUMMARY_KEYS <= s.keys()
+    assert all(s[k] == 0 for k in COUNTERS), {k: s[k] for k in COUNTERS if s[k]}
+    assert s["transport"] == "none" and s["exit_status"] == 3 and s["elapsed_s"] >= 0
+    assert "farmem: no pager started" in r.stderr
+
+
+# A stand-in for a pager: hands a residency map over FARMEM_CONTROL the way uffd/pager.c does,
+# then keeps counting after the hand-over; the launcher must report the final figures.
+FAKE_PAGER = textwrap.dedent("""
+    import mmap, os, socket, sys
+    sys.path.insert(0, sys.argv[1])
+    from farmem import resmap
+    size = resmap.MAP_OFFSET + 4096
+    fd = os.memfd_create("farmem-map")
+    os.ftruncate(fd, size)
+    mm = mmap.mmap(fd, size)
+    h = resmap.ResmapHdr.from_buffer(mm)
+    h.magic, h.version, h.page_shift, h.hdr_size = resmap.MAGIC, 1, 12, resmap.MAP_OFFSET
+    h.pid, h.transport = os.getpid(), 2
+    st = h.stats
+    st.faults, st.remote_reads, st.remote_writes, st.zero_fills = 1000, 300, 200, 700
+    st.evictions_clean, st.evictions_dirty = 50, 150
+    st.local_limit_pages, st.peak_resident_pages, st.registered_pages = 1024, 1000, 4096
+    st.lat_hist[resmap.lat_bucket(5000)] = 98
+    st.lat_hist[resmap.lat_bucket(200000)] = 2
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.environ["FARMEM_CONTROL"])
+    socket.send_fds(s, [b"FMCTL1 pid=%d\\n" % os.getpid()], [fd])
+    s.close()
+    junk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)   # a bad peer: no fd, bad line
+    junk.connect(os.environ["FARMEM_CONTROL"])
+    junk.sendall(b"hello\\n")
+    junk.close()
+    st.faults = 1234                                             # after the hand-over
+    print(os.getpid())
+    del h, st
+    mm.close()
+""")
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_summary_from_the_control_socket(tmp_path, farmem_cmd):
+    out, pidfile = tmp_path / "s.json", tmp_path / "pid"
+    script = tmp_path / "fake_pager.py"
+    script.write_text(FAKE_PAGER)
+    r = farmem(farmem_cmd, "run", "--threshold", "1T", "--summary-json", out, "--",
+               "sh", "-c", f'"$0" "$@" > {pidfile}', sys.executable, script, CLI_SRC, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    s = json.loads(out.read_text())
+    assert SUMMARY_KEYS <= s.keys()
+    assert s["processes"] == 1 and s["pids"] == [int(pidfile.read_text())]
+    assert s["faults"] == 1234, "the figures must be read after the process exited"
+    assert (s["remote_reads"], s["remote_writes"], s["zero_fills"]) == (300, 200, 700)
+    assert (s["evictions"], s["evictions_clean"], s["evictions_dirty"]) == (200, 50, 150)
+    assert s["local_limit_bytes"] == 1024 * 4096
+    assert s["peak_resident_bytes"] == 1000 * 4096
+    assert s["registered_bytes"] == 4096 * 4096
+    assert s["transport"] == "shm"
+    assert s["fault_p50_us"] == round(resmap.lat_bucket_floor(resmap.lat_bucket(5000)) / 1000, 2)
+    assert s["fault_p99_us"] == round(resmap.lat_bucket_floor(resmap.lat_bucket(200000)) / 1000, 2)
+    assert "farmem: 1234 faults" in r.stderr
+    assert "control socket: ignored a connection" in r.stderr
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_summary_of_a_real_pager(tmp_path, farmem_cmd, built):
+    pagetest = built("build/tests/pagetest")
+    out = tmp_path / "s.json"
+    r = farmem(farmem_cmd, "run", "--local", "64M", "--summary-json", out, "--",
+               pagetest, "--size", "256M", "--rounds", "1", "--rewrites", "20000", env=clean_env(), timeout=300)
+    s = json.loads(out.read_text())
+    assert s["exit_status"] == r.returncode
+    assert s["processes"] == 1, r.stderr
+    assert s["local_limit_bytes"] == 64 << 20
+    assert s["registered_bytes"] <= 256 << 20  # a gauge: pagetest unmaps its region before exit
+    assert s["faults"] > 0 and s["remote_writes"] > 0 and s["remote_reads"] > 0 and s["evictions"] > 0, s
+    assert s["peak_resident_bytes"] <= 64 << 20
+    assert 0 < s["fault_p50_us"] <= s["fault_p99_us"]
+    assert s["transport"] in ("shm", "stream")
+    assert re.search(r"farmem: \d+ faults .* fault p50 [\d.]+ us, p99 [\d.]+ us", r.stderr)
+
+
+# --- --memd, farmem memd ------------------------------------------------------------------------
+
+def test_unreachable_memd_never_starts_cmd(tmp_path, farmem_cmd):
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 64)
+    marker = tmp_path / "ran"
+    start = time.monotonic()
+    r = farmem(farmem_cmd, "run", "--memd", "tcp:127.0.0.1:1", "--secret-file", secret, "--",
+               "touch", marker, env=clean_env())
+    assert r.returncode == 1
+    assert "farmem: error: cannot reach memd at tcp:127.0.0.1:1" in r.stderr
+    assert not marker.exists()
+    assert time.monotonic() - start < 20
+
+
+def test_missing_secret_file_is_an_error(tmp_path, farmem_cmd):
+    r = farmem(farmem_cmd, "run", "--memd", "127.0.0.1:1", "--secret-file", tmp_path / "nope", "--",
+               "true", env=clean_env())
+    assert r.returncode == 1 and "farmem: error: cannot read the secret file" in r.stderr
+
+
+@pytest.fixture
+def memd_server(tmp_path, farmem_cmd):
+    """`farmem memd` on a Unix socket in tmp_path, with a generated secret: (address, secret path)."""
+    sock = tmp_path / "memd.sock"
+    m = None
+    proc = subprocess.Popen([*farmem_cmd, "memd", "--unix", str(sock), "--capacity", "64M"],
+                            stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        first = proc.stderr.readline()
+        m = re.search(r"memd secret written to (\S+)", first)
+        assert m, f"no secret path in {first!r}"
+        secret = Path(m.group(1))
+        deadline = time.monotonic() + 20
+        while not sock.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "memd never listened"
+            time.sleep(0.02)
+        yield f"unix:{sock}", secret
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        if m and secret.parent.name.startswith("farmem-memd-"):
+            shutil.rmtree(secret.parent)
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_farmem_memd_and_run_against_it(memd_server, tmp_path, farmem_cmd):
+    address, secret_file = memd_server
+    secret = secret_file.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", secret)
+    assert secret_file.stat().st_mode & 0o777 == 0o600
+
+    marker = tmp_path / "ran"
+    wrong = tmp_path / "wrong"
+    wrong.write_text("0" * 64)
+    r = farmem(farmem_cmd, "run", "--memd", address, "--secret-file", wrong, "--", "touch", marker,
+               env=clean_env())
+    assert r.returncode == 1 and f"farmem: error: cannot reach memd at {address}" in r.stderr
+    assert not marker.exists()
+
+    out = tmp_path / "seen"
+    r = farmem(farmem_cmd, "run", "--memd", address, "--", "sh", "-c",
+               f'echo "$FARMEM_MEMD $FARMEM_SECRET" > {out}', env=clean_env(FARMEM_SECRET=secret))
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().split() == [address, secret]
+
+
+def test_memd_flags_translate_one_to_one():
+    from farmem.commands import memd
+    args = main.get_command_parser().parse_args(
+        ["memd", "--listen", "10.0.0.2:7070", "--listen", ":7071", "--capacity", "64G",
+         "--threads", "4", "--log", "info", "--session-quota", "1G"])
+    assert memd.memd_argv(args, "/b/farmem-memd", "/s") == [
+        "/b/farmem-memd", "--listen", "10.0.0.2:7070", "--listen", ":7071", "--capacity", str(64 << 30),
+        "--secret-file", "/s", "--session-quota", str(1 << 30), "--threads", "4", "--log", "info"]
+    args = main.get_command_parser().parse_args(["memd", "--unix", "/tmp/x.sock"])
+    assert memd.memd_argv(args, "m", "/s") == ["m", "--unix", "/tmp/x.sock", "--secret-file", "/s"]
+
+
+@pytest.mark.parametrize("flags", [["--listen", "nohost"], ["--capacity", "12q"], ["--threads", "0"],
+                                   ["--listen", "h:70000"], ["--bogus"]])
+def test_memd_rejects_bad_flags(flags, capsys):
+    status, _, err = cli(capsys, "memd", *flags)
+    assert status == 2 and err.startswith("usage: farmem memd")
+
+
+# --- the residency map and farmem stat ------------------------------------------------------------
+
+def test_resmap_layout_matches_the_c_header(built):
+    prog = built("build/tests/fm_layout")
+    c = json.loads(subprocess.run([prog], capture_output=True, text=True, check=True).stdout)
+    for key, value in resmap.layout().items():
+        assert c[key] == value, key
+    assert (c["magic"], c["version"], c["map_offset"]) == (resmap.MAGIC, resmap.VERSION, resmap.MAP_OFFSET)
+    assert c["lat_floor"] == [resmap.lat_bucket_floor(b) for b in range(resmap.LAT_BUCKETS)]
+    assert [[ns, resmap.lat_bucket(ns)] for ns, _ in c["lat_bucket"]] == c["lat_bucket"]
+
+
+def test_percentiles():
+    hist = [0] * resmap.LAT_BUCKETS
+    assert resmap.percentile_us(hist, 50) == 0.0
+    hist[resmap.lat_bucket(10)] = 50
+    hist[resmap.lat_bucket(4096)] = 49
+    hist[resmap.lat_bucket(10 ** 9)] = 1
+    assert resmap.percentile_us(hist, 50) == 0.01     # 10 ns
+    assert resmap.percentile_us(hist, 99) == 4.1      # 4096 ns, 2 decimals
+    assert resmap.percentile_us(hist, 100) == round(resmap.lat_bucket_floor(resmap.lat_bucket(10 ** 9)) / 1000, 2)
+    for ns in (8, 100, 12345, 10 ** 6):
+        assert resmap.lat_bucket_floor(resmap.lat_bucket(ns)) <= ns
+        assert resmap.lat_bucket(resmap.lat_bucket_floor(resmap.lat_bucket(ns))) == resmap.lat_bucket(ns)
+
+
+# A process holding a residency map with known page states, like a paged process would.
+FAKE_MAPPED = textwrap.dedent("""
+    import mmap, os, sys
+    sys.path.insert(0, sys.argv[1])
+    from farmem import resmap
+    size = resmap.MAP_OFFSET + 64
+    fd = os.memfd_create("farmem-map")
+    os.ftruncate(fd, size)
+    mm = mmap.mmap(fd, size)
+    h = resmap.ResmapHdr.from_buffer(mm)
+    h.magic, h.version, h.page_shift, h.hdr_size = resmap.MAGIC, 1, 12, resmap.MAP_OFFSET
+    h.pid, h.swap_epoch, h.gc_cycles, h.nregions, h.transport = os.getpid(), 7, 3, 2, 1
+    h.memd = b"unix:/tmp/x.sock"
+    h.stats.faults, h.stats.registered_pages, h.stats.resident_pages = 42, 8, 4
+    r = h.regions[0]
+    r.base, r.npages, r.map_offset, r.flags = 0x7f0000000000, 8, resmap.MAP_OFFSET, 1 | 2
+    h.regions[1].npages = 99                     # a slot not flagged live: not a region
+    mm[resmap.MAP_OFFSET:resmap.MAP_OFFSET + 8] = bytes([2, 4 | 0x10, 6 | 0x08, 1, 0, 3, 5, 7])
+    print("ready", flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_stat_reads_a_residency_map(tmp_path, capsys):
+    script = tmp_path / "mapped.py"
+    script.write_text(FAKE_MAPPED)
+    proc = subprocess.Popen([sys.executable, script, CLI_SRC], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        status, out, err = cli(capsys, "stat", proc.pid, "--json")
+        assert status == 0, err
+        s = json.loads(out)
+        assert SUMMARY_KEYS - {"exit_status", "elapsed_s"} <= s.keys()
+        assert (s["pid"], s["swap_epoch"], s["gc_cycles"], s["faults"]) == (proc.pid, 7, 3, 42)
+        assert s["transport"] == "stream" and s["memd"] == "unix:/tmp/x.sock"
+        assert s["registered_bytes"] == 8 * 4096
+        assert len(s["regions"]) == 1
+        region = s["regions"][0]
+        assert (region["base"], region["npages"], region["flags"]) == (0x7F0000000000, 8, ["heap"])
+        # clean, dirty, remote, filling, untouched, updating, leaving, unmanaged
+        assert (region["resident"], region["remote"], region["dirty"]) == (4, 2, 1)
+        assert (region["untouched"], region["unmanaged"], region["filling"]) == (1, 1, 1)
+
+        status, out, _ = cli(capsys, "stat", proc.pid)
+        assert status == 0 and out.startswith(f"pid {proc.pid}: 1 regions") and "region 0x7f0000000000" in out
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def test_stat_errors(capsys):
+    pid = 4_000_000
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    status, _, err = cli(capsys, "stat", pid)
+    assert status == 1 and err == f"farmem: error: no process with pid {pid}\n"
+    status, _, err = cli(capsys, "stat", os.getpid())
+    assert status == 1 and f"pid {os.getpid()} is not running under farmem" in err
+    assert cli(capsys, "stat", "abc")[0] == 2
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_stat_of_a_process_under_farmem_run(tmp_path, farmem_cmd, capsys):
+    """The map of a real pager, read from outside while the program runs."""
+    program = textwrap.dedent("""
+        import mmap, os, sys
+        m = mmap.mmap(-1, 96 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        for off in range(0, len(m), 4096):
+            m[off] = 1
+        print(os.getpid(), flush=True)
+        sys.stdin.read()
+    """)
+    proc = subprocess.Popen([*farmem_cmd, "run", "--local", "32M", "--", sys.executable, "-c", program],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=clean_env())
+    try:
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), proc.stderr.read() if proc.poll() is not None else line
+        status, out, err = cli(capsys, "stat", int(line), "--json")
+        assert status == 0, err
+        s = json.loads(out)
+        assert s["map_pid"] == int(line)
+        assert s["registered_bytes"] >= 96 << 20 and s["local_limit_bytes"] == 32 << 20
+        assert s["faults"] > 0 and s["zero_fills"] >= (96 << 20) // 4096  # each page touched once
+        assert sum(r["resident"] for r in s["regions"]) <= (32 << 20) // 4096
+        assert sum(r["remote"] for r in s["regions"]) > 0
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
