@@ -3,6 +3,8 @@
 # Layout of what it builds (all under build/, which is disposable):
 #   build/bin/farmem-memd           memory server
 #   build/lib/libfarmem_preload.so  LD_PRELOAD shim that puts a program under the pager
+#   build/lib/libfarmem_agent.so    JVMTI agent that puts a JVM's heap under the pager
+#   build/java/                     Java workloads (tests/java/*.java)
 #   build/tests/*, build/bench/*    C workloads used by the tests and benchmarks
 #   build/unit/*                    C unit tests, built with ASan and UBSan
 #   .venv/                          Python environment with the farmem CLI
@@ -20,7 +22,7 @@ WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-par
 CFLAGS     ?= -O2 -g
 CFLAGS     += $(CSTD) $(WARN) -fPIC -pthread -Imemd -Iuffd
 SANFLAGS   := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-LDLIBS     := -lisal -lcrypto -lpthread
+LDLIBS     := -lisal -lcrypto -lnuma -lpthread
 
 # Shared by every C component.
 COMMON_SRCS := memd/fm_util.c memd/auth.c
@@ -30,14 +32,20 @@ MEMD_SRCS   := memd/memd.c $(wildcard memd/server_*.c)
 CLIENT_SRCS := $(wildcard memd/client_*.c)
 # The pager library (everything in uffd/ but the preload shim's entry points).
 PAGER_SRCS  := $(filter-out uffd/preload.c,$(wildcard uffd/*.c))
-LIB_SRCS    := $(COMMON_SRCS) $(CLIENT_SRCS) $(PAGER_SRCS)
+# libswapva: batched page move/swap (kmod-swapva/ holds the module and its ABI header).
+SWAPVA_SRCS := kmod-swapva/libswapva.c
+LIB_SRCS    := $(COMMON_SRCS) $(CLIENT_SRCS) $(PAGER_SRCS) $(SWAPVA_SRCS)
 
-HDRS        := $(wildcard memd/*.h uffd/*.h)
+HDRS        := $(wildcard memd/*.h uffd/*.h kmod-swapva/*.h)
 TEST_PROGS  := $(patsubst tests/progs/%.c,$(B)/tests/%,$(wildcard tests/progs/*.c))
 BENCH_PROGS := $(patsubst bench/progs/%.c,$(B)/bench/%,$(wildcard bench/progs/*.c))
 UNIT_TESTS  := $(patsubst tests/unit/%.c,$(B)/unit/%,$(wildcard tests/unit/test_*.c))
+# The JVMTI agent and the Java workloads (JDK 17: default-jdk-headless).
+JAVA_HOME   ?= $(patsubst %/bin/javac,%,$(realpath $(shell command -v javac 2>/dev/null)))
+AGENT_SRCS  := $(wildcard jvmti-agent/*.c)
+JAVA_SRCS   := $(wildcard tests/java/*.java)
 
-.PHONY: all help deps venv c test test-c test-py demo bench clean distclean
+.PHONY: all help deps venv c test test-c test-py demo bench clean distclean vm-test
 
 help:
 	@echo "make demo    install what is needed, build, run a demo under farmem (embedded memd, 25% local)"
@@ -45,10 +53,11 @@ help:
 	@echo "make deps    install build and test dependencies (apt-get + pip), idempotent"
 	@echo "make all     build the C components and the Python CLI"
 	@echo "make bench   run the benchmarks and print their figures (see bench/RESULTS.md)"
+	@echo "make vm-test boot Debian's 6.1 kernel in qemu (TCG): kmod-swapva and soft-RoCE tests"
 
 all: c venv
 
-c: $(B)/bin/farmem-memd $(B)/lib/libfarmem_preload.so $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
+c: $(B)/bin/farmem-memd $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
 
 deps:
 	@bash tools/deps.sh
@@ -80,9 +89,27 @@ $(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/lib/libfarmem_pager.
 	$(CC) $(CFLAGS) -shared -Wl,--version-script=uffd/preload.map -o $@ $< \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
+$(B)/obj/jvmti-agent/%.o: CFLAGS += -isystem $(JAVA_HOME)/include -isystem $(JAVA_HOME)/include/linux -Ijvmti-agent
+
+$(B)/lib/libfarmem_agent.so: $(patsubst %.c,$(B)/obj/%.o,$(AGENT_SRCS)) $(B)/lib/libfarmem_pager.a jvmti-agent/agent.map
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared -Wl,--version-script=jvmti-agent/agent.map -o $@ $(filter %.o,$^) \
+		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
+
+$(patsubst %.c,$(B)/obj/%.o,$(AGENT_SRCS)): $(wildcard jvmti-agent/*.h)
+
+$(B)/java/.ok: $(JAVA_SRCS) | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	javac -nowarn -d $(B)/java $(JAVA_SRCS)
+	@touch $@
+
 $(B)/tests/%: tests/progs/%.c | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -lpthread
+
+$(B)/bench/swapva_bench: bench/progs/swapva_bench.c $(SWAPVA_SRCS) $(HDRS) | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(SWAPVA_SRCS) -lpthread
 
 $(B)/bench/%: bench/progs/%.c | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
@@ -92,6 +119,26 @@ $(B)/bench/%: bench/progs/%.c | $(B)/.deps-ok
 $(B)/unit/%: tests/unit/%.c $(patsubst %.c,$(B)/asan/%.o,$(LIB_SRCS) $(filter-out memd/memd.c,$(MEMD_SRCS)))
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(WARN) $(SANFLAGS) -pthread -Imemd -Iuffd -o $@ $^ $(LDLIBS)
+
+# --- eBPF: farmem-trace (libbpf CO-RE; vmlinux.h is generated from this kernel's BTF) ------
+
+BPF_OUT    := $(B)/bpf
+BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_x86 -Wall -Werror \
+              -I$(BPF_OUT) -Ibpf -I/usr/include/$(shell uname -m)-linux-gnu
+
+$(BPF_OUT)/vmlinux.h: | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	bpftool btf dump file /sys/kernel/btf/vmlinux format c > $@.tmp && mv $@.tmp $@
+
+$(BPF_OUT)/%.bpf.o: bpf/%.bpf.c bpf/%.h $(BPF_OUT)/vmlinux.h
+	clang $(BPF_CFLAGS) -c -o $@ $<
+
+$(BPF_OUT)/%.skel.h: $(BPF_OUT)/%.bpf.o
+	bpftool gen skeleton $< name $* > $@.tmp && mv $@.tmp $@
+
+$(B)/bin/farmem-trace: bpf/farmem_trace.c bpf/farmem_trace.h $(BPF_OUT)/farmem_trace.skel.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(BPF_OUT) -Ibpf -o $@ $< -lbpf -lelf -lz
 
 # --- Python ----------------------------------------------------------------
 
@@ -119,8 +166,30 @@ demo: all
 bench: all
 	$(VENV)/bin/python bench/run_core.py
 
+# The qemu lane (tests/vm/, docs/vm-lane.md): needs root for apt-get; caches under $(B)/vm.
+vm-test: | $(B)/.deps-ok
+	bash tests/vm/lane.sh
+
 clean:
 	rm -rf $(B)
 
 distclean: clean
 	rm -rf $(VENV)
+
+# --- Fuzzing (issue 8): memd's protocol engine under libFuzzer, ASan and UBSan ------------------
+# `make fuzz` builds the harness and runs it from the committed seed corpus (tests/fuzz/corpus)
+# for FUZZ_RUNS executions or FUZZ_TIME seconds, whichever comes first.
+FUZZ_SRCS := tests/fuzz/fuzz_protocol.c $(filter-out memd/memd.c,$(MEMD_SRCS)) $(COMMON_SRCS)
+FUZZ_RUNS ?= 1000000
+FUZZ_TIME ?= 180
+
+.PHONY: fuzz
+$(B)/fuzz/fuzz_protocol: $(FUZZ_SRCS) $(HDRS) | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	clang $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+		-Imemd -Iuffd -pthread -o $@ $(FUZZ_SRCS) $(LDLIBS)
+
+fuzz: $(B)/fuzz/fuzz_protocol
+	@mkdir -p $(B)/fuzz/work
+	$< -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_TIME) -print_final_stats=1 -artifact_prefix=$(B)/fuzz/ \
+		$(B)/fuzz/work tests/fuzz/corpus

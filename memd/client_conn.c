@@ -56,7 +56,7 @@ static int connect_unix(const char *path, int *out)
 	return 0;
 }
 
-static int connect_tcp(const char *hostport, int *out)
+static int connect_tcp(const char *hostport, int *out, int ms)
 {
 	char host[256];
 	const char *colon = strrchr(hostport, ':');
@@ -84,9 +84,11 @@ static int connect_tcp(const char *hostport, int *out)
 			err = -errno;
 			continue;
 		}
+		/* Bound the connect too: Linux applies SO_SNDTIMEO to a blocking connect(). */
+		set_timeouts(fd, ms);
 		if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
 			break;
-		err = -errno;
+		err = errno == EINPROGRESS ? -ETIMEDOUT : -errno;
 		close(fd);
 		fd = -1;
 	}
@@ -99,6 +101,37 @@ static int connect_tcp(const char *hostport, int *out)
 	return 0;
 }
 
+static uint64_t op_deadline(const struct fm_conn *c)
+{
+	return c->op_timeout_ms > 0 ? fm_now_ns() + (uint64_t)c->op_timeout_ms * 1000000u : 0;
+}
+
+static int past(uint64_t deadline)
+{
+	return deadline && fm_now_ns() > deadline;
+}
+
+/* fm_read_full with the connection's whole-operation deadline. */
+static int read_full_dl(struct fm_conn *c, void *buf, size_t len, uint64_t deadline)
+{
+	uint8_t *p = buf;
+	while (len) {
+		ssize_t n = read(c->fd, p, len);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return errno == EAGAIN ? -ETIMEDOUT : -errno;
+		}
+		if (n == 0)
+			return -ECONNRESET;
+		p += n;
+		len -= (size_t)n;
+		if (len && past(deadline))
+			return -ETIMEDOUT;
+	}
+	return 0;
+}
+
 static int send_frame(struct fm_conn *c, uint16_t op, uint32_t count,
 		      const struct fm_iov *iov, unsigned niov, uint64_t req_id)
 {
@@ -106,6 +139,7 @@ static int send_frame(struct fm_conn *c, uint16_t op, uint32_t count,
 	struct fm_hdr h = { .magic = FM_PROTO_MAGIC, .op = op, .req_id = req_id, .count = count };
 	size_t total = 0, left;
 	unsigned i, nv = 0;
+	uint64_t deadline = op_deadline(c);
 
 	if (niov > 16)
 		return -E2BIG;
@@ -128,6 +162,8 @@ static int send_frame(struct fm_conn *c, uint16_t op, uint32_t count,
 			return errno == EAGAIN ? -ETIMEDOUT : -errno;
 		}
 		left -= (size_t)n;
+		if (left && past(deadline))
+			return -ETIMEDOUT;
 		while (n > 0 && i < nv) {
 			if ((size_t)n >= v[i].iov_len) {
 				n -= (ssize_t)v[i].iov_len;
@@ -181,21 +217,25 @@ static int recv_hdr(struct fm_conn *c, struct fm_hdr *h, int *rep_fd)
 	return 0;
 }
 
-int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
-		  const struct fm_iov *iov, unsigned niov,
+int fm_conn_send(struct fm_conn *c, uint16_t op, uint32_t count,
+		 const struct fm_iov *iov, unsigned niov, uint64_t *req_id)
+{
+	*req_id = ++c->next_req;
+	return send_frame(c, op, count, iov, niov, *req_id);
+}
+
+int fm_conn_recvv(struct fm_conn *c, uint16_t op, uint64_t id,
 		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
 		  int *rep_fd)
 {
 	struct fm_hdr h;
-	uint64_t id = ++c->next_req;
 	size_t cap = 0, left;
 	int err;
 
+	uint64_t deadline = op_deadline(c);
+
 	for (unsigned i = 0; i < nrep; i++)
 		cap += rep[i].len;
-	err = send_frame(c, op, count, iov, niov, id);
-	if (err)
-		return err;
 	err = recv_hdr(c, &h, rep_fd);
 	if (err)
 		return err;
@@ -205,10 +245,10 @@ int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
 		/* The message is for logs; the status says what happened. */
 		char msg[512];
 		size_t keep = h.len < sizeof(msg) - 1 ? h.len : sizeof(msg) - 1;
-		err = fm_read_full(c->fd, msg, keep);
+		err = read_full_dl(c, msg, keep, deadline);
 		for (left = h.len - keep; !err && left;) {
 			size_t k = left < sizeof(msg) ? left : sizeof(msg);
-			err = fm_read_full(c->fd, msg, k);
+			err = read_full_dl(c, msg, k, deadline);
 			left -= k;
 		}
 		if (err)
@@ -225,7 +265,7 @@ int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
 	left = h.len;
 	for (unsigned i = 0; i < nrep && left; i++) {
 		size_t k = left < rep[i].len ? left : rep[i].len;
-		err = fm_read_full(c->fd, (void *)rep[i].base, k);
+		err = read_full_dl(c, (void *)rep[i].base, k, deadline);
 		if (err)
 			return err;
 		left -= k;
@@ -234,6 +274,19 @@ int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
 		*rep_len = h.len;
 	*status = h.status;
 	return 0;
+}
+
+int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
+		  const struct fm_iov *iov, unsigned niov,
+		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
+		  int *rep_fd)
+{
+	uint64_t id;
+	int err = fm_conn_send(c, op, count, iov, niov, &id);
+
+	if (err)
+		return err;
+	return fm_conn_recvv(c, op, id, rep, nrep, rep_len, status, rep_fd);
 }
 
 int fm_conn_call(struct fm_conn *c, uint16_t op, uint32_t count,
@@ -263,7 +316,8 @@ int fm_conn_open(struct fm_conn *c, const struct fm_xport_cfg *cfg, char *err, s
 		c->is_unix = 1;
 		rc = connect_unix(a + 5, &c->fd);
 	} else {
-		rc = connect_tcp(strncmp(a, "tcp:", 4) == 0 ? a + 4 : a, &c->fd);
+		rc = connect_tcp(strncmp(a, "tcp:", 4) == 0 ? a + 4 : a, &c->fd,
+				 cfg->timeout_ms > 0 ? cfg->timeout_ms : 10000);
 	}
 	if (rc) {
 		fm_errmsg(err, errlen, "cannot connect to memd at %s: %s", a, strerror(-rc));

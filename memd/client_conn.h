@@ -15,6 +15,7 @@ struct fm_conn {
 	int is_unix;
 	uint32_t server_flags;
 	uint64_t next_req;
+	int op_timeout_ms;  /* > 0: a whole send or reply must complete within this (a trickle too) */
 };
 
 /* Connect to addr, run HELLO/AUTH (verifying memd's own proof of the secret). */
@@ -35,6 +36,17 @@ int fm_conn_call(struct fm_conn *c, uint16_t op, uint32_t count,
 /* The same, with the reply payload scattered over rep[0..nrep). */
 int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
 		  const struct fm_iov *iov, unsigned niov,
+		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
+		  int *rep_fd);
+
+/*
+ * The two halves of fm_conn_callv, for a client that has requests in flight
+ * on several connections at once (client_multi.c): send, then receive the
+ * reply to req_id. The same error rules as fm_conn_callv.
+ */
+int fm_conn_send(struct fm_conn *c, uint16_t op, uint32_t count,
+		 const struct fm_iov *iov, unsigned niov, uint64_t *req_id);
+int fm_conn_recvv(struct fm_conn *c, uint16_t op, uint64_t req_id,
 		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
 		  int *rep_fd);
 
@@ -59,7 +71,9 @@ struct fm_xport {
 	/* shm: mapped spaces, and this session's unused quota grant */
 	struct space_map spaces[64];
 	unsigned nspaces;
-	atomic_int_fast64_t grant_avail;
+	atomic_int_fast64_t grant_avail;   /* granted and not yet used */
+	uint64_t granted_total;            /* memd's figure for the session; under lock */
+	struct fm_multi *multi;        /* many memd servers: client_multi.c does everything */
 };
 
 struct fm_chan {
@@ -67,7 +81,22 @@ struct fm_chan {
 	struct fm_conn conn;           /* stream only */
 	uint8_t *buf;                  /* stream: reply staging, FM_MAX_BATCH pages */
 	struct fm_page_status st[FM_MAX_BATCH];
+	struct fm_mchan *mchan;        /* a channel of a many-memd transport (client_multi.c) */
 };
+
+/* client_multi.c: a transport over several memd servers (an address with commas). */
+int fm_multi_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen);
+void fm_multi_close(struct fm_xport *x);
+int fm_multi_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id);
+int fm_multi_space_close(struct fm_xport *x, uint32_t space_id);
+int fm_multi_stats(struct fm_xport *x, struct fm_stats *st);
+int fm_multi_chan_open(struct fm_xport *x, struct fm_chan **out);
+void fm_multi_chan_close(struct fm_chan *c);
+int fm_multi_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
+		  const void **src);
+int fm_multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
+		   const void *const *data, uint32_t *status);
+int fm_multi_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
 
 int fm_errmsg(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

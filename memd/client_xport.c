@@ -33,6 +33,8 @@ int fm_xport_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char
 		fm_errmsg(err, errlen, "no memd address");
 		return -EINVAL;
 	}
+	if (strchr(cfg->addr, ','))  /* many-memd dispatch: client_multi.c */
+		return fm_multi_connect(cfg, out, err, errlen);
 	if (cfg->secret_len == 0 || cfg->secret_len > sizeof(x->secret)) {
 		fm_errmsg(err, errlen, "the memd secret must be 1 to %zu bytes", sizeof(x->secret));
 		return -EINVAL;
@@ -79,6 +81,10 @@ void fm_xport_close(struct fm_xport *x)
 {
 	if (!x)
 		return;
+	if (x->multi) {  /* many-memd dispatch */
+		fm_multi_close(x);
+		return;
+	}
 	for (unsigned i = 0; i < x->nspaces; i++) {
 		if (x->spaces[i].data)
 			fm_sys_munmap(x->spaces[i].data, x->spaces[i].map_len);
@@ -192,6 +198,8 @@ int fm_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 	uint16_t st;
 	int rc;
 
+	if (x->multi)  /* many-memd dispatch */
+		return fm_multi_space_open(x, npages, space_id);
 	rc = ctrl_call(x, FM_OP_SPACE_OPEN, 0, &(struct fm_iov){ &req, sizeof(req) }, 1,
 		       &rep, sizeof(rep), &len, &st, NULL);
 	if (rc)
@@ -214,10 +222,13 @@ int fm_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 int fm_xport_space_close(struct fm_xport *x, uint32_t space_id)
 {
 	struct fm_space_ref ref = { .space_id = space_id };
-	struct space_map *sm = find_space(x, space_id);
+	struct space_map *sm;
 	size_t len;
 	uint16_t st;
 
+	if (x->multi)  /* many-memd dispatch */
+		return fm_multi_space_close(x, space_id);
+	sm = find_space(x, space_id);
 	if (sm) {
 		pthread_mutex_lock(&x->lock);
 		fm_sys_munmap(sm->data - 0, sm->map_len);
@@ -236,7 +247,11 @@ int fm_xport_stats(struct fm_xport *x, struct fm_stats *s)
 {
 	size_t len;
 	uint16_t st;
-	int rc = ctrl_call(x, FM_OP_STATS, 0, NULL, 0, s, sizeof(*s), &len, &st, NULL);
+	int rc;
+
+	if (x->multi)  /* many-memd dispatch */
+		return fm_multi_stats(x, s);
+	rc = ctrl_call(x, FM_OP_STATS, 0, NULL, 0, s, sizeof(*s), &len, &st, NULL);
 	if (!rc && (st || len != sizeof(*s)))
 		rc = -EPROTO;
 	return rc;
@@ -249,6 +264,10 @@ int fm_chan_open(struct fm_xport *x, struct fm_chan **out)
 	uint16_t st;
 	int rc;
 
+	if (x->multi) {  /* many-memd dispatch */
+		free(c);
+		return fm_multi_chan_open(x, out);
+	}
 	if (!c)
 		return -ENOMEM;
 	c->x = x;
@@ -283,6 +302,10 @@ void fm_chan_close(struct fm_chan *c)
 {
 	if (!c)
 		return;
+	if (c->mchan) {  /* many-memd dispatch */
+		fm_multi_chan_close(c);
+		return;
+	}
 	fm_conn_close(&c->conn);
 	free(c->buf);
 	free(c);
@@ -323,6 +346,8 @@ int fm_chan_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsig
 {
 	if (n == 0 || n > FM_MAX_BATCH)
 		return -EINVAL;
+	if (c->mchan)  /* many-memd dispatch */
+		return fm_multi_read(c, space, pages, n, src);
 	if (c->x->kind == FM_XPORT_SHM) {
 		struct space_map *sm = find_space(c->x, space);
 		if (!sm)
@@ -417,6 +442,35 @@ static int stream_write(struct fm_chan *c, uint32_t space, const uint64_t *pages
 	return 0;
 }
 
+/*
+ * A page new to memd takes one page of this session's grant. When the local
+ * share runs out, ask memd for another chunk; it grants what its capacity and
+ * our quota allow, possibly nothing, and the page then stays with the pager.
+ */
+static int take_grant(struct fm_xport *x)
+{
+	struct fm_quota_req q = { .delta_pages = SHM_GRANT_CHUNK };
+	struct fm_quota_rep r;
+	size_t len;
+	uint16_t st;
+
+	if (atomic_fetch_sub(&x->grant_avail, 1) > 0)
+		return 1;
+	atomic_fetch_add(&x->grant_avail, 1);
+	pthread_mutex_lock(&x->lock);
+	if (atomic_load(&x->grant_avail) <= 0 &&
+	    fm_conn_call(&x->ctrl, FM_OP_QUOTA, 0, &(struct fm_iov){ &q, sizeof(q) }, 1, &r, sizeof(r),
+			 &len, &st, NULL) == 0 && !st && len == sizeof(r) && r.granted_pages > x->granted_total) {
+		atomic_fetch_add(&x->grant_avail, (int_fast64_t)(r.granted_pages - x->granted_total));
+		x->granted_total = r.granted_pages;
+	}
+	pthread_mutex_unlock(&x->lock);
+	if (atomic_fetch_sub(&x->grant_avail, 1) > 0)
+		return 1;
+	atomic_fetch_add(&x->grant_avail, 1);
+	return 0;
+}
+
 int fm_chan_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
 		  const void *const *data, uint32_t *status)
 {
@@ -424,6 +478,8 @@ int fm_chan_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsi
 
 	if (n == 0 || n > FM_MAX_BATCH)
 		return -EINVAL;
+	if (c->mchan)  /* many-memd dispatch */
+		return fm_multi_write(c, space, pages, n, data, status);
 	if (!ctrl_alive(x))
 		return -EPIPE;
 	if (x->kind == FM_XPORT_SHM) {
@@ -436,31 +492,10 @@ int fm_chan_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsi
 			if (p >= sm->npages)
 				return -ERANGE;
 			m = &sm->meta[p];
-			if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
-				/* A new page: take one page of this session's grant. */
-				if (atomic_fetch_sub(&x->grant_avail, 1) <= 0) {
-					struct fm_quota_req q = { .delta_pages = SHM_GRANT_CHUNK };
-					struct fm_quota_rep r;
-					int_fast64_t before;
-					size_t len;
-					uint16_t st;
-					atomic_fetch_add(&x->grant_avail, 1);
-					pthread_mutex_lock(&x->lock);
-					before = 0;
-					if (fm_conn_call(&x->ctrl, FM_OP_QUOTA, 0,
-							 &(struct fm_iov){ &q, sizeof(q) }, 1, &r,
-							 sizeof(r), &len, &st, NULL) == 0 &&
-					    !st && len == sizeof(r))
-						before = 1;
-					pthread_mutex_unlock(&x->lock);
-					if (before)
-						atomic_fetch_add(&x->grant_avail, SHM_GRANT_CHUNK);
-					if (atomic_fetch_sub(&x->grant_avail, 1) <= 0) {
-						atomic_fetch_add(&x->grant_avail, 1);
-						status[i] = FM_E_FULL;
-						continue;
-					}
-				}
+			if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) &&
+			    !take_grant(x)) {
+				status[i] = FM_E_FULL;
+				continue;
 			}
 			/*
 			 * Data and checksum first, then the flag with release order:
@@ -484,6 +519,8 @@ int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 
 	if (n == 0 || n > FM_MAX_RANGES)
 		return -EINVAL;
+	if (c->mchan)  /* many-memd dispatch */
+		return fm_multi_discard(c, space, r, n);
 	if (x->kind == FM_XPORT_SHM) {
 		struct space_map *sm = find_space(x, space);
 		if (!sm)

@@ -94,6 +94,7 @@ static const char usage_text[] =
 "  --listen HOST:PORT   TCP address to listen on (repeatable; [v6addr]:PORT, empty HOST = all)\n"
 "  --unix PATH          Unix socket to listen on (clients there may map spaces: SHM_MAP)\n"
 "  --capacity SIZE      memory for pages, e.g. 64G (default: half of physical memory)\n"
+"  --numa-node N        keep the page store on NUMA node N (a CPU-less CXL node is a slow tier)\n"
 "  --session-quota SIZE most one session may hold (default: the capacity)\n"
 "  --secret-file FILE   shared secret (file bytes, trailing newline stripped);\n"
 "                       default: the FARMEM_SECRET environment variable\n"
@@ -638,6 +639,7 @@ int main(int argc, char **argv)
 		{ "threads", required_argument, NULL, 't' },
 		{ "ready-fd", required_argument, NULL, 'r' },
 		{ "log", required_argument, NULL, 'L' },
+		{ "numa-node", required_argument, NULL, 'n' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -646,7 +648,7 @@ int main(int argc, char **argv)
 	const char *unix_path = NULL, *secret_file = NULL;
 	uint64_t capacity = default_capacity(), quota = 0, threads = 2, v;
 	bool have_quota = false;
-	int ntcp = 0, ready_fd = -1, opt, ret, sig, status = 0;
+	int ntcp = 0, ready_fd = -1, opt, ret, sig, status = 0, numa_node = -1;
 	sigset_t sigs;
 
 	fm_log_prefix = "farmem-memd";
@@ -693,6 +695,18 @@ int main(int argc, char **argv)
 				usage_exit("--log: want error, warn, info or debug, not '%s'", optarg);
 			fm_log_level = ret;
 			break;
+		case 'n': {
+			char node_dir[64];
+			if (fm_parse_u64(optarg, 0, 1023, &v))
+				usage_exit("--numa-node: want a node number, not '%s'", optarg);
+			snprintf(node_dir, sizeof(node_dir), "/sys/devices/system/node/node%llu",
+				 (unsigned long long)v);
+			if (access(node_dir, F_OK))
+				usage_exit("--numa-node: this machine has no NUMA node %llu (see numactl -H)",
+					   (unsigned long long)v);
+			numa_node = (int)v;
+			break;
+		}
 		case 'h':
 			fputs(usage_text, stdout);
 			return 0;
@@ -736,6 +750,7 @@ int main(int argc, char **argv)
 	capacity /= FM_PAGE_SIZE;
 	quota = have_quota ? quota / FM_PAGE_SIZE : capacity;
 	ret = memd_store_init(&srv.st, capacity, quota);
+	srv.st.numa_node = numa_node;
 	if (ret) {
 		fm_err("cannot set up the store: %s", strerror(-ret));
 		return 1;

@@ -40,6 +40,7 @@ struct memd_store {
 	uint64_t used;                 /* stream-accounted pages + grants */
 	uint64_t va_used;              /* bytes mapped for spaces */
 	uint64_t va_budget;
+	int numa_node;                 /* bind every space's pages here; -1: no policy */
 	struct memd_session *sessions;
 	uint64_t nsessions;
 	uint64_t nspaces;

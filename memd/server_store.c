@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <numaif.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <linux/falloc.h>
@@ -90,6 +91,7 @@ int memd_store_init(struct memd_store *st, uint64_t capacity_pages,
 	st->capacity = capacity_pages;
 	st->session_quota = session_quota_pages;
 	st->va_budget = MEMD_VA_BUDGET;
+	st->numa_node = -1;
 	return -pthread_mutex_init(&st->lock, NULL);
 }
 
@@ -388,6 +390,19 @@ int memd_space_open(struct memd_store *st, struct memd_session *s, uint64_t npag
 	if (sp->map == MAP_FAILED) {
 		ret = -errno;
 		goto destroy;
+	}
+	if (st->numa_node >= 0) {
+		/*
+		 * On shmem, mbind sets the object's shared policy: it places the
+		 * pages a one-sided client allocates by writing too, not only ours.
+		 */
+		unsigned long mask[1024 / (8 * sizeof(unsigned long))] = { 0 };
+		mask[st->numa_node / (8 * sizeof(unsigned long))] |= 1ul << (st->numa_node % (8 * sizeof(unsigned long)));
+		if (mbind(sp->map, map_len, MPOL_BIND, mask, 1024, 0) < 0) {
+			ret = -errno;
+			fm_err("cannot bind a space to NUMA node %d: %s", st->numa_node, strerror(errno));
+			goto destroy;
+		}
 	}
 	sp->meta = (struct fm_shm_meta *)(sp->map + sp->meta_offset);
 	sp->known_len = round_up((nmeta + 63) / 64 * sizeof(uint64_t), FM_PAGE_SIZE);

@@ -30,7 +30,8 @@ struct fm_xport_cfg {
 	const void *secret;    /* shared secret (the token's bytes) */
 	size_t secret_len;
 	int pref;              /* enum fm_xport_pref */
-	int timeout_ms;        /* connect and per-request timeout; 0 = 10 s */
+	int timeout_ms;        /* connect and per-request timeout; 0 = 10 s (1 s with several memds) */
+	int replicas;          /* several memds ("A,B,C"): copies of every page; 0 = 1 */
 };
 
 /*
@@ -47,6 +48,16 @@ const char *fm_xport_addr(const struct fm_xport *x);
 int fm_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id);
 int fm_xport_space_close(struct fm_xport *x, uint32_t space_id);
 int fm_xport_stats(struct fm_xport *x, struct fm_stats *st);
+
+/*
+ * Several memd servers: an address with commas ("A,B,C") connects one
+ * stream transport per server behind this same interface (client_multi.c).
+ * Pages are placed by rendezvous hashing, written to cfg->replicas of them
+ * and read from the first replica that answers. Its failover counters go to
+ * st (the residency map's stats) once this is called; a no-op otherwise.
+ */
+struct fm_pager_stats;
+void fm_xport_set_stats(struct fm_xport *x, struct fm_pager_stats *st);
 
 /* A channel for the calling thread. */
 int fm_chan_open(struct fm_xport *x, struct fm_chan **out);

@@ -20,6 +20,8 @@ MARKERS = {
     "bpf": "loads eBPF programs",
     "memd": "starts build/bin/farmem-memd",
     "pager": "runs programs under build/lib/libfarmem_preload.so",
+    "jvm": "runs a JVM under farmem",
+    "vm": "boots Debian's kernel in qemu (tests/vm/): the module and RDMA lane",
 }
 
 

@@ -6,10 +6,13 @@ set -euo pipefail
 PKGS=(
 	build-essential pkg-config git
 	libisal-dev libssl-dev liburing-dev libnuma-dev numactl
-	clang llvm libbpf-dev bpftool
+	clang llvm libclang-rt-14-dev libbpf-dev bpftool
 	libibverbs-dev librdmacm-dev rdma-core
 	iproute2 tmux util-linux procps
 	python3 python3-venv python3-pip
+	# the qemu lane (tests/vm/): Debian's kernel under TCG, kmod-swapva, soft-RoCE
+	qemu-system-x86 busybox-static linux-headers-amd64 kmod cpio xz-utils
+	ibverbs-utils rdmacm-utils perftest
 	openjdk-17-jdk-headless
 )
 

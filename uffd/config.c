@@ -31,6 +31,7 @@ void fm_pager_cfg_defaults(struct fm_pager_cfg *cfg)
 	cfg->xport_pref = FM_PREF_AUTO;
 	cfg->gc_aware = 1;
 	cfg->log_level = FM_LOG_WARN;
+	cfg->replicas = 1;
 }
 
 static int u(const char *key, const char *val, uint64_t min, uint64_t max, unsigned *out,
@@ -111,6 +112,10 @@ int fm_pager_cfg_set(struct fm_pager_cfg *cfg, const char *key, const char *val,
 			snprintf(err, errlen, "transport=%s: expected auto, stream or shm", val);
 			return -EINVAL;
 		}
+	} else if (!strcasecmp(key, "replicas")) {
+		return u(key, val, 1, 8, &cfg->replicas, err, errlen);
+	} else if (!strcasecmp(key, "memd_timeout_ms")) {
+		return u(key, val, 10, 600000, &cfg->memd_timeout_ms, err, errlen);
 	} else if (!strcasecmp(key, "log")) {
 		int l = fm_log_level_parse(val);
 		if (l < 0) {
@@ -137,7 +142,7 @@ int fm_pager_cfg_from_env(struct fm_pager_cfg *cfg, char *err, size_t errlen)
 	static const char *const keys[] = {
 		"MEMD", "SECRET", "LOCAL", "FILL_THREADS", "EVICT_HIGH", "EVICT_LOW",
 		"EVICT_BATCH", "PREFETCH", "EPOCH_PCT", "GC_AWARE", "THRESHOLD", "TRANSPORT",
-		"LOG", "CONTROL",
+		"LOG", "CONTROL", "REPLICAS", "MEMD_TIMEOUT_MS",
 	};
 	char name[64];
 

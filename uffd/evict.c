@@ -224,15 +224,9 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 
 unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 {
-	struct victim *v;
+	struct victim v[MAX_VICTIMS]; /* 32 KiB: every caller is a pager thread with a full stack */
 	unsigned n, dropped = 0, clean = 0, dirty = 0;
-	static __thread struct victim *buf;
 
-	if (!buf)
-		buf = malloc(sizeof(*buf) * MAX_VICTIMS);
-	if (!buf)
-		return 0;
-	v = buf;
 	if (want > MAX_VICTIMS)
 		want = MAX_VICTIMS;
 	rlock_rd(p);

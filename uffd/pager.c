@@ -190,18 +190,40 @@ static void report_to_launcher(struct fm_pager *p)
 
 /* --- accounting ------------------------------------------------------------ */
 
-void fm_resident_add(struct fm_pager *p, int64_t delta)
+static void resident_changed(struct fm_pager *p, uint64_t now, int grew)
 {
-	uint64_t now = atomic_fetch_add(&p->resident, (uint64_t)delta) + (uint64_t)delta;
 	uint64_t peak = __atomic_load_n(&p->st->peak_resident_pages, __ATOMIC_RELAXED);
 
 	__atomic_store_n(&p->st->resident_pages, now, __ATOMIC_RELAXED);
-	while (delta > 0 && now > peak &&
+	while (grew && now > peak &&
 	       !__atomic_compare_exchange_n(&p->st->peak_resident_pages, &peak, now, 0,
 					    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
-	if (delta > 0 && now > atomic_load(&p->high))
+	if (grew && now > atomic_load(&p->high))
 		fm_evict_kick(p);
+}
+
+void fm_resident_add(struct fm_pager *p, int64_t delta)
+{
+	uint64_t now = atomic_fetch_add(&p->resident, (uint64_t)delta) + (uint64_t)delta;
+	resident_changed(p, now, delta > 0);
+}
+
+/*
+ * Reserve room for one more resident page if that keeps us at or under cap.
+ * The check and the count are one compare-and-swap, so several handler
+ * threads together still never pass the budget.
+ */
+static int try_reserve(struct fm_pager *p, uint64_t cap)
+{
+	uint_fast64_t cur = atomic_load(&p->resident);
+
+	do {
+		if (cur + 1 > cap)
+			return 0;
+	} while (!atomic_compare_exchange_weak(&p->resident, &cur, cur + 1));
+	resident_changed(p, cur + 1, 1);
+	return 1;
 }
 
 /* MemLiner's epoch: a new one once pages in + out since the last exceed epoch_pct of all pages. */
@@ -452,6 +474,96 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
 	return 0;
 }
 
+/* Send the ranges of remote copies that died to memd, in one call per 64 ranges. */
+static void discard_remote(struct fm_pager *p, struct region *r, struct fm_range *rg, unsigned *nr,
+			   uint64_t i)
+{
+	if (*nr && rg[*nr - 1].first + rg[*nr - 1].npages == i) {
+		rg[*nr - 1].npages++;
+		return;
+	}
+	if (*nr == 64) {
+		pthread_mutex_lock(&p->misc_lock);
+		fm_chan_discard(p->misc_chan, r->space, rg, *nr);
+		pthread_mutex_unlock(&p->misc_lock);
+		*nr = 0;
+	}
+	rg[(*nr)++] = (struct fm_range){ .first = i, .npages = 1 };
+}
+
+/* Write-protect pages [run, end) of r that discard claimed, and mark them clean garbage. */
+static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint64_t end)
+{
+	if (fm_wp_range(p, r->base + (run << PG_SHIFT), (size_t)(end - run) << PG_SHIFT, 1))
+		fm_fatal("UFFDIO_WRITEPROTECT for a discard failed: %s", strerror(errno));
+	for (uint64_t j = run; j < end; j++)
+		pg_store(&r->pg[j], pg_make(FM_PG_CLEAN, FM_PGF_GC));
+}
+
+long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
+{
+	uintptr_t a = ((uintptr_t)addr + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1);
+	uintptr_t e = ((uintptr_t)addr + len) & ~(uintptr_t)(PG_SIZE - 1);
+	long affected = 0;
+
+	if (e <= a)
+		return 0;
+	rlock_rd(p);
+	for (int k = 0; k < p->nregions; k++) {
+		struct region *r = &p->regions[k];
+		struct fm_range rg[64];
+		unsigned nr = 0;
+		uint64_t first, last, run = UINT64_MAX;
+		if (!r->live || a >= r->end || e <= r->base)
+			continue;
+		first = ((a > r->base ? a : r->base) - r->base) >> PG_SHIFT;
+		last = ((e < r->end ? e : r->end) - r->base) >> PG_SHIFT;
+		for (uint64_t i = first; i < last; i++) {
+			int claimed = 0;
+			for (;;) {
+				uint8_t b = pg_load(&r->pg[i]), nb;
+				unsigned st = fm_pg_state(b);
+				if (st == FM_PG_FILLING || st == FM_PG_LEAVING || st == FM_PG_UPDATING) {
+					sched_yield(); /* the evictor or a handler finishes it first */
+					continue;
+				}
+				if (st == FM_PG_REMOTE)
+					nb = pg_make(FM_PG_UNTOUCHED, 0); /* the next touch is a zero-fill */
+				else if (st == FM_PG_CLEAN)
+					nb = pg_make(FM_PG_CLEAN, FM_PGF_GC); /* leaves first, writes nothing */
+				else if (st == FM_PG_DIRTY)
+					nb = pg_make(FM_PG_LEAVING, b); /* ours until its run is protected */
+				else
+					break;
+				if (!pg_cas(&r->pg[i], &b, nb))
+					continue;
+				/* The page is ours now: only now may its remote copy die. */
+				if (b & FM_PGF_HAS_REMOTE)
+					discard_remote(p, r, rg, &nr, i);
+				claimed = st == FM_PG_DIRTY;
+				affected++;
+				break;
+			}
+			if (!claimed && run != UINT64_MAX) {
+				protect_run(p, r, run, i);
+				run = UINT64_MAX;
+			} else if (claimed && run == UINT64_MAX) {
+				run = i;
+			}
+		}
+		if (run != UINT64_MAX)
+			protect_run(p, r, run, last);
+		if (nr) {
+			pthread_mutex_lock(&p->misc_lock);
+			fm_chan_discard(p->misc_chan, r->space, rg, nr);
+			pthread_mutex_unlock(&p->misc_lock);
+		}
+	}
+	rlock_un(p);
+	STAT_ADD(p, discards, (uint64_t)affected);
+	return affected;
+}
+
 int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1);
@@ -468,7 +580,9 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 		t = e < r->end ? e : r->end;
 		forget_pages(p, r, (s - r->base) >> PG_SHIFT, (t - s) >> PG_SHIFT);
 		ur = (struct uffdio_range){ .start = s, .len = t - s };
-		ioctl(p->uffd, UFFDIO_UNREGISTER, &ur);
+		if (ioctl(p->uffd, UFFDIO_UNREGISTER, &ur))
+			fm_warn("UFFDIO_UNREGISTER of %#lx+%lu failed: %s", (unsigned long)s,
+				(unsigned long)(t - s), strerror(errno));
 		if (s == r->base && t == r->end) {
 			fm_xport_space_close(p->x, r->space);
 			atomic_fetch_sub(&p->registered, r->npages);
@@ -510,19 +624,25 @@ static const void *fetch_one(struct fm_pager *p, struct fm_chan *chan, struct re
 	return src;
 }
 
-/* Make room before a fill: at the hard limit the handler evicts a batch itself. */
-static void ensure_room(struct fm_pager *p, struct fm_chan *chan)
+/*
+ * Reserve room for a fill: at the limit the handler evicts a batch itself
+ * first. Only when nothing can be evicted (memd unusable, or every page busy)
+ * does the page come in over the budget.
+ */
+static void reserve_room(struct fm_pager *p, struct fm_chan *chan)
 {
-	while (atomic_load(&p->resident) + 1 > atomic_load(&p->limit) && !atomic_load(&p->evict_broken)) {
-		unsigned n = fm_evict_batch(p, chan, 64);
+	while (!try_reserve(p, atomic_load(&p->limit))) {
+		unsigned n = atomic_load(&p->evict_broken) ? 0 : fm_evict_batch(p, chan, 64);
 		STAT_ADD(p, direct_evictions, n);
-		if (!n)
-			break;
+		if (!n) {
+			fm_resident_add(p, 1);
+			return;
+		}
 	}
 }
 
 static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct region *r,
-		     uint64_t idx, pid_t tid);
+		     uint64_t idx, pid_t tid, int write);
 
 static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr, int write, pid_t tid)
 {
@@ -550,9 +670,11 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 			int gc = is_gc(p, tid), rc;
 			uint8_t fl;
 
-			ensure_room(p, h->chan);
-			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
+			reserve_room(p, h->chan);
+			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b))) {
+				fm_resident_add(p, -1);
 				continue;
+			}
 			if (s == FM_PG_UNTOUCHED) {
 				src = p->zero;
 				STAT_ADD(p, zero_fills, 1);
@@ -576,9 +698,8 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 				STAT_ADD(p, gc_faults, 1);
 			else
 				STAT_ADD(p, app_faults, 1);
-			fm_resident_add(p, 1);
 			if (p->cfg.prefetch && !gc)
-				prefetch(p, h->chan, ridx, r, i, tid);
+				prefetch(p, h->chan, ridx, r, i, tid, write);
 			break;
 		}
 		if (s == FM_PG_LEAVING) {
@@ -741,7 +862,7 @@ static unsigned count_used(struct region *r, uint64_t first, int64_t stride, uns
  * writes it. Contiguous pages share one UFFDIO_COPY.
  */
 static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct region *r,
-		     uint64_t idx, pid_t tid)
+		     uint64_t idx, pid_t tid, int write)
 {
 	struct stream *s;
 	uint64_t want[64], remote[64];
@@ -785,9 +906,12 @@ static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct 
 	for (unsigned k = 0; k < nw; k++) {
 		uint8_t b = pg_load(&r->pg[want[k]]);
 		unsigned st = fm_pg_state(b);
-		if (atomic_load(&p->resident) + k + 1 >= atomic_load(&p->high) ||
-		    (st != FM_PG_REMOTE && st != FM_PG_UNTOUCHED) ||
-		    !pg_cas(&r->pg[want[k]], &b, pg_make(FM_PG_FILLING, b))) {
+		if ((st != FM_PG_REMOTE && st != FM_PG_UNTOUCHED) || !try_reserve(p, atomic_load(&p->high))) {
+			nw = k;
+			break;
+		}
+		if (!pg_cas(&r->pg[want[k]], &b, pg_make(FM_PG_FILLING, b))) {
+			fm_resident_add(p, -1);
 			nw = k;
 			break;
 		}
@@ -816,13 +940,13 @@ static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct 
 				     !(pg_load(&r->pg[want[k + n]]) & FM_PGF_HAS_REMOTE) &&
 				     !(ri < nr && remote[ri] == want[k + n]) && n < ZERO_RUN_PAGES)))
 			n++;
-		copy_run(p, r, want[k], n, from, is_remote);
+		copy_run(p, r, want[k], n, from, is_remote || !write);
 		for (unsigned q = 0; q < n; q++) {
 			uint64_t j = want[k + q];
 			uint8_t b = pg_load(&r->pg[j]);
 			pg_store(&r->pg[j], is_remote
 				 ? pg_make(FM_PG_CLEAN, (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | FM_PGF_REF))
-				 : pg_make(FM_PG_DIRTY, FM_PGF_REF));
+				 : pg_make(write ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
 		}
 		if (is_remote) {
 			got += n;
@@ -836,7 +960,6 @@ static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct 
 		STAT_ADD(p, prefetch_issued, got);
 	if (zeros)
 		STAT_ADD(p, zero_fills, zeros);
-	fm_resident_add(p, got + zeros);
 	pthread_mutex_lock(&p->stream_lock);
 	if (s->tid == tid) {
 		s->pf_count = nw;
@@ -931,6 +1054,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	struct fm_xport_cfg xc = {
 		.addr = cfg->memd, .secret = cfg->secret, .secret_len = cfg->secret_len,
 		.pref = cfg->xport_pref,
+		.replicas = (int)cfg->replicas, .timeout_ms = (int)cfg->memd_timeout_ms, /* issue 8 */
 	};
 	struct fm_pager *p;
 	struct uffdio_register reg;
@@ -986,6 +1110,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		goto fail;
 	}
 	p->hdr->transport = (uint32_t)fm_xport_kind(p->x);
+	fm_xport_set_stats(p->x, &p->hdr->stats); /* issue 8: several memds count failovers there */
 	set_budget(p);
 
 	rc = fm_chan_open(p->x, &p->misc_chan);
@@ -1108,11 +1233,16 @@ int fm_pager_stop(struct fm_pager *p)
 	}
 	fm_chan_close(p->ev_chan);
 	fm_chan_close(p->misc_chan);
+	/*
+	 * Close the uffd before unmapping the doorbell: with EVENT_UNMAP, the
+	 * munmap of a registered range waits until a handler reads its event,
+	 * and the handlers are gone (a stop while the program runs on hung here).
+	 */
+	if (p->uffd >= 0)
+		close(p->uffd);
 	if (p->doorbell)
 		fm_sys_munmap(p->doorbell, (size_t)MAX_HANDLERS * PG_SIZE);
 	fm_xport_close(p->x);
-	if (p->uffd >= 0)
-		close(p->uffd);
 	if (p->pidfd >= 0)
 		close(p->pidfd);
 	if (p->hdr)

@@ -33,6 +33,8 @@ struct fm_pager_cfg {
 	int gc_aware;            /* evict pages only GC threads touched first */
 	int log_level;           /* FARMEM_LOG */
 	char control[256];       /* FARMEM_CONTROL: launcher socket that collects our map */
+	unsigned replicas;       /* FARMEM_REPLICAS: copies of each page over several memds (1..8) */
+	unsigned memd_timeout_ms;/* FARMEM_MEMD_TIMEOUT_MS: per-request memd timeout, 0 = default */
 	/* Called with the faulting thread's id; returns 1 for GC threads (the agent sets it). */
 	int (*is_gc_thread)(pid_t tid);
 };
@@ -71,6 +73,16 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
  * contents are now zero. Forget remote copies; call it before the madvise.
  */
 int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
+/*
+ * The program freed [addr, addr+len) but keeps it mapped (a collector's free
+ * regions): its contents no longer matter. Remote copies die (a later fault is
+ * a local zero-fill), resident pages become clean garbage that the evictor
+ * drops first with no write-back, write-protected so that a write after this
+ * call makes a page dirty again as usual. Call it only while no thread can
+ * write the range (the JVM calls it inside a GC pause). Returns pages affected.
+ */
+long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
+
 /* 1 if addr lies in a registered region. */
 int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len);
 

@@ -102,7 +102,14 @@ struct fm_pager_stats {
 	uint64_t evict_syscalls;     /* write-protect + drop calls made by the evictor */
 	uint64_t direct_evictions;   /* evictions done by a fault handler at the limit */
 	uint64_t lat_hist[FM_LAT_BUCKETS]; /* fault service time, see fm_lat_bucket() */
-	uint64_t reserved[16];
+	/* Many memd servers (memd/client_multi.c); zero with a single memd. Carved out of reserved[16]. */
+	uint64_t memd_failovers;     /* page reads/writes that went to another replica after a failure */
+	uint64_t memd_timeouts;      /* requests to a memd that did not answer within the timeout */
+	uint64_t memd_servers_lost;  /* memd servers given up on (connection lost, or silent too long) */
+	uint64_t memd_servers_live;  /* gauge: memd servers in use */
+	uint64_t memd_rereplicated;  /* pages copied to another memd to restore R replicas */
+	uint64_t memd_degraded_writes; /* pages acknowledged by fewer than R replicas */
+	uint64_t reserved[10];
 };
 
 struct fm_resmap_hdr {

@@ -129,12 +129,18 @@ def _add_run(sub) -> None:
                    help="start evicting at PCT%% of the local budget (pager default 95)")
     p.add_argument("--evict-low", type=percent_range(5, 99), metavar="PCT",
                    help="evict down to PCT%% of the local budget (pager default 90)")
+    p.add_argument("--replicas", type=int_range(1, 8), metavar="R",
+                   help="copies of every evicted page over several --memd servers (default 1)")
+    p.add_argument("--memd-timeout", type=int_range(10, 600000), metavar="MS",
+                   help="per-request memd timeout before failing over (default 1000 with several memds)")
     p.add_argument("--prefetch", type=int_range(0, 64), metavar="PAGES",
                    help="prefetch window in pages, 0 turns it off (pager default 8)")
     p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run figures as JSON")
     p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the program and its arguments")
     p.set_defaults(func=run.cmd_run, validate=run.validate, parser=p)
+    from farmem.commands import kswap
+    kswap.add_mode_args(p)
 
 
 def _add_memd(sub) -> None:
@@ -155,6 +161,8 @@ def _add_memd(sub) -> None:
                    help="most one client session may hold (default: the capacity)")
     p.add_argument("--threads", type=int_range(1, 64), metavar="N", help="event-loop threads, 1 to 64")
     p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
+    p.add_argument("--numa-node", type=int_range(0, 1023), metavar="N",
+                   help="keep the page store on NUMA node N (e.g. a CPU-less CXL memory node)")
     p.set_defaults(func=memd.cmd_memd, parser=p)
 
 
@@ -177,12 +185,71 @@ def _add_doctor(sub) -> None:
     p.set_defaults(func=doctor.cmd_doctor, parser=p)
 
 
+def _add_top(sub) -> None:
+    from farmem.commands import top
+    top.add_parser(sub)
+
+
+def _add_trace(sub) -> None:
+    from farmem.commands import trace
+    p = sub.add_parser("trace", help="fault trace of a process: MemLiner's figure 2",
+                       description="Record every page fault of PID for a while; plot sequence "
+                                   "number against page, GC against application threads.")
+    p.add_argument("pid", type=int_range(1, 1 << 22), metavar="PID")
+    p.add_argument("--duration", type=_typed(trace.parse_duration, "duration"), default=10.0,
+                   metavar="TIME", help="how long to record (10s, 500ms, 2m; default 10s)")
+    p.add_argument("--plot", metavar="FILE.png", help="write the figure")
+    p.add_argument("--csv", metavar="FILE.csv", help="write one row per fault")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.set_defaults(func=trace.cmd_trace, parser=p)
+
+
+ATTACH_EXAMPLES = """\
+examples:
+  farmem attach 4242 --local 50%%       page half of the heap of the JVM with pid 4242
+  farmem stat 4242 --json              its figures
+  farmem detach 4242                   bring every page home, stop the pager and its memd
+
+The JVM must be HotSpot (JDK 17+), started with -Xms equal to -Xmx, with G1 or Parallel.
+Without --memd, a private memd is started that stops with `farmem detach` or with the JVM.
+"""
+
+
+def _add_attach(sub) -> None:
+    from farmem.commands import attach
+    p = sub.add_parser("attach", help="page the heap of a running JVM",
+                       description="Load the farmem JVMTI agent into a running HotSpot JVM.",
+                       epilog=ATTACH_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pid", type=int_range(1, 1 << 22), metavar="PID")
+    p.add_argument("--local", type=local_type, default="25%", metavar="SIZE|PERCENT",
+                   help="local-memory budget: bytes or a percentage of the heap (default 25%%)")
+    p.add_argument("--memd", type=memd_list_type, metavar="ADDR[,ADDR...]",
+                   help="memory servers; default: start a private one")
+    p.add_argument("--secret-file", metavar="FILE", help="the memd's secret (with --memd); the JVM reads it")
+    p.add_argument("--transport", choices=("auto", "shm", "stream"))
+    p.add_argument("--fill-threads", type=int_range(1, 16), metavar="N")
+    p.add_argument("--evict-high", type=percent_range(10, 100), metavar="PCT")
+    p.add_argument("--evict-low", type=percent_range(5, 99), metavar="PCT")
+    p.add_argument("--prefetch", type=int_range(0, 64), metavar="PAGES")
+    p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
+    p.set_defaults(func=attach.cmd_attach, parser=p)
+
+
+def _add_detach(sub) -> None:
+    from farmem.commands import attach
+    p = sub.add_parser("detach", help="bring a JVM's heap home and stop paging it",
+                       description="Bring every remote page of a JVM's heap back, stop the pager "
+                                   "(the agent stays loaded, idle) and the memd `farmem attach` started.")
+    p.add_argument("pid", type=int_range(1, 1 << 22), metavar="PID")
+    p.set_defaults(func=attach.cmd_detach, parser=p)
+
+
 def get_command_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="farmem", description="farmem: run programs with most of their memory far away.")
     parser.add_argument("--version", action="version", version=f"farmem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_run, _add_memd, _add_stat, _add_doctor):
+    for add in (_add_run, _add_memd, _add_stat, _add_doctor, _add_top, _add_trace, _add_attach, _add_detach):
         add(sub)
     return parser
 
@@ -214,7 +281,7 @@ def cli(argv=None) -> int:
             getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command is None:
             parser.print_usage(sys.stderr)
-            print("farmem: error: give a command (run, memd, stat, doctor); "
+            print("farmem: error: give a command (run, memd, stat, doctor, top, trace); "
                   "`farmem COMMAND --help` explains each", file=sys.stderr)
             return 2
         validate = getattr(args, "validate", None)

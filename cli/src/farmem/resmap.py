@@ -46,12 +46,18 @@ STAT_FIELDS = (
     "local_limit_pages", "registered_pages", "memd_full", "crc_errors", "transport_errors",
     "evict_batches", "evict_syscalls", "direct_evictions",
 )
+# Carved out of reserved[16] (uffd/resmap.h): several memd servers (memd/client_multi.c).
+MULTI_FIELDS = (
+    "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
+    "memd_rereplicated", "memd_degraded_writes",
+)
 
 
 class PagerStats(ctypes.Structure):
     _fields_ = [(name, u64) for name in STAT_FIELDS] + [
         ("lat_hist", u64 * LAT_BUCKETS),
-        ("reserved", u64 * 16),
+    ] + [(name, u64) for name in MULTI_FIELDS] + [
+        ("reserved", u64 * (16 - len(MULTI_FIELDS))),
     ]
 
 
@@ -173,6 +179,8 @@ SUMMED = (
     "wp_faults", "prefetch_issued", "prefetch_used", "gc_faults", "app_faults", "memd_full",
     "crc_errors", "transport_errors", "remote_read_bytes", "remote_write_bytes", "discards",
     "evict_batches", "evict_syscalls", "direct_evictions",
+    "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
+    "memd_rereplicated", "memd_degraded_writes",
 )
 # Page gauges, reported in bytes.
 GAUGES = {

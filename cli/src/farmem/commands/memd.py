@@ -37,6 +37,8 @@ def memd_argv(args, binary: str, secret_file: str) -> list:
         argv += ["--threads", str(args.threads)]
     if args.log:
         argv += ["--log", args.log]
+    if getattr(args, "numa_node", None) is not None:
+        argv += ["--numa-node", str(args.numa_node)]
     return argv
 
 

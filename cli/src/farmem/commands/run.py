@@ -51,6 +51,8 @@ OPTIONAL_ENV = (
     ("evict_low", "FARMEM_EVICT_LOW"),
     ("prefetch", "FARMEM_PREFETCH"),
     ("log", "FARMEM_LOG"),
+    ("replicas", "FARMEM_REPLICAS"),
+    ("memd_timeout", "FARMEM_MEMD_TIMEOUT_MS"),
 )
 
 
@@ -65,8 +67,13 @@ def validate(args, parser) -> None:
     if args.memd:
         if not args.secret_file and not os.environ.get("FARMEM_SECRET"):
             parser.error("--memd needs the memd's secret: give --secret-file FILE or set FARMEM_SECRET")
+        if args.replicas is not None and args.replicas > len(args.memd):
+            parser.error(f"--replicas {args.replicas} needs at least {args.replicas} --memd servers, "
+                         f"{len(args.memd)} given")
         if args.transport == "shm" and not all(a.startswith("unix:") for a in args.memd):
             parser.error("--transport shm needs unix: memd addresses (shared memory is same-host only)")
+    elif args.replicas is not None and args.replicas > 1:
+        parser.error("--replicas goes with several --memd servers")
     elif args.secret_file:
         parser.error("--secret-file goes with --memd (the embedded memd makes its own secret)")
     if args.summary_json:
@@ -90,8 +97,13 @@ def _terminated(signo, _frame):
 
 
 def _run(args) -> int:
+    from farmem.commands import java
+    is_java = java.is_java(args.cmd)
     doctor.require("userfaultfd")
-    doctor.require("farmem-preload")
+    if is_java:
+        java.prepare(args, "unix:check", "check", quiet=True)  # refuse before anything starts
+    else:
+        doctor.require("farmem-preload")
     if args.memd:
         secret = read_secret(args.secret_file)
         probe_memds(args.memd, secret)
@@ -111,8 +123,12 @@ def _run(args) -> int:
         except OSError as e:
             raise FarmemError(f"cannot listen on the control socket in {tmpdir}: {e.strerror or e}")
         control.start()
-        env = build_env(args, os.environ, address, secret, control.path)
-        status, elapsed = run_child(args.cmd, env)
+        if is_java:  # the JVMTI agent pages the heap; no shim (commands/java.py)
+            cmd = java.prepare(args, address, control.path)
+            env = java.build_env(os.environ, secret)
+        else:
+            cmd, env = args.cmd, build_env(args, os.environ, address, secret, control.path)
+        status, elapsed = run_child(cmd, env)
         control.stop()
         summary = summarise(control.snapshot(), status, elapsed)
     finally:
@@ -243,7 +259,9 @@ def summary_lines(s: dict) -> list:
              f"{s['remote_reads']} remote reads, {s['remote_writes']} remote writes, "
              f"{s['evictions']} evictions ({s['evictions_clean']} clean, {s['evictions_dirty']} dirty); "
              f"fault p50 {s['fault_p50_us']:.2f} us, p99 {s['fault_p99_us']:.2f} us")
-    problems = [f"{s[k]} {k.replace('_', ' ')}" for k in ("memd_full", "crc_errors", "transport_errors") if s[k]]
+    problems = [f"{s[k]} {k.replace('_', ' ')}" for k in ("memd_full", "crc_errors", "transport_errors",
+                                                         "memd_servers_lost", "memd_timeouts", "memd_failovers")
+                if s.get(k)]
     procs = f"{s['processes']} process" + ("es" if s["processes"] != 1 else "")
     # registered_bytes is a gauge: 0 once the program has unmapped its memory, so say it only if not.
     registered = f", registered {fmt_bytes(s['registered_bytes'])}" if s["registered_bytes"] else ""

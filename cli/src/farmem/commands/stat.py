@@ -96,6 +96,11 @@ def render(s: dict) -> list:
         + (" (GC running)" if s["gc_active"] else "")
         + f", memd full {s['memd_full']}, crc errors {s['crc_errors']}, transport errors {s['transport_errors']}",
     ]
+    if s.get("memd_servers_live") or s.get("memd_servers_lost"):
+        # Several memd servers (--memd A,B,...): failover and replication at a glance.
+        lines.append(f"memd servers {s['memd_servers_live']} live, {s['memd_servers_lost']} lost; "
+                     f"timeouts {s['memd_timeouts']}, failovers {s['memd_failovers']}, "
+                     f"re-replicated {s['memd_rereplicated']} pages, degraded writes {s['memd_degraded_writes']}")
     for r in s["regions"]:
         kinds = f" [{','.join(r['flags'])}]" if r["flags"] else ""
         lines.append(f"  region {r['base']:#x} {fmt_bytes(r['bytes'])}{kinds}: {r['resident']} resident "

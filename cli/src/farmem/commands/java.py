@@ -1,0 +1,156 @@
+"""`farmem run -- java ...`: recognise a Java command and put its heap under the JVMTI agent.
+
+The shim pages malloc and mmap; a JVM's memory that matters is its heap, which the agent
+(build/lib/libfarmem_agent.so, jvmti-agent/) finds and registers itself. So for a java
+command `farmem run` does not LD_PRELOAD the shim; it adds
+`-agentpath:<build>/lib/libfarmem_agent.so=memd=...,local=...,control=...` and passes the
+secret in $FARMEM_SECRET, so that it never shows on a command line. docs/jvm.md is the
+user's side of this.
+"""
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+
+from farmem import paths
+from farmem.errors import FarmemError
+from farmem.units import fmt_bytes
+
+AGENT_NAME = "libfarmem_agent.so"
+
+# Launcher options that take their value as the next argument (java --help, JDK 17).
+_WITH_VALUE = {"-cp", "-classpath", "--class-path", "-p", "--module-path", "--upgrade-module-path",
+               "--add-modules", "--limit-modules", "--add-reads", "--add-exports", "--add-opens",
+               "--patch-module", "--enable-native-access", "--source", "--describe-module", "-d"}
+_SIZE_RE = re.compile(r"([0-9]+)([kKmMgGtT]?)")
+_UNSUPPORTED_GCS = {"UseZGC": "ZGC", "UseShenandoahGC": "Shenandoah"}
+_UNTESTED_GCS = {"UseSerialGC": "Serial", "UseEpsilonGC": "Epsilon"}
+_KNOBS = (("transport", "transport"), ("fill_threads", "fill_threads"), ("evict_high", "evict_high"),
+          ("evict_low", "evict_low"), ("prefetch", "prefetch"), ("log", "log"))
+
+
+def agent_lib():
+    return paths.build_dir() / "lib" / AGENT_NAME
+
+
+def is_java(cmd: list) -> bool:
+    """`java`, or a path to any JDK's bin/java."""
+    return bool(cmd) and os.path.basename(cmd[0]) == "java"
+
+
+def java_size(text: str) -> int | None:
+    """-Xmx512m, -XX:MaxHeapSize=1g: HotSpot's units (k, m, g, t; powers of 1024)."""
+    m = _SIZE_RE.fullmatch(text)
+    if not m:
+        return None
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
+
+
+@dataclass
+class JvmArgs:
+    xmx: int | None = None
+    xms: int | None = None
+    xmx_text: str = ""
+    gc_flags: dict = field(default_factory=dict)  # UseXGC -> bool
+    allocate_heap_at: str | None = None
+    large_pages: bool = False
+
+
+def scan(jvm_opts: list) -> JvmArgs:
+    """The heap and GC options among the JVM's options (the last one wins, as in HotSpot)."""
+    a = JvmArgs()
+    for opt in jvm_opts:
+        if opt.startswith("-Xmx") and java_size(opt[4:]) is not None:
+            a.xmx, a.xmx_text = java_size(opt[4:]), opt[4:]
+        elif opt.startswith("-XX:MaxHeapSize=") and java_size(opt[16:]) is not None:
+            a.xmx, a.xmx_text = java_size(opt[16:]), opt[16:]
+        elif opt.startswith("-Xms") and java_size(opt[4:]) is not None:
+            a.xms = java_size(opt[4:])
+        elif opt.startswith("-XX:InitialHeapSize=") and java_size(opt[20:]) is not None:
+            a.xms = java_size(opt[20:])
+        elif opt.startswith("-XX:AllocateHeapAt="):
+            a.allocate_heap_at = opt[19:] or None
+        elif re.fullmatch(r"-XX:[+-]Use[A-Za-z0-9]+GC", opt):
+            a.gc_flags[opt[5:]] = opt[4] == "+"
+        elif re.fullmatch(r"-XX:[+-]UseLargePages", opt):
+            a.large_pages = opt[4] == "+"
+    return a
+
+
+def split_jvm_options(argv: list) -> int:
+    """Index in argv (argv[0] is java) of the first argument that is not a JVM option."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-jar", "-m", "--module") or not arg.startswith("-"):
+            return i
+        if arg in _WITH_VALUE:
+            i += 1
+        i += 1
+    return i
+
+
+def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
+    """The java command line with the agent added, or a FarmemError that says what to change.
+    quiet: only check (farmem run calls it once before it starts memd, then for real)."""
+    say = (lambda _msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr))
+    argv = list(args.cmd)
+    lib = agent_lib()
+    if not lib.exists():
+        raise FarmemError(f"the JVMTI agent {lib} is missing: build it with `make c`")
+    end = split_jvm_options(argv)
+    env_opts = (os.environ.get("JAVA_TOOL_OPTIONS", "") + " " + os.environ.get("JDK_JAVA_OPTIONS", "")).split()
+    jvm = scan(env_opts + argv[1:end])
+    if any(o.startswith("-agentpath:") and AGENT_NAME in o for o in argv[1:end]):
+        raise FarmemError(f"the command already loads {AGENT_NAME}: farmem run adds it itself")
+    for flag, name in _UNSUPPORTED_GCS.items():
+        if jvm.gc_flags.get(flag):
+            raise FarmemError(f"{name} is not supported: its heap is multi-mapped, which the pager cannot "
+                              "serve; use G1 (the default) or -XX:+UseParallelGC")
+    if jvm.allocate_heap_at:
+        raise FarmemError(f"-XX:AllocateHeapAt={jvm.allocate_heap_at} is not supported yet (a file-backed "
+                          "heap needs the pager's minor-fault mode); drop the flag")
+    if jvm.large_pages:
+        raise FarmemError("-XX:+UseLargePages is not supported: the pager pages 4 KiB pages; drop the flag")
+    if jvm.xmx is None:
+        raise FarmemError("farmem run -- java needs -Xmx: the local budget is a share of the heap, and the "
+                          "heap is registered whole (e.g. java -Xmx2g ...)")
+    for flag, name in _UNTESTED_GCS.items():
+        if jvm.gc_flags.get(flag):
+            say(f"farmem: warning: the {name} collector is untested with farmem (G1 and Parallel are)")
+    if jvm.xms is None:
+        argv.insert(1, f"-Xms{jvm.xmx_text}")
+        end += 1
+        say(f"farmem: adding -Xms{jvm.xmx_text} (equal to -Xmx): farmem pages a heap that is committed in full")
+    elif jvm.xms != jvm.xmx:
+        raise FarmemError(f"-Xms ({fmt_bytes(jvm.xms)}) differs from -Xmx ({fmt_bytes(jvm.xmx)}): farmem pages "
+                          "a heap that is committed in full; drop -Xms or make it equal to -Xmx")
+    local = str(args.local)
+    if not local.endswith("%"):
+        from farmem.units import parse_bytes
+        if parse_bytes(local) > jvm.xmx:
+            raise FarmemError(f"--local {fmt_bytes(parse_bytes(local))} is larger than the heap (-Xmx{jvm.xmx_text}): nothing would "
+                              "ever be remote; give a smaller size or a percentage")
+    opts = [f"memd={address.replace(',', ';')}", f"local={local}", f"control={control_path}"]
+    for attr, key in _KNOBS:
+        value = getattr(args, attr, None)
+        if value is not None:
+            opts.append(f"{key}={value}")
+    if getattr(args, "threshold", None) is not None:
+        say("farmem: warning: --threshold is a knob of the preload shim; for java the agent pages the "
+            "heap, whatever its size")
+    argv.insert(1, f"-agentpath:{lib}={','.join(opts)}")
+    return argv
+
+
+def build_env(base, secret: str) -> dict:
+    """The JVM's environment: the secret, and no farmem shim (the agent pages the heap)."""
+    env = dict(base)
+    env["FARMEM_SECRET"] = secret
+    pre = [p for p in env.get("LD_PRELOAD", "").split(":") if p and "libfarmem_preload" not in p]
+    if pre:
+        env["LD_PRELOAD"] = ":".join(pre)
+    else:
+        env.pop("LD_PRELOAD", None)
+    return env

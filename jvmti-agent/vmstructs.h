@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * HotSpot's own description of its data structures (the tables that the
+ * serviceability agent reads: gHotSpotVMStructs, gHotSpotVMTypes), read by
+ * name. Offsets start at -1 and every accessor checks them before use: a
+ * field missing from this JVM build means "unknown", never a guessed
+ * offset. No HotSpot struct is copied here (research/style-models.md §3).
+ */
+#ifndef FARMEM_VMSTRUCTS_H
+#define FARMEM_VMSTRUCTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Find libjvm's tables. Returns 0, or -ENOENT when this is not a HotSpot JVM we can read. */
+int fm_vms_init(char *err, size_t errlen);
+
+/* The reserved Java heap [*start, *start + *bytes), once the heap exists (VMInit or later). */
+int fm_vms_heap(uintptr_t *start, uint64_t *bytes, char *err, size_t errlen);
+
+/*
+ * Where a command-line flag's value lives (JVMFlag table): a bool flag is
+ * one byte there, a size_t/uintx flag eight, a ccstr flag a char pointer.
+ * Returns 0, or -ENOENT if the flag is not in this JVM (a GC that was not
+ * built in, for example).
+ */
+int fm_vms_flag_addr(const char *name, const void **addr);
+int fm_vms_flag_bool(const char *name); /* 1, 0, or 0 when unknown */
+
+#endif

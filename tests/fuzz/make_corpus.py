@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Write the seed corpus of tests/fuzz/fuzz_protocol.c into tests/fuzz/corpus/ (deterministic).
+
+Each seed is the harness's flags byte (bit 0: authenticated prelude, session and space 1 of 64
+pages already open; bit 1: Unix socket; bits 2-4: chunked feeding) followed by protocol frames
+(docs/protocol.md)."""
+import struct
+import zlib
+from pathlib import Path
+
+MAGIC = 0x31444D46
+OUT = Path(__file__).resolve().parent / "corpus"
+
+
+def frame(op, payload=b"", count=0, req=1, magic=MAGIC, length=None):
+    return struct.pack("<IHHQII", magic, op, 0, req, count, len(payload) if length is None else length) + payload
+
+
+def ref(space=1):
+    return struct.pack("<II", space, 0)
+
+
+def page(i):
+    return bytes((i * 31 + k) & 0xFF for k in range(4096))
+
+
+def crc32c(b):
+    # Not the real CRC32C: the fuzzer finds both the accepted and the refused paths.
+    return zlib.crc32(b)
+
+
+def seeds():
+    hello = frame(1, struct.pack("<HHI", 1, 1, 0) + bytes(32))
+    yield "hello", b"\x00" + hello
+    yield "hello_badver", b"\x00" + frame(1, struct.pack("<HHI", 9, 9, 0) + bytes(32))
+    yield "auth_bad", b"\x00" + hello + frame(2, bytes(32))
+    yield "badmagic", b"\x00" + frame(1, bytes(40), magic=0xDEADBEEF)
+    yield "toolong", b"\x00" + frame(1, b"", length=0xFFFFFFF0)
+    yield "stats", b"\x01" + frame(10)
+    yield "space_open", b"\x01" + frame(5, struct.pack("<QII", 128, 0, 0))
+    yield "space_close", b"\x01" + frame(6, ref(1))
+    yield "read", b"\x01" + frame(7, ref(1) + struct.pack("<3Q", 0, 1, 63), count=3)
+    yield "read_range", b"\x01" + frame(7, ref(1) + struct.pack("<Q", 1 << 40), count=1)
+    p0, p1 = page(0), page(1)
+    ents = struct.pack("<QII", 0, crc32c(p0), 0) + struct.pack("<QII", 5, crc32c(p1), 0)
+    yield "write", b"\x01" + frame(8, ref(1) + ents + p0 + p1, count=2)
+    yield "write_read", b"\x05" + frame(8, ref(1) + ents + p0 + p1, count=2) + \
+        frame(7, ref(1) + struct.pack("<2Q", 0, 5), count=2, req=2)
+    yield "discard", b"\x01" + frame(9, ref(1) + struct.pack("<QQ", 0, 64), count=1)
+    yield "quota", b"\x03" + frame(12, struct.pack("<qQ", 16, 0))
+    yield "shm_map", b"\x03" + frame(11, ref(1))
+    yield "join_bad", b"\x01" + frame(4, struct.pack("<Q", 1) + bytes(16))
+    yield "unknown_op", b"\x01" + frame(999) + frame(10, req=3)
+    yield "pipeline", b"\x09" + b"".join(frame(10, req=i) for i in range(8))
+
+
+if __name__ == "__main__":
+    OUT.mkdir(exist_ok=True)
+    for name, data in seeds():
+        (OUT / name).write_bytes(data)
+    print(f"{len(list(seeds()))} seeds in {OUT}")

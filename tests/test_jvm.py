@@ -1,0 +1,237 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The JVM side (issue 3): a real JVM, the real agent and pager, a real memd.
+
+Every test runs java from the JDK on PATH (JDK 17 here) on the workloads in tests/java/, built
+into build/java by `make c`. The whole file takes about two minutes on two CPUs.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.memd, pytest.mark.pager]
+
+HEAP = "-Xmx512m"
+
+
+@pytest.fixture(scope="module")
+def jvm_built(built):
+    built("build/lib/libfarmem_agent.so")
+    built("build/bin/farmem-memd")
+    built("build/java/.ok")
+
+
+@pytest.fixture
+def private_tmp():
+    """A short TMPDIR of our own: what farmem run makes goes there, so leftovers are ours."""
+    d = tempfile.mkdtemp(prefix="fmjvm-", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def java_cp(build, jvm_built) -> list:
+    return ["java", HEAP, "-cp", str(build / "java")]
+
+
+def memds_using(path: str) -> list:
+    """farmem-memd processes whose command line names path (other engineers run memds too)."""
+    r = subprocess.run(["pgrep", "-af", "farmem-memd"], capture_output=True, text=True)
+    return [line for line in r.stdout.splitlines() if path in line]
+
+
+def shm_files() -> set:
+    return {n for n in os.listdir("/dev/shm") if "farmem" in n}
+
+
+def farmem(farmem_cmd, *args, timeout=120, **kw):
+    return subprocess.run(farmem_cmd + list(args), capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def stat_json(farmem_cmd, pid: int) -> dict:
+    r = farmem(farmem_cmd, "stat", str(pid), "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+# --- farmem run -- java ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gc", ["-XX:+UseG1GC", "-XX:+UseParallelGC"])
+def test_heap_integrity_at_25_percent(farmem_cmd, java_cp, tmp_path, private_tmp, gc):
+    summary = tmp_path / "s.json"
+    shm = shm_files()
+    cmd = java_cp[:1] + [gc] + java_cp[1:] + ["GcChurn", "--live-mb", "200", "--seconds", "6"]
+    r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--", *cmd,
+               env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gcchurn: ok" in r.stdout
+    assert "adding -Xms512m" in r.stderr  # -Xms set to -Xmx, and said so
+    s = json.loads(summary.read_text())
+    assert s["remote_reads"] > 0 and s["evictions"] > 0, s
+    assert s["gc_faults"] > 0 and s["app_faults"] > 0, s
+    assert s["local_limit_bytes"] == 128 << 20
+    # The JVM's exit leaves nothing behind: no memd, no shared memory, no private directory.
+    assert not memds_using(private_tmp)
+    assert not os.listdir(private_tmp)
+    assert shm_files() <= shm
+
+
+def test_pagerank_matches_unpaged_run(farmem_cmd, java_cp, tmp_path):
+    args = ["PageRank", "--nodes", "1500000", "--iters", "5"]
+    plain = subprocess.run(java_cp + args, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    summary = tmp_path / "s.json"
+    r = farmem(farmem_cmd, "run", "--local", "10%", "--summary-json", str(summary), "--", *java_cp, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    digest = re.compile(r"digest=([0-9a-f]+)")
+    assert digest.search(r.stdout).group(1) == digest.search(plain.stdout).group(1)
+    assert json.loads(summary.read_text())["remote_reads"] > 0
+
+
+@pytest.mark.parametrize("jvm_args, message", [
+    (["-XX:+UseZGC", HEAP], "ZGC is not supported"),
+    (["-XX:+UseShenandoahGC", HEAP], "Shenandoah is not supported"),
+    (["-Xmx32m", "-Xms16m"], "differs from -Xmx"),
+    ([], "needs -Xmx"),
+    (["-XX:AllocateHeapAt=/dev/shm", HEAP], "AllocateHeapAt"),
+])
+def test_run_refuses_what_it_cannot_serve(farmem_cmd, jvm_built, private_tmp, jvm_args, message):
+    r = farmem(farmem_cmd, "run", "--", "java", *jvm_args, "-version", timeout=30,
+               env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 1, r.stderr
+    assert message in r.stderr
+    assert "openjdk version" not in r.stderr  # refused before the JVM started
+    assert not os.listdir(private_tmp)  # nor was memd started
+
+
+def test_run_refuses_a_budget_larger_than_the_heap(farmem_cmd, jvm_built):
+    r = farmem(farmem_cmd, "run", "--local", "1g", "--", "java", HEAP, "-version", timeout=30)
+    assert r.returncode == 1
+    assert "larger than the heap" in r.stderr
+
+
+# --- the agent's options ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opts, message", [
+    ("memd=unix:/nonexistent,bogus=1", "unknown option 'bogus'"),
+    ("memd=unix:/nonexistent,prefetch=999", "prefetch=999"),
+    ("memd=unix:/nonexistent,local=200%", "local=200%"),
+    ("memd=unix:/nonexistent,onerror=maybe", "onerror=maybe"),
+    ("memd=unix:/nonexistent,threshold=1m", "threshold"),
+])
+def test_bad_agent_option_stops_the_jvm(build, jvm_built, opts, message):
+    """Documented in docs/jvm.md: an unknown key or bad value means the JVM does not start."""
+    r = subprocess.run(["java", "-Xmx64m", f"-agentpath:{build}/lib/libfarmem_agent.so={opts}", "-version"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert message in r.stderr and "the JVM does not start" in r.stderr
+    assert "openjdk version" not in r.stderr
+
+
+def test_unreachable_memd_follows_onerror(build, jvm_built):
+    agent = f"-agentpath:{build}/lib/libfarmem_agent.so=memd=unix:/nonexistent"
+    env = dict(os.environ, FARMEM_SECRET="x" * 16)
+    r = subprocess.run(["java", "-Xmx64m", agent, "-version"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode != 0 and "the JVM does not start (onerror=exit)" in r.stderr
+    r = subprocess.run(["java", "-Xmx64m", agent + ",onerror=continue", "-version"], capture_output=True,
+                       text=True, env=env, timeout=30)
+    assert r.returncode == 0 and "runs without farmem" in r.stderr and "openjdk version" in r.stderr
+
+
+# --- attach and detach -----------------------------------------------------------------------------
+
+def start_churn(java_cp, seconds: int) -> subprocess.Popen:
+    p = subprocess.Popen(java_cp[:1] + ["-Xms512m"] + java_cp[1:] +
+                         ["GcChurn", "--live-mb", "200", "--seconds", str(seconds)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("gcchurn: ready"), line
+    return p
+
+
+def test_attach_pages_a_running_jvm_and_detach_brings_it_home(farmem_cmd, java_cp):
+    jvm = start_churn(java_cp, 22)
+    try:
+        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "50%", timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "attached to pid" in r.stderr
+        first = stat_json(farmem_cmd, jvm.pid)
+        assert first["registered_bytes"] > 0 and first["local_limit_bytes"] == 256 << 20
+        time.sleep(3)
+        second = stat_json(farmem_cmd, jvm.pid)
+        assert second["evictions"] > first["evictions"] > 0, (first, second)
+        assert second["gc_faults"] > 0 and second["gc_cycles"] > 0
+        again = farmem(farmem_cmd, "attach", str(jvm.pid), timeout=30)
+        assert again.returncode == 1 and "already paged" in again.stderr
+
+        r = farmem(farmem_cmd, "detach", str(jvm.pid), timeout=120)
+        assert r.returncode == 0, r.stderr
+        # The agent counted no page left in memd before it let go of the heap (it refuses
+        # otherwise), and the pager, its map and its memd are gone.
+        s = farmem(farmem_cmd, "stat", str(jvm.pid), timeout=30)
+        assert s.returncode == 1 and "not running under farmem" in s.stderr
+        assert not Path(f"/tmp/farmem-attach-{jvm.pid}").exists()
+        assert not memds_using(f"/tmp/farmem-attach-{jvm.pid}/")
+        out, err = jvm.communicate(timeout=120)
+    finally:
+        if jvm.poll() is None:
+            jvm.kill()
+            jvm.wait()
+    assert jvm.returncode == 0, out + err
+    assert "gcchurn: ok" in out
+    assert "detached: every heap page is local" in err
+
+
+def test_attached_jvm_exit_leaves_nothing_behind(farmem_cmd, java_cp):
+    shm = shm_files()
+    jvm = start_churn(java_cp, 6)
+    try:
+        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "25%", timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert Path(f"/tmp/farmem-attach-{jvm.pid}").is_dir()
+        out, err = jvm.communicate(timeout=120)
+    finally:
+        if jvm.poll() is None:
+            jvm.kill()
+            jvm.wait()
+    assert jvm.returncode == 0, out + err
+    state = f"/tmp/farmem-attach-{jvm.pid}"
+    deadline = time.monotonic() + 10  # the keeper notices the exit within a second
+    while (memds_using(state + "/") or Path(state).exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not memds_using(state + "/")
+    assert not Path(state).exists()
+    assert shm_files() <= shm
+
+
+def test_attach_refuses_a_process_that_is_not_a_jvm(farmem_cmd, jvm_built):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        r = farmem(farmem_cmd, "attach", str(sleeper.pid), timeout=30)
+        assert r.returncode == 1 and "not a HotSpot JVM" in r.stderr
+    finally:
+        sleeper.send_signal(signal.SIGKILL)
+        sleeper.wait()
+
+
+def test_attach_bad_budget_leaves_the_jvm_untouched(farmem_cmd, java_cp):
+    jvm = start_churn(java_cp, 4)
+    try:
+        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "2g", timeout=60)
+        assert r.returncode == 1 and "larger than the Java heap" in r.stderr, r.stderr
+        assert not Path(f"/tmp/farmem-attach-{jvm.pid}").exists()
+        assert not memds_using(f"/tmp/farmem-attach-{jvm.pid}/")
+        out, err = jvm.communicate(timeout=60)
+    finally:
+        if jvm.poll() is None:
+            jvm.kill()
+            jvm.wait()
+    assert jvm.returncode == 0 and "gcchurn: ok" in out

@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: Apache-2.0
+"""farmem run --mode kswap: Linux swap under a memory cgroup, with the pager's residency map
+kept by the kswap monitor (PAGEMAP_SCAN + eBPF major faults). Needs root (zram, cgroups)."""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import time
+
+import pytest
+
+from farmem import resmap
+from farmem.commands import stat as statcmd
+
+pytestmark = [pytest.mark.root, pytest.mark.bpf]
+
+# Fills 256 MiB of private anonymous memory, says so, then sleeps: under a 96 MiB limit most
+# of it sits in swap while the test compares the map with /proc/PID/pagemap.
+FILLER = r"""
+import mmap, sys, time
+n = 256 << 20
+m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for off in range(0, n, 4096):
+    m[off] = 1 + (off >> 12) % 251
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+CHECK_JAVA = r"""
+public class Check {
+    public static void main(String[] a) {
+        int n = Integer.parseInt(a[0]), rounds = Integer.parseInt(a[1]);
+        long[][] live = new long[n][];
+        for (int i = 0; i < n; i++) { live[i] = new long[8192]; java.util.Arrays.fill(live[i], i); }
+        java.util.Random r = new java.util.Random(7);
+        for (int k = 0; k < rounds; k++)
+            for (int j = 0; j < n / 4; j++) {
+                int i = r.nextInt(n);
+                live[i] = new long[8192]; java.util.Arrays.fill(live[i], i);
+                byte[] g = new byte[1 << 16]; g[1] = 1;
+            }
+        for (int i = 0; i < n; i++) for (long v : live[i]) if (v != i) { System.out.println("BAD " + i); System.exit(1); }
+        System.out.println("CHECK OK");
+    }
+}
+"""
+
+
+def _pagemap_bits(pid, base, npages):
+    """(present, swapped) flags of each page from /proc/PID/pagemap (bits 63 and 62)."""
+    with open(f"/proc/{pid}/pagemap", "rb") as f:
+        f.seek((base >> 12) * 8)
+        raw = f.read(npages * 8)
+    return [((e >> 63) & 1, (e >> 62) & 1) for (e,) in struct.iter_unpack("<Q", raw)]
+
+
+def _map_bytes(pid, region):
+    path = statcmd.find_maps(pid)[0]
+    with open(path, "rb") as f:
+        f.seek(region["map_offset"])
+        return f.read(region["npages"])
+
+
+def test_map_matches_pagemap(farmem_cmd, built):
+    built("build/bin/farmem-trace")
+    p = subprocess.Popen(farmem_cmd + ["run", "--mode", "kswap", "--local", "96M", "--",
+                                       "python3", "-c", FILLER],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        child = int(subprocess.check_output(["pgrep", "-P", str(p.pid)], text=True).split()[0])
+        time.sleep(1.5)  # a few scans after the fill
+        snap = statcmd.read_map(child)
+        assert snap.hdr.pid == child and snap.hdr.memd == b"kswap"
+        regions = [r for r in snap.regions if r["npages"] >= (256 << 20) >> 12]
+        assert len(regions) == 1, snap.regions
+        hdr_region = next(snap.hdr.regions[i] for i in range(resmap.MAX_REGIONS)
+                          if snap.hdr.regions[i].base == regions[0]["base"])
+        region = {"map_offset": hdr_region.map_offset, "npages": hdr_region.npages}
+        states = _map_bytes(child, region)
+        bits = _pagemap_bits(child, hdr_region.base, hdr_region.npages)
+        agree = swapped = 0
+        for b, (present, swp) in zip(states, bits):
+            st = b & resmap.PG_STATE_MASK
+            want = resmap.PG_DIRTY if present else resmap.PG_REMOTE if swp else resmap.PG_UNTOUCHED
+            agree += st == want
+            swapped += swp
+        n = len(bits)
+        assert swapped > n // 2, f"only {swapped} of {n} pages swapped out: is the limit applied?"
+        assert agree >= n * 0.99, f"map agrees with pagemap on {agree} of {n} pages"
+        fig = statcmd.stat_figures(child, snap)
+        assert fig["evictions"] > 0 and fig["registered_bytes"] >= 256 << 20
+    finally:
+        p.send_signal(signal.SIGTERM)  # forwarded to the child
+        out, err = p.communicate(timeout=60)
+    assert "farmem: kswap:" in err
+
+
+def test_java_selfcheck_under_kswap(farmem_cmd, built, tmp_path):
+    built("build/bin/farmem-trace")
+    (tmp_path / "Check.java").write_text(CHECK_JAVA)
+    subprocess.run(["javac", "-d", str(tmp_path), str(tmp_path / "Check.java")], check=True)
+    summary = tmp_path / "s.json"
+    r = subprocess.run(farmem_cmd + ["run", "--mode", "kswap", "--local", "25%", "--summary-json",
+                                     str(summary), "--", "java", "-Xms256m", "-Xmx256m",
+                                     "-XX:+AlwaysPreTouch", "-cp", str(tmp_path), "Check", "500", "8"],
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stderr
+    assert "CHECK OK" in r.stdout
+    s = json.loads(summary.read_text())
+    assert s["mode"] == "kswap" and s["bpf"] is True
+    assert s["cgroup_limit_bytes"] == (256 << 20) // 4 + (64 << 20)
+    assert s["evictions"] > 0 and s["faults"] > 0  # pages went to swap and came back
+    assert s["registered_bytes"] >= 256 << 20
+    assert s["gc_faults"] + s["app_faults"] > 0

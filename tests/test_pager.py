@@ -1,0 +1,183 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pager end to end: real userfaultfd, real memd, programs that check every byte.
+
+Each test runs a workload under `farmem run` with a local budget far below what the
+workload touches, so that pages really leave the process and come back.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.memd, pytest.mark.pager]
+
+
+def run(farmem_cmd, *args, timeout=240):
+    return subprocess.run([*farmem_cmd, "run", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def summary(path):
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def progs(built):
+    built("build/lib/libfarmem_preload.so")
+    built("build/bin/farmem-memd")
+    return {name: built(f"build/tests/{name}") for name in ("pagetest", "remaptest")}
+
+
+@pytest.fixture
+def memd(tmp_path, build):
+    """A memd of our own on a Unix socket and on TCP loopback, so a test can starve or kill it."""
+    procs = []
+
+    def start(capacity="4G", tcp=False):
+        secret = tmp_path / f"secret{len(procs)}"
+        secret.write_text("pager-test-secret\n")
+        sock = tmp_path / f"memd{len(procs)}.sock"
+        argv = [str(build / "bin/farmem-memd"), "--unix", str(sock), "--secret-file", str(secret),
+                "--capacity", capacity]
+        port = None
+        if tcp:
+            import socket as s
+            with s.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            argv += ["--listen", f"127.0.0.1:{port}"]
+        r, w = os.pipe()
+        p = subprocess.Popen(argv + ["--ready-fd", str(w)], pass_fds=(w,), stderr=subprocess.PIPE, text=True)
+        os.close(w)
+        with os.fdopen(r) as ready:
+            assert ready.readline() == "ready\n", "memd did not come up"
+        procs.append(p)
+        addr = f"tcp:127.0.0.1:{port}" if tcp else f"unix:{sock}"
+        return p, addr, secret
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_integrity_512m_at_64m_local(progs, tmp_path, farmem_cmd):
+    """The issue's acceptance: 512 MiB of page patterns through a 64 MiB budget, every byte checked."""
+    out = tmp_path / "s.json"
+    r = run(farmem_cmd, "--local", "64M", "--summary-json", out, "--",
+            progs["pagetest"], "--size", "512M", "--rounds", "2")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["remote_reads"] > 0 and s["evictions"] > 0 and s["remote_writes"] > 0, s
+    assert s["local_limit_bytes"] == 64 << 20
+    # The budget is a hard limit: a fill at the limit evicts first.
+    assert 0 < s["peak_resident_bytes"] <= s["local_limit_bytes"], s
+    assert s["crc_errors"] == 0 and s["transport_errors"] == 0
+    assert s["transport"] == "shm", "the embedded default is the shared-memory transport"
+
+
+def test_eight_threads_race_the_evictor(progs, tmp_path, farmem_cmd):
+    out = tmp_path / "s.json"
+    r = run(farmem_cmd, "--local", "32M", "--fill-threads", "2", "--summary-json", out, "--",
+            progs["pagetest"], "--size", "256M", "--threads", "8", "--rounds", "2", "--seed", "7")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["evictions_dirty"] > 0 and s["wp_faults"] + s["faults"] > 0
+
+
+@pytest.mark.parametrize("transport", ["stream", "tcp"])
+def test_two_sided_transports_keep_integrity(transport, progs, memd, tmp_path, farmem_cmd):
+    out = tmp_path / "s.json"
+    if transport == "tcp":
+        _, addr, secret = memd(tcp=True)
+        addr = "tcp:" + addr.split(":", 1)[1]
+        extra = ["--memd", addr, "--secret-file", secret]
+    else:
+        extra = ["--transport", "stream"]
+    r = run(farmem_cmd, "--local", "32M", *extra, "--summary-json", out, "--",
+            progs["pagetest"], "--size", "192M", "--threads", "4")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["transport"] == "stream" and s["remote_reads"] > 0 and s["remote_writes"] > 0, s
+
+
+def test_exit_status_passes_through(progs, farmem_cmd):
+    r = run(farmem_cmd, "--local", "16M", "--", progs["pagetest"], "--size", "64M", "--exit-code", "7")
+    assert r.returncode == 7, r.stderr
+
+
+def test_unmap_remap_and_dontneed_stay_correct(progs, tmp_path, farmem_cmd):
+    """munmap, mremap, MADV_DONTNEED and big malloc blocks on paged ranges: no stale page returns."""
+    out = tmp_path / "s.json"
+    r = run(farmem_cmd, "--local", "32M", "--summary-json", out, "--", progs["remaptest"], "--size", "256M")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "remaptest: ok" in r.stdout
+    s = summary(out)
+    assert s["remote_reads"] > 0 and s["discards"] > 0, s
+
+
+def test_fresh_memory_never_goes_to_memd(progs, tmp_path, farmem_cmd):
+    """Pages never written are zero-filled locally: touching fresh memory reads nothing remote."""
+    out = tmp_path / "s.json"
+    r = run(farmem_cmd, "--local", "16M", "--summary-json", out, "--",
+            "python3", "-c", "import mmap; m = mmap.mmap(-1, 96 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS); "
+            "assert all(m[i] == 0 for i in range(0, 96 << 20, 4096))")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["zero_fills"] >= (96 << 20) // 4096 and s["remote_reads"] == 0, s
+    # Read-only zero pages are clean: evicting them writes nothing back.
+    assert s["evictions"] > 0 and s["remote_writes"] == 0, s
+
+
+def test_memd_full_keeps_pages_local(progs, memd, tmp_path, farmem_cmd):
+    """A memd with room for only part of the working set refuses writes; the pager keeps those
+    pages and the program stays correct."""
+    _, addr, secret = memd(capacity="32M")
+    out = tmp_path / "s.json"
+    r = run(farmem_cmd, "--local", "32M", "--memd", addr, "--secret-file", secret, "--summary-json", out,
+            "--", progs["pagetest"], "--size", "128M")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["memd_full"] > 0, s
+    assert s["peak_resident_bytes"] > s["local_limit_bytes"], "refused pages stay resident, over the budget"
+
+
+@pytest.mark.parametrize("transport", ["shm", "stream"])
+def test_lost_memd_never_gives_wrong_data(transport, progs, memd, tmp_path, farmem_cmd):
+    """kill -9 memd mid-run. The program either completes with every byte right, or farmem stops
+    it with status 70 and says why; pagetest's status 1 (a wrong byte) must never happen."""
+    p, addr, secret = memd()
+    cmd = [*farmem_cmd, "run", "--local", "32M", "--memd", addr, "--secret-file", str(secret),
+           "--transport", transport, "--", str(progs["pagetest"]), "--size", "192M", "--rounds", "4"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    assert proc.poll() is None, "the workload ended before memd could be killed"
+    p.send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode in (0, 70), err
+    assert "lost memd" in err or "cannot write pages to memd" in err or "cannot be read back" in err, err
+    if transport == "shm":
+        # memd's store outlives it in our mapping: what was written is still read back, checked.
+        assert proc.returncode == 0, err
+
+
+def test_unreachable_memd_at_start_is_refused(progs, tmp_path, farmem_cmd, build):
+    """The shim itself refuses (status 78) when memd cannot be reached, before main() runs."""
+    env = {**os.environ, "LD_PRELOAD": str(build / "lib/libfarmem_preload.so"),
+           "FARMEM_MEMD": f"unix:{tmp_path}/nothing.sock", "FARMEM_SECRET": "x", "FARMEM_LOCAL": "16M"}
+    r = subprocess.run([str(progs["pagetest"]), "--size", "128M"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 78, r.stderr
+    assert "cannot connect to memd" in r.stderr
+
+
+def test_bad_knob_in_environment_is_refused(progs, build):
+    env = {**os.environ, "LD_PRELOAD": str(build / "lib/libfarmem_preload.so"),
+           "FARMEM_MEMD": "unix:/nonexistent", "FARMEM_SECRET": "x", "FARMEM_PREFETCH": "lots"}
+    r = subprocess.run(["true"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 78 and "FARMEM_PREFETCH" in r.stderr, r.stderr

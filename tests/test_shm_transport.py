@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one-sided shared-memory transport (issue 11): the embedded default uses it, its store can
+be bound to a NUMA node, and a memd that dies while the pager holds its store mapped never costs a
+byte. The integrity workloads over it are in test_pager.py (the embedded default is shm)."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.memd, pytest.mark.pager]
+
+
+@pytest.fixture(scope="module")
+def pagetest(built):
+    built("build/lib/libfarmem_preload.so")
+    built("build/bin/farmem-memd")
+    return built("build/tests/pagetest")
+
+
+def start_memd(build, tmp_path, *extra):
+    secret = tmp_path / "secret"
+    secret.write_text("shm-test\n")
+    sock = tmp_path / "memd.sock"
+    r, w = os.pipe()
+    p = subprocess.Popen([str(build / "bin/farmem-memd"), "--unix", str(sock), "--secret-file", str(secret),
+                          "--ready-fd", str(w), *extra], pass_fds=(w,), stderr=subprocess.PIPE, text=True)
+    os.close(w)
+    with os.fdopen(r) as ready:
+        assert ready.readline() == "ready\n", p.stderr.read() if p.poll() is not None else "no ready line"
+    return p, f"unix:{sock}", "shm-test"
+
+
+def paged_env(build, addr, secret, **knobs):
+    env = {**os.environ, "LD_PRELOAD": str(build / "lib/libfarmem_preload.so"), "FARMEM_MEMD": addr,
+           "FARMEM_SECRET": secret, "FARMEM_TRANSPORT": "shm"}
+    env.update({f"FARMEM_{k.upper()}": str(v) for k, v in knobs.items()})
+    return env
+
+
+def space_mappings(pid):
+    """numa_maps lines of the memd spaces a process has mapped."""
+    with open(f"/proc/{pid}/numa_maps") as f:
+        return [line for line in f if "farmem-space" in line]
+
+
+def test_numa_node_binds_the_store_for_both_sides(build, tmp_path, pagetest):
+    """--numa-node sets a shared (shmem) policy: the pages the pager itself allocates when it
+    writes one-sided land on the node too, as both processes' numa_maps show."""
+    nodes = sorted(int(m.group(1)) for d in os.listdir("/sys/devices/system/node")
+                   if (m := re.fullmatch(r"node(\d+)", d)))
+    node = nodes[-1]
+    memd, addr, secret = start_memd(build, tmp_path, "--numa-node", str(node))
+    try:
+        prog = subprocess.Popen([str(pagetest), "--size", "128M", "--rounds", "6"],
+                                env=paged_env(build, addr, secret, local="16M"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pages_on_node = 0
+        deadline = time.monotonic() + 60
+        while prog.poll() is None and time.monotonic() < deadline and not pages_on_node:
+            time.sleep(0.3)
+            for line in space_mappings(prog.pid):
+                assert f"bind:{node}" in line, line
+                m = re.search(rf"\bN{node}=(\d+)", line)
+                others = [n for n in re.findall(r"\bN(\d+)=", line) if int(n) != node]
+                assert not others, f"pages outside node {node}: {line}"
+                pages_on_node += int(m.group(1)) if m else 0
+        assert pages_on_node > 0, "the pager's one-sided writes should have allocated store pages"
+        assert all(f"bind:{node}" in line for line in space_mappings(memd.pid))
+        out, err = prog.communicate(timeout=120)
+        assert prog.returncode == 0, err
+    finally:
+        memd.kill()
+        memd.wait()
+
+
+def test_numa_node_that_does_not_exist_is_refused(build, tmp_path):
+    r = subprocess.run([str(build / "bin/farmem-memd"), "--unix", str(tmp_path / "s"), "--numa-node", "1023"],
+                       env={**os.environ, "FARMEM_SECRET": "x"}, capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "no NUMA node 1023" in r.stderr
+
+
+def test_memd_death_while_mapped(build, tmp_path, pagetest):
+    """memd dies mid-run. The pager notices (its control socket hangs up), stops evicting, and
+    keeps reading back only pages it finished writing, each checked against its crc."""
+    memd, addr, secret = start_memd(build, tmp_path)
+    prog = subprocess.Popen([str(pagetest), "--size", "160M", "--rounds", "4"],
+                            env=paged_env(build, addr, secret, local="24M"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert prog.poll() is None
+    memd.send_signal(signal.SIGKILL)
+    memd.wait()
+    out, err = prog.communicate(timeout=180)
+    assert prog.returncode == 0, err
+    assert "lost memd" in err and "evicting stops" in err, err
