@@ -17,28 +17,8 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <linux/userfaultfd.h>
-
-/* Debian 12's linux-libc-dev is 6.1: UFFDIO_MOVE (6.8) is defined here. */
-#ifndef UFFD_FEATURE_MOVE
-#define UFFD_FEATURE_MOVE (1 << 16)
-#endif
-#ifndef _UFFDIO_MOVE
-#define _UFFDIO_MOVE (0x05)
-struct uffdio_move {
-	__u64 dst;
-	__u64 src;
-	__u64 len;
-#define UFFDIO_MOVE_MODE_DONTWAKE        ((__u64)1 << 0)
-#define UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES ((__u64)1 << 1)
-	__u64 mode;
-	__s64 move;
-};
-#define UFFDIO_MOVE _IOWR(UFFDIO, _UFFDIO_MOVE, struct uffdio_move)
-#endif
-#ifndef USERFAULTFD_IOC_NEW
-#define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
-#endif
+/* Debian 12's linux-libc-dev is 6.1: UFFDIO_MOVE (6.8) comes from the project header. */
+#include "uffd_compat.h"
 
 #define USER_TOP (1ULL << 47)
 /* Measured by bench/bench_swapva.py (docs/swapva.md): smallest segment, in

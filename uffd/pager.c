@@ -642,7 +642,7 @@ static void reserve_room(struct fm_pager *p, struct fm_chan *chan)
 }
 
 static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct region *r,
-		     uint64_t idx, pid_t tid, int write);
+		     uint64_t idx, pid_t tid, int write, int zero_only);
 
 static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr, int write, pid_t tid)
 {
@@ -698,8 +698,13 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 				STAT_ADD(p, gc_faults, 1);
 			else
 				STAT_ADD(p, app_faults, 1);
-			if (p->cfg.prefetch && !gc)
-				prefetch(p, h->chan, ridx, r, i, tid, write);
+			/*
+			 * GC threads get zero runs only: their copying into fresh
+			 * regions is sequential, while fetching remote pages ahead of
+			 * their tracing evicts what the program is using (MemLiner §1.3).
+			 */
+			if (p->cfg.prefetch)
+				prefetch(p, h->chan, ridx, r, i, tid, write, gc);
 			break;
 		}
 		if (s == FM_PG_LEAVING) {
@@ -862,7 +867,7 @@ static unsigned count_used(struct region *r, uint64_t first, int64_t stride, uns
  * writes it. Contiguous pages share one UFFDIO_COPY.
  */
 static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct region *r,
-		     uint64_t idx, pid_t tid, int write)
+		     uint64_t idx, pid_t tid, int write, int zero_only)
 {
 	struct stream *s;
 	uint64_t want[64], remote[64];
@@ -906,7 +911,8 @@ static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct 
 	for (unsigned k = 0; k < nw; k++) {
 		uint8_t b = pg_load(&r->pg[want[k]]);
 		unsigned st = fm_pg_state(b);
-		if ((st != FM_PG_REMOTE && st != FM_PG_UNTOUCHED) || !try_reserve(p, atomic_load(&p->high))) {
+		if ((st != FM_PG_REMOTE && st != FM_PG_UNTOUCHED) || (zero_only && st == FM_PG_REMOTE) ||
+		    !try_reserve(p, atomic_load(&p->high))) {
 			nw = k;
 			break;
 		}
