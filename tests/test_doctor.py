@@ -306,3 +306,17 @@ def test_as_nobody_farmem_run_refuses_without_userfaultfd(as_nobody):
         assert r.returncode == 1
         assert r.stderr.startswith("farmem: userfaultfd is not available here: only UFFD_USER_MODE_ONLY")
         assert r.stderr.rstrip().endswith("Run `farmem doctor` for details.")
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_as_nobody_trace_and_attach_refuse_with_the_shared_wording(as_nobody):
+    """Commands that need a missing piece say so the way doctor --require does."""
+    r = as_nobody("trace", "1", "--duration", "1s", "--json")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("farmem: bpf-tracepoint is not available here:"), r.stderr
+    assert r.stderr.rstrip().endswith("Run `farmem doctor` for details.")
+    usable = by_name(json.loads(as_nobody("doctor", "--json").stdout))["userfaultfd"]["available"]
+    if not usable:
+        r = as_nobody("attach", "1")
+        assert r.returncode == 1 and r.stderr.startswith("farmem: userfaultfd is not available here:"), r.stderr

@@ -198,6 +198,9 @@ def _keeper_alive(sdir: Path) -> bool:
 
 def cmd_attach(args) -> int:
     pid = args.pid
+    from farmem import doctor
+    for feature in ("userfaultfd", "jcmd"):
+        doctor.require(feature)
     jcmd = check_hotspot(pid)
     lib = javacmd.agent_lib()
     if not lib.exists():

@@ -354,6 +354,10 @@ def _phys_bytes() -> int:
 def cmd_run_kswap(args) -> int:
     if os.geteuid() != 0:
         raise Unavailable("kswap mode", "it needs root (zram, swapon, memory cgroups)")
+    from farmem import doctor
+    doctor.require("cgroup-memory")
+    if not doctor.run_check("swap").available:
+        doctor.require("zram")  # no swap yet: farmem sets up zram, so it must exist
     swap = _swap_module()
     pct = int(args.local[:-1]) if args.local.endswith("%") else None
     heap = java_heap_bytes(args.cmd)

@@ -294,6 +294,8 @@ def plot(path: str, pid: int, data: dict) -> dict:
 def cmd_trace(args) -> int:
     if not args.plot and not args.csv and not args.json:
         args.parser.error("give --plot FILE, --csv FILE or --json (what to do with the trace)")
+    from farmem import doctor
+    doctor.require("bpf-tracepoint")  # the same refusal as every command, pointing to `farmem doctor`
     data = collect(args.pid, args.duration)
     summary = {"pid": args.pid, "faults": len(data["faults"]),
                "gc_faults": sum(1 for e in data["faults"] if e["gc"]),
