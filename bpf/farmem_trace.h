@@ -10,7 +10,7 @@
 #define FMT_COMM_LEN   16
 #define FMT_LAT_SLOTS  32  /* log2 buckets of nanoseconds: slot s holds [2^s, 2^(s+1)) */
 #define FMT_MAX_PIDS   64  /* -p may be given this many times */
-#define FMT_STACK_DEPTH 16 /* frames looked at for handle_userfault (it is the 3rd-5th) */
+#define FMT_STACK_DEPTH 8 /* frames looked at for handle_userfault (it is the 3rd-5th); the walk stops here */
 
 /* Which events go to the ring buffer (the -e list); aggregates are always kept. */
 #define FMT_EV_FAULT   0x1u /* every user page fault: address, error code */

@@ -181,3 +181,13 @@ def test_bad_knob_in_environment_is_refused(progs, build):
            "FARMEM_MEMD": "unix:/nonexistent", "FARMEM_SECRET": "x", "FARMEM_PREFETCH": "lots"}
     r = subprocess.run(["true"], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 78 and "FARMEM_PREFETCH" in r.stderr, r.stderr
+
+
+def test_percentage_budget_is_a_share_of_paged_memory(progs, tmp_path, farmem_cmd):
+    """--local 25% of a 128 MiB mapping is a 32 MiB budget, reported after the program unmapped it."""
+    out = tmp_path / "s.json"
+    r = run(farmem_cmd, "--local", "25%", "--summary-json", out, "--", progs["pagetest"], "--size", "128M")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["registered_bytes"] == 128 << 20 and s["local_limit_bytes"] == 32 << 20, s
+    assert 0 < s["peak_resident_bytes"] <= s["local_limit_bytes"]

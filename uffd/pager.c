@@ -247,8 +247,15 @@ static void set_budget(struct fm_pager *p)
 	atomic_store(&p->limit, lim);
 	atomic_store(&p->high, lim * p->cfg.evict_high / 100);
 	atomic_store(&p->low, lim * p->cfg.evict_low / 100);
-	__atomic_store_n(&p->st->local_limit_pages, lim, __ATOMIC_RELAXED);
-	__atomic_store_n(&p->st->registered_pages, reg, __ATOMIC_RELAXED);
+	/*
+	 * With nothing registered (before the first mapping, after the last
+	 * munmap) the gauges keep the budget that was in force: the summary is
+	 * read after the program has exited and unmapped everything.
+	 */
+	if (reg) {
+		__atomic_store_n(&p->st->local_limit_pages, lim, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->st->registered_pages, reg, __ATOMIC_RELAXED);
+	}
 }
 
 /* --- regions --------------------------------------------------------------- */
