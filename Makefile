@@ -12,6 +12,8 @@
 SHELL      := /bin/bash
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
+# Object files are intermediate to pattern rules; keep them so a second make rebuilds nothing.
+.SECONDARY:
 
 B          := build
 PYTHON     ?= python3
@@ -54,6 +56,7 @@ help:
 	@echo "make all     build the C components and the Python CLI"
 	@echo "make bench   run the benchmarks and print their figures (see bench/RESULTS.md)"
 	@echo "make vm-test boot Debian's 6.1 kernel in qemu (TCG): kmod-swapva and soft-RoCE tests"
+	@echo "make jdk     build the farmem JDK (patched HotSpot, hotspot/build.sh; ~15 min once, cached in ~/.cache)"
 
 all: c venv
 
@@ -193,3 +196,11 @@ fuzz: $(B)/fuzz/fuzz_protocol
 	@mkdir -p $(B)/fuzz/work
 	$< -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_TIME) -print_final_stats=1 -artifact_prefix=$(B)/fuzz/ \
 		$(B)/fuzz/work tests/fuzz/corpus
+
+# --- The farmem JDK (issue 7): Debian's OpenJDK 17 + hotspot/patches/, docs/patched-jdk.md ----------
+# Cached in ~/.cache/farmem-jdk17/<version>-<hash of hotspot/build.sh and the patches>; a cache hit
+# takes milliseconds, a changed patch set rebuilds incrementally. Progress goes to stderr.
+.PHONY: jdk
+JDK_JOBS ?= $(shell nproc)
+jdk:
+	@JOBS=$(JDK_JOBS) bash hotspot/build.sh
