@@ -16,6 +16,11 @@
  *   local=SIZE|PCT       local budget: bytes, or a percentage of the Java heap (-Xmx)
  *   fill_threads, evict_high, evict_low, evict_batch, prefetch, epoch_pct,
  *   gc_aware, transport, log, control      pager knobs (uffd/config.c, docs/knobs.md)
+ *   discard=1|all|0      at the end of every GC pause, discard the collector's free
+ *                        space (G1's free regions; Parallel's unused space above top)
+ *                        so that garbage is not read back from memd nor written to it
+ *                        (gcfree.c; default 1: all but resident dirty pages, see
+ *                        discard_range; all: those too)
  *   onerror=exit|continue  a JVM farmem cannot serve, or a memd it cannot reach: at
  *                        start, exit (default: the JVM does not start) or run without
  *                        farmem; on attach the JVM always goes on untouched
@@ -43,6 +48,7 @@
 #include <unistd.h>
 
 #include "fm_util.h"
+#include "gcfree.h"
 #include "pager.h"
 #include "resmap.h"
 #include "vmstructs.h"
@@ -55,6 +61,7 @@ struct agent_opts {
 	struct fm_pager_cfg cfg;
 	unsigned local_pct;       /* of the heap, converted to bytes once its size is known */
 	int onerror_continue;
+	int discard;              /* discard=1|all|0: free space after each GC pause */
 	int detach;
 	char msgfile[256];
 };
@@ -66,6 +73,7 @@ static atomic_int gc_users;              /* GC callbacks inside the pager right 
 static pthread_mutex_t life_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct { uintptr_t addr; size_t len; } vmas[MAX_HEAP_VMAS];
 static int nvmas;
+static atomic_int discard_on;            /* the free-space walk is set up and enabled */
 
 /* --- messages -------------------------------------------------------------------- */
 
@@ -181,6 +189,7 @@ static int parse_options(const char *options, struct agent_opts *o, char *err, s
 	memset(o, 0, sizeof(*o));
 	fm_pager_cfg_defaults(&o->cfg);
 	o->local_pct = o->cfg.local_pct;
+	o->discard = 1;
 	if ((env = getenv("FARMEM_MEMD")) && *env)
 		snprintf(o->cfg.memd, sizeof(o->cfg.memd), "%s", env);
 	if ((env = getenv("FARMEM_SECRET")) && *env)
@@ -222,6 +231,16 @@ static int parse_options(const char *options, struct agent_opts *o, char *err, s
 				o->onerror_continue = 1;
 			else {
 				snprintf(err, errlen, "onerror=%s: expected exit or continue", val);
+				rc = -EINVAL;
+				break;
+			}
+		} else if (!strcasecmp(tok, "discard")) {
+			if (!strcmp(val, "1"))
+				o->discard = 1;
+			else if (!strcmp(val, "0"))
+				o->discard = 0;
+			else {
+				snprintf(err, errlen, "discard=%s: expected 1 or 0", val);
 				rc = -EINVAL;
 				break;
 			}
@@ -405,6 +424,30 @@ static void stop_pager(struct fm_pager *p, int registered)
 	fm_pager_stop(p);
 }
 
+/*
+ * discard=1: resolve the collector's structures now (the walk in the GC
+ * callback may only read memory). Any name missing: say so, page without it.
+ */
+static void setup_discard(uintptr_t start, uint64_t bytes)
+{
+	char why[300];
+	int kind;
+
+	atomic_store(&discard_on, 0);
+	if (!opts.discard) {
+		fm_info("discard=0: the collector's free space is paged like live data");
+		return;
+	}
+	kind = fm_gcfree_init(start, bytes, why, sizeof(why));
+	if (kind == FM_GCFREE_NONE) {
+		fm_warn("discard disabled: %s; free heap space is paged like live data", why);
+		return;
+	}
+	fm_info("discard: %s's free space is dropped at the end of every pause (G1: %llu KiB regions)",
+		fm_gcfree_kind_name(kind), (unsigned long long)(fm_gcfree_granule() >> 10));
+	atomic_store(&discard_on, 1);
+}
+
 /* Register the heap with a started pager; all or nothing. Caller holds life_lock. */
 static int register_heap(struct fm_pager *p, char *err, size_t errlen)
 {
@@ -428,6 +471,7 @@ static int register_heap(struct fm_pager *p, char *err, size_t errlen)
 	}
 	fm_info("paging the Java heap %#lx+%llu MiB in %d mappings", (unsigned long)start,
 		(unsigned long long)(bytes >> 20), nvmas);
+	setup_discard(start, bytes);
 	return 0;
 }
 
@@ -514,12 +558,59 @@ static void JNICALL on_gc_start(jvmtiEnv *env)
 	atomic_fetch_sub(&gc_users, 1);
 }
 
+/*
+ * The free space a pause leaves: the pager drops its resident pages with no
+ * write-back and forgets its remote copies. The program's next allocation
+ * there is a local zero-fill, which the prefetcher installs in runs of pages
+ * as allocation streams through a region, so reuse costs about one fault per
+ * run instead of a write-back now and a fetch later.
+ */
+#define MAX_FREE_RANGES 4096
+static struct { uintptr_t addr; size_t len; } free_ranges[MAX_FREE_RANGES];
+static int nfree_ranges;
+
+static void collect_range(uintptr_t addr, size_t len, void *arg)
+{
+	if (nfree_ranges == MAX_FREE_RANGES) {
+		/* More ranges than G1's usual 2048 regions can make: discard the rest in full. */
+		fm_pager_discard((struct fm_pager *)arg, (void *)addr, len);
+		return;
+	}
+	free_ranges[nfree_ranges].addr = addr;
+	free_ranges[nfree_ranges].len = len;
+	nfree_ranges++;
+}
+
+/* The free ranges the walk listed. */
+static void discard_listed(struct fm_pager *p)
+{
+	for (int i = 0; i < nfree_ranges; i++)
+		fm_pager_discard(p, (void *)free_ranges[i].addr, free_ranges[i].len);
+}
+
+/*
+ * GarbageCollectionFinish is posted while the VM is still at the pause's
+ * safepoint (gcfree.c says where, in JDK 17): nothing but this thread touches
+ * the free space now. Only plain C here: no JNI, no JVMTI.
+ */
 static void JNICALL on_gc_finish(jvmtiEnv *env)
 {
 	struct fm_pager *p;
 	atomic_fetch_add(&gc_users, 1);
-	if ((p = atomic_load(&live)))
+	if ((p = atomic_load(&live))) {
+		if (atomic_load_explicit(&discard_on, memory_order_relaxed)) {
+			char why[300];
+			nfree_ranges = 0;
+			if (fm_gcfree_walk(collect_range, p, why, sizeof(why)) >= 0) {
+				discard_listed(p);
+			} else {
+				atomic_store(&discard_on, 0);
+				fm_warn("discard disabled: %s; free heap space is paged like live data from now on",
+					why);
+			}
+		}
 		fm_pager_gc_event(p, 0);
+	}
 	atomic_fetch_sub(&gc_users, 1);
 }
 

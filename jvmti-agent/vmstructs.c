@@ -34,6 +34,11 @@ static struct field f_num_flags = { "JVMFlag", "numFlags", -1, 0 };
 static int64_t flag_size = -1;
 static int ready;
 
+/* The tables and their entry layout, kept for the lookups by name below. */
+static const char *t_structs, *t_types, *t_ints;
+static uint64_t s_stride, s_type, s_field, s_static, s_off, s_addr;
+static uint64_t ty_stride, ty_name, ty_size, i_stride, i_name, i_value;
+
 static int find_libjvm(struct dl_phdr_info *info, size_t size, void *data)
 {
 	const char *n = info->dlpi_name, *slash = n ? strrchr(n, '/') : NULL;
@@ -92,6 +97,18 @@ int fm_vms_init(char *err, size_t errlen)
 	    sym_u64(h, "gHotSpotVMTypeEntrySizeOffset", &t_size) || !stride || !t_stride) {
 		snprintf(err, errlen, "this JVM's VMStructs tables are incomplete: not a HotSpot JVM farmem can read");
 		return -ENOENT;
+	}
+	t_structs = *structs;
+	t_types = *types;
+	s_stride = stride, s_type = o_type, s_field = o_field, s_static = o_static, s_off = o_off,
+	s_addr = o_addr;
+	ty_stride = t_stride, ty_name = t_name, ty_size = t_size;
+	{
+		char **ints = dlsym(h, "gHotSpotVMIntConstants");
+		if (ints && *ints && !sym_u64(h, "gHotSpotVMIntConstantEntryArrayStride", &i_stride) &&
+		    !sym_u64(h, "gHotSpotVMIntConstantEntryNameOffset", &i_name) &&
+		    !sym_u64(h, "gHotSpotVMIntConstantEntryValueOffset", &i_value) && i_stride)
+			t_ints = *ints;
 	}
 	for (const char *e = *structs;; e += stride) {
 		const char *tn = *(const char *const *)(e + o_type);
@@ -171,4 +188,61 @@ int fm_vms_flag_bool(const char *name)
 {
 	const void *a;
 	return fm_vms_flag_addr(name, &a) ? 0 : *(const unsigned char *)a != 0;
+}
+
+int fm_vms_field(const char *type, const char *name, int64_t *offset, uintptr_t *address)
+{
+	if (!ready)
+		return -ENOENT;
+	for (const char *e = t_structs;; e += s_stride) {
+		const char *tn = *(const char *const *)(e + s_type);
+		const char *fn = *(const char *const *)(e + s_field);
+		if (!tn)
+			break;
+		if (!fn || strcmp(tn, type) || strcmp(fn, name))
+			continue;
+		if (*(const int32_t *)(e + s_static)) {
+			if (!address)
+				return -ENOENT; /* asked for an offset, found a static */
+			*address = *(const uintptr_t *)(e + s_addr);
+			return *address ? 0 : -ENOENT;
+		}
+		if (!offset)
+			return -ENOENT;
+		*offset = (int64_t)*(const uint64_t *)(e + s_off);
+		return 0;
+	}
+	return -ENOENT;
+}
+
+int fm_vms_type_size(const char *type, uint64_t *size)
+{
+	if (!ready)
+		return -ENOENT;
+	for (const char *e = t_types;; e += ty_stride) {
+		const char *tn = *(const char *const *)(e + ty_name);
+		if (!tn)
+			break;
+		if (!strcmp(tn, type)) {
+			*size = *(const uint64_t *)(e + ty_size);
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+int fm_vms_int_constant(const char *name, int32_t *value)
+{
+	if (!ready || !t_ints)
+		return -ENOENT;
+	for (const char *e = t_ints;; e += i_stride) {
+		const char *n = *(const char *const *)(e + i_name);
+		if (!n)
+			break;
+		if (!strcmp(n, name)) {
+			*value = *(const int32_t *)(e + i_value);
+			return 0;
+		}
+	}
+	return -ENOENT;
 }

@@ -27,4 +27,13 @@ int fm_vms_heap(uintptr_t *start, uint64_t *bytes, char *err, size_t errlen);
 int fm_vms_flag_addr(const char *name, const void **addr);
 int fm_vms_flag_bool(const char *name); /* 1, 0, or 0 when unknown */
 
+/*
+ * Generic lookups by name (slow: a table scan; call them at VMInit, never in a
+ * GC callback). fm_vms_field gives a non-static field's offset (address NULL
+ * or unused) or a static field's address (offset NULL). -ENOENT if absent.
+ */
+int fm_vms_field(const char *type, const char *name, int64_t *offset, uintptr_t *address);
+int fm_vms_type_size(const char *type, uint64_t *size);
+int fm_vms_int_constant(const char *name, int32_t *value); /* gHotSpotVMIntConstants */
+
 #endif

@@ -498,13 +498,14 @@ static void discard_remote(struct fm_pager *p, struct region *r, struct fm_range
 	rg[(*nr)++] = (struct fm_range){ .first = i, .npages = 1 };
 }
 
-/* Write-protect pages [run, end) of r that discard claimed, and mark them clean garbage. */
-static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint64_t end)
+/* Drop pages [run, end) of r that discard claimed: no write-back, the next touch is a zero-fill. */
+static void drop_run(struct fm_pager *p, struct region *r, uint64_t run, uint64_t end)
 {
-	if (fm_wp_range(p, r->base + (run << PG_SHIFT), (size_t)(end - run) << PG_SHIFT, 1))
-		fm_fatal("UFFDIO_WRITEPROTECT for a discard failed: %s", strerror(errno));
+	if (fm_sys_madvise((void *)(r->base + (run << PG_SHIFT)), (size_t)(end - run) << PG_SHIFT, MADV_DONTNEED))
+		fm_fatal("madvise(DONTNEED) for a discard failed: %s", strerror(errno));
 	for (uint64_t j = run; j < end; j++)
-		pg_store(&r->pg[j], pg_make(FM_PG_CLEAN, FM_PGF_GC));
+		pg_store(&r->pg[j], pg_make(FM_PG_UNTOUCHED, 0));
+	fm_resident_add(p, -(int64_t)(end - run));
 }
 
 long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
@@ -536,10 +537,8 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
 				}
 				if (st == FM_PG_REMOTE)
 					nb = pg_make(FM_PG_UNTOUCHED, 0); /* the next touch is a zero-fill */
-				else if (st == FM_PG_CLEAN)
-					nb = pg_make(FM_PG_CLEAN, FM_PGF_GC); /* leaves first, writes nothing */
-				else if (st == FM_PG_DIRTY)
-					nb = pg_make(FM_PG_LEAVING, b); /* ours until its run is protected */
+				else if (st == FM_PG_CLEAN || st == FM_PG_DIRTY)
+					nb = pg_make(FM_PG_LEAVING, b); /* ours until its run is dropped */
 				else
 					break;
 				if (!pg_cas(&r->pg[i], &b, nb))
@@ -547,19 +546,19 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
 				/* The page is ours now: only now may its remote copy die. */
 				if (b & FM_PGF_HAS_REMOTE)
 					discard_remote(p, r, rg, &nr, i);
-				claimed = st == FM_PG_DIRTY;
+				claimed = st != FM_PG_REMOTE;
 				affected++;
 				break;
 			}
 			if (!claimed && run != UINT64_MAX) {
-				protect_run(p, r, run, i);
+				drop_run(p, r, run, i);
 				run = UINT64_MAX;
 			} else if (claimed && run == UINT64_MAX) {
 				run = i;
 			}
 		}
 		if (run != UINT64_MAX)
-			protect_run(p, r, run, last);
+			drop_run(p, r, run, last);
 		if (nr) {
 			pthread_mutex_lock(&p->misc_lock);
 			fm_chan_discard(p->misc_chan, r->space, rg, nr);
@@ -568,6 +567,8 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
 	}
 	rlock_un(p);
 	STAT_ADD(p, discards, (uint64_t)affected);
+	/* A fault on a dropped page may have been queued behind our LEAVING: release it. */
+	fm_wake_waiters(p);
 	return affected;
 }
 

@@ -75,11 +75,11 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
 int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
 /*
  * The program freed [addr, addr+len) but keeps it mapped (a collector's free
- * regions): its contents no longer matter. Remote copies die (a later fault is
- * a local zero-fill), resident pages become clean garbage that the evictor
- * drops first with no write-back, write-protected so that a write after this
- * call makes a page dirty again as usual. Call it only while no thread can
- * write the range (the JVM calls it inside a GC pause). Returns pages affected.
+ * regions): its contents no longer matter. Remote copies die and resident
+ * pages are dropped with no write-back; the next touch of any of them is a
+ * local zero-fill, which the prefetcher fills in runs when the program then
+ * allocates through the range. Call it only while no thread can use the
+ * range (the JVM calls it inside a GC pause). Returns the pages affected.
  */
 long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
 

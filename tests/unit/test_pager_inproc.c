@@ -129,7 +129,7 @@ static void exercise(const char *sock, const char *transport)
 	/*
 	 * Discard a range as a collector does with freed regions: its contents
 	 * stop mattering, and what is written afterwards must survive eviction
-	 * (the write-protect set by the discard marks those pages dirty again).
+	 * (a dropped page comes back as a zero-fill and is dirty from its first write).
 	 */
 	{
 		uint64_t discards = h->stats.discards;

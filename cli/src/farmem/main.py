@@ -137,6 +137,15 @@ def _add_run(sub) -> None:
                    help="prefetch window in pages, 0 turns it off (pager default 8)")
     p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run figures as JSON")
     p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
+    # java only (commands/java.py, docs/jvm.md): issue 9
+    p.add_argument("--discard", action=argparse.BooleanOptionalAction, default=None,
+                   help="java: discard the collector's free space after every GC pause (default on)")
+    p.add_argument("--heap-sizing", action=argparse.BooleanOptionalAction, default=None,
+                   help="java/G1: choose the young generation's size for the local budget unless "
+                        "the command sets it (default on)")
+    p.add_argument("--gc", choices=("stock", "memliner"), default=None,
+                   help="java: memliner runs the farmem JDK (`make jdk`) with MemLiner marking (G1 postpones "
+                        "objects on remote pages; docs/patched-jdk.md)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the program and its arguments")
     p.set_defaults(func=run.cmd_run, validate=run.validate, parser=p)
     from farmem.commands import kswap

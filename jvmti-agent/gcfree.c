@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The collector's free space at the end of a pause (see gcfree.h).
+ *
+ * Why this is safe to discard: the JVMTI GarbageCollectionFinish event is
+ * posted from JvmtiGCMarker's destructor (SvcGCMarker), which in JDK 17 lives
+ * only inside VM operations that run at a safepoint: G1's young/mixed pauses
+ * (G1CollectedHeap::do_collection_pause_at_safepoint_helper), its full GC
+ * (G1FullGCScope), Remark and Cleanup (VM_G1Concurrent::doit), Parallel's
+ * scavenge and full GC (psVMOperations.cpp). No Java thread runs then, and
+ * the GC workers are done. A free G1 region holds no object; Parallel's
+ * spaces hold none above top. Whoever allocates there after the pause writes
+ * first (the pager write-protects discarded resident pages, so that write
+ * makes them dirty again; a page whose only copy was remote reads as zeros,
+ * which is as good as the garbage it held).
+ */
+#include "gcfree.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "vmstructs.h"
+
+static int kind;
+static uintptr_t heap_lo, heap_hi;
+static uintptr_t heap_ptr_addr; /* &Universe::_collectedHeap */
+
+/* G1 */
+static int64_t o_hrm, o_regions, o_tbl_base, o_tbl_length, o_hr_bottom, o_hr_end, o_hr_type, o_type_tag;
+static uint64_t tag_size, grain;
+static int32_t free_tag;
+
+/* Parallel */
+static uintptr_t young_addr, old_addr; /* &ParallelScavengeHeap::_young_gen, _old_gen */
+static int64_t o_eden, o_from, o_to, o_object_space, o_ms_bottom, o_ms_top, o_ms_end;
+
+struct need {
+	const char *type, *name;
+	int64_t *offset;
+	uintptr_t *address;
+};
+
+static int resolve(const struct need *n, size_t count, char *why, size_t whylen)
+{
+	for (size_t i = 0; i < count; i++) {
+		if (fm_vms_field(n[i].type, n[i].name, n[i].offset, n[i].address)) {
+			snprintf(why, whylen, "this JVM's VMStructs lack %s::%s", n[i].type, n[i].name);
+			return -ENOENT;
+		}
+	}
+	return 0;
+}
+
+static int init_g1(char *why, size_t whylen)
+{
+	uintptr_t grain_addr = 0;
+	const struct need n[] = {
+		{ "G1CollectedHeap", "_hrm", &o_hrm, NULL },
+		{ "HeapRegionManager", "_regions", &o_regions, NULL },
+		{ "G1HeapRegionTable", "_base", &o_tbl_base, NULL },
+		{ "G1HeapRegionTable", "_length", &o_tbl_length, NULL },
+		{ "HeapRegion", "_bottom", &o_hr_bottom, NULL },
+		{ "HeapRegion", "_end", &o_hr_end, NULL },
+		{ "HeapRegion", "_type", &o_hr_type, NULL },
+		{ "HeapRegionType", "_tag", &o_type_tag, NULL },
+		{ "HeapRegion", "GrainBytes", NULL, &grain_addr },
+	};
+
+	if (resolve(n, sizeof(n) / sizeof(n[0]), why, whylen))
+		return -ENOENT;
+	if (fm_vms_int_constant("HeapRegionType::FreeTag", &free_tag)) {
+		snprintf(why, whylen, "this JVM's VMStructs lack the constant HeapRegionType::FreeTag");
+		return -ENOENT;
+	}
+	if (fm_vms_type_size("HeapRegionType::Tag volatile", &tag_size) &&
+	    fm_vms_type_size("HeapRegionType::Tag", &tag_size)) {
+		snprintf(why, whylen, "this JVM's VMStructs do not give the size of HeapRegionType::Tag");
+		return -ENOENT;
+	}
+	if (tag_size != 1 && tag_size != 2 && tag_size != 4) {
+		snprintf(why, whylen, "HeapRegionType::Tag is %llu bytes: not a size farmem reads",
+			 (unsigned long long)tag_size);
+		return -ENOTSUP;
+	}
+	grain = *(const uint64_t *)grain_addr;
+	if (!grain || grain & 4095 || grain & (grain - 1)) {
+		snprintf(why, whylen, "HeapRegion::GrainBytes reads as %llu: not a power-of-two number of pages",
+			 (unsigned long long)grain);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int init_parallel(char *why, size_t whylen)
+{
+	const struct need n[] = {
+		{ "ParallelScavengeHeap", "_young_gen", NULL, &young_addr },
+		{ "ParallelScavengeHeap", "_old_gen", NULL, &old_addr },
+		{ "PSYoungGen", "_eden_space", &o_eden, NULL },
+		{ "PSYoungGen", "_from_space", &o_from, NULL },
+		{ "PSYoungGen", "_to_space", &o_to, NULL },
+		{ "PSOldGen", "_object_space", &o_object_space, NULL },
+		{ "MutableSpace", "_bottom", &o_ms_bottom, NULL },
+		{ "MutableSpace", "_top", &o_ms_top, NULL },
+		{ "MutableSpace", "_end", &o_ms_end, NULL },
+	};
+
+	if (fm_vms_flag_bool("UseNUMA")) {
+		snprintf(why, whylen, "Parallel with -XX:+UseNUMA splits eden into per-node spaces that "
+			 "VMStructs do not describe");
+		return -ENOTSUP;
+	}
+	return resolve(n, sizeof(n) / sizeof(n[0]), why, whylen);
+}
+
+int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t whylen)
+{
+	int rc;
+
+	kind = FM_GCFREE_NONE;
+	heap_lo = heap_start;
+	heap_hi = heap_start + heap_bytes;
+	if (fm_vms_field("Universe", "_collectedHeap", NULL, &heap_ptr_addr)) {
+		snprintf(why, whylen, "this JVM's VMStructs lack Universe::_collectedHeap");
+		return FM_GCFREE_NONE;
+	}
+	if (fm_vms_flag_bool("UseG1GC")) {
+		rc = init_g1(why, whylen);
+		kind = rc ? FM_GCFREE_NONE : FM_GCFREE_G1;
+	} else if (fm_vms_flag_bool("UseParallelGC")) {
+		rc = init_parallel(why, whylen);
+		kind = rc ? FM_GCFREE_NONE : FM_GCFREE_PARALLEL;
+	} else {
+		snprintf(why, whylen, "this collector's free space is not known to farmem (G1 and Parallel are)");
+	}
+	return kind;
+}
+
+const char *fm_gcfree_kind_name(int k)
+{
+	return k == FM_GCFREE_G1 ? "G1" : k == FM_GCFREE_PARALLEL ? "Parallel" : "none";
+}
+
+uint64_t fm_gcfree_granule(void)
+{
+	return kind == FM_GCFREE_G1 ? grain : 0;
+}
+
+static inline uintptr_t ld_ptr(uintptr_t base, int64_t off)
+{
+	return *(const volatile uintptr_t *)(base + (uintptr_t)off);
+}
+
+static unsigned ld_tag(uintptr_t hr)
+{
+	const volatile void *a = (const volatile void *)(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag);
+	return tag_size == 4 ? *(const volatile uint32_t *)a :
+	       tag_size == 2 ? *(const volatile uint16_t *)a : *(const volatile uint8_t *)a;
+}
+
+/*
+ * Two passes: the first only checks (so that a structure we misread reports
+ * nothing at all), the second reports. Both read the same values: nothing
+ * changes them during a safepoint.
+ */
+static long walk_g1(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+{
+	uintptr_t heap = ld_ptr(heap_ptr_addr, 0), tbl, base;
+	uint64_t len;
+	long ranges = 0;
+
+	if (!heap) {
+		snprintf(why, whylen, "Universe::_collectedHeap is NULL");
+		return -1;
+	}
+	tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
+	base = ld_ptr(tbl, o_tbl_base);
+	len = *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length);
+	if (!base || len > (heap_hi - heap_lo) / grain) {
+		snprintf(why, whylen, "G1's region table reads as base %#lx, %llu regions, for a heap of %llu",
+			 (unsigned long)base, (unsigned long long)len,
+			 (unsigned long long)((heap_hi - heap_lo) / grain));
+		return -1;
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		uintptr_t run_lo = 0, run_hi = 0;
+		for (uint64_t i = 0; i < len; i++) {
+			uintptr_t hr = *(const volatile uintptr_t *)(base + i * sizeof(uintptr_t)), lo, hi;
+			if (!hr)
+				continue; /* never committed */
+			if ((int32_t)ld_tag(hr) != free_tag)
+				continue;
+			lo = ld_ptr(hr, o_hr_bottom);
+			hi = ld_ptr(hr, o_hr_end);
+			if (!pass) {
+				if (lo < heap_lo || hi > heap_hi || hi - lo != grain || lo & (grain - 1)) {
+					snprintf(why, whylen, "G1 region %llu reads as %#lx-%#lx: outside the heap "
+						 "%#lx-%#lx or not one region", (unsigned long long)i,
+						 (unsigned long)lo, (unsigned long)hi, (unsigned long)heap_lo,
+						 (unsigned long)heap_hi);
+					return -1;
+				}
+				continue;
+			}
+			if (run_hi == lo) {
+				run_hi = hi;
+				continue;
+			}
+			if (run_hi > run_lo) {
+				fn(run_lo, run_hi - run_lo, arg);
+				ranges++;
+			}
+			run_lo = lo;
+			run_hi = hi;
+		}
+		if (pass && run_hi > run_lo) {
+			fn(run_lo, run_hi - run_lo, arg);
+			ranges++;
+		}
+	}
+	return ranges;
+}
+
+static long walk_parallel(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+{
+	uintptr_t young = ld_ptr(young_addr, 0), old = ld_ptr(old_addr, 0), sp[4];
+	struct { uintptr_t lo, hi; } r[4];
+	int n = 0;
+	long ranges = 0;
+
+	if (!young || !old) {
+		snprintf(why, whylen, "ParallelScavengeHeap's generations read as NULL");
+		return -1;
+	}
+	sp[0] = ld_ptr(young, o_eden);
+	sp[1] = ld_ptr(young, o_from);
+	sp[2] = ld_ptr(young, o_to);
+	sp[3] = ld_ptr(old, o_object_space);
+	for (int i = 0; i < 4; i++) {
+		uintptr_t b, t, e;
+		if (!sp[i]) {
+			snprintf(why, whylen, "a Parallel MutableSpace pointer reads as NULL");
+			return -1;
+		}
+		b = ld_ptr(sp[i], o_ms_bottom);
+		t = ld_ptr(sp[i], o_ms_top);
+		e = ld_ptr(sp[i], o_ms_end);
+		if (b < heap_lo || e > heap_hi || t < b || t > e) {
+			snprintf(why, whylen, "a Parallel space reads as bottom %#lx top %#lx end %#lx, heap "
+				 "%#lx-%#lx", (unsigned long)b, (unsigned long)t, (unsigned long)e,
+				 (unsigned long)heap_lo, (unsigned long)heap_hi);
+			return -1;
+		}
+		if (e > t) {
+			int j = n++;
+			while (j > 0 && r[j - 1].lo > t) { /* insertion sort by address */
+				r[j] = r[j - 1];
+				j--;
+			}
+			r[j].lo = t;
+			r[j].hi = e;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		if (i && r[i].lo < r[i - 1].hi) {
+			snprintf(why, whylen, "Parallel's spaces overlap (%#lx < %#lx)", (unsigned long)r[i].lo,
+				 (unsigned long)r[i - 1].hi);
+			return -1;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		uintptr_t lo = r[i].lo, hi = r[i].hi;
+		while (i + 1 < n && r[i + 1].lo == hi)
+			hi = r[++i].hi;
+		fn(lo, hi - lo, arg);
+		ranges++;
+	}
+	return ranges;
+}
+
+long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+{
+	if (kind == FM_GCFREE_G1)
+		return walk_g1(fn, arg, why, whylen);
+	if (kind == FM_GCFREE_PARALLEL)
+		return walk_parallel(fn, arg, why, whylen);
+	snprintf(why, whylen, "no collector to walk");
+	return -1;
+}

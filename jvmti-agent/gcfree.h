@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The collector's free space at the end of a GC pause, found through
+ * HotSpot's VMStructs (by name; see vmstructs.h), so that the agent can tell
+ * the pager to discard it (fm_pager_discard): garbage never crosses the
+ * network.
+ *
+ *   G1:       every region whose HeapRegionType::_tag is FreeTag, [bottom, end)
+ *             G1CollectedHeap::_hrm -> HeapRegionManager::_regions
+ *             -> G1HeapRegionTable::_base[0 .. _length) -> HeapRegion*
+ *   Parallel: the unused tail [top, end) of eden, both survivor spaces and
+ *             the old generation (ParallelScavengeHeap::_young_gen/_old_gen ->
+ *             MutableSpace::_bottom/_top/_end); not with -XX:+UseNUMA.
+ *
+ * fm_gcfree_init resolves every name once (at VMInit); a name missing from
+ * this JVM disables the feature, with the name in the reason. The walk is
+ * plain loads and stores (no JNI, no JVMTI, no allocation, no locks), made
+ * for a GarbageCollectionFinish callback, while the VM is at a safepoint.
+ */
+#ifndef FARMEM_GCFREE_H
+#define FARMEM_GCFREE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum fm_gcfree_kind { FM_GCFREE_NONE = 0, FM_GCFREE_G1 = 1, FM_GCFREE_PARALLEL = 2 };
+
+/*
+ * heap_start/heap_bytes: the reserved heap (every range found must lie in it).
+ * Returns the collector's kind, or FM_GCFREE_NONE with why set.
+ */
+int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t whylen);
+
+/* A name for the kind ("G1", "Parallel"); granule: G1's region size, or 0. */
+const char *fm_gcfree_kind_name(int kind);
+uint64_t fm_gcfree_granule(void);
+
+typedef void (*fm_gcfree_fn)(uintptr_t addr, size_t len, void *arg);
+
+/*
+ * Call fn for each free range, adjacent free space coalesced, in address
+ * order. Returns the number of ranges, or -1 if what the structures say
+ * fails a sanity check (a region outside the heap, of the wrong size): then
+ * nothing was reported, and why says what was wrong.
+ */
+long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen);
+
+#endif

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Discarding the collector's free space (issue 9) and the G1 sizing of `farmem run`.
+
+The agent discards G1's free regions (Parallel's space above top) at the end of every GC pause
+(jvmti-agent/gcfree.c). These tests hold it to "exactly safe": self-checking workloads under heavy
+churn at 25% local, with HotSpot's own heap verification before and after every GC, and a race
+hunter (tests/java/AllocRace.java) that allocates, checks zeros, writes and re-reads patterns
+right after pauses. Then: the discard does what it is for (far fewer writes to memd), the knobs,
+and the sizing. About three minutes on two CPUs.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+pytestmark = [pytest.mark.memd, pytest.mark.pager]
+
+VERIFY = ["-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC"]
+GCS = {"g1": "-XX:+UseG1GC", "parallel": "-XX:+UseParallelGC"}
+
+
+@pytest.fixture(scope="module")
+def jvm_built(built):
+    built("build/lib/libfarmem_agent.so")
+    built("build/bin/farmem-memd")
+    built("build/java/.ok")
+
+
+@pytest.fixture
+def private_tmp():
+    d = tempfile.mkdtemp(prefix="fmdisc-", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def run_java(farmem_cmd, build, tmp_path, private_tmp, jvm_opts, prog, *flags, local="25%", timeout=300):
+    """farmem run ... -- java JVM_OPTS -cp build/java PROG; returns (result, summary dict)."""
+    summary = tmp_path / f"s{len(list(tmp_path.iterdir()))}.json"
+    cmd = [*farmem_cmd, "run", "--local", local, "--summary-json", str(summary), *flags, "--",
+           "java", *jvm_opts, "-cp", str(build / "java"), *prog]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, TMPDIR=private_tmp))
+    s = json.loads(summary.read_text()) if summary.exists() else {}
+    return r, s
+
+
+# --- safety -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gc", sorted(GCS))
+def test_churn_verified_at_25_percent(farmem_cmd, build, jvm_built, tmp_path, private_tmp, gc):
+    """GcChurn (its live set checked word by word) with HotSpot verifying the heap around every
+    pause, a quarter of the heap local, discard on (the default)."""
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, [GCS[gc], "-Xmx256m", *VERIFY],
+                    ["GcChurn", "--live-mb", "100", "--seconds", "6"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gcchurn: ok" in r.stdout
+    assert "discard disabled" not in r.stderr
+    assert s["discards"] > 0 and s["evictions"] > 0 and s["remote_reads"] > 0, s
+
+
+@pytest.mark.parametrize("gc", sorted(GCS))
+def test_alloc_race_verified(farmem_cmd, build, jvm_built, tmp_path, private_tmp, gc):
+    """Allocation right after a pause, into space that pause discarded: new arrays must read as
+    zeros and keep every word written, across young, mixed and full collections."""
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, [GCS[gc], "-Xmx256m", *VERIFY],
+                    ["AllocRace", "--seconds", "8", "--threads", "3"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "allocrace: ok" in r.stdout
+    gcs = int(r.stdout.split("gcs=")[1].split()[0])
+    assert gcs >= 10, r.stdout
+    assert s["discards"] > 0 and s["evictions"] > 0, s
+
+
+def test_alloc_race_small_young_many_pauses(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """The same hunt with a tiny young generation (a pause every few MiB) and no System.gc():
+    dozens of pauses, each one followed at once by allocation into discarded regions."""
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp,
+                    ["-Xmx192m", "-XX:MaxNewSize=8m", *VERIFY],
+                    ["AllocRace", "--seconds", "8", "--threads", "3", "--no-full-gc"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "allocrace: ok" in r.stdout
+    assert int(r.stdout.split("gcs=")[1].split()[0]) >= 40, r.stdout
+    assert s["discards"] > 0, s
+
+
+# --- what it is for -----------------------------------------------------------------------------------
+
+def test_discard_cuts_memd_traffic(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """AllocRace (mostly short-lived garbage) with and without discard, per MiB it allocated:
+    garbage is no longer read back from memd when its region is reused, and less is written."""
+    prog = ["AllocRace", "--seconds", "6", "--no-full-gc"]
+    runs = {}
+    for flag in ("--discard", "--no-discard"):
+        r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-Xmx256m"], prog, flag)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "allocrace: ok" in r.stdout
+        mb = int(r.stdout.split("allocated_mb=")[1].split()[0])
+        runs[flag] = (s, s["remote_reads"] / mb, s["remote_writes"] / mb)
+    (on, on_r, on_w), (off, off_r, off_w) = runs["--discard"], runs["--no-discard"]
+    assert on["discards"] > 0 and off["discards"] == 0, (on, off)
+    assert on_r * 2 < off_r, (on_r, off_r)
+    assert on_w < off_w, (on_w, off_w)
+
+
+# --- knobs ----------------------------------------------------------------------------------------------
+
+def test_bad_discard_value_refused(build, jvm_built):
+    lib = build / "lib" / "libfarmem_agent.so"
+    r = subprocess.run(["java", f"-agentpath:{lib}=discard=2,memd=unix:/nonexistent", "-version"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "discard=2: expected 1 or 0" in r.stderr
+
+
+def test_unknown_collector_says_discard_is_off(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """Serial: the run goes on, paged, and a log line says why nothing is discarded."""
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-XX:+UseSerialGC", "-Xmx128m"],
+                    ["GcChurn", "--live-mb", "20", "--steps", "3000"], local="50%")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "discard disabled: this collector's free space is not known to farmem" in r.stderr
+    assert s["discards"] == 0
+
+
+# --- heap sizing ------------------------------------------------------------------------------------
+
+def sizing_line(stderr: str) -> str:
+    return "\n".join(line for line in stderr.splitlines() if "G1 sizing" in line)
+
+
+def test_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-Xmx512m", "-XX:+PrintFlagsFinal"],
+                    ["-version"], local="25%")
+    assert r.returncode == 0, r.stderr
+    assert "adding -XX:MaxNewSize=64m (half the local budget of 128.0 MiB" in sizing_line(r.stderr)
+    flags = {line.split()[1]: line.split()[3] for line in r.stdout.splitlines() if line.count("=") == 1
+             and len(line.split()) >= 4}
+    assert flags["MaxNewSize"] == str(64 << 20)
+
+
+@pytest.mark.parametrize("opts,flags", [
+    (["-Xmx512m", "-Xmn100m"], []),                        # the user sized it
+    (["-Xmx512m", "-XX:MaxNewSize=200m"], []),
+    (["-Xmx512m", "-XX:+UseParallelGC"], []),               # not G1
+    (["-Xmx512m"], ["--no-heap-sizing"]),                   # turned off
+])
+def test_sizing_left_alone(farmem_cmd, build, jvm_built, tmp_path, private_tmp, opts, flags):
+    r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, opts, ["-version"], *flags)
+    assert r.returncode == 0, r.stderr
+    assert sizing_line(r.stderr) == ""
+
+
+def test_sizing_not_needed_at_full_budget(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """With the whole heap local there is nothing to fit."""
+    r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-Xmx512m"], ["-version"], local="100%")
+    assert r.returncode == 0, r.stderr
+    assert sizing_line(r.stderr) == ""
