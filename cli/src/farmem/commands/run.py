@@ -62,6 +62,10 @@ def validate(args, parser) -> None:
     if not cmd:
         parser.error("missing CMD: the program to run (farmem run [options] -- CMD [ARG...])")
     args.cmd = cmd
+    if getattr(args, "gc", None) not in (None, "stock"):
+        from farmem.commands import java
+        if not java.is_java(cmd):
+            parser.error(f"--gc {args.gc} goes with a java command (farmem run --gc {args.gc} -- java ...)")
     if args.evict_low is not None and args.evict_high is not None and args.evict_low >= args.evict_high:
         parser.error(f"--evict-low {args.evict_low}% must be below --evict-high {args.evict_high}%")
     if args.memd:
