@@ -5,6 +5,7 @@
 #   build/lib/libfarmem_preload.so  LD_PRELOAD shim that puts a program under the pager
 #   build/lib/libfarmem_agent.so    JVMTI agent that puts a JVM's heap under the pager
 #   build/java/                     Java workloads (tests/java/*.java)
+#   build/java/thirdparty/          third-party jars from Maven Central (tests/java/thirdparty/pom.xml)
 #   build/tests/*, build/bench/*    C workloads used by the tests and benchmarks
 #   build/unit/*                    C unit tests, built with ASan and UBSan
 #   .venv/                          Python environment with the farmem CLI
@@ -24,7 +25,7 @@ WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-par
 CFLAGS     ?= -O2 -g
 CFLAGS     += $(CSTD) $(WARN) -fPIC -pthread -Imemd -Iuffd
 SANFLAGS   := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-LDLIBS     := -lisal -lcrypto -lnuma -lpthread
+LDLIBS     := -lisal -lcrypto -lnuma -libverbs -lrdmacm -lpthread
 
 # Shared by every C component.
 COMMON_SRCS := memd/fm_util.c memd/auth.c
@@ -60,7 +61,7 @@ help:
 
 all: c venv
 
-c: $(B)/bin/farmem-memd $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
+c: $(B)/bin/farmem-memd $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(B)/java/thirdparty/.ok $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
 
 deps:
 	@bash tools/deps.sh
@@ -104,6 +105,12 @@ $(patsubst %.c,$(B)/obj/%.o,$(AGENT_SRCS)): $(wildcard jvmti-agent/*.h)
 $(B)/java/.ok: $(JAVA_SRCS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	javac -nowarn -d $(B)/java $(JAVA_SRCS)
+	@touch $@
+
+# The third-party workload's jars (H2), fetched by Maven into build/java/thirdparty (cache: ~/.m2).
+$(B)/java/thirdparty/.ok: tests/java/thirdparty/pom.xml
+	@mkdir -p $(dir $@)
+	mvn -q -B -f $< dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(dir $@) -Dmdep.stripVersion=true
 	@touch $@
 
 $(B)/tests/%: tests/progs/%.c | $(B)/.deps-ok

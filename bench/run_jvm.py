@@ -15,7 +15,7 @@ Reports wall time, slowdown against local, remote reads, and the split of faults
 application threads (the figure MemLiner starts from). Each figure is the median of --repeats.
 
     .venv/bin/python bench/run_jvm.py [--heap 512m] [--budgets 100,50,25] [--repeats 1]
-        [--configs local,farmem,swap] [--workloads gcchurn,pagerank] [--json raw.json]
+        [--configs local,farmem,swap] [--workloads gcchurn,pagerank,h2] [--json raw.json]
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ import swap  # noqa: E402
 WORKLOADS = {
     "gcchurn": ["GcChurn", "--live-mb", "200", "--steps", "150000"],
     "pagerank": ["PageRank", "--nodes", "4000000", "--iters", "8"],
+    # Third-party: the H2 database (Maven Central, build/java/thirdparty, tests/java/thirdparty/pom.xml).
+    "h2": ["H2Workload", "--rows", "400000", "--rounds", "1000"],
 }
+CLASSPATH = os.pathsep.join(os.path.join(ROOT, "build", "java", *p) for p in ((), ("thirdparty", "h2.jar")))
 SIZE_SHIFT = {"k": 10, "m": 20, "g": 30}
 
 
@@ -45,7 +48,7 @@ def heap_bytes(text: str) -> int:
 
 
 def java_argv(args, workload: str) -> list:
-    return ["java", f"-Xmx{args.heap}", f"-Xms{args.heap}", "-cp", os.path.join(ROOT, "build", "java"),
+    return ["java", f"-Xmx{args.heap}", f"-Xms{args.heap}", "-cp", CLASSPATH,
             *WORKLOADS[workload]]
 
 
@@ -86,11 +89,12 @@ def main() -> int:
     ap.add_argument("--budgets", default="100,50,25")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--configs", default="local,farmem,swap")
-    ap.add_argument("--workloads", default="gcchurn,pagerank")
+    ap.add_argument("--workloads", default="gcchurn,pagerank,h2")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", help="write every run's record here")
     a = ap.parse_args()
-    subprocess.run(["make", "-s", "build/lib/libfarmem_agent.so", "build/java/.ok", "build/bin/farmem-memd"],
+    subprocess.run(["make", "-s", "build/lib/libfarmem_agent.so", "build/java/.ok", "build/java/thirdparty/.ok",
+                    "build/bin/farmem-memd"],
                    cwd=ROOT, check=True)
     budgets = [int(b) for b in a.budgets.split(",")]
     configs = a.configs.split(",")

@@ -25,12 +25,22 @@ const volatile bool targ_pid_map = false; /* trace the pids in map `pids` */
 const volatile __u32 targ_events = 0;   /* FMT_EV_* sent to the ring buffer */
 const volatile __u64 uffd_lo = 0;       /* [uffd_lo, uffd_hi): handle_userfault's text */
 const volatile __u64 uffd_hi = 0;
+/*
+ * System-wide mode (farmem-trace with no -p, as `farmem top` runs it): the
+ * cheap path. Only the pids in map `pids` are traced (the loader keeps the
+ * farmem processes there), no perf event program runs (the loader reads
+ * major/minor counts from /proc), and a thread that blocks is in its
+ * userfaultfd fault when its user ip is still the faulting ip and its process
+ * holds a userfaultfd (FMT_PID_UFFD) -- no stack walk. Fault latency is then
+ * measured for the faults that block: page_fault_user to the switch back in.
+ */
+const volatile bool sys_mode = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, FMT_MAX_PIDS);
+	__uint(max_entries, FMT_PIDSET_MAX);
 	__type(key, __u32);
-	__type(value, __u8);
+	__type(value, __u8);  /* FMT_PID_* */
 } pids SEC(".maps");
 
 struct {
@@ -65,8 +75,11 @@ static __always_inline bool wanted(__u32 pid)
 {
 	if (targ_pid)
 		return pid == targ_pid;
-	if (targ_pid_map)
-		return bpf_map_lookup_elem(&pids, &pid) != NULL;
+	if (targ_pid_map) {
+		__u8 *f = bpf_map_lookup_elem(&pids, &pid);
+
+		return f && (*f & FMT_PID_TRACE);
+	}
 	return true;
 }
 
@@ -134,10 +147,19 @@ int BPF_PROG(on_fault, unsigned long address, struct pt_regs *regs, unsigned lon
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	struct fmt_tstat *t;
+	__u32 uffd = 0;
 	__u64 now;
 
-	if (!wanted(pid))
+	if (sys_mode) {
+		/* one lookup gives both: traced, and paged by userfaultfd */
+		__u8 *f = bpf_map_lookup_elem(&pids, &pid);
+
+		if (!f || !(*f & FMT_PID_TRACE))
+			return 0;
+		uffd = (*f & FMT_PID_UFFD) != 0;
+	} else if (!wanted(pid)) {
 		return 0;
+	}
 	t = tstat_get(pid, tid);
 	if (!t)
 		return 0;
@@ -148,6 +170,10 @@ int BPF_PROG(on_fault, unsigned long address, struct pt_regs *regs, unsigned lon
 	if (error_code & 1)
 		t->pf_prot++;
 	t->fault_start = now;
+	if (sys_mode) {
+		t->fault_ip = regs->ip;
+		t->block_uffd = uffd;  /* what a block inside this fault will be */
+	}
 	if (targ_events & FMT_EV_FAULT)
 		emit(FMT_FAULT, pid, tid, now, address, error_code, 0);
 	return 0;
@@ -222,12 +248,30 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		} else {
 			t->fault_block_ns += d;
 		}
+		if (sys_mode && t->fault_start) {
+			/* no perf event closes the fault here: the switch back in does */
+			d = now - t->fault_start;
+			t->fault_start = 0;
+			t->fault_ns += d;
+			t->lat_hist[log2_slot(d) & (FMT_LAT_SLOTS - 1)]++;
+		}
 	}
 	if (preempt || prev_state == 0)
 		return 0;  /* still runnable: not a wait */
 	t = bpf_map_lookup_elem(&tstats, &ptid);
 	if (!t || !t->fault_start)
 		return 0;
+	if (sys_mode) {
+		/* still inside that fault? Its user ip is the faulting one until it returns. */
+		struct pt_regs *r = (struct pt_regs *)bpf_task_pt_regs(prev);
+
+		if (!r || r->ip != t->fault_ip) {
+			t->fault_start = 0;  /* that fault ended without blocking */
+			return 0;
+		}
+		t->block_start = now ? now : bpf_ktime_get_ns();  /* block_uffd: set by on_fault */
+		return 0;
+	}
 	if (!now)
 		now = bpf_ktime_get_ns();
 	t->block_start = now;

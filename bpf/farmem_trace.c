@@ -14,6 +14,7 @@
  * supported here (farmem run/stat work without it).
  */
 #include <argp.h>
+#include <dirent.h>
 #include <errno.h>
 #include <glob.h>
 #include <limits.h>
@@ -45,6 +46,7 @@ static struct env {
 	int njvms;
 	bool threads;
 	bool verbose;
+	bool all;     /* --all: every process, with the full (costly) probes */
 } env = { .interval_ms = 1000, .events = 0, .threads = true };
 
 static volatile sig_atomic_t exiting;
@@ -62,7 +64,12 @@ static const char doc[] =
 "EXAMPLES:\n"
 "    farmem-trace -p 1234                 # totals of pid 1234 every second\n"
 "    farmem-trace -p 1234 -e fault,gc -d 10   # every fault and GC phase, 10 s\n"
-"    farmem-trace -i 500                  # every process, every 0.5 s\n"
+"    farmem-trace -i 500                  # every farmem process, every 0.5 s\n"
+"\n"
+"With no -p, the farmem processes (those holding a farmem-map memfd, found\n"
+"again every interval) are traced on the cheap path: no per-fault perf event\n"
+"program and no stack walk (major/minor counts come from /proc, fault latency\n"
+"covers the faults that block). -p and --all trace with every probe.\n"
 "\n"
 "Exit status: 0 done, 1 error, 2 usage, 3 eBPF not permitted or not supported.\n";
 
@@ -73,6 +80,7 @@ static const struct argp_option opts[] = {
 	{ "events", 'e', "EVENTS", 0, "Events to print one by one: fault,major,gc,reclaim,all,none", 0 },
 	{ "jvm", 'j', "LIBJVM", 0, "libjvm.so for the GC probes (repeatable; default: the traced "
 	  "pids' own, else /usr/lib/jvm/*/lib/server/libjvm.so)", 0 },
+	{ "all", 'a', NULL, 0, "Without -p: trace every process with every probe (costly)", 0 },
 	{ "no-threads", 'T', NULL, 0, "Leave the per-thread lists out of the totals", 0 },
 	{ "verbose", 'v', NULL, 0, "libbpf debug output on stderr", 0 },
 	{},
@@ -135,6 +143,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		if (env.njvms >= MAX_JVMS)
 			argp_error(state, "at most %d -j", MAX_JVMS);
 		env.jvms[env.njvms++] = arg;
+		break;
+	case 'a':
+		env.all = true;
 		break;
 	case 'T':
 		env.threads = false;
@@ -322,6 +333,98 @@ static int find_jvms(char paths[MAX_JVMS][PATH_MAX])
 	return n;
 }
 
+/* --- system-wide mode: the farmem pid set, fault counts from /proc ------------------------- */
+
+static bool sys_mode;  /* no -p and no --all */
+
+/* minflt and majflt of /proc/PID/stat or /proc/PID/task/TID/stat (tid 0: the process). */
+static int read_faults(__u32 pid, __u32 tid, __u64 *minf, __u64 *majf)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long mi, ma;
+	FILE *f;
+	size_t n;
+
+	if (tid)
+		snprintf(path, sizeof(path), "/proc/%u/task/%u/stat", pid, tid);
+	else
+		snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %llu %*u %llu", &mi, &ma) != 2)
+		return -EINVAL;
+	*minf = mi;
+	*majf = ma;
+	return 0;
+}
+
+static __u32 pidset[FMT_PIDSET_MAX];
+static int npidset;
+
+/*
+ * Map `pids` := the processes holding a farmem-map memfd (FMT_PID_TRACE), with
+ * FMT_PID_UFFD when they also hold a userfaultfd (the uffd pager; kswap mode has none).
+ */
+static void refresh_pidset(int mfd)
+{
+	static __u32 now[FMT_PIDSET_MAX];
+	int nnow = 0;
+	DIR *d = opendir("/proc"), *fd;
+	struct dirent *de, *fe;
+	char path[300], link[128];
+
+	if (!d)
+		return;
+	while ((de = readdir(d)) && nnow < FMT_PIDSET_MAX) {
+		char *end;
+		unsigned long pid = strtoul(de->d_name, &end, 10);
+		__u8 flags = 0;
+
+		if (*end || !pid)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%lu/fd", pid);
+		fd = opendir(path);
+		if (!fd)
+			continue;
+		while ((fe = readdir(fd))) {
+			ssize_t n;
+
+			if (fe->d_name[0] == '.')
+				continue;
+			snprintf(path, sizeof(path), "/proc/%lu/fd/%s", pid, fe->d_name);
+			n = readlink(path, link, sizeof(link) - 1);
+			if (n <= 0)
+				continue;
+			link[n] = 0;
+			if (!strncmp(link, "/memfd:farmem-map", 17))
+				flags |= FMT_PID_TRACE;
+			else if (!strcmp(link, "anon_inode:[userfaultfd]"))
+				flags |= FMT_PID_UFFD;
+		}
+		closedir(fd);
+		if (!(flags & FMT_PID_TRACE))
+			continue;
+		now[nnow++] = (__u32)pid;
+		bpf_map_update_elem(mfd, &(__u32){(__u32)pid}, &flags, BPF_ANY);
+	}
+	closedir(d);
+	for (int i = 0; i < npidset; i++) {
+		bool keep = false;
+
+		for (int k = 0; k < nnow && !keep; k++)
+			keep = now[k] == pidset[i];
+		if (!keep)
+			bpf_map_delete_elem(mfd, &pidset[i]);
+	}
+	memcpy(pidset, now, nnow * sizeof(now[0]));
+	npidset = nnow;
+}
+
 /* --- events ------------------------------------------------------------------------------ */
 
 static __u64 mono0;     /* now_ns() at start: event times are relative to it */
@@ -370,6 +473,7 @@ struct proc_tot {
 	bool used;
 	struct fmt_tstat gone;  /* folded counters of exited threads */
 	__u64 gone_gc_faults;
+	__u64 last_min, last_maj;  /* system-wide mode: /proc/PID/stat, as last read */
 	/* per report */
 	struct fmt_tstat sum;
 	__u64 gc_faults;
@@ -506,6 +610,8 @@ static int report(struct farmem_trace *skel, bool final)
 			dead[ndead++] = key;
 			continue;
 		}
+		if (sys_mode)
+			read_faults(t.pid, t.tid, &t.min, &t.maj);
 		tstat_add(&p->sum, &t);
 		p->nthreads++;
 		if (gc_thread(comm)) {
@@ -553,6 +659,17 @@ static int report(struct farmem_trace *skel, bool final)
 			continue;
 		live = proc_alive(p->pid);
 		alive += live;
+		if (sys_mode) {
+			/* the process's own counts hold its exited threads too */
+			__u64 mi, ma;
+
+			if (read_faults(p->pid, 0, &mi, &ma) == 0) {
+				p->last_min = mi;
+				p->last_maj = ma;
+			}
+			p->sum.min = p->last_min;
+			p->sum.maj = p->last_maj;
+		}
 		read_comm(p->pid, 0, comm, sizeof(comm));
 		bpf_map_lookup_elem(gfd, &p->pid, &gc);
 		fprintf(f, "%s{\"pid\":%u,\"comm\":", first ? "" : ",", p->pid);
@@ -668,7 +785,9 @@ int main(int argc, char **argv)
 		goto cleanup;
 	}
 	skel->rodata->targ_pid = env.npids == 1 ? env.pids[0] : 0;
-	skel->rodata->targ_pid_map = env.npids > 1;
+	sys_mode = env.npids == 0 && !env.all;
+	skel->rodata->targ_pid_map = env.npids > 1 || sys_mode;
+	skel->rodata->sys_mode = sys_mode;
 	skel->rodata->targ_events = env.events;
 	skel->rodata->uffd_lo = lo;
 	skel->rodata->uffd_hi = hi;
@@ -690,6 +809,8 @@ int main(int argc, char **argv)
 
 		bpf_map_update_elem(bpf_map__fd(skel->maps.pids), &env.pids[i], &one, BPF_ANY);
 	}
+	if (sys_mode)
+		refresh_pidset(bpf_map__fd(skel->maps.pids));
 
 	/* tracepoints: the fault tracepoint is required, the rest are features */
 	struct bpf_program *tps[] = { skel->progs.on_fault, skel->progs.on_switch,
@@ -713,8 +834,11 @@ int main(int argc, char **argv)
 		err = -EXIT_NOBPF;
 		goto cleanup;
 	}
-	int maj_err = open_perf(skel->progs.on_major, PERF_COUNT_SW_PAGE_FAULTS_MAJ, links, &nlinks, 512);
-	int min_err = open_perf(skel->progs.on_minor, PERF_COUNT_SW_PAGE_FAULTS_MIN, links, &nlinks, 1000);
+	int maj_err = 0, min_err = 0;
+	if (!sys_mode) {  /* system-wide mode reads the counts from /proc instead */
+		maj_err = open_perf(skel->progs.on_major, PERF_COUNT_SW_PAGE_FAULTS_MAJ, links, &nlinks, 512);
+		min_err = open_perf(skel->progs.on_minor, PERF_COUNT_SW_PAGE_FAULTS_MIN, links, &nlinks, 1000);
+	}
 	if (maj_err || min_err)
 		fprintf(stderr, "farmem-trace: perf page-fault events unavailable (%s): no major/minor "
 			"split and no fault latency\n", strerror(-(maj_err ? maj_err : min_err)));
@@ -762,16 +886,18 @@ int main(int argc, char **argv)
 	printf("],\"interval_ms\":%ld,\"features\":{\"page_fault_user\":true,\"major_minor\":%s,"
 	       "\"uffd_wait\":%s,\"reclaim\":%s,\"gc\":%s},\"uffd_range\":[%llu,%llu],\"jvms\":[",
 	       env.interval_ms, (maj_err || min_err) ? "false" : "true",
-	       (uerr || tp_err[1]) ? "false" : "true", feat(tp_err[2] | tp_err[3]),
+	       ((uerr && !sys_mode) || tp_err[1]) ? "false" : "true", feat(tp_err[2] | tp_err[3]),
 	       gc_ok ? "true" : "false", (unsigned long long)lo, (unsigned long long)hi);
 	for (int i = 0; i < njvm; i++) {
 		printf("%s", i ? "," : "");
 		json_str(stdout, jvms[i], PATH_MAX);
 	}
-	printf("],\"lat_slots\":\"log2 ns\"}\n");
+	printf("],\"lat_slots\":\"log2 ns\",\"mode\":\"%s\"}\n",
+	       env.npids ? "pids" : sys_mode ? "farmem" : "all");
 	fflush(stdout);
 
 	__u64 next_report = env.interval_ms ? now_ns() + env.interval_ms * 1000000ull : 0;
+	__u64 next_refresh = now_ns() + 1000000000ull;
 	__u64 deadline = env.duration_s ? now_ns() + env.duration_s * 1000000000ull : 0;
 	while (!exiting) {
 		err = ring_buffer__poll(rb, 50);
@@ -788,6 +914,11 @@ int main(int argc, char **argv)
 		__u64 now = now_ns();
 		if (deadline && now >= deadline)
 			break;
+		if (sys_mode && now >= next_refresh) {
+			/* new farmem processes are traced from their first second on */
+			refresh_pidset(bpf_map__fd(skel->maps.pids));
+			next_refresh = now + 1000000000ull;
+		}
 		if (next_report && now >= next_report) {
 			next_report += env.interval_ms * 1000000ull;
 			if (next_report < now)

@@ -10,6 +10,11 @@
 #define FMT_COMM_LEN   16
 #define FMT_LAT_SLOTS  32  /* log2 buckets of nanoseconds: slot s holds [2^s, 2^(s+1)) */
 #define FMT_MAX_PIDS   64  /* -p may be given this many times */
+#define FMT_PIDSET_MAX 4096 /* processes in map `pids` (system-wide mode: the farmem processes) */
+
+/* Flags of a pid in map `pids`. */
+#define FMT_PID_TRACE  0x1u /* trace this process */
+#define FMT_PID_UFFD   0x2u /* it holds a userfaultfd: its in-fault waits are userfaultfd waits */
 #define FMT_STACK_DEPTH 8 /* frames looked at for handle_userfault (it is the 3rd-5th); the walk stops here */
 
 /* Which events go to the ring buffer (the -e list); aggregates are always kept. */
@@ -60,6 +65,7 @@ struct fmt_tstat {
 	__u64 fault_start;   /* ts of the fault in progress, 0 when none */
 	__u64 block_start;   /* ts the thread blocked inside a fault */
 	__u64 reclaim_start;
+	__u64 fault_ip;      /* user ip of the fault in progress (system-wide mode) */
 	__u32 block_uffd;    /* the current block is a userfaultfd wait */
 	__u32 pad;
 };

@@ -196,6 +196,14 @@ static int parse_options(const char *options, struct agent_opts *o, char *err, s
 		fm_pager_cfg_set(&o->cfg, "secret", env, err, errlen);
 	if ((env = getenv("FARMEM_CONTROL")) && *env)
 		snprintf(o->cfg.control, sizeof(o->cfg.control), "%s", env);
+	/* knobs.md's variable; the gc_aware option, below, wins over it. */
+	if ((env = getenv("FARMEM_GC_AWARE")) && *env &&
+	    fm_pager_cfg_set(&o->cfg, "gc_aware", env, err, errlen)) {
+		char msg[512];
+		snprintf(msg, sizeof(msg), "FARMEM_GC_AWARE: %s", err);
+		snprintf(err, errlen, "%s", msg);
+		return -EINVAL;
+	}
 	copy = strdup(options ? options : "");
 	if (!copy) {
 		snprintf(err, errlen, "out of memory");

@@ -74,6 +74,7 @@ struct fm_xport {
 	atomic_int_fast64_t grant_avail;   /* granted and not yet used */
 	uint64_t granted_total;            /* memd's figure for the session; under lock */
 	struct fm_multi *multi;        /* many memd servers: client_multi.c does everything */
+	struct fm_rdma *rdma;          /* rdma://: client_rdma.c (regions, QP address) */
 };
 
 struct fm_chan {
@@ -82,6 +83,7 @@ struct fm_chan {
 	uint8_t *buf;                  /* stream: reply staging, FM_MAX_BATCH pages */
 	struct fm_page_status st[FM_MAX_BATCH];
 	struct fm_mchan *mchan;        /* a channel of a many-memd transport (client_multi.c) */
+	struct fm_rchan *rchan;        /* rdma: this thread's RC QP (client_rdma.c) */
 };
 
 /* client_multi.c: a transport over several memd servers (an address with commas). */

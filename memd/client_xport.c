@@ -6,6 +6,7 @@
  * space management and quota only.
  */
 #include "client_conn.h"
+#include "client_rdma.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -48,6 +49,11 @@ int fm_xport_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char
 	x->cfg.addr = x->addr;
 	x->cfg.secret = x->secret;
 	pthread_mutex_init(&x->lock, NULL);
+	if (strncmp(cfg->addr, "rdma://", 7) == 0) {  /* rdma: client_rdma.c; control over TCP */
+		rc = fm_rdma_init(x, cfg->addr, err, errlen);
+		if (rc)
+			goto fail;
+	}
 
 	rc = fm_conn_open(&x->ctrl, &x->cfg, err, errlen);
 	if (rc)
@@ -68,9 +74,12 @@ int fm_xport_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char
 	}
 	x->kind = (cfg->pref != FM_PREF_STREAM && x->ctrl.is_unix &&
 		   (x->ctrl.server_flags & FM_HELLO_F_SHM)) ? FM_XPORT_SHM : FM_XPORT_STREAM;
+	if (x->rdma)
+		x->kind = FM_XPORT_RDMA;
 	*out = x;
 	return 0;
 fail:
+	fm_rdma_free(x);
 	fm_conn_close(&x->ctrl);
 	pthread_mutex_destroy(&x->lock);
 	free(x);
@@ -91,6 +100,7 @@ void fm_xport_close(struct fm_xport *x)
 		if (x->spaces[i].memfd >= 0)
 			close(x->spaces[i].memfd);
 	}
+	fm_rdma_free(x);
 	fm_conn_close(&x->ctrl);
 	pthread_mutex_destroy(&x->lock);
 	free(x);
@@ -208,8 +218,9 @@ int fm_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 		return -ENOSPC;
 	if (st || len != sizeof(rep))
 		return -EPROTO;
-	if (x->kind == FM_XPORT_SHM) {
-		rc = map_space(x, rep.space_id, npages);
+	if (x->kind == FM_XPORT_SHM || x->kind == FM_XPORT_RDMA) {
+		rc = x->kind == FM_XPORT_RDMA ? fm_rdma_space_map(x, rep.space_id, npages)
+					      : map_space(x, rep.space_id, npages);
 		if (rc) {
 			fm_xport_space_close(x, rep.space_id);
 			return rc;
@@ -228,6 +239,8 @@ int fm_xport_space_close(struct fm_xport *x, uint32_t space_id)
 
 	if (x->multi)  /* many-memd dispatch */
 		return fm_multi_space_close(x, space_id);
+	if (x->rdma)
+		fm_rdma_space_unmap(x, space_id);
 	sm = find_space(x, space_id);
 	if (sm) {
 		pthread_mutex_lock(&x->lock);
@@ -272,6 +285,13 @@ int fm_chan_open(struct fm_xport *x, struct fm_chan **out)
 		return -ENOMEM;
 	c->x = x;
 	c->conn.fd = -1;
+	if (x->kind == FM_XPORT_RDMA) {
+		rc = fm_rdma_chan_open(c);
+		if (rc) {
+			free(c);
+			return rc;
+		}
+	}
 	if (x->kind == FM_XPORT_STREAM) {
 		char err[256];
 		c->buf = aligned_alloc(FM_PAGE_SIZE, (size_t)FM_MAX_BATCH * FM_PAGE_SIZE);
@@ -306,6 +326,7 @@ void fm_chan_close(struct fm_chan *c)
 		fm_multi_chan_close(c);
 		return;
 	}
+	fm_rdma_chan_close(c);
 	fm_conn_close(&c->conn);
 	free(c->buf);
 	free(c);
@@ -348,6 +369,8 @@ int fm_chan_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsig
 		return -EINVAL;
 	if (c->mchan)  /* many-memd dispatch */
 		return fm_multi_read(c, space, pages, n, src);
+	if (c->rchan)
+		return fm_rdma_read(c, space, pages, n, src);
 	if (c->x->kind == FM_XPORT_SHM) {
 		struct space_map *sm = find_space(c->x, space);
 		if (!sm)
@@ -482,6 +505,8 @@ int fm_chan_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsi
 		return fm_multi_write(c, space, pages, n, data, status);
 	if (!ctrl_alive(x))
 		return -EPIPE;
+	if (c->rchan)
+		return fm_rdma_write(c, space, pages, n, data, status);
 	if (x->kind == FM_XPORT_SHM) {
 		struct space_map *sm = find_space(x, space);
 		if (!sm)
@@ -521,6 +546,8 @@ int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 		return -EINVAL;
 	if (c->mchan)  /* many-memd dispatch */
 		return fm_multi_discard(c, space, r, n);
+	if (c->rchan)
+		return fm_rdma_discard(c, space, r, n);
 	if (x->kind == FM_XPORT_SHM) {
 		struct space_map *sm = find_space(x, space);
 		if (!sm)
@@ -549,4 +576,18 @@ int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 			rc = st == FM_E_RANGE ? -ERANGE : -EPROTO;
 		return rc;
 	}
+}
+
+/* ---- helpers for client_rdma.c ---------------------------------------- */
+int fm_xport_ctrl_call(struct fm_xport *x, uint16_t op, const void *req, size_t reqlen,
+		       void *rep, size_t cap, size_t *len, uint16_t *st)
+{
+	return ctrl_call(x, op, 0, &(struct fm_iov){ req, reqlen }, 1, rep, cap, len, st, NULL);
+}
+
+int fm_xport_take_grant(struct fm_xport *x) { return take_grant(x); }
+
+void fm_xport_return_grant(struct fm_xport *x, uint64_t pages)
+{
+	atomic_fetch_add(&x->grant_avail, (int_fast64_t)pages);
 }

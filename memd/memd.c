@@ -93,6 +93,7 @@ static const char usage_text[] =
 "\n"
 "  --listen HOST:PORT   TCP address to listen on (repeatable; [v6addr]:PORT, empty HOST = all)\n"
 "  --unix PATH          Unix socket to listen on (clients there may map spaces: SHM_MAP)\n"
+"  --rdma ADDR:PORT     RDMA (librdmacm) listener; also TCP on ADDR:PORT for its control\n"
 "  --capacity SIZE      memory for pages, e.g. 64G (default: half of physical memory)\n"
 "  --numa-node N        keep the page store on NUMA node N (a CPU-less CXL node is a slow tier)\n"
 "  --session-quota SIZE most one session may hold (default: the capacity)\n"
@@ -633,6 +634,7 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "listen", required_argument, NULL, 'l' },
 		{ "unix", required_argument, NULL, 'u' },
+		{ "rdma", required_argument, NULL, 'R' },
 		{ "capacity", required_argument, NULL, 'c' },
 		{ "session-quota", required_argument, NULL, 'q' },
 		{ "secret-file", required_argument, NULL, 's' },
@@ -645,7 +647,7 @@ int main(int argc, char **argv)
 	};
 	/* Static: reachable from anywhere, so that early exits leak nothing. */
 	static const char **tcp;
-	const char *unix_path = NULL, *secret_file = NULL;
+	const char *unix_path = NULL, *secret_file = NULL, *rdma_spec = NULL;
 	uint64_t capacity = default_capacity(), quota = 0, threads = 2, v;
 	bool have_quota = false;
 	int ntcp = 0, ready_fd = -1, opt, ret, sig, status = 0, numa_node = -1;
@@ -659,6 +661,10 @@ int main(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'l':
+			tcp[ntcp++] = optarg;
+			break;
+		case 'R':  /* RDMA on ADDR:PORT; its control connection is TCP on the same port */
+			rdma_spec = optarg;
 			tcp[ntcp++] = optarg;
 			break;
 		case 'u':
@@ -775,6 +781,13 @@ int main(int argc, char **argv)
 			goto out;
 		}
 	}
+	if (rdma_spec) {
+		ret = memd_rdma_start(rdma_spec);
+		if (ret) {
+			status = 1;
+			goto out;
+		}
+	}
 	ret = start_workers((unsigned)threads);
 	if (ret) {
 		fm_err("cannot start the workers: %s", strerror(-ret));
@@ -796,6 +809,7 @@ int main(int argc, char **argv)
 	}
 	fm_info("signal %d: shutting down", sig);
 out:
+	memd_rdma_stop();
 	stop_workers();
 	for (unsigned i = 0; i < srv.nls; i++)
 		close(srv.ls[i].fd);

@@ -42,6 +42,7 @@ enum fm_op {
 	FM_OP_STATS        = 10, /* C: -; S: fm_stats */
 	FM_OP_SHM_MAP      = 11, /* C: fm_space_ref; S: fm_shm_map_rep + memfd (SCM_RIGHTS) */
 	FM_OP_QUOTA        = 12, /* C: fm_quota_req; S: fm_quota_rep */
+	FM_OP_RDMA_MAP     = 13, /* C: fm_space_ref; S: fm_rdma_map_rep (memd --rdma only) */
 	FM_OP_ERROR        = 0x7fff, /* S only: status in header, UTF-8 message as payload */
 };
 
@@ -152,6 +153,17 @@ struct fm_shm_map_rep {
 	uint64_t data_offset;
 	uint64_t meta_offset;
 	uint64_t map_len;
+} __attribute__((packed));
+
+/* RDMA_MAP: the space's memfd layout (as SHM_MAP) registered for one-sided verbs. */
+struct fm_rdma_map_rep {
+	uint64_t npages;
+	uint64_t data_offset;
+	uint64_t meta_offset;
+	uint64_t map_len;
+	uint64_t addr;             /* remote virtual address of offset 0 */
+	uint32_t rkey;
+	uint32_t reserved;
 } __attribute__((packed));
 
 #define FM_SHM_PRESENT 1u

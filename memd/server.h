@@ -180,4 +180,9 @@ bool memd_conn_wants_write(const struct memd_conn *c);
 /* Nothing left to do: close it. */
 bool memd_conn_done(const struct memd_conn *c);
 
+/* server_rdma.c: the --rdma listener and region registration. */
+int memd_rdma_start(const char *spec);
+void memd_rdma_stop(void);
+int memd_rdma_map(int fd, const struct fm_shm_map_rep *shm, struct fm_rdma_map_rep *rep);
+
 #endif /* FARMEM_MEMD_SERVER_H */

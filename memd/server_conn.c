@@ -52,6 +52,7 @@ static const struct op_shape op_shapes[] = {
 	[FM_OP_STATS]        = { 0, 0, 0, "STATS" },
 	[FM_OP_SHM_MAP]      = { sizeof(struct fm_space_ref), 0, 0, "SHM_MAP" },
 	[FM_OP_QUOTA]        = { sizeof(struct fm_quota_req), 0, 0, "QUOTA" },
+	[FM_OP_RDMA_MAP]     = { sizeof(struct fm_space_ref), 0, 0, "RDMA_MAP" },
 };
 
 static const struct op_shape *shape_of(uint16_t op)
@@ -451,6 +452,28 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		if (!ret && !reply(c, h, 0, 0, -1))
 			ret = -ENOMEM;
 		break;
+	case FM_OP_RDMA_MAP: {  /* server_rdma.c: register the memfd, hand out its rkey */
+		struct fm_shm_map_rep srep;
+		struct fm_rdma_map_rep rrep;
+
+		ret = memd_space_shm(c->st, sp, &srep, &fd);
+		if (ret)
+			break;
+		ret = memd_rdma_map(fd, &srep, &rrep);
+		close(fd);
+		fd = -1;
+		if (ret) {
+			memd_space_put(c->st, sp);
+			return reply_err(c, h, FM_E_NOSHM, "RDMA_MAP: memd has no RDMA listener (--rdma)");
+		}
+		p = reply(c, h, 0, sizeof(rrep), -1);
+		if (!p) {
+			ret = -ENOMEM;
+			break;
+		}
+		memcpy(p, &rrep, sizeof(rrep));
+		break;
+	}
 	case FM_OP_SHM_MAP: {
 		struct fm_shm_map_rep rep;
 

@@ -22,6 +22,7 @@ MARKERS = {
     "pager": "runs programs under build/lib/libfarmem_preload.so",
     "jvm": "runs a JVM under farmem",
     "vm": "boots Debian's kernel in qemu (tests/vm/): the module and RDMA lane",
+    "patched_jdk": "needs the farmem JDK (make jdk, hotspot/); builds it on first use (~15 min)",
 }
 
 

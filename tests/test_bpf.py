@@ -117,6 +117,37 @@ def test_uffd_waits_under_the_pager(trace_bin, built, farmem_cmd):
     assert proc["uffd_wait_ns"] > 0 and proc["maj"] < proc["min"]
 
 
+def test_system_wide_traces_the_farmem_processes_cheaply(trace_bin, built, farmem_cmd):
+    """No -p (as `farmem top`): only farmem processes, uffd waits without stack walks, major/minor
+    from /proc, latency of the faults that block."""
+    built("build/tests/pagetest")
+    other = subprocess.Popen(["python3", "-c", TOUCHER])
+    run = subprocess.Popen(farmem_cmd + ["run", "--local", "25%", "--", "build/tests/pagetest",
+                                         "--size", "128M", "--rounds", "400"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.5)
+        child = int(subprocess.check_output(["pgrep", "-f", "^build/tests/pagetest"], text=True).split()[0])
+        r = subprocess.run([str(trace_bin), "-i", "1000", "-d", "3"], capture_output=True, text=True,
+                           timeout=30)
+    finally:
+        run.terminate()
+        run.wait(30)
+        other.kill()
+        other.wait()
+    assert r.returncode == 0, r.stderr
+    lines = _lines(r.stdout)
+    assert lines[0]["mode"] == "farmem" and lines[0]["features"]["major_minor"] is True
+    assert lines[0]["features"]["uffd_wait"] is True
+    final = [d for d in lines if d["type"] == "stats"][-1]
+    procs = {p["pid"]: p for p in final["procs"]}
+    assert other.pid not in procs  # not a farmem process: filtered out in BPF
+    proc = procs[child]
+    assert proc["uffd_waits"] > 100 and proc["uffd_wait_ns"] > 0, proc
+    assert proc["min"] > 0 and proc["maj"] < proc["min"] and sum(proc["lat_hist"]) > 0
+    assert proc["fault_ns"] > 0 and any(t["min"] > 0 for t in proc["threads"])
+
+
 def test_gc_phases_and_threads(trace_bin, churn, tmp_path, farmem_cmd):
     p = churn(8)
     r = subprocess.run([str(trace_bin), "-p", str(p.pid), "-i", "1000", "-d", "3", "-e", "gc,fault"],

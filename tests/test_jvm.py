@@ -96,6 +96,20 @@ def test_pagerank_matches_unpaged_run(farmem_cmd, java_cp, tmp_path):
     assert json.loads(summary.read_text())["remote_reads"] > 0
 
 
+def test_h2_database_at_25_percent(farmem_cmd, build, built, jvm_built, tmp_path, private_tmp):
+    """The third-party workload: H2 (Maven Central, fetched by make) in memory, every answer checked."""
+    built("build/java/thirdparty/.ok")
+    summary = tmp_path / "s.json"
+    cp = f"{build / 'java'}:{build / 'java' / 'thirdparty' / 'h2.jar'}"
+    r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--",
+               "java", HEAP, "-cp", cp, "H2Workload", "--rows", "200000", "--rounds", "300",
+               timeout=240, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^h2: ok rows=200000 queries=3000 ", r.stdout, re.M), r.stdout
+    s = json.loads(summary.read_text())
+    assert s["remote_reads"] > 0 and s["gc_faults"] > 0 and s["app_faults"] > 0, s
+
+
 @pytest.mark.parametrize("jvm_args, message", [
     (["-XX:+UseZGC", HEAP], "ZGC is not supported"),
     (["-XX:+UseShenandoahGC", HEAP], "Shenandoah is not supported"),
@@ -134,6 +148,15 @@ def test_bad_agent_option_stops_the_jvm(build, jvm_built, opts, message):
     assert r.returncode != 0
     assert message in r.stderr and "the JVM does not start" in r.stderr
     assert "openjdk version" not in r.stderr
+
+
+def test_gc_aware_comes_from_the_environment_too(build, jvm_built):
+    """knobs.md's FARMEM_GC_AWARE reaches the agent (bench/bench_gc_aware.py turns the knob off with it)."""
+    r = subprocess.run(["java", "-Xmx64m", f"-agentpath:{build}/lib/libfarmem_agent.so=memd=unix:/nonexistent",
+                        "-version"], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, FARMEM_GC_AWARE="7"))
+    assert r.returncode != 0
+    assert "FARMEM_GC_AWARE" in r.stderr and "the JVM does not start" in r.stderr
 
 
 def test_unreachable_memd_follows_onerror(build, jvm_built):

@@ -262,7 +262,7 @@ def test_wrong_version(memd):
 
 def test_unknown_op_keeps_connection(memd):
     c = memd.connect()
-    for op in (0, 13, 500, mp.ERROR):
+    for op in (0, 14, 500, mp.ERROR):  # 13 is RDMA_MAP
         expect_status(mp.E_OP, c.request, op, b"abc")
     assert c.space_open(4) >= 1
     assert memd.stats()["errors"] >= 4

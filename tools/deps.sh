@@ -13,7 +13,7 @@ PKGS=(
 	# the qemu lane (tests/vm/): Debian's kernel under TCG, kmod-swapva, soft-RoCE
 	qemu-system-x86 busybox-static linux-headers-amd64 kmod cpio xz-utils
 	ibverbs-utils rdmacm-utils perftest
-	openjdk-17-jdk-headless
+	openjdk-17-jdk-headless maven
 )
 
 missing=()

@@ -310,10 +310,21 @@ static uint64_t adopt_present(struct fm_pager *p, struct region *r)
 		};
 		long got = ioctl(pagemap, PAGEMAP_SCAN, &a);
 		if (got < 0) {
-			/* Before 6.7 there is no PAGEMAP_SCAN: count every page as present. */
-			for (uint64_t i = (start - r->base) >> PG_SHIFT; i < r->npages; i++) {
-				pg_store(&r->pg[i], pg_make(FM_PG_DIRTY, FM_PGF_REF));
-				n++;
+			/*
+			 * Before 6.7 there is no PAGEMAP_SCAN: ask mincore. Counting
+			 * every page as present would make the evictor copy out pages
+			 * never touched, and fault on them itself (a deadlock).
+			 */
+			for (uint64_t i = (start - r->base) >> PG_SHIFT; i < r->npages; i += 4096) {
+				unsigned char vv[4096];
+				uint64_t m = r->npages - i < 4096 ? r->npages - i : 4096;
+				int ok = mincore((void *)(r->base + (i << PG_SHIFT)), m << PG_SHIFT, vv) == 0;
+				for (uint64_t j = 0; j < m; j++) {
+					if (ok && !(vv[j] & 1))
+						continue;
+					pg_store(&r->pg[i + j], pg_make(FM_PG_DIRTY, FM_PGF_REF));
+					n++;
+				}
 			}
 			break;
 		}
@@ -1179,7 +1190,8 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	p->evictor_started = 1;
 	report_to_launcher(p);
 	fm_info("pager up: memd %s (%s), %u fault threads", cfg->memd,
-		fm_xport_kind(p->x) == FM_XPORT_SHM ? "shared memory" : "stream", p->nhandlers);
+		fm_xport_kind(p->x) == FM_XPORT_SHM ? "shared memory" :
+		fm_xport_kind(p->x) == FM_XPORT_RDMA ? "rdma" : "stream", p->nhandlers);
 	*out = p;
 	return 0;
 fail:

@@ -303,7 +303,8 @@ static void test_frame_check(void)
 		{ FM_PROTO_MAGIC, FM_OP_HELLO, 0, 40, MEMD_C_AUTH, MEMD_V_CLOSE, FM_E_STATE },
 		{ FM_PROTO_MAGIC, FM_OP_HELLO, 0, 40, MEMD_C_READY, MEMD_V_CLOSE, FM_E_STATE },
 		{ FM_PROTO_MAGIC, 0, 0, 0, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
-		{ FM_PROTO_MAGIC, 13, 0, 100, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
+		{ FM_PROTO_MAGIC, 14, 0, 100, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
+		{ FM_PROTO_MAGIC, FM_OP_RDMA_MAP, 0, 8, MEMD_C_READY, MEMD_V_OK, 0 },
 		{ FM_PROTO_MAGIC, FM_OP_ERROR, 0, 0, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
 		{ FM_PROTO_MAGIC, FM_OP_READ, 256, 8 + 256 * 8, MEMD_C_READY, MEMD_V_OK, 0 },
 		{ FM_PROTO_MAGIC, FM_OP_READ, 257, 8 + 257 * 8, MEMD_C_READY, MEMD_V_ERR, FM_E_TOOBIG },
@@ -715,7 +716,7 @@ static void test_fuzz(struct memd_store *st)
 	for (int it = 0; it < 20000; it++) {
 		struct fm_hdr h;
 		uint32_t kind = rnd32(&seed) % 16;
-		const uint16_t ops[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 13, 0x7fff };
+		const uint16_t ops[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 13, 14, 0x7fff };
 
 		h.magic = kind == 0 ? rnd32(&seed) : FM_PROTO_MAGIC;
 		h.op = ops[rnd32(&seed) % (sizeof(ops) / sizeof(ops[0]))];

@@ -72,6 +72,48 @@ if on rdma; then
 		kill $sp 2>/dev/null
 	fi
 	tail -2 /tmp/pp.c
+
+	# ---- the rdma transport: memd --rdma, pagetest over one-sided verbs, a hostile peer ----
+	export FARMEM_SECRET=lane-rdma-secret-0123456789abcdef
+	printf '%s\n' "$FARMEM_SECRET" >/tmp/memd.secret
+	RA=10.77.0.1:7471
+	$W/farmem-memd --rdma $RA --unix /tmp/memd.sock --secret-file /tmp/memd.secret \
+		--capacity 512M --log info >$W/rdma-memd.log 2>&1 &
+	mp=$!
+	for i in $(seq 1 100); do [ -S /tmp/memd.sock ] && break; sleep 0.2; done
+	sleep 1
+	if grep -q 'rdma: listening' $W/rdma-memd.log; then ok memd-rdma-listen; else bad memd-rdma-listen; fi
+	if timeout 300 $W/rdma_peer check rdma://$RA >$W/rdma-peer.log 2>&1; then
+		ok rdma-hostile-peer
+	else
+		bad rdma-hostile-peer
+	fi
+	cat $W/rdma-peer.log | head -20
+	# the same workload over the stream transport first: tells a pager issue from an rdma one
+	if timeout 240 env LD_PRELOAD=$W/libfarmem_preload.so FARMEM_MEMD=tcp:$RA FARMEM_LOCAL=16M \
+		FARMEM_LOG=info $W/pagetest --size 64M --rounds 1 >$W/rdma-pagetest-tcp.log 2>&1; then
+		ok tcp-pagetest-64M
+	else
+		bad tcp-pagetest-64M
+	fi
+	if timeout 240 env LD_PRELOAD=$W/libfarmem_preload.so FARMEM_MEMD=rdma://$RA FARMEM_LOCAL=16M \
+		FARMEM_LOG=info $W/pagetest --size 64M --rounds 1 --verbose >$W/rdma-pagetest.log 2>&1; then
+		grep -q 'memd rdma://.*(rdma)' $W/rdma-pagetest.log && ok rdma-pagetest-64M || bad rdma-pagetest-64M-not-rdma
+	else
+		bad rdma-pagetest-64M
+	fi
+	grep -aE 'pager up|pagetest|error|rdma' $W/rdma-pagetest.log | head -8
+	if on bench || [ "$want" = rdma ]; then
+		if timeout 300 $W/rdma_peer bench rdma://$RA tcp:$RA 1024 >$W/rdma-bench.log 2>&1; then
+			ok rdma-bench-runs
+		else
+			bad rdma-bench-runs
+		fi
+		sed 's/^/INFO: /' $W/rdma-bench.log
+	fi
+	if kill -0 $mp 2>/dev/null; then ok memd-survived; else bad memd-survived; fi
+	kill $mp 2>/dev/null; wait $mp 2>/dev/null
+	grep -E 'rdma|error' $W/rdma-memd.log | head -12 | sed 's/^/INFO: memd: /'
 fi
 
 echo "$pass passed, $fail failed"

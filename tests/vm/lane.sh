@@ -59,13 +59,20 @@ mkdir -p "$O/kmod"
 cp "$REPO"/kmod-swapva/{swapva.c,swapva.h,Kbuild} "$O/kmod/"
 make -s -C /usr/lib/modules/$KVER/build M="$O/kmod" modules >"$O/kmod/build.log" 2>&1 ||
 	{ cat "$O/kmod/build.log"; log "module build failed"; }
-CF="-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -pthread"
+CF="-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -pthread -I$REPO/uffd"
 gcc $CF -o "$O/test_swapva" "$REPO/tests/unit/test_swapva.c" "$REPO/kmod-swapva/libswapva.c"
 gcc $CF -o "$O/swapva_bench" "$REPO/bench/progs/swapva_bench.c" "$REPO/kmod-swapva/libswapva.c"
 for f in "$REPO"/tests/vm/progs/*.c; do
 	[ -e "$f" ] && gcc $CF -o "$O/$(basename "$f" .c)" "$f"
 done
 cp "$REPO/tests/vm/guest.sh" "$REPO/bench/bench_swapva.py" "$O/"
+# the rdma transport: memd, the preload shim and pagetest from `make c`, and the lane's peer
+for f in bin/farmem-memd lib/libfarmem_preload.so tests/pagetest; do
+	if [ -e "$REPO/build/$f" ]; then cp "$REPO/build/$f" "$O/"; else log "build/$f missing: run make c"; fi
+done
+gcc $CF -I"$REPO/memd" -I"$REPO/uffd" -o "$O/rdma_peer" "$REPO/tests/vm/rdma_peer.c" \
+	"$REPO"/memd/client_*.c "$REPO/memd/fm_util.c" "$REPO/memd/auth.c" \
+	-lisal -lcrypto -lnuma -libverbs -lrdmacm || log "rdma_peer build failed"
 
 # --- initramfs: static busybox + the virtio/9p modules, rebuilt when init changes ----
 if [ ! -s "$L/initrd.gz" ] || [ "$REPO/tests/vm/init" -nt "$L/initrd.gz" ]; then

@@ -64,6 +64,11 @@ def memd_address(text: str) -> str:
         if len(text) == len("unix:"):
             raise ValueError(f"{text!r}: unix: needs a socket path")
         return text
+    if text.startswith("rdma://"):  # one-sided verbs; control over TCP on the same HOST:PORT
+        m = _HOST_PORT_RE.fullmatch(text.removeprefix("rdma://"))
+        if not m or not 1 <= int(m.group(2)) <= 65535:
+            raise ValueError(f"{text!r}: want rdma://ADDR:PORT")
+        return text
     m = _HOST_PORT_RE.fullmatch(text.removeprefix("tcp:"))
     if not m or not 1 <= int(m.group(2)) <= 65535:
         raise ValueError(f"{text!r} is not a memd address (unix:PATH, tcp:HOST:PORT or HOST:PORT)")
@@ -116,7 +121,7 @@ def _add_run(sub) -> None:
                    help=f"local-memory budget: bytes (64M, 1g) or a percentage of the paged "
                         f"memory (default {run.DEFAULT_LOCAL.replace('%', '%%')})")
     p.add_argument("--memd", type=memd_list_type, metavar="ADDR[,ADDR...]",
-                   help="memory servers (unix:PATH, tcp:HOST:PORT, HOST:PORT); default: start one")
+                   help="memory servers (unix:PATH, tcp:HOST:PORT, HOST:PORT, rdma://ADDR:PORT); default: start one")
     p.add_argument("--secret-file", metavar="FILE",
                    help="the memd's secret (for --memd; else $FARMEM_SECRET)")
     p.add_argument("--transport", choices=("auto", "shm", "stream"),
@@ -162,6 +167,9 @@ def _add_memd(sub) -> None:
                    help=f"TCP address to serve (repeatable; default {memd.DEFAULT_LISTEN} when "
                         "--unix is not given)")
     p.add_argument("--unix", metavar="PATH", help="Unix socket to serve")
+    p.add_argument("--rdma", type=listen_type, metavar="ADDR:PORT",
+                   help="serve RDMA clients (rdma://ADDR:PORT) on an RDMA device's address; "
+                        "their control connection is TCP on the same ADDR:PORT")
     p.add_argument("--capacity", type=size_at_least(1 << 20), metavar="SIZE",
                    help="memory to hold pages in (default: half the physical memory)")
     p.add_argument("--secret-file", metavar="FILE",

@@ -23,9 +23,12 @@ def new_secret_file() -> str:
 
 def memd_argv(args, binary: str, secret_file: str) -> list:
     argv = [binary]
-    listen = args.listen or ([] if args.unix else [DEFAULT_LISTEN])
+    rdma = getattr(args, "rdma", None)
+    listen = args.listen or ([] if (args.unix or rdma) else [DEFAULT_LISTEN])
     for addr in listen:
         argv += ["--listen", addr]
+    if rdma:  # memd also listens on TCP ADDR:PORT for the rdma clients' control
+        argv += ["--rdma", rdma]
     if args.unix:
         argv += ["--unix", args.unix]
     if args.capacity:

@@ -176,7 +176,9 @@ def probe_memds(addrs: list, secret: str) -> None:
                           "is missing from this install") from None
     for addr in addrs:
         try:
-            memdproto.probe(addr, secret, timeout=PROBE_TIMEOUT_S)
+            # rdma://ADDR:PORT authenticates over TCP on the same ADDR:PORT first
+            probe_addr = "tcp:" + addr[len("rdma://"):] if addr.startswith("rdma://") else addr
+            memdproto.probe(probe_addr, secret, timeout=PROBE_TIMEOUT_S)
         except memdproto.MemdError as e:
             raise FarmemError(f"cannot reach memd at {addr}: {e}") from None
         except OSError as e:

@@ -297,14 +297,18 @@ def cmd_trace(args) -> int:
     from farmem import doctor
     doctor.require("bpf-tracepoint")  # the same refusal as every command, pointing to `farmem doctor`
     data = collect(args.pid, args.duration)
+    n_gc = sum(1 for e in data["faults"] if e["gc"])
     summary = {"pid": args.pid, "faults": len(data["faults"]),
-               "gc_faults": sum(1 for e in data["faults"] if e["gc"]),
+               "gc_faults": n_gc, "app_faults": len(data["faults"]) - n_gc,
                "gc_phases": len(gc_phases(data["gc"], data["duration_s"])),
                "features": data["features"]}
     if args.csv:
         write_csv(args.csv, data["faults"])
     if args.plot:
-        summary.update(plot(args.plot, args.pid, data))
+        # the plot leaves far outliers out: its counts go under plotted_*, the totals stay
+        shown = plot(args.plot, args.pid, data)
+        summary.update({"plotted_faults": shown["faults"], "plotted_app_faults": shown["app_faults"],
+                        "plotted_gc_faults": shown["gc_faults"], "gc_phases": shown["gc_phases"]})
     if args.json:
         print(json.dumps(summary))
     else:

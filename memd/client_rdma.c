@@ -1,0 +1,513 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The rdma transport: one-sided verbs into the regions memd advertises with
+ * RDMA_MAP (the space's memfd layout: page data, then fm_shm_meta {crc,
+ * flags} per page, as the shm transport uses it).
+ *
+ *  read:  per page, RDMA READ of the data and of its meta into this channel's
+ *         registered buffer; one chain, only the last work request signalled
+ *         (RC completes in order, so its completion covers the chain). Then
+ *         flags and checksum are checked here.
+ *  write: copy into the registered buffer, crc, then per page RDMA WRITE of
+ *         the data followed by RDMA WRITE of {crc, PRESENT} (flags last);
+ *         the signalled completion of the last one means memd's memory holds
+ *         every byte, so the pager may drop its copy.
+ *  discard: RDMA WRITE of zeroed meta (no hole punching: the region is pinned).
+ *
+ * Capacity: pages new to memd take the session's QUOTA grant, as over shm;
+ * this client is the only writer of its spaces, so which pages are present is
+ * kept in a local bitmap.
+ */
+#include "client_rdma.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include "fm_util.h"
+
+#define RDMA_ZERO_META 4096u  /* metas zeroed per discard work request */
+
+struct rspace {
+	uint32_t id;
+	uint64_t npages;
+	uint64_t data_addr, meta_addr;
+	uint32_t rkey;
+	uint8_t *present;  /* bitmap, atomics */
+	int valid;         /* published last */
+};
+
+struct fm_rdma {
+	char ctrl_addr[280];
+	char host[256];
+	char port[16];
+	struct rspace sp[64];
+	unsigned nsp;
+};
+
+struct fm_rchan {
+	struct rdma_event_channel *ec;
+	struct rdma_cm_id *id;
+	struct ibv_pd *pd;
+	struct ibv_comp_channel *cc;
+	struct ibv_cq *cq;
+	struct ibv_mr *mr;
+	uint8_t *buf;                 /* FM_MAX_BATCH pages, then metas, then zero metas */
+	struct fm_shm_meta *meta;
+	struct fm_shm_meta *zero;
+	struct ibv_send_wr wr[2 * FM_MAX_BATCH];
+	struct ibv_sge sge[2 * FM_MAX_BATCH];
+	int dead;
+	int timeout_ms;
+};
+
+int fm_rdma_init(struct fm_xport *x, const char *addr, char *err, size_t errlen)
+{
+	const char *hp = addr + strlen("rdma://"), *colon = strrchr(hp, ':');
+	struct fm_rdma *r;
+
+	if (!colon || colon == hp || (size_t)(colon - hp) >= sizeof(r->host) ||
+	    strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(r->port)) {
+		fm_errmsg(err, errlen, "memd address '%s': want rdma://ADDR:PORT", addr);
+		return -EINVAL;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	memcpy(r->host, hp, (size_t)(colon - hp));
+	snprintf(r->port, sizeof(r->port), "%s", colon + 1);
+	snprintf(r->ctrl_addr, sizeof(r->ctrl_addr), "tcp:%s", hp);
+	x->rdma = r;
+	x->cfg.addr = r->ctrl_addr;
+	return 0;
+}
+
+void fm_rdma_free(struct fm_xport *x)
+{
+	if (!x->rdma)
+		return;
+	for (unsigned i = 0; i < x->rdma->nsp; i++)
+		free(x->rdma->sp[i].present);
+	free(x->rdma);
+	x->rdma = NULL;
+}
+
+static struct rspace *find_rspace(struct fm_xport *x, uint32_t id)
+{
+	struct fm_rdma *r = x->rdma;
+	unsigned n = __atomic_load_n(&r->nsp, __ATOMIC_ACQUIRE);
+
+	for (unsigned i = 0; i < n; i++)
+		if (__atomic_load_n(&r->sp[i].valid, __ATOMIC_ACQUIRE) && r->sp[i].id == id)
+			return &r->sp[i];
+	return NULL;
+}
+
+int fm_rdma_space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
+{
+	struct fm_space_ref ref = { .space_id = id };
+	struct fm_rdma_map_rep rep;
+	struct fm_rdma *r = x->rdma;
+	struct rspace *s = NULL;
+	size_t len;
+	uint16_t st;
+	int rc;
+
+	rc = fm_xport_ctrl_call(x, FM_OP_RDMA_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st);
+	if (rc)
+		return rc;
+	if (st == FM_E_NOSHM) {
+		fm_err("memd at %s has no RDMA listener (start it with --rdma ADDR:PORT)", x->addr);
+		return -EOPNOTSUPP;
+	}
+	if (st || len != sizeof(rep) || rep.npages != npages ||
+	    rep.meta_offset < rep.data_offset + npages * FM_PAGE_SIZE ||
+	    rep.map_len < rep.meta_offset + npages * sizeof(struct fm_shm_meta))
+		return -EPROTO;
+	pthread_mutex_lock(&x->lock);
+	for (unsigned i = 0; i < r->nsp; i++)
+		if (!r->sp[i].valid && !r->sp[i].present)
+			s = &r->sp[i];
+	if (!s && r->nsp < 64)
+		s = &r->sp[r->nsp];
+	if (s) {
+		s->present = calloc((npages + 7) / 8, 1);
+		if (s->present) {
+			s->id = id;
+			s->npages = npages;
+			s->data_addr = rep.addr + rep.data_offset;
+			s->meta_addr = rep.addr + rep.meta_offset;
+			s->rkey = rep.rkey;
+			__atomic_store_n(&s->valid, 1, __ATOMIC_RELEASE);
+			if (s == &r->sp[r->nsp])
+				__atomic_store_n(&r->nsp, r->nsp + 1, __ATOMIC_RELEASE);
+		}
+	}
+	pthread_mutex_unlock(&x->lock);
+	return s && s->present ? 0 : -ENOSPC;
+}
+
+void fm_rdma_space_unmap(struct fm_xport *x, uint32_t id)
+{
+	struct rspace *s = find_rspace(x, id);
+
+	if (!s)
+		return;
+	pthread_mutex_lock(&x->lock);
+	__atomic_store_n(&s->valid, 0, __ATOMIC_RELEASE);
+	/* The bitmap stays allocated (a channel may still look at it); the slot is not reused. */
+	pthread_mutex_unlock(&x->lock);
+}
+
+/* Wait for one rdma_cm event of the wanted type on the channel's own event channel. */
+static int cm_wait(struct fm_rchan *rc, enum rdma_cm_event_type want, int timeout_ms)
+{
+	struct pollfd p = { .fd = rc->ec->fd, .events = POLLIN };
+	struct rdma_cm_event *ev;
+	enum rdma_cm_event_type t;
+	int st;
+
+	if (poll(&p, 1, timeout_ms) <= 0)
+		return -ETIMEDOUT;
+	if (rdma_get_cm_event(rc->ec, &ev))
+		return -errno;
+	t = ev->event;
+	st = ev->status;
+	rdma_ack_cm_event(ev);
+	if (t != want) {
+		fm_debug("rdma: %s (status %d) while waiting for %s", rdma_event_str(t), st,
+			 rdma_event_str(want));
+		return t == RDMA_CM_EVENT_REJECTED ? -ECONNREFUSED : -EHOSTUNREACH;
+	}
+	return 0;
+}
+
+int fm_rdma_chan_open(struct fm_chan *c)
+{
+	struct fm_xport *x = c->x;
+	struct fm_rdma *r = x->rdma;
+	struct fm_rchan *rc = calloc(1, sizeof(*rc));
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *ai = NULL;
+	size_t buflen = (size_t)FM_MAX_BATCH * FM_PAGE_SIZE +
+			(size_t)(FM_MAX_BATCH + RDMA_ZERO_META) * sizeof(struct fm_shm_meta);
+	struct ibv_qp_init_attr qa = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 2 * FM_MAX_BATCH + 8, .max_recv_wr = 1,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+		.sq_sig_all = 0,
+	};
+	struct rdma_conn_param cp = { .initiator_depth = 16, .responder_resources = 0,
+				      .retry_count = 7, .rnr_retry_count = 7 };
+	struct ibv_device_attr da;
+	int ret, tmo;
+
+	if (!rc)
+		return -ENOMEM;
+	c->rchan = rc;
+	tmo = rc->timeout_ms = x->cfg.timeout_ms > 0 ? x->cfg.timeout_ms : 10000;
+	ret = getaddrinfo(r->host, r->port, &hints, &ai);
+	if (ret) {
+		fm_err("rdma: %s: %s", r->host, gai_strerror(ret));
+		return -EHOSTUNREACH;
+	}
+	rc->ec = rdma_create_event_channel();
+	if (!rc->ec || rdma_create_id(rc->ec, &rc->id, NULL, RDMA_PS_TCP) ||
+	    rdma_resolve_addr(rc->id, NULL, ai->ai_addr, tmo)) {
+		ret = -errno;
+		goto fail;
+	}
+	ret = cm_wait(rc, RDMA_CM_EVENT_ADDR_RESOLVED, tmo);
+	if (!ret)
+		ret = rdma_resolve_route(rc->id, tmo) ? -errno : cm_wait(rc, RDMA_CM_EVENT_ROUTE_RESOLVED, tmo);
+	if (ret)
+		goto fail;
+	rc->buf = aligned_alloc(FM_PAGE_SIZE, (buflen + FM_PAGE_SIZE - 1) & ~(size_t)(FM_PAGE_SIZE - 1));
+	rc->pd = ibv_alloc_pd(rc->id->verbs);
+	rc->cc = ibv_create_comp_channel(rc->id->verbs);
+	rc->cq = rc->cc ? ibv_create_cq(rc->id->verbs, 4 * FM_MAX_BATCH + 16, NULL, rc->cc, 0) : NULL;
+	if (!rc->buf || !rc->pd || !rc->cq) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	memset(rc->buf, 0, buflen);
+	rc->meta = (struct fm_shm_meta *)(rc->buf + (size_t)FM_MAX_BATCH * FM_PAGE_SIZE);
+	rc->zero = rc->meta + FM_MAX_BATCH;
+	rc->mr = ibv_reg_mr(rc->pd, rc->buf, buflen, IBV_ACCESS_LOCAL_WRITE);
+	if (!rc->mr) {
+		ret = -errno;
+		goto fail;
+	}
+	qa.send_cq = qa.recv_cq = rc->cq;
+	if (rdma_create_qp(rc->id, rc->pd, &qa)) {
+		ret = -errno;
+		goto fail;
+	}
+	if (!ibv_query_device(rc->id->verbs, &da) && da.max_qp_init_rd_atom < cp.initiator_depth)
+		cp.initiator_depth = (uint8_t)da.max_qp_init_rd_atom;
+	if (rdma_connect(rc->id, &cp)) {
+		ret = -errno;
+		goto fail;
+	}
+	ret = cm_wait(rc, RDMA_CM_EVENT_ESTABLISHED, tmo);
+	if (ret)
+		goto fail;
+	freeaddrinfo(ai);
+	return 0;
+fail:
+	fm_err("rdma: cannot connect a QP to %s:%s: %s", r->host, r->port, strerror(-ret));
+	freeaddrinfo(ai);
+	fm_rdma_chan_close(c);
+	return ret ? ret : -EIO;
+}
+
+void fm_rdma_chan_close(struct fm_chan *c)
+{
+	struct fm_rchan *rc = c->rchan;
+
+	if (!rc)
+		return;
+	if (rc->id && rc->id->qp) {
+		rdma_disconnect(rc->id);
+		rdma_destroy_qp(rc->id);
+	}
+	if (rc->mr)
+		ibv_dereg_mr(rc->mr);
+	if (rc->cq)
+		ibv_destroy_cq(rc->cq);
+	if (rc->cc)
+		ibv_destroy_comp_channel(rc->cc);
+	if (rc->pd)
+		ibv_dealloc_pd(rc->pd);
+	if (rc->id)
+		rdma_destroy_id(rc->id);
+	if (rc->ec)
+		rdma_destroy_event_channel(rc->ec);
+	free(rc->buf);
+	free(rc);
+	c->rchan = NULL;
+}
+
+static void add_wr(struct fm_rchan *rc, unsigned k, enum ibv_wr_opcode op, void *local, uint32_t len,
+		   uint64_t raddr, uint32_t rkey)
+{
+	rc->sge[k] = (struct ibv_sge){ .addr = (uintptr_t)local, .length = len, .lkey = rc->mr->lkey };
+	rc->wr[k] = (struct ibv_send_wr){ .wr_id = k, .sg_list = &rc->sge[k], .num_sge = 1,
+					  .opcode = op, .wr.rdma = { .remote_addr = raddr, .rkey = rkey } };
+	if (k)
+		rc->wr[k - 1].next = &rc->wr[k];
+}
+
+/* Post wr[0..n) as one chain, the last signalled, and wait for its completion. */
+static int post_wait(struct fm_rchan *rc, unsigned n)
+{
+	struct ibv_send_wr *bad = NULL;
+	struct ibv_wc wc[16];
+	int got, done = 0, armed = 0, rcode = 0;
+
+	if (rc->dead)
+		return -EPIPE;
+	rc->wr[n - 1].next = NULL;
+	rc->wr[n - 1].send_flags = IBV_SEND_SIGNALED;
+	if (ibv_post_send(rc->id->qp, rc->wr, &bad)) {
+		rc->dead = 1;
+		fm_err("rdma: post_send failed: the QP is gone");
+		return -EPIPE;
+	}
+	while (!done) {
+		got = ibv_poll_cq(rc->cq, 16, wc);
+		if (got < 0) {
+			rc->dead = 1;
+			return -EIO;
+		}
+		for (int i = 0; i < got; i++) {
+			if (wc[i].status != IBV_WC_SUCCESS) {
+				if (!rc->dead)
+					fm_err("rdma: work request failed: %s (memd dropped this QP)",
+					       ibv_wc_status_str(wc[i].status));
+				rc->dead = 1;
+				rcode = -EIO;
+			}
+			if (wc[i].wr_id == n - 1)
+				done = 1;
+		}
+		if (done || got)
+			continue;
+		if (!armed) {
+			/* Arm, then poll once more so a completion that raced the arming is seen. */
+			ibv_req_notify_cq(rc->cq, 0);
+			armed = 1;
+			continue;
+		}
+		{
+			struct pollfd p = { .fd = rc->cc->fd, .events = POLLIN };
+			struct ibv_cq *cq;
+			void *ctx;
+
+			if (poll(&p, 1, rc->timeout_ms) <= 0) {
+				rc->dead = 1;
+				fm_err("rdma: no completion in %d ms: memd lost", rc->timeout_ms);
+				return -ETIMEDOUT;
+			}
+			if (!ibv_get_cq_event(rc->cc, &cq, &ctx))
+				ibv_ack_cq_events(cq, 1);
+			armed = 0;
+		}
+		if (rc->dead && rcode)
+			break;
+	}
+	if (rc->dead && rcode) {
+		/* Drain the flushed rest of the chain. */
+		while (ibv_poll_cq(rc->cq, 16, wc) > 0)
+			;
+	}
+	return rcode;
+}
+
+int fm_rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
+		 const void **src)
+{
+	struct fm_rchan *rc = c->rchan;
+	struct rspace *s = find_rspace(c->x, space);
+	unsigned k = 0;
+	int ret;
+
+	if (!s)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t p = pages[i];
+		if (p >= s->npages)
+			return -ERANGE;
+		add_wr(rc, k++, IBV_WR_RDMA_READ, rc->buf + (size_t)i * FM_PAGE_SIZE, FM_PAGE_SIZE,
+		       s->data_addr + p * FM_PAGE_SIZE, s->rkey);
+		add_wr(rc, k++, IBV_WR_RDMA_READ, &rc->meta[i], sizeof(struct fm_shm_meta),
+		       s->meta_addr + p * sizeof(struct fm_shm_meta), s->rkey);
+	}
+	ret = post_wait(rc, k);
+	if (ret)
+		return ret;
+	for (unsigned i = 0; i < n; i++) {
+		const uint8_t *d = rc->buf + (size_t)i * FM_PAGE_SIZE;
+		if (!(rc->meta[i].flags & FM_SHM_PRESENT))
+			return -ENOENT;
+		if (fm_crc32c(d, FM_PAGE_SIZE) != rc->meta[i].crc)
+			return -EIO;
+		src[i] = d;
+	}
+	return 0;
+}
+
+int fm_rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
+		  const void *const *data, uint32_t *status)
+{
+	struct fm_rchan *rc = c->rchan;
+	struct rspace *s = find_rspace(c->x, space);
+	unsigned k = 0;
+	int ret;
+
+	if (!s)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t p = pages[i];
+		uint8_t bit, old;
+		uint8_t *d = rc->buf + (size_t)i * FM_PAGE_SIZE;
+
+		if (p >= s->npages)
+			return -ERANGE;
+		bit = (uint8_t)(1u << (p & 7));
+		old = __atomic_load_n(&s->present[p >> 3], __ATOMIC_ACQUIRE);
+		if (!(old & bit)) {
+			if (!fm_xport_take_grant(c->x)) {
+				status[i] = FM_E_FULL;
+				continue;
+			}
+			if (__atomic_fetch_or(&s->present[p >> 3], bit, __ATOMIC_ACQ_REL) & bit)
+				fm_xport_return_grant(c->x, 1);  /* another channel won */
+		}
+		memcpy(d, data[i], FM_PAGE_SIZE);
+		rc->meta[i] = (struct fm_shm_meta){ .crc = fm_crc32c(d, FM_PAGE_SIZE),
+						    .flags = FM_SHM_PRESENT };
+		/* Data, then {crc, flags}: flags last. */
+		add_wr(rc, k++, IBV_WR_RDMA_WRITE, d, FM_PAGE_SIZE, s->data_addr + p * FM_PAGE_SIZE,
+		       s->rkey);
+		add_wr(rc, k++, IBV_WR_RDMA_WRITE, &rc->meta[i], sizeof(struct fm_shm_meta),
+		       s->meta_addr + p * sizeof(struct fm_shm_meta), s->rkey);
+		status[i] = FM_OK;
+	}
+	if (!k)
+		return 0;
+	ret = post_wait(rc, k);
+	return ret;
+}
+
+int fm_rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
+{
+	struct fm_rchan *rc = c->rchan;
+	struct rspace *s = find_rspace(c->x, space);
+	unsigned k = 0;
+	int ret;
+
+	if (!s)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t freed = 0;
+		if (r[i].first >= s->npages || r[i].npages > s->npages - r[i].first)
+			return -ERANGE;
+		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++) {
+			uint8_t bit = (uint8_t)(1u << (p & 7));
+			if (__atomic_fetch_and(&s->present[p >> 3], (uint8_t)~bit, __ATOMIC_ACQ_REL) & bit)
+				freed++;
+		}
+		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p += RDMA_ZERO_META) {
+			uint64_t m = r[i].first + r[i].npages - p;
+			if (m > RDMA_ZERO_META)
+				m = RDMA_ZERO_META;
+			add_wr(rc, k++, IBV_WR_RDMA_WRITE, rc->zero,
+			       (uint32_t)(m * sizeof(struct fm_shm_meta)),
+			       s->meta_addr + p * sizeof(struct fm_shm_meta), s->rkey);
+			if (k == 2 * FM_MAX_BATCH) {
+				ret = post_wait(rc, k);
+				if (ret)
+					return ret;
+				k = 0;
+			}
+		}
+		fm_xport_return_grant(c->x, freed);
+	}
+	return k ? post_wait(rc, k) : 0;
+}
+
+/*
+ * Test hook (tests/vm/rdma_peer.c): one RDMA READ of len bytes at any remote
+ * address with any rkey, as a hostile peer would post it. Returns post_wait's
+ * result: -EIO when the device refused it (and this channel's QP is then dead).
+ */
+int fm_rdma_test_raw_read(struct fm_chan *c, uint64_t raddr, uint32_t rkey, uint32_t len)
+{
+	struct fm_rchan *rc = c->rchan;
+
+	if (!rc || len > FM_PAGE_SIZE)
+		return -EINVAL;
+	add_wr(rc, 0, IBV_WR_RDMA_READ, rc->buf, len, raddr, rkey);
+	return post_wait(rc, 1);
+}
+
+/* The region of a space (test hook): 0 and its data address and rkey. */
+int fm_rdma_test_region(struct fm_xport *x, uint32_t space, uint64_t *data_addr, uint64_t *npages,
+			uint32_t *rkey)
+{
+	struct rspace *s = find_rspace(x, space);
+
+	if (!s)
+		return -ENOENT;
+	*data_addr = s->data_addr;
+	*npages = s->npages;
+	*rkey = s->rkey;
+	return 0;
+}

@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The farmem JDK (issue 7, hotspot/, docs/patched-jdk.md): MemLiner marking under the pager.
+
+Every test here needs the patched JDK. The session fixture builds it with hotspot/build.sh (what
+`make jdk` runs): a cache hit takes milliseconds, a clean build about 15 minutes on two CPUs.
+Select with `-m patched_jdk`, leave out with `-m "not patched_jdk"`.
+"""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.patched_jdk, pytest.mark.jvm, pytest.mark.memd, pytest.mark.pager]
+
+REPO = Path(__file__).resolve().parent.parent
+STOCK_JAVA = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java"
+CYCLE_END = re.compile(r"MemLiner: cycle end.*?: postponed (\d+) \((\d+) objects, (\d+) references\).*?"
+                       r"swap epoch (\d+)->(\d+); GC-thread faults (\d+)")
+
+
+@pytest.fixture(scope="session")
+def farmem_jdk() -> Path:
+    """The farmem JDK home, built if needed (progress goes to the test log)."""
+    r = subprocess.run(["bash", str(REPO / "hotspot" / "build.sh")], capture_output=True, text=True,
+                       timeout=3600, env=dict(os.environ, JOBS=os.environ.get("JOBS", str(os.cpu_count()))))
+    if r.returncode != 0:
+        pytest.fail(f"hotspot/build.sh failed:\n{r.stderr[-4000:]}")
+    home = Path(r.stdout.strip().splitlines()[-1])
+    assert (home / "bin" / "java").exists(), r.stdout
+    return home
+
+
+@pytest.fixture(scope="module")
+def jvm_built(built):
+    built("build/lib/libfarmem_agent.so")
+    built("build/bin/farmem-memd")
+    built("build/java/.ok")
+
+
+def run(cmd, timeout=600, **kw):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def test_version_and_flags(farmem_jdk):
+    r = run([farmem_jdk / "bin" / "java", "-XX:+UseFarmemMemLiner", "-XX:+PrintFlagsFinal", "-version"])
+    assert r.returncode == 0, r.stderr
+    assert "farmem" in r.stderr  # 17.0.19+10-farmem
+    for flag in ("UseFarmemMemLiner", "FarmemResidencyMap", "FarmemMaxPostpone", "FarmemEpochDelta",
+                 "FarmemPostponeBufferSize"):
+        assert re.search(rf"\b{flag}\b", r.stdout), flag
+
+
+@pytest.mark.parametrize("gc", ["-XX:+UseParallelGC", "-XX:+UseSerialGC"])
+def test_memliner_flag_needs_g1(farmem_jdk, gc):
+    r = run([farmem_jdk / "bin" / "java", gc, "-XX:+UseFarmemMemLiner", "-version"])
+    assert r.returncode != 0
+    assert "-XX:+UseFarmemMemLiner works with the G1 collector only" in r.stdout + r.stderr
+    assert "hs_err" not in r.stdout + r.stderr
+
+
+def test_bad_knob_values_rejected(farmem_jdk):
+    r = run([farmem_jdk / "bin" / "java", "-XX:FarmemMaxPostpone=1000", "-version"])
+    assert r.returncode != 0 and "FarmemMaxPostpone" in r.stdout + r.stderr
+
+
+def test_memliner_without_pager_is_stock(farmem_jdk, build, jvm_built):
+    """No residency map (not under farmem): marking is stock, and the log says so."""
+    r = run([farmem_jdk / "bin" / "java", "-Xmx256m", "-XX:+UseFarmemMemLiner", "-Xlog:gc+farmem",
+             "-XX:InitiatingHeapOccupancyPercent=20", "-cp", build / "java", "GcChurn", "--live-mb", "100",
+             "--seconds", "3"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "gcchurn: ok" in r.stdout
+    assert "no residency map" in r.stdout
+
+
+def test_gcchurn_memliner_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_built, tmp_path):
+    """The acceptance run: GcChurn checks every word of its live set, G1 verifies the heap before
+    and after every pause, the pager keeps 25% local, and the log shows postponements."""
+    summary = tmp_path / "s.json"
+    r = run(farmem_cmd + ["run", "--gc", "memliner", "--local", "25%", "--summary-json", summary, "--",
+                          "java", "-Xmx256m", "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC",
+                          "-XX:InitiatingHeapOccupancyPercent=20", "-Xlog:gc+farmem", "-Xlog:gc",
+                          "-cp", build / "java", "GcChurn", "--live-mb", "100", "--seconds", "8"], timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout
+    assert "hs_err" not in out  # a failed G1 verification is fatal: rc != 0 and an hs_err file
+    cycles = [tuple(map(int, m.groups())) for m in CYCLE_END.finditer(r.stdout)]
+    assert cycles, "no MemLiner cycle-end lines:\n" + r.stdout[-4000:]
+    assert sum(c[0] for c in cycles) > 0, "no postponements:\n" + "\n".join(
+        l for l in r.stdout.splitlines() if "MemLiner" in l)
+    assert "residency map attached" in r.stdout
+
+
+def test_cli_refuses_memliner_with_parallel(farmem_jdk, farmem_cmd, build, jvm_built):
+    r = run(farmem_cmd + ["run", "--gc", "memliner", "--", "java", "-Xmx256m", "-XX:+UseParallelGC",
+                          "-cp", build / "java", "GcChurn", "--seconds", "1"])
+    assert r.returncode == 1
+    assert "--gc memliner changes G1's marking: drop -XX:+UseParallelGC" in r.stderr
+
+
+def test_cli_refuses_memliner_on_stock_jdk(farmem_cmd, build, jvm_built):
+    """No patched JDK needed: an explicit stock java is refused, naming the way out."""
+    if not os.path.exists(STOCK_JAVA):
+        pytest.skip(f"{STOCK_JAVA} is not installed")
+    r = run(farmem_cmd + ["run", "--gc", "memliner", "--", STOCK_JAVA, "-Xmx256m",
+                          "-cp", build / "java", "GcChurn", "--seconds", "1"])
+    assert r.returncode == 1
+    assert "is a stock JDK" in r.stderr and "make jdk" in r.stderr
+
+
+def test_cli_names_make_jdk_when_not_built(farmem_cmd, build, jvm_built, tmp_path):
+    env = dict(os.environ, CACHE_DIR=str(tmp_path / "empty-cache"))
+    env.pop("FARMEM_JDK", None)
+    r = run(farmem_cmd + ["run", "--gc", "memliner", "--", "java", "-Xmx256m",
+                          "-cp", build / "java", "GcChurn", "--seconds", "1"], env=env)
+    assert r.returncode == 1
+    assert "make jdk" in r.stderr and "not built" in r.stderr

@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * Lane test for the rdma transport (runs in the guest; loops stay in here).
+ *
+ *   rdma_peer check rdma://ADDR:PORT
+ *       a good client writes and verifies pages over RDMA; a hostile peer
+ *       (authenticated, its own session) posts a READ with a wrong rkey, then
+ *       one out of its region's range: each must cost it its QP (-EIO) and
+ *       nothing else; the good client then verifies and rewrites everything.
+ *   rdma_peer bench rdma://ADDR:PORT tcp:ADDR:PORT [PAGES]
+ *       per-page write (batches of 16) and read (batches of 1: a fault) times
+ *       for both transports, and their ratio.
+ *
+ * FARMEM_SECRET holds memd's secret. Exit 0 when every check passed.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client_rdma.h"
+#include "transport.h"
+
+#define PG 4096
+
+static int fails;
+#define CHECK(c, ...) do { if (!(c)) { fails++; printf("rdma_peer: FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
+
+static void fill(uint8_t *b, uint64_t page, unsigned gen)
+{
+	uint64_t v = page * 0x9e3779b97f4a7c15ull + gen;
+	for (unsigned i = 0; i < PG / 8; i++) {
+		v ^= v << 13; v ^= v >> 7; v ^= v << 17;
+		memcpy(b + i * 8, &v, 8);
+	}
+}
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static struct fm_xport *conn(const char *addr)
+{
+	const char *sec = getenv("FARMEM_SECRET");
+	struct fm_xport_cfg cfg = { .addr = addr, .secret = sec, .secret_len = sec ? strlen(sec) : 0,
+				    .timeout_ms = 20000 };
+	struct fm_xport *x = NULL;
+	char err[256] = "";
+	int rc = fm_xport_connect(&cfg, &x, err, sizeof(err));
+
+	if (rc) {
+		printf("rdma_peer: connect %s: %s (%s)\n", addr, err, strerror(-rc));
+		exit(3);
+	}
+	return x;
+}
+
+/* Write pages [0, n) with generation gen in batches of b; 0 or -errno. */
+static int write_all(struct fm_chan *c, uint32_t sp, uint64_t n, unsigned gen, unsigned b, uint8_t *buf)
+{
+	for (uint64_t p = 0; p < n; p += b) {
+		uint64_t pages[64];
+		const void *data[64];
+		uint32_t st[64];
+		unsigned m = (unsigned)(n - p < b ? n - p : b);
+		for (unsigned i = 0; i < m; i++) {
+			pages[i] = p + i;
+			fill(buf + i * PG, p + i, gen);
+			data[i] = buf + i * PG;
+		}
+		int rc = fm_chan_write(c, sp, pages, m, data, st);
+		if (rc)
+			return rc;
+		for (unsigned i = 0; i < m; i++)
+			if (st[i] != FM_OK)
+				return -ENOSPC;
+	}
+	return 0;
+}
+
+/* Read and verify pages [0, n) in batches of b; number of bad pages or -errno. */
+static long verify_all(struct fm_chan *c, uint32_t sp, uint64_t n, unsigned gen, unsigned b, uint8_t *buf)
+{
+	long bad = 0;
+	for (uint64_t p = 0; p < n; p += b) {
+		uint64_t pages[64];
+		const void *src[64];
+		unsigned m = (unsigned)(n - p < b ? n - p : b);
+		for (unsigned i = 0; i < m; i++)
+			pages[i] = p + i;
+		int rc = fm_chan_read(c, sp, pages, m, src);
+		if (rc)
+			return rc;
+		for (unsigned i = 0; i < m; i++) {
+			fill(buf, p + i, gen);
+			if (memcmp(buf, src[i], PG))
+				bad++;
+		}
+	}
+	return bad;
+}
+
+static int check(const char *addr)
+{
+	static uint8_t buf[64 * PG];
+	const uint64_t n = 2048; /* 8 MiB: registration pins it */
+	struct fm_xport *good = conn(addr), *evil = conn(addr);
+	struct fm_chan *gc = NULL, *gc2 = NULL, *ec = NULL, *ec2 = NULL;
+	uint32_t gsp, esp, rkey, grkey;
+	uint64_t daddr, gdaddr, np;
+	long r;
+
+	CHECK(fm_xport_kind(good) == 3, "transport kind %d, want rdma", fm_xport_kind(good));
+	CHECK(fm_xport_space_open(good, n, &gsp) == 0, "good space_open");
+	CHECK(fm_chan_open(good, &gc) == 0, "good chan_open");
+	if (fails)
+		return 1;
+	printf("rdma_peer: connected, space %u open, QP up\n", gsp);
+	CHECK(write_all(gc, gsp, n, 1, 32, buf) == 0, "good write");
+	printf("rdma_peer: wrote %llu pages\n", (unsigned long long)n);
+	r = verify_all(gc, gsp, n, 1, 32, buf);
+	CHECK(r == 0, "good verify: %ld", r);
+	{
+		uint64_t pg = n + 5;
+		const void *src[1];
+		CHECK(fm_chan_read(gc, gsp, &pg, 1, src) == -ERANGE, "bounds check");
+	}
+
+	/* The hostile peer: authenticated, its own session and space. */
+	CHECK(fm_xport_space_open(evil, 16, &esp) == 0, "evil space_open");
+	CHECK(fm_chan_open(evil, &ec) == 0, "evil chan_open");
+	CHECK(fm_rdma_test_region(evil, esp, &daddr, &np, &rkey) == 0, "evil region");
+	CHECK(fm_rdma_test_region(good, gsp, &gdaddr, &np, &grkey) == 0, "good region");
+	/* a wrong rkey, aimed at the good client's pages */
+	r = fm_rdma_test_raw_read(ec, gdaddr, rkey ^ 0x5a5a00u, PG);
+	CHECK(r == -EIO, "wrong rkey: got %ld, want -EIO", r);
+	printf("rdma_peer: wrong rkey -> %s (QP lost)\n", strerror((int)-r));
+	/* the good client still works, on its existing QP */
+	r = verify_all(gc, gsp, n, 1, 32, buf);
+	CHECK(r == 0, "good verify after wrong rkey: %ld", r);
+	/* out of range with a valid rkey of its own: past its 16-page region */
+	CHECK(fm_chan_open(evil, &ec2) == 0, "evil chan_open 2");
+	if (ec2) {
+		r = fm_rdma_test_raw_read(ec2, daddr + (64ull << 20), rkey, PG);
+		CHECK(r == -EIO, "out of range: got %ld, want -EIO", r);
+		printf("rdma_peer: out-of-range read -> %s (QP lost)\n", strerror((int)-r));
+		/* the dead QP stays dead */
+		r = fm_rdma_test_raw_read(ec2, daddr, rkey, PG);
+		CHECK(r != 0, "a dead QP still works");
+	}
+	fm_chan_close(ec);
+	fm_chan_close(ec2);
+	fm_xport_close(evil);
+
+	/* good client: old QP, new QP, rewrite */
+	r = verify_all(gc, gsp, n, 1, 32, buf);
+	CHECK(r == 0, "good verify after hostile peer: %ld", r);
+	CHECK(fm_chan_open(good, &gc2) == 0, "good second chan");
+	if (gc2) {
+		CHECK(write_all(gc2, gsp, n, 2, 16, buf) == 0, "good rewrite");
+		r = verify_all(gc, gsp, n, 2, 1, buf);
+		CHECK(r == 0, "good verify gen 2 on the other QP: %ld", r);
+		struct fm_range rg = { .first = 0, .npages = 8 };
+		CHECK(fm_chan_discard(gc2, gsp, &rg, 1) == 0, "discard");
+		uint64_t pg = 3;
+		const void *src[1];
+		CHECK(fm_chan_read(gc, gsp, &pg, 1, src) == -ENOENT, "discarded page reads as absent");
+	}
+	fm_chan_close(gc2);
+	fm_chan_close(gc);
+	fm_xport_space_close(good, gsp);
+	fm_xport_close(good);
+	printf("rdma_peer: check %s\n", fails ? "FAILED" : "ok");
+	return fails ? 1 : 0;
+}
+
+static int bench1(const char *addr, uint64_t n, double *w_us, double *r_us)
+{
+	static uint8_t buf[64 * PG];
+	struct fm_xport *x = conn(addr);
+	struct fm_chan *c = NULL;
+	uint32_t sp;
+	double t;
+	long r;
+
+	if (fm_xport_space_open(x, n, &sp) || fm_chan_open(x, &c))
+		return 1;
+	write_all(c, sp, n, 7, 16, buf); /* warm: grants, first touch */
+	t = now();
+	if (write_all(c, sp, n, 9, 16, buf))
+		return 1;
+	*w_us = (now() - t) * 1e6 / n;
+	t = now();
+	r = verify_all(c, sp, n, 9, 1, buf);
+	*r_us = (now() - t) * 1e6 / n;
+	fm_chan_close(c);
+	fm_xport_space_close(x, sp);
+	fm_xport_close(x);
+	return r != 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 3 && !strcmp(argv[1], "check"))
+		return check(argv[2]);
+	if (argc >= 4 && !strcmp(argv[1], "bench")) {
+		uint64_t n = argc > 4 ? strtoull(argv[4], NULL, 0) : 2048;
+		double rw, rr, tw, tr;
+		if (bench1(argv[2], n, &rw, &rr) || bench1(argv[3], n, &tw, &tr)) {
+			printf("rdma_peer: bench failed\n");
+			return 1;
+		}
+		printf("| transport | write us/page (batch 16) | read us/page (batch 1) |\n");
+		printf("| rdma      | %8.1f | %8.1f |\n", rw, rr);
+		printf("| tcp       | %8.1f | %8.1f |\n", tw, tr);
+		printf("| tcp/rdma  | %8.2f | %8.2f |  (TCG guest: ratios only, not hardware figures)\n",
+		       tw / rw, tr / rr);
+		return 0;
+	}
+	fprintf(stderr, "usage: rdma_peer check rdma://ADDR:PORT | bench rdma://A:P tcp:A:P [PAGES]\n");
+	return 2;
+}
