@@ -73,6 +73,7 @@ struct fm_xport {
 	unsigned nspaces;
 	atomic_int_fast64_t grant_avail;   /* granted and not yet used */
 	uint64_t granted_total;            /* memd's figure for the session; under lock */
+	atomic_uint_fast64_t full_until_ns; /* memd refused quota: until then, do not ask */
 	struct fm_multi *multi;        /* many memd servers: client_multi.c does everything */
 	struct fm_rdma *rdma;          /* rdma://: client_rdma.c (regions, QP address) */
 };

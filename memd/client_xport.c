@@ -22,6 +22,8 @@
 
 /* Quota is reserved from memd in chunks so that a write rarely needs the control channel. */
 #define SHM_GRANT_CHUNK 4096
+/* After memd grants nothing, ask again only after this long (or after a discard frees room). */
+#define QUOTA_BACKOFF_NS (50ull * 1000 * 1000)
 
 int fm_xport_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)
 {
@@ -480,12 +482,17 @@ static int take_grant(struct fm_xport *x)
 	if (atomic_fetch_sub(&x->grant_avail, 1) > 0)
 		return 1;
 	atomic_fetch_add(&x->grant_avail, 1);
+	/* memd said it was full a moment ago: do not ask again for every page. */
+	if (fm_now_ns() < atomic_load(&x->full_until_ns))
+		return 0;
 	pthread_mutex_lock(&x->lock);
 	if (atomic_load(&x->grant_avail) <= 0 &&
 	    fm_conn_call(&x->ctrl, FM_OP_QUOTA, 0, &(struct fm_iov){ &q, sizeof(q) }, 1, &r, sizeof(r),
 			 &len, &st, NULL) == 0 && !st && len == sizeof(r) && r.granted_pages > x->granted_total) {
 		atomic_fetch_add(&x->grant_avail, (int_fast64_t)(r.granted_pages - x->granted_total));
 		x->granted_total = r.granted_pages;
+	} else if (atomic_load(&x->grant_avail) <= 0) {
+		atomic_store(&x->full_until_ns, fm_now_ns() + QUOTA_BACKOFF_NS);
 	}
 	pthread_mutex_unlock(&x->lock);
 	if (atomic_fetch_sub(&x->grant_avail, 1) > 0)
@@ -563,6 +570,8 @@ int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 			fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 				  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
 			atomic_fetch_add(&x->grant_avail, (int_fast64_t)freed);
+			if (freed)
+				atomic_store(&x->full_until_ns, 0);
 		}
 		return 0;
 	}

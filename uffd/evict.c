@@ -20,11 +20,13 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fm_util.h"
 
 #define MAX_VICTIMS 1024
+#define FULL_BACKOFF_NS (50ull * 1000 * 1000)
 
 struct victim {
 	uintptr_t addr;
@@ -224,6 +226,8 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 
 unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 {
+	if (fm_now_ns() < atomic_load(&p->full_until_ns))
+		return 0;
 	struct victim v[MAX_VICTIMS]; /* 32 KiB: every caller is a pager thread with a full stack */
 	unsigned n, dropped = 0, clean = 0, dirty = 0;
 
@@ -260,6 +264,13 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 		dropped++;
 	}
 	rlock_un(p);
+	/*
+	 * memd refused everything it was offered: it is full. Trying again at
+	 * every fault would write-protect and reopen the same pages for nothing;
+	 * keep pages local for a while instead, over the budget.
+	 */
+	if (!dropped)
+		atomic_store(&p->full_until_ns, fm_now_ns() + FULL_BACKOFF_NS);
 	STAT_ADD(p, evict_batches, 1);
 	STAT_ADD(p, evictions_clean, clean);
 	STAT_ADD(p, evictions_dirty, dirty);
@@ -288,8 +299,12 @@ void *fm_evictor_main(void *arg)
 		       atomic_load(&p->resident) > atomic_load(&p->low)) {
 			uint64_t over = atomic_load(&p->resident) - atomic_load(&p->low);
 			unsigned want = over < p->cfg.evict_batch ? (unsigned)over : p->cfg.evict_batch;
-			if (!fm_evict_batch(p, p->ev_chan, want))
+			if (!fm_evict_batch(p, p->ev_chan, want)) {
+				/* Nothing could go (memd full, or every page busy): rest, then look again. */
+				struct timespec ts = { 0, 20 * 1000 * 1000 };
+				nanosleep(&ts, NULL);
 				break;
+			}
 		}
 	}
 }

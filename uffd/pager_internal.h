@@ -94,6 +94,7 @@ struct fm_pager {
 
 	atomic_int stopping;
 	atomic_int evict_broken;        /* memd cannot take writes: keep pages local */
+	atomic_uint_fast64_t full_until_ns; /* memd refused a whole batch: no eviction until then */
 	uint8_t *doorbell;              /* one page per handler, touched to stop them */
 	uint8_t *zero;
 	uint8_t *zero_run;              /* ZERO_RUN_PAGES of zeros, for runs of fresh pages */
