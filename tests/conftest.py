@@ -3,8 +3,10 @@
 ./farmem, and a way to build one make target. Keep it small."""
 
 import importlib.util
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,19 @@ def built():
             pytest.fail(f"make {target} failed:\n{r.stdout}{r.stderr}")
         return REPO / target
     return make
+
+
+@pytest.fixture(scope="module")
+def jvm_built(built):
+    """The agent, memd and the Java workloads, for the tests that run a JVM."""
+    built("build/lib/libfarmem_agent.so")
+    built("build/bin/farmem-memd")
+    built("build/java/.ok")
+
+
+@pytest.fixture
+def private_tmp():
+    """A short TMPDIR of our own: what farmem run makes goes there, so leftovers are ours."""
+    d = tempfile.mkdtemp(prefix="fmjvm-", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -11,9 +11,7 @@ and the sizing. About three minutes on two CPUs.
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 
 import pytest
 
@@ -23,18 +21,6 @@ VERIFY = ["-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyA
 GCS = {"g1": "-XX:+UseG1GC", "parallel": "-XX:+UseParallelGC"}
 
 
-@pytest.fixture(scope="module")
-def jvm_built(built):
-    built("build/lib/libfarmem_agent.so")
-    built("build/bin/farmem-memd")
-    built("build/java/.ok")
-
-
-@pytest.fixture
-def private_tmp():
-    d = tempfile.mkdtemp(prefix="fmdisc-", dir="/tmp")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def run_java(farmem_cmd, build, tmp_path, private_tmp, jvm_opts, prog, *flags, local="25%", timeout=300):

@@ -8,10 +8,8 @@ into build/java by `make c`. The whole file takes about two minutes on two CPUs.
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,19 +20,6 @@ pytestmark = [pytest.mark.memd, pytest.mark.pager]
 HEAP = "-Xmx512m"
 
 
-@pytest.fixture(scope="module")
-def jvm_built(built):
-    built("build/lib/libfarmem_agent.so")
-    built("build/bin/farmem-memd")
-    built("build/java/.ok")
-
-
-@pytest.fixture
-def private_tmp():
-    """A short TMPDIR of our own: what farmem run makes goes there, so leftovers are ours."""
-    d = tempfile.mkdtemp(prefix="fmjvm-", dir="/tmp")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -33,13 +33,6 @@ def farmem_jdk() -> Path:
     return home
 
 
-@pytest.fixture(scope="module")
-def jvm_built(built):
-    built("build/lib/libfarmem_agent.so")
-    built("build/bin/farmem-memd")
-    built("build/java/.ok")
-
-
 def run(cmd, timeout=600, **kw):
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw)
 
