@@ -6,7 +6,10 @@ side by side in one run. Prints a markdown table, the break-even size (smallest 
 from which the backend stays faster than copying) and the ratio at 64 pages.
 
     python3 bench/bench_swapva.py [--sizes 1,2,...] [--iters N] [--json]
-          [--bin build/bench/swapva_bench]
+          [--bin build/bench/swapva_bench] [--dst populated,empty]
+
+MOVE is measured into a populated destination (space that held garbage) and into an empty
+one (what farmem's discard leaves of a collector's free regions), one row set each.
 
 Medians per call; the machine is shared, so compare ratios from one run only."""
 
@@ -20,8 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = "1,2,4,8,16,32,64,128,256,512,1024,4096"
 
 
-def run_bench(binary, sizes, iters, backends=None):
-    argv = [binary, "--sizes", sizes]
+def run_bench(binary, sizes, iters, backends=None, dst="populated", op=None):
+    argv = [binary, "--sizes", sizes, "--dst", dst]
+    if op:
+        argv += ["--op", op]
     if iters:
         argv += ["--iters", str(iters)]
     if backends:
@@ -37,7 +42,8 @@ def summarize(rows):
     for r in rows:
         if "op" not in r or r.get("error"):
             continue
-        t = table.setdefault(r["op"], {})
+        op = r["op"] if r["op"] == "swap" else f"move ({r.get('dst', 'populated')} dst)"
+        t = table.setdefault(op, {})
         t.setdefault(r["backend"], {})[r["pages"]] = r["median_ns"]
     stats = []
     for op, t in table.items():
@@ -90,11 +96,16 @@ def main():
     ap.add_argument("--sizes", default=SIZES)
     ap.add_argument("--iters", type=int, default=0)
     ap.add_argument("--backends", default=None)
+    ap.add_argument("--dst", default="populated,empty",
+                    help="MOVE destination states to measure (populated, empty)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON too")
     a = ap.parse_args()
     if not os.path.exists(a.bin):
         subprocess.run(["make", "-s", os.path.relpath(a.bin, ROOT)], cwd=ROOT, check=True)
-    rows = run_bench(a.bin, a.sizes, a.iters, a.backends)
+    rows = []
+    for i, dst in enumerate(a.dst.split(",")):
+        # SWAP has no destination state: measure it once, with the first
+        rows += run_bench(a.bin, a.sizes, a.iters, a.backends, dst, None if i == 0 else "move")
     available = next((r["available"] for r in rows if "available" in r), "?")
     table, stats = summarize(rows)
     print(markdown(table, stats, available))

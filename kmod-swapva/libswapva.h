@@ -5,7 +5,8 @@
  * Backends, best first, picked at swapva_open() and reported:
  *   kmod     /dev/swapva (kmod-swapva): PTE swaps, one TLB shootdown a batch
  *   uffd     UFFDIO_MOVE (Linux 6.8+): SWAP is three moves through a scratch
- *            area (A->tmp, B->A, tmp->B); MOVE is DONTNEED(dst) + one move
+ *            area (A->tmp, B->A, tmp->B); MOVE is one move into an empty
+ *            dst, and from the first populated dst page on a SWAP
  *   memmove  always correct, copies bytes
  * A segment a backend refuses with EBUSY/EOPNOTSUPP/EAGAIN (or ENOENT, EEXIST
  * for uffd) falls to the next backend; other errors are final. Every segment

@@ -9,6 +9,10 @@
  *
  *   swapva_bench [--backends uffd,kmod,memmove] [--sizes 1,2,4,...]
  *                [--iters N] [--pool-mb M] [--op move|swap|both]
+ *                [--dst populated|empty]
+ * --dst empty drops MOVE's destination before each timed call (untimed), as
+ * farmem's discard leaves a collector's free regions: memmove then takes a
+ * zero-fill fault per page, UFFDIO_MOVE one move.
  * One JSON object per (backend, op, pages) on stdout:
  *   {"backend":"uffd","op":"move","pages":64,"median_ns":...,"iters":...}
  * backend "copy" is the plain memmove baseline (no library).
@@ -62,7 +66,7 @@ static int dcmp(const void *x, const void *y)
 
 /* ns per op (median) for one (backend, op, pages) */
 static double measure(struct swapva_ctx *c, int copy, unsigned op, size_t pages, int iters,
-		      size_t pool_bytes, int *err)
+		      size_t pool_bytes, int dst_empty, int *err)
 {
 	size_t len = pages * PS;
 	size_t k = pool_bytes / (2 * len);
@@ -92,6 +96,8 @@ static double measure(struct swapva_ctx *c, int copy, unsigned op, size_t pages,
 			touch(a, len);  /* refill what the last move emptied (untimed) */
 			touch(b, len);
 		}
+		if (dst_empty && op == SWAPVA_OP_MOVE)
+			madvise(b, len, MADV_DONTNEED);
 		double t0 = now_ns();
 		int e = 0;
 
@@ -111,6 +117,8 @@ static double measure(struct swapva_ctx *c, int copy, unsigned op, size_t pages,
 			break;
 		}
 	}
+	if (!copy)
+		swapva_release(c, m, 2 * k * len);
 	munmap(m, 2 * k * len);
 	/* median: the machine is shared, the mean mostly measures the others */
 	qsort(t, (size_t)n, sizeof(*t), dcmp);
@@ -123,7 +131,7 @@ static double measure(struct swapva_ctx *c, int copy, unsigned op, size_t pages,
 int main(int argc, char **argv)
 {
 	const char *backends = NULL, *sizes = "1,2,4,8,16,32,64,128,256,512,1024,4096", *ops = "both";
-	int iters = 0;
+	int iters = 0, dst_empty = 0;
 	size_t pool = 64UL << 20;
 
 	for (int i = 1; i + 1 < argc; i += 2) {
@@ -137,6 +145,9 @@ int main(int argc, char **argv)
 			pool = strtoul(argv[i + 1], NULL, 0) << 20;
 		else if (!strcmp(argv[i], "--op"))
 			ops = argv[i + 1];
+		else if (!strcmp(argv[i], "--dst") && (!strcmp(argv[i + 1], "empty") ||
+							 !strcmp(argv[i + 1], "populated")))
+			dst_empty = !strcmp(argv[i + 1], "empty");
 		else {
 			fprintf(stderr, "usage: see the comment at the top of swapva_bench.c\n");
 			return 2;
@@ -177,12 +188,13 @@ int main(int argc, char **argv)
 				int it = iters ? iters : (int)(pages >= 1024 ? 60 : pages >= 64 ? 300 : 2000);
 				int e;
 
-				measure(c, copy, op, pages, it / 10 + 1, pool, &e);  /* warm up */
-				double ns = measure(c, copy, op, pages, it, pool, &e);
+				measure(c, copy, op, pages, it / 10 + 1, pool, dst_empty, &e);  /* warm up */
+				double ns = measure(c, copy, op, pages, it, pool, dst_empty, &e);
 
 				printf("{\"backend\":\"%s\",\"op\":\"%s\",\"pages\":%zu,\"median_ns\":%.0f,"
-				       "\"iters\":%d,\"error\":\"%s\"}\n",
-				       bn, o ? "swap" : "move", pages, ns, it, e ? strerror(e) : "");
+				       "\"iters\":%d,\"dst\":\"%s\",\"error\":\"%s\"}\n",
+				       bn, o ? "swap" : "move", pages, ns, it,
+				       dst_empty && !o ? "empty" : "populated", e ? strerror(e) : "");
 			}
 			free(sl);
 		}
