@@ -23,13 +23,17 @@ spreads evenly over them):
   local           (not in the defaults) build/bench/faultlat with no limit at all
 
 faultlat writes every page of the region once, then times each access of one pass
-over it; accesses slower than 1 us count as faults.  Each figure is the median over
+over it; accesses slower than 1 us count as faults.  With perf (the default when it is
+installed) every run is counted too: system calls, TLB-shootdown IPIs sent and local TLB
+flushes of the run's process tree (tracepoints raw_syscalls:sys_enter and tlb:tlb_flush),
+reported per page of the region for the whole run (fill and measured pass); a memd that
+runs apart (the tcp config) is not in the tree and not counted.  Each figure is the median over
 the repeats.  The markdown table goes to stdout; --out FILE appends it, with the
 command line, machine and date, to FILE (bench/RESULTS.md).
 
     .venv/bin/python bench/run_core.py [--size 512M] [--local 25%] [--repeats 3]
         [--patterns random,seq] [--configs floor,floor_unpinned,embedded,stream,tcp,swap]
-        [--out bench/RESULTS.md] [--json raw.json]
+        [--out bench/RESULTS.md] [--json raw.json] [--no-perf]
 """
 
 from __future__ import annotations
@@ -67,6 +71,42 @@ LABELS = {
     "local": "all local (no limit)",
 }
 FARMEM_CONFIGS = ("embedded", "stream", "tcp")
+# perf stat events: what a fault path costs the kernel besides time (tlb_flush reason 4 is
+# "remote IPI send", 2 and 3 are the local flushes; see the tracepoint's format file)
+PERF_EVENTS = [("syscalls", ["-e", "raw_syscalls:sys_enter"]),
+               ("ipis_sent", ["-e", "tlb:tlb_flush", "--filter", "reason == 4"]),
+               ("local_flushes", ["-e", "tlb:tlb_flush", "--filter", "reason == 2 || reason == 3"])]
+
+
+def perf_usable() -> bool:
+    """perf can count the tracepoints here (root, tracefs, perf installed)."""
+    perf = shutil.which("perf")
+    if not perf:
+        return False
+    argv = [perf, "stat", "-x,", "-o", "/dev/null"] + [x for _, e in PERF_EVENTS for x in e] + ["true"]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def perf_wrap(argv: list[str], out: str) -> list[str]:
+    return ["perf", "stat", "-x,", "-o", out] + [x for _, e in PERF_EVENTS for x in e] + ["--"] + argv
+
+
+def perf_read(path: str) -> dict:
+    """{name: count} from `perf stat -x,` output, in PERF_EVENTS order."""
+    counts = []
+    try:
+        for line in open(path):
+            f = line.strip().split(",")
+            if len(f) > 2 and f[2].startswith(("raw_syscalls", "tlb")):
+                counts.append(int(f[0]) if f[0].isdigit() else None)
+    except OSError:
+        return {}
+    if len(counts) != len(PERF_EVENTS) or None in counts:
+        return {}
+    return {name: c for (name, _), c in zip(PERF_EVENTS, counts)}
 
 
 def log(msg: str) -> None:
@@ -178,6 +218,7 @@ class Bench:
         self.memd: Optional[Memd] = None
         self.unavailable: dict[str, str] = {}
         self.records: list[dict] = []
+        self.perf = not a.no_perf and perf_usable()
 
     # -- the command of each configuration ------------------------------------------------
 
@@ -227,6 +268,8 @@ class Bench:
             rec["error"] = self.unavailable[config]
             return rec
         t0 = time.monotonic()
+        perf_out = os.path.join(self.workdir, f"perf-{config}-{pattern}-{rep}.csv")
+        wrap = (lambda argv: perf_wrap(argv, perf_out)) if self.perf else (lambda argv: argv)
         try:
             if config in ("floor", "floor_unpinned"):
                 argv = [self.floor, "--size", fmt_size(self.size), "--pattern", pattern,
@@ -234,18 +277,18 @@ class Bench:
                         "--pin", "same" if config == "floor" else "none"]
                 if self.a.write:
                     argv.append("--write")
-                r = subprocess.run(argv, capture_output=True, text=True, timeout=self.a.timeout, cwd=ROOT)
+                r = subprocess.run(wrap(argv), capture_output=True, text=True, timeout=self.a.timeout, cwd=ROOT)
                 rc, out, err = r.returncode, r.stdout, r.stderr
             elif config == "local":
                 argv = self.workload(pattern)
-                r = subprocess.run(argv, capture_output=True, text=True, timeout=self.a.timeout, cwd=ROOT)
+                r = subprocess.run(wrap(argv), capture_output=True, text=True, timeout=self.a.timeout, cwd=ROOT)
                 rc, out, err = r.returncode, r.stdout, r.stderr
             elif config == "swap":
                 argv = self.workload(pattern)
                 zram_size = max(2 << 30, 2 * self.size)
                 with swap.SwapEnv(self.local, zram_size=zram_size, algorithm=self.a.zram_algorithm) as env:
                     rec["swap_env"] = env.describe()
-                    sr = env.run(argv, timeout=self.a.timeout, cwd=ROOT)
+                    sr = env.run(wrap(argv), timeout=self.a.timeout, cwd=ROOT)
                 rc, out, err = sr.returncode, sr.stdout, sr.stderr
                 rec["swap"] = sr.as_dict()
                 if sr.timed_out:
@@ -256,7 +299,7 @@ class Bench:
                                        f"({tail(open(self.memd.log_path).read()) if self.memd else ''})")
                 summary = os.path.join(self.workdir, f"summary-{config}-{pattern}-{rep}.json")
                 argv = self.farmem_argv(config, pattern, summary)
-                r = subprocess.run(argv, capture_output=True, text=True, timeout=self.a.timeout, cwd=ROOT)
+                r = subprocess.run(wrap(argv), capture_output=True, text=True, timeout=self.a.timeout, cwd=ROOT)
                 rc, out, err = r.returncode, r.stdout, r.stderr
                 if os.path.exists(summary):
                     try:
@@ -266,6 +309,8 @@ class Bench:
                         rec["pager_error"] = f"bad summary JSON: {e}"
             rec["argv"] = argv
             rec["returncode"] = rc
+            if self.perf:
+                rec["perf"] = perf_read(perf_out)
             rec["elapsed_s"] = time.monotonic() - t0
             d = last_json(out)
             if rc != 0 or d is None:
@@ -323,6 +368,10 @@ class Bench:
             vals = [p[key] for p in pager if isinstance(p.get(key), (int, float))]
             if vals:
                 m["pager_" + key] = statistics.median(vals)
+        for name, _ in PERF_EVENTS:
+            vals = [r["perf"][name] for r in ok if r.get("perf")]
+            if vals:
+                m["per_page_" + name] = statistics.median(vals) / (self.size // 4096)
         sw = [r["swap"] for r in ok if isinstance(r.get("swap"), dict)]
         if sw:
             m["swap_majflt"] = statistics.median(s["majflt"] for s in sw)
@@ -396,9 +445,26 @@ class Bench:
                            f"| {m['faults_per_s']:,.0f} | {m['mb_per_s']:.1f} | {r_floor} | {r_swap} "
                            f"| {pp50} | {rr} |")
         out.append("")
+        if self.perf:
+            out.extend(self.kernel_costs(configs, patterns))
         out.extend(self.targets(patterns))
         out.append("")
         return "\n".join(out)
+
+    def kernel_costs(self, configs: list[str], patterns: list[str]) -> list[str]:
+        lines = ["What each page cost the kernel (perf stat over the whole run: fill and measured pass, "
+                 "divided by the region's pages; median of the repeats):", "",
+                 "| config | pattern | syscalls / page | TLB-shootdown IPIs sent / page | local TLB flushes / page |",
+                 "|---|---|---|---|---|"]
+        for pattern in patterns:
+            for c in configs:
+                m = self.medians(c, pattern)
+                if "per_page_syscalls" not in m:
+                    continue
+                lines.append(f"| {LABELS[c]} | {pattern} | {m['per_page_syscalls']:.2f} "
+                             f"| {m['per_page_ipis_sent']:.4f} | {m['per_page_local_flushes']:.3f} |")
+        lines.append("")
+        return lines
 
     def targets(self, patterns: list[str]) -> list[str]:
         lines = ["Targets (issue 2):", ""]
@@ -450,6 +516,8 @@ def main() -> int:
     ap.add_argument("--farmem-args", default="", help="extra flags for every `farmem run`")
     ap.add_argument("--memd-args", default="", help="extra flags for farmem-memd (tcp config)")
     ap.add_argument("--zram-algorithm", default=None, help="zram compression (default: the kernel's)")
+    ap.add_argument("--no-perf", action="store_true",
+                    help="do not count syscalls and TLB flushes with perf stat")
     a = ap.parse_args()
 
     patterns = [p.strip() for p in a.patterns.split(",") if p.strip()]

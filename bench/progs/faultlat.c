@@ -63,101 +63,40 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-	enum { O_SIZE = 1, O_PATTERN, O_PASSES, O_WRITE, O_JSON, O_SEED, O_FILL, O_THP, O_THR, O_HELP };
+	enum { O_THP = O_OWN };
 	static const struct option opts[] = {
-		{"size", required_argument, 0, O_SIZE},
-		{"pattern", required_argument, 0, O_PATTERN},
-		{"passes", required_argument, 0, O_PASSES},
-		{"write", no_argument, 0, O_WRITE},
-		{"json", no_argument, 0, O_JSON},
-		{"seed", required_argument, 0, O_SEED},
-		{"fill", required_argument, 0, O_FILL},
+		MEASURE_LONGOPTS,
 		{"thp", no_argument, 0, O_THP},
-		{"fault-threshold-us", required_argument, 0, O_THR},
-		{"help", no_argument, 0, O_HELP},
 		{0, 0, 0, 0},
 	};
-	uint64_t size = 0, seed = 1, passes = 1;
-	int random_order = 1, do_write = 0, json = 0, thp = 0;
-	enum fill_kind fill = FILL_RANDOM;
-	double thr_us = 1.0;
-	char *end;
+	struct measure_opts m = MEASURE_OPTS_INIT;
+	int thp = 0;
 
 	for (;;) {
-		int o = getopt_long(argc, argv, "", opts, NULL);
+		int o = getopt_long(argc, argv, "", opts, NULL), r;
+
 		if (o == -1)
 			break;
+		r = measure_opt(PROG, &m, o, optarg);
+		if (r < 0)
+			return 2;
+		if (r)
+			continue;
 		switch (o) {
-		case O_SIZE:
-			if (parse_size(optarg, &size) || !size || size % PGSZ) {
-				fprintf(stderr, PROG ": bad --size '%s' (a positive multiple of 4 KiB)\n", optarg);
-				return 2;
-			}
-			break;
-		case O_PATTERN:
-			if (!strcmp(optarg, "random"))
-				random_order = 1;
-			else if (!strcmp(optarg, "seq") || !strcmp(optarg, "sequential"))
-				random_order = 0;
-			else {
-				fprintf(stderr, PROG ": bad --pattern '%s' (random or seq)\n", optarg);
-				return 2;
-			}
-			break;
-		case O_PASSES:
-			errno = 0;
-			passes = strtoull(optarg, &end, 10);
-			if (errno || *end || !passes || passes > 1000) {
-				fprintf(stderr, PROG ": bad --passes '%s'\n", optarg);
-				return 2;
-			}
-			break;
-		case O_WRITE: do_write = 1; break;
-		case O_JSON: json = 1; break;
-		case O_SEED:
-			errno = 0;
-			seed = strtoull(optarg, &end, 0);
-			if (errno || *end) {
-				fprintf(stderr, PROG ": bad --seed '%s'\n", optarg);
-				return 2;
-			}
-			break;
-		case O_FILL:
-			if (!strcmp(optarg, "random")) fill = FILL_RANDOM;
-			else if (!strcmp(optarg, "compressible")) fill = FILL_COMPRESSIBLE;
-			else if (!strcmp(optarg, "zero")) fill = FILL_ZERO;
-			else {
-				fprintf(stderr, PROG ": bad --fill '%s'\n", optarg);
-				return 2;
-			}
-			break;
 		case O_THP: thp = 1; break;
-		case O_THR:
-			errno = 0;
-			thr_us = strtod(optarg, &end);
-			if (errno || *end || !(thr_us > 0)) {
-				fprintf(stderr, PROG ": bad --fault-threshold-us '%s'\n", optarg);
-				return 2;
-			}
-			break;
 		case O_HELP: usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
-		return 2;
-	}
-	if (!size) {
-		fprintf(stderr, PROG ": --size is required\n");
+	if (measure_opts_check(PROG, &m, argc, argv)) {
 		usage(stderr);
 		return 2;
 	}
+	uint64_t size = m.size, seed = m.seed, passes = m.passes;
+	int random_order = m.random_order, do_write = m.do_write, json = m.json;
+	enum fill_kind fill = m.fill;
+	double thr_us = m.thr_us;
 	uint64_t npages = size / PGSZ;
-	if (npages > UINT32_MAX) {
-		fprintf(stderr, PROG ": --size too large\n");
-		return 2;
-	}
 	uint64_t naccess = npages * passes;
 
 	/* Bookkeeping arrays: small malloc'd buffers, well below the shim's threshold

@@ -8,8 +8,11 @@
 #define FARMEM_BENCH_MEASURE_H
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define PGSZ 4096u
@@ -107,6 +110,114 @@ static double pct_us(const uint32_t *sorted, uint64_t n, double q)
 	if (r > n)
 		r = n;
 	return sorted[r - 1] / 1000.0;
+}
+
+
+/* ---- the options both benchmarks take (each adds its own from O_OWN on) ---- */
+
+enum { O_SIZE = 1, O_PATTERN, O_PASSES, O_WRITE, O_JSON, O_SEED, O_FILL, O_THR, O_HELP, O_OWN };
+
+#define MEASURE_LONGOPTS                                                    \
+	{"size", required_argument, 0, O_SIZE},                             \
+	{"pattern", required_argument, 0, O_PATTERN},                       \
+	{"passes", required_argument, 0, O_PASSES},                         \
+	{"write", no_argument, 0, O_WRITE},                                 \
+	{"json", no_argument, 0, O_JSON},                                   \
+	{"seed", required_argument, 0, O_SEED},                             \
+	{"fill", required_argument, 0, O_FILL},                             \
+	{"fault-threshold-us", required_argument, 0, O_THR},                \
+	{"help", no_argument, 0, O_HELP}
+
+struct measure_opts {
+	uint64_t size, seed, passes;
+	int random_order, do_write, json;
+	enum fill_kind fill;
+	double thr_us;
+};
+
+#define MEASURE_OPTS_INIT { .seed = 1, .passes = 1, .random_order = 1, .fill = FILL_RANDOM, .thr_us = 1.0 }
+
+/* 1 if o is a shared option (applied), 0 if it is not, -1 after a message
+ * when its value is bad. */
+static int measure_opt(const char *prog, struct measure_opts *m, int o, const char *arg)
+{
+	char *end;
+
+	errno = 0;
+	switch (o) {
+	case O_SIZE:
+		if (parse_size(arg, &m->size) || !m->size || m->size % PGSZ) {
+			fprintf(stderr, "%s: bad --size '%s' (a positive multiple of 4 KiB)\n", prog, arg);
+			return -1;
+		}
+		return 1;
+	case O_PATTERN:
+		if (!strcmp(arg, "random") || !strcmp(arg, "seq") || !strcmp(arg, "sequential")) {
+			m->random_order = !strcmp(arg, "random");
+			return 1;
+		}
+		fprintf(stderr, "%s: bad --pattern '%s' (random or seq)\n", prog, arg);
+		return -1;
+	case O_PASSES:
+		m->passes = strtoull(arg, &end, 10);
+		if (errno || *end || !m->passes || m->passes > 1000) {
+			fprintf(stderr, "%s: bad --passes '%s'\n", prog, arg);
+			return -1;
+		}
+		return 1;
+	case O_WRITE:
+		m->do_write = 1;
+		return 1;
+	case O_JSON:
+		m->json = 1;
+		return 1;
+	case O_SEED:
+		m->seed = strtoull(arg, &end, 0);
+		if (errno || *end) {
+			fprintf(stderr, "%s: bad --seed '%s'\n", prog, arg);
+			return -1;
+		}
+		return 1;
+	case O_FILL:
+		if (!strcmp(arg, "random"))
+			m->fill = FILL_RANDOM;
+		else if (!strcmp(arg, "compressible"))
+			m->fill = FILL_COMPRESSIBLE;
+		else if (!strcmp(arg, "zero"))
+			m->fill = FILL_ZERO;
+		else {
+			fprintf(stderr, "%s: bad --fill '%s'\n", prog, arg);
+			return -1;
+		}
+		return 1;
+	case O_THR:
+		m->thr_us = strtod(arg, &end);
+		if (errno || *end || !(m->thr_us > 0)) {
+			fprintf(stderr, "%s: bad --fault-threshold-us '%s'\n", prog, arg);
+			return -1;
+		}
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* After parsing: no stray arguments, a size, and page indexes that fit 32 bits. */
+static int measure_opts_check(const char *prog, const struct measure_opts *m, int argc, char **argv)
+{
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
+		return -1;
+	}
+	if (!m->size) {
+		fprintf(stderr, "%s: --size is required\n", prog);
+		return -1;
+	}
+	if (m->size / PGSZ > UINT32_MAX) {
+		fprintf(stderr, "%s: --size too large\n", prog);
+		return -1;
+	}
+	return 0;
 }
 
 #endif
