@@ -122,7 +122,8 @@ struct swapva_batch {
  * on the LRU, so never reclaimed, swapped or migrated (VA == PA stays true
  * while mapped); freed by the last munmap; shared with children after fork;
  * pinnable (RDMA registration works). mremap can move them; the query then
- * says they are no longer identity-mapped. docs/swapva.md has the rationale.
+ * says they are no longer identity-mapped. MADV_DONTNEED frees a page for
+ * good: touching it again is SIGBUS. docs/swapva.md has the rationale.
  */
 #define SWAPVA_IDMAP_FALLBACK 0x0
 #define SWAPVA_IDMAP_STRICT   0x1000  /* mmap offset (bytes): page 1 */

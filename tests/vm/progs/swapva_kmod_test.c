@@ -279,6 +279,19 @@ static int t_idmap(void)
 		}
 	}
 
+	/* a page dropped with MADV_DONTNEED is gone: touching it is SIGBUS, not a new page */
+	pid = fork();
+	if (pid == 0) {
+		p = mmap(NULL, 2 * PS, PROT_READ | PROT_WRITE, MAP_SHARED, kfd, SWAPVA_IDMAP_FALLBACK);
+		if (p == MAP_FAILED || madvise(p, PS, MADV_DONTNEED))
+			_exit(3);
+		p[PS] = 1;  /* still mapped */
+		*(volatile uint8_t *)p = 1;
+		_exit(0);
+	}
+	CHECK(waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS,
+	      "touching a dropped identity page: status %#x, want SIGBUS", st);
+
 	/* the query on ordinary memory: present, not identity */
 	p = map_anon(4 * PS);
 	memset(p, 1, 4 * PS);
