@@ -685,19 +685,27 @@ static struct page *sv_alloc_contig(unsigned long n)
 	return NULL;
 }
 
+static void sv_free_block(struct page *first, unsigned long n)
+{
+	unsigned long i;
+
+	for (i = 0; first && i < n; i++)
+		__free_page(first + i);
+}
+
 static struct page **sv_page_array(struct page *first, unsigned long n)
 {
 	struct page **pages = kvcalloc(n, sizeof(*pages), GFP_KERNEL);
 	unsigned long i;
 
 	if (!pages) {
-		for (i = 0; i < n && first; i++)
-			__free_page(first + i);
+		sv_free_block(first, n);
 		return NULL;
 	}
 	for (i = 0; i < n; i++) {
+		/* RETRY_MAYFAIL: too big a request is ENOMEM, never the OOM killer */
 		pages[i] = first ? first + i :
-			   alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN);
+			   alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN | __GFP_RETRY_MAYFAIL);
 		if (!pages[i]) {
 			sv_free_pages(pages, n);
 			return NULL;
@@ -762,8 +770,7 @@ static unsigned long sv_get_unmapped_area(struct file *file, unsigned long addr,
 			got = mm->get_unmapped_area(file, pa, len, 0, flags);
 		if (got != pa) {
 			if (strict) {
-				for (pa = 0; pa < n; pa++)
-					__free_page(first + pa);
+				sv_free_block(first, n);
 				kfree(p);
 				return -EEXIST;
 			}
@@ -773,8 +780,7 @@ static unsigned long sv_get_unmapped_area(struct file *file, unsigned long addr,
 		got = mm->get_unmapped_area(file, addr, len, 0, flags);
 	}
 	if (IS_ERR_VALUE(got)) {
-		for (pa = 0; first && pa < n; pa++)
-			__free_page(first + pa);
+		sv_free_block(first, n);
 		kfree(p);
 		return got;
 	}
@@ -837,8 +843,7 @@ static int sv_mmap(struct file *file, struct vm_area_struct *vma)
 	} else {  /* MAP_FIXED: the address is given; identity only by chance */
 		first = sv_alloc_contig(n);
 		if (strict && (!first || PFN_PHYS(page_to_pfn(first)) != vma->vm_start)) {
-			for (i = 0; first && i < n; i++)
-				__free_page(first + i);
+			sv_free_block(first, n);
 			return first ? -EEXIST : -ENOMEM;
 		}
 		pages = sv_page_array(first, n);
