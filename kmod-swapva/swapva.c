@@ -35,6 +35,13 @@
  * special PTEs, secondary MMUs (EOPNOTSUPP).
  */
 #include <linux/fs.h>
+#include <linux/gfp.h>
+#include <linux/highmem.h>
+#include <linux/list.h>
+#include <linux/mman.h>
+#include <linux/mmzone.h>
+#include <linux/mutex.h>
+#include <linux/hugetlb.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/mmu_notifier.h>
@@ -68,7 +75,11 @@ struct sv_seg_state {
 	struct vm_area_struct *vs, *vd;
 	struct folio **locked;  /* folios we hold locked in this segment */
 	unsigned int nlocked, caplocked;
+	struct folio *contended;  /* a folio someone else had locked (referenced) */
 };
+
+/* Times a segment waits for a folio lock held elsewhere before EBUSY. */
+#define SV_LOCK_RETRIES 8
 
 static void sv_flush_ipi(void *unused)
 {
@@ -214,12 +225,16 @@ static void sv_unlock_folios(struct sv_seg_state *st, unsigned int from)
 		folio_unlock(st->locked[--st->nlocked]);
 }
 
+/* -EDEADLK: locked by someone else; st->contended holds a reference to it. */
 static int sv_lock_folio(struct sv_seg_state *st, struct folio *f)
 {
 	if (!f)
 		return 0;
-	if (!folio_trylock(f))
-		return -EBUSY;
+	if (!folio_trylock(f)) {
+		folio_get(f);
+		st->contended = f;
+		return -EDEADLK;
+	}
 	st->locked[st->nlocked++] = f;
 	return 0;
 }
@@ -351,7 +366,7 @@ static int sv_segment(struct mm_struct *mm, const struct swapva_seg *sg, struct 
 {
 	unsigned long src = sg->src, dst = sg->dst, len = sg->len, npages, done;
 	struct sv_seg_state st = { };
-	unsigned int i;
+	unsigned int i, tries;
 	int ret;
 
 	if (!len || ((src | dst | len) & ~PAGE_MASK) || src + len < src || dst + len < dst ||
@@ -378,20 +393,39 @@ static int sv_segment(struct mm_struct *mm, const struct swapva_seg *sg, struct 
 	st.locked = kvmalloc_array(st.caplocked, sizeof(*st.locked), GFP_KERNEL);
 	if (!st.locked)
 		return -ENOMEM;
-	sv_lock_anon(st.vs->anon_vma, st.vd->anon_vma);
-	done = 0;
-	ret = sv_walk(mm, &st, src, dst, len, false, &done);
-	if (ret && done)  /* undo the chunks that moved: swapping again restores them */
-		sv_walk(mm, &st, src, dst, len, true, &done);
-	sv_unlock_anon(st.vs->anon_vma, st.vd->anon_vma);
-	if (!ret) {  /* hold every moved folio until the TLB flush */
-		h->dirty = true;
-		for (i = 0; i < st.nlocked; i++) {
-			folio_get(st.locked[i]);
-			h->f[h->n++] = st.locked[i];
+	for (tries = 0;; tries++) {
+		sv_lock_anon(st.vs->anon_vma, st.vd->anon_vma);
+		done = 0;
+		ret = sv_walk(mm, &st, src, dst, len, false, &done);
+		if (ret && done)  /* undo the chunks that moved: swapping again restores them */
+			sv_walk(mm, &st, src, dst, len, true, &done);
+		if (!ret) {  /* hold every moved folio until the TLB flush */
+			h->dirty = true;
+			for (i = 0; i < st.nlocked; i++) {
+				folio_get(st.locked[i]);
+				h->f[h->n++] = st.locked[i];
+			}
 		}
+		/*
+		 * Folios before the anon_vma: the next caller on this anon_vma
+		 * must not find them still locked by us (it would see EBUSY).
+		 */
+		sv_unlock_folios(&st, 0);
+		sv_unlock_anon(st.vs->anon_vma, st.vd->anon_vma);
+		if (ret != -EDEADLK)
+			break;
+		/* someone else (reclaim, migration, a fault) holds a folio lock: wait for it */
+		if (tries >= SV_LOCK_RETRIES || fatal_signal_pending(current)) {
+			folio_put(st.contended);
+			ret = -EBUSY;
+			break;
+		}
+		folio_lock(st.contended);
+		folio_unlock(st.contended);
+		folio_put(st.contended);
+		st.contended = NULL;
+		cond_resched();
 	}
-	sv_unlock_folios(&st, 0);
 	kvfree(st.locked);
 	return ret;
 }
@@ -503,7 +537,8 @@ static long sv_ioc_batch(struct swapva_batch __user *ub)
 	for (i = 0; i < limit; i++) {
 		unsigned long need = 2 * (segs[i].len >> PAGE_SHIFT);
 
-		if (fatal_signal_pending(current)) {
+		if (fatal_signal_pending(current) ||
+		    ((b.flags & SWAPVA_F_INTR) && signal_pending(current))) {
 			ret = -EINTR;
 			break;
 		}
@@ -539,6 +574,380 @@ out:
 	return ret;
 }
 
+/* ---- identity-mapped allocation (DVM) ---------------------------------------- */
+
+/*
+ * Why vm_insert_pages and not remap_pfn_range: inserted pages stay ordinary
+ * refcounted pages, so the core mm frees each one when its last mapping goes
+ * (partial munmap, fork, exit need no bookkeeping here), and GUP/pinning works
+ * (an RDMA NIC can register them). remap_pfn_range makes a VM_PFNMAP|VM_IO
+ * mapping that no one refcounts (the module would have to track every split
+ * VMA to know when to free) and that GUP refuses. The pages are never on the
+ * LRU, so reclaim, compaction and migration leave them where they are: the
+ * identity stays true while they are mapped.
+ *
+ * The address is chosen in get_unmapped_area (mmap_lock held for write, so
+ * at most one decision per mm is pending) and the block is inserted in
+ * ->mmap under the same lock hold.
+ */
+struct sv_pending {
+	struct list_head node;
+	struct mm_struct *mm;
+	unsigned long addr, len;
+	struct page **pages;
+};
+
+struct sv_file {
+	struct mutex lock;
+	struct list_head pending;
+};
+
+static unsigned int idmap_contig_tries = 64;
+module_param(idmap_contig_tries, uint, 0644);
+MODULE_PARM_DESC(idmap_contig_tries, "alloc_contig_range attempts per mapping above MAX_ORDER");
+
+static void sv_free_pages(struct page **pages, unsigned long n)
+{
+	unsigned long i;
+
+	for (i = 0; i < n; i++)
+		if (pages[i])
+			put_page(pages[i]);
+	kvfree(pages);
+}
+
+static void sv_pending_free(struct sv_pending *p)
+{
+	list_del(&p->node);
+	sv_free_pages(p->pages, p->len >> PAGE_SHIFT);
+	kfree(p);
+}
+
+/* Could [pfn, pfn+n) be taken by alloc_contig_range? A cheap pre-check. */
+static unsigned long sv_contig_bad(struct zone *zone, unsigned long pfn, unsigned long n)
+{
+	unsigned long i;
+
+	for (i = 0; i < n; i++) {
+		struct page *p = pfn_to_online_page(pfn + i);
+
+		if (!p || page_zone(p) != zone || PageReserved(p) || PageHuge(p))
+			return i + 1;
+	}
+	return 0;
+}
+
+/* n physically contiguous pages (each with its own reference), or NULL. */
+static struct page *sv_alloc_contig(unsigned long n)
+{
+	unsigned int order = get_order(n << PAGE_SHIFT), tries = idmap_contig_tries;
+	unsigned long i, pfn, bad, align = pageblock_nr_pages;
+	struct page *page;
+	int nid, z;
+
+	if (order < MAX_ORDER) {
+		/* unmovable on purpose: it must not migrate */
+		page = alloc_pages(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN | __GFP_RETRY_MAYFAIL, order);
+		if (!page)
+			return NULL;
+		split_page(page, order);
+		for (i = n; i < (1UL << order); i++)
+			__free_page(page + i);
+		return page;
+	}
+	/* alloc_contig_pages is not exported: scan the zones, highest first */
+	for_each_online_node(nid) {
+		for (z = MAX_NR_ZONES - 1; z >= 0; z--) {
+			struct zone *zone = &NODE_DATA(nid)->node_zones[z];
+
+			if (!populated_zone(zone))
+				continue;
+			pfn = ALIGN(zone->zone_start_pfn, align);
+			while (tries && pfn + n <= zone_end_pfn(zone)) {
+				bad = sv_contig_bad(zone, pfn, n);
+				if (bad) {
+					pfn = ALIGN(pfn + bad, align);
+					continue;
+				}
+				tries--;
+				if (!alloc_contig_range(pfn, pfn + n, MIGRATE_MOVABLE,
+							GFP_KERNEL | __GFP_NOWARN)) {
+					page = pfn_to_page(pfn);
+					for (i = 0; i < n; i++)
+						clear_highpage(page + i);
+					return page;
+				}
+				pfn += align;
+				cond_resched();
+			}
+		}
+	}
+	return NULL;
+}
+
+static void sv_free_block(struct page *first, unsigned long n)
+{
+	unsigned long i;
+
+	for (i = 0; first && i < n; i++)
+		__free_page(first + i);
+}
+
+static struct page **sv_page_array(struct page *first, unsigned long n)
+{
+	struct page **pages = kvcalloc(n, sizeof(*pages), GFP_KERNEL);
+	unsigned long i;
+
+	if (!pages) {
+		sv_free_block(first, n);
+		return NULL;
+	}
+	for (i = 0; i < n; i++) {
+		/* RETRY_MAYFAIL: too big a request is ENOMEM, never the OOM killer */
+		pages[i] = first ? first + i :
+			   alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN | __GFP_RETRY_MAYFAIL);
+		if (!pages[i]) {
+			sv_free_pages(pages, n);
+			return NULL;
+		}
+	}
+	return pages;
+}
+
+static int sv_mode(unsigned long pgoff, bool *strict)
+{
+	if (pgoff > (SWAPVA_IDMAP_STRICT >> PAGE_SHIFT) || (pgoff && pgoff != 1))
+		return -EINVAL;
+	*strict = pgoff == (SWAPVA_IDMAP_STRICT >> PAGE_SHIFT);
+	return 0;
+}
+
+static unsigned long sv_get_unmapped_area(struct file *file, unsigned long addr,
+					  unsigned long len, unsigned long pgoff,
+					  unsigned long flags)
+{
+	struct sv_file *sf = file->private_data;
+	struct mm_struct *mm = current->mm;
+	struct sv_pending *p, *tmp;
+	unsigned long n = len >> PAGE_SHIFT, pa, got;
+	struct page *first;
+	bool strict;
+	int ret;
+
+	ret = sv_mode(pgoff, &strict);
+	if (ret)
+		return ret;
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	if ((flags & MAP_TYPE) == MAP_PRIVATE)
+		return -EINVAL;
+	if (!n || (len & ~PAGE_MASK))
+		return -EINVAL;
+	/* MAP_FIXED (also mremap): the caller chose; ->mmap allocates and checks */
+	if (flags & MAP_FIXED)
+		return addr;
+
+	mutex_lock(&sf->lock);
+	/* a decision left by an mmap that failed after us (same mm, lock held) */
+	list_for_each_entry_safe(p, tmp, &sf->pending, node)
+		if (p->mm == mm)
+			sv_pending_free(p);
+	mutex_unlock(&sf->lock);
+
+	p = kzalloc(sizeof(*p), GFP_KERNEL);
+	if (!p)
+		return -ENOMEM;
+	first = sv_alloc_contig(n);
+	if (!first && strict) {
+		kfree(p);
+		return -ENOMEM;
+	}
+	got = -ENOMEM;
+	if (first) {
+		pa = PFN_PHYS(page_to_pfn(first));
+		/* the arch allocator returns a free hint unchanged: MAP_FIXED_NOREPLACE */
+		if (pa >= SWAPVA_IDMAP_MIN_VA && pa <= TASK_SIZE - len)
+			got = mm->get_unmapped_area(file, pa, len, 0, flags);
+		if (got != pa) {
+			if (strict) {
+				sv_free_block(first, n);
+				kfree(p);
+				return -EEXIST;
+			}
+			got = mm->get_unmapped_area(file, addr, len, 0, flags);
+		}
+	} else {
+		got = mm->get_unmapped_area(file, addr, len, 0, flags);
+	}
+	if (IS_ERR_VALUE(got)) {
+		sv_free_block(first, n);
+		kfree(p);
+		return got;
+	}
+	p->pages = sv_page_array(first, n);
+	if (!p->pages) {
+		kfree(p);
+		return -ENOMEM;
+	}
+	p->mm = mm;
+	p->addr = got;
+	p->len = len;
+	mutex_lock(&sf->lock);
+	list_add(&p->node, &sf->pending);
+	mutex_unlock(&sf->lock);
+	return got;
+}
+
+/*
+ * Every page is inserted at mmap time; a fault means the page was dropped
+ * (MADV_DONTNEED) and is gone. Having vm_ops also keeps the core mm from
+ * taking this mapping for an anonymous one (vma_is_anonymous).
+ */
+static vm_fault_t sv_fault(struct vm_fault *vmf)
+{
+	return VM_FAULT_SIGBUS;
+}
+
+static const struct vm_operations_struct sv_vm_ops = {
+	.fault = sv_fault,
+};
+
+static int sv_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct sv_file *sf = file->private_data;
+	unsigned long len = vma->vm_end - vma->vm_start, n = len >> PAGE_SHIFT, i;
+	struct sv_pending *p, *found = NULL;
+	struct page **pages = NULL, *first;
+	bool strict;
+	int ret;
+
+	ret = sv_mode(vma->vm_pgoff, &strict);
+	if (ret)
+		return ret;
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
+	mutex_lock(&sf->lock);
+	list_for_each_entry(p, &sf->pending, node) {
+		if (p->mm == vma->vm_mm && p->addr == vma->vm_start && p->len == len) {
+			found = p;
+			list_del(&p->node);
+			break;
+		}
+	}
+	mutex_unlock(&sf->lock);
+	if (found) {
+		pages = found->pages;
+		kfree(found);
+	} else {  /* MAP_FIXED: the address is given; identity only by chance */
+		first = sv_alloc_contig(n);
+		if (strict && (!first || PFN_PHYS(page_to_pfn(first)) != vma->vm_start)) {
+			sv_free_block(first, n);
+			return first ? -EEXIST : -ENOMEM;
+		}
+		pages = sv_page_array(first, n);
+		if (!pages)
+			return -ENOMEM;
+	}
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	vma->vm_ops = &sv_vm_ops;
+	i = n;
+	ret = vm_insert_pages(vma, vma->vm_start, pages, &i);
+	/* the mapping holds its own references now; on error mmap_region zaps it */
+	sv_free_pages(pages, n);
+	return ret;
+}
+
+static long sv_ioc_idmap_query(struct swapva_idmap_query __user *uq)
+{
+	struct mm_struct *mm = current->mm;
+	struct swapva_idmap_query q;
+	unsigned long a, end;
+
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	if (copy_from_user(&q, uq, sizeof(q)))
+		return -EFAULT;
+	end = q.addr + q.len;
+	if (!q.len || ((q.addr | q.len) & ~PAGE_MASK) || end < q.addr || end > TASK_SIZE || !mm)
+		return -EINVAL;
+	q.pages = q.len >> PAGE_SHIFT;
+	q.present = 0;
+	q.identity = 0;
+	if (mmap_read_lock_killable(mm))
+		return -EINTR;
+	/* page tables are not freed under mmap_read_lock; the values are a snapshot */
+	for (a = q.addr; a < end; a += PAGE_SIZE) {
+		pgd_t *pgd = pgd_offset(mm, a);
+		p4d_t *p4d;
+		pud_t *pud;
+		pmd_t *pmd, pv;
+		pte_t *pte, v;
+		unsigned long pfn;
+
+		if (pgd_none(*pgd) || pgd_bad(*pgd))
+			continue;
+		p4d = p4d_offset(pgd, a);
+		if (p4d_none(*p4d) || p4d_bad(*p4d))
+			continue;
+		pud = pud_offset(p4d, a);
+		if (pud_none(*pud) || pud_bad(*pud) || !pud_present(*pud))
+			continue;
+		if (pud_leaf(*pud)) {
+			pfn = pud_pfn(*pud) + ((a & ~PUD_MASK) >> PAGE_SHIFT);
+			goto leaf;
+		}
+		pmd = pmd_offset(pud, a);
+		pv = READ_ONCE(*pmd);
+		if (pmd_none(pv) || !pmd_present(pv))
+			continue;
+		if (pmd_leaf(pv)) {
+			pfn = pmd_pfn(pv) + ((a & ~PMD_MASK) >> PAGE_SHIFT);
+			goto leaf;
+		}
+		if (pmd_bad(pv))
+			continue;
+		pte = pte_offset_map(pmd, a);
+		v = ptep_get(pte);
+		pte_unmap(pte);
+		if (!pte_present(v))
+			continue;
+		pfn = pte_pfn(v);
+leaf:
+		q.present++;
+		if (PFN_PHYS(pfn) == a)
+			q.identity++;
+		if (fatal_signal_pending(current))
+			break;
+	}
+	mmap_read_unlock(mm);
+	return copy_to_user(uq, &q, sizeof(q)) ? -EFAULT : 0;
+}
+
+static int swapva_open(struct inode *inode, struct file *file)
+{
+	struct sv_file *sf = kzalloc(sizeof(*sf), GFP_KERNEL);
+
+	if (!sf)
+		return -ENOMEM;
+	mutex_init(&sf->lock);
+	INIT_LIST_HEAD(&sf->pending);
+	file->private_data = sf;
+	return 0;
+}
+
+static int swapva_release(struct inode *inode, struct file *file)
+{
+	struct sv_file *sf = file->private_data;
+	struct sv_pending *p, *tmp;
+
+	list_for_each_entry_safe(p, tmp, &sf->pending, node)
+		sv_pending_free(p);
+	kfree(sf);
+	return 0;
+}
+
 static long swapva_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
 	struct swapva_info in;
@@ -551,19 +960,25 @@ static long swapva_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		in.max_segs = SWAPVA_MAX_SEGS;
 		in.breakeven_pages = breakeven_pages;
 		in.features = SWAPVA_FEAT_SWAP | SWAPVA_FEAT_MOVE | SWAPVA_FEAT_HOLES |
-			      SWAPVA_FEAT_ONE_FLUSH | SWAPVA_FEAT_RMAP;
+			      SWAPVA_FEAT_ONE_FLUSH | SWAPVA_FEAT_RMAP | SWAPVA_FEAT_IDMAP;
 		return copy_to_user((void __user *)arg, &in, sizeof(in)) ? -EFAULT : 0;
 	case SWAPVA_IOC_BATCH:
 		return sv_ioc_batch((struct swapva_batch __user *)arg);
 	case SWAPVA_IOC_FLUSH:
 		sv_flush_all();
 		return 0;
+	case SWAPVA_IOC_IDMAP_QUERY:
+		return sv_ioc_idmap_query((struct swapva_idmap_query __user *)arg);
 	}
 	return -ENOTTY;
 }
 
 static const struct file_operations swapva_fops = {
 	.owner = THIS_MODULE,
+	.open = swapva_open,
+	.release = swapva_release,
+	.get_unmapped_area = sv_get_unmapped_area,
+	.mmap = sv_mmap,
 	.unlocked_ioctl = swapva_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 };

@@ -32,7 +32,8 @@
  *              migration, device), or the process has secondary MMUs (MMU
  *              notifiers): the module cannot move those safely
  *   EAGAIN     the page tables changed under the call; retry
- *   EINTR      a fatal signal arrived between segments
+ *   EINTR      a fatal signal (or with SWAPVA_F_INTR any signal) arrived
+ *              between segments
  * SWAPVA_IOC_BATCH returns 0 when every segment completed, else -1 with errno
  * set; struct swapva_batch (done, err, pages) is written back either way.
  * libswapva treats EBUSY, EOPNOTSUPP and EAGAIN as "try the next backend for
@@ -54,6 +55,7 @@
 #define SWAPVA_FEAT_HOLES       (1ULL << 2)  /* holes (pte_none) move as holes */
 #define SWAPVA_FEAT_ONE_FLUSH   (1ULL << 3)  /* one TLB shootdown per batch */
 #define SWAPVA_FEAT_RMAP        (1ULL << 4)  /* folio->index follows the page */
+#define SWAPVA_FEAT_IDMAP       (1ULL << 5)  /* identity-mapped mmap + IDMAP_QUERY */
 
 struct swapva_info {
 	__u32 abi_version;      /* SWAPVA_ABI_VERSION */
@@ -74,12 +76,19 @@ struct swapva_seg {
 #define SWAPVA_OP_MOVE   0
 #define SWAPVA_OP_SWAP   1
 #define SWAPVA_OP_MASK   0xffU
-#define SWAPVA_FLAGS_ALL SWAPVA_OP_MASK
+/*
+ * Stop at the next segment boundary when any signal is pending: the call
+ * fails with EINTR, done = segments completed (each whole), the rest
+ * untouched; the caller resumes at segs[done]. Without it only a fatal
+ * signal stops a batch (the process is dying anyway).
+ */
+#define SWAPVA_F_INTR    0x100U
+#define SWAPVA_FLAGS_ALL (SWAPVA_OP_MASK | SWAPVA_F_INTR)
 
 struct swapva_batch {
 	__u64 segs;     /* in: user pointer to struct swapva_seg[nr] */
 	__u32 nr;       /* in: number of segments, <= SWAPVA_MAX_SEGS */
-	__u32 flags;    /* in: SWAPVA_OP_* */
+	__u32 flags;    /* in: SWAPVA_OP_* | SWAPVA_F_INTR */
 	__u32 done;     /* out: segments completed, in array order */
 	__s32 err;      /* out: 0 or -errno of segment [done] */
 	__u64 pages;    /* out: page table entries moved */
@@ -91,5 +100,44 @@ struct swapva_batch {
 #define SWAPVA_IOC_BATCH _IOWR(SWAPVA_IOC_MAGIC, 2, struct swapva_batch)
 /* Flush this process's TLB entries on every CPU (BATCH already does so). */
 #define SWAPVA_IOC_FLUSH _IO(SWAPVA_IOC_MAGIC, 3)
+
+/*
+ * Identity-mapped memory (DVM): mmap(NULL, len, prot, MAP_SHARED, fd, off) of
+ * /dev/swapva allocates len bytes of zeroed, physically contiguous memory and
+ * places it at the virtual address equal to its physical address when that
+ * range of the caller's address space is free (the placement check is the
+ * kernel's own MAP_FIXED_NOREPLACE one; never below SWAPVA_IDMAP_MIN_VA).
+ * The offset selects the mode:
+ *   SWAPVA_IDMAP_FALLBACK  identity if possible; else the contiguous block at
+ *                          an ordinary address; else (no contiguous block)
+ *                          separate pages at an ordinary address
+ *   SWAPVA_IDMAP_STRICT    identity or fail: EEXIST (the range PA..PA+len is
+ *                          taken or out of reach), ENOMEM (no contiguous block)
+ * Either way the caller learns what it got from SWAPVA_IOC_IDMAP_QUERY.
+ * errno: EPERM without CAP_SYS_ADMIN (a physical address is a secret);
+ * EINVAL for MAP_PRIVATE (copy-on-write would replace identity pages by
+ * ordinary copies) or another offset. With MAP_FIXED the caller chose the
+ * address: STRICT then fails with EEXIST unless the block lands exactly there.
+ * The pages are ordinary refcounted pages inserted with vm_insert_pages: not
+ * on the LRU, so never reclaimed, swapped or migrated (VA == PA stays true
+ * while mapped); freed by the last munmap; shared with children after fork;
+ * pinnable (RDMA registration works). mremap can move them; the query then
+ * says they are no longer identity-mapped. MADV_DONTNEED frees a page for
+ * good: touching it again is SIGBUS. docs/swapva.md has the rationale.
+ */
+#define SWAPVA_IDMAP_FALLBACK 0x0
+#define SWAPVA_IDMAP_STRICT   0x1000  /* mmap offset (bytes): page 1 */
+#define SWAPVA_IDMAP_MIN_VA   (1ULL << 20)
+
+struct swapva_idmap_query {
+	__u64 addr;      /* in: page aligned */
+	__u64 len;       /* in: bytes, page aligned, > 0 */
+	__u64 pages;     /* out: pages in the range */
+	__u64 present;   /* out: pages mapped (present in the page table) */
+	__u64 identity;  /* out: pages mapped at VA == PA */
+	__u64 reserved[3];
+};
+/* CAP_SYS_ADMIN; EINVAL for a misaligned, empty or wrapping range. */
+#define SWAPVA_IOC_IDMAP_QUERY _IOWR(SWAPVA_IOC_MAGIC, 4, struct swapva_idmap_query)
 
 #endif /* SWAPVA_H */

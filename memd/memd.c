@@ -87,7 +87,7 @@ static struct {
 static const char usage_text[] =
 "usage: farmem-memd [--listen HOST:PORT]... [--unix PATH] [--capacity SIZE]\n"
 "                   [--session-quota SIZE] [--secret-file FILE] [--threads N]\n"
-"                   [--ready-fd FD] [--log LEVEL]\n"
+"                   [--ready-fd FD] [--log LEVEL] [--numa-node N] [--idmap]\n"
 "\n"
 "Serve pages to farmem clients over TCP and/or a Unix socket.\n"
 "\n"
@@ -96,6 +96,9 @@ static const char usage_text[] =
 "  --rdma ADDR:PORT     RDMA (librdmacm) listener; also TCP on ADDR:PORT for its control\n"
 "  --capacity SIZE      memory for pages, e.g. 64G (default: half of physical memory)\n"
 "  --numa-node N        keep the page store on NUMA node N (a CPU-less CXL node is a slow tier)\n"
+"  --idmap              keep spaces in identity-mapped memory (VA == PA) from /dev/swapva\n"
+"                       (kmod-swapva, CAP_SYS_ADMIN); allocated whole, so --capacity bounds\n"
+"                       the spaces' size; stream transports only (no SHM_MAP/RDMA_MAP)\n"
 "  --session-quota SIZE most one session may hold (default: the capacity)\n"
 "  --secret-file FILE   shared secret (file bytes, trailing newline stripped);\n"
 "                       default: the FARMEM_SECRET environment variable\n"
@@ -642,6 +645,7 @@ int main(int argc, char **argv)
 		{ "ready-fd", required_argument, NULL, 'r' },
 		{ "log", required_argument, NULL, 'L' },
 		{ "numa-node", required_argument, NULL, 'n' },
+		{ "idmap", no_argument, NULL, 'I' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -649,7 +653,7 @@ int main(int argc, char **argv)
 	static const char **tcp;
 	const char *unix_path = NULL, *secret_file = NULL, *rdma_spec = NULL;
 	uint64_t capacity = default_capacity(), quota = 0, threads = 2, v;
-	bool have_quota = false;
+	bool have_quota = false, idmap = false;
 	int ntcp = 0, ready_fd = -1, opt, ret, sig, status = 0, numa_node = -1;
 	sigset_t sigs;
 
@@ -713,6 +717,9 @@ int main(int argc, char **argv)
 			numa_node = (int)v;
 			break;
 		}
+		case 'I':
+			idmap = true;
+			break;
 		case 'h':
 			fputs(usage_text, stdout);
 			return 0;
@@ -760,6 +767,20 @@ int main(int argc, char **argv)
 	if (ret) {
 		fm_err("cannot set up the store: %s", strerror(-ret));
 		return 1;
+	}
+	if (idmap && numa_node >= 0) {
+		fm_err("--idmap and --numa-node cannot be combined: the module chooses where "
+		       "identity-mapped pages lie");
+		return 2;
+	}
+	if (idmap) {
+		char msg[256];
+
+		ret = memd_store_idmap(&srv.st, msg, sizeof(msg));
+		if (ret) {
+			fm_err("%s", msg);
+			return 1;
+		}
 	}
 	srv.wake.kind = OBJ_WAKE;
 	srv.wake.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

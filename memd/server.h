@@ -41,6 +41,7 @@ struct memd_store {
 	uint64_t va_used;              /* bytes mapped for spaces */
 	uint64_t va_budget;
 	int numa_node;                 /* bind every space's pages here; -1: no policy */
+	int idmap_fd;                  /* --idmap: /dev/swapva, spaces mapped from it; -1: memfds */
 	struct memd_session *sessions;
 	uint64_t nsessions;
 	uint64_t nspaces;
@@ -50,6 +51,14 @@ struct memd_store {
 
 int memd_store_init(struct memd_store *st, uint64_t capacity_pages,
 		    uint64_t session_quota_pages);
+/*
+ * --idmap: back every space with identity-mapped memory (VA == PA) from
+ * /dev/swapva (kmod-swapva). Such memory is allocated whole when the space
+ * opens, so the capacity bounds the spaces' total size, not their present
+ * pages; and it cannot be passed as a file, so SHM_MAP and RDMA_MAP answer
+ * FM_E_NOSHM. Returns 0, or -errno with msg set to a sentence for the user.
+ */
+int memd_store_idmap(struct memd_store *st, char *msg, size_t msglen);
 /* Frees every session; no connection may still use the store. */
 void memd_store_fini(struct memd_store *st);
 void memd_store_stats(struct memd_store *st, struct fm_stats *out);

@@ -457,6 +457,11 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		struct fm_rdma_map_rep rrep;
 
 		ret = memd_space_shm(c->st, sp, &srep, &fd);
+		if (ret == -EOPNOTSUPP) {
+			memd_space_put(c->st, sp);
+			return reply_err(c, h, FM_E_NOSHM, "RDMA_MAP: memd keeps spaces in "
+					 "identity-mapped memory (--idmap): use the stream operations");
+		}
 		if (ret)
 			break;
 		ret = memd_rdma_map(fd, &srep, &rrep);
@@ -478,6 +483,11 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		struct fm_shm_map_rep rep;
 
 		ret = memd_space_shm(c->st, sp, &rep, &fd);
+		if (ret == -EOPNOTSUPP) {
+			memd_space_put(c->st, sp);
+			return reply_err(c, h, FM_E_NOSHM, "SHM_MAP: memd keeps spaces in "
+					 "identity-mapped memory (--idmap): use the stream operations");
+		}
 		if (ret)
 			break;
 		p = reply(c, h, 0, sizeof(rep), fd);

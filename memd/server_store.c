@@ -19,13 +19,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <numaif.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <linux/falloc.h>
 
 #include "fm_util.h"
+#include "../kmod-swapva/swapva.h"
 
 struct memd_space {
 	struct memd_space *next;       /* session's list, under st->lock */
@@ -35,6 +38,7 @@ struct memd_space {
 	pthread_rwlock_t rw;
 	bool dead;                     /* closed: no more page operations */
 	bool mapped;                   /* handed out by SHM_MAP: grant accounting */
+	bool idmap;                    /* map is from /dev/swapva; fd is -1 */
 	int fd;
 	uint8_t *map;
 	uint64_t map_len;
@@ -92,7 +96,54 @@ int memd_store_init(struct memd_store *st, uint64_t capacity_pages,
 	st->session_quota = session_quota_pages;
 	st->va_budget = MEMD_VA_BUDGET;
 	st->numa_node = -1;
+	st->idmap_fd = -1;
 	return -pthread_mutex_init(&st->lock, NULL);
+}
+
+int memd_store_idmap(struct memd_store *st, char *msg, size_t msglen)
+{
+	struct swapva_info in;
+	struct swapva_idmap_query q = { 0 };
+	void *p;
+	int fd, e;
+
+	fd = open(SWAPVA_DEVICE, O_RDWR | O_CLOEXEC);
+	if (fd < 0) {
+		e = errno;
+		snprintf(msg, msglen, e == ENOENT ?
+			 "--idmap: %s does not exist: load the kmod-swapva module (insmod swapva.ko)" :
+			 "--idmap: cannot open %s: %s", SWAPVA_DEVICE, strerror(e));
+		return -e;
+	}
+	if (ioctl(fd, SWAPVA_IOC_INFO, &in) || in.abi_version != SWAPVA_ABI_VERSION ||
+	    !(in.features & SWAPVA_FEAT_IDMAP)) {
+		snprintf(msg, msglen, "--idmap: the module behind %s has no identity-mapped allocation "
+			 "(ABI %u, features %#llx)", SWAPVA_DEVICE, in.abi_version,
+			 (unsigned long long)in.features);
+		close(fd);
+		return -EOPNOTSUPP;
+	}
+	/* One page now, so that a missing capability is an error at start, not per space. */
+	p = mmap(NULL, FM_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, SWAPVA_IDMAP_FALLBACK);
+	if (p == MAP_FAILED) {
+		e = errno;
+		snprintf(msg, msglen, e == EPERM ?
+			 "--idmap: identity-mapped memory needs CAP_SYS_ADMIN (it reveals physical "
+			 "addresses): run memd as root or give it that capability" :
+			 "--idmap: cannot map memory from %s: %s", SWAPVA_DEVICE, strerror(e));
+		close(fd);
+		return -e;
+	}
+	q.addr = (uint64_t)(uintptr_t)p;
+	q.len = FM_PAGE_SIZE;
+	if (ioctl(fd, SWAPVA_IOC_IDMAP_QUERY, &q) == 0)
+		fm_info("--idmap: %s ready; a probe page is %sidentity-mapped", SWAPVA_DEVICE,
+			q.identity ? "" : "NOT ");
+	munmap(p, FM_PAGE_SIZE);
+	st->idmap_fd = fd;
+	/* The memory is allocated whole: spaces may map no more than the capacity. */
+	st->va_budget = st->capacity * FM_PAGE_SIZE;
+	return 0;
 }
 
 void memd_store_stats(struct memd_store *st, struct fm_stats *out)
@@ -328,6 +379,35 @@ void memd_store_fini(struct memd_store *st)
 	pthread_mutex_destroy(&st->lock);
 }
 
+/*
+ * Identity-mapped (VA == PA) memory for a space: zeroed and allocated whole
+ * by the module, so every meta page exists (meta_exists) and nothing is ever
+ * punched. The module falls back to an ordinary address when PA..PA+len is
+ * taken here; the log says how much of the space got the identity.
+ */
+static int space_map_idmap(struct memd_store *st, struct memd_space *sp)
+{
+	struct swapva_idmap_query q = { 0 };
+
+	sp->map = mmap(NULL, sp->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, st->idmap_fd,
+		       SWAPVA_IDMAP_FALLBACK);
+	if (sp->map == MAP_FAILED) {
+		int e = errno;
+
+		fm_warn("--idmap: cannot map %llu bytes from %s: %s",
+			(unsigned long long)sp->map_len, SWAPVA_DEVICE, strerror(e));
+		return -e;
+	}
+	sp->idmap = true;
+	q.addr = (uint64_t)(uintptr_t)sp->map;
+	q.len = sp->map_len;
+	if (ioctl(st->idmap_fd, SWAPVA_IOC_IDMAP_QUERY, &q) == 0)
+		fm_info("--idmap: a space of %llu bytes at %p: %llu of %llu pages identity-mapped",
+			(unsigned long long)sp->map_len, (void *)sp->map,
+			(unsigned long long)q.identity, (unsigned long long)q.pages);
+	return 0;
+}
+
 int memd_space_open(struct memd_store *st, struct memd_session *s, uint64_t npages,
 		    uint32_t *id)
 {
@@ -371,6 +451,12 @@ int memd_space_open(struct memd_store *st, struct memd_session *s, uint64_t npag
 		goto unbudget;
 	}
 
+	if (st->idmap_fd >= 0) {
+		ret = space_map_idmap(st, sp);
+		if (ret)
+			goto destroy;
+		goto mapped;
+	}
 	/*
 	 * Sealed against shrinking: a client holding the fd could otherwise
 	 * truncate it and make memd's own accesses fault with SIGBUS.
@@ -404,6 +490,7 @@ int memd_space_open(struct memd_store *st, struct memd_session *s, uint64_t npag
 			goto destroy;
 		}
 	}
+mapped:
 	sp->meta = (struct fm_shm_meta *)(sp->map + sp->meta_offset);
 	sp->known_len = round_up((nmeta + 63) / 64 * sizeof(uint64_t), FM_PAGE_SIZE);
 	sp->known = mmap(NULL, sp->known_len, PROT_READ | PROT_WRITE,
@@ -501,7 +588,7 @@ static bool meta_exists(struct memd_space *sp, uint64_t mp)
 {
 	off_t want, got;
 
-	if (known_test(sp, mp))
+	if (sp->idmap || known_test(sp, mp))
 		return true;
 	if (!sp->mapped)
 		return false;
@@ -653,7 +740,7 @@ static uint64_t clear_range(struct memd_space *sp, uint64_t first, uint64_t end)
 	while (mp <= last_mp) {
 		/* Skip holes in O(log) rather than walking up to 2^27 meta pages. */
 		off_t want = (off_t)(sp->meta_offset + mp * FM_PAGE_SIZE);
-		off_t got = lseek(sp->fd, want, SEEK_DATA);
+		off_t got = sp->idmap ? want : lseek(sp->fd, want, SEEK_DATA);
 		uint64_t lo, hi;
 
 		if (got < 0)
@@ -712,7 +799,7 @@ int memd_space_discard(struct memd_store *st, struct memd_space *sp,
 		/* Flags first: a reader never finds PRESENT over punched data for long. */
 		c = clear_range(sp, x.first, x.first + x.npages);
 		cleared += c;
-		if (fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+		if (!sp->idmap && fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 			      (off_t)(x.first * FM_PAGE_SIZE),
 			      (off_t)(x.npages * FM_PAGE_SIZE)) < 0)
 			fm_warn("space %u: punching pages %llu+%llu: %s", sp->id,
@@ -737,6 +824,10 @@ int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 	pthread_rwlock_wrlock(&sp->rw);
 	if (sp->dead) {
 		ret = -ENOENT;
+		goto out;
+	}
+	if (sp->idmap) {  /* not a file: a client cannot map it */
+		ret = -EOPNOTSUPP;
 		goto out;
 	}
 	*fd = fcntl(sp->fd, F_DUPFD_CLOEXEC, 3);

@@ -431,6 +431,9 @@ def test_memd_flags_translate_one_to_one():
         "--secret-file", "/s", "--session-quota", str(1 << 30), "--threads", "4", "--log", "info"]
     args = main.get_command_parser().parse_args(["memd", "--unix", "/tmp/x.sock"])
     assert memd.memd_argv(args, "m", "/s") == ["m", "--unix", "/tmp/x.sock", "--secret-file", "/s"]
+    args = main.get_command_parser().parse_args(["memd", "--unix", "/tmp/x.sock", "--idmap"])
+    assert memd.memd_argv(args, "m", "/s") == ["m", "--unix", "/tmp/x.sock", "--secret-file", "/s",
+                                               "--idmap"]
 
 
 @pytest.mark.parametrize("flags", [["--listen", "nohost"], ["--capacity", "12q"], ["--threads", "0"],

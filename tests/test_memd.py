@@ -671,6 +671,20 @@ def test_help(memd_bin):
     assert r.returncode == 0 and "--ready-fd" in r.stdout
 
 
+@pytest.mark.skipif(os.path.exists("/dev/swapva"), reason="kmod-swapva is loaded here")
+def test_idmap_without_the_module_fails_cleanly(memd_bin, tmp_path):
+    # --idmap needs /dev/swapva (kmod-swapva; the qemu lane tests it loaded): without it,
+    # memd must say so and exit before it listens, leaving no socket behind.
+    sock = tmp_path / "idmap.sock"
+    r = _run(memd_bin, ["--idmap", "--unix", str(sock)], env_secret="s")
+    assert r.returncode == 1, r.stderr
+    assert "--idmap: /dev/swapva does not exist: load the kmod-swapva module" in r.stderr
+    assert not sock.exists()
+    r = _run(memd_bin, ["--idmap", "--numa-node", "0", "--unix", str(sock)], env_secret="s")
+    assert r.returncode == 2 and "cannot be combined" in r.stderr, r.stderr
+    assert "--idmap" in _run(memd_bin, ["--help"]).stdout
+
+
 def test_ready_fd_and_env_secret(memd_bin, tmp_path):
     sock = tmp_path / "env.sock"
     r, w = os.pipe()

@@ -12,6 +12,8 @@ want=all
 for w in $cmdline; do case $w in vmtests=*) want=${w#vmtests=} ;; esac; done
 on() { [ "$want" = all ] || [[ ",$want," == *",$1,"* ]]; }
 read -r kver </proc/sys/kernel/osrelease
+# the initramfs root comes from a mktemp -d (mode 0700): let unprivileged test users walk it
+chmod 755 /
 echo "INFO: guest kernel $kver"
 
 # ---- kmod-swapva --------------------------------------------------------------------
@@ -25,10 +27,60 @@ if on swapva; then
 	# the automatic ladder (kmod > memmove here: 6.1 has no UFFDIO_MOVE)
 	if $W/test_swapva >/tmp/t2 2>&1; then ok swapva-ladder; else bad swapva-ladder; fi
 	grep -E 'FAIL|test_swapva|available|ok \(' /tmp/t2 | head -40
-	# module-only checks: INFO, FLUSH, threads on other CPUs, signals, rmap health
-	if [ -x $W/swapva_kmod_test ]; then
-		if $W/swapva_kmod_test >/tmp/t3 2>&1; then ok swapva-kmod-extra; else bad swapva-kmod-extra; fi
-		grep -E 'FAIL|ok|INFO' /tmp/t3 | head -40
+	# module-only checks (tests/vm/progs/swapva_kmod_test.c), one test per line:
+	# identity mapping vs pagemap, rmap health under migration/compaction/page-out
+	# (swap on zram), a reader on the other CPU (shootdown), concurrent batches,
+	# a batch cut short by a signal, SIGKILL in a batch
+	if modprobe zram && echo 256M >/sys/block/zram0/disksize && mkswap /dev/zram0 >/dev/null &&
+		swapon /dev/zram0; then
+		echo "INFO: swap on zram0 (256 MiB)"
+	else
+		echo "INFO: no swap on zram: swapva-rmap's page-out check will fail"
+	fi
+	for t in idmap rmap shootdown concurrent signal kill; do
+		if timeout 900 $W/swapva_kmod_test $t >/tmp/t3 2>&1; then ok swapva-$t; else bad swapva-$t; fi
+		grep -E 'FAIL|^ok|INFO' /tmp/t3 | head -20
+	done
+	swapoff /dev/zram0 2>/dev/null
+
+	# memd --idmap: the page store in identity-mapped memory, a pagetest through it
+	if [ -x $W/farmem-memd ] && [ -x $W/pagetest ]; then
+		printf '%s\n' lane-idmap-secret-0123456789abcdef >/tmp/idmap.secret
+		chmod 644 /tmp/idmap.secret
+		if setpriv --reuid 65534 --regid 65534 --clear-groups $W/farmem-memd --idmap \
+			--listen 127.0.0.1:7482 --secret-file /tmp/idmap.secret >/tmp/idmap-nocap.log 2>&1; then
+			bad memd-idmap-needs-cap-sys-admin
+		elif grep -q 'needs CAP_SYS_ADMIN' /tmp/idmap-nocap.log; then
+			ok memd-idmap-needs-cap-sys-admin
+		else
+			bad memd-idmap-needs-cap-sys-admin
+		fi
+		cat /tmp/idmap-nocap.log | sed 's/^/INFO: unprivileged memd: /'
+		$W/farmem-memd --idmap --listen 127.0.0.1:7481 --secret-file /tmp/idmap.secret \
+			--capacity 256M --log info >$W/idmap-memd.log 2>&1 &
+		mp=$!
+		for i in $(seq 1 100); do grep -q serving $W/idmap-memd.log && break; sleep 0.2; done
+		if timeout 600 env LD_PRELOAD=$W/libfarmem_preload.so FARMEM_MEMD=tcp:127.0.0.1:7481 \
+			FARMEM_SECRET=lane-idmap-secret-0123456789abcdef FARMEM_LOCAL=4M FARMEM_THRESHOLD=8M \
+			FARMEM_LOG=info $W/pagetest --size 16M --rounds 1 >$W/idmap-pagetest.log 2>&1; then
+			# paged at all? (regions below FARMEM_THRESHOLD are left alone)
+			grep -q 'paging 0x' $W/idmap-pagetest.log && ok memd-idmap-pagetest-16M ||
+				bad memd-idmap-pagetest-16M-not-paged
+		else
+			bad memd-idmap-pagetest-16M
+			tail -5 $W/idmap-pagetest.log
+		fi
+		# every space the pager opened is wholly identity-mapped (VA == PA)
+		grep -aE 'pagetest|error|paging' $W/idmap-pagetest.log | head -4 | sed 's/^/INFO: /'
+		if grep -qE 'a space of .* pages identity-mapped' $W/idmap-memd.log &&
+			! grep -E 'a space of .* pages identity-mapped' $W/idmap-memd.log |
+				awk '{for (i = 1; i <= NF; i++) if ($i == "of" && $(i+2) == "pages") if ($(i-1) != $(i+1)) bad = 1} END {exit !bad}'; then
+			ok memd-idmap-spaces-identity
+		else
+			bad memd-idmap-spaces-identity
+		fi
+		kill $mp 2>/dev/null; wait $mp 2>/dev/null
+		grep -E 'idmap|error' $W/idmap-memd.log | head -6 | sed 's/^/INFO: memd: /'
 	fi
 fi
 if on bench; then

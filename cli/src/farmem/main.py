@@ -180,6 +180,9 @@ def _add_memd(sub) -> None:
     p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
     p.add_argument("--numa-node", type=int_range(0, 1023), metavar="N",
                    help="keep the page store on NUMA node N (e.g. a CPU-less CXL memory node)")
+    p.add_argument("--idmap", action="store_true",
+                   help="keep the page store in identity-mapped memory (VA == PA) from /dev/swapva "
+                        "(kmod-swapva, root); stream transports only")
     p.set_defaults(func=memd.cmd_memd, parser=p)
 
 

@@ -42,6 +42,8 @@ def memd_argv(args, binary: str, secret_file: str) -> list:
         argv += ["--log", args.log]
     if getattr(args, "numa_node", None) is not None:
         argv += ["--numa-node", str(args.numa_node)]
+    if getattr(args, "idmap", False):
+        argv.append("--idmap")
     return argv
 
 
