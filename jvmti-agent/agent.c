@@ -637,6 +637,15 @@ void fm_agent_pager_leave(void)
 	atomic_fetch_sub(&gc_users, 1);
 }
 
+int fm_agent_pager_expected(void)
+{
+	int yes;
+	pthread_mutex_lock(&life_lock);
+	yes = pending || atomic_load(&live);
+	pthread_mutex_unlock(&life_lock);
+	return yes;
+}
+
 static void JNICALL on_vm_init(jvmtiEnv *env, JNIEnv *jni, jthread thread)
 {
 	char err[512];

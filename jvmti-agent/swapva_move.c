@@ -56,11 +56,9 @@ EXPORT int farmem_swapva_move(void *dst, const void *src, size_t len)
 
 EXPORT size_t farmem_swapva_min_bytes(void)
 {
-	struct fm_pager *p = fm_agent_pager_enter();
 	unsigned pages = MIN_PAGES;
 
-	fm_agent_pager_leave();
-	if (!p) {
+	if (!fm_agent_pager_expected()) {
 		pthread_mutex_lock(&lib_lock);
 		if (lib_ctx()) {
 			unsigned b = swapva_breakeven_pages(lib);
@@ -79,10 +77,8 @@ EXPORT size_t farmem_swapva_min_bytes(void)
 EXPORT const char *farmem_swapva_describe(void)
 {
 	static char d[96];
-	struct fm_pager *p = fm_agent_pager_enter();
 
-	fm_agent_pager_leave();
-	if (p)
+	if (fm_agent_pager_expected())
 		return "farmem pager: UFFDIO_MOVE, remote pages from memd";
 	pthread_mutex_lock(&lib_lock);
 	snprintf(d, sizeof(d), "libswapva %s", lib_ctx() ? swapva_describe(lib) : "unavailable");

@@ -27,5 +27,7 @@ void fm_swapva_export(void);
 /* agent.c: the running pager, held against a detach until fm_agent_pager_leave. May be NULL. */
 struct fm_pager *fm_agent_pager_enter(void);
 void fm_agent_pager_leave(void);
+/* agent.c: 1 if a pager runs or is started and waits for VMInit to register the heap. */
+int fm_agent_pager_expected(void);
 
 #endif
