@@ -168,8 +168,10 @@ def test_largearrays_swapva_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm
     assert sum(l[5] for l in lines) > 0  # padding became fillers (and VerifyAfterGC parsed them)
     s = json.loads(summary.read_text())
     assert s["swapva_calls"] > 0, s
-    moved = s["swapva_pages_moved"] + s["swapva_pages_fetched"]
-    assert moved >= sum(l[1] for l in lines) * 0.99 and s["swapva_pages_moved"] > 0, s
+    moved = s["swapva_pages_moved"] + s["swapva_pages_remote"] + s["swapva_pages_fetched"] + s["swapva_pages_untouched"]
+    assert moved == sum(l[1] for l in lines), (s, lines)
+    # at 25% local most pages the GC moves are remote: they move inside memd, not through the heap
+    assert s["swapva_pages_moved"] > 0 and s["swapva_pages_remote"] > 0, s
     assert s["swapva_pages_copied"] == 0, s
     assert s["evictions"] > 0 and s["remote_reads"] > 0, s
 

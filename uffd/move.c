@@ -10,7 +10,12 @@
  *                          PTE moves, no bytes are copied),
  *                          dirty: memd's copy belongs to the
  *                          source's slot and dies
- *   remote                 the bytes from memd, dirty         untouched
+ *   remote                 a remote page: memd's copy is      untouched
+ *                          read and written to the
+ *                          destination's slot (inside the
+ *                          shared store with shm), never local;
+ *                          if memd is full, the bytes come
+ *                          in, dirty
  *   untouched              nothing: untouched                 untouched
  *
  * A destination's old contents are garbage: resident ones are dropped with
@@ -140,6 +145,59 @@ static void move_run(struct fm_pager *p, uintptr_t dst, uintptr_t src, uint64_t 
 	}
 }
 
+/*
+ * Remote source pages idx[0..n) of rs stay remote: memd's copies are read
+ * and written to the destination's slots (rd, from di0), through a bounce
+ * buffer because a read's pointers live only until the channel's next call.
+ * kept[j] says whether page idx[j] is now remote at its destination; the
+ * others (memd full, or its transport failed) are for fetch_to.
+ */
+static unsigned relink(struct fm_pager *p, struct region *rs, const uint64_t *idx, unsigned n, uint64_t si0,
+		       struct region *rd, uint64_t di0, uint8_t *kept)
+{
+	const void *data[FM_MAX_BATCH];
+	const void *from[FM_MAX_BATCH];
+	uint64_t didx[FM_MAX_BATCH];
+	uint32_t status[FM_MAX_BATCH];
+	unsigned done = 0;
+
+	memset(kept, 0, n);
+	if (atomic_load(&p->evict_broken) || !p->bounce)
+		return 0;
+	for (unsigned k = 0; k < n;) {
+		unsigned m = n - k < FM_MAX_BATCH ? n - k : FM_MAX_BATCH;
+		int rc;
+		pthread_mutex_lock(&p->misc_lock);
+		rc = fm_chan_read(p->misc_chan, rs->space, idx + k, m, data);
+		if (rc) {
+			pthread_mutex_unlock(&p->misc_lock);
+			STAT_ADD(p, transport_errors, 1);
+			fm_fatal("a page moved by the collector is in memd but cannot be read back (%s)", strerror(-rc));
+		}
+		for (unsigned j = 0; j < m; j++) {
+			memcpy(p->bounce + ((size_t)j << PG_SHIFT), data[j], PG_SIZE);
+			from[j] = p->bounce + ((size_t)j << PG_SHIFT);
+			didx[j] = di0 + (idx[k + j] - si0);
+		}
+		rc = fm_chan_write(p->misc_chan, rd->space, didx, m, from, status);
+		pthread_mutex_unlock(&p->misc_lock);
+		if (rc)
+			STAT_ADD(p, transport_errors, 1);
+		for (unsigned j = 0; j < m; j++)
+			if (!rc && status[j] == FM_OK) {
+				kept[k + j] = 1;
+				done++;
+			}
+		STAT_ADD(p, remote_reads, m);
+		STAT_ADD(p, remote_read_bytes, (uint64_t)m * PG_SIZE);
+		k += m;
+	}
+	STAT_ADD(p, remote_writes, done);
+	STAT_ADD(p, remote_write_bytes, (uint64_t)done * PG_SIZE);
+	STAT_ADD(p, swapva_pages_remote, done);
+	return done;
+}
+
 /* Bring remote source pages idx[0..n) of rs to the matching destination pages, dirty. */
 static void fetch_to(struct fm_pager *p, struct region *rs, const uint64_t *idx, unsigned n,
 		     uint64_t si0, uintptr_t dst0)
@@ -152,6 +210,7 @@ static void fetch_to(struct fm_pager *p, struct region *rs, const uint64_t *idx,
 		pthread_mutex_lock(&p->misc_lock);
 		rc = fm_chan_read(p->misc_chan, rs->space, idx + k, m, data);
 		if (rc) {
+			pthread_mutex_unlock(&p->misc_lock);
 			STAT_ADD(p, transport_errors, 1);
 			fm_fatal("a page moved by the collector is in memd but cannot be read back (%s)", strerror(-rc));
 		}
@@ -179,11 +238,14 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 		       uint64_t si0, unsigned n)
 {
 	uint8_t db[MOVE_BATCH], sb[MOVE_BATCH];
-	uint64_t remote[MOVE_BATCH];
+	uint64_t remote[MOVE_BATCH], fetch[MOVE_BATCH];
+	uint8_t kept[MOVE_BATCH], now_remote[MOVE_BATCH];
 	uintptr_t dst0 = rd->base + (di0 << PG_SHIFT), src0 = rs->base + (si0 << PG_SHIFT);
 	struct dead dd = { .space = rd->space }, sd = { .space = rs->space };
-	unsigned nremote = 0;
+	unsigned nremote = 0, nfetch = 0;
 	int64_t res = 0;
+
+	memset(now_remote, 0, sizeof(now_remote));
 
 	for (unsigned k = 0; k < n; k++)
 		db[k] = claim(rd, di0 + k);
@@ -231,8 +293,17 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 		k = e + 1;
 	}
 	if (nremote) {
-		fetch_to(p, rs, remote, nremote, si0, dst0);
-		res += nremote;
+		relink(p, rs, remote, nremote, si0, rd, di0, kept);
+		for (unsigned j = 0; j < nremote; j++) {
+			if (kept[j])
+				now_remote[remote[j] - si0] = 1;
+			else
+				fetch[nfetch++] = remote[j];
+		}
+	}
+	if (nfetch) {
+		fetch_to(p, rs, fetch, nfetch, si0, dst0);
+		res += nfetch;
 	}
 	/* The bytes are at the destination: now the source's remote copies may die. */
 	for (unsigned k = 0; k < n; k++)
@@ -242,7 +313,9 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 
 	for (unsigned k = 0; k < n; k++) {
 		int has = fm_pg_is_resident(sb[k]) || fm_pg_state(sb[k]) == FM_PG_REMOTE;
-		pg_store(&rd->pg[di0 + k], has ? pg_make(FM_PG_DIRTY, FM_PGF_REF) : pg_make(FM_PG_UNTOUCHED, 0));
+		uint8_t nb = now_remote[k] ? pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE)
+			   : has ? pg_make(FM_PG_DIRTY, FM_PGF_REF) : pg_make(FM_PG_UNTOUCHED, 0);
+		pg_store(&rd->pg[di0 + k], nb);
 		pg_store(&rs->pg[si0 + k], pg_make(FM_PG_UNTOUCHED, 0));
 	}
 	if (res)

@@ -1115,7 +1115,8 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	p->waiters = calloc(p->waiters_cap, sizeof(*p->waiters));
 	p->zero = aligned_alloc(PG_SIZE, PG_SIZE);
 	p->zero_run = aligned_alloc(PG_SIZE, (size_t)ZERO_RUN_PAGES * PG_SIZE);
-	if (!p->waiters || !p->zero || !p->zero_run) {
+	p->bounce = aligned_alloc(PG_SIZE, (size_t)FM_MAX_BATCH * PG_SIZE);
+	if (!p->waiters || !p->zero || !p->zero_run || !p->bounce) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -1284,6 +1285,7 @@ int fm_pager_stop(struct fm_pager *p)
 	free(p->waiters);
 	free(p->zero);
 	free(p->zero_run);
+	free(p->bounce);
 	free(p);
 	return 0;
 }

@@ -112,10 +112,11 @@ struct fm_pager_stats {
 	/* fm_pager_move (a collector's SwapVA compaction, uffd/move.c). */
 	uint64_t swapva_calls;       /* fm_pager_move calls */
 	uint64_t swapva_pages_moved; /* resident pages moved by UFFDIO_MOVE: no bytes copied */
-	uint64_t swapva_pages_fetched; /* remote pages read from memd straight to their destination */
+	uint64_t swapva_pages_fetched; /* remote pages read from memd straight to their destination (memd full) */
 	uint64_t swapva_pages_untouched; /* never-written pages: nothing to move */
 	uint64_t swapva_pages_copied; /* resident pages UFFDIO_MOVE refused, copied instead */
-	uint64_t reserved[5];
+	uint64_t swapva_pages_remote; /* remote pages moved from slot to slot in memd, never local */
+	uint64_t reserved[4];
 };
 
 struct fm_resmap_hdr {

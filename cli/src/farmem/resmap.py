@@ -54,7 +54,7 @@ MULTI_FIELDS = (
 # Then fm_pager_move (uffd/move.c): a farmem JDK's SwapVA compaction.
 SWAPVA_FIELDS = (
     "swapva_calls", "swapva_pages_moved", "swapva_pages_fetched", "swapva_pages_untouched",
-    "swapva_pages_copied",
+    "swapva_pages_copied", "swapva_pages_remote",
 )
 
 
