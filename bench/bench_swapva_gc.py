@@ -11,8 +11,8 @@ with the farmem JDK in two configurations, alternating, side by side in one run:
            the threshold or more move through the pager, fm_pager_move, instead of being copied)
 
 Reported per configuration: the full-GC pauses (-Xlog:gc "Pause Full"), G1's compaction phase
-(-Xlog:gc+phases "Phase 4: Compact heap"), the GC threads' faults, remote reads, and the pages
-fm_pager_move moved/fetched. Figures are medians over rounds, then over --repeats.
+(-Xlog:gc+phases "Phase 4: Compact heap"), the GC threads' faults, remote reads and writes, the
+pages fm_pager_move moved by UFFDIO_MOVE and the remote pages it moved inside memd. Figures are medians over rounds, then over --repeats.
 
     .venv/bin/python bench/bench_swapva_gc.py [--local 25,100] [--repeats 2] [--rounds 6]
         [--heap 1g] [--arrays 250] [--json raw.json]
@@ -60,7 +60,8 @@ def run_one(args, config: str, local: int, jdk: str, workdir: str, rep: int) -> 
         return rec
     s = json.load(open(summary))
     rec.update({k: s.get(k) for k in ("elapsed_s", "gc_faults", "app_faults", "remote_reads", "swapva_calls",
-                                      "swapva_pages_moved", "swapva_pages_fetched", "swapva_pages_copied")})
+                                      "swapva_pages_moved", "swapva_pages_remote", "swapva_pages_fetched",
+                                      "swapva_pages_copied", "remote_writes", "evictions")})
     log = open(gclog).read()
     pauses = [float(x) for x in PAUSE_FULL.findall(log)]
     phase4 = [float(x) for x in PHASE4.findall(log)]
@@ -109,23 +110,24 @@ def main() -> int:
           f"-Xmx{args.heap} -XX:G1HeapRegionSize=8m, medians of {args.repeats} runs (each: median full GC after the first)")
     print()
     print("| local | config | full-GC pause (ms) | phase 4 compact (ms) | GC-thread faults | remote reads "
-          "| pages moved | pages fetched | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| remote writes | pages moved (UFFDIO_MOVE) | remote pages moved in memd | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for local in locals_:
         row = {}
         for config in ("copy", "swapva"):
             rs = [r for r in recs if r["local"] == local and r["config"] == config and "error" not in r]
             row[config] = {k: med(rs, k) for k in ("pause_ms", "phase4_ms", "gc_faults", "remote_reads",
-                                                   "swapva_pages_moved", "swapva_pages_fetched", "elapsed_s")}
+                                                   "remote_writes", "swapva_pages_moved", "swapva_pages_remote",
+                                                   "elapsed_s")}
             v = row[config]
             fmt = lambda x, d=1: "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
             print(f"| {local}% | {config} | {fmt(v['pause_ms'])} | {fmt(v['phase4_ms'])} | {fmt(v['gc_faults'], 0)} "
-                  f"| {fmt(v['remote_reads'], 0)} | {fmt(v['swapva_pages_moved'], 0)} | {fmt(v['swapva_pages_fetched'], 0)} "
-                  f"| {fmt(v['elapsed_s'])} |")
+                  f"| {fmt(v['remote_reads'], 0)} | {fmt(v['remote_writes'], 0)} | {fmt(v['swapva_pages_moved'], 0)} "
+                  f"| {fmt(v['swapva_pages_remote'], 0)} | {fmt(v['elapsed_s'])} |")
         c, s = row["copy"], row["swapva"]
         if c["pause_ms"] and s["pause_ms"]:
             print(f"| {local}% | copy/swapva | {c['pause_ms'] / s['pause_ms']:.2f}x | "
-                  f"{(c['phase4_ms'] or 0) / (s['phase4_ms'] or 1):.2f}x | | | | | |")
+                  f"{(c['phase4_ms'] or 0) / (s['phase4_ms'] or 1):.2f}x | | | | | | |")
     if failed:
         print(f"\n{len(failed)} runs failed: " + "; ".join(str(r.get('error')) for r in failed), file=sys.stderr)
         return 1
