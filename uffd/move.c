@@ -274,7 +274,7 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 	}
 	dead_flush(p, &dd);
 
-	/* Resident source pages move in runs; remote ones come from memd straight to the destination. */
+	/* Resident source pages move in runs (UFFDIO_MOVE); remote ones move inside memd (relink). */
 	for (unsigned k = 0; k < n;) {
 		unsigned e = k;
 		if (fm_pg_state(sb[k]) == FM_PG_REMOTE) {
