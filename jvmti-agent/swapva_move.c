@@ -79,7 +79,7 @@ EXPORT const char *farmem_swapva_describe(void)
 	static char d[96];
 
 	if (fm_agent_pager_expected())
-		return "farmem pager: UFFDIO_MOVE, remote pages from memd";
+		return "farmem pager: UFFDIO_MOVE, remote pages moved inside memd";
 	pthread_mutex_lock(&lib_lock);
 	snprintf(d, sizeof(d), "libswapva %s", lib_ctx() ? swapva_describe(lib) : "unavailable");
 	pthread_mutex_unlock(&lib_lock);
