@@ -51,6 +51,7 @@
 #include "gcfree.h"
 #include "pager.h"
 #include "resmap.h"
+#include "swapva_move.h"
 #include "vmstructs.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -624,6 +625,27 @@ static void JNICALL on_gc_finish(jvmtiEnv *env)
 
 static struct fm_pager *pending; /* started at OnLoad, heap registered at VMInit */
 
+/* farmem_swapva_move runs in GC workers: held like a GC callback (swapva_move.h). */
+struct fm_pager *fm_agent_pager_enter(void)
+{
+	atomic_fetch_add(&gc_users, 1);
+	return atomic_load(&live);
+}
+
+void fm_agent_pager_leave(void)
+{
+	atomic_fetch_sub(&gc_users, 1);
+}
+
+int fm_agent_pager_expected(void)
+{
+	int yes;
+	pthread_mutex_lock(&life_lock);
+	yes = pending || atomic_load(&live);
+	pthread_mutex_unlock(&life_lock);
+	return yes;
+}
+
 static void JNICALL on_vm_init(jvmtiEnv *env, JNIEnv *jni, jthread thread)
 {
 	char err[512];
@@ -698,6 +720,7 @@ EXPORT jint JNICALL Agent_OnLoad(JavaVM *vm, char *options, void *reserved)
 		say("error", msg);
 		return JNI_ERR;
 	}
+	fm_swapva_export(); /* for a farmem JDK's -XX:+UseFarmemSwapVA */
 	if (opts.detach) {
 		say("error", "detach is for a running JVM (farmem detach PID); the JVM does not start");
 		return JNI_ERR;

@@ -96,12 +96,17 @@ static int uffd_open(char *err, size_t errlen)
 	return fd;
 }
 
+/* Returns 1 if the uffd can also move pages (UFFDIO_MOVE, for fm_pager_move), 0 if not. */
 static int uffd_api(int fd, char *err, size_t errlen)
 {
 	const uint64_t need = UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_EVENT_UNMAP |
 			      UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
-	struct uffdio_api api = { .api = UFFD_API, .features = need };
+	struct uffdio_api api = { .api = UFFD_API, .features = need | UFFD_FEATURE_MOVE };
 
+	/* A kernel without UFFDIO_MOVE (< 6.8) refuses the bit before it sets anything up: ask again. */
+	if (ioctl(fd, UFFDIO_API, &api) == 0)
+		return 1;
+	api = (struct uffdio_api){ .api = UFFD_API, .features = need };
 	if (ioctl(fd, UFFDIO_API, &api)) {
 		snprintf(err, errlen, "UFFDIO_API refused features 0x%llx (%s): this kernel lacks "
 			 "write-protect or thread-id support; run `farmem doctor`",
@@ -1110,7 +1115,8 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	p->waiters = calloc(p->waiters_cap, sizeof(*p->waiters));
 	p->zero = aligned_alloc(PG_SIZE, PG_SIZE);
 	p->zero_run = aligned_alloc(PG_SIZE, (size_t)ZERO_RUN_PAGES * PG_SIZE);
-	if (!p->waiters || !p->zero || !p->zero_run) {
+	p->bounce = aligned_alloc(PG_SIZE, (size_t)FM_MAX_BATCH * PG_SIZE);
+	if (!p->waiters || !p->zero || !p->zero_run || !p->bounce) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -1122,8 +1128,9 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		goto fail;
 	p->uffd = rc;
 	rc = uffd_api(p->uffd, err, errlen);
-	if (rc)
+	if (rc < 0)
 		goto fail;
+	p->can_move = rc;
 	p->pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
 
 	rc = fm_xport_connect(&xc, &p->x, err, errlen);
@@ -1278,6 +1285,7 @@ int fm_pager_stop(struct fm_pager *p)
 	free(p->waiters);
 	free(p->zero);
 	free(p->zero_run);
+	free(p->bounce);
 	free(p);
 	return 0;
 }

@@ -83,6 +83,17 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
  */
 long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
 
+/*
+ * A collector moves [src, src+len) to [dst, dst+len) (SwapVA compaction):
+ * page-aligned, disjoint, each inside one registered region. Afterwards dst
+ * holds src's bytes and src reads as zeros. Resident pages move with
+ * UFFDIO_MOVE (no copy), remote pages come from memd straight to dst,
+ * untouched ones stay untouched; dst's old contents are dropped. Call it only
+ * while no other thread uses either range (a GC pause). Returns 0, -EINVAL
+ * (misaligned, overlapping, unmanaged pages) or -ENOENT (not registered).
+ */
+int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len);
+
 /* 1 if addr lies in a registered region. */
 int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len);
 

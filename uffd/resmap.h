@@ -109,7 +109,14 @@ struct fm_pager_stats {
 	uint64_t memd_servers_live;  /* gauge: memd servers in use */
 	uint64_t memd_rereplicated;  /* pages copied to another memd to restore R replicas */
 	uint64_t memd_degraded_writes; /* pages acknowledged by fewer than R replicas */
-	uint64_t reserved[10];
+	/* fm_pager_move (a collector's SwapVA compaction, uffd/move.c). */
+	uint64_t swapva_calls;       /* fm_pager_move calls */
+	uint64_t swapva_pages_moved; /* resident pages moved by UFFDIO_MOVE: no bytes copied */
+	uint64_t swapva_pages_fetched; /* remote pages read from memd straight to their destination (memd full) */
+	uint64_t swapva_pages_untouched; /* never-written pages: nothing to move */
+	uint64_t swapva_pages_copied; /* resident pages UFFDIO_MOVE refused, copied instead */
+	uint64_t swapva_pages_remote; /* remote pages moved from slot to slot in memd, never local */
+	uint64_t reserved[4];
 };
 
 struct fm_resmap_hdr {

@@ -148,9 +148,10 @@ def _add_run(sub) -> None:
     p.add_argument("--heap-sizing", action=argparse.BooleanOptionalAction, default=None,
                    help="java/G1: choose the young generation's size for the local budget unless "
                         "the command sets it (default on)")
-    p.add_argument("--gc", choices=("stock", "memliner"), default=None,
-                   help="java: memliner runs the farmem JDK (`make jdk`) with MemLiner marking (G1 postpones "
-                        "objects on remote pages; docs/patched-jdk.md)")
+    p.add_argument("--gc", choices=("stock", "memliner", "swapva", "memliner+swapva"), default=None,
+                   help="java: run the farmem JDK (`make jdk`; docs/patched-jdk.md): memliner = MemLiner "
+                        "marking (G1 postpones objects on remote pages), swapva = G1's full GC moves the pages "
+                        "of large objects instead of copying them, memliner+swapva = both")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the program and its arguments")
     p.set_defaults(func=run.cmd_run, validate=run.validate, parser=p)
     from farmem.commands import kswap

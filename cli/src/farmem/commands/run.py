@@ -274,7 +274,14 @@ def summary_lines(s: dict) -> list:
     second = (f"farmem: local limit {fmt_bytes(s['local_limit_bytes'])}, peak resident "
               f"{fmt_bytes(s['peak_resident_bytes'])}{registered}; "
               f"transport {s['transport']}, {procs}; " + ("; ".join(problems) + "; " if problems else "") + tail)
-    return [first, second]
+    lines = [first, second]
+    if s.get("swapva_calls"):
+        # A farmem JDK's SwapVA compaction (--gc swapva) moved pages through the pager.
+        lines.append(f"farmem: SwapVA {s['swapva_calls']} moves: {s['swapva_pages_moved']} pages moved "
+                     f"(UFFDIO_MOVE), {s['swapva_pages_remote']} remote pages moved inside memd, "
+                     f"{s['swapva_pages_fetched']} fetched (memd full), {s['swapva_pages_untouched']} untouched, "
+                     f"{s['swapva_pages_copied']} copied")
+    return lines
 
 
 def write_json(path: str, data: dict) -> None:

@@ -101,6 +101,10 @@ def render(s: dict) -> list:
         lines.append(f"memd servers {s['memd_servers_live']} live, {s['memd_servers_lost']} lost; "
                      f"timeouts {s['memd_timeouts']}, failovers {s['memd_failovers']}, "
                      f"re-replicated {s['memd_rereplicated']} pages, degraded writes {s['memd_degraded_writes']}")
+    if s.get("swapva_calls"):
+        lines.append(f"SwapVA moves {s['swapva_calls']}: {s['swapva_pages_moved']} pages moved, "
+                     f"{s['swapva_pages_remote']} remote pages moved inside memd, {s['swapva_pages_fetched']} "
+                     f"fetched, {s['swapva_pages_untouched']} untouched, {s['swapva_pages_copied']} copied")
     for r in s["regions"]:
         kinds = f" [{','.join(r['flags'])}]" if r["flags"] else ""
         lines.append(f"  region {r['base']:#x} {fmt_bytes(r['bytes'])}{kinds}: {r['resident']} resident "

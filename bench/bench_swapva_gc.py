@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Full-GC pause with large objects: SwapVA compaction vs copying (issue 7; docs/patched-jdk.md).
+
+tests/java/LargeArrays.java (arrays of --min-kb..--max-kb, a fraction replaced every round, then
+System.gc(), a full GC in G1, then every element checked) runs under `./farmem run --local PCT`
+with the farmem JDK in two configurations, alternating, side by side in one run:
+
+  copy     the farmem JDK as it is (G1's full GC copies every object)
+  swapva   the same JDK with `--gc swapva` (-XX:+UseFarmemSwapVA: the whole pages of objects of
+           the threshold or more move through the pager, fm_pager_move, instead of being copied)
+
+Reported per configuration: the full-GC pauses (-Xlog:gc "Pause Full"), G1's compaction phase
+(-Xlog:gc+phases "Phase 4: Compact heap"), the GC threads' faults, remote reads and writes, the
+pages fm_pager_move moved by UFFDIO_MOVE and the remote pages it moved inside memd. Figures are medians over rounds, then over --repeats.
+
+    .venv/bin/python bench/bench_swapva_gc.py [--local 25,100] [--repeats 2] [--rounds 6]
+        [--heap 1g] [--arrays 250] [--json raw.json]
+
+Needs `make all` and `make jdk`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAUSE_FULL = re.compile(r"Pause Full \(System\.gc\(\)\) \S+->\S+\(\S+\) ([\d.]+)ms")
+PHASE4 = re.compile(r"Phase 4: Compact heap ([\d.]+)ms")
+SWAPVA = re.compile(r"SwapVA: (\d+) objects moved by pages \((\d+) pages, (\d+) calls, (\d+) in chunks, ([\d.]+) ms\)")
+
+
+def farmem_jdk() -> str:
+    r = subprocess.run(["bash", os.path.join(ROOT, "hotspot", "build.sh")], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("bench_swapva_gc: the farmem JDK does not build (make jdk):\n" + r.stderr[-2000:])
+    return r.stdout.strip().splitlines()[-1]
+
+
+def run_one(args, config: str, local: int, jdk: str, workdir: str, rep: int) -> dict:
+    summary = os.path.join(workdir, f"s-{config}-{local}-{rep}.json")
+    gclog = os.path.join(workdir, f"gc-{config}-{local}-{rep}.log")
+    gc = ["--gc", "swapva"] if config == "swapva" else []
+    cmd = [os.path.join(ROOT, "farmem"), "run", "--local", f"{local}%", "--summary-json", summary, *gc, "--",
+           os.path.join(jdk, "bin", "java"), f"-Xmx{args.heap}", f"-Xms{args.heap}", "-XX:G1HeapRegionSize=8m",
+           f"-Xlog:gc,gc+phases,gc+farmem:file={gclog}", "-cp", os.path.join(ROOT, "build", "java"),
+           "LargeArrays", "--arrays", str(args.arrays), "--rounds", str(args.rounds), "--min-kb", str(args.min_kb),
+           "--max-kb", str(args.max_kb), "--seed", str(rep + 1)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=dict(os.environ, FARMEM_JDK=jdk))
+    rec = {"config": config, "local": local, "rep": rep, "status": r.returncode}
+    if r.returncode != 0 or "largearrays: ok" not in r.stdout:
+        rec["error"] = (r.stdout + r.stderr).strip().splitlines()[-6:]
+        return rec
+    s = json.load(open(summary))
+    rec.update({k: s.get(k) for k in ("elapsed_s", "gc_faults", "app_faults", "remote_reads", "swapva_calls",
+                                      "swapva_pages_moved", "swapva_pages_remote", "swapva_pages_fetched",
+                                      "swapva_pages_copied", "remote_writes", "evictions")})
+    log = open(gclog).read()
+    pauses = [float(x) for x in PAUSE_FULL.findall(log)]
+    phase4 = [float(x) for x in PHASE4.findall(log)]
+    sv = [tuple(float(x) for x in m.groups()) for m in SWAPVA.finditer(log)]
+    # The first full GC follows the initial fill (nothing to slide yet): the rounds after it are measured.
+    rec["full_gcs"] = len(pauses)
+    rec["pause_ms"] = statistics.median(pauses[1:] or pauses) if pauses else None
+    rec["phase4_ms"] = statistics.median(phase4[1:] or phase4) if phase4 else None
+    rec["objects_moved"] = sum(x[0] for x in sv)
+    rec["pages_moved_log"] = sum(x[1] for x in sv)
+    return rec
+
+
+def med(recs, key):
+    vals = [r[key] for r in recs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--local", default="25,100", help="local budgets in percent, comma-separated")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--heap", default="1g")
+    ap.add_argument("--arrays", type=int, default=250)
+    ap.add_argument("--min-kb", type=int, default=300)
+    ap.add_argument("--max-kb", type=int, default=2048)
+    ap.add_argument("--timeout", type=int, default=1200)
+    ap.add_argument("--json", help="write the raw records here")
+    args = ap.parse_args()
+    jdk = farmem_jdk()
+    locals_ = [int(x) for x in args.local.split(",")]
+    recs = []
+    with tempfile.TemporaryDirectory(prefix="farmem-bench-swapva-") as wd:
+        for local in locals_:
+            for rep in range(args.repeats):
+                for config in ("copy", "swapva"):
+                    rec = run_one(args, config, local, jdk, wd, rep)
+                    recs.append(rec)
+                    print(json.dumps(rec), file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(recs, f, indent=1)
+    failed = [r for r in recs if r["status"] != 0 or "error" in r]
+    print(f"LargeArrays --arrays {args.arrays} --rounds {args.rounds} --min-kb {args.min_kb} --max-kb {args.max_kb}, "
+          f"-Xmx{args.heap} -XX:G1HeapRegionSize=8m, medians of {args.repeats} runs (each: median full GC after the first)")
+    print()
+    print("| local | config | full-GC pause (ms) | phase 4 compact (ms) | GC-thread faults | remote reads "
+          "| remote writes | pages moved (UFFDIO_MOVE) | remote pages moved in memd | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for local in locals_:
+        row = {}
+        for config in ("copy", "swapva"):
+            rs = [r for r in recs if r["local"] == local and r["config"] == config and "error" not in r]
+            row[config] = {k: med(rs, k) for k in ("pause_ms", "phase4_ms", "gc_faults", "remote_reads",
+                                                   "remote_writes", "swapva_pages_moved", "swapva_pages_remote",
+                                                   "elapsed_s")}
+            v = row[config]
+            fmt = lambda x, d=1: "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
+            print(f"| {local}% | {config} | {fmt(v['pause_ms'])} | {fmt(v['phase4_ms'])} | {fmt(v['gc_faults'], 0)} "
+                  f"| {fmt(v['remote_reads'], 0)} | {fmt(v['remote_writes'], 0)} | {fmt(v['swapva_pages_moved'], 0)} "
+                  f"| {fmt(v['swapva_pages_remote'], 0)} | {fmt(v['elapsed_s'])} |")
+        c, s = row["copy"], row["swapva"]
+        if c["pause_ms"] and s["pause_ms"]:
+            print(f"| {local}% | copy/swapva | {c['pause_ms'] / s['pause_ms']:.2f}x | "
+                  f"{(c['phase4_ms'] or 0) / (s['phase4_ms'] or 1):.2f}x | | | | | | |")
+    if failed:
+        print(f"\n{len(failed)} runs failed: " + "; ".join(str(r.get('error')) for r in failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

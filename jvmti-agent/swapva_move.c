@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+/* farmem_swapva_move and friends for the farmem JDK; see swapva_move.h. */
+#include "swapva_move.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fm_util.h"
+#include "libswapva.h"
+#include "pager.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define PAGE 4096u
+#define MIN_PAGES 10u /* SVAGC's threshold when the backend gives none */
+
+static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct swapva_ctx *lib;    /* libswapva, when no pager runs; one call at a time */
+static int lib_failed;
+
+static struct swapva_ctx *lib_ctx(void)
+{
+	if (!lib && !lib_failed) {
+		int e = swapva_open(&lib, SWAPVA_BACKEND_AUTO);
+		if (e) {
+			lib_failed = 1;
+			fm_warn("SwapVA: libswapva cannot open (%s): the JVM copies large objects", strerror(e));
+		}
+	}
+	return lib;
+}
+
+EXPORT int farmem_swapva_move(void *dst, const void *src, size_t len)
+{
+	struct fm_pager *p = fm_agent_pager_enter();
+	int rc;
+
+	if (p) {
+		rc = fm_pager_move(p, dst, src, len);
+		fm_agent_pager_leave();
+		return rc;
+	}
+	fm_agent_pager_leave();
+	pthread_mutex_lock(&lib_lock);
+	if (!lib_ctx()) {
+		rc = -ENOTSUP;
+	} else {
+		rc = swapva_move(lib, dst, (void *)src, len);
+		rc = rc ? -rc : 0;
+	}
+	pthread_mutex_unlock(&lib_lock);
+	return rc;
+}
+
+EXPORT size_t farmem_swapva_min_bytes(void)
+{
+	unsigned pages = MIN_PAGES;
+
+	if (!fm_agent_pager_expected()) {
+		pthread_mutex_lock(&lib_lock);
+		if (lib_ctx()) {
+			unsigned b = swapva_breakeven_pages(lib);
+			pages = b > pages ? b : pages;
+		}
+		pthread_mutex_unlock(&lib_lock);
+	}
+	/*
+	 * With a pager the break-even is not the bare UFFDIO_MOVE's: a remote
+	 * page moved costs one read from memd instead of a fetch, a copy and a
+	 * dirty page to write back, so SVAGC's ten pages stand.
+	 */
+	return (size_t)(pages == ~0u ? ~0u : pages) * PAGE;
+}
+
+EXPORT const char *farmem_swapva_describe(void)
+{
+	static char d[96];
+
+	if (fm_agent_pager_expected())
+		return "farmem pager: UFFDIO_MOVE, remote pages moved inside memd";
+	pthread_mutex_lock(&lib_lock);
+	snprintf(d, sizeof(d), "libswapva %s", lib_ctx() ? swapva_describe(lib) : "unavailable");
+	pthread_mutex_unlock(&lib_lock);
+	return d;
+}
+
+void fm_swapva_export(void)
+{
+	Dl_info info;
+
+	/* Loading ourselves again RTLD_GLOBAL puts our symbols in the global scope. */
+	if (!dladdr((void *)farmem_swapva_move, &info) || !info.dli_fname ||
+	    !dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL))
+		fm_warn("SwapVA: cannot export farmem_swapva_move (%s): a farmem JDK copies large objects",
+			dlerror());
+}
