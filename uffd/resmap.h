@@ -109,7 +109,9 @@ struct fm_pager_stats {
 	uint64_t memd_servers_live;  /* gauge: memd servers in use */
 	uint64_t memd_rereplicated;  /* pages copied to another memd to restore R replicas */
 	uint64_t memd_degraded_writes; /* pages acknowledged by fewer than R replicas */
-	uint64_t reserved[10];
+	/* Shared-memory regions (uffd/shmem.c). Carved out of reserved[10]. */
+	uint64_t minor_faults;       /* pages still in the file mapped again with UFFDIO_CONTINUE */
+	uint64_t reserved[9];
 };
 
 struct fm_resmap_hdr {

@@ -51,13 +51,15 @@ MULTI_FIELDS = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
 )
+# Carved out of the rest: shared-memory regions (uffd/shmem.c).
+SHMEM_FIELDS = ("minor_faults",)
 
 
 class PagerStats(ctypes.Structure):
     _fields_ = [(name, u64) for name in STAT_FIELDS] + [
         ("lat_hist", u64 * LAT_BUCKETS),
-    ] + [(name, u64) for name in MULTI_FIELDS] + [
-        ("reserved", u64 * (16 - len(MULTI_FIELDS))),
+    ] + [(name, u64) for name in MULTI_FIELDS + SHMEM_FIELDS] + [
+        ("reserved", u64 * (16 - len(MULTI_FIELDS) - len(SHMEM_FIELDS))),
     ]
 
 
@@ -180,7 +182,7 @@ SUMMED = (
     "crc_errors", "transport_errors", "remote_read_bytes", "remote_write_bytes", "discards",
     "evict_batches", "evict_syscalls", "direct_evictions",
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
-    "memd_rereplicated", "memd_degraded_writes",
+    "memd_rereplicated", "memd_degraded_writes", "minor_faults",
 )
 # Page gauges, reported in bytes.
 GAUGES = {
