@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -71,28 +72,52 @@ static int page_is_zero(const uint8_t *pg)
 	return 1;
 }
 
+/* 1 if a swap device is on: then a page mincore does not see may be in swap, with data. */
+static int swap_on(void)
+{
+	FILE *f = fopen("/proc/swaps", "re");
+	char line[256];
+	int n = 0;
+
+	if (!f)
+		return 1;
+	while (fgets(line, sizeof(line), f))
+		n++;
+	fclose(f);
+	return n > 1; /* a header line, then one per device */
+}
+
 /*
  * After UFFDIO_REGISTER, with the region table locked for writing (so faults
- * wait) and the mapped pages already adopted as dirty: every other page is
- * read through the alias. Zeros are punched out of the file (the next touch
- * is a zero-fill); anything else is adopted as dirty. mincore cannot tell
- * these pages apart: it sees neither a preallocated page (not yet uptodate)
- * nor one in swap, and only the second holds data. No thread can reach such
- * a page meanwhile: touching it is a minor or missing fault, which waits for
- * the table. Runs are punched at least every CHUNK pages, so reading a hole
- * (which allocates a page) never holds more than that. Returns the pages
- * adopted.
+ * wait) and the mapped pages already adopted as dirty, the rest of the file:
+ * a page with data is adopted as dirty, a page of zeros is punched out (the
+ * next touch is a zero-fill). mincore sees the pages that are in the page
+ * cache and uptodate; those are read through the alias. It does not see a
+ * preallocated page (never written: zeros) nor one in swap (data), so with
+ * swap on, those are read too; without swap they are punched unread, which
+ * is what makes registering a preallocated heap file cheap. No thread can
+ * reach such a page meanwhile: touching it is a minor or missing fault,
+ * which waits for the table. Runs are punched at least every CHUNK pages,
+ * so reading a hole (which allocates a page) never holds more than that.
+ * Returns the pages adopted.
  */
 uint64_t fm_shmem_adopt(struct fm_pager *p, struct region *r)
 {
 	enum { CHUNK = 1024 };
+	unsigned char vec[CHUNK];
 	uint64_t adopted = 0, punched = 0, run = UINT64_MAX;
+	int read_all = swap_on();
 
 	for (uint64_t i = 0; i <= r->npages; i++) {
 		int zero = 0;
 
+		if (i < r->npages && i % CHUNK == 0) {
+			uint64_t m = r->npages - i < CHUNK ? r->npages - i : CHUNK;
+			if (mincore((void *)(r->base + (i << PG_SHIFT)), m << PG_SHIFT, vec))
+				fm_fatal("mincore of a shared-memory region failed: %s", strerror(errno));
+		}
 		if (i < r->npages && fm_pg_state(pg_load(&r->pg[i])) == FM_PG_UNTOUCHED) {
-			zero = page_is_zero(r->alias + (i << PG_SHIFT));
+			zero = !(vec[i % CHUNK] & 1) && !read_all ? 1 : page_is_zero(r->alias + (i << PG_SHIFT));
 			if (!zero) {
 				pg_store(&r->pg[i], pg_make(FM_PG_DIRTY, FM_PGF_REF));
 				adopted++;
@@ -106,9 +131,9 @@ uint64_t fm_shmem_adopt(struct fm_pager *p, struct region *r)
 		if (zero && run == UINT64_MAX)
 			run = i;
 	}
-	fm_info("shared-memory region %#lx: %llu unmapped zero pages punched out of the file, "
-		"%llu unmapped pages with data adopted", (unsigned long)r->base,
-		(unsigned long long)punched, (unsigned long long)adopted);
+	fm_info("shared-memory region %#lx: %llu pages punched out of the file (zeros, not mapped), "
+		"%llu unmapped pages with data adopted%s", (unsigned long)r->base, (unsigned long long)punched,
+		(unsigned long long)adopted, read_all ? " (swap is on: every page was read)" : "");
 	return adopted;
 }
 

@@ -174,7 +174,6 @@ static void exercise(const char *sock, const char *transport)
 	CHECK(in_file() == 2);
 	CHECK(h->stats.resident_pages == 2 && h->stats.registered_pages == NPAGES);
 	CHECK(page_ok(a, 1, 1)); /* a minor fault: the file's page mapped again */
-	CHECK(h->stats.minor_faults >= 1);
 
 	for (uint64_t i = 2; i < NPAGES; i++) {
 		write_page(a, i, 1);
@@ -185,6 +184,7 @@ static void exercise(const char *sock, const char *transport)
 		write_page(a, i, ++ver[i]);
 	}
 	CHECK(verify(a, ver) == 0);
+	CHECK(h->stats.minor_faults >= 1); /* page 1's (counted after its faulting thread runs on) */
 	n = in_file();
 	CHECK(n <= limit_pages);
 	if (n > limit_pages)
