@@ -238,8 +238,8 @@ def test_unreachable_memd_follows_onerror(build, jvm_built):
 
 # --- attach and detach -----------------------------------------------------------------------------
 
-def start_churn(java_cp, seconds: int) -> subprocess.Popen:
-    p = subprocess.Popen(java_cp[:1] + ["-Xms512m"] + java_cp[1:] +
+def start_churn(java_cp, seconds: int, extra: tuple = ()) -> subprocess.Popen:
+    p = subprocess.Popen(java_cp[:1] + ["-Xms512m", *extra] + java_cp[1:] +
                          ["GcChurn", "--live-mb", "200", "--seconds", str(seconds)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = p.stdout.readline()
@@ -247,14 +247,17 @@ def start_churn(java_cp, seconds: int) -> subprocess.Popen:
     return p
 
 
-def test_attach_pages_a_running_jvm_and_detach_brings_it_home(farmem_cmd, java_cp):
-    jvm = start_churn(java_cp, 22)
+@pytest.mark.parametrize("heap", [(), ("-XX:AllocateHeapAt=/dev/shm",)], ids=["anon", "shm"])
+def test_attach_pages_a_running_jvm_and_detach_brings_it_home(farmem_cmd, java_cp, heap):
+    jvm = start_churn(java_cp, 22, heap)
     try:
         r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "50%", timeout=60)
         assert r.returncode == 0, r.stderr
         assert "attached to pid" in r.stderr
         first = stat_json(farmem_cmd, jvm.pid)
         assert first["registered_bytes"] > 0 and first["local_limit_bytes"] == 256 << 20
+        # A shared-memory heap is paged in minor-fault mode: its regions say so.
+        assert all(("shmem" in r["flags"]) == bool(heap) for r in first["regions"]), first["regions"]
         time.sleep(3)
         second = stat_json(farmem_cmd, jvm.pid)
         assert second["evictions"] > first["evictions"] > 0, (first, second)
