@@ -521,7 +521,11 @@ static int register_heap(struct fm_pager *p, char *err, size_t errlen)
 	return 0;
 }
 
-/* Count remote or in-flight pages of our regions in the residency map. */
+/*
+ * Count remote or in-flight pages of our regions in the residency map. A
+ * zero-fill in flight (FILLING, nothing in memd) does not count: no byte of
+ * it is remote, and unregistering waits for it to finish.
+ */
 static uint64_t pages_not_home(struct fm_pager *p)
 {
 	struct fm_resmap_hdr *h = fm_pager_map(p);
@@ -533,7 +537,12 @@ static uint64_t pages_not_home(struct fm_pager *p)
 			continue;
 		for (uint64_t i = 0; i < h->regions[r].npages; i++) {
 			unsigned s = fm_pg_state(pg[i]);
-			n += s == FM_PG_REMOTE || s == FM_PG_FILLING || s == FM_PG_LEAVING;
+			if (s == FM_PG_REMOTE || s == FM_PG_LEAVING ||
+			    (s == FM_PG_FILLING && (pg[i] & FM_PGF_HAS_REMOTE))) {
+				if (!n++)
+					fm_warn("heap page %#llx is not home (state byte %#x)",
+						(unsigned long long)(h->regions[r].base + (i << h->page_shift)), pg[i]);
+			}
 		}
 	}
 	return n;

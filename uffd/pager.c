@@ -1358,6 +1358,9 @@ int fm_pager_stop(struct fm_pager *p)
 		close(p->uffd);
 	if (p->doorbell)
 		fm_sys_munmap(p->doorbell, (size_t)MAX_HANDLERS * PG_SIZE);
+	/* A shmem alias left mapped would keep its file, and so its memory, alive. */
+	for (int i = 0; i < p->nregions; i++)
+		fm_shmem_release(&p->regions[i]);
 	fm_xport_close(p->x);
 	if (p->pidfd >= 0)
 		close(p->pidfd);

@@ -137,19 +137,28 @@ uint64_t fm_shmem_adopt(struct fm_pager *p, struct region *r)
 	return adopted;
 }
 
-/* UFFDIO_CONTINUE of one page; EEXIST (a stale message: it is mapped) only wakes. */
-static void cont(struct fm_pager *p, uintptr_t addr, int wp)
+/*
+ * UFFDIO_CONTINUE of one page. A stale message only wakes: EEXIST, the page
+ * is mapped already; EFAULT, it is no longer in the file (registration
+ * punched it out while the fault waited), so the retried access faults as
+ * missing. Returns 0 if the page was mapped, -EFAULT for the second case.
+ */
+static int cont(struct fm_pager *p, uintptr_t addr, int wp)
 {
 	struct uffdio_continue c = {
 		.range = { .start = addr, .len = PG_SIZE },
 		.mode = wp ? UFFDIO_CONTINUE_MODE_WP : 0,
 	};
 
+	int e;
+
 	if (ioctl(p->uffd, UFFDIO_CONTINUE, &c) == 0)
-		return;
-	if (errno != EEXIST)
-		fm_fatal("UFFDIO_CONTINUE at %#lx failed: %s", (unsigned long)addr, strerror(errno));
+		return 0;
+	e = errno;
+	if (e != EEXIST && e != EFAULT)
+		fm_fatal("UFFDIO_CONTINUE at %#lx failed: %s", (unsigned long)addr, strerror(e));
 	fm_wake_range(p, addr, PG_SIZE);
+	return e == EFAULT ? -EFAULT : 0;
 }
 
 /*
@@ -185,7 +194,11 @@ void fm_shmem_minor(struct fm_pager *p, uintptr_t addr, int write, pid_t tid)
 			/* UPDATING keeps the evictor off while the page is mapped writable. */
 			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_UPDATING, fl)))
 				continue;
-			cont(p, addr, to == FM_PG_CLEAN);
+			if (cont(p, addr, to == FM_PG_CLEAN)) {
+				/* Its missing fault sorts it out (a resident page gone from the file reads as zeros). */
+				pg_store(&r->pg[i], b);
+				break;
+			}
 			pg_store(&r->pg[i], pg_make(to, fl));
 			if (s == FM_PG_UNTOUCHED)
 				fm_resident_add(p, 1);
