@@ -7,6 +7,9 @@ Configurations, per workload and budget:
 
   local     java alone, no limit (the reference: slowdown 1.0)
   farmem    ./farmem run --local PCT --summary-json ... -- java ...   (the agent pages the heap)
+  local-shm, farmem-shm
+            the same two with -XX:AllocateHeapAt=/dev/shm: the heap is a shared-memory file,
+            which farmem pages in minor-fault mode (docs/jvm.md)
   swap      java in a memory cgroup limited to PCT of -Xmx plus --jvm-overhead (metaspace, code
             cache, thread stacks: the part of the JVM that farmem does not page but the cgroup
             counts), swapping to zram
@@ -15,7 +18,7 @@ Reports wall time, slowdown against local, remote reads, and the split of faults
 application threads (the figure MemLiner starts from). Each figure is the median of --repeats.
 
     .venv/bin/python bench/run_jvm.py [--heap 512m] [--budgets 100,50,25] [--repeats 1]
-        [--configs local,farmem,swap] [--workloads gcchurn,pagerank,h2] [--json raw.json]
+        [--configs local,farmem,swap,local-shm,farmem-shm] [--workloads gcchurn,pagerank,h2] [--json raw.json]
 """
 
 from __future__ import annotations
@@ -47,19 +50,20 @@ def heap_bytes(text: str) -> int:
     return int(text[:-1]) << SIZE_SHIFT[text[-1].lower()] if text[-1].isalpha() else int(text)
 
 
-def java_argv(args, workload: str) -> list:
-    return ["java", f"-Xmx{args.heap}", f"-Xms{args.heap}", "-cp", CLASSPATH,
+def java_argv(args, workload: str, config: str = "") -> list:
+    shm = ["-XX:AllocateHeapAt=/dev/shm"] if config.endswith("-shm") else []
+    return ["java", f"-Xmx{args.heap}", f"-Xms{args.heap}", *shm, "-cp", CLASSPATH,
             *WORKLOADS[workload]]
 
 
 def run_one(args, config: str, workload: str, budget: int, workdir: str) -> dict:
-    argv = java_argv(args, workload)
+    argv = java_argv(args, workload, config)
     rec = {"config": config, "workload": workload, "budget_pct": budget}
     t0 = time.monotonic()
-    if config == "local":
+    if config in ("local", "local-shm"):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout)
         rc, out = r.returncode, r.stdout + r.stderr
-    elif config == "farmem":
+    elif config in ("farmem", "farmem-shm"):
         summary = os.path.join(workdir, f"s-{workload}-{budget}.json")
         r = subprocess.run([os.path.join(ROOT, "farmem"), "run", "--local", f"{budget}%",
                             "--summary-json", summary, "--", *argv],
@@ -103,7 +107,7 @@ def main() -> int:
         for workload in a.workloads.split(","):
             for rep in range(a.repeats):
                 for config in configs:
-                    for budget in ([100] if config == "local" else budgets):
+                    for budget in ([100] if config.startswith("local") else budgets):
                         rec = run_one(a, config, workload, budget, workdir)
                         rec["repeat"] = rep
                         records.append(rec)
@@ -118,14 +122,15 @@ def main() -> int:
         ref = [r["wall_s"] for r in records if r["workload"] == workload and r["config"] == "local" and not r["status"]]
         base = statistics.median(ref) if ref else None
         for config in configs:
-            for budget in ([100] if config == "local" else budgets):
+            for budget in ([100] if config.startswith("local") else budgets):
                 rs = [r for r in records if (r["workload"], r["config"], r["budget_pct"]) == (workload, config, budget)]
                 if not rs:
                     continue
                 wall = statistics.median(r["wall_s"] for r in rs)
                 slow = f"{wall / base:.2f}x" if base else "-"
-                reads = statistics.median(r.get("remote_reads", 0) for r in rs) if config == "farmem" else "-"
-                faults = [(r.get("gc_faults", 0), r.get("app_faults", 0)) for r in rs if config == "farmem"]
+                paged = config.startswith("farmem")
+                reads = statistics.median(r.get("remote_reads", 0) for r in rs) if paged else "-"
+                faults = [(r.get("gc_faults", 0), r.get("app_faults", 0)) for r in rs if paged]
                 share = (f"{100 * sum(g for g, _ in faults) / max(1, sum(g + p for g, p in faults)):.0f}%"
                          if faults else "-")
                 status = ",".join(str(r["status"]) for r in rs)

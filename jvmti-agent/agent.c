@@ -45,6 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "fm_util.h"
@@ -72,8 +75,11 @@ static jvmtiEnv *jvmti;
 static _Atomic(struct fm_pager *) live;  /* NULL when idle */
 static atomic_int gc_users;              /* GC callbacks inside the pager right now */
 static pthread_mutex_t life_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct { uintptr_t addr; size_t len; } vmas[MAX_HEAP_VMAS];
+static struct { uintptr_t addr; size_t len; uint32_t flags; } vmas[MAX_HEAP_VMAS];
 static int nvmas;
+/* -XX:AllocateHeapAt on tmpfs: the heap file's device (the file itself is unlinked at once). */
+static int heap_on_shm;
+static dev_t heap_shm_dev;
 static atomic_int discard_on;            /* the free-space walk is set up and enabled */
 
 /* --- messages -------------------------------------------------------------------- */
@@ -301,6 +307,8 @@ static int parse_options(const char *options, struct agent_opts *o, char *err, s
 
 /* --- what this JVM is ------------------------------------------------------------ */
 
+#define TMPFS_MAGIC_ 0x01021994 /* <linux/magic.h> */
+
 /* Refuse what the pager cannot serve. heap_bytes: -Xmx, 0 if unknown. */
 static int check_jvm(uint64_t *heap_bytes, char *err, size_t errlen)
 {
@@ -315,10 +323,24 @@ static int check_jvm(uint64_t *heap_bytes, char *err, size_t errlen)
 			 "or -XX:+UseParallelGC", fm_vms_flag_bool("UseZGC") ? "ZGC" : "Shenandoah");
 		return -ENOTSUP;
 	}
+	heap_on_shm = 0;
 	if (!fm_vms_flag_addr("AllocateHeapAt", &a) && *(const char *const *)a) {
-		snprintf(err, errlen, "-XX:AllocateHeapAt=%s is not supported yet (a file-backed heap needs "
-			 "the pager's minor-fault mode); drop the flag", *(const char *const *)a);
-		return -ENOTSUP;
+		const char *dir = *(const char *const *)a;
+		struct statfs sf;
+		struct stat st;
+		/* tmpfs is shared memory the pager can punch pages out of; DAX/NVDIMM or a disk is not. */
+		if (statfs(dir, &sf) || stat(dir, &st)) {
+			snprintf(err, errlen, "-XX:AllocateHeapAt=%s: %s", dir, strerror(errno));
+			return -ENOTSUP;
+		}
+		if (sf.f_type != TMPFS_MAGIC_) {
+			snprintf(err, errlen, "-XX:AllocateHeapAt=%s is not on tmpfs: farmem pages a heap in shared "
+				 "memory (such as /dev/shm), not one on a DAX/NVDIMM or disk file system; use "
+				 "-XX:AllocateHeapAt=/dev/shm or drop the flag", dir);
+			return -ENOTSUP;
+		}
+		heap_on_shm = 1;
+		heap_shm_dev = st.st_dev;
 	}
 	if (!fm_vms_flag_addr("InitialHeapSize", &a))
 		xms = *(const uint64_t *)a;
@@ -356,7 +378,10 @@ static int settle_budget(struct agent_opts *o, uint64_t heap_bytes, char *err, s
 /*
  * The heap's anonymous private mappings, per /proc/self/maps. File-backed
  * pieces inside the range (the CDS archive's heap regions, classes.jsa) are
- * left alone; a shared or uncommitted piece means a heap we cannot serve.
+ * left alone; an uncommitted piece means a heap we cannot serve. With
+ * -XX:AllocateHeapAt on tmpfs the heap is instead a shared mapping of an
+ * unlinked file on that file system ("/dev/shm/#2 (deleted)"), recognised by
+ * its device and paged in minor-fault mode; any other shared piece is refused.
  */
 static int find_heap_vmas(uintptr_t start, uint64_t bytes, char *err, size_t errlen)
 {
@@ -372,8 +397,11 @@ static int find_heap_vmas(uintptr_t start, uint64_t bytes, char *err, size_t err
 	}
 	while (fgets(line, sizeof(line), f)) {
 		unsigned long lo, hi, ino;
+		unsigned dmaj, dmin;
+		uint32_t kind = 0;
 		char perms[8], path[400] = "";
-		if (sscanf(line, "%lx-%lx %7s %*s %*s %lu %399[^\n]", &lo, &hi, perms, &ino, path) < 4)
+		if (sscanf(line, "%lx-%lx %7s %*s %x:%x %lu %399[^\n]", &lo, &hi, perms, &dmaj, &dmin, &ino,
+			   path) < 6)
 			continue;
 		if (hi <= start || lo >= end)
 			continue;
@@ -387,22 +415,30 @@ static int find_heap_vmas(uintptr_t start, uint64_t bytes, char *err, size_t err
 				p++;
 			memmove(path, p, strlen(p) + 1);
 		}
-		if (ino || (path[0] && strncmp(path, "[anon:", 6))) {
+		if (perms[3] == 's' && heap_on_shm && ino && makedev(dmaj, dmin) == heap_shm_dev) {
+			if (strncmp(perms, "rw", 2)) {
+				snprintf(err, errlen, "part of the shared-memory heap (%#lx-%#lx, %s) is not "
+					 "read-write", lo, hi, perms);
+				rc = -ENOTSUP;
+				break;
+			}
+			kind = FM_REG_SHMEM;
+		} else if (ino || (path[0] && strncmp(path, "[anon:", 6))) {
 			if (perms[3] == 's') {
-				snprintf(err, errlen, "the heap is a shared file mapping (%s): -XX:AllocateHeapAt "
-					 "is not supported yet", path);
+				snprintf(err, errlen, "the heap is a shared mapping of %s, which farmem cannot page "
+					 "(only a heap in shared memory: -XX:AllocateHeapAt=/dev/shm)", path);
 				rc = -ENOTSUP;
 				break;
 			}
 			continue; /* CDS archive piece: file-backed, not ours */
-		}
-		if (strncmp(perms, "rw", 2) || perms[3] != 'p') {
+		} else if (strncmp(perms, "rw", 2) || perms[3] != 'p') {
 			snprintf(err, errlen, "part of the heap (%#lx-%#lx, %s) is not committed memory: "
 				 "start the JVM with -Xms equal to -Xmx", lo, hi, perms);
 			rc = -ENOTSUP;
 			break;
 		}
-		if (nvmas && vmas[nvmas - 1].addr + vmas[nvmas - 1].len == lo) {
+		/* A shared piece stays one mapping: the pager maps it a second time with mremap. */
+		if (nvmas && vmas[nvmas - 1].addr + vmas[nvmas - 1].len == lo && !kind && !vmas[nvmas - 1].flags) {
 			vmas[nvmas - 1].len += hi - lo;
 			continue;
 		}
@@ -413,11 +449,12 @@ static int find_heap_vmas(uintptr_t start, uint64_t bytes, char *err, size_t err
 		}
 		vmas[nvmas].addr = lo;
 		vmas[nvmas].len = hi - lo;
+		vmas[nvmas].flags = kind;
 		nvmas++;
 	}
 	fclose(f);
 	if (!rc && !nvmas) {
-		snprintf(err, errlen, "no anonymous memory found in the heap range %#lx+%llu MiB",
+		snprintf(err, errlen, "no anonymous or shared memory found in the heap range %#lx+%llu MiB",
 			 (unsigned long)start, (unsigned long long)(bytes >> 20));
 		rc = -ENOENT;
 	}
@@ -469,7 +506,7 @@ static int register_heap(struct fm_pager *p, char *err, size_t errlen)
 	if (rc)
 		return rc;
 	for (int i = 0; i < nvmas; i++) {
-		rc = fm_pager_register(p, (void *)vmas[i].addr, vmas[i].len, FM_REG_HEAP);
+		rc = fm_pager_register(p, (void *)vmas[i].addr, vmas[i].len, FM_REG_HEAP | vmas[i].flags);
 		if (rc) {
 			snprintf(err, errlen, "cannot page the heap mapping %#lx+%zu MiB: %s",
 				 (unsigned long)vmas[i].addr, vmas[i].len >> 20, strerror(-rc));
@@ -478,13 +515,18 @@ static int register_heap(struct fm_pager *p, char *err, size_t errlen)
 			return rc;
 		}
 	}
-	fm_info("paging the Java heap %#lx+%llu MiB in %d mappings", (unsigned long)start,
-		(unsigned long long)(bytes >> 20), nvmas);
+	fm_info("paging the Java heap %#lx+%llu MiB in %d mappings%s", (unsigned long)start,
+		(unsigned long long)(bytes >> 20), nvmas,
+		heap_on_shm ? " (shared memory: minor-fault mode)" : "");
 	setup_discard(start, bytes);
 	return 0;
 }
 
-/* Count remote or in-flight pages of our regions in the residency map. */
+/*
+ * Count remote or in-flight pages of our regions in the residency map. A
+ * zero-fill in flight (FILLING, nothing in memd) does not count: no byte of
+ * it is remote, and unregistering waits for it to finish.
+ */
 static uint64_t pages_not_home(struct fm_pager *p)
 {
 	struct fm_resmap_hdr *h = fm_pager_map(p);
@@ -496,7 +538,12 @@ static uint64_t pages_not_home(struct fm_pager *p)
 			continue;
 		for (uint64_t i = 0; i < h->regions[r].npages; i++) {
 			unsigned s = fm_pg_state(pg[i]);
-			n += s == FM_PG_REMOTE || s == FM_PG_FILLING || s == FM_PG_LEAVING;
+			if (s == FM_PG_REMOTE || s == FM_PG_LEAVING ||
+			    (s == FM_PG_FILLING && (pg[i] & FM_PGF_HAS_REMOTE))) {
+				if (!n++)
+					fm_warn("heap page %#llx is not home (state byte %#x)",
+						(unsigned long long)(h->regions[r].base + (i << h->page_shift)), pg[i]);
+			}
 		}
 	}
 	return n;

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +70,87 @@ def test_heap_integrity_at_25_percent(farmem_cmd, java_cp, tmp_path, private_tmp
     assert shm_files() <= shm
 
 
+class HeapFileSampler(threading.Thread):
+    """Samples the size of a JVM's -XX:AllocateHeapAt heap file (unlinked at once by HotSpot; reached
+    through /proc/PID/map_files, which needs root) while it runs: the memory the heap really takes."""
+
+    def __init__(self, marker: str):
+        super().__init__(daemon=True)
+        self.marker, self.samples, self.done = marker.encode(), [], threading.Event()
+
+    def _java(self):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                if os.path.basename(argv[0]) == b"java" and self.marker in argv:
+                    return pid
+            except OSError:
+                pass
+        return None
+
+    def run(self):
+        pid = None
+        while not self.done.wait(0.05):
+            pid = pid or self._java()
+            try:
+                with open(f"/proc/{pid}/maps") as f:
+                    ranges = [l.split()[0] for l in f if " rw-s " in l and "/dev/shm/" in l]
+                # One file: its size is the same through any of its mappings.
+                self.samples.append(os.stat(f"/proc/{pid}/map_files/{ranges[0]}").st_blocks * 512)
+            except (OSError, IndexError, TypeError):
+                pass
+
+
+@pytest.mark.parametrize("gc", ["-XX:+UseG1GC", "-XX:+UseParallelGC"])
+def test_shared_memory_heap_at_25_percent(farmem_cmd, java_cp, tmp_path, private_tmp, gc):
+    """-XX:AllocateHeapAt=/dev/shm: the heap is a shared-memory file, paged in minor-fault mode.
+    HotSpot preallocates the whole file; the pager punches pages out of it, so what the file holds
+    (the memory the heap takes) must stay within the budget, not just the pager's count."""
+    summary = tmp_path / "s.json"
+    before = set(os.listdir("/dev/shm"))
+    marker = f"-Dfarmem.test={tmp_path.name}"
+    cmd = java_cp[:1] + [gc, "-XX:AllocateHeapAt=/dev/shm", marker] + java_cp[1:] + \
+        ["GcChurn", "--live-mb", "200", "--seconds", "6"]
+    sampler = HeapFileSampler(marker)
+    sampler.start()
+    try:
+        r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--", *cmd,
+                   env=dict(os.environ, TMPDIR=private_tmp))
+    finally:
+        sampler.done.set()
+        sampler.join()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gcchurn: ok" in r.stdout
+    assert "minor-fault mode" in r.stderr
+    s = json.loads(summary.read_text())
+    assert s["remote_reads"] > 0 and s["evictions"] > 0 and s["discards"] > 0, s
+    assert s["gc_faults"] > 0 and s["app_faults"] > 0, s
+    assert s["local_limit_bytes"] == 128 << 20 and s["peak_resident_bytes"] <= 128 << 20, s
+    if os.geteuid() == 0:
+        # Preallocated in full (512 MiB) until the agent registers the heap, then within the budget
+        # (plus the few pages CDS maps over the heap range, which are not the pager's).
+        after = sampler.samples[next(i for i, v in enumerate(sampler.samples) if v <= 128 << 20):]
+        assert len(after) > 20 and max(after) <= (128 + 2) << 20, sampler.samples
+    assert not memds_using(private_tmp)
+    assert not os.listdir(private_tmp)
+    left = {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("#") or "farmem" in n}
+    assert not left
+
+
+def test_heap_file_off_tmpfs_is_refused(farmem_cmd, jvm_built, private_tmp, build):
+    """A heap on a DAX/NVDIMM or disk file system cannot be paged: refused before the JVM starts."""
+    from farmem.commands.java import fs_type
+    if fs_type(str(build)) == "tmpfs":
+        pytest.skip(f"{build} is on tmpfs here")
+    r = farmem(farmem_cmd, "run", "--", "java", f"-XX:AllocateHeapAt={build}", HEAP, "-version", timeout=30,
+               env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 1, r.stderr
+    assert "not tmpfs" in r.stderr and "DAX/NVDIMM" in r.stderr
+    assert "openjdk version" not in r.stderr
+    assert not os.listdir(private_tmp)
+
+
 def test_pagerank_matches_unpaged_run(farmem_cmd, java_cp, tmp_path):
     args = ["PageRank", "--nodes", "1500000", "--iters", "5"]
     plain = subprocess.run(java_cp + args, capture_output=True, text=True, timeout=120)
@@ -100,7 +182,7 @@ def test_h2_database_at_25_percent(farmem_cmd, build, built, jvm_built, tmp_path
     (["-XX:+UseShenandoahGC", HEAP], "Shenandoah is not supported"),
     (["-Xmx32m", "-Xms16m"], "differs from -Xmx"),
     ([], "needs -Xmx"),
-    (["-XX:AllocateHeapAt=/dev/shm", HEAP], "AllocateHeapAt"),
+    (["-XX:AllocateHeapAt=/nonexistent-farmem-dir", HEAP], "no such directory"),
 ])
 def test_run_refuses_what_it_cannot_serve(farmem_cmd, jvm_built, private_tmp, jvm_args, message):
     r = farmem(farmem_cmd, "run", "--", "java", *jvm_args, "-version", timeout=30,
@@ -156,8 +238,8 @@ def test_unreachable_memd_follows_onerror(build, jvm_built):
 
 # --- attach and detach -----------------------------------------------------------------------------
 
-def start_churn(java_cp, seconds: int) -> subprocess.Popen:
-    p = subprocess.Popen(java_cp[:1] + ["-Xms512m"] + java_cp[1:] +
+def start_churn(java_cp, seconds: int, extra: tuple = ()) -> subprocess.Popen:
+    p = subprocess.Popen(java_cp[:1] + ["-Xms512m", *extra] + java_cp[1:] +
                          ["GcChurn", "--live-mb", "200", "--seconds", str(seconds)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = p.stdout.readline()
@@ -165,14 +247,17 @@ def start_churn(java_cp, seconds: int) -> subprocess.Popen:
     return p
 
 
-def test_attach_pages_a_running_jvm_and_detach_brings_it_home(farmem_cmd, java_cp):
-    jvm = start_churn(java_cp, 22)
+@pytest.mark.parametrize("heap", [(), ("-XX:AllocateHeapAt=/dev/shm",)], ids=["anon", "shm"])
+def test_attach_pages_a_running_jvm_and_detach_brings_it_home(farmem_cmd, java_cp, heap):
+    jvm = start_churn(java_cp, 22, heap)
     try:
         r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "50%", timeout=60)
         assert r.returncode == 0, r.stderr
         assert "attached to pid" in r.stderr
         first = stat_json(farmem_cmd, jvm.pid)
         assert first["registered_bytes"] > 0 and first["local_limit_bytes"] == 256 << 20
+        # A shared-memory heap is paged in minor-fault mode: its regions say so.
+        assert all(("shmem" in r["flags"]) == bool(heap) for r in first["regions"]), first["regions"]
         time.sleep(3)
         second = stat_json(farmem_cmd, jvm.pid)
         assert second["evictions"] > first["evictions"] > 0, (first, second)

@@ -118,20 +118,48 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 	return n;
 }
 
+/*
+ * Victims of shmem regions leave the file itself (MADV_REMOVE punches them
+ * out of the page cache, which frees them; MADV_DONTNEED would only unmap
+ * them). One call per run of neighbours: process_madvise has no MADV_REMOVE.
+ */
+static void drop_shared(struct fm_pager *p, struct victim *v, unsigned n)
+{
+	for (unsigned k = 0; k < n;) {
+		unsigned e = k;
+		if (v[k].keep || !v[k].r->alias) {
+			k++;
+			continue;
+		}
+		while (e + 1 < n && !v[e + 1].keep && v[e + 1].r == v[k].r &&
+		       v[e + 1].addr == v[e].addr + PG_SIZE)
+			e++;
+		fm_shmem_drop(v[k].r, v[k].addr, (size_t)(e - k + 1) * PG_SIZE);
+		STAT_ADD(p, evict_syscalls, 1);
+		k = e + 1;
+	}
+}
+
 /* Drop the given pages: one process_madvise for all of them where the kernel allows it. */
 static void drop(struct fm_pager *p, struct victim *v, unsigned n)
 {
 	struct iovec iov[MAX_VICTIMS];
-	unsigned niov = 0;
+	unsigned niov = 0, shared = 0;
 
 	for (unsigned k = 0; k < n; k++) {
 		if (v[k].keep)
 			continue;
+		if (v[k].r->alias) {
+			shared++;
+			continue;
+		}
 		if (niov && (uintptr_t)iov[niov - 1].iov_base + iov[niov - 1].iov_len == v[k].addr)
 			iov[niov - 1].iov_len += PG_SIZE;
 		else
 			iov[niov++] = (struct iovec){ (void *)v[k].addr, PG_SIZE };
 	}
+	if (shared)
+		drop_shared(p, v, n);
 	if (!niov)
 		return;
 	if (p->pidfd >= 0) {
@@ -195,7 +223,8 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 				break;
 			r = v[k].r;
 			pages[m] = v[k].i;
-			data[m] = (const void *)v[k].addr;
+			/* A shmem page may be in the file but not mapped at addr: read it through the alias. */
+			data[m] = r->alias ? (const void *)(r->alias + (v[k].i << PG_SHIFT)) : (const void *)v[k].addr;
 			idx[m++] = k;
 		}
 		if (!m)

@@ -342,6 +342,10 @@ int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len)
 		rlock_un(p);
 		return -ENOENT;
 	}
+	if (rd->alias || rs->alias) {  /* shared memory: UFFDIO_MOVE takes private anonymous pages only */
+		rlock_un(p);
+		return -EOPNOTSUPP;
+	}
 	di = (d - rd->base) >> PG_SHIFT;
 	si = (s - rs->base) >> PG_SHIFT;
 	n = len >> PG_SHIFT;

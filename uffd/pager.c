@@ -96,17 +96,39 @@ static int uffd_open(char *err, size_t errlen)
 	return fd;
 }
 
-/* Returns 1 if the uffd can also move pages (UFFDIO_MOVE, for fm_pager_move), 0 if not. */
-static int uffd_api(int fd, char *err, size_t errlen)
+/*
+ * The shmem features (minor faults, write-protect on shmem) are optional:
+ * without them only FM_REG_SHMEM regions are refused. A uffd takes one
+ * UFFDIO_API, so a throwaway one asks what the kernel offers first.
+ */
+static uint64_t uffd_shmem_features(void)
+{
+	char e[256];
+	int fd = uffd_open(e, sizeof(e));
+	struct uffdio_api api = { .api = UFFD_API };
+	uint64_t f = 0;
+
+	if (fd < 0)
+		return 0;
+	if (!ioctl(fd, UFFDIO_API, &api))
+		f = api.features & FM_UFFD_SHMEM_FEATURES;
+	close(fd);
+	return f == FM_UFFD_SHMEM_FEATURES ? f : 0;
+}
+
+/* extra: optional features the caller checked (the shmem ones). Returns 1 if
+ * the uffd can also move pages (UFFDIO_MOVE, for fm_pager_move), 0 if not,
+ * -ENOTSUP if a needed feature is missing. */
+static int uffd_api(int fd, uint64_t extra, char *err, size_t errlen)
 {
 	const uint64_t need = UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_EVENT_UNMAP |
 			      UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
-	struct uffdio_api api = { .api = UFFD_API, .features = need | UFFD_FEATURE_MOVE };
+	struct uffdio_api api = { .api = UFFD_API, .features = need | extra | UFFD_FEATURE_MOVE };
 
 	/* A kernel without UFFDIO_MOVE (< 6.8) refuses the bit before it sets anything up: ask again. */
 	if (ioctl(fd, UFFDIO_API, &api) == 0)
 		return 1;
-	api = (struct uffdio_api){ .api = UFFD_API, .features = need };
+	api = (struct uffdio_api){ .api = UFFD_API, .features = need | extra };
 	if (ioctl(fd, UFFDIO_API, &api)) {
 		snprintf(err, errlen, "UFFDIO_API refused features 0x%llx (%s): this kernel lacks "
 			 "write-protect or thread-id support; run `farmem doctor`",
@@ -284,6 +306,11 @@ static struct region *find_region(struct fm_pager *p, uintptr_t addr, int *idx)
 	return NULL;
 }
 
+struct region *fm_find_region(struct fm_pager *p, uintptr_t addr, int *idx)
+{
+	return find_region(p, addr, idx);
+}
+
 int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr, e = a + len;
@@ -360,6 +387,15 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 
 	if (!len || (a | len) & (PG_SIZE - 1))
 		return -EINVAL;
+	if (flags & FM_REG_SHMEM) {
+		if (!p->shmem_ok) {
+			fm_warn("cannot page the shared-memory mapping %p+%zu MiB: this kernel's userfaultfd lacks "
+				"minor faults or write-protection on shmem (5.19+ has both); run `farmem doctor`",
+				addr, len >> 20);
+			return -ENOTSUP;
+		}
+		reg.mode |= UFFDIO_REGISTER_MODE_MINOR;
+	}
 	rlock_wr(p);
 	for (int i = 0; i < FM_RESMAP_MAX_REGIONS; i++)
 		if (!p->regions[i].live && !p->hdr->regions[i].flags) {
@@ -379,31 +415,45 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	}
 	/* Page-table entries per 4 KiB: keep the kernel from making huge pages we then split. */
 	fm_sys_madvise(addr, len, MADV_NOHUGEPAGE);
-	if (ioctl(p->uffd, UFFDIO_REGISTER, &reg)) {
-		rc = -errno;
-		rlock_un(p);
-		fm_xport_space_close(p->x, space);
-		fm_warn("UFFDIO_REGISTER of %p+%zu failed: %s", addr, len, strerror(-rc));
-		return rc;
-	}
-	if (!(reg.ioctls & (1ull << _UFFDIO_COPY)) || !(reg.ioctls & (1ull << _UFFDIO_WRITEPROTECT))) {
-		struct uffdio_range ur = { .start = a, .len = len };
-		ioctl(p->uffd, UFFDIO_UNREGISTER, &ur);
-		rlock_un(p);
-		fm_xport_space_close(p->x, space);
-		fm_warn("%p+%zu cannot be paged (no copy or write-protect on this mapping)", addr, len);
-		return -ENOTSUP;
-	}
 	r = &p->regions[slot];
 	*r = (struct region){
 		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,
 		.pg = p->map + p->hdr->map_used,
 	};
+	/* Before UFFDIO_REGISTER: a mapping made from a registered one would inherit its uffd. */
+	if ((flags & FM_REG_SHMEM) && (rc = fm_shmem_alias(r))) {
+		rlock_un(p);
+		fm_xport_space_close(p->x, space);
+		fm_warn("cannot map the shared-memory range %p+%zu MiB a second time: %s", addr, len >> 20,
+			strerror(-rc));
+		return rc;
+	}
+	if (ioctl(p->uffd, UFFDIO_REGISTER, &reg)) {
+		rc = -errno;
+		fm_shmem_release(r);
+		rlock_un(p);
+		fm_xport_space_close(p->x, space);
+		fm_warn("UFFDIO_REGISTER of %p+%zu failed: %s", addr, len, strerror(-rc));
+		return rc;
+	}
+	if (!(reg.ioctls & (1ull << _UFFDIO_COPY)) || !(reg.ioctls & (1ull << _UFFDIO_WRITEPROTECT)) ||
+	    ((flags & FM_REG_SHMEM) && !(reg.ioctls & (1ull << _UFFDIO_CONTINUE)))) {
+		struct uffdio_range ur = { .start = a, .len = len };
+		ioctl(p->uffd, UFFDIO_UNREGISTER, &ur);
+		fm_shmem_release(r);
+		rlock_un(p);
+		fm_xport_space_close(p->x, space);
+		fm_warn("%p+%zu cannot be paged (no copy, continue or write-protect on this mapping)", addr, len);
+		return -ENOTSUP;
+	}
 	memset(r->pg, 0, npages);
 	present = adopt_present(p, r);
+	if (r->alias)
+		present += fm_shmem_adopt(p, r);
 	p->hdr->regions[slot] = (struct fm_resmap_region){
 		.base = a, .npages = npages, .map_offset = FM_RESMAP_MAP_OFFSET + p->hdr->map_used,
-		.space_id = space, .flags = 1u /* FM_REGION_F_LIVE */ | (flags & FM_REG_HEAP),
+		.space_id = space,
+		.flags = 1u /* FM_REGION_F_LIVE */ | (flags & (FM_REG_HEAP | FM_REG_SHMEM)),
 	};
 	p->hdr->map_used += (npages + 63) & ~63ull;
 	if (slot >= p->nregions)
@@ -517,7 +567,9 @@ static void discard_remote(struct fm_pager *p, struct region *r, struct fm_range
 /* Drop pages [run, end) of r that discard claimed: no write-back, the next touch is a zero-fill. */
 static void drop_run(struct fm_pager *p, struct region *r, uint64_t run, uint64_t end)
 {
-	if (fm_sys_madvise((void *)(r->base + (run << PG_SHIFT)), (size_t)(end - run) << PG_SHIFT, MADV_DONTNEED))
+	if (r->alias)
+		fm_shmem_drop(r, r->base + (run << PG_SHIFT), (size_t)(end - run) << PG_SHIFT);
+	else if (fm_sys_madvise((void *)(r->base + (run << PG_SHIFT)), (size_t)(end - run) << PG_SHIFT, MADV_DONTNEED))
 		fm_fatal("madvise(DONTNEED) for a discard failed: %s", strerror(errno));
 	for (uint64_t j = run; j < end; j++)
 		pg_store(&r->pg[j], pg_make(FM_PG_UNTOUCHED, 0));
@@ -609,6 +661,7 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 				(unsigned long)(t - s), strerror(errno));
 		if (s == r->base && t == r->end) {
 			fm_xport_space_close(p->x, r->space);
+			fm_shmem_release(r);
 			atomic_fetch_sub(&p->registered, r->npages);
 			r->live = 0;
 			p->hdr->regions[i].flags = 0;
@@ -627,6 +680,39 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 static int is_gc(struct fm_pager *p, pid_t tid)
 {
 	return p->cfg.is_gc_thread && tid > 0 && p->cfg.is_gc_thread(tid);
+}
+
+int fm_is_gc(struct fm_pager *p, pid_t tid)
+{
+	return is_gc(p, tid);
+}
+
+/*
+ * Queue the fault at addr (page i of r) until the eviction holding the page
+ * LEAVING is over. 0 when the page left LEAVING meanwhile or the queue cannot
+ * grow: the caller looks again.
+ */
+int fm_queue_waiter(struct fm_pager *p, struct region *r, uint64_t i, uintptr_t addr)
+{
+	int queued = 0;
+
+	pthread_mutex_lock(&p->wait_lock);
+	if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_LEAVING) {
+		if (p->nwaiters == p->waiters_cap) {
+			size_t cap = p->waiters_cap ? p->waiters_cap * 2 : 64;
+			uintptr_t *w = realloc(p->waiters, cap * sizeof(*w));
+			if (w) {
+				p->waiters = w;
+				p->waiters_cap = cap;
+			}
+		}
+		if (p->nwaiters < p->waiters_cap) {
+			p->waiters[p->nwaiters++] = addr;
+			queued = 1;
+		}
+	}
+	pthread_mutex_unlock(&p->wait_lock);
+	return queued;
 }
 
 /* Fetch page i of r from memd into *src; dies if memd lost it. */
@@ -1052,6 +1138,8 @@ static void *handler_main(void *arg)
 				}
 				if (fl & UFFD_PAGEFAULT_FLAG_WP)
 					handle_wp(p, a, tid);
+				else if (fl & UFFD_PAGEFAULT_FLAG_MINOR)
+					fm_shmem_minor(p, a, !!(fl & UFFD_PAGEFAULT_FLAG_WRITE), tid);
 				else
 					handle_missing(p, h, a, !!(fl & UFFD_PAGEFAULT_FLAG_WRITE), tid);
 				__atomic_fetch_add(&p->st->lat_hist[fm_lat_bucket(fm_now_ns() - t0)], 1,
@@ -1127,10 +1215,15 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	if (rc < 0)
 		goto fail;
 	p->uffd = rc;
-	rc = uffd_api(p->uffd, err, errlen);
-	if (rc < 0)
-		goto fail;
-	p->can_move = rc;
+	{
+		uint64_t shm = uffd_shmem_features();
+
+		rc = uffd_api(p->uffd, shm, err, errlen);
+		if (rc < 0)
+			goto fail;
+		p->can_move = rc;
+		p->shmem_ok = shm != 0;
+	}
 	p->pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
 
 	rc = fm_xport_connect(&xc, &p->x, err, errlen);
@@ -1275,6 +1368,9 @@ int fm_pager_stop(struct fm_pager *p)
 		close(p->uffd);
 	if (p->doorbell)
 		fm_sys_munmap(p->doorbell, (size_t)MAX_HANDLERS * PG_SIZE);
+	/* A shmem alias left mapped would keep its file, and so its memory, alive. */
+	for (int i = 0; i < p->nregions; i++)
+		fm_shmem_release(&p->regions[i]);
 	fm_xport_close(p->x);
 	if (p->pidfd >= 0)
 		close(p->pidfd);

@@ -50,11 +50,20 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 /* Bring every page back, stop the threads, unregister everything. */
 int fm_pager_stop(struct fm_pager *p);
 
-#define FM_REG_HEAP 2u /* FM_REGION_F_HEAP */
+#define FM_REG_HEAP 2u  /* FM_REGION_F_HEAP */
+#define FM_REG_SHMEM 4u /* FM_REGION_F_SHMEM: a MAP_SHARED mapping of a shmem file */
 
 /*
  * Put [addr, addr+len) (page-aligned, anonymous private) under the pager.
  * Pages already present stay resident and count as dirty.
+ *
+ * With FM_REG_SHMEM the range is a shared mapping of a tmpfs file or memfd
+ * (a JVM heap made with -XX:AllocateHeapAt=/dev/shm), paged in minor-fault
+ * mode: pages leave by punching them out of the file, come back by
+ * UFFDIO_COPY, and a page still in the file but not mapped comes back by
+ * UFFDIO_CONTINUE. Pages of the file that are not mapped and hold only zeros
+ * (a preallocated file) are punched out at registration. -ENOTSUP when the
+ * kernel lacks minor faults or write-protection for shmem.
  */
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags);
 /*
@@ -90,7 +99,9 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
  * UFFDIO_MOVE (no copy), remote pages come from memd straight to dst,
  * untouched ones stay untouched; dst's old contents are dropped. Call it only
  * while no other thread uses either range (a GC pause). Returns 0, -EINVAL
- * (misaligned, overlapping, unmanaged pages) or -ENOENT (not registered).
+ * (misaligned, overlapping, unmanaged pages), -ENOENT (not registered) or
+ * -EOPNOTSUPP (a shared-memory region: the caller copies). Nothing has
+ * moved when it fails.
  */
 int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len);
 

@@ -25,6 +25,12 @@ struct region {
 	int slot;              /* index in hdr->regions */
 	int live;
 	atomic_int pinned;     /* being brought home for an mremap: the evictor skips it */
+	/*
+	 * FM_REG_SHMEM only: a second mapping of the same file pages that the
+	 * uffd does not cover. Write-back reads through it, so a page that is in
+	 * the file but not mapped at base never faults on a pager thread.
+	 */
+	uint8_t *alias;
 };
 
 struct handler {
@@ -51,6 +57,7 @@ struct stream {
 struct fm_pager {
 	struct fm_pager_cfg cfg;
 	int uffd;
+	int shmem_ok;                   /* the uffd has minor faults and write-protect for shmem */
 	int pidfd;                      /* our own, for process_madvise */
 	struct fm_xport *x;
 
@@ -138,7 +145,18 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 void fm_evict_kick(struct fm_pager *p);
 void fm_wake_waiters(struct fm_pager *p);
 
+/* shmem.c: shared-memory regions (FM_REG_SHMEM, minor-fault mode) */
+#define FM_UFFD_SHMEM_FEATURES (UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM)
+int fm_shmem_alias(struct region *r);
+uint64_t fm_shmem_adopt(struct fm_pager *p, struct region *r);
+void fm_shmem_minor(struct fm_pager *p, uintptr_t addr, int write, pid_t tid);
+void fm_shmem_drop(struct region *r, uintptr_t addr, size_t len);
+void fm_shmem_release(struct region *r);
+
 /* pager.c */
+struct region *fm_find_region(struct fm_pager *p, uintptr_t addr, int *idx);
+int fm_queue_waiter(struct fm_pager *p, struct region *r, uint64_t i, uintptr_t addr);
+int fm_is_gc(struct fm_pager *p, pid_t tid);
 void fm_resident_add(struct fm_pager *p, int64_t delta);
 void fm_churn(struct fm_pager *p, uint64_t pages);
 int fm_wake_range(struct fm_pager *p, uintptr_t addr, size_t len);

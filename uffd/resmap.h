@@ -116,7 +116,9 @@ struct fm_pager_stats {
 	uint64_t swapva_pages_untouched; /* never-written pages: nothing to move */
 	uint64_t swapva_pages_copied; /* resident pages UFFDIO_MOVE refused, copied instead */
 	uint64_t swapva_pages_remote; /* remote pages moved from slot to slot in memd, never local */
-	uint64_t reserved[4];
+	/* Shared-memory regions (uffd/shmem.c).  */
+	uint64_t minor_faults;       /* pages still in the file mapped again with UFFDIO_CONTINUE */
+	uint64_t reserved[3];
 };
 
 struct fm_resmap_hdr {

@@ -56,13 +56,15 @@ SWAPVA_FIELDS = (
     "swapva_calls", "swapva_pages_moved", "swapva_pages_fetched", "swapva_pages_untouched",
     "swapva_pages_copied", "swapva_pages_remote",
 )
+# Carved out of the rest: shared-memory regions (uffd/shmem.c).
+SHMEM_FIELDS = ("minor_faults",)
 
 
 class PagerStats(ctypes.Structure):
     _fields_ = [(name, u64) for name in STAT_FIELDS] + [
         ("lat_hist", u64 * LAT_BUCKETS),
-    ] + [(name, u64) for name in MULTI_FIELDS + SWAPVA_FIELDS] + [
-        ("reserved", u64 * (16 - len(MULTI_FIELDS) - len(SWAPVA_FIELDS))),
+    ] + [(name, u64) for name in MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS] + [
+        ("reserved", u64 * (16 - len(MULTI_FIELDS) - len(SWAPVA_FIELDS) - len(SHMEM_FIELDS))),
     ]
 
 
@@ -186,7 +188,7 @@ SUMMED = (
     "evict_batches", "evict_syscalls", "direct_evictions",
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
-) + SWAPVA_FIELDS
+) + SWAPVA_FIELDS + SHMEM_FIELDS
 # Page gauges, reported in bytes.
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",

@@ -48,6 +48,28 @@ def java_size(text: str) -> int | None:
     return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
 
 
+def _unescape_mount(text: str) -> str:
+    """/proc/self/mountinfo writes space, tab, newline and backslash as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def fs_type(path: str) -> str | None:
+    """The file system type of the mount that holds directory path (per /proc/self/mountinfo),
+    or None when it is not a directory."""
+    if not os.path.isdir(path):
+        return None
+    real = os.path.realpath(path)
+    best, best_type = "", "unknown"
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            mount_point = _unescape_mount(left.split()[4])
+            inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(best):
+                best, best_type = mount_point, right.split()[0]
+    return best_type
+
+
 @dataclass
 class JvmArgs:
     xmx: int | None = None
@@ -111,8 +133,14 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
             raise FarmemError(f"{name} is not supported: its heap is multi-mapped, which the pager cannot "
                               "serve; use G1 (the default) or -XX:+UseParallelGC")
     if jvm.allocate_heap_at:
-        raise FarmemError(f"-XX:AllocateHeapAt={jvm.allocate_heap_at} is not supported yet (a file-backed "
-                          "heap needs the pager's minor-fault mode); drop the flag")
+        fstype = fs_type(jvm.allocate_heap_at)
+        if fstype is None:
+            raise FarmemError(f"-XX:AllocateHeapAt={jvm.allocate_heap_at}: no such directory")
+        if fstype != "tmpfs":
+            raise FarmemError(f"-XX:AllocateHeapAt={jvm.allocate_heap_at} is on {fstype}, not tmpfs: farmem "
+                              "pages a heap in shared memory (e.g. -XX:AllocateHeapAt=/dev/shm), not one on "
+                              "a DAX/NVDIMM or disk file system; use /dev/shm or drop the flag")
+        say(f"farmem: the heap is shared memory in {jvm.allocate_heap_at}: paging it in minor-fault mode")
     if jvm.large_pages:
         raise FarmemError("-XX:+UseLargePages is not supported: the pager pages 4 KiB pages; drop the flag")
     if jvm.xmx is None:

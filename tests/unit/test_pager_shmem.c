@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The pager on a shared-memory region (FM_REG_SHMEM, minor-fault mode),
+ * built with ASan and UBSan, against a real memd. The region is made the way
+ * HotSpot makes an -XX:AllocateHeapAt=/dev/shm heap: a file in /dev/shm,
+ * unlinked, preallocated with fallocate, mapped MAP_SHARED, its fd closed.
+ * It is written, rewritten at random, discarded in part, unmapped behind the
+ * pager's back (minor faults) and checked byte for byte; the file's pages in
+ * the page cache (mincore) must stay within the budget, which is what makes
+ * the budget real memory. Run from the repository root.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fm_util.h"
+#include "pager.h"
+#include "resmap.h"
+#include "transport.h"
+
+#define PG 4096ul
+#define REGION (48ul << 20)
+#define NPAGES (REGION / PG)
+#define LOCAL (8ul << 20)
+
+static int failures;
+#define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); failures++; } } while (0)
+
+static uint64_t word(uint64_t page, uint32_t version, unsigned k)
+{
+	uint64_t x = (page << 20) ^ ((uint64_t)version << 48) ^ k;
+	x ^= x >> 31;
+	x *= 0x9e3779b97f4a7c15ull;
+	return x ^ (x >> 29);
+}
+
+static void write_page(uint8_t *base, uint64_t p, uint32_t v)
+{
+	uint64_t *w = (uint64_t *)(base + p * PG);
+	for (unsigned k = 0; k < PG / 8; k++)
+		w[k] = word(p, v, k);
+}
+
+static int page_ok(const uint8_t *base, uint64_t p, uint32_t v)
+{
+	const uint64_t *w = (const uint64_t *)(base + p * PG);
+	for (unsigned k = 0; k < PG / 8; k++)
+		if (w[k] != (v ? word(p, v, k) : 0))
+			return 0;
+	return 1;
+}
+
+/*
+ * Pages the file holds: the memory the region really takes (a preallocated
+ * page counts, though mincore does not see it). The test keeps an fd for
+ * this; the pager never sees it.
+ */
+static int heap_fd = -1;
+
+static uint64_t in_file(void)
+{
+	struct stat st;
+
+	if (fstat(heap_fd, &st))
+		return UINT64_MAX;
+	return (uint64_t)st.st_blocks * 512 / PG;
+}
+
+static uint64_t verify(const uint8_t *a, const uint32_t *ver)
+{
+	uint64_t bad = 0;
+	for (uint64_t i = 0; i < NPAGES; i++)
+		if (ver[i] != UINT32_MAX && !page_ok(a, i, ver[i])) {
+			if (!bad)
+				fprintf(stderr, "page %llu differs (version %u)\n", (unsigned long long)i, ver[i]);
+			bad++;
+		}
+	return bad;
+}
+
+static pid_t start_memd(const char *sock)
+{
+	int pipefd[2];
+	char fdarg[16], line[8] = { 0 };
+	pid_t pid;
+
+	if (pipe(pipefd))
+		return -1;
+	pid = fork();
+	if (pid == 0) {
+		close(pipefd[0]);
+		snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
+		setenv("FARMEM_SECRET", "unit-secret", 1);
+		execl("build/bin/farmem-memd", "farmem-memd", "--unix", sock, "--capacity", "256M",
+		      "--ready-fd", fdarg, (char *)NULL);
+		_exit(127);
+	}
+	close(pipefd[1]);
+	if (read(pipefd[0], line, sizeof(line) - 1) != 6 || strcmp(line, "ready\n")) {
+		fprintf(stderr, "memd did not start (run from the repository root after make)\n");
+		close(pipefd[0]);
+		return -1;
+	}
+	close(pipefd[0]);
+	return pid;
+}
+
+/* A heap file as HotSpot makes one for -XX:AllocateHeapAt=/dev/shm. */
+static uint8_t *map_heap_file(void)
+{
+	char path[] = "/dev/shm/farmem-unit-XXXXXX";
+	int fd = mkstemp(path);
+	void *a;
+
+	if (fd < 0)
+		return MAP_FAILED;
+	unlink(path);
+	if (posix_fallocate(fd, 0, (off_t)REGION)) {
+		close(fd);
+		return MAP_FAILED;
+	}
+	a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	heap_fd = fd;
+	return a;
+}
+
+/*
+ * Reads zero pages of the file while the pager registers it, as a running
+ * JVM does during `farmem attach`: a minor fault queued before registration
+ * punches its page out must come back as a missing fault, not an error.
+ */
+static atomic_int reader_stop;
+static atomic_ulong reader_bad, reader_reads;
+
+static void *reader(void *arg)
+{
+	const uint8_t *a = arg;
+	unsigned seed = 99;
+
+	while (!atomic_load(&reader_stop)) {
+		uint64_t i = 2 + (uint64_t)rand_r(&seed) % 1000; /* well within the budget: nothing is evicted */
+		if (!page_ok(a, i, 0))
+			atomic_fetch_add(&reader_bad, 1);
+		atomic_fetch_add(&reader_reads, 1);
+	}
+	return NULL;
+}
+
+static void exercise(const char *sock, const char *transport)
+{
+	struct fm_pager_cfg cfg;
+	struct fm_pager *p = NULL;
+	struct fm_resmap_hdr *h;
+	char err[512], addr[128];
+	uint32_t *ver;
+	uint8_t *a;
+	unsigned seed = 4321;
+	uint64_t limit_pages = LOCAL / PG, n;
+
+	fm_pager_cfg_defaults(&cfg);
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", "unit-secret", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "local", "8M", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "fill_threads", "2", err, sizeof(err)) == 0);
+	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
+		fprintf(stderr, "fm_pager_start (%s): %s\n", transport, err);
+		failures++;
+		return;
+	}
+	h = fm_pager_map(p);
+	a = map_heap_file();
+	ver = calloc(NPAGES, sizeof(*ver));
+	CHECK(a != MAP_FAILED && ver);
+	if (a == MAP_FAILED || !ver)
+		goto out;
+	CHECK(in_file() == NPAGES); /* preallocated: every page is in the file */
+
+	/* Before registration: page 0 mapped with data, page 1 with data but unmapped, the rest zeros. */
+	write_page(a, 0, 1);
+	write_page(a, 1, 1);
+	ver[0] = ver[1] = 1;
+	CHECK(madvise(a + PG, PG, MADV_DONTNEED) == 0);
+	{
+		pthread_t th;
+		atomic_store(&reader_stop, 0);
+		atomic_store(&reader_reads, 0);
+		CHECK(pthread_create(&th, NULL, reader, a) == 0);
+		while (atomic_load(&reader_reads) < 1000)
+			sched_yield();
+		CHECK(fm_pager_register(p, a, REGION, FM_REG_SHMEM) == 0);
+		for (unsigned long r0 = atomic_load(&reader_reads); atomic_load(&reader_reads) < r0 + 1000;)
+			sched_yield();
+		atomic_store(&reader_stop, 1);
+		pthread_join(th, NULL);
+		CHECK(atomic_load(&reader_bad) == 0);
+		/*
+		 * What it touched is resident now: let it go again so the counts
+		 * below hold, once the handlers are done (a prefetch may follow a fault).
+		 */
+		usleep(200 * 1000);
+		CHECK(fm_pager_discard(p, a + 2 * PG, REGION - 2 * PG) >= 0);
+	}
+	CHECK(h->regions[0].flags & FM_REGION_F_SHMEM);
+	/* The unmapped zero pages left the file; the two with data stay, adopted. */
+	CHECK(in_file() == 2);
+	CHECK(h->stats.resident_pages == 2 && h->stats.registered_pages == NPAGES);
+	/* A minor fault maps the file's page again (unless the reader's faults mapped it around theirs). */
+	CHECK(page_ok(a, 1, 1));
+
+	for (uint64_t i = 2; i < NPAGES; i++) {
+		write_page(a, i, 1);
+		ver[i] = 1;
+	}
+	for (unsigned k = 0; k < 2 * NPAGES; k++) {
+		uint64_t i = (uint64_t)rand_r(&seed) % NPAGES;
+		write_page(a, i, ++ver[i]);
+	}
+	CHECK(verify(a, ver) == 0);
+	n = in_file();
+	CHECK(n <= limit_pages);
+	if (n > limit_pages)
+		fprintf(stderr, "%llu pages in the page cache, budget %llu\n", (unsigned long long)n,
+			(unsigned long long)limit_pages);
+
+	/*
+	 * Unmap resident pages behind the pager's back, as reclaim does: they
+	 * stay in the file, and the next touch is a minor fault that must map the
+	 * file's (latest) bytes, dirty or clean.
+	 */
+	{
+		static unsigned char vec[NPAGES];
+		uint64_t minor = h->stats.minor_faults, found = 0;
+		CHECK(mincore(a, REGION, vec) == 0); /* in the file and uptodate */
+		for (uint64_t i = 0; i < NPAGES; i++)
+			if (vec[i] & 1) {
+				CHECK(madvise(a + i * PG, PG, MADV_DONTNEED) == 0);
+				found++;
+			}
+		for (uint64_t i = 0; i < NPAGES; i++)
+			if (vec[i] & 1) {
+				CHECK(page_ok(a, i, ver[i]));
+				if (i % 2)
+					write_page(a, i, ++ver[i]);
+			}
+		CHECK(found > 100 && h->stats.minor_faults > minor); /* some may be evicted meanwhile */
+	}
+
+	/* Discard as a collector does: garbage is punched out, a write afterwards must survive. */
+	{
+		uint64_t discards = h->stats.discards;
+		CHECK(fm_pager_discard(p, a + 200 * PG, 400 * PG) > 0);
+		CHECK(h->stats.discards > discards);
+		for (uint64_t i = 200; i < 600; i++)
+			ver[i] = UINT32_MAX;
+		CHECK(in_file() <= limit_pages);
+		for (uint64_t i = 200; i < 600; i += 2)
+			CHECK(page_ok(a, i, 0)); /* a discarded page reads as zeros */
+		for (uint64_t i = 200; i < 600; i += 2)
+			write_page(a, i, ver[i] = 9);
+		for (unsigned k = 0; k < NPAGES; k++) {
+			uint64_t i = 1000 + (uint64_t)rand_r(&seed) % (NPAGES - 1000);
+			write_page(a, i, ++ver[i]);
+		}
+	}
+	CHECK(verify(a, ver) == 0);
+	CHECK(in_file() <= limit_pages);
+	CHECK(h->stats.remote_reads > 0 && h->stats.evictions_dirty > 0 && h->stats.zero_fills > 0);
+	CHECK(h->stats.peak_resident_pages <= h->stats.local_limit_pages);
+	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
+
+	/* Bring everything home, then let the region go: the file holds every byte. */
+	CHECK(fm_pager_fetch_all(p, a, REGION) == 0);
+	CHECK(in_file() >= NPAGES - 400);
+	CHECK(fm_pager_unregister(p, a, REGION) == 0);
+	CHECK(verify(a, ver) == 0);
+	munmap(a, REGION);
+	close(heap_fd);
+	printf("test_pager_shmem: %s: %llu remote reads, %llu dirty evictions, %llu minor faults\n", transport,
+	       (unsigned long long)h->stats.remote_reads, (unsigned long long)h->stats.evictions_dirty,
+	       (unsigned long long)h->stats.minor_faults);
+out:
+	free(ver);
+	fm_pager_stop(p);
+}
+
+int main(void)
+{
+	char sock[64];
+	pid_t memd;
+	int st;
+
+	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-shmem-%d.sock", getpid());
+	memd = start_memd(sock);
+	if (memd < 0)
+		return 1;
+	exercise(sock, "shm");
+	exercise(sock, "stream");
+	kill(memd, SIGTERM);
+	waitpid(memd, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	if (failures) {
+		fprintf(stderr, "test_pager_shmem: %d checks failed\n", failures);
+		return 1;
+	}
+	printf("test_pager_shmem: ok\n");
+	return 0;
+}
