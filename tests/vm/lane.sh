@@ -66,8 +66,8 @@ for f in "$REPO"/tests/vm/progs/*.c; do
 	[ -e "$f" ] && gcc $CF -o "$O/$(basename "$f" .c)" "$f"
 done
 cp "$REPO/tests/vm/guest.sh" "$REPO/bench/bench_swapva.py" "$O/"
-# the rdma transport: memd, the preload shim and pagetest from `make c`, and the lane's peer
-for f in bin/farmem-memd lib/libfarmem_preload.so tests/pagetest; do
+# the rdma transport: memd, the preload shim, pagetest and faultlat from `make c`, and the lane's peer
+for f in bin/farmem-memd lib/libfarmem_preload.so tests/pagetest bench/faultlat; do
 	if [ -e "$REPO/build/$f" ]; then cp "$REPO/build/$f" "$O/"; else log "build/$f missing: run make c"; fi
 done
 gcc $CF -I"$REPO/memd" -I"$REPO/uffd" -o "$O/rdma_peer" "$REPO/tests/vm/rdma_peer.c" \

@@ -51,13 +51,15 @@ MULTI_FIELDS = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
 )
+# Then the fault path split of remote demand faults (issue 5; bench/progs/faultlat.c --split).
+SPLIT_FIELDS = ("split_faults", "split_handler_ns", "split_transport_ns", "split_copy_ns")
 
 
 class PagerStats(ctypes.Structure):
     _fields_ = [(name, u64) for name in STAT_FIELDS] + [
         ("lat_hist", u64 * LAT_BUCKETS),
-    ] + [(name, u64) for name in MULTI_FIELDS] + [
-        ("reserved", u64 * (16 - len(MULTI_FIELDS))),
+    ] + [(name, u64) for name in MULTI_FIELDS + SPLIT_FIELDS] + [
+        ("reserved", u64 * (16 - len(MULTI_FIELDS) - len(SPLIT_FIELDS))),
     ]
 
 
@@ -181,7 +183,7 @@ SUMMED = (
     "evict_batches", "evict_syscalls", "direct_evictions",
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
-)
+) + SPLIT_FIELDS
 # Page gauges, reported in bytes.
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",
