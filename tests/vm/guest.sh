@@ -114,8 +114,8 @@ if on rdma; then
 		# the threshold sits above TCG's noise on plain accesses
 		for t in tcp:$RA rdma://$RA; do
 			n=${t%%:*}
-			if timeout 240 env LD_PRELOAD=$W/libfarmem_preload.so FARMEM_MEMD=$t FARMEM_LOCAL=4M FARMEM_THRESHOLD=8M \
-				$W/faultlat --size 16M --split --fault-threshold-us 20 >$W/split-$n.log 2>&1 &&
+			if timeout 240 env LD_PRELOAD=$W/libfarmem_preload.so FARMEM_MEMD=$t FARMEM_LOCAL=2M FARMEM_THRESHOLD=4M \
+				$W/faultlat --size 8M --split --fault-threshold-us 20 >$W/split-$n.log 2>&1 &&
 				grep -q 'split of' $W/split-$n.log; then
 				ok fault-split-$n
 			else
