@@ -121,7 +121,7 @@ $(B)/bench/swapva_bench: bench/progs/swapva_bench.c $(SWAPVA_SRCS) $(HDRS) | $(B
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SWAPVA_SRCS) -lpthread
 
-$(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) | $(B)/.deps-ok
+$(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -lpthread
 

@@ -33,7 +33,11 @@ command line, machine and date, to FILE (bench/RESULTS.md).
 
     .venv/bin/python bench/run_core.py [--size 512M] [--local 25%] [--repeats 3]
         [--patterns random,seq] [--configs floor,floor_unpinned,embedded,stream,tcp,swap]
-        [--out bench/RESULTS.md] [--json raw.json] [--no-perf]
+        [--out bench/RESULTS.md] [--json raw.json] [--no-perf] [--split]
+
+--split (issue 5) runs faultlat --split under farmem and adds a table of where a remote
+fault's time goes: kernel (fault entry, event delivery, running again), handler, transport
+(memd round trip) and copy (UFFDIO_COPY), in us per fault and as fractions of the wait.
 """
 
 from __future__ import annotations
@@ -107,6 +111,28 @@ def perf_read(path: str) -> dict:
     if len(counts) != len(PERF_EVENTS) or None in counts:
         return {}
     return {name: c for (name, _), c in zip(PERF_EVENTS, counts)}
+
+
+SPLIT_KEYS = ("split_remote_faults", "split_wait_us", "split_kernel_us", "split_handler_us",
+              "split_transport_us", "split_copy_us")
+
+
+def split_table(rows: list[tuple[str, dict]]) -> list[str]:
+    """Markdown rows of the fault path split: (label, figures with SPLIT_KEYS) each."""
+    out = ["| config | remote faults | wait µs/fault | kernel | handler | transport | copy |",
+           "|---|---|---|---|---|---|---|"]
+    for label, m in rows:
+        if "split_wait_us" not in m or not m.get("split_remote_faults"):
+            out.append(f"| {label} | no split figures |  |  |  |  |  |")
+            continue
+        w = m["split_wait_us"]
+
+        def part(k: str) -> str:
+            return f"{m[k]:.1f} µs ({100 * m[k] / w:.0f}%)" if w > 0 else f"{m[k]:.1f} µs"
+        out.append(f"| {label} | {m['split_remote_faults']:.0f} | {w:.1f} | {part('split_kernel_us')} "
+                   f"| {part('split_handler_us')} | {part('split_transport_us')} "
+                   f"| {part('split_copy_us')} |")
+    return out
 
 
 def log(msg: str) -> None:
@@ -224,7 +250,8 @@ class Bench:
 
     def workload(self, pattern: str) -> list[str]:
         w = [self.faultlat, "--size", fmt_size(self.size), "--pattern", pattern,
-             "--passes", str(self.a.passes), "--json"]
+             "--passes", str(self.a.passes), "--json",
+             "--fault-threshold-us", str(self.a.fault_threshold_us)]
         if self.a.write:
             w.append("--write")
         return w
@@ -238,7 +265,7 @@ class Bench:
             argv += ["--memd", f"tcp:{self.memd.addr}", "--secret-file", self.memd.secret_file]
         argv += ["--local", fmt_size(self.local), "--summary-json", summary]
         argv += shlex.split(self.a.farmem_args)
-        return argv + ["--"] + self.workload(pattern)
+        return argv + ["--"] + self.workload(pattern) + (["--split"] if self.a.split else [])
 
     def check_available(self, configs: list[str]) -> None:
         for b in (self.faultlat, self.floor):
@@ -363,6 +390,10 @@ class Bench:
         for key in ("fault_p50_us", "fault_p99_us", "faults_per_s", "mb_per_s", "faults",
                     "pass_wall_s", "majflt"):
             m[key] = statistics.median(r["result"][key] for r in ok)
+        for key in SPLIT_KEYS:
+            vals = [r["result"][key] for r in ok if isinstance(r["result"].get(key), (int, float))]
+            if vals:
+                m[key] = statistics.median(vals)
         pager = [r["pager"] for r in ok if isinstance(r.get("pager"), dict)]
         for key in ("fault_p50_us", "remote_reads", "evictions"):
             vals = [p[key] for p in pager if isinstance(p.get(key), (int, float))]
@@ -415,7 +446,7 @@ class Bench:
                    f"({100 * self.local / self.size:.0f}%), "
                    f"{'write' if self.a.write else 'read'} one word per page, "
                    f"{self.a.passes} measured pass(es); median of {self.a.repeats} interleaved repeats")
-        out.append("- fault = an access slower than 1.0 us; MB/s = pages touched x 4096 / pass time; "
+        out.append(f"- fault = an access slower than {self.a.fault_threshold_us} us; MB/s = pages touched x 4096 / pass time; "
                    "'p50 / floor' divides by the uffd floor with the handler on the same CPU; "
                    "'MB/s / swap' divides by Linux swap on zram with the same budget")
         for pattern in patterns:
@@ -444,6 +475,13 @@ class Bench:
                            f"| {m['fault_p50_us']:.2f} | {m['fault_p99_us']:.1f} "
                            f"| {m['faults_per_s']:,.0f} | {m['mb_per_s']:.1f} | {r_floor} | {r_swap} "
                            f"| {pp50} | {rr} |")
+            if self.a.split:
+                out.append("")
+                out.append(f"Fault path split ({pattern}; per remote fault, median over the repeats; "
+                           "kernel = measured wait − handler time):")
+                out.append("")
+                out.extend(split_table([(LABELS[c], meds[c]) for c in configs
+                                        if c in FARMEM_CONFIGS and meds[c].get("runs")]))
         out.append("")
         if self.perf:
             out.extend(self.kernel_costs(configs, patterns))
@@ -515,6 +553,10 @@ def main() -> int:
     ap.add_argument("--memd", default="build/bin/farmem-memd", help="memd binary for the tcp config")
     ap.add_argument("--farmem-args", default="", help="extra flags for every `farmem run`")
     ap.add_argument("--memd-args", default="", help="extra flags for farmem-memd (tcp config)")
+    ap.add_argument("--split", action="store_true",
+                    help="under farmem: split each remote fault's time (faultlat --split)")
+    ap.add_argument("--fault-threshold-us", type=float, default=1.0,
+                    help="faultlat's fault threshold (default 1.0)")
     ap.add_argument("--zram-algorithm", default=None, help="zram compression (default: the kernel's)")
     ap.add_argument("--no-perf", action="store_true",
                     help="do not count syscalls and TLB flushes with perf stat")

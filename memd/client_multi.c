@@ -69,8 +69,9 @@
 #define STRIKES       6
 #define DEFAULT_TIMEOUT_MS 1000
 
-_Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 16) * sizeof(uint64_t),
-	       "the multi counters were carved out of reserved[]: the layout size must not change");
+/* Tools mirror the layout (cli/src/farmem/resmap.py): a new counter takes a reserved[] word. */
+_Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 32) * sizeof(uint64_t),
+	       "the counters after lat_hist are a 32-word block: take reserved[] words, keep the size");
 
 struct slot {
 	char addr[128];

@@ -203,8 +203,11 @@ int fm_rdma_chan_open(struct fm_chan *c)
 			 .max_send_sge = 1, .max_recv_sge = 1 },
 		.sq_sig_all = 0,
 	};
+	/* memd puts the QP in our session's protection domain, where our regions are. */
+	struct fm_rdma_conn_priv priv = { .magic = FM_RDMA_CONN_MAGIC, .session = x->session };
 	struct rdma_conn_param cp = { .initiator_depth = 16, .responder_resources = 0,
-				      .retry_count = 7, .rnr_retry_count = 7 };
+				      .retry_count = 7, .rnr_retry_count = 7,
+				      .private_data = &priv, .private_data_len = sizeof(priv) };
 	struct ibv_device_attr da;
 	int ret, tmo;
 

@@ -803,7 +803,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (rdma_spec) {
-		ret = memd_rdma_start(rdma_spec);
+		ret = memd_rdma_start(rdma_spec, &srv.st);
 		if (ret) {
 			status = 1;
 			goto out;

@@ -166,6 +166,17 @@ struct fm_rdma_map_rep {
 	uint32_t reserved;
 } __attribute__((packed));
 
+/*
+ * RDMA: the private data of every rdma_connect. memd puts the QP in the
+ * protection domain of that session, where its spaces are registered.
+ */
+#define FM_RDMA_CONN_MAGIC 0x31435246u /* "FRC1" */
+struct fm_rdma_conn_priv {
+	uint32_t magic;
+	uint32_t reserved;
+	struct fm_session session;
+} __attribute__((packed));
+
 #define FM_SHM_PRESENT 1u
 struct fm_shm_meta {
 	uint32_t crc;

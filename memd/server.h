@@ -96,6 +96,14 @@ int memd_space_write(struct memd_store *st, struct memd_space *sp,
 /* -ERANGE (nothing discarded) if any range leaves the space. */
 int memd_space_discard(struct memd_store *st, struct memd_space *sp,
 		       const struct fm_range *r, uint32_t n);
+/*
+ * RDMA_MAP: register the space's mapping in its session's protection domain
+ * (once; later calls give the same region) and switch it to grant
+ * accounting. -EOPNOTSUPP without an RDMA listener, -EPROTONOSUPPORT for an
+ * identity-mapped space (--idmap). SPACE_CLOSE and the
+ * session's end deregister it.
+ */
+int memd_space_rdma(struct memd_store *st, struct memd_space *sp, struct fm_rdma_map_rep *rep);
 /* Switch the space to grant accounting; *fd is a dup the caller owns. */
 int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 		   struct fm_shm_map_rep *rep, int *fd);
@@ -190,8 +198,19 @@ bool memd_conn_wants_write(const struct memd_conn *c);
 bool memd_conn_done(const struct memd_conn *c);
 
 /* server_rdma.c: the --rdma listener and region registration. */
-int memd_rdma_start(const char *spec);
+int memd_rdma_start(const char *spec, struct memd_store *st);
+/* Tears down every QP (each holds a session reference) before the store goes. */
 void memd_rdma_stop(void);
-int memd_rdma_map(int fd, const struct fm_shm_map_rep *shm, struct fm_rdma_map_rep *rep);
+/*
+ * Register [addr, addr+len) in the protection domain in *pd_slot (a
+ * session's; allocated on first use). -EOPNOTSUPP without a listener.
+ */
+int memd_rdma_reg(void **pd_slot, void *addr, size_t len, void **mr, uint32_t *rkey);
+/* Deregister (unpin): QPs that still use its rkey fail, on their own. */
+void memd_rdma_dereg(void *mr);
+/* The session ended: its QPs and regions are gone; free its domain. */
+void memd_rdma_pd_free(void *pd);
+/* The protection domain slot of a session (server_rdma.c). */
+void **memd_session_rdma_pd(struct memd_session *s);
 
 #endif /* FARMEM_MEMD_SERVER_H */

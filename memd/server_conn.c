@@ -452,25 +452,26 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		if (!ret && !reply(c, h, 0, 0, -1))
 			ret = -ENOMEM;
 		break;
-	case FM_OP_RDMA_MAP: {  /* server_rdma.c: register the memfd, hand out its rkey */
-		struct fm_shm_map_rep srep;
+	case FM_OP_RDMA_MAP: {  /* register in the session's protection domain, hand out the rkey */
 		struct fm_rdma_map_rep rrep;
 
-		ret = memd_space_shm(c->st, sp, &srep, &fd);
-		if (ret == -EOPNOTSUPP) {
+		ret = memd_space_rdma(c->st, sp, &rrep);
+		if (ret == -EPROTONOSUPPORT) {
 			memd_space_put(c->st, sp);
 			return reply_err(c, h, FM_E_NOSHM, "RDMA_MAP: memd keeps spaces in "
 					 "identity-mapped memory (--idmap): use the stream operations");
 		}
-		if (ret)
-			break;
-		ret = memd_rdma_map(fd, &srep, &rrep);
-		close(fd);
-		fd = -1;
-		if (ret) {
+		if (ret == -EOPNOTSUPP) {
 			memd_space_put(c->st, sp);
 			return reply_err(c, h, FM_E_NOSHM, "RDMA_MAP: memd has no RDMA listener (--rdma)");
 		}
+		if (ret && ret != -ENOENT) {
+			memd_space_put(c->st, sp);
+			return reply_err(c, h, FM_E_INTERNAL, "RDMA_MAP: cannot register space %u: %s",
+					 ref.space_id, strerror(-ret));
+		}
+		if (ret)
+			break;
 		p = reply(c, h, 0, sizeof(rrep), -1);
 		if (!p) {
 			ret = -ENOMEM;

@@ -6,10 +6,15 @@
  *
  * A client learns a region (address, rkey, length) only through RDMA_MAP on
  * its authenticated TCP control connection (same port number, docs/protocol.md
- * "RDMA"); the region is the space's memfd, mapped here and registered with
- * ibv_reg_mr (which pins it). A QP that touches memory with a wrong rkey or
- * out of range is moved to the error state by the device; the client sees
- * its QP fail, and when it disconnects or exits we tear down that QP alone.
+ * "RDMA"); the region is the space's own mapping of its memfd, registered with
+ * ibv_reg_mr (which pins it) in the protection domain of the client's session.
+ * A QP is accepted only with that session's id and key in its connect private
+ * data, and is created in the same domain: an rkey is worthless on any other
+ * session's QPs. SPACE_CLOSE deregisters (unpins) the region; the session's
+ * end frees the domain. A QP that touches memory with a wrong rkey, out of
+ * range, or in a deregistered region is moved to the error state by the
+ * device; the client sees its QP fail, and when it disconnects or exits we
+ * tear down that QP alone.
  */
 #include "server.h"
 
@@ -20,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
@@ -28,65 +32,119 @@
 
 #include "fm_util.h"
 
+/* One accepted QP: it holds a reference to its session (and so to the domain). */
+struct rconn {
+	struct rdma_cm_id *id;
+	struct memd_session *sess;
+	struct rconn *prev, *next;
+};
+
 static struct {
+	struct memd_store *st;
 	struct rdma_event_channel *ec;
 	struct rdma_cm_id *lid;
-	struct ibv_pd *pd;
-	struct ibv_cq *cq;
+	struct ibv_cq *cq;            /* shared by every QP: memd posts nothing, it never polls */
 	pthread_t th;
 	int stop_fd[2];
 	int running;
-	pthread_mutex_t lock;
-	unsigned long conns, lost;
+	pthread_mutex_t lock;         /* conns, counters, domain allocation */
+	struct rconn *conns;
+	unsigned long accepted, lost;
 } R = { .lock = PTHREAD_MUTEX_INITIALIZER, .stop_fd = { -1, -1 } };
 
-int memd_rdma_map(int fd, const struct fm_shm_map_rep *shm, struct fm_rdma_map_rep *rep)
+/* The domain in *slot, allocated on first use; NULL with errno set. */
+static struct ibv_pd *slot_pd(void **slot)
 {
+	struct ibv_pd *pd;
+
+	pthread_mutex_lock(&R.lock);
+	if (!*slot)
+		*slot = ibv_alloc_pd(R.lid->verbs);
+	pd = *slot;
+	pthread_mutex_unlock(&R.lock);
+	if (!pd && !errno)
+		errno = ENOMEM;
+	return pd;
+}
+
+int memd_rdma_reg(void **pd_slot, void *addr, size_t len, void **mr_out, uint32_t *rkey)
+{
+	struct ibv_pd *pd;
 	struct ibv_mr *mr;
-	void *p;
 
 	if (!R.running)
 		return -EOPNOTSUPP;
-	p = mmap(NULL, shm->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED)
-		return -errno;
-	/*
-	 * Pins the whole space. The mapping and the registration live until
-	 * memd exits (a closed space's pages stay pinned: keep RDMA spaces
-	 * sized to the job).
-	 */
-	pthread_mutex_lock(&R.lock);
-	mr = ibv_reg_mr(R.pd, p, shm->map_len,
-			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
-	pthread_mutex_unlock(&R.lock);
-	if (!mr) {
+	pd = slot_pd(pd_slot);
+	if (!pd) {
 		int e = errno;
-		fm_warn("rdma: cannot register %zu bytes: %s", (size_t)shm->map_len, strerror(e));
-		munmap(p, shm->map_len);
+		fm_warn("rdma: cannot allocate a protection domain: %s", strerror(e));
 		return -e;
 	}
-	rep->npages = shm->npages;
-	rep->data_offset = shm->data_offset;
-	rep->meta_offset = shm->meta_offset;
-	rep->map_len = shm->map_len;
-	rep->addr = (uint64_t)(uintptr_t)p;
-	rep->rkey = mr->rkey;
-	rep->reserved = 0;
+	/* Pins the whole space until SPACE_CLOSE or the session's end. */
+	mr = ibv_reg_mr(pd, addr, len,
+			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+	if (!mr) {
+		int e = errno;
+		fm_warn("rdma: cannot register %zu bytes: %s", len, strerror(e));
+		return -e;
+	}
+	*mr_out = mr;
+	*rkey = mr->rkey;
 	return 0;
+}
+
+void memd_rdma_dereg(void *mr)
+{
+	int e = ibv_dereg_mr(mr);
+
+	if (e)
+		fm_warn("rdma: deregistering a closed space's region failed: %s", strerror(e));
+	else
+		fm_debug("rdma: a closed space's region is deregistered");
+}
+
+void memd_rdma_pd_free(void *pd)
+{
+	int e = ibv_dealloc_pd(pd);
+
+	if (e)
+		fm_warn("rdma: freeing an ended session's protection domain failed: %s", strerror(e));
 }
 
 static void drop_conn(struct rdma_cm_id *id, const char *why)
 {
+	struct rconn *c = id->context;
+
 	if (id->qp)
 		rdma_destroy_qp(id);
 	rdma_destroy_id(id);
 	pthread_mutex_lock(&R.lock);
 	R.lost++;
+	if (c) {
+		if (c->prev)
+			c->prev->next = c->next;
+		else
+			R.conns = c->next;
+		if (c->next)
+			c->next->prev = c->prev;
+	}
 	pthread_mutex_unlock(&R.lock);
+	if (c) {
+		/* The last reference of an ended session frees its domain here. */
+		memd_session_put(R.st, c->sess);
+		free(c);
+	}
 	fm_info("rdma: connection closed (%s)", why);
 }
 
-static void accept_conn(struct rdma_cm_id *id)
+static void reject(struct rdma_cm_id *id, const char *why)
+{
+	fm_warn("rdma: connection rejected: %s", why);
+	rdma_reject(id, NULL, 0);
+	rdma_destroy_id(id);
+}
+
+static void accept_conn(struct rdma_cm_id *id, const void *priv, size_t priv_len)
 {
 	struct ibv_qp_init_attr qa = {
 		.send_cq = R.cq, .recv_cq = R.cq, .qp_type = IBV_QPT_RC,
@@ -94,27 +152,62 @@ static void accept_conn(struct rdma_cm_id *id)
 	};
 	struct rdma_conn_param cp = { .responder_resources = 16, .initiator_depth = 0,
 				      .rnr_retry_count = 7 };
+	struct fm_rdma_conn_priv pd;
 	struct ibv_device_attr da;
+	struct memd_session *s = NULL;
+	struct ibv_pd *dom;
+	struct rconn *c;
 
-	if (id->verbs != R.pd->context) {
-		fm_warn("rdma: connection on another device: rejected");
-		rdma_reject(id, NULL, 0);
-		rdma_destroy_id(id);
+	if (id->verbs != R.lid->verbs) {
+		reject(id, "on another device");
 		return;
+	}
+	if (!priv || priv_len < sizeof(pd)) {
+		reject(id, "no session in its private data");
+		return;
+	}
+	memcpy(&pd, priv, sizeof(pd));
+	if (pd.magic != FM_RDMA_CONN_MAGIC) {
+		reject(id, "no session in its private data");
+		return;
+	}
+	if (memd_session_join(R.st, pd.session.session_id, pd.session.key, &s)) {
+		reject(id, "unknown session or wrong session key");
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	dom = c ? slot_pd(memd_session_rdma_pd(s)) : NULL;
+	if (!dom) {
+		fm_warn("rdma: no protection domain for a connection: %s", strerror(errno ? errno : ENOMEM));
+		goto fail;
 	}
 	if (!ibv_query_device(id->verbs, &da) && da.max_qp_rd_atom < cp.responder_resources)
 		cp.responder_resources = (uint8_t)da.max_qp_rd_atom;
-	if (rdma_create_qp(id, R.pd, &qa)) {
+	if (rdma_create_qp(id, dom, &qa)) {
 		fm_warn("rdma: cannot create a QP: %s", strerror(errno));
-		rdma_reject(id, NULL, 0);
-		rdma_destroy_id(id);
-		return;
+		goto fail;
 	}
+	c->id = id;
+	c->sess = s;
+	id->context = c;
+	pthread_mutex_lock(&R.lock);
+	c->next = R.conns;
+	if (R.conns)
+		R.conns->prev = c;
+	R.conns = c;
+	pthread_mutex_unlock(&R.lock);
 	if (rdma_accept(id, &cp)) {
 		fm_warn("rdma: accept: %s", strerror(errno));
-		rdma_destroy_qp(id);
-		rdma_destroy_id(id);
+		drop_conn(id, "accept failed");
 	}
+	return;
+fail:
+	free(c);
+	if (id->qp)
+		rdma_destroy_qp(id);
+	rdma_reject(id, NULL, 0);
+	rdma_destroy_id(id);
+	memd_session_put(R.st, s);
 }
 
 static void *rdma_main(void *arg)
@@ -135,14 +228,28 @@ static void *rdma_main(void *arg)
 			continue;
 		id = ev->id;
 		t = ev->event;
+		if (t == RDMA_CM_EVENT_CONNECT_REQUEST) {
+			/*
+			 * The private data lives until the ack, and the ack must come
+			 * first: rdma_destroy_id (a reject) waits for it.
+			 */
+			struct fm_rdma_conn_priv pv = { 0 };
+			size_t n = 0;
+			if (ev->param.conn.private_data) {
+				n = ev->param.conn.private_data_len;
+				if (n > sizeof(pv))
+					n = sizeof(pv);
+				memcpy(&pv, ev->param.conn.private_data, n);
+			}
+			rdma_ack_cm_event(ev);
+			accept_conn(id, n ? &pv : NULL, n);
+			continue;
+		}
 		rdma_ack_cm_event(ev);
 		switch (t) {
-		case RDMA_CM_EVENT_CONNECT_REQUEST:
-			accept_conn(id);
-			break;
 		case RDMA_CM_EVENT_ESTABLISHED:
 			pthread_mutex_lock(&R.lock);
-			R.conns++;
+			R.accepted++;
 			pthread_mutex_unlock(&R.lock);
 			fm_debug("rdma: connection established");
 			break;
@@ -162,7 +269,7 @@ static void *rdma_main(void *arg)
 	return NULL;
 }
 
-int memd_rdma_start(const char *spec)
+int memd_rdma_start(const char *spec, struct memd_store *st)
 {
 	char host[256];
 	const char *colon = strrchr(spec, ':');
@@ -193,8 +300,8 @@ int memd_rdma_start(const char *spec)
 		fm_err("--rdma %s: bind a specific address (with an RDMA device), not a wildcard", spec);
 		goto fail;
 	}
-	R.pd = ibv_alloc_pd(R.lid->verbs);
-	R.cq = R.pd ? ibv_create_cq(R.lid->verbs, 64, NULL, NULL, 0) : NULL;
+	R.st = st;
+	R.cq = ibv_create_cq(R.lid->verbs, 64, NULL, NULL, 0);
 	if (!R.cq || pipe(R.stop_fd)) {
 		rc = -errno;
 		fm_err("--rdma %s: %s", spec, strerror(errno));
@@ -222,4 +329,7 @@ void memd_rdma_stop(void)
 	if (write(R.stop_fd[1], "x", 1) == 1)
 		pthread_join(R.th, NULL);
 	R.running = 0;
+	/* Each QP's session reference goes, so the store can free sessions and their domains. */
+	while (R.conns)
+		drop_conn(R.conns->id, "memd stopping");
 }

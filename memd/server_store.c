@@ -54,6 +54,8 @@ struct memd_space {
 	uint64_t *known;
 	size_t known_len;
 	uint64_t present;              /* pages counted against capacity (atomic) */
+	void *rdma_mr;                 /* RDMA_MAP's registration of map, under rw */
+	uint32_t rdma_rkey;
 };
 
 struct memd_session {
@@ -66,7 +68,13 @@ struct memd_session {
 	uint32_t next_space_id;
 	uint64_t pages;                /* pages of unmapped spaces */
 	uint64_t grant;                /* QUOTA grant */
+	void *rdma_pd;                 /* its RDMA protection domain (server_rdma.c) */
 };
+
+void **memd_session_rdma_pd(struct memd_session *s)
+{
+	return &s->rdma_pd;
+}
 
 static inline uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
 {
@@ -310,6 +318,11 @@ static void space_kill(struct memd_store *st, struct memd_space *sp)
 			sp->present = 0;
 		}
 	}
+	/* Unpinned now, not when the last reference goes: a QP still using the rkey fails. */
+	if (sp->rdma_mr) {
+		memd_rdma_dereg(sp->rdma_mr);
+		sp->rdma_mr = NULL;
+	}
 	pthread_rwlock_unlock(&sp->rw);
 	unreserve(st, sp->sess, n);
 }
@@ -363,6 +376,9 @@ void memd_session_put(struct memd_store *st, struct memd_session *s)
 	pthread_mutex_lock(&st->lock);
 	st->used -= s->grant;
 	pthread_mutex_unlock(&st->lock);
+	/* Its QPs held references, so they are gone; its regions went with its spaces. */
+	if (s->rdma_pd)
+		memd_rdma_pd_free(s->rdma_pd);
 	fm_debug("session %016llx ended", (unsigned long long)s->id);
 	free(s);
 }
@@ -816,6 +832,54 @@ int memd_space_discard(struct memd_store *st, struct memd_space *sp,
 	return 0;
 }
 
+/* Caller holds sp->rw for writing. */
+static void to_grant(struct memd_store *st, struct memd_space *sp)
+{
+	if (sp->mapped)
+		return;
+	/*
+	 * From now on the client writes pages memd never sees: the pages the
+	 * space holds become part of the session's grant, and capacity is
+	 * accounted by QUOTA alone.
+	 */
+	pthread_mutex_lock(&st->lock);
+	sp->sess->pages -= sp->present;
+	sp->sess->grant += sp->present;
+	pthread_mutex_unlock(&st->lock);
+	sp->present = 0;
+	sp->mapped = true;
+}
+
+int memd_space_rdma(struct memd_store *st, struct memd_space *sp, struct fm_rdma_map_rep *rep)
+{
+	int ret = 0;
+
+	pthread_rwlock_wrlock(&sp->rw);
+	if (sp->dead) {
+		ret = -ENOENT;
+		goto out;
+	}
+	if (sp->idmap) {  /* device memory from /dev/swapva: not registered for RDMA (untested) */
+		ret = -EPROTONOSUPPORT;
+		goto out;
+	}
+	if (!sp->rdma_mr) {
+		/* The session's domain: another session's QPs cannot use this rkey. */
+		ret = memd_rdma_reg(memd_session_rdma_pd(sp->sess), sp->map, sp->map_len,
+				    &sp->rdma_mr, &sp->rdma_rkey);
+		if (ret)
+			goto out;
+	}
+	to_grant(st, sp);
+	*rep = (struct fm_rdma_map_rep){
+		.npages = sp->npages, .data_offset = 0, .meta_offset = sp->meta_offset,
+		.map_len = sp->map_len, .addr = (uint64_t)(uintptr_t)sp->map, .rkey = sp->rdma_rkey,
+	};
+out:
+	pthread_rwlock_unlock(&sp->rw);
+	return ret;
+}
+
 int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 		   struct fm_shm_map_rep *rep, int *fd)
 {
@@ -835,19 +899,7 @@ int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 		ret = -errno;
 		goto out;
 	}
-	if (!sp->mapped) {
-		/*
-		 * From now on the client writes pages memd never sees: the
-		 * pages the space holds become part of the session's grant,
-		 * and capacity is accounted by QUOTA alone.
-		 */
-		pthread_mutex_lock(&st->lock);
-		sp->sess->pages -= sp->present;
-		sp->sess->grant += sp->present;
-		pthread_mutex_unlock(&st->lock);
-		sp->present = 0;
-		sp->mapped = true;
-	}
+	to_grant(st, sp);
 	rep->npages = sp->npages;
 	rep->data_offset = 0;
 	rep->meta_offset = sp->meta_offset;

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.vm
 EXPECTED = {
     "kmod-swapva-load", "swapva-kmod", "swapva-ladder", "swapva-bench-runs",
     "kmod-swapva-unload", "kernel-log-clean", "rxe-device", "rdma-rc-pingpong",
+    "memd-rdma-listen", "rdma-hostile-peer", "tcp-pagetest-64M", "rdma-pagetest-64M",
+    "rdma-bench-runs", "fault-split-tcp", "fault-split-rdma", "memd-survived", "memd-rdma-clean",
 }
 
 

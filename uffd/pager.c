@@ -754,7 +754,8 @@ static void reserve_room(struct fm_pager *p, struct fm_chan *chan)
 static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct region *r,
 		     uint64_t idx, pid_t tid, int write, int zero_only);
 
-static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr, int write, pid_t tid)
+static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr, int write, pid_t tid,
+			   uint64_t t_event)
 {
 	struct region *r;
 	int ridx;
@@ -778,6 +779,7 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 		if (s == FM_PG_UNTOUCHED || s == FM_PG_REMOTE) {
 			const void *src;
 			int gc = is_gc(p, tid), rc;
+			uint64_t t_xport = 0, t_copy;
 			uint8_t fl;
 
 			reserve_room(p, h->chan);
@@ -789,16 +791,26 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 				src = p->zero;
 				STAT_ADD(p, zero_fills, 1);
 			} else {
+				t_xport = fm_now_ns();
 				src = fetch_one(p, h->chan, r, i);
+				t_xport = fm_now_ns() - t_xport;
 				fm_churn(p, 1);
 			}
 			/*
 			 * A read installs the page write-protected: it stays clean
 			 * (no write-back) until a write fault tells us otherwise.
 			 */
+			t_copy = fm_now_ns();
 			rc = uffd_copy(p, addr, src, !write);
 			if (rc && rc != -EEXIST)
 				fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)addr, strerror(-rc));
+			if (s == FM_PG_REMOTE) {
+				uint64_t t_end = fm_now_ns();
+				STAT_ADD(p, split_faults, 1);
+				STAT_ADD(p, split_handler_ns, t_end - t_event);
+				STAT_ADD(p, split_transport_ns, t_xport);
+				STAT_ADD(p, split_copy_ns, t_end - t_copy);
+			}
 			fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc ? FM_PGF_GC : FM_PGF_REF));
 			if (write)
 				fl &= (uint8_t)~FM_PGF_GC;
@@ -1122,6 +1134,8 @@ static void *handler_main(void *arg)
 		t0 = fm_now_ns();
 		for (ssize_t k = 0; k < n / (ssize_t)sizeof(msgs[0]); k++) {
 			struct uffd_msg *m = &msgs[k];
+			/* An event queued behind others in this read waited for them: that is delivery, not handling. */
+			uint64_t t_event = k ? fm_now_ns() : t0;
 			switch (m->event) {
 			case UFFD_EVENT_PAGEFAULT: {
 				uintptr_t a = (uintptr_t)m->arg.pagefault.address;
@@ -1141,7 +1155,7 @@ static void *handler_main(void *arg)
 				else if (fl & UFFD_PAGEFAULT_FLAG_MINOR)
 					fm_shmem_minor(p, a, !!(fl & UFFD_PAGEFAULT_FLAG_WRITE), tid);
 				else
-					handle_missing(p, h, a, !!(fl & UFFD_PAGEFAULT_FLAG_WRITE), tid);
+					handle_missing(p, h, a, !!(fl & UFFD_PAGEFAULT_FLAG_WRITE), tid, t_event);
 				__atomic_fetch_add(&p->st->lat_hist[fm_lat_bucket(fm_now_ns() - t0)], 1,
 						   __ATOMIC_RELAXED);
 				break;

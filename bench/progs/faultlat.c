@@ -20,6 +20,17 @@
  * p50/p90/p99 and the pass throughput are reported, as text or, with --json,
  * as one JSON object on stdout.  uffd_floor prints the same keys.
  *
+ * --split (under the farmem pager only): the pager's own figures for the
+ * remote faults of the measured pass, read from this process's residency map
+ * (uffd/resmap.h, split_*), set against the wait measured here. Per remote
+ * fault: transport (memd round trip), copy (UFFDIO_COPY: copy into place and
+ * wake), handler (the rest of the handler's time: lookup, reservation, direct
+ * eviction) and kernel (the measured wait minus the handler's time: fault
+ * entry, event delivery to the handler, the faulting thread running again).
+ * The issue's "fault" part is kernel + handler. The measured wait is the mean
+ * over the accesses above the fault threshold, so the threshold must sit above
+ * the noise (under TCG, tens of us) and the two fault counts should agree.
+ *
  * Fill content: "random" (default) is incompressible, so zram gains nothing
  * from compression; "compressible" is half random, half zero; "zero" leaves
  * pages zero-filled apart from the checked word (zram stores those for free).
@@ -36,12 +47,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "measure.h"
+#include "resmap.h"
 #define PROG "faultlat"
 
 static void usage(FILE *f)
@@ -49,7 +63,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: " PROG " --size SIZE [--pattern random|seq] [--passes P] [--write] [--json]\n"
 		"                [--seed S] [--fill random|compressible|zero] [--thp]\n"
-		"                [--fault-threshold-us US]\n"
+		"                [--fault-threshold-us US] [--split]\n"
 		"  --size SIZE        region size (K/M/G suffixes, multiple of 4 KiB; required)\n"
 		"  --pattern P        order of the measured pass: random permutation or seq (default random)\n"
 		"  --passes P         measured passes over every page (default 1)\n"
@@ -58,19 +72,72 @@ static void usage(FILE *f)
 		"  --seed S           seed of the fill pattern and the permutation (default 1)\n"
 		"  --fill KIND        page content: random (default), compressible (half zero), zero\n"
 		"  --thp              do not madvise(MADV_NOHUGEPAGE) the region\n"
-		"  --fault-threshold-us US   accesses slower than this count as faults (default 1.0)\n");
+		"  --fault-threshold-us US   accesses slower than this count as faults (default 1.0)\n"
+		"  --split            under the farmem pager: split the remote faults' time into\n"
+		"                     kernel, handler, transport and copy (the pager's residency map)\n");
+}
+
+/* The pager's residency map of this very process (the preload shim made it), or NULL. */
+static const struct fm_resmap_hdr *own_resmap(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	const struct fm_resmap_hdr *h = NULL;
+
+	if (!d)
+		return NULL;
+	while (!h && (e = readdir(d))) {
+		char path[300], link[256];
+		ssize_t n;
+		int fd;
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		n = readlink(path, link, sizeof(link) - 1);
+		if (n <= 0)
+			continue;
+		link[n] = 0;
+		if (strncmp(link, "/memfd:farmem-map", 17))
+			continue;
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		void *m = mmap(NULL, FM_RESMAP_MAP_OFFSET, PROT_READ, MAP_SHARED, fd, 0);
+		close(fd);
+		if (m == MAP_FAILED)
+			continue;
+		h = m;
+		if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != FM_RESMAP_MAGIC) {
+			munmap(m, FM_RESMAP_MAP_OFFSET);
+			h = NULL;
+		}
+	}
+	closedir(d);
+	return h;
+}
+
+struct split_snap { uint64_t faults, handler_ns, transport_ns, copy_ns; };
+
+static struct split_snap split_read(const struct fm_resmap_hdr *h)
+{
+	const struct fm_pager_stats *st = &h->stats;
+	return (struct split_snap){
+		.faults = __atomic_load_n(&st->split_faults, __ATOMIC_RELAXED),
+		.handler_ns = __atomic_load_n(&st->split_handler_ns, __ATOMIC_RELAXED),
+		.transport_ns = __atomic_load_n(&st->split_transport_ns, __ATOMIC_RELAXED),
+		.copy_ns = __atomic_load_n(&st->split_copy_ns, __ATOMIC_RELAXED),
+	};
 }
 
 int main(int argc, char **argv)
 {
-	enum { O_THP = O_OWN };
+	enum { O_THP = O_OWN, O_SPLIT };
 	static const struct option opts[] = {
 		MEASURE_LONGOPTS,
 		{"thp", no_argument, 0, O_THP},
+		{"split", no_argument, 0, O_SPLIT},
 		{0, 0, 0, 0},
 	};
 	struct measure_opts m = MEASURE_OPTS_INIT;
-	int thp = 0;
+	int thp = 0, split = 0;
 
 	for (;;) {
 		int o = getopt_long(argc, argv, "", opts, NULL), r;
@@ -84,6 +151,7 @@ int main(int argc, char **argv)
 			continue;
 		switch (o) {
 		case O_THP: thp = 1; break;
+		case O_SPLIT: split = 1; break;
 		case O_HELP: usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -134,10 +202,22 @@ int main(int argc, char **argv)
 		fill_page(region + p * PGSZ, seed, p, fill);
 	uint64_t fill_ns = now_ns() - f0;
 
+	const struct fm_resmap_hdr *rm = NULL;
+	struct split_snap sp0 = { 0 }, sp1 = { 0 };
+	if (split) {
+		rm = own_resmap();
+		if (!rm) {
+			fprintf(stderr, PROG ": --split: no farmem residency map in this process "
+				"(run it under the pager: LD_PRELOAD=libfarmem_preload.so or farmem run)\n");
+			return 3;
+		}
+	}
 	struct rusage ru0, ru1;
 	uint64_t bad = 0, sink = 0;
 	int cpu_start = sched_getcpu();
 	getrusage(RUSAGE_SELF, &ru0);
+	if (rm)
+		sp0 = split_read(rm);
 	uint64_t w0 = now_ns();
 	uint64_t k = 0;
 	for (uint64_t pass = 0; pass < passes; pass++) {
@@ -165,6 +245,8 @@ int main(int argc, char **argv)
 		}
 	}
 	uint64_t wall_ns = now_ns() - w0;
+	if (rm)
+		sp1 = split_read(rm);
 	getrusage(RUSAGE_SELF, &ru1);
 	int cpu_end = sched_getcpu();
 
@@ -186,6 +268,15 @@ int main(int argc, char **argv)
 	for (uint64_t i = 0; i < nf; i++)
 		fmean += lat[i];
 	fmean = nf ? fmean / nf / 1000.0 : 0.0;
+	/* Per remote fault, in us: the measured wait and the pager's parts of it. */
+	uint64_t sn = sp1.faults - sp0.faults;
+	double s_wait = fmean, s_hand = 0, s_xp = 0, s_cp = 0, s_kern = 0;
+	if (sn) {
+		s_xp = (sp1.transport_ns - sp0.transport_ns) / 1e3 / sn;
+		s_cp = (sp1.copy_ns - sp0.copy_ns) / 1e3 / sn;
+		s_hand = (sp1.handler_ns - sp0.handler_ns) / 1e3 / sn - s_xp - s_cp;
+		s_kern = s_wait - (s_hand + s_xp + s_cp);
+	}
 	double pps = wall_s > 0 ? naccess / wall_s : 0;
 	double mbps = wall_s > 0 ? naccess * (double)PGSZ / wall_s / 1e6 : 0;
 	double fps = wall_s > 0 ? nf / wall_s : 0;
@@ -205,11 +296,17 @@ int main(int argc, char **argv)
 		       "\"fault_p999_us\": %.3f, \"fault_max_us\": %.3f, \"fault_mean_us\": %.3f, "
 		       "\"access_mean_us\": %.3f, \"majflt\": %ld, \"minflt\": %ld, "
 		       "\"vcsw\": %ld, \"ivcsw\": %ld, \"cpu_start\": %d, \"cpu_end\": %d, "
-		       "\"bad_words\": %" PRIu64 "}\n",
+		       "\"bad_words\": %" PRIu64 "",
 		       pat, op, fills, size, PGSZ, npages, passes, naccess, fill_ns / 1e9,
 		       wall_s, pps, mbps, thr_us, nf, fps, p50, p90, p99, p999, fmax, fmean,
 		       naccess ? sum_all / naccess / 1000.0 : 0.0, majflt, minflt, vcsw, ivcsw,
 		       cpu_start, cpu_end, bad);
+		if (rm)
+			printf(", \"split_remote_faults\": %" PRIu64 ", \"split_wait_us\": %.3f, "
+			       "\"split_kernel_us\": %.3f, \"split_handler_us\": %.3f, "
+			       "\"split_transport_us\": %.3f, \"split_copy_us\": %.3f",
+			       sn, s_wait, s_kern, s_hand, s_xp, s_cp);
+		printf("}\n");
 	} else {
 		printf(PROG ": %s %s, %" PRIu64 " pages (%" PRIu64 " MiB) x %" PRIu64 " passes, fill %s %.3f s\n",
 		       pat, op, npages, size >> 20, passes, fills, fill_ns / 1e9);
@@ -219,6 +316,14 @@ int main(int argc, char **argv)
 		       thr_us, nf, fps, p50, p90, p99, p999, fmax);
 		printf(PROG ": majflt %ld minflt %ld vcsw %ld ivcsw %ld cpu %d->%d bad_words %" PRIu64 "\n",
 		       majflt, minflt, vcsw, ivcsw, cpu_start, cpu_end, bad);
+		if (rm && sn && s_wait > 0)
+			printf(PROG ": split of %" PRIu64 " remote faults (pager) vs %" PRIu64 " measured: "
+			       "%.1f us/fault = kernel %.1f (%.0f%%) + handler %.1f (%.0f%%) + "
+			       "transport %.1f (%.0f%%) + copy %.1f (%.0f%%)\n",
+			       sn, nf, s_wait, s_kern, 100 * s_kern / s_wait, s_hand, 100 * s_hand / s_wait,
+			       s_xp, 100 * s_xp / s_wait, s_cp, 100 * s_cp / s_wait);
+		else if (rm)
+			printf(PROG ": split: no remote faults in the measured pass\n");
 	}
 	fflush(stdout);
 	(void)sink;

@@ -10,7 +10,7 @@
 # `PASS: name` / `FAIL: name` line per test and `N passed, N failed`, and
 # exits non-zero when a test failed or the guest never reported.
 #
-# Environment: VM_DIR (cache, default build/vm), QEMU_TIMEOUT (s, default 600),
+# Environment: VM_DIR (cache, default build/vm), QEMU_TIMEOUT (s, default 900: a shared, loaded machine runs the whole lane in about 10 min),
 # VM_MEM (2G), VM_SMP (2), VM_VERBOSE=1 (show the whole guest console),
 # VM_TESTS (space-separated subset of guest test groups: swapva rdma bench).
 set -euo pipefail
@@ -66,8 +66,8 @@ for f in "$REPO"/tests/vm/progs/*.c; do
 	[ -e "$f" ] && gcc $CF -o "$O/$(basename "$f" .c)" "$f"
 done
 cp "$REPO/tests/vm/guest.sh" "$REPO/bench/bench_swapva.py" "$O/"
-# the rdma transport: memd, the preload shim and pagetest from `make c`, and the lane's peer
-for f in bin/farmem-memd lib/libfarmem_preload.so tests/pagetest; do
+# the rdma transport: memd, the preload shim, pagetest and faultlat from `make c`, and the lane's peer
+for f in bin/farmem-memd lib/libfarmem_preload.so tests/pagetest bench/faultlat; do
 	if [ -e "$REPO/build/$f" ]; then cp "$REPO/build/$f" "$O/"; else log "build/$f missing: run make c"; fi
 done
 gcc $CF -I"$REPO/memd" -I"$REPO/uffd" -o "$O/rdma_peer" "$REPO/tests/vm/rdma_peer.c" \
@@ -97,7 +97,7 @@ K=$L/vmlinux; [ -s "$K" ] || K=$L/kroot/boot/vmlinuz-$KVER
 rm -f "$L/guest.rc"
 V="security_model=none,multidevs=remap"
 set +e
-timeout "${QEMU_TIMEOUT:-600}" qemu-system-x86_64 -accel tcg -cpu max -m "${VM_MEM:-2G}" -smp "${VM_SMP:-2}" \
+timeout "${QEMU_TIMEOUT:-900}" qemu-system-x86_64 -accel tcg -cpu max -m "${VM_MEM:-2G}" -smp "${VM_SMP:-2}" \
 	-nodefaults -no-reboot -display none -serial stdio -nic none \
 	-kernel "$K" -initrd "$L/initrd.gz" \
 	-append "console=ttyS0 quiet panic=-1 mitigations=off run=/mnt/work/out/guest.sh vmtests=${VM_TESTS:-all}" \

@@ -4,9 +4,13 @@
  *
  *   rdma_peer check rdma://ADDR:PORT
  *       a good client writes and verifies pages over RDMA; a hostile peer
- *       (authenticated, its own session) posts a READ with a wrong rkey, then
- *       one out of its region's range: each must cost it its QP (-EIO) and
- *       nothing else; the good client then verifies and rewrites everything.
+ *       (authenticated, its own session) posts a READ with a wrong rkey, one
+ *       with the good client's own rkey and address (another session's
+ *       protection domain), then one out of its region's range: each must cost
+ *       it its QP (-EIO) and nothing else; the good client then verifies and
+ *       rewrites everything. Then a closed space: a READ with its old rkey
+ *       fails (memd deregistered it at SPACE_CLOSE) and memd goes on serving
+ *       the good client and a third one.
  *   rdma_peer bench rdma://ADDR:PORT tcp:ADDR:PORT [PAGES]
  *       per-page write (batches of 16) and read (batches of 1: a fault) times
  *       for both transports, and their ratio.
@@ -82,11 +86,12 @@ static int write_all(struct fm_chan *c, uint32_t sp, uint64_t n, unsigned gen, u
 	return 0;
 }
 
-/* Read and verify pages [0, n) in batches of b; number of bad pages or -errno. */
-static long verify_all(struct fm_chan *c, uint32_t sp, uint64_t n, unsigned gen, unsigned b, uint8_t *buf)
+/* Read and verify pages [first, n) in batches of b; number of bad pages or -errno. */
+static long verify_from(struct fm_chan *c, uint32_t sp, uint64_t first, uint64_t n, unsigned gen,
+			unsigned b, uint8_t *buf)
 {
 	long bad = 0;
-	for (uint64_t p = 0; p < n; p += b) {
+	for (uint64_t p = first; p < n; p += b) {
 		uint64_t pages[64];
 		const void *src[64];
 		unsigned m = (unsigned)(n - p < b ? n - p : b);
@@ -102,6 +107,11 @@ static long verify_all(struct fm_chan *c, uint32_t sp, uint64_t n, unsigned gen,
 		}
 	}
 	return bad;
+}
+
+static long verify_all(struct fm_chan *c, uint32_t sp, uint64_t n, unsigned gen, unsigned b, uint8_t *buf)
+{
+	return verify_from(c, sp, 0, n, gen, b, buf);
 }
 
 static int check(const char *addr)
@@ -142,6 +152,24 @@ static int check(const char *addr)
 	/* the good client still works, on its existing QP */
 	r = verify_all(gc, gsp, n, 1, 32, buf);
 	CHECK(r == 0, "good verify after wrong rkey: %ld", r);
+	/*
+	 * The good client's real rkey and address, leaked to another session:
+	 * useless there, since each session's QPs and regions have their own
+	 * protection domain (with one domain for all, this read succeeds).
+	 */
+	{
+		struct fm_chan *ec3 = NULL;
+		CHECK(fm_chan_open(evil, &ec3) == 0, "evil chan_open 3");
+		if (ec3) {
+			r = fm_rdma_test_raw_read(ec3, gdaddr, grkey, PG);
+			CHECK(r == -EIO, "another session's rkey and address: got %ld, want -EIO", r);
+			printf("rdma_peer: the good client's rkey from another session -> %s\n",
+			       r ? "refused (QP lost)" : "READ SUCCEEDED");
+			fm_chan_close(ec3);
+		}
+	}
+	r = verify_all(gc, gsp, n, 1, 32, buf);
+	CHECK(r == 0, "good verify after a foreign rkey: %ld", r);
 	/* out of range with a valid rkey of its own: past its 16-page region */
 	CHECK(fm_chan_open(evil, &ec2) == 0, "evil chan_open 2");
 	if (ec2) {
@@ -171,6 +199,49 @@ static int check(const char *addr)
 		CHECK(fm_chan_read(gc, gsp, &pg, 1, src) == -ENOENT, "discarded page reads as absent");
 	}
 	fm_chan_close(gc2);
+
+	/*
+	 * SPACE_CLOSE deregisters (unpins) the region: the old rkey is dead,
+	 * and the QP that still uses it is lost, nothing else.
+	 */
+	{
+		struct fm_chan *gc3 = NULL;
+		uint32_t csp, crkey;
+		uint64_t cdaddr, cnp;
+		CHECK(fm_xport_space_open(good, 64, &csp) == 0, "good space_open 2");
+		CHECK(fm_chan_open(good, &gc3) == 0, "good chan_open 3");
+		if (gc3) {
+			CHECK(write_all(gc3, csp, 64, 3, 16, buf) == 0, "write to space 2");
+			CHECK(fm_rdma_test_region(good, csp, &cdaddr, &cnp, &crkey) == 0, "space 2 region");
+			r = fm_rdma_test_raw_read(gc3, cdaddr, crkey, PG);
+			CHECK(r == 0, "raw read of an open space: %ld", r);
+			CHECK(fm_xport_space_close(good, csp) == 0, "space_close 2");
+			r = fm_rdma_test_raw_read(gc3, cdaddr, crkey, PG);
+			CHECK(r == -EIO, "old rkey after SPACE_CLOSE: got %ld, want -EIO", r);
+			printf("rdma_peer: old rkey after SPACE_CLOSE -> %s\n",
+			       r ? "refused (QP lost)" : "READ SUCCEEDED");
+			fm_chan_close(gc3);
+		}
+	}
+	/* memd serves on: the good client's first QP, and a third client */
+	r = verify_from(gc, gsp, 8, n, 2, 32, buf);
+	CHECK(r == 0, "the good client's first space after the closed one: %ld", r);
+	{
+		struct fm_xport *third = conn(addr);
+		struct fm_chan *tc = NULL;
+		uint32_t tsp;
+		CHECK(fm_xport_space_open(third, 256, &tsp) == 0, "third space_open");
+		CHECK(fm_chan_open(third, &tc) == 0, "third chan_open");
+		if (tc) {
+			CHECK(write_all(tc, tsp, 256, 4, 16, buf) == 0, "third write");
+			r = verify_all(tc, tsp, 256, 4, 8, buf);
+			CHECK(r == 0, "third verify: %ld", r);
+			fm_chan_close(tc);
+		}
+		fm_xport_space_close(third, tsp);
+		fm_xport_close(third);
+		printf("rdma_peer: memd serves a third client after all of the above\n");
+	}
 	fm_chan_close(gc);
 	fm_xport_space_close(good, gsp);
 	fm_xport_close(good);

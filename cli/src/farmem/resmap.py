@@ -46,7 +46,7 @@ STAT_FIELDS = (
     "local_limit_pages", "registered_pages", "memd_full", "crc_errors", "transport_errors",
     "evict_batches", "evict_syscalls", "direct_evictions",
 )
-# Carved out of reserved[16] (uffd/resmap.h): several memd servers (memd/client_multi.c).
+# After lat_hist (uffd/resmap.h): several memd servers (memd/client_multi.c).
 MULTI_FIELDS = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
@@ -58,13 +58,17 @@ SWAPVA_FIELDS = (
 )
 # Carved out of the rest: shared-memory regions (uffd/shmem.c).
 SHMEM_FIELDS = ("minor_faults",)
+# Then the fault path split of remote demand faults (issue 5; bench/progs/faultlat.c --split).
+SPLIT_FIELDS = ("split_faults", "split_handler_ns", "split_transport_ns", "split_copy_ns")
+# The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
+TAIL_FIELDS = MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS
 
 
 class PagerStats(ctypes.Structure):
     _fields_ = [(name, u64) for name in STAT_FIELDS] + [
         ("lat_hist", u64 * LAT_BUCKETS),
-    ] + [(name, u64) for name in MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS] + [
-        ("reserved", u64 * (16 - len(MULTI_FIELDS) - len(SWAPVA_FIELDS) - len(SHMEM_FIELDS))),
+    ] + [(name, u64) for name in TAIL_FIELDS] + [
+        ("reserved", u64 * (32 - len(TAIL_FIELDS))),
     ]
 
 
@@ -188,7 +192,7 @@ SUMMED = (
     "evict_batches", "evict_syscalls", "direct_evictions",
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
-) + SWAPVA_FIELDS + SHMEM_FIELDS
+) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS
 # Page gauges, reported in bytes.
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",
