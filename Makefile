@@ -113,7 +113,7 @@ $(B)/java/thirdparty/.ok: tests/java/thirdparty/pom.xml
 	mvn -q -B -f $< dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(dir $@) -Dmdep.stripVersion=true
 	@touch $@
 
-$(B)/tests/%: tests/progs/%.c | $(B)/.deps-ok
+$(B)/tests/%: tests/progs/%.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -lpthread
 
