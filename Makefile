@@ -126,9 +126,9 @@ $(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h | $(B)/.
 	$(CC) $(CFLAGS) -o $@ $< -lpthread
 
 # Unit tests link every library source built with the sanitizers.
-$(B)/unit/%: tests/unit/%.c $(patsubst %.c,$(B)/asan/%.o,$(LIB_SRCS) $(filter-out memd/memd.c,$(MEMD_SRCS)))
+$(B)/unit/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(patsubst %.c,$(B)/asan/%.o,$(LIB_SRCS) $(filter-out memd/memd.c,$(MEMD_SRCS)))
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) $(WARN) $(SANFLAGS) -pthread -Imemd -Iuffd -o $@ $^ $(LDLIBS)
+	$(CC) $(CSTD) $(WARN) $(SANFLAGS) -pthread -Imemd -Iuffd -o $@ $(filter-out %.h,$^) $(LDLIBS)
 
 # --- eBPF: farmem-trace (libbpf CO-RE; vmlinux.h is generated from this kernel's BTF) ------
 

@@ -20,6 +20,7 @@
 #include "pager.h"
 #include "resmap.h"
 #include "transport.h"
+#include "unit_memd.h"
 
 #define PG 4096ul
 #define REGION (48ul << 20)
@@ -50,33 +51,6 @@ static int page_ok(const uint8_t *base, uint64_t p, uint32_t v)
 		if (w[k] != (v ? word(p, v, k) : 0))
 			return 0;
 	return 1;
-}
-
-static pid_t start_memd(const char *sock)
-{
-	int pipefd[2];
-	char fdarg[16], line[8] = { 0 };
-	pid_t pid;
-
-	if (pipe(pipefd))
-		return -1;
-	pid = fork();
-	if (pid == 0) {
-		close(pipefd[0]);
-		snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
-		setenv("FARMEM_SECRET", "unit-secret", 1);
-		execl("build/bin/farmem-memd", "farmem-memd", "--unix", sock, "--capacity", "256M",
-		      "--ready-fd", fdarg, (char *)NULL);
-		_exit(127);
-	}
-	close(pipefd[1]);
-	if (read(pipefd[0], line, sizeof(line) - 1) != 6 || strcmp(line, "ready\n")) {
-		fprintf(stderr, "memd did not start (run from the repository root after make)\n");
-		close(pipefd[0]);
-		return -1;
-	}
-	close(pipefd[0]);
-	return pid;
 }
 
 static void exercise(const char *sock, const char *transport)
@@ -180,7 +154,7 @@ int main(void)
 	int st;
 
 	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-%d.sock", getpid());
-	memd = start_memd(sock);
+	memd = unit_start_memd(sock, "256M");
 	if (memd < 0)
 		return 1;
 	exercise(sock, "shm");

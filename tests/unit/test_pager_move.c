@@ -22,6 +22,7 @@
 #include "pager.h"
 #include "resmap.h"
 #include "transport.h"
+#include "unit_memd.h"
 
 #define PG 4096ul
 #define REGION (16ul << 20)
@@ -65,33 +66,6 @@ static unsigned state_of(struct fm_resmap_hdr *h, const uint8_t *a, uint64_t pag
 	const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
 	(void)a;
 	return map[page] & FM_PG_STATE_MASK;
-}
-
-static pid_t start_memd(const char *sock, const char *capacity)
-{
-	int pipefd[2];
-	char fdarg[16], line[8] = { 0 };
-	pid_t pid;
-
-	if (pipe(pipefd))
-		return -1;
-	pid = fork();
-	if (pid == 0) {
-		close(pipefd[0]);
-		snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
-		setenv("FARMEM_SECRET", "unit-secret", 1);
-		execl("build/bin/farmem-memd", "farmem-memd", "--unix", sock, "--capacity", capacity,
-		      "--ready-fd", fdarg, (char *)NULL);
-		_exit(127);
-	}
-	close(pipefd[1]);
-	if (read(pipefd[0], line, sizeof(line) - 1) != 6 || strcmp(line, "ready\n")) {
-		fprintf(stderr, "memd did not start (run from the repository root after make)\n");
-		close(pipefd[0]);
-		return -1;
-	}
-	close(pipefd[0]);
-	return pid;
 }
 
 /* Evict until page `page` is remote (the clock hand passes twice). */
@@ -259,7 +233,7 @@ int main(void)
 	int st;
 
 	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-move-%d.sock", getpid());
-	memd = start_memd(sock, "256M");
+	memd = unit_start_memd(sock, "256M");
 	if (memd < 0)
 		return 1;
 	exercise(sock, "shm", 0);
@@ -267,7 +241,7 @@ int main(void)
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	memd = start_memd(sock, FULL_CAPACITY);
+	memd = unit_start_memd(sock, FULL_CAPACITY);
 	if (memd < 0)
 		return 1;
 	exercise(sock, "shm", 1);
