@@ -831,24 +831,7 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 		}
 		if (s == FM_PG_LEAVING) {
 			/* The evictor dropped it and has not said so yet: wait for it. */
-			int queued = 0;
-			pthread_mutex_lock(&p->wait_lock);
-			if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_LEAVING) {
-				if (p->nwaiters == p->waiters_cap) {
-					size_t cap = p->waiters_cap ? p->waiters_cap * 2 : 64;
-					uintptr_t *w = realloc(p->waiters, cap * sizeof(*w));
-					if (w) {
-						p->waiters = w;
-						p->waiters_cap = cap;
-					}
-				}
-				if (p->nwaiters < p->waiters_cap) {
-					p->waiters[p->nwaiters++] = addr;
-					queued = 1;
-				}
-			}
-			pthread_mutex_unlock(&p->wait_lock);
-			if (queued)
+			if (fm_queue_waiter(p, r, i, addr))
 				break;
 			if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_LEAVING)
 				sched_yield();
