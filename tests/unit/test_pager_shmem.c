@@ -294,30 +294,28 @@ static void exercise(const char *sock, const char *transport)
 				(unsigned long long)in_file(), (unsigned long long)res);
 			CHECK(settle(h, high));
 		}
-		/*
-		 * Seen once in ~40 loaded runs, cause not found: the books at 2
-		 * resident, the file holding more. Nothing of the pager's can
-		 * take a page out of the file now (no discard, nothing over
-		 * budget), so if the count drops on its own the kernel was
-		 * behind; a page that stays is one the books lost, and fails.
-		 */
-		for (uint64_t t0 = now_ms(), t; in_file() != 2 && h->stats.resident_pages <= 2;) {
-			if ((t = now_ms() - t0) >= 5000)
-				break;
-			usleep(1000);
-			if (in_file() == 2)
-				fprintf(stderr, "the file held the 2 pages %llu ms after the discard\n",
-					(unsigned long long)t);
-		}
 	}
 	CHECK(h->regions[0].flags & FM_REGION_F_SHMEM);
 	/* The unmapped zero pages left the file; the two with data stay, adopted. */
 	CHECK(in_file() == 2);
 	CHECK(h->stats.resident_pages == 2 && h->stats.registered_pages == NPAGES);
-	if (in_file() != 2 || h->stats.resident_pages != 2)
+	/*
+	 * Still seen about once in 20 loaded runs (either transport): 3 pages
+	 * in the file, 2 resident, nothing in flight, for 5 s and more. A page
+	 * the books lost; cause not found yet. Say which.
+	 */
+	if (in_file() != 2 || h->stats.resident_pages != 2) {
+		static unsigned char vec[NPAGES];
+		const uint8_t *m = (const uint8_t *)h + h->regions[0].map_offset;
 		fprintf(stderr, "registered: %llu pages in the file, %llu resident, %llu in flight\n",
 			(unsigned long long)in_file(), (unsigned long long)h->stats.resident_pages,
 			(unsigned long long)in_flight(h));
+		if (mincore(a, REGION, vec) == 0)
+			for (uint64_t i = 0; i < NPAGES; i++)
+				if ((vec[i] & 1) || fm_pg_state(m[i]) != FM_PG_UNTOUCHED)
+					fprintf(stderr, "  page %llu: %s the page cache, state byte %#x\n",
+						(unsigned long long)i, vec[i] & 1 ? "in" : "not in", m[i]);
+	}
 	/* Pages the books do not count would spin the faults below (a wrong drop livelocks them). */
 	if (failures)
 		goto out;
