@@ -20,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fm_util.h"
@@ -89,6 +91,70 @@ static uint64_t verify(const uint8_t *a, const uint32_t *ver)
 	return bad;
 }
 
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+#define SETTLE_MS 60000 /* a bound for a stuck pager, not a wait: a loaded machine takes what it takes */
+
+/* Pages of region 0 a handler or the evictor is working on. */
+static uint64_t in_flight(const struct fm_resmap_hdr *h)
+{
+	const uint8_t *m = (const uint8_t *)h + h->regions[0].map_offset;
+	uint64_t n = 0;
+
+	for (uint64_t i = 0; i < h->regions[0].npages; i++) {
+		unsigned s = fm_pg_state(__atomic_load_n(&m[i], __ATOMIC_RELAXED));
+		n += s == FM_PG_FILLING || s == FM_PG_UPDATING || s == FM_PG_LEAVING;
+	}
+	return n;
+}
+
+static uint64_t activity(const struct fm_resmap_hdr *h)
+{
+	const struct fm_pager_stats *s = &h->stats;
+
+	return s->faults + s->minor_faults + s->remote_reads + s->zero_fills + s->evict_batches +
+	       s->prefetch_issued + s->resident_pages;
+}
+
+static uint64_t evictions(const struct fm_resmap_hdr *h)
+{
+	return h->stats.evictions_clean + h->stats.evictions_dirty;
+}
+
+/*
+ * Wait until the pager's threads have caught up with the program: no page
+ * in flight, at most `high` pages resident (above it the evictor is at
+ * work), and no counter moving for 50 ms. On a loaded machine a handler's
+ * prefetch or an eviction run can lag the program by far more than any fixed
+ * sleep. A thread descheduled for longer can still fool this, so what
+ * follows checks for that itself. Returns 0 if it did not happen in time.
+ */
+static int settle(const struct fm_resmap_hdr *h, uint64_t high)
+{
+	uint64_t deadline = now_ms() + SETTLE_MS, last = UINT64_MAX, since = 0;
+
+	while (now_ms() < deadline) {
+		uint64_t act = activity(h);
+		if (act != last || in_flight(h) || h->stats.resident_pages > high) {
+			last = act;
+			since = now_ms();
+		} else if (now_ms() - since >= 50) {
+			return 1;
+		}
+		usleep(5 * 1000);
+	}
+	fprintf(stderr, "the pager did not settle in %d s: %llu pages resident (high %llu), %llu in flight\n",
+		SETTLE_MS / 1000, (unsigned long long)h->stats.resident_pages, (unsigned long long)high,
+		(unsigned long long)in_flight(h));
+	return 0;
+}
+
 static pid_t start_memd(const char *sock)
 {
 	int pipefd[2];
@@ -100,6 +166,8 @@ static pid_t start_memd(const char *sock)
 	pid = fork();
 	if (pid == 0) {
 		close(pipefd[0]);
+		/* memd must not outlive a test the pager stopped with fm_fatal (it would hold make's output open). */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
 		setenv("FARMEM_SECRET", "unit-secret", 1);
 		execl("build/bin/farmem-memd", "farmem-memd", "--unix", sock, "--capacity", "256M",
@@ -166,7 +234,7 @@ static void exercise(const char *sock, const char *transport)
 	uint32_t *ver;
 	uint8_t *a;
 	unsigned seed = 4321;
-	uint64_t limit_pages = LOCAL / PG, n;
+	uint64_t limit_pages = LOCAL / PG, high, n;
 
 	fm_pager_cfg_defaults(&cfg);
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
@@ -181,6 +249,7 @@ static void exercise(const char *sock, const char *transport)
 		return;
 	}
 	h = fm_pager_map(p);
+	high = limit_pages * cfg.evict_high / 100;
 	a = map_heap_file();
 	ver = calloc(NPAGES, sizeof(*ver));
 	CHECK(a != MAP_FAILED && ver);
@@ -208,15 +277,48 @@ static void exercise(const char *sock, const char *transport)
 		CHECK(atomic_load(&reader_bad) == 0);
 		/*
 		 * What it touched is resident now: let it go again so the counts
-		 * below hold, once the handlers are done (a prefetch may follow a fault).
+		 * below hold, once the handlers are done. A handler's prefetch
+		 * that settle() did not see can still fill pages behind the
+		 * discard; the books count those (resident above 2), so discard
+		 * again. A page in the file the books do not count is a bug no
+		 * discard mends: the checks below fail on it at once.
 		 */
-		usleep(200 * 1000);
-		CHECK(fm_pager_discard(p, a + 2 * PG, REGION - 2 * PG) >= 0);
+		CHECK(settle(h, high));
+		for (int tries = 1;; tries++) {
+			uint64_t res;
+			CHECK(fm_pager_discard(p, a + 2 * PG, REGION - 2 * PG) >= 0);
+			res = h->stats.resident_pages;
+			if (in_file() == 2 || res <= 2 || tries == 10)
+				break;
+			fprintf(stderr, "after discard %d: %llu pages in the file, %llu resident: again\n", tries,
+				(unsigned long long)in_file(), (unsigned long long)res);
+			CHECK(settle(h, high));
+		}
 	}
 	CHECK(h->regions[0].flags & FM_REGION_F_SHMEM);
 	/* The unmapped zero pages left the file; the two with data stay, adopted. */
 	CHECK(in_file() == 2);
 	CHECK(h->stats.resident_pages == 2 && h->stats.registered_pages == NPAGES);
+	/*
+	 * Still seen about once in 20 loaded runs (either transport): 3 pages
+	 * in the file, 2 resident, nothing in flight, for 5 s and more. A page
+	 * the books lost; cause not found yet. Say which.
+	 */
+	if (in_file() != 2 || h->stats.resident_pages != 2) {
+		static unsigned char vec[NPAGES];
+		const uint8_t *m = (const uint8_t *)h + h->regions[0].map_offset;
+		fprintf(stderr, "registered: %llu pages in the file, %llu resident, %llu in flight\n",
+			(unsigned long long)in_file(), (unsigned long long)h->stats.resident_pages,
+			(unsigned long long)in_flight(h));
+		if (mincore(a, REGION, vec) == 0)
+			for (uint64_t i = 0; i < NPAGES; i++)
+				if ((vec[i] & 1) || fm_pg_state(m[i]) != FM_PG_UNTOUCHED)
+					fprintf(stderr, "  page %llu: %s the page cache, state byte %#x\n",
+						(unsigned long long)i, vec[i] & 1 ? "in" : "not in", m[i]);
+	}
+	/* Pages the books do not count would spin the faults below (a wrong drop livelocks them). */
+	if (failures)
+		goto out;
 	/* A minor fault maps the file's page again (unless the reader's faults mapped it around theirs). */
 	CHECK(page_ok(a, 1, 1));
 
@@ -239,23 +341,52 @@ static void exercise(const char *sock, const char *transport)
 	 * Unmap resident pages behind the pager's back, as reclaim does: they
 	 * stay in the file, and the next touch is a minor fault that must map the
 	 * file's (latest) bytes, dirty or clean.
+	 *
+	 * Unless the evictor runs meanwhile: it was still bringing the resident
+	 * pages down to evict_low after the writes above, or was kicked again.
+	 * Its clock then takes the pages this pass has not touched yet (their
+	 * REF bits are clear, the touched ones' are set), each comes back by a
+	 * remote read that evicts the next: a whole pass can go without a minor
+	 * fault (seen: 0 of 1900). The bytes are right either way, but only a
+	 * pass with no eviction from its start until the pager has settled
+	 * after it says how many minor faults there must be: one per page.
+	 * Such a pass is retried a few times.
 	 */
 	{
 		static unsigned char vec[NPAGES];
-		uint64_t minor = h->stats.minor_faults, found = 0;
-		CHECK(mincore(a, REGION, vec) == 0); /* in the file and uptodate */
-		for (uint64_t i = 0; i < NPAGES; i++)
-			if (vec[i] & 1) {
-				CHECK(madvise(a + i * PG, PG, MADV_DONTNEED) == 0);
-				found++;
-			}
-		for (uint64_t i = 0; i < NPAGES; i++)
-			if (vec[i] & 1) {
-				CHECK(page_ok(a, i, ver[i]));
-				if (i % 2)
-					write_page(a, i, ++ver[i]);
-			}
-		CHECK(found > 100 && h->stats.minor_faults > minor); /* some may be evicted meanwhile */
+		uint64_t minor = 0, found = 0, evicted = UINT64_MAX;
+		for (int pass = 0; pass < 5 && evicted; pass++) {
+			uint64_t m0, e0;
+			CHECK(settle(h, high));
+			m0 = h->stats.minor_faults;
+			e0 = evictions(h);
+			found = 0;
+			CHECK(mincore(a, REGION, vec) == 0); /* in the file and uptodate */
+			for (uint64_t i = 0; i < NPAGES; i++)
+				if (vec[i] & 1) {
+					CHECK(madvise(a + i * PG, PG, MADV_DONTNEED) == 0);
+					found++;
+				}
+			for (uint64_t i = 0; i < NPAGES; i++)
+				if (vec[i] & 1) {
+					CHECK(page_ok(a, i, ver[i]));
+					if (i % 2)
+						write_page(a, i, ++ver[i]);
+				}
+			CHECK(settle(h, high));
+			minor = h->stats.minor_faults - m0;
+			evicted = evictions(h) - e0;
+			if (evicted)
+				fprintf(stderr, "minor-fault pass %d: %llu pages evicted during it, %llu minor faults for "
+					"%llu pages unmapped: again\n", pass, (unsigned long long)evicted,
+					(unsigned long long)minor, (unsigned long long)found);
+		}
+		CHECK(evicted == 0);
+		CHECK(found > 100);
+		CHECK(minor == found);
+		if (minor != found)
+			fprintf(stderr, "%llu pages unmapped, %llu minor faults\n", (unsigned long long)found,
+				(unsigned long long)minor);
 	}
 
 	/* Discard as a collector does: garbage is punched out, a write afterwards must survive. */
@@ -296,18 +427,38 @@ out:
 	fm_pager_stop(p);
 }
 
+static pid_t memd_pid;
+
+static void timed_out(int sig)
+{
+	static const char msg[] = "test_pager_shmem: no end after 600 s: the pager hangs or livelocks\n";
+
+	(void)sig;
+	if (memd_pid > 0)
+		kill(memd_pid, SIGTERM);
+	if (write(2, msg, sizeof(msg) - 1) < 0)
+		_exit(2);
+	_exit(1);
+}
+
 int main(void)
 {
 	char sock[64];
 	pid_t memd;
 	int st;
 
+	/* A livelocked pager must fail `make test`, not stall it. */
+	signal(SIGALRM, timed_out);
+	alarm(600);
+
 	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-shmem-%d.sock", getpid());
 	memd = start_memd(sock);
 	if (memd < 0)
 		return 1;
+	memd_pid = memd;
 	exercise(sock, "shm");
-	exercise(sock, "stream");
+	if (!failures)
+		exercise(sock, "stream");
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
