@@ -30,6 +30,7 @@
 #include "pager.h"
 #include "resmap.h"
 #include "transport.h"
+#include "unit_memd.h"
 
 #define PG 4096ul
 #define REGION (48ul << 20)
@@ -153,35 +154,6 @@ static int settle(const struct fm_resmap_hdr *h, uint64_t high)
 		SETTLE_MS / 1000, (unsigned long long)h->stats.resident_pages, (unsigned long long)high,
 		(unsigned long long)in_flight(h));
 	return 0;
-}
-
-static pid_t start_memd(const char *sock)
-{
-	int pipefd[2];
-	char fdarg[16], line[8] = { 0 };
-	pid_t pid;
-
-	if (pipe(pipefd))
-		return -1;
-	pid = fork();
-	if (pid == 0) {
-		close(pipefd[0]);
-		/* memd must not outlive a test the pager stopped with fm_fatal (it would hold make's output open). */
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
-		setenv("FARMEM_SECRET", "unit-secret", 1);
-		execl("build/bin/farmem-memd", "farmem-memd", "--unix", sock, "--capacity", "256M",
-		      "--ready-fd", fdarg, (char *)NULL);
-		_exit(127);
-	}
-	close(pipefd[1]);
-	if (read(pipefd[0], line, sizeof(line) - 1) != 6 || strcmp(line, "ready\n")) {
-		fprintf(stderr, "memd did not start (run from the repository root after make)\n");
-		close(pipefd[0]);
-		return -1;
-	}
-	close(pipefd[0]);
-	return pid;
 }
 
 /* A heap file as HotSpot makes one for -XX:AllocateHeapAt=/dev/shm. */
@@ -452,7 +424,7 @@ int main(void)
 	alarm(600);
 
 	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-shmem-%d.sock", getpid());
-	memd = start_memd(sock);
+	memd = unit_start_memd(sock, "256M");
 	if (memd < 0)
 		return 1;
 	memd_pid = memd;
