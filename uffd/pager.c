@@ -845,20 +845,30 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 			fm_wake_range(p, addr, PG_SIZE);
 			break;
 		}
+		if (s == FM_PG_UPDATING) {
+			sched_yield(); /* another handler holds it; its state is only ours to read after */
+			continue;
+		}
 		/*
 		 * Resident by our books. Either this is a stale message (the page
 		 * was filled after the fault was queued) or the program dropped
 		 * it behind our back, which for private anonymous memory means
 		 * zeros. A zero copy tells the two apart: EEXIST for the first.
+		 * The page is held (UPDATING) across the copy: unheld, the
+		 * evictor could drop it between our look and the copy, which
+		 * would then map zeros, writable, over a page memd holds while
+		 * the books say REMOTE (a later write there is never written
+		 * back, a later read gets zeros or memd's older bytes).
 		 */
+		if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_UPDATING, b)))
+			continue;
 		{
 			int rc = uffd_copy(p, addr, p->zero, 0);
 			if (rc == -EEXIST) {
+				pg_store(&r->pg[i], b);
 				fm_wake_range(p, addr, PG_SIZE);
 			} else if (rc == 0) {
-				uint8_t nb = pg_make(FM_PG_DIRTY, FM_PGF_REF);
-				if (!pg_cas(&r->pg[i], &b, nb))
-					fm_debug("page %#lx changed under a zero refill", (unsigned long)addr);
+				pg_store(&r->pg[i], pg_make(FM_PG_DIRTY, FM_PGF_REF));
 				STAT_ADD(p, zero_fills, 1);
 			} else {
 				fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)addr, strerror(-rc));
@@ -924,25 +934,66 @@ static void handle_wp(struct fm_pager *p, uintptr_t addr, pid_t tid)
 		 * the program is freeing it. REMOTE: stale, it refaults as missing.
 		 * Unprotecting wakes the writer in every case.
 		 */
-		if (s == FM_PG_REMOTE)
+		if (s == FM_PG_REMOTE) {
 			fm_wake_range(p, addr, PG_SIZE);
-		else
+			break;
+		}
+		if (s == FM_PG_UNMANAGED) {
 			fm_wp_range(p, addr, PG_SIZE, 0);
+			break;
+		}
+		/*
+		 * The message is stale, so the page is held while it is opened:
+		 * unheld, the evictor could write-protect a DIRTY page and copy it
+		 * out between our look and the unprotect (the writer's bytes then
+		 * land after the copy and are punched or dropped with the page), or
+		 * an UNTOUCHED page could be filled write-protected and CLEAN
+		 * meanwhile (opened, it takes writes a clean eviction throws away).
+		 * A fault that meets the hold is woken after it.
+		 */
+		if (!pg_cas(&r->pg[i], &b, pg_make(s == FM_PG_DIRTY ? FM_PG_UPDATING : FM_PG_FILLING, b)))
+			continue;
+		fm_wp_range(p, addr, PG_SIZE, 0);
+		pg_store(&r->pg[i], b);
+		fm_wake_range(p, addr, PG_SIZE);
 		break;
 	}
 	rlock_un(p);
 }
 
-/* Install pages [j0, j0+n) of r from one contiguous source with a single UFFDIO_COPY. */
-static void copy_run(struct fm_pager *p, struct region *r, uint64_t j0, unsigned n, const void *src, int wp)
+/*
+ * Install pages [j0, j0+n) of r from one contiguous source with a single
+ * UFFDIO_COPY. The kernel stops at the first page that is there already
+ * (EEXIST for the first, a short copy and EAGAIN for a later one): the rest
+ * go one by one. Sets bit k of *there for each page k that was there: its
+ * bytes are not ours, so the caller must not book it as the copy we made.
+ */
+static void copy_run(struct fm_pager *p, struct region *r, uint64_t j0, unsigned n, const void *src, int wp,
+		     uint64_t *there)
 {
 	struct uffdio_copy c = {
 		.dst = r->base + (j0 << PG_SHIFT), .src = (uintptr_t)src,
 		.len = (uint64_t)n << PG_SHIFT, .mode = wp ? UFFDIO_COPY_MODE_WP : 0,
 	};
-	if (ioctl(p->uffd, UFFDIO_COPY, &c) && errno != EEXIST)
+	unsigned done;
+
+	*there = 0;
+	if (ioctl(p->uffd, UFFDIO_COPY, &c) == 0)
+		return;
+	if (errno != EEXIST && errno != EAGAIN)
 		fm_fatal("UFFDIO_COPY of %u pages at %#llx failed: %s", n,
 			 (unsigned long long)c.dst, strerror(errno));
+	done = c.copy > 0 ? (unsigned)((uint64_t)c.copy >> PG_SHIFT) : 0;
+	for (unsigned k = done; k < n; k++) {
+		int rc = uffd_copy(p, c.dst + ((uint64_t)k << PG_SHIFT), (const uint8_t *)src + ((size_t)k << PG_SHIFT), wp);
+		if (rc == -EEXIST) {
+			*there |= 1ull << k;
+			fm_wake_range(p, c.dst + ((uint64_t)k << PG_SHIFT), PG_SIZE);
+		} else if (rc) {
+			fm_fatal("UFFDIO_COPY at %#llx failed: %s",
+				 (unsigned long long)(c.dst + ((uint64_t)k << PG_SHIFT)), strerror(-rc));
+		}
+	}
 }
 
 /* Pages a stream ran through without faulting were used: clear their marks, count them. */
@@ -1044,6 +1095,7 @@ static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct 
 		int is_remote = ri < nr && remote[ri] == want[k];
 		const uint8_t *from = is_remote ? src[ri] : p->zero_run;
 		unsigned n = 1;
+		uint64_t there;
 		while (k + n < nw && want[k + n] == want[k] + n &&
 		       (is_remote ? (ri + n < nr && remote[ri + n] == want[k + n] &&
 				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT))
@@ -1051,11 +1103,22 @@ static void prefetch(struct fm_pager *p, struct fm_chan *chan, int ridx, struct 
 				     !(pg_load(&r->pg[want[k + n]]) & FM_PGF_HAS_REMOTE) &&
 				     !(ri < nr && remote[ri] == want[k + n]) && n < ZERO_RUN_PAGES)))
 			n++;
-		copy_run(p, r, want[k], n, from, is_remote || !write);
+		copy_run(p, r, want[k], n, from, is_remote || !write, &there);
 		for (unsigned q = 0; q < n; q++) {
 			uint64_t j = want[k + q];
 			uint8_t b = pg_load(&r->pg[j]);
-			pg_store(&r->pg[j], is_remote
+			/*
+			 * A page that was there already holds bytes we did not put
+			 * there: booking it as our copy (CLEAN) would let a clean
+			 * eviction throw them away. It goes back as it was; its own
+			 * fault sorts it out (a shmem page in the file raises a minor
+			 * fault, which adopts or punches it).
+			 */
+			if (there & (1ull << q)) {
+				pg_store(&r->pg[j], pg_make(is_remote ? FM_PG_REMOTE : FM_PG_UNTOUCHED, b));
+				fm_resident_add(p, -1);
+			} else
+				pg_store(&r->pg[j], is_remote
 				 ? pg_make(FM_PG_CLEAN, (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | FM_PGF_REF))
 				 : pg_make(write ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
 		}

@@ -30,9 +30,9 @@
 /* The low three bits of a page byte. */
 enum fm_page_state {
 	FM_PG_UNTOUCHED = 0, /* neither local nor remote: a touch is a local zero-fill */
-	FM_PG_FILLING   = 1, /* in flight: a handler is installing it */
+	FM_PG_FILLING   = 1, /* in flight: a handler is installing it (or holds it, not resident) */
 	FM_PG_CLEAN     = 2, /* resident, write-protected, memd (or zero) has these bytes */
-	FM_PG_UPDATING  = 3, /* resident, a handler is making it writable */
+	FM_PG_UPDATING  = 3, /* resident, a handler holds it (making it writable, or a stale fault) */
 	FM_PG_DIRTY     = 4, /* resident and writable: must be written back before a drop */
 	FM_PG_LEAVING   = 5, /* resident, being evicted */
 	FM_PG_REMOTE    = 6, /* not resident: memd holds the latest bytes */

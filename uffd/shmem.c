@@ -211,7 +211,17 @@ void fm_shmem_minor(struct fm_pager *p, uintptr_t addr, int write, pid_t tid)
 			break;
 		}
 		if (s == FM_PG_REMOTE) {
+			/*
+			 * Held (FILLING) across the punch: unheld, another handler
+			 * or a prefetch could fill the page from memd between our
+			 * look and the punch, the program write it, and the punch
+			 * then throw that write away under books that say resident.
+			 * Missing faults that meet the hold are woken after it.
+			 */
+			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
+				continue;
 			fm_shmem_drop(r, addr, PG_SIZE);
+			pg_store(&r->pg[i], b);
 			fm_wake_range(p, addr, PG_SIZE);
 			break;
 		}
