@@ -20,38 +20,12 @@
 #include "pager.h"
 #include "resmap.h"
 #include "transport.h"
-#include "unit_memd.h"
+#include "unit.h"
 
 #define PG 4096ul
 #define REGION (48ul << 20)
 #define NPAGES (REGION / PG)
 
-static int failures;
-#define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); failures++; } } while (0)
-
-static uint64_t word(uint64_t page, uint32_t version, unsigned k)
-{
-	uint64_t x = (page << 20) ^ ((uint64_t)version << 48) ^ k;
-	x ^= x >> 31;
-	x *= 0x9e3779b97f4a7c15ull;
-	return x ^ (x >> 29);
-}
-
-static void write_page(uint8_t *base, uint64_t p, uint32_t v)
-{
-	uint64_t *w = (uint64_t *)(base + p * PG);
-	for (unsigned k = 0; k < PG / 8; k++)
-		w[k] = word(p, v, k);
-}
-
-static int page_ok(const uint8_t *base, uint64_t p, uint32_t v)
-{
-	const uint64_t *w = (const uint64_t *)(base + p * PG);
-	for (unsigned k = 0; k < PG / 8; k++)
-		if (w[k] != (v ? word(p, v, k) : 0))
-			return 0;
-	return 1;
-}
 
 static void exercise(const char *sock, const char *transport)
 {

@@ -22,7 +22,7 @@
 #include "pager.h"
 #include "resmap.h"
 #include "transport.h"
-#include "unit_memd.h"
+#include "unit.h"
 
 #define PG 4096ul
 #define REGION (16ul << 20)
@@ -33,8 +33,6 @@
 #define FULL_CAPACITY "2M" /* memd is full once the source's early pages and some others are out */
 #define SPARE 3650ul /* pages [SPARE, NPAGES) are written to push others out */
 
-static int failures;
-#define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); failures++; } } while (0)
 
 static uint64_t word(uint64_t tag, unsigned k)
 {

@@ -22,14 +22,12 @@
 
 #include "pager.h"
 #include "resmap.h"
-#include "unit_memd.h"
+#include "unit.h"
 
 #define PG 4096ul
 #define NPAGES 4096ul
 #define REGION (NPAGES * PG)
 
-static int failures;
-#define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); failures++; } } while (0)
 
 static struct fm_resmap_hdr *h;
 static uint8_t *a;

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * What the pager's unit tests share: CHECK, the page pattern of the tests
+ * that version pages, and a private farmem-memd on a Unix socket with the
+ * unit secret. The memd dies with the test (PR_SET_PDEATHSIG): a test that
+ * fails or is killed must not leave a memd behind holding its output pipe.
+ */
+#ifndef FARMEM_UNIT_H
+#define FARMEM_UNIT_H
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); failures++; } } while (0)
+
+/* Word k of version v of page p (version 0: a zero page). */
+static inline uint64_t page_word(uint64_t p, uint32_t v, unsigned k)
+{
+	uint64_t x = (p << 20) ^ ((uint64_t)v << 48) ^ k;
+
+	x ^= x >> 31;
+	x *= 0x9e3779b97f4a7c15ull;
+	return x ^ (x >> 29);
+}
+
+static inline void write_page(uint8_t *base, uint64_t p, uint32_t v)
+{
+	uint64_t *w = (uint64_t *)(base + p * 4096);
+
+	for (unsigned k = 0; k < 4096 / 8; k++)
+		w[k] = page_word(p, v, k);
+}
+
+static inline int page_ok(const uint8_t *base, uint64_t p, uint32_t v)
+{
+	const uint64_t *w = (const uint64_t *)(base + p * 4096);
+
+	for (unsigned k = 0; k < 4096 / 8; k++)
+		if (w[k] != (v ? page_word(p, v, k) : 0))
+			return 0;
+	return 1;
+}
+
+/* The memd's pid once it said "ready", or -1. Run from the repository root after make. */
+static pid_t unit_start_memd(const char *sock, const char *capacity)
+{
+	int pipefd[2];
+	char fdarg[16], line[8] = { 0 };
+	pid_t parent = getpid(), pid;
+
+	if (pipe(pipefd))
+		return -1;
+	pid = fork();
+	if (pid == 0) {
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent)
+			_exit(126);  /* the test is already gone */
+		close(pipefd[0]);
+		snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
+		setenv("FARMEM_SECRET", "unit-secret", 1);
+		execl("build/bin/farmem-memd", "farmem-memd", "--unix", sock, "--capacity", capacity,
+		      "--ready-fd", fdarg, (char *)NULL);
+		_exit(127);
+	}
+	close(pipefd[1]);
+	if (pid < 0 || read(pipefd[0], line, sizeof(line) - 1) != 6 || strcmp(line, "ready\n")) {
+		fprintf(stderr, "memd did not start (run from the repository root after make)\n");
+		close(pipefd[0]);
+		return -1;
+	}
+	close(pipefd[0]);
+	return pid;
+}
+
+#endif /* FARMEM_UNIT_H */
