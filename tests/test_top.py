@@ -49,7 +49,9 @@ def test_once_json_lists_the_workload(workload, farmem_cmd):
     assert row["comm"] == "pagetest" and row["mode"] == "uffd"
     assert row["uffd_fs"] > 0 and row["min_fs"] > 0 and row["local_mb"] > 0 and row["remote_mb"] > 0
     assert row["p99_us"] >= row["p50_us"] > 0
-    assert row["threads"] and row["threads"][0]["tid"] == workload
+    # The workload's thread is listed with the most faults (the first row is the busiest of the
+    # last interval, which can be the evictor's minor faults on a loaded machine).
+    assert row["threads"] and max(row["threads"], key=lambda t: t["faults"])["tid"] == workload
 
 
 def test_tmux_screen(workload, farmem_cmd):
