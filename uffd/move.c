@@ -146,6 +146,27 @@ static void move_run(struct fm_pager *p, uintptr_t dst, uintptr_t src, uint64_t 
 }
 
 /*
+ * Read m remote pages of a moved range over the misc channel and return with
+ * misc_lock held (data points into the channel until it is dropped). A page
+ * memd cannot give back is fatal: the caller was about to drop its source.
+ */
+static void read_locked(struct fm_pager *p, uint32_t space, const uint64_t *idx, unsigned m,
+			const void **data)
+{
+	int rc;
+
+	pthread_mutex_lock(&p->misc_lock);
+	rc = fm_chan_read(p->misc_chan, space, idx, m, data);
+	if (rc) {
+		pthread_mutex_unlock(&p->misc_lock);
+		STAT_ADD(p, transport_errors, 1);
+		fm_fatal("a page moved by the collector is in memd but cannot be read back (%s)", strerror(-rc));
+	}
+	STAT_ADD(p, remote_reads, m);
+	STAT_ADD(p, remote_read_bytes, (uint64_t)m * PG_SIZE);
+}
+
+/*
  * Remote source pages idx[0..n) of rs stay remote: memd's copies are read
  * and written to the destination's slots (rd, from di0), through a bounce
  * buffer because a read's pointers live only until the channel's next call.
@@ -167,13 +188,7 @@ static unsigned relink(struct fm_pager *p, struct region *rs, const uint64_t *id
 	for (unsigned k = 0; k < n;) {
 		unsigned m = n - k < FM_MAX_BATCH ? n - k : FM_MAX_BATCH;
 		int rc;
-		pthread_mutex_lock(&p->misc_lock);
-		rc = fm_chan_read(p->misc_chan, rs->space, idx + k, m, data);
-		if (rc) {
-			pthread_mutex_unlock(&p->misc_lock);
-			STAT_ADD(p, transport_errors, 1);
-			fm_fatal("a page moved by the collector is in memd but cannot be read back (%s)", strerror(-rc));
-		}
+		read_locked(p, rs->space, idx + k, m, data);
 		for (unsigned j = 0; j < m; j++) {
 			memcpy(p->bounce + ((size_t)j << PG_SHIFT), data[j], PG_SIZE);
 			from[j] = p->bounce + ((size_t)j << PG_SHIFT);
@@ -188,8 +203,6 @@ static unsigned relink(struct fm_pager *p, struct region *rs, const uint64_t *id
 				kept[k + j] = 1;
 				done++;
 			}
-		STAT_ADD(p, remote_reads, m);
-		STAT_ADD(p, remote_read_bytes, (uint64_t)m * PG_SIZE);
 		k += m;
 	}
 	STAT_ADD(p, remote_writes, done);
@@ -206,14 +219,7 @@ static void fetch_to(struct fm_pager *p, struct region *rs, const uint64_t *idx,
 
 	for (unsigned k = 0; k < n;) {
 		unsigned m = n - k < FM_MAX_BATCH ? n - k : FM_MAX_BATCH;
-		int rc;
-		pthread_mutex_lock(&p->misc_lock);
-		rc = fm_chan_read(p->misc_chan, rs->space, idx + k, m, data);
-		if (rc) {
-			pthread_mutex_unlock(&p->misc_lock);
-			STAT_ADD(p, transport_errors, 1);
-			fm_fatal("a page moved by the collector is in memd but cannot be read back (%s)", strerror(-rc));
-		}
+		read_locked(p, rs->space, idx + k, m, data);
 		for (unsigned j = 0; j < m; j++) {
 			uintptr_t d = dst0 + ((idx[k + j] - si0) << PG_SHIFT);
 			struct uffdio_copy c = { .dst = d, .src = (uintptr_t)data[j], .len = PG_SIZE };
@@ -227,8 +233,6 @@ static void fetch_to(struct fm_pager *p, struct region *rs, const uint64_t *idx,
 				fm_fatal("UFFDIO_COPY for a page move at %#lx failed: %s", (unsigned long)d, strerror(errno));
 		}
 		pthread_mutex_unlock(&p->misc_lock);
-		STAT_ADD(p, remote_reads, m);
-		STAT_ADD(p, remote_read_bytes, (uint64_t)m * PG_SIZE);
 		STAT_ADD(p, swapva_pages_fetched, m);
 		k += m;
 	}
