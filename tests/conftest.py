@@ -3,10 +3,13 @@
 ./farmem, and a way to build one make target. Keep it small."""
 
 import importlib.util
+import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,51 @@ def private_tmp():
     d = tempfile.mkdtemp(prefix="fmjvm-", dir="/tmp")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+def _descendant_named(root: int, comm: str):
+    """A process named comm that descends from root (root itself included), or None."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        parent[int(d)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    for pid in parent:
+        p = pid
+        while p > 1 and p != root:
+            p = parent.get(p, 0)
+        if p != root:
+            continue
+        try:
+            if open(f"/proc/{pid}/comm").read().strip() == comm:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+@pytest.fixture(scope="session")
+def wait_paging(farmem_cmd):
+    """wait_paging(proc, comm, seconds=60) -> pid: wait until the process named comm under proc
+    (proc itself, or farmem run's child) exists and has evicted pages, and proc still runs. A fixed
+    sleep before breaking something is too short on a loaded machine and longer than a small run
+    on an idle one."""
+    def wait(proc, comm, seconds=60.0, evicted=True):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and proc.poll() is None:
+            pid = _descendant_named(proc.pid, comm)
+            if pid is not None:
+                if not evicted:
+                    return pid
+                r = subprocess.run([*farmem_cmd, "stat", str(pid), "--json"], capture_output=True, text=True)
+                if r.returncode == 0 and json.loads(r.stdout).get("evictions", 0) > 0:
+                    assert proc.poll() is None, f"{comm} ended before the test could act"
+                    return pid
+            time.sleep(0.05)
+        assert proc.poll() is None, f"{comm} ended before the test could act"
+        pytest.fail(f"{comm} did not {'start evicting' if evicted else 'start'} within {seconds} s")
+    return wait

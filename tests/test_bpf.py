@@ -99,14 +99,13 @@ def test_trace_counts_faults_of_a_pid(trace_bin):
     assert {t["tid"] for t in proc["threads"]} >= {w.pid}
 
 
-def test_uffd_waits_under_the_pager(trace_bin, built, farmem_cmd):
+def test_uffd_waits_under_the_pager(trace_bin, built, farmem_cmd, wait_paging):
     built("build/tests/pagetest")
     run = subprocess.Popen(farmem_cmd + ["run", "--local", "25%", "--", "build/tests/pagetest",
                                          "--size", "128M", "--rounds", "400"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(1.5)
-        child = int(subprocess.check_output(["pgrep", "-f", "^build/tests/pagetest"], text=True).split()[0])
+        child = wait_paging(run, "pagetest")
         r = subprocess.run([str(trace_bin), "-p", str(child), "-i", "0", "-d", "2"],
                            capture_output=True, text=True, timeout=30)
     finally:
@@ -120,7 +119,7 @@ def test_uffd_waits_under_the_pager(trace_bin, built, farmem_cmd):
     assert proc["uffd_wait_ns"] > 0 and proc["maj"] < proc["min"]
 
 
-def test_system_wide_traces_the_farmem_processes_cheaply(trace_bin, built, farmem_cmd):
+def test_system_wide_traces_the_farmem_processes_cheaply(trace_bin, built, farmem_cmd, wait_paging):
     """No -p (as `farmem top`): only farmem processes, uffd waits without stack walks, major/minor
     from /proc, latency of the faults that block."""
     built("build/tests/pagetest")
@@ -129,8 +128,7 @@ def test_system_wide_traces_the_farmem_processes_cheaply(trace_bin, built, farme
                                          "--size", "128M", "--rounds", "400"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(1.5)
-        child = int(subprocess.check_output(["pgrep", "-f", "^build/tests/pagetest"], text=True).split()[0])
+        child = wait_paging(run, "pagetest")
         r = subprocess.run([str(trace_bin), "-i", "1000", "-d", "3"], capture_output=True, text=True,
                            timeout=30)
     finally:

@@ -185,26 +185,6 @@ def wait_evicting(summary_dir, proc, seconds):
     assert proc.poll() is None, "the workload ended before the failure was injected"
 
 
-def wait_paging(farmem_cmd, proc, seconds):
-    """Wait until the workload (pagetest, in farmem's session) has evicted pages: a fixed wait is
-    too short on a loaded machine and longer than a small run on an idle one."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and proc.poll() is None:
-        for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
-            try:
-                if os.getsid(pid) != proc.pid or open(f"/proc/{pid}/comm").read().strip() != "pagetest":
-                    continue
-            except OSError:
-                continue
-            r = subprocess.run([*farmem_cmd, "stat", str(pid), "--json"], capture_output=True, text=True)
-            if r.returncode == 0 and json.loads(r.stdout).get("evictions", 0) > 0:
-                assert proc.poll() is None, "the workload ended before the failure was injected"
-                return
-        time.sleep(0.05)
-    assert proc.poll() is None, "the workload ended before the failure was injected"
-    pytest.fail(f"the workload did not start evicting within {seconds} s")
-
-
 def stats(summary):
     return json.loads(summary.read_text())
 
@@ -258,7 +238,7 @@ def test_partition_link_down_fails_over(hosts, farmem_cmd, build):
     assert f"memd at {hs[2].memd}" in err
 
 
-def test_slow_server_times_out_and_fails_over(hosts, farmem_cmd, build):
+def test_slow_server_times_out_and_fails_over(hosts, farmem_cmd, build, wait_paging):
     if not shutil.which("tc"):
         pytest.skip("needs tc (iproute2)")
     hs = hosts(3)
@@ -267,7 +247,7 @@ def test_slow_server_times_out_and_fails_over(hosts, farmem_cmd, build):
     # loaded CI machine took over 300 s for the full-size run (it takes ~70 s alone).
     p = farmem_run(farmem_cmd, build, hs, hosts.secret_file, summary, replicas=2,
                    extra=("--memd-timeout", "200"), size=("--size", "96M", "--threads", "4", "--rounds", "1"))
-    wait_paging(farmem_cmd, p, 60.0)
+    wait_paging(p, "pagetest")
     tc = ["ip", "netns", "exec", hs[0].ns, "tc", "qdisc", "add", "dev", hs[0].veth_ns, "root"]
     r = sh(*tc, "netem", "delay", "600ms", check=False)
     if r.returncode != 0:

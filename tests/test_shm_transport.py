@@ -83,15 +83,14 @@ def test_numa_node_that_does_not_exist_is_refused(build, tmp_path):
     assert r.returncode == 2 and "no NUMA node 1023" in r.stderr
 
 
-def test_memd_death_while_mapped(build, tmp_path, pagetest):
+def test_memd_death_while_mapped(build, tmp_path, pagetest, wait_paging):
     """memd dies mid-run. The pager notices (its control socket hangs up), stops evicting, and
     keeps reading back only pages it finished writing, each checked against its crc."""
     memd, addr, secret = start_memd(build, tmp_path)
     prog = subprocess.Popen([str(pagetest), "--size", "160M", "--rounds", "4"],
                             env=paged_env(build, addr, secret, local="24M"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
-    assert prog.poll() is None
+    wait_paging(prog, "pagetest")
     memd.send_signal(signal.SIGKILL)
     memd.wait()
     out, err = prog.communicate(timeout=180)

@@ -77,13 +77,19 @@ def test_tmux_screen(workload, farmem_cmd):
         assert row, f"no row with UFFD/s > 0 for pid {workload}:\n{text}"
         assert "farmem top" in text and "PID" in text and "UFFD/s" in text
         # '>' moves the sort to the next column (MAJ/s), Enter opens the per-thread view
+        def shows(*what, seconds=20.0):  # a redraw takes up to an interval, longer under load
+            text = ""
+            for _ in range(int(seconds / 0.25)):
+                text = screen()
+                if all(w in text for w in what):
+                    return
+                time.sleep(0.25)
+            pytest.fail(f"farmem top never showed {what}:\n{text}")
+
         subprocess.run([tmux, "send-keys", "-t", session, ">"], check=True)
-        time.sleep(0.6)
-        assert "MAJ/sv" in screen()
+        shows("MAJ/sv")
         subprocess.run([tmux, "send-keys", "-t", session, "Enter"], check=True)
-        time.sleep(1.2)
-        text = screen()
-        assert "threads of pid" in text and "FAULTS/s" in text, text
+        shows("threads of pid", "FAULTS/s")
         subprocess.run([tmux, "send-keys", "-t", session, "q"], check=True)
         for _ in range(40):
             time.sleep(0.25)
