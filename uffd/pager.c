@@ -802,6 +802,18 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 			 */
 			t_copy = fm_now_ns();
 			rc = uffd_copy(p, addr, src, !write);
+			if (rc == -EAGAIN) {
+				/*
+				 * An unmap or remap of a registered range is under way
+				 * (behind the shim's back). Nothing was installed: the page
+				 * goes back as it was, and its thread faults again once the
+				 * event has been read, into whatever is mapped there then.
+				 */
+				pg_store(&r->pg[i], b);
+				fm_resident_add(p, -1);
+				fm_wake_range(p, addr, PG_SIZE);
+				break;
+			}
 			if (rc && rc != -EEXIST)
 				fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)addr, strerror(-rc));
 			if (s == FM_PG_REMOTE) {
@@ -864,7 +876,7 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 			continue;
 		{
 			int rc = uffd_copy(p, addr, p->zero, 0);
-			if (rc == -EEXIST) {
+			if (rc == -EEXIST || rc == -EAGAIN) { /* EAGAIN: see above */
 				pg_store(&r->pg[i], b);
 				fm_wake_range(p, addr, PG_SIZE);
 			} else if (rc == 0) {
@@ -986,7 +998,8 @@ static void copy_run(struct fm_pager *p, struct region *r, uint64_t j0, unsigned
 	done = c.copy > 0 ? (unsigned)((uint64_t)c.copy >> PG_SHIFT) : 0;
 	for (unsigned k = done; k < n; k++) {
 		int rc = uffd_copy(p, c.dst + ((uint64_t)k << PG_SHIFT), (const uint8_t *)src + ((size_t)k << PG_SHIFT), wp);
-		if (rc == -EEXIST) {
+		/* EAGAIN: an unmap of a registered range is under way; the page is not ours either. */
+		if (rc == -EEXIST || rc == -EAGAIN) {
 			*there |= 1ull << k;
 			fm_wake_range(p, c.dst + ((uint64_t)k << PG_SHIFT), PG_SIZE);
 		} else if (rc) {
@@ -1385,7 +1398,10 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len)
 			pthread_mutex_lock(&p->misc_lock);
 			{
 				const void *src = fetch_one(p, p->misc_chan, r, i);
-				int rc = uffd_copy(p, pa, src, 0);
+				int rc;
+				/* EAGAIN: an event is pending; a handler thread reads it. */
+				while ((rc = uffd_copy(p, pa, src, 0)) == -EAGAIN)
+					sched_yield();
 				if (rc && rc != -EEXIST)
 					fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)pa, strerror(-rc));
 			}

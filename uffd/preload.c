@@ -134,7 +134,19 @@ static void maybe_register(void *p, size_t len)
 
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
-	void *p = sys_mmap(addr, len, prot, flags, fd, off);
+	void *p;
+
+	/*
+	 * MAP_FIXED over paged memory replaces it, like munmap then mmap: the
+	 * pager lets go of the range first. Otherwise the evictor may drop pages
+	 * of the new mapping it picked in the old one (allocators decommit and
+	 * recommit this way). A failed MAP_FIXED leaves the old contents
+	 * undefined anyway.
+	 */
+	if ((flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE) && pager && atomic_load(&state) == 2 &&
+	    !in_farmem && fm_pager_owns(pager, addr, len))
+		fm_pager_unregister(pager, addr, len);
+	p = sys_mmap(addr, len, prot, flags, fd, off);
 
 	if ((long)p < 0 && (long)p > -4096) {
 		errno = (int)-(long)p;

@@ -141,7 +141,9 @@ uint64_t fm_shmem_adopt(struct fm_pager *p, struct region *r)
  * UFFDIO_CONTINUE of one page. A stale message only wakes: EEXIST, the page
  * is mapped already; EFAULT, it is no longer in the file (registration
  * punched it out while the fault waited), so the retried access faults as
- * missing. Returns 0 if the page was mapped, -EFAULT for the second case.
+ * missing. EAGAIN, an unmap of a registered range is under way: nothing was
+ * mapped, the page stays as it was and its thread faults again. Returns 0 if
+ * the page was mapped (or was there), -EFAULT when it was not.
  */
 static int cont(struct fm_pager *p, uintptr_t addr, int wp)
 {
@@ -155,10 +157,10 @@ static int cont(struct fm_pager *p, uintptr_t addr, int wp)
 	if (ioctl(p->uffd, UFFDIO_CONTINUE, &c) == 0)
 		return 0;
 	e = errno;
-	if (e != EEXIST && e != EFAULT)
+	if (e != EEXIST && e != EFAULT && e != EAGAIN)
 		fm_fatal("UFFDIO_CONTINUE at %#lx failed: %s", (unsigned long)addr, strerror(e));
 	fm_wake_range(p, addr, PG_SIZE);
-	return e == EFAULT ? -EFAULT : 0;
+	return e == EEXIST ? 0 : -EFAULT;
 }
 
 /*

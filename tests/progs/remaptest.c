@@ -8,6 +8,8 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +57,60 @@ static void churn(uint8_t *other, size_t pages)
 {
 	for (size_t p = 0; p < pages; p++)
 		other[p * PG] ^= 1;
+}
+
+struct churner {
+	uint8_t *other;
+	size_t pages;
+	atomic_int stop;
+};
+
+static void *churn_until_stopped(void *arg)
+{
+	struct churner *c = arg;
+
+	while (!atomic_load(&c->stop))
+		churn(c->other, c->pages);
+	return NULL;
+}
+
+/*
+ * 5. A new mapping made with MAP_FIXED right over paged memory (an allocator
+ * decommitting and recommitting, without munmap) while another thread keeps the
+ * evictor busy: the evictor must never drop the new mapping's pages, which it
+ * once could when it had picked the old mapping's pages just before.
+ */
+static int fixed_over_paged(uint8_t *other, size_t pages)
+{
+	const size_t chunk = 2048; /* 8 MiB: below the shim's threshold, so left unpaged */
+	size_t size = pages * PG;
+	struct churner c = { .other = other, .pages = pages };
+	uint8_t *a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	pthread_t t;
+	int bad = 0;
+
+	if (a == MAP_FAILED || chunk > pages)
+		return 1;
+	fill(a, pages, 5);
+	if (pthread_create(&t, NULL, churn_until_stopped, &c))
+		return 1;
+	for (unsigned round = 0; round < 64 && !bad; round++) {
+		size_t first = (round * 7919ul * chunk / 3) % (pages - chunk + 1);
+		if (mmap(a + first * PG, chunk * PG, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+			perror("mmap fixed over paged memory");
+			bad = 1;
+			break;
+		}
+		fill(a + first * PG, chunk, 100 + round);
+		bad = check("fixed mapping over paged memory", a + first * PG, 0, chunk, 100 + round, 0);
+		/* back to a range of the paged kind for the next round's neighbours */
+		fill(a + first * PG, chunk, 5);
+	}
+	atomic_store(&c.stop, 1);
+	pthread_join(t, NULL);
+	munmap(a, size);
+	return bad;
 }
 
 int main(int argc, char **argv)
@@ -151,6 +207,8 @@ int main(int argc, char **argv)
 			return 1;
 		free(m);
 	}
+	if (fixed_over_paged(other, pages))
+		return 1;
 	printf("remaptest: ok (%zu MiB)\n", size >> 20);
 	return 0;
 }
