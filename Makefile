@@ -90,14 +90,14 @@ $(B)/lib/libfarmem_pager.a: $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRCS))
 
 $(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/lib/libfarmem_pager.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,--version-script=uffd/preload.map -o $@ $< \
+	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=uffd/preload.map -o $@ $< \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
 $(B)/obj/jvmti-agent/%.o: CFLAGS += -isystem $(JAVA_HOME)/include -isystem $(JAVA_HOME)/include/linux -Ijvmti-agent -Ikmod-swapva
 
 $(B)/lib/libfarmem_agent.so: $(patsubst %.c,$(B)/obj/%.o,$(AGENT_SRCS)) $(B)/lib/libfarmem_pager.a jvmti-agent/agent.map
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,--version-script=jvmti-agent/agent.map -o $@ $(filter %.o,$^) \
+	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=jvmti-agent/agent.map -o $@ $(filter %.o,$^) \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
 $(patsubst %.c,$(B)/obj/%.o,$(AGENT_SRCS)): $(wildcard jvmti-agent/*.h)

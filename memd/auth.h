@@ -7,6 +7,9 @@
 #include <stdint.h>
 #include "protocol.h"
 
+/* Load HMAC-SHA256 (libcrypto, opened on first use): 0, or -1 with why in err. */
+int fm_auth_init(char *err, size_t errlen);
+
 /* HMAC-SHA256(secret, "farmem-client-v1" || server_nonce || client_nonce) */
 void fm_auth_client_mac(const void *secret, size_t secret_len,
 			const uint8_t server_nonce[FM_NONCE_LEN],

@@ -312,6 +312,8 @@ int fm_conn_open(struct fm_conn *c, const struct fm_xport_cfg *cfg, char *err, s
 
 	memset(c, 0, sizeof(*c));
 	c->fd = -1;
+	if (fm_auth_init(err, errlen))
+		return -ELIBACC;
 	if (strncmp(a, "unix:", 5) == 0) {
 		c->is_unix = 1;
 		rc = connect_unix(a + 5, &c->fd);

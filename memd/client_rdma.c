@@ -28,10 +28,100 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
+
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
 #include "fm_util.h"
+
+/*
+ * libibverbs and librdmacm (and the netlink libraries under them) are opened
+ * when an rdma:// address is first used, not linked: the preload shim goes
+ * into every process `farmem run` starts, and loading them cost each exec
+ * about half a millisecond. The calls below go through this table; the
+ * verbs that are inline in the headers (post, poll, notify) call through the
+ * device's own ops and need no symbol.
+ */
+#define FM_RDMA_CALLS(X)                                                          \
+	X(ibverbs, ibv_alloc_pd) X(ibverbs, ibv_dealloc_pd) X(ibverbs, ibv_reg_mr)      \
+	X(ibverbs, ibv_dereg_mr) X(ibverbs, ibv_query_device)                        \
+	X(ibverbs, ibv_create_comp_channel) X(ibverbs, ibv_destroy_comp_channel)     \
+	X(ibverbs, ibv_create_cq) X(ibverbs, ibv_destroy_cq)                         \
+	X(ibverbs, ibv_get_cq_event) X(ibverbs, ibv_ack_cq_events)                   \
+	X(ibverbs, ibv_wc_status_str)                                                \
+	X(rdmacm, rdma_create_event_channel) X(rdmacm, rdma_destroy_event_channel)   \
+	X(rdmacm, rdma_create_id) X(rdmacm, rdma_destroy_id)                         \
+	X(rdmacm, rdma_resolve_addr) X(rdmacm, rdma_resolve_route)                   \
+	X(rdmacm, rdma_create_qp) X(rdmacm, rdma_destroy_qp) X(rdmacm, rdma_connect) \
+	X(rdmacm, rdma_disconnect) X(rdmacm, rdma_get_cm_event)                      \
+	X(rdmacm, rdma_ack_cm_event) X(rdmacm, rdma_event_str)
+
+#undef ibv_reg_mr /* a header macro choosing between two entry points: ours takes plain flags */
+#define FM_RDMA_PTR(lib, name) __typeof__(name) *name;
+static struct {
+	FM_RDMA_CALLS(FM_RDMA_PTR)
+	char err[256];
+} verbs;
+#undef FM_RDMA_PTR
+static pthread_once_t verbs_once = PTHREAD_ONCE_INIT;
+
+static void verbs_open(void)
+{
+	void *ibverbs = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_GLOBAL);
+	void *rdmacm = ibverbs ? dlopen("librdmacm.so.1", RTLD_NOW | RTLD_GLOBAL) : NULL;
+	const char *missing = NULL;
+
+	if (!ibverbs || !rdmacm) {
+		snprintf(verbs.err, sizeof(verbs.err), "cannot load the RDMA libraries (Debian: "
+			 "libibverbs1 librdmacm1): %s", dlerror());
+		return;
+	}
+#define FM_RDMA_SYM(lib, name)                                                    \
+	if (!missing && !(verbs.name = (__typeof__(name) *)dlsym(lib, #name)))      \
+		missing = #name;
+	FM_RDMA_CALLS(FM_RDMA_SYM)
+#undef FM_RDMA_SYM
+	if (missing)
+		snprintf(verbs.err, sizeof(verbs.err), "the RDMA libraries lack %s", missing);
+}
+
+static int verbs_load(char *err, size_t errlen)
+{
+	pthread_once(&verbs_once, verbs_open);
+	if (!verbs.err[0])
+		return 0;
+	fm_errmsg(err, errlen, "%s", verbs.err);
+	return -ELIBACC;
+}
+
+/* From here on the names mean the table's entries (a macro does not expand inside itself). */
+#define ibv_alloc_pd verbs.ibv_alloc_pd
+#define ibv_dealloc_pd verbs.ibv_dealloc_pd
+#define ibv_reg_mr verbs.ibv_reg_mr
+#define ibv_dereg_mr verbs.ibv_dereg_mr
+#define ibv_query_device verbs.ibv_query_device
+#define ibv_create_comp_channel verbs.ibv_create_comp_channel
+#define ibv_destroy_comp_channel verbs.ibv_destroy_comp_channel
+#define ibv_create_cq verbs.ibv_create_cq
+#define ibv_destroy_cq verbs.ibv_destroy_cq
+#define ibv_get_cq_event verbs.ibv_get_cq_event
+#define ibv_ack_cq_events verbs.ibv_ack_cq_events
+#define ibv_wc_status_str verbs.ibv_wc_status_str
+#define rdma_create_event_channel verbs.rdma_create_event_channel
+#define rdma_destroy_event_channel verbs.rdma_destroy_event_channel
+#define rdma_create_id verbs.rdma_create_id
+#define rdma_destroy_id verbs.rdma_destroy_id
+#define rdma_resolve_addr verbs.rdma_resolve_addr
+#define rdma_resolve_route verbs.rdma_resolve_route
+#define rdma_create_qp verbs.rdma_create_qp
+#define rdma_destroy_qp verbs.rdma_destroy_qp
+#define rdma_connect verbs.rdma_connect
+#define rdma_disconnect verbs.rdma_disconnect
+#define rdma_get_cm_event verbs.rdma_get_cm_event
+#define rdma_ack_cm_event verbs.rdma_ack_cm_event
+#define rdma_event_str verbs.rdma_event_str
 
 #define RDMA_ZERO_META 4096u  /* metas zeroed per discard work request */
 
@@ -72,7 +162,10 @@ int fm_rdma_init(struct fm_xport *x, const char *addr, char *err, size_t errlen)
 {
 	const char *hp = addr + strlen("rdma://"), *colon = strrchr(hp, ':');
 	struct fm_rdma *r;
+	int rc = verbs_load(err, errlen);
 
+	if (rc)
+		return rc;
 	if (!colon || colon == hp || (size_t)(colon - hp) >= sizeof(r->host) ||
 	    strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(r->port)) {
 		fm_errmsg(err, errlen, "memd address '%s': want rdma://ADDR:PORT", addr);

@@ -35,6 +35,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "fm_util.h"
 #include "server.h"
 
@@ -750,6 +751,13 @@ int main(int argc, char **argv)
 		       ret == -ENODATA ? "it is empty" :
 		       ret == -EFBIG ? "it is larger than 64 KiB" : strerror(-ret));
 		return 2;
+	}
+	{
+		char why[256];
+		if (fm_auth_init(why, sizeof(why))) {
+			fm_err("%s", why);
+			return 2;
+		}
 	}
 
 	/* Signals go to the main thread's sigwait; peers that vanish must not kill us. */
