@@ -24,6 +24,8 @@ KEY=$({ echo "$DEB_VERSION"; sha256sum <"${BASH_SOURCE[0]}"
         for p in "${P[@]}"; do basename "$p"; sha256sum <"$p"; done; } | sha256sum | cut -c1-12)
 OUT=$CACHE/$UP-$KEY
 if [ "${1:-}" = --home ]; then [ -f "$OUT/.done" ] && { echo "$OUT/jdk"; exit 0; }; exit 2; fi
+# A finished key never changes: no need to wait for the lock a build of another key holds.
+if [ -f "$OUT/.done" ]; then say "cached: $OUT/jdk"; echo "$OUT/jdk"; exit 0; fi
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"; flock 9
 if [ -f "$OUT/.done" ]; then say "cached: $OUT/jdk"; echo "$OUT/jdk"; exit 0; fi
