@@ -853,4 +853,5 @@ EXPORT jint JNICALL Agent_OnAttach(JavaVM *vm, char *options, void *reserved)
 EXPORT void JNICALL Agent_OnUnload(JavaVM *vm)
 {
 	/* The JVM is exiting: the process takes the pager with it, memd sees the session close. */
+	fm_swapva_report();
 }

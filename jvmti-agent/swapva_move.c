@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,6 +20,8 @@
 static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct swapva_ctx *lib;    /* libswapva, when no pager runs; one call at a time */
 static int lib_failed;
+/* What libswapva did for the JVM, per backend: the JVM's log counts pages, not who moved them. */
+static uint64_t lib_calls, lib_bytes_by[SWAPVA_NBACKENDS];
 
 static struct swapva_ctx *lib_ctx(void)
 {
@@ -47,8 +50,14 @@ EXPORT int farmem_swapva_move(void *dst, const void *src, size_t len)
 	if (!lib_ctx()) {
 		rc = -ENOTSUP;
 	} else {
-		rc = swapva_move(lib, dst, (void *)src, len);
+		struct swapva_seg s = { (uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, len };
+		struct swapva_result res;
+
+		rc = swapva_batch(lib, SWAPVA_OP_MOVE, &s, 1, &res);
 		rc = rc ? -rc : 0;
+		lib_calls++;
+		for (int b = 0; b < SWAPVA_NBACKENDS; b++)
+			lib_bytes_by[b] += res.bytes_by[b];
 	}
 	pthread_mutex_unlock(&lib_lock);
 	return rc;
@@ -84,6 +93,18 @@ EXPORT const char *farmem_swapva_describe(void)
 	snprintf(d, sizeof(d), "libswapva %s", lib_ctx() ? swapva_describe(lib) : "unavailable");
 	pthread_mutex_unlock(&lib_lock);
 	return d;
+}
+
+void fm_swapva_report(void)
+{
+	pthread_mutex_lock(&lib_lock);
+	if (lib && lib_calls)
+		fprintf(stderr, "farmem: SwapVA via libswapva (%s): %llu calls; pages moved by kmod %llu, "
+			"uffd %llu, memmove %llu\n", swapva_describe(lib), (unsigned long long)lib_calls,
+			(unsigned long long)(lib_bytes_by[SWAPVA_BACKEND_KMOD] / PAGE),
+			(unsigned long long)(lib_bytes_by[SWAPVA_BACKEND_UFFD] / PAGE),
+			(unsigned long long)(lib_bytes_by[SWAPVA_BACKEND_MEMMOVE] / PAGE));
+	pthread_mutex_unlock(&lib_lock);
 }
 
 void fm_swapva_export(void)

@@ -23,6 +23,11 @@ struct fm_pager;
 
 /* Make the three functions visible to dlsym(RTLD_DEFAULT): the JVM loads agents RTLD_LOCAL. */
 void fm_swapva_export(void);
+/*
+ * At JVM exit, when libswapva moved pages (no pager): one stderr line with the pages each
+ * backend moved, so a run can show that the module (or UFFDIO_MOVE) did the work, not memmove.
+ */
+void fm_swapva_report(void);
 
 /* agent.c: the running pager, held against a detach until fm_agent_pager_leave. May be NULL. */
 struct fm_pager *fm_agent_pager_enter(void);

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The qemu lane (tests/vm/lane.sh, docs/vm-lane.md) as one pytest: boots Debian's 6.1
 kernel under TCG, loads kmod-swapva and runs libswapva's tests with the module, runs a
-soft-RoCE self-test, and must report every test passing. About 1-2 minutes once the
+soft-RoCE self-test, runs the farmem JDK's full GC with the module when the JDK is built,
+and must report every test passing. About 1-2 minutes once the
 kernel is cached under build/vm (a few more on a fresh machine). Selected with `-m vm`;
 also part of the default `make test`."""
 
@@ -38,3 +39,11 @@ def test_vm_lane_all_pass():
     assert not failed, detail
     assert summary and summary[-1][1] == "0" and int(summary[-1][0]) == len(passed), detail
     assert EXPECTED <= passed, f"missing: {EXPECTED - passed}\n{detail}"
+    # the farmem JDK's full GC with the module: run when the JDK is built (test_patched_jdk.py's
+    # fixture builds it earlier in `make test`), else said to be skipped
+    jdk = os.environ.get("FARMEM_JDK") or subprocess.run(
+        ["bash", os.path.join(ROOT, "hotspot", "build.sh"), "--home"], capture_output=True, text=True).stdout.strip()
+    if jdk and os.path.exists(os.path.join(jdk, "bin", "java")):
+        assert "swapvagc-verify" in passed, detail
+    else:
+        assert "INFO: SKIP swapvagc: the farmem JDK is not built" in out, detail

@@ -11,13 +11,14 @@ read -r cmdline </proc/cmdline
 want=all
 for w in $cmdline; do case $w in vmtests=*) want=${w#vmtests=} ;; esac; done
 on() { [ "$want" = all ] || [[ ",$want," == *",$1,"* ]]; }
+only() { [[ ",$want," == *",$1,"* ]]; }  # opt-in groups: not part of `all`
 read -r kver </proc/sys/kernel/osrelease
 # the initramfs root comes from a mktemp -d (mode 0700): let unprivileged test users walk it
 chmod 755 /
 echo "INFO: guest kernel $kver"
 
 # ---- kmod-swapva --------------------------------------------------------------------
-if on swapva || on bench; then
+if on swapva || on bench || on swapvagc; then
 	if insmod $W/kmod/swapva.ko && [ -c /dev/swapva ]; then ok kmod-swapva-load; else bad kmod-swapva-load; fi
 fi
 if on swapva; then
@@ -91,7 +92,65 @@ if on bench; then
 		bad swapva-bench-runs
 	fi
 fi
-if on swapva || on bench; then
+
+# ---- the farmem JDK's full GC with the module backend (issue 7; docs/patched-jdk.md) ---------
+# No pager here: the agent (onerror=continue, no memd) only provides farmem_swapva_move, which
+# goes through libswapva; SWAPVA_BACKEND=kmod makes the module its first rung. The agent's exit
+# line counts the pages each backend moved. -XX:+UseG1GC: a 2 GiB guest is not "server class".
+if on swapvagc; then
+	J=/mnt/jdk
+	if [ ! -s $W/jdk.home ]; then
+		echo "INFO: SKIP swapvagc: the farmem JDK is not built (make jdk, or FARMEM_JDK=<home>)"
+	elif ! { mkdir -p $J && mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,ro,cache=loose jdk $J; }; then
+		bad swapvagc-jdk-mount
+	else
+		echo "INFO: farmem JDK $(cat $W/jdk.home) at $J: $($J/bin/java -version 2>&1 | tail -1)"
+		# Debian's kernel has THP "always": G1's 8 MiB regions get huge PMDs, which the module
+		# refuses (docs/swapva.md) and libswapva then moves by memmove. The JVM does not ask for
+		# THP (-XX:-UseTransparentHugePages), so "madvise" gives it 4 KiB pages, both configs alike.
+		thp=/sys/kernel/mm/transparent_hugepage/enabled
+		thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp)
+		echo madvise >$thp
+		echo "INFO: THP $thp_was -> $(cat $thp) for the JVM runs"
+		# G1's verification before and after every GC, with pages moved by the module
+		t0=$SECONDS
+		SWAPVA_BACKEND=kmod timeout 600 $J/bin/java -agentpath:$W/lib/libfarmem_agent.so=onerror=continue \
+			-XX:+UseG1GC -XX:+UseFarmemSwapVA -XX:+UnlockDiagnosticVMOptions -XX:+VerifyBeforeGC \
+			-XX:+VerifyAfterGC -Xms192m -Xmx192m -XX:G1HeapRegionSize=8m \
+			-Xlog:gc,gc+farmem:file=$W/swapvagc-verify.gc -cp $W/java LargeArrays --arrays 40 \
+			--rounds 3 --min-kb 200 --max-kb 1024 >$W/swapvagc-verify.out 2>&1
+		rc=$?
+		# every page the JVM moved went through the module: the JVM's count == the module's
+		jvm=$(grep -oE 'objects moved by pages \([0-9]+ pages' $W/swapvagc-verify.gc | grep -oE '[0-9]+' |
+			awk '{s += $1} END {print s + 0}')
+		kmod=$(sed -n 's/.*pages moved by kmod \([0-9]*\),.*/\1/p' $W/swapvagc-verify.out)
+		if [ $rc = 0 ] && grep -q 'largearrays: ok' $W/swapvagc-verify.out &&
+			grep -q 'by pages (libswapva kmod' $W/swapvagc-verify.gc &&
+			! grep -qE 'copied instead: .* [1-9][0-9]* refused' $W/swapvagc-verify.gc &&
+			[ "$jvm" -gt 0 ] && [ "$kmod" = "$jvm" ]; then
+			ok swapvagc-verify
+		else
+			bad swapvagc-verify
+			tail -5 $W/swapvagc-verify.out
+		fi
+		echo "INFO: exit $rc after $((SECONDS - t0)) s; JVM moved $jvm pages, module $kmod"
+		grep -aE 'largearrays:|SwapVA via' $W/swapvagc-verify.out | sed 's/^/INFO: /'
+		grep -aE 'by pages \(|Pause Full' $W/swapvagc-verify.gc | head -4 | sed 's/^/INFO: /'
+		# the timing (opt-in, VM_TESTS=swapvagc): copying vs the module, alternating, same JVM
+		if only swapvagc; then
+			if timeout 1500 python3 $W/bench_swapva_gc.py --direct --jdk $J --agent $W/lib/libfarmem_agent.so \
+				--classes $W/java --backend kmod --heap 384m --arrays 90 --rounds 8 \
+				--repeats 2 --timeout 600; then
+				ok swapvagc-bench-runs
+			else
+				bad swapvagc-bench-runs
+			fi
+		fi
+		echo "$thp_was" >$thp
+		umount $J
+	fi
+fi
+if on swapva || on bench || on swapvagc; then
 	if rmmod swapva; then ok kmod-swapva-unload; else bad kmod-swapva-unload; fi
 	if dmesg | grep -qE 'BUG:|WARNING:|Oops|general protection|bad page'; then
 		bad kernel-log-clean

@@ -12,7 +12,8 @@
 #
 # Environment: VM_DIR (cache, default build/vm), QEMU_TIMEOUT (s, default 900: a shared, loaded machine runs the whole lane in about 10 min),
 # VM_MEM (2G), VM_SMP (2), VM_VERBOSE=1 (show the whole guest console),
-# VM_TESTS (space-separated subset of guest test groups: swapva rdma bench).
+# VM_TESTS (comma-separated subset of guest test groups: swapva rdma bench swapvagc),
+# FARMEM_JDK (the farmem JDK home for swapvagc; default `hotspot/build.sh --home`).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -74,6 +75,26 @@ gcc $CF -I"$REPO/memd" -I"$REPO/uffd" -o "$O/rdma_peer" "$REPO/tests/vm/rdma_pee
 	"$REPO"/memd/client_*.c "$REPO/memd/fm_util.c" "$REPO/memd/auth.c" \
 	-lisal -lcrypto -lnuma -libverbs -lrdmacm || log "rdma_peer build failed"
 
+# the farmem JDK (docs/patched-jdk.md) for the swapvagc group: shared read-only as the 9p tag
+# `jdk` (~/.cache is not under the guest's /usr); the agent provides farmem_swapva_move, which
+# goes through libswapva (the module) when no pager runs. Without a built JDK the guest says SKIP.
+JDK=${FARMEM_JDK:-$(bash "$REPO/hotspot/build.sh" --home 2>/dev/null || true)}
+JDK_SHARE=()
+rm -f "$O/jdk.home"
+if [ -n "$JDK" ] && [ -x "$JDK/bin/java" ] && [ -e "$JDK/lib/server/libjvm.so" ]; then
+	JDK=$(cd "$JDK" && pwd)
+	echo "$JDK" >"$O/jdk.home"
+	JDK_SHARE=(-virtfs "local,path=$JDK,mount_tag=jdk,readonly=on,security_model=none,multidevs=remap")
+	mkdir -p "$O/java" "$O/lib"
+	for f in lib/libfarmem_agent.so java/LargeArrays.class; do
+		if [ -e "$REPO/build/$f" ]; then cp "$REPO/build/$f" "$O/$f"; else log "build/$f missing: run make c"; fi
+	done
+	cp "$REPO/bench/bench_swapva_gc.py" "$O/"
+	log "farmem JDK $JDK shared as 9p tag jdk"
+else
+	log "no farmem JDK (make jdk, or FARMEM_JDK=<home>): the swapvagc tests will be skipped"
+fi
+
 # --- initramfs: static busybox + the virtio/9p modules, rebuilt when init changes ----
 if [ ! -s "$L/initrd.gz" ] || [ "$REPO/tests/vm/init" -nt "$L/initrd.gz" ]; then
 	T=$(mktemp -d)
@@ -103,7 +124,7 @@ timeout "${QEMU_TIMEOUT:-900}" qemu-system-x86_64 -accel tcg -cpu max -m "${VM_M
 	-append "console=ttyS0 quiet panic=-1 mitigations=off run=/mnt/work/out/guest.sh vmtests=${VM_TESTS:-all}" \
 	-virtfs local,path=/usr,mount_tag=usr,readonly=on,$V \
 	-virtfs local,path=/etc,mount_tag=etc,readonly=on,$V \
-	-virtfs local,path="$L",mount_tag=work,$V </dev/null >"$L/guest.log" 2>&1
+	-virtfs local,path="$L",mount_tag=work,$V "${JDK_SHARE[@]}" </dev/null >"$L/guest.log" 2>&1
 qrc=$?
 set -e
 if [ "${VM_VERBOSE:-0}" = 1 ]; then
