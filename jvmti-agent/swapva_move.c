@@ -18,10 +18,40 @@
 #define MIN_PAGES 10u /* SVAGC's threshold when the backend gives none */
 
 static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct swapva_ctx *lib;    /* libswapva, when no pager runs; one call at a time */
+static struct swapva_ctx *lib;    /* libswapva, when no pager runs: describe and break-even */
 static int lib_failed;
 /* What libswapva did for the JVM, per backend: the JVM's log counts pages, not who moved them. */
 static uint64_t lib_calls, lib_bytes_by[SWAPVA_NBACKENDS];
+/*
+ * The moves themselves go through one context per GC worker (a context
+ * serves one call at a time), so that G1's workers move pages in parallel
+ * as they copy in parallel. Closed when the worker thread ends.
+ */
+static pthread_key_t worker_key;
+static pthread_once_t worker_once = PTHREAD_ONCE_INIT;
+
+static void worker_ctx_close(void *ctx)
+{
+	swapva_close(ctx);
+}
+
+static void worker_key_make(void)
+{
+	pthread_key_create(&worker_key, worker_ctx_close);
+}
+
+static struct swapva_ctx *worker_ctx(void)
+{
+	struct swapva_ctx *c;
+
+	pthread_once(&worker_once, worker_key_make);
+	c = pthread_getspecific(worker_key);
+	if (!c && swapva_open(&c, SWAPVA_BACKEND_AUTO) == 0 && pthread_setspecific(worker_key, c)) {
+		swapva_close(c);
+		c = NULL;
+	}
+	return c;
+}
 
 static struct swapva_ctx *lib_ctx(void)
 {
@@ -38,6 +68,7 @@ static struct swapva_ctx *lib_ctx(void)
 EXPORT int farmem_swapva_move(void *dst, const void *src, size_t len)
 {
 	struct fm_pager *p = fm_agent_pager_enter();
+	struct swapva_ctx *c;
 	int rc;
 
 	if (p) {
@@ -47,19 +78,21 @@ EXPORT int farmem_swapva_move(void *dst, const void *src, size_t len)
 	}
 	fm_agent_pager_leave();
 	pthread_mutex_lock(&lib_lock);
-	if (!lib_ctx()) {
-		rc = -ENOTSUP;
-	} else {
+	c = lib_ctx() ? worker_ctx() : NULL;
+	pthread_mutex_unlock(&lib_lock);
+	if (!c)
+		return -ENOTSUP;
+	{
 		struct swapva_seg s = { (uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, len };
 		struct swapva_result res;
 
-		rc = swapva_batch(lib, SWAPVA_OP_MOVE, &s, 1, &res);
+		memset(&res, 0, sizeof(res));
+		rc = swapva_batch(c, SWAPVA_OP_MOVE, &s, 1, &res);
 		rc = rc ? -rc : 0;
-		lib_calls++;
+		__atomic_fetch_add(&lib_calls, 1, __ATOMIC_RELAXED);
 		for (int b = 0; b < SWAPVA_NBACKENDS; b++)
-			lib_bytes_by[b] += res.bytes_by[b];
+			__atomic_fetch_add(&lib_bytes_by[b], res.bytes_by[b], __ATOMIC_RELAXED);
 	}
-	pthread_mutex_unlock(&lib_lock);
 	return rc;
 }
 
