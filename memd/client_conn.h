@@ -100,6 +100,8 @@ int fm_multi_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsi
 int fm_multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
 		   const void *const *data, uint32_t *status);
 int fm_multi_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
+int fm_multi_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		  const uint64_t *dpages, unsigned n, uint32_t *status);
 
 int fm_errmsg(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

@@ -1138,6 +1138,127 @@ int fm_multi_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r
 	return 0;
 }
 
+/*
+ * COPY over several memds. A server can copy a page only if it holds the
+ * source, so each entry goes to every live holder of its source page (one
+ * request per server, all sent before any reply is read), and the
+ * destination's record becomes the set of servers that copied it: reads
+ * follow the record, not the hash. A holder that fails is dropped as in a
+ * write; fewer than R copies count as a degraded write and the background
+ * thread re-replicates. An entry no holder copied keeps the destination's
+ * old record, and the caller moves that page another way.
+ */
+int fm_multi_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		  const uint64_t *dpages, unsigned n, uint32_t *status)
+{
+	struct fm_mchan *ch = c->mchan;
+	struct fm_multi *m = ch->m;
+	struct mspace *ss = find_space(m, src), *ds = find_space(m, dst);
+	uint32_t hold[FM_MAX_BATCH], old[FM_MAX_BATCH], acked[FM_MAX_BATCH], full[FM_MAX_BATCH];
+	uint64_t ids[MAX_SLOTS];
+	unsigned ns = (unsigned)atomic_load(&m->nslots), want;
+	uint32_t live, sent = 0;
+
+	if (n == 0 || n > FM_MAX_BATCH)
+		return -EINVAL;
+	if (!ss || !ds)
+		return -ENOENT;
+	if (atomic_load(&m->broken))
+		return -EPIPE;
+	live = live_mask(m);
+	if (!live)
+		return -EPIPE;
+	for (unsigned s = 0; s < ns; s++)
+		if ((live & (1u << s)) && !(m->s[s].x->ctrl.server_flags & FM_HELLO_F_COPY))
+			return -EOPNOTSUPP;  /* one server predates COPY: the caller reads and writes */
+	/* Entries go out in parallel, so they must not depend on each other's order. */
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < n; j++)
+			if ((ss == ds && dpages[i] == spages[j] && i != j) || (j > i && dpages[i] == dpages[j]))
+				return -EINVAL;
+	for (unsigned i = 0; i < n; i++) {
+		uint32_t w;
+
+		hold[i] = acked[i] = full[i] = 0;
+		if (spages[i] >= ss->npages || dpages[i] >= ds->npages) {
+			status[i] = FM_E_RANGE;
+			continue;
+		}
+		w = atomic_load_explicit(&ss->meta[spages[i]], memory_order_acquire) & META_MASK;
+		status[i] = !w ? FM_E_ABSENT : !(w & live) ? FM_E_INTERNAL : FM_OK;
+		if (status[i] != FM_OK || (ss == ds && spages[i] == dpages[i]))
+			continue;
+		hold[i] = w & live;
+		old[i] = claim_write(&ds->meta[dpages[i]]);
+	}
+	for (unsigned s = 0; s < ns; s++) {
+		struct fm_copy_req req = { .src_space = ss->sid[s], .dst_space = ds->sid[s] };
+		struct fm_copy_ent ents[FM_MAX_BATCH];
+		struct fm_conn *cn;
+		unsigned cnt = 0;
+
+		for (unsigned i = 0; i < n; i++)
+			if (hold[i] & (1u << s))
+				ents[cnt++] = (struct fm_copy_ent){ .src_page = spages[i], .dst_page = dpages[i] };
+		if (!cnt || !ss->sid[s] || !ds->sid[s] || !(cn = sub_get(ch, s)))
+			continue;
+		if (fm_conn_send(cn, FM_OP_COPY, cnt,
+				 (struct fm_iov[]){ { &req, sizeof(req) }, { ents, cnt * sizeof(ents[0]) } }, 2,
+				 &ids[s]))
+			sub_drop(ch, s, -EPIPE);
+		else
+			sent |= 1u << s;
+	}
+	for (unsigned s = 0; s < ns; s++) {
+		unsigned cnt = 0, k = 0;
+		size_t len;
+		uint16_t st;
+		int rc;
+
+		if (!(sent & (1u << s)) || !ch->sub[s].open)
+			continue;
+		for (unsigned i = 0; i < n; i++)
+			cnt += !!(hold[i] & (1u << s));
+		rc = fm_conn_recvv(&ch->sub[s].conn, FM_OP_COPY, ids[s],
+				   &(struct fm_iov){ ch->wst, cnt * sizeof(uint32_t) }, 1, &len, &st, NULL);
+		if (rc) {
+			sub_drop(ch, s, rc);
+			continue;
+		}
+		/* A refusal (a space it lost, say) is this server's answer, not its failure. */
+		if (st || len != cnt * sizeof(uint32_t))
+			continue;
+		slot_ok(m, s);
+		for (unsigned i = 0; i < n; i++) {
+			if (!(hold[i] & (1u << s)))
+				continue;
+			if (ch->wst[k] == FM_OK)
+				acked[i] |= 1u << s;
+			else if (ch->wst[k] == FM_E_FULL)
+				full[i] |= 1u << s;
+			k++;
+		}
+	}
+	live = live_mask(m);
+	want = (unsigned)__builtin_popcount(live) < (unsigned)m->R ? (unsigned)__builtin_popcount(live)
+								   : (unsigned)m->R;
+	for (unsigned i = 0; i < n; i++) {
+		if (!hold[i])
+			continue;
+		if (acked[i]) {
+			if ((unsigned)__builtin_popcount(acked[i] & live) < want) {
+				MST(m, memd_degraded_writes, 1);
+				atomic_store(&m->need_scan, 1);
+			}
+			atomic_store_explicit(&ds->meta[dpages[i]], acked[i], memory_order_release);
+		} else {
+			status[i] = full[i] ? FM_E_FULL : FM_E_INTERNAL;
+			atomic_store_explicit(&ds->meta[dpages[i]], old[i] & META_MASK, memory_order_release);
+		}
+	}
+	return 0;
+}
+
 /* ---- background: health, re-replication, rejoin --------------------------------------- */
 
 struct rr { uint64_t page; uint32_t old; uint8_t from, to; };

@@ -13,6 +13,7 @@
  *         the signalled completion of the last one means memd's memory holds
  *         every byte, so the pager may drop its copy.
  *  discard: RDMA WRITE of zeroed meta (no hole punching: the region is pinned).
+ *  copy:  COPY over the TCP control connection: memd copies slot to slot.
  *
  * Capacity: pages new to memd take the session's QUOTA grant, as over shm;
  * this client is the only writer of its spaces, so which pages are present is
@@ -577,6 +578,70 @@ int fm_rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 		fm_xport_return_grant(c->x, freed);
 	}
 	return k ? post_wait(rc, k) : 0;
+}
+
+/*
+ * RDMA READ and WRITE are one-sided: a copy from one region to another
+ * would bring the bytes here and back. memd copies them itself instead,
+ * asked over the control connection (COPY). This side keeps its books: a
+ * destination page new to memd takes a page of the grant first, and only a
+ * page memd copied is marked present.
+ */
+int fm_rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		 const uint64_t *dpages, unsigned n, uint32_t *status)
+{
+	struct rspace *ss = find_rspace(c->x, src), *ds = find_rspace(c->x, dst);
+	uint64_t sp[FM_MAX_BATCH], dp[FM_MAX_BATCH];
+	uint32_t st[FM_MAX_BATCH];
+	unsigned idx[FM_MAX_BATCH], m = 0;
+	uint8_t took[FM_MAX_BATCH];
+	int rc;
+
+	if (!ss || !ds)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t s = spages[i], d = dpages[i];
+
+		if (s >= ss->npages || d >= ds->npages) {
+			status[i] = FM_E_RANGE;
+			continue;
+		}
+		/* This client is the only writer of its spaces: the bitmap is the truth. */
+		if (!(__atomic_load_n(&ss->present[s >> 3], __ATOMIC_ACQUIRE) & (1u << (s & 7)))) {
+			status[i] = FM_E_ABSENT;
+			continue;
+		}
+		status[i] = FM_OK;
+		if (ss == ds && s == d)
+			continue;
+		took[m] = 0;
+		if (!(__atomic_load_n(&ds->present[d >> 3], __ATOMIC_ACQUIRE) & (1u << (d & 7)))) {
+			if (!fm_xport_take_grant(c->x)) {
+				status[i] = FM_E_FULL;
+				continue;
+			}
+			took[m] = 1;
+		}
+		sp[m] = s;
+		dp[m] = d;
+		idx[m++] = i;
+	}
+	if (!m)
+		return 0;
+	rc = fm_xport_ctrl_copy(c->x, src, sp, dst, dp, m, st);
+	for (unsigned j = 0; j < m; j++) {
+		uint64_t d = dp[j];
+		uint8_t bit = (uint8_t)(1u << (d & 7));
+
+		status[idx[j]] = rc ? FM_E_INTERNAL : st[j];
+		if (!took[j])
+			continue;
+		if (rc || st[j] != FM_OK)
+			fm_xport_return_grant(c->x, 1);
+		else if (__atomic_fetch_or(&ds->present[d >> 3], bit, __ATOMIC_ACQ_REL) & bit)
+			fm_xport_return_grant(c->x, 1);  /* another channel won */
+	}
+	return rc;
 }
 
 /*

@@ -22,6 +22,8 @@ int fm_rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsig
 int fm_rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
 		  const void *const *data, uint32_t *status);
 int fm_rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
+int fm_rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		 const uint64_t *dpages, unsigned n, uint32_t *status);
 
 /* Test hooks for the lane's hostile peer (tests/vm/rdma_peer.c). */
 int fm_rdma_test_raw_read(struct fm_chan *c, uint64_t raddr, uint32_t rkey, uint32_t len);
@@ -31,6 +33,9 @@ int fm_rdma_test_region(struct fm_xport *x, uint32_t space, uint64_t *data_addr,
 /* client_xport.c helpers the rdma transport shares with shm. */
 int fm_xport_ctrl_call(struct fm_xport *x, uint16_t op, const void *req, size_t reqlen,
 		       void *rep, size_t cap, size_t *len, uint16_t *st);
+/* COPY over the control connection (fm_chan_copy's statuses and returns). */
+int fm_xport_ctrl_copy(struct fm_xport *x, uint32_t src, const uint64_t *spages, uint32_t dst,
+		       const uint64_t *dpages, unsigned n, uint32_t *status);
 int fm_xport_take_grant(struct fm_xport *x);
 void fm_xport_return_grant(struct fm_xport *x, uint64_t pages);
 

@@ -545,6 +545,102 @@ int fm_chan_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsi
 	return stream_write(c, space, pages, n, data, status);
 }
 
+/*
+ * One COPY request on conn: a stream channel's own connection, or the rdma
+ * transport's control connection. A memd that does not announce COPY is not
+ * asked (it would answer FM_E_OP, which means the same).
+ */
+static int copy_call(struct fm_conn *conn, uint32_t src, const uint64_t *spages, uint32_t dst,
+		     const uint64_t *dpages, unsigned n, uint32_t *status)
+{
+	struct fm_copy_req req = { .src_space = src, .dst_space = dst };
+	struct fm_copy_ent ents[FM_MAX_BATCH];
+	struct fm_iov iov[2] = { { &req, sizeof(req) }, { ents, n * sizeof(ents[0]) } };
+	size_t len;
+	uint16_t st;
+	int rc;
+
+	if (!(conn->server_flags & FM_HELLO_F_COPY))
+		return -EOPNOTSUPP;
+	for (unsigned i = 0; i < n; i++)
+		ents[i] = (struct fm_copy_ent){ .src_page = spages[i], .dst_page = dpages[i] };
+	rc = fm_conn_call(conn, FM_OP_COPY, n, iov, 2, status, n * sizeof(uint32_t), &len, &st, NULL);
+	if (rc)
+		return rc;
+	if (st == FM_E_OP)
+		return -EOPNOTSUPP;
+	if (st == FM_E_NOSPACE)
+		return -ENOENT;
+	if (st || len != n * sizeof(uint32_t))
+		return -EPROTO;
+	for (unsigned i = 0; i < n; i++)
+		if (status[i] != FM_OK && status[i] != FM_E_ABSENT && status[i] != FM_E_FULL &&
+		    status[i] != FM_E_RANGE)
+			return -EPROTO;
+	return 0;
+}
+
+/*
+ * shm: the same copy as memd's, done here in the shared store, slot to slot
+ * with no bounce. A destination page new to the store takes a page of the
+ * grant, as a write does.
+ */
+static int shm_copy(struct fm_xport *x, uint32_t src, const uint64_t *spages, uint32_t dst,
+		    const uint64_t *dpages, unsigned n, uint32_t *status)
+{
+	struct space_map *ss = find_space(x, src), *ds = find_space(x, dst);
+
+	if (!ss || !ds)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t sp = spages[i], dp = dpages[i];
+		struct fm_shm_meta *m;
+		uint32_t crc;
+
+		if (sp >= ss->npages || dp >= ds->npages) {
+			status[i] = FM_E_RANGE;
+			continue;
+		}
+		if (!(__atomic_load_n(&ss->meta[sp].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
+			status[i] = FM_E_ABSENT;
+			continue;
+		}
+		status[i] = FM_OK;
+		if (ss == ds && sp == dp)
+			continue;
+		m = &ds->meta[dp];
+		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) && !take_grant(x)) {
+			status[i] = FM_E_FULL;
+			continue;
+		}
+		/* The acquire above published the source's crc and bytes; the flag goes last, as in a write. */
+		crc = ss->meta[sp].crc;
+		memcpy(ds->data + dp * FM_PAGE_SIZE, ss->data + sp * FM_PAGE_SIZE, FM_PAGE_SIZE);
+		m->crc = crc;
+		__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
+	}
+	return 0;
+}
+
+int fm_chan_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		 const uint64_t *dpages, unsigned n, uint32_t *status)
+{
+	struct fm_xport *x = c->x;
+
+	if (n == 0 || n > FM_MAX_BATCH)
+		return -EINVAL;
+	if (c->mchan)  /* many-memd dispatch */
+		return fm_multi_copy(c, src, spages, dst, dpages, n, status);
+	/* A copy makes pages that only memd holds: the same rule as a write. */
+	if (!ctrl_alive(x))
+		return -EPIPE;
+	if (c->rchan)
+		return fm_rdma_copy(c, src, spages, dst, dpages, n, status);
+	if (x->kind == FM_XPORT_SHM)
+		return shm_copy(x, src, spages, dst, dpages, n, status);
+	return copy_call(&c->conn, src, spages, dst, dpages, n, status);
+}
+
 int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
 {
 	struct fm_xport *x = c->x;
@@ -592,6 +688,19 @@ int fm_xport_ctrl_call(struct fm_xport *x, uint16_t op, const void *req, size_t 
 		       void *rep, size_t cap, size_t *len, uint16_t *st)
 {
 	return ctrl_call(x, op, 0, &(struct fm_iov){ req, reqlen }, 1, rep, cap, len, st, NULL);
+}
+
+int fm_xport_ctrl_copy(struct fm_xport *x, uint32_t src, const uint64_t *spages, uint32_t dst,
+		       const uint64_t *dpages, unsigned n, uint32_t *status)
+{
+	int rc;
+
+	pthread_mutex_lock(&x->lock);
+	rc = copy_call(&x->ctrl, src, spages, dst, dpages, n, status);
+	pthread_mutex_unlock(&x->lock);
+	if (rc && rc != -EOPNOTSUPP && rc != -ENOENT && rc != -EPROTO && !atomic_exchange(&x->dead, 1))
+		fm_err("lost memd at %s: %s", x->addr, strerror(-rc));
+	return rc;
 }
 
 int fm_xport_take_grant(struct fm_xport *x) { return take_grant(x); }

@@ -22,7 +22,7 @@
 #define FM_SESSION_KEY_LEN  16
 
 /* Bounds that memd enforces on every request (docs/protocol.md, "Limits"). */
-#define FM_MAX_BATCH        256u        /* pages per READ or WRITE */
+#define FM_MAX_BATCH        256u        /* pages per READ, WRITE or COPY */
 #define FM_MAX_RANGES       1024u       /* ranges per DISCARD */
 #define FM_MAX_SPACE_PAGES  (1ull << 36) /* 256 TiB of 4 KiB pages */
 #define FM_MAX_PAYLOAD      (FM_MAX_BATCH * (FM_PAGE_SIZE + 16u) + 64u)
@@ -43,6 +43,8 @@ enum fm_op {
 	FM_OP_SHM_MAP      = 11, /* C: fm_space_ref; S: fm_shm_map_rep + memfd (SCM_RIGHTS) */
 	FM_OP_QUOTA        = 12, /* C: fm_quota_req; S: fm_quota_rep */
 	FM_OP_RDMA_MAP     = 13, /* C: fm_space_ref; S: fm_rdma_map_rep (memd --rdma only) */
+	FM_OP_COPY         = 14, /* C: fm_copy_req + fm_copy_ent[count]; S: u32 status[count]
+	                          * (only to a memd that sets FM_HELLO_F_COPY) */
 	FM_OP_ERROR        = 0x7fff, /* S only: status in header, UTF-8 message as payload */
 };
 
@@ -74,6 +76,12 @@ struct fm_hdr {
 } __attribute__((packed));
 
 #define FM_HELLO_F_SHM  1u /* server: can pass its store as memfd (Unix socket) */
+/*
+ * server: knows COPY. An optional op announced by a flag, so that a client
+ * never spends a round trip on a memd that predates it (which would answer
+ * FM_E_OP); the protocol version stays 1.
+ */
+#define FM_HELLO_F_COPY 2u
 
 struct fm_hello_req {
 	uint16_t min_version;
@@ -127,6 +135,21 @@ struct fm_write_ent {
 	uint64_t page;
 	uint32_t crc;      /* crc32c of the page data that follows */
 	uint32_t reserved;
+} __attribute__((packed));
+
+/*
+ * COPY: memd copies pages from one of the session's spaces to another (or the
+ * same), stored bytes and their crc, slot to slot: a collector's page moves
+ * (uffd/move.c) need no page bytes on the wire.
+ */
+struct fm_copy_req {
+	uint32_t src_space;
+	uint32_t dst_space;
+} __attribute__((packed));
+
+struct fm_copy_ent {
+	uint64_t src_page;
+	uint64_t dst_page;
 } __attribute__((packed));
 
 struct fm_range {
@@ -200,5 +223,6 @@ _Static_assert(sizeof(struct fm_hdr) == 24, "fm_hdr is 24 bytes on the wire");
 _Static_assert(sizeof(struct fm_hello_req) == 40, "hello req");
 _Static_assert(sizeof(struct fm_write_ent) == 16, "write entry");
 _Static_assert(sizeof(struct fm_shm_meta) == 8, "shm meta");
+_Static_assert(sizeof(struct fm_copy_req) == 8 && sizeof(struct fm_copy_ent) == 16, "copy");
 
 #endif /* FARMEM_PROTOCOL_H */

@@ -93,6 +93,15 @@ int memd_space_read(struct memd_store *st, struct memd_space *sp,
 int memd_space_write(struct memd_store *st, struct memd_space *sp,
 		     const struct fm_write_ent *ents, const uint8_t *data,
 		     uint32_t n, uint8_t *status);
+/*
+ * COPY: entries in order, each src's stored page (bytes and crc) to dst's
+ * slot; src and dst may be the same space. Per entry status: FM_OK,
+ * FM_E_RANGE, FM_E_ABSENT (source not present: destination unchanged) or
+ * FM_E_FULL (a destination page new to an unmapped space found no room:
+ * unchanged). n <= FM_MAX_BATCH.
+ */
+int memd_space_copy(struct memd_store *st, struct memd_space *src, struct memd_space *dst,
+		    const struct fm_copy_ent *ents, uint32_t n, uint8_t *status);
 /* -ERANGE (nothing discarded) if any range leaves the space. */
 int memd_space_discard(struct memd_store *st, struct memd_space *sp,
 		       const struct fm_range *r, uint32_t n);

@@ -53,6 +53,8 @@ static const struct op_shape op_shapes[] = {
 	[FM_OP_SHM_MAP]      = { sizeof(struct fm_space_ref), 0, 0, "SHM_MAP" },
 	[FM_OP_QUOTA]        = { sizeof(struct fm_quota_req), 0, 0, "QUOTA" },
 	[FM_OP_RDMA_MAP]     = { sizeof(struct fm_space_ref), 0, 0, "RDMA_MAP" },
+	[FM_OP_COPY]         = { sizeof(struct fm_copy_req), sizeof(struct fm_copy_ent),
+				 FM_MAX_BATCH, "COPY" },
 };
 
 static const struct op_shape *shape_of(uint16_t op)
@@ -298,7 +300,7 @@ static int op_hello(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 	}
 	memset(&rep, 0, sizeof(rep));
 	rep.version = FM_PROTO_VERSION;
-	rep.flags = c->is_unix ? FM_HELLO_F_SHM : 0;
+	rep.flags = (c->is_unix ? FM_HELLO_F_SHM : 0) | FM_HELLO_F_COPY;
 	memcpy(rep.server_nonce, c->snonce, FM_NONCE_LEN);
 	p = reply(c, h, 0, sizeof(rep), -1);
 	if (!p)
@@ -511,6 +513,40 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 	return ret;
 }
 
+/* Both spaces are looked up in this connection's session only: another session's is no space. */
+static int op_copy(struct memd_conn *c, const struct memd_hdr *h, const uint8_t *pl)
+{
+	struct fm_copy_req req;
+	struct memd_space *src, *dst;
+	size_t len = (size_t)h->count * sizeof(uint32_t);
+	uint8_t *p;
+	int ret = -ENOMEM;
+
+	memcpy(&req, pl, sizeof(req));
+	src = memd_space_get(c->st, c->sess, req.src_space);
+	if (!src)
+		return nospace(c, h, req.src_space);
+	dst = memd_space_get(c->st, c->sess, req.dst_space);
+	if (!dst) {
+		memd_space_put(c->st, src);
+		return nospace(c, h, req.dst_space);
+	}
+	p = reply(c, h, h->count, len, -1);
+	if (p) {
+		ret = memd_space_copy(c->st, src, dst,
+				      (const struct fm_copy_ent *)(pl + sizeof(req)), h->count, p);
+		if (ret)
+			tx_unreserve(c, HDR_LEN + len);
+	}
+	memd_space_put(c->st, dst);
+	memd_space_put(c->st, src);
+	/* One of them was closed by another connection of the session meanwhile. */
+	if (ret == -ENOENT)
+		return reply_err(c, h, FM_E_NOSPACE, "space %u or %u was closed", req.src_space,
+				 req.dst_space);
+	return ret;
+}
+
 static int op_stats(struct memd_conn *c, const struct memd_hdr *h)
 {
 	struct fm_stats s;
@@ -560,6 +596,8 @@ static int dispatch(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		return op_space_open(c, h, pl);
 	case FM_OP_QUOTA:
 		return op_quota(c, h, pl);
+	case FM_OP_COPY:
+		return op_copy(c, h, pl);
 	default:
 		return op_space(c, h, pl);
 	}

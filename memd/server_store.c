@@ -747,6 +747,110 @@ int memd_space_write(struct memd_store *st, struct memd_space *sp,
 	return 0;
 }
 
+int memd_space_copy(struct memd_store *st, struct memd_space *src, struct memd_space *dst,
+		    const struct fm_copy_ent *ents, uint32_t n, uint8_t *status_out)
+{
+	uint32_t status[FM_MAX_BATCH];
+	struct memd_space *lo = src, *hi = dst;
+	uint64_t want = 0, held, ok = 0, full = 0;
+	bool counted;
+
+	if (n > FM_MAX_BATCH)
+		return -E2BIG;
+	/*
+	 * Two spaces are locked in address order: with a writer queued on each
+	 * (a SPACE_CLOSE), two COPYs taking them in opposite orders could wait
+	 * on each other for ever.
+	 */
+	if ((uintptr_t)dst < (uintptr_t)src) {
+		lo = dst;
+		hi = src;
+	}
+	pthread_rwlock_rdlock(&lo->rw);
+	if (hi != lo)
+		pthread_rwlock_rdlock(&hi->rw);
+	if (src->dead || dst->dead) {
+		if (hi != lo)
+			pthread_rwlock_unlock(&hi->rw);
+		pthread_rwlock_unlock(&lo->rw);
+		return -ENOENT;
+	}
+	counted = !dst->mapped;
+
+	/* As WRITE: validate, and reserve room for the new destination pages in one go. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_copy_ent e;
+
+		memcpy(&e, &ents[i], sizeof(e));
+		status[i] = e.src_page >= src->npages || e.dst_page >= dst->npages ? FM_E_RANGE : FM_OK;
+		if (status[i] == FM_OK && counted && page_present(src, e.src_page) &&
+		    !page_present(dst, e.dst_page))
+			want++;
+	}
+	held = counted ? reserve(st, dst->sess, want) : 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_copy_ent e;
+		struct fm_shm_meta *m;
+		uint32_t old, crc;
+
+		if (status[i] != FM_OK)
+			continue;
+		memcpy(&e, &ents[i], sizeof(e));
+		/* In order: an earlier entry of this batch may have made this source present. */
+		if (!page_present(src, e.src_page)) {
+			status[i] = FM_E_ABSENT;
+			continue;
+		}
+		if (src == dst && e.src_page == e.dst_page) {
+			ok++;  /* the page onto itself: already there */
+			continue;
+		}
+		/* Not reserved above when an earlier entry made this source present: reserve now. */
+		if (counted && !held && !page_present(dst, e.dst_page) &&
+		    !(held = reserve(st, dst->sess, 1))) {
+			status[i] = FM_E_FULL;
+			full++;
+			continue;
+		}
+		/* page_present acquired the source's flags: its crc and data are published. */
+		crc = __atomic_load_n(&meta_of(src, e.src_page)->crc, __ATOMIC_RELAXED);
+		m = meta_of(dst, e.dst_page);
+		known_set(dst, e.dst_page / MEMD_META_PER_PAGE);
+		/*
+		 * The stored crc travels with the bytes unchecked: a page damaged
+		 * in memd's memory stays detectable where it is read, as with READ.
+		 */
+		memcpy(dst->map + e.dst_page * FM_PAGE_SIZE, src->map + e.src_page * FM_PAGE_SIZE,
+		       FM_PAGE_SIZE);
+		__atomic_store_n(&m->crc, crc, __ATOMIC_RELAXED);
+		old = __atomic_exchange_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
+		ok++;
+		if (!counted || (old & FM_SHM_PRESENT))
+			continue;
+		if (!held && !reserve(st, dst->sess, 1)) {
+			/* Discarded by a concurrent request since it was checked, and no room left. */
+			__atomic_store_n(&m->flags, 0, __ATOMIC_RELEASE);
+			status[i] = FM_E_FULL;
+			full++;
+			ok--;
+			continue;
+		}
+		if (held)
+			held--;
+		__atomic_fetch_add(&dst->present, 1, __ATOMIC_RELAXED);
+	}
+	unreserve(st, dst->sess, held);
+	if (hi != lo)
+		pthread_rwlock_unlock(&hi->rw);
+	pthread_rwlock_unlock(&lo->rw);
+	memcpy(status_out, status, (size_t)n * sizeof(uint32_t));
+	/* A copied page is a page stored, as by WRITE. */
+	__atomic_fetch_add(&st->writes, ok, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&st->full_rejects, full, __ATOMIC_RELAXED);
+	return 0;
+}
+
 /* Clear the present pages of [first, end) that lie in existing meta pages. */
 static uint64_t clear_range(struct memd_space *sp, uint64_t first, uint64_t end)
 {

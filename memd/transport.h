@@ -7,7 +7,8 @@
  *  - shm:    one-sided access to a same-host memd's store, a memfd passed over
  *    the Unix socket after authentication; the socket carries only space
  *    management and quota.
- *  - rdma:   one-sided verbs (not built yet; same shape as shm).
+ *  - rdma:   one-sided verbs into registered spaces (client_rdma.c); space
+ *    management, quota and COPY go over a TCP control connection.
  *
  * The fault path calls fm_chan_read/fm_chan_write and never learns which
  * one it has. A channel belongs to one thread; the transport itself (space
@@ -78,6 +79,22 @@ int fm_chan_read(struct fm_chan *c, uint32_t space, const uint64_t *pages,
  */
 int fm_chan_write(struct fm_chan *c, uint32_t space, const uint64_t *pages,
 		  unsigned n, const void *const *data, uint32_t *status);
+
+/*
+ * Copy n (<= FM_MAX_BATCH) pages inside memd, in order: page spages[i] of
+ * space src to page dpages[i] of space dst, stored bytes and checksum,
+ * without bringing them here. stream and rdma: one COPY request (rdma on the
+ * control connection); shm: slot to slot in the shared store; several
+ * memds: COPY to every live server holding the source. status[i] is FM_OK
+ * (memd holds the source's bytes at the destination) or, with the
+ * destination unchanged, FM_E_ABSENT (no such source page), FM_E_FULL (no
+ * room), FM_E_RANGE or FM_E_INTERNAL (no server holding the source copied
+ * it): the caller moves those pages another way. Returns 0 when every
+ * status is valid, -EOPNOTSUPP when memd cannot copy (one that predates
+ * COPY: read and write instead), or -errno when none is.
+ */
+int fm_chan_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		 const uint64_t *dpages, unsigned n, uint32_t *status);
 
 /* Tell memd that these pages are dead: their next read is FM_E_ABSENT. */
 int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,

@@ -257,12 +257,13 @@ def test_wrong_version(memd):
     assert "1" in e.message
     expect_closed(c)
     c = memd.raw()
-    assert c.hello(0, 5) == (1, 0)  # a range that includes 1 gets 1; TCP: no SHM flag
+    # a range that includes 1 gets 1; TCP: no SHM flag, COPY announced
+    assert c.hello(0, 5) == (1, mp.HELLO_F_COPY)
 
 
 def test_unknown_op_keeps_connection(memd):
     c = memd.connect()
-    for op in (0, 14, 500, mp.ERROR):  # 13 is RDMA_MAP
+    for op in (0, 15, 500, mp.ERROR):  # 13 is RDMA_MAP, 14 COPY
         expect_status(mp.E_OP, c.request, op, b"abc")
     assert c.space_open(4) >= 1
     assert memd.stats()["errors"] >= 4
@@ -448,6 +449,63 @@ def test_session_quota(start_memd):
     assert a.write(sa, [(p, page_bytes("a", p)) for p in range(6)]) == [mp.OK] * 4 + [mp.E_FULL] * 2
     assert b.write(sb, [(p, page_bytes("b", p)) for p in range(6)]) == [mp.OK] * 4 + [mp.E_FULL] * 2
     assert m.stats()["used_pages"] == 8
+
+
+def test_copy(memd):
+    """COPY over TCP: bytes and crc slot to slot, within a space and across two, in order;
+    absent sources and out-of-range pages per entry; nothing crosses the wire but the pairs."""
+    c = memd.connect(unix=False)
+    a, b = c.space_open(16), c.space_open(8)
+    assert c.write(a, [(p, page_bytes("cp", p)) for p in (0, 1, 2)]) == [mp.OK] * 3
+    before = memd.stats()
+    assert c.copy(a, b, [(0, 7), (1, 0), (5, 1), (2, 8), (16, 2), (0, 0)]) == \
+        [mp.OK, mp.OK, mp.E_ABSENT, mp.E_RANGE, mp.E_RANGE, mp.OK]
+    after = memd.stats()
+    assert after["writes"] - before["writes"] == 3 and after["reads"] == before["reads"]
+    assert after["used_pages"] - before["used_pages"] == 2  # b's pages 7 and 0
+    got = c.read(b, [7, 0, 1])
+    assert got[0][0] == mp.OK and got[0][2] == page_bytes("cp", 0) and got[0][1] == mp.crc32c(got[0][2])
+    assert got[1][0] == mp.OK and got[1][2] == page_bytes("cp", 0)  # the last copy to page 0 wins
+    assert got[2][0] == mp.E_ABSENT  # an absent source leaves the destination as it was
+    # Within one space, in order: 0 -> 3, then 3 -> 4 sees the first; a page onto itself is kept.
+    assert c.copy(a, a, [(0, 3), (3, 4), (1, 1)]) == [mp.OK] * 3
+    assert [d for _, _, d in c.read(a, [3, 4, 1])] == [page_bytes("cp", 0)] * 2 + [page_bytes("cp", 1)]
+    # Overwriting a present destination does not count again; the source stays.
+    used = memd.stats()["used_pages"]
+    assert c.copy(a, b, [(2, 7)]) == [mp.OK]
+    assert memd.stats()["used_pages"] == used
+    assert c.read(b, [7])[0][2] == page_bytes("cp", 2) and c.read(a, [2])[0][2] == page_bytes("cp", 2)
+    # Bounded like READ and WRITE; a count that does not match the length closes.
+    ref = mp.COPY_REQ.pack(a, b)
+    expect_status(mp.E_TOOBIG, c.request, mp.COPY, ref + bytes(16 * 257), 257)
+    assert c.copy(a, b, [(0, 0)] * mp.MAX_BATCH) == [mp.OK] * mp.MAX_BATCH
+    c.send_frame(mp.COPY, ref + bytes(15), 1)
+    r = c.recv_frame()
+    assert (r.op, r.status) == (mp.ERROR, mp.E_PROTO)
+    expect_closed(c)
+
+
+def test_copy_full_and_foreign(start_memd):
+    m = start_memd("--capacity", "16k")  # four pages
+    a = m.connect(unix=False)
+    sa, sa2 = a.space_open(8), a.space_open(8)
+    assert a.write(sa, [(p, page_bytes("f", p)) for p in range(3)]) == [mp.OK] * 3
+    # One page of room left: the first new destination takes it, the second is refused.
+    assert a.copy(sa, sa2, [(0, 0), (1, 1), (2, 0)]) == [mp.OK, mp.E_FULL, mp.OK]
+    assert m.stats()["full_rejects"] == 1
+    assert a.read(sa2, [0, 1])[1][0] == mp.E_ABSENT
+    assert a.read(sa2, [0])[0][2] == page_bytes("f", 2)
+    # Another session names a's spaces: no such space, for either side; the connection stays.
+    b = m.connect(unix=True)
+    sb = b.space_open(8)
+    expect_status(mp.E_NOSPACE, b.copy, sa2, sb, [(0, 0)])  # a has a space sa2, b does not
+    expect_status(mp.E_NOSPACE, b.copy, sb, sa2, [(0, 0)])
+    expect_status(mp.E_NOSPACE, a.copy, sa, sb + 100, [(0, 1)])
+    assert b.copy(sb, sb, [(0, 1)]) == [mp.E_ABSENT]
+    # A closed space is gone for COPY too.
+    a.space_close(sa2)
+    expect_status(mp.E_NOSPACE, a.copy, sa, sa2, [(0, 0)])
+    assert a.read(sa, [0])[0][2] == page_bytes("f", 0)
 
 
 def test_isolation_between_sessions(memd):

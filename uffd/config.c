@@ -32,6 +32,7 @@ void fm_pager_cfg_defaults(struct fm_pager_cfg *cfg)
 	cfg->gc_aware = 1;
 	cfg->log_level = FM_LOG_WARN;
 	cfg->replicas = 1;
+	cfg->memd_copy = 1;
 }
 
 static int u(const char *key, const char *val, uint64_t min, uint64_t max, unsigned *out,
@@ -114,6 +115,8 @@ int fm_pager_cfg_set(struct fm_pager_cfg *cfg, const char *key, const char *val,
 		}
 	} else if (!strcasecmp(key, "replicas")) {
 		return u(key, val, 1, 8, &cfg->replicas, err, errlen);
+	} else if (!strcasecmp(key, "memd_copy")) {
+		return u(key, val, 0, 1, &cfg->memd_copy, err, errlen);
 	} else if (!strcasecmp(key, "memd_timeout_ms")) {
 		return u(key, val, 10, 600000, &cfg->memd_timeout_ms, err, errlen);
 	} else if (!strcasecmp(key, "log")) {
@@ -142,7 +145,7 @@ int fm_pager_cfg_from_env(struct fm_pager_cfg *cfg, char *err, size_t errlen)
 	static const char *const keys[] = {
 		"MEMD", "SECRET", "LOCAL", "FILL_THREADS", "EVICT_HIGH", "EVICT_LOW",
 		"EVICT_BATCH", "PREFETCH", "EPOCH_PCT", "GC_AWARE", "THRESHOLD", "TRANSPORT",
-		"LOG", "CONTROL", "REPLICAS", "MEMD_TIMEOUT_MS",
+		"LOG", "CONTROL", "REPLICAS", "MEMD_TIMEOUT_MS", "MEMD_COPY",
 	};
 	char name[64];
 

@@ -10,12 +10,12 @@
  *                          PTE moves, no bytes are copied),
  *                          dirty: memd's copy belongs to the
  *                          source's slot and dies
- *   remote                 a remote page: memd's copy is      untouched
- *                          read and written to the
- *                          destination's slot (inside the
- *                          shared store with shm), never local;
- *                          if memd is full, the bytes come
- *                          in, dirty
+ *   remote                 a remote page: memd copies it to   untouched
+ *                          the destination's slot (COPY; in
+ *                          the shared store with shm; read
+ *                          and written with a memd that
+ *                          cannot), never local; if memd is
+ *                          full, the bytes come in, dirty
  *   untouched              nothing: untouched                 untouched
  *
  * A destination's old contents are garbage: resident ones are dropped with
@@ -167,11 +167,14 @@ static void read_locked(struct fm_pager *p, uint32_t space, const uint64_t *idx,
 }
 
 /*
- * Remote source pages idx[0..n) of rs stay remote: memd's copies are read
- * and written to the destination's slots (rd, from di0), through a bounce
- * buffer because a read's pointers live only until the channel's next call.
- * kept[j] says whether page idx[j] is now remote at its destination; the
- * others (memd full, or its transport failed) are for fetch_to.
+ * Remote source pages idx[0..n) of rs stay remote. memd copies them to the
+ * destination's slots (rd, from di0) itself, one COPY per batch (inside the
+ * shared store with shm): no page bytes come here or go back. With a memd
+ * that cannot (it predates COPY, or memd_copy=0), memd's copies are read and
+ * written to the destination's slots through a bounce buffer, because a
+ * read's pointers live only until the channel's next call. kept[j] says
+ * whether page idx[j] is now remote at its destination; the others (memd
+ * full, or its transport failed) are for fetch_to.
  */
 static unsigned relink(struct fm_pager *p, struct region *rs, const uint64_t *idx, unsigned n, uint64_t si0,
 		       struct region *rd, uint64_t di0, uint8_t *kept)
@@ -180,7 +183,7 @@ static unsigned relink(struct fm_pager *p, struct region *rs, const uint64_t *id
 	const void *from[FM_MAX_BATCH];
 	uint64_t didx[FM_MAX_BATCH];
 	uint32_t status[FM_MAX_BATCH];
-	unsigned done = 0;
+	unsigned done = 0, copied = 0, written = 0;
 
 	memset(kept, 0, n);
 	if (atomic_load(&p->evict_broken) || !p->bounce)
@@ -188,11 +191,33 @@ static unsigned relink(struct fm_pager *p, struct region *rs, const uint64_t *id
 	for (unsigned k = 0; k < n;) {
 		unsigned m = n - k < FM_MAX_BATCH ? n - k : FM_MAX_BATCH;
 		int rc;
+		for (unsigned j = 0; j < m; j++)
+			didx[j] = di0 + (idx[k + j] - si0);
+		if (atomic_load(&p->memd_copy)) {
+			pthread_mutex_lock(&p->misc_lock);
+			rc = fm_chan_copy(p->misc_chan, rs->space, idx + k, rd->space, didx, m, status);
+			pthread_mutex_unlock(&p->misc_lock);
+			if (rc != -EOPNOTSUPP) {
+				STAT_ADD(p, swapva_copy_calls, 1);
+				if (rc)
+					STAT_ADD(p, transport_errors, 1);
+				for (unsigned j = 0; j < m; j++)
+					if (!rc && status[j] == FM_OK) {
+						kept[k + j] = 1;
+						copied++;
+					}
+				k += m;
+				continue;
+			}
+			/* Said once: every later move reads and writes too. */
+			if (atomic_exchange(&p->memd_copy, 0))
+				fm_info("memd at %s cannot copy pages itself (it predates COPY): moved remote pages are read and written back",
+					fm_xport_addr(p->x));
+		}
 		read_locked(p, rs->space, idx + k, m, data);
 		for (unsigned j = 0; j < m; j++) {
 			memcpy(p->bounce + ((size_t)j << PG_SHIFT), data[j], PG_SIZE);
 			from[j] = p->bounce + ((size_t)j << PG_SHIFT);
-			didx[j] = di0 + (idx[k + j] - si0);
 		}
 		rc = fm_chan_write(p->misc_chan, rd->space, didx, m, from, status);
 		pthread_mutex_unlock(&p->misc_lock);
@@ -201,12 +226,14 @@ static unsigned relink(struct fm_pager *p, struct region *rs, const uint64_t *id
 		for (unsigned j = 0; j < m; j++)
 			if (!rc && status[j] == FM_OK) {
 				kept[k + j] = 1;
-				done++;
+				written++;
 			}
 		k += m;
 	}
-	STAT_ADD(p, remote_writes, done);
-	STAT_ADD(p, remote_write_bytes, (uint64_t)done * PG_SIZE);
+	done = copied + written;
+	STAT_ADD(p, remote_writes, written);
+	STAT_ADD(p, remote_write_bytes, (uint64_t)written * PG_SIZE);
+	STAT_ADD(p, swapva_remote_copied, copied);
 	STAT_ADD(p, swapva_pages_remote, done);
 	return done;
 }

@@ -35,6 +35,7 @@ struct fm_pager_cfg {
 	char control[256];       /* FARMEM_CONTROL: launcher socket that collects our map */
 	unsigned replicas;       /* FARMEM_REPLICAS: copies of each page over several memds (1..8) */
 	unsigned memd_timeout_ms;/* FARMEM_MEMD_TIMEOUT_MS: per-request memd timeout, 0 = default */
+	unsigned memd_copy;      /* FARMEM_MEMD_COPY: fm_pager_move has memd copy remote pages (1) */
 	/* Called with the faulting thread's id; returns 1 for GC threads (the agent sets it). */
 	int (*is_gc_thread)(pid_t tid);
 };
@@ -96,7 +97,8 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
  * A collector moves [src, src+len) to [dst, dst+len) (SwapVA compaction):
  * page-aligned, disjoint, each inside one registered region. Afterwards dst
  * holds src's bytes and src reads as zeros. Resident pages move with
- * UFFDIO_MOVE (no copy), remote pages come from memd straight to dst,
+ * UFFDIO_MOVE (no copy), remote pages stay remote (memd copies them to dst's
+ * slot; when memd is full they come from memd straight to dst),
  * untouched ones stay untouched; dst's old contents are dropped. Call it only
  * while no other thread uses either range (a GC pause). Returns 0, -EINVAL
  * (misaligned, overlapping, unmanaged pages), -ENOENT (not registered) or

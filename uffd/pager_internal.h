@@ -102,6 +102,7 @@ struct fm_pager {
 	atomic_int stopping;
 	int can_move;                   /* the uffd has UFFD_FEATURE_MOVE (fm_pager_move) */
 	uint8_t *bounce;                /* FM_MAX_BATCH pages for fm_pager_move, under misc_lock */
+	atomic_int memd_copy;           /* fm_pager_move asks memd to copy remote pages (COPY) */
 	atomic_int evict_broken;        /* memd cannot take writes: keep pages local */
 	atomic_uint_fast64_t full_until_ns; /* memd refused a whole batch: no eviction until then */
 	uint8_t *doorbell;              /* one page per handler, touched to stop them */

@@ -115,7 +115,8 @@ struct fm_pager_stats {
 	uint64_t swapva_pages_fetched; /* remote pages read from memd straight to their destination (memd full) */
 	uint64_t swapva_pages_untouched; /* never-written pages: nothing to move */
 	uint64_t swapva_pages_copied; /* resident pages UFFDIO_MOVE refused, copied instead */
-	uint64_t swapva_pages_remote; /* remote pages moved from slot to slot in memd, never local */
+	uint64_t swapva_pages_remote; /* remote pages moved from slot to slot in memd, never local
+	                               * (by COPY: swapva_remote_copied, below) */
 	/* Shared-memory regions (uffd/shmem.c).  */
 	uint64_t minor_faults;       /* pages still in the file mapped again with UFFDIO_CONTINUE */
 	/*
@@ -131,7 +132,14 @@ struct fm_pager_stats {
 	uint64_t split_handler_ns;
 	uint64_t split_transport_ns;
 	uint64_t split_copy_ns;
-	uint64_t reserved[15];      /* the block after lat_hist is 32 words; stats end the header */
+	/*
+	 * fm_pager_move's remote pages that memd copied slot to slot itself
+	 * (COPY, or inside the shared store): of swapva_pages_remote, those
+	 * whose bytes never came to the pager. The rest were read and written.
+	 */
+	uint64_t swapva_remote_copied;
+	uint64_t swapva_copy_calls;  /* fm_chan_copy calls (one per batch of up to 256 pages) */
+	uint64_t reserved[13];      /* the block after lat_hist is 32 words; stats end the header */
 };
 
 struct fm_resmap_hdr {

@@ -53,6 +53,17 @@ def seeds():
     yield "join_bad", b"\x01" + frame(4, struct.pack("<Q", 1) + bytes(16))
     yield "unknown_op", b"\x01" + frame(999) + frame(10, req=3)
     yield "pipeline", b"\x09" + b"".join(frame(10, req=i) for i in range(8))
+    # COPY (op 14): within space 1, into a second space, out of range, a space of no one, bad count.
+    def copy(src, dst, pairs, count=None, req=1):
+        body = struct.pack("<II", src, dst) + b"".join(struct.pack("<QQ", a, b) for a, b in pairs)
+        return frame(14, body, count=len(pairs) if count is None else count, req=req)
+    yield "copy", b"\x01" + frame(8, ref(1) + ents + p0 + p1, count=2) + \
+        copy(1, 1, [(0, 3), (3, 4), (5, 5), (9, 0)], req=2) + frame(7, ref(1) + struct.pack("<2Q", 3, 4), count=2, req=3)
+    yield "copy_two_spaces", b"\x01" + frame(5, struct.pack("<QII", 4, 0, 0)) + \
+        frame(8, ref(1) + ents + p0 + p1, count=2, req=2) + copy(1, 2, [(0, 0), (5, 3), (5, 4)], req=3)
+    yield "copy_range", b"\x01" + copy(1, 1, [(1 << 40, 0), (0, (1 << 64) - 1), (15, 16)])
+    yield "copy_foreign", b"\x01" + copy(1, 7, [(0, 0)]) + copy(9, 1, [(0, 0)], req=2)
+    yield "copy_badcount", b"\x01" + copy(1, 1, [(0, 1)], count=2) + copy(1, 1, [], count=300, req=2)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@
  * resident, remote and untouched. Checked byte for byte at the destination,
  * zeros at the source, the pager's counters (pages moved without a copy,
  * fetched, untouched), and that nothing is lost afterwards when everything
- * is pushed out to memd and read back. Run from the repository root.
+ * is pushed out to memd and read back. Remote pages move inside memd (COPY
+ * over a Unix socket and over TCP, in the shared store with shm): the pager
+ * reads none of their bytes; with memd_copy=0 it reads and writes each one.
+ * Run from the repository root.
  */
 #include <errno.h>
 #include <signal.h>
@@ -82,27 +85,31 @@ static void push_out(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *a, ui
 	(void)p;
 }
 
-/* full: memd has room for the source's remote pages and little more, so they come local. */
-static void exercise(const char *sock, const char *transport, int full)
+/*
+ * full: memd has room for the source's remote pages and little more, so they
+ * come local. copy: the memd_copy knob (remote pages copied by memd, or read
+ * and written back by the pager).
+ */
+static void exercise(const char *addr, const char *label, const char *transport, int copy, int full)
 {
 	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
 	struct fm_resmap_hdr *h;
-	char err[512], addr[128];
+	char err[512];
 	uint64_t tag[N];
 	uint8_t *a;
 	unsigned nres = 0, nrem = 0, nunt = 0;
 	uint64_t bad = 0;
 
 	fm_pager_cfg_defaults(&cfg);
-	snprintf(addr, sizeof(addr), "unix:%s", sock);
 	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "memd_copy", copy ? "1" : "0", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "secret", "unit-secret", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "0", err, sizeof(err)) == 0);
 	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (%s): %s\n", transport, err);
+		fprintf(stderr, "fm_pager_start (%s): %s\n", label, err);
 		failures++;
 		return;
 	}
@@ -150,21 +157,25 @@ static void exercise(const char *sock, const char *transport, int full)
 		nres += s == FM_PG_CLEAN || s == FM_PG_DIRTY;
 	}
 	fprintf(stderr, "test_pager_move (%s): source pages resident %u, remote %u, untouched %u\n",
-		transport, nres, nrem, nunt);
+		label, nres, nrem, nunt);
 	CHECK(nrem > 0 && nunt >= 50 && nres > 0);
 
 	uint64_t moved0 = h->stats.swapva_pages_moved, fetched0 = h->stats.swapva_pages_fetched;
 	uint64_t untouched0 = h->stats.swapva_pages_untouched, calls0 = h->stats.swapva_calls;
 	uint64_t remote0 = h->stats.swapva_pages_remote, res0 = h->stats.resident_pages;
-	uint64_t reads0 = h->stats.remote_reads;
+	uint64_t reads0 = h->stats.remote_reads, incopy0 = h->stats.swapva_remote_copied;
+	uint64_t ccalls0 = h->stats.swapva_copy_calls;
 	CHECK(fm_pager_move(p, a + DST * PG, a + SRC * PG, N * PG) == 0);
 	CHECK(h->stats.swapva_calls == calls0 + 1);
-	fprintf(stderr, "test_pager_move (%s): moved %llu, remote %llu, fetched %llu, untouched %llu, copied %llu\n",
-		transport, (unsigned long long)(h->stats.swapva_pages_moved - moved0),
+	fprintf(stderr, "test_pager_move (%s): moved %llu, remote %llu, fetched %llu, untouched %llu, copied %llu, "
+		"copied in memd %llu, remote reads %llu\n",
+		label, (unsigned long long)(h->stats.swapva_pages_moved - moved0),
 		(unsigned long long)(h->stats.swapva_pages_remote - remote0),
 		(unsigned long long)(h->stats.swapva_pages_fetched - fetched0),
 		(unsigned long long)(h->stats.swapva_pages_untouched - untouched0),
-		(unsigned long long)h->stats.swapva_pages_copied);
+		(unsigned long long)h->stats.swapva_pages_copied,
+		(unsigned long long)(h->stats.swapva_remote_copied - incopy0),
+		(unsigned long long)(h->stats.remote_reads - reads0));
 	/* The evictor runs on meanwhile: resident and remote counts may trade places, not the sum. */
 	CHECK(h->stats.swapva_pages_moved - moved0 + h->stats.swapva_pages_copied +
 	      h->stats.swapva_pages_fetched - fetched0 + h->stats.swapva_pages_remote - remote0 == N - nunt);
@@ -173,7 +184,17 @@ static void exercise(const char *sock, const char *transport, int full)
 	if (!full) {
 		CHECK(h->stats.swapva_pages_remote - remote0 > 0 && h->stats.swapva_pages_fetched == fetched0);
 		CHECK(h->stats.resident_pages <= res0 + 8);
-		CHECK(h->stats.remote_reads - reads0 == h->stats.swapva_pages_remote - remote0);
+		if (copy) {
+			/* memd copied every one slot to slot: not a byte of them came here. */
+			CHECK(h->stats.remote_reads == reads0);
+			CHECK(h->stats.swapva_remote_copied - incopy0 == h->stats.swapva_pages_remote - remote0);
+			CHECK(h->stats.swapva_copy_calls - ccalls0 >= 1 &&
+			      h->stats.swapva_copy_calls - ccalls0 <= (h->stats.swapva_pages_remote - remote0 + 255) / 256 + 2);
+		} else {
+			/* Read and written back through the pager, each one. */
+			CHECK(h->stats.remote_reads - reads0 == h->stats.swapva_pages_remote - remote0);
+			CHECK(h->stats.swapva_remote_copied == incopy0 && h->stats.swapva_copy_calls == ccalls0);
+		}
 		CHECK(h->stats.resident_pages <= h->stats.local_limit_pages + 8);
 	} else {
 		/* memd full: what it refused came local, dirty (over the budget), and nothing was lost (below) */
@@ -221,31 +242,41 @@ static void exercise(const char *sock, const char *transport, int full)
 	munmap(a, REGION);
 out:
 	fm_pager_stop(p);
-	printf("test_pager_move: %s transport%s done\n", transport, full ? " (memd full)" : "");
+	printf("test_pager_move: %s%s done\n", label, full ? " (memd full)" : "");
 }
 
 int main(void)
 {
-	char sock[64];
+	char sock[64], unix_addr[80], tcp[64];
 	pid_t memd;
 	int st;
 
 	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-move-%d.sock", getpid());
-	memd = unit_start_memd(sock, "256M");
+	snprintf(unix_addr, sizeof(unix_addr), "unix:%s", sock);
+	memd = unit_start_memd_ex(sock, "256M", tcp, sizeof(tcp));
 	if (memd < 0)
 		return 1;
-	exercise(sock, "shm", 0);
-	exercise(sock, "stream", 0);
+	exercise(unix_addr, "shm", "shm", 1, 0);
+	exercise(unix_addr, "stream", "stream", 1, 0);
+	exercise(tcp, "stream tcp", "stream", 1, 0);
+	exercise(tcp, "stream tcp memd_copy=0", "stream", 0, 0);
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	memd = unit_start_memd(sock, FULL_CAPACITY);
+	memd = unit_start_memd_ex(sock, FULL_CAPACITY, tcp, sizeof(tcp));
 	if (memd < 0)
 		return 1;
-	exercise(sock, "shm", 1);
+	exercise(unix_addr, "shm", "shm", 1, 1);
+	exercise(tcp, "stream tcp", "stream", 1, 1);
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	{
+		char logpath[80];
+
+		snprintf(logpath, sizeof(logpath), "%s.log", sock);
+		unlink(logpath);
+	}
 	if (failures) {
 		fprintf(stderr, "test_pager_move: %d checks failed\n", failures);
 		return 1;

@@ -276,6 +276,28 @@ static void discard(struct memd_conn *c, uint32_t space, uint64_t first, uint64_
 	rep_free(&r);
 }
 
+/* COPY pairs from space src to dst; the reply's statuses into status. */
+static void copy_pages(struct memd_conn *c, uint32_t src, uint32_t dst, const uint64_t *sp,
+		       const uint64_t *dp, unsigned n, uint32_t *status)
+{
+	size_t len = sizeof(struct fm_copy_req) + n * sizeof(struct fm_copy_ent);
+	uint8_t *pl = malloc(len);
+	struct fm_copy_req q = { src, dst };
+	struct rep r;
+
+	memcpy(pl, &q, sizeof(q));
+	for (unsigned i = 0; i < n; i++) {
+		struct fm_copy_ent e = { sp[i], dp[i] };
+
+		memcpy(pl + sizeof(q) + i * sizeof(e), &e, sizeof(e));
+	}
+	r = expect_ok(c, FM_OP_COPY, n, pl, (uint32_t)len);
+	CHECK(r.h.count == n && r.h.len == n * 4, "copy reply shape");
+	memcpy(status, r.payload, n * 4);
+	rep_free(&r);
+	free(pl);
+}
+
 static void drop_queue(struct memd_conn *c)
 {
 	struct rep r;
@@ -303,7 +325,14 @@ static void test_frame_check(void)
 		{ FM_PROTO_MAGIC, FM_OP_HELLO, 0, 40, MEMD_C_AUTH, MEMD_V_CLOSE, FM_E_STATE },
 		{ FM_PROTO_MAGIC, FM_OP_HELLO, 0, 40, MEMD_C_READY, MEMD_V_CLOSE, FM_E_STATE },
 		{ FM_PROTO_MAGIC, 0, 0, 0, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
-		{ FM_PROTO_MAGIC, 14, 0, 100, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
+		{ FM_PROTO_MAGIC, 15, 0, 100, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
+		{ FM_PROTO_MAGIC, FM_OP_COPY, 256, 8 + 256 * 16, MEMD_C_READY, MEMD_V_OK, 0 },
+		{ FM_PROTO_MAGIC, FM_OP_COPY, 0, 8, MEMD_C_READY, MEMD_V_OK, 0 },
+		{ FM_PROTO_MAGIC, FM_OP_COPY, 257, 8 + 257 * 16, MEMD_C_READY, MEMD_V_ERR, FM_E_TOOBIG },
+		{ FM_PROTO_MAGIC, FM_OP_COPY, 0xffffffffu, 8, MEMD_C_READY, MEMD_V_ERR, FM_E_TOOBIG },
+		{ FM_PROTO_MAGIC, FM_OP_COPY, 2, 8 + 16, MEMD_C_READY, MEMD_V_CLOSE, FM_E_PROTO },
+		{ FM_PROTO_MAGIC, FM_OP_COPY, 1, 8 + 16 + 1, MEMD_C_READY, MEMD_V_CLOSE, FM_E_PROTO },
+		{ FM_PROTO_MAGIC, FM_OP_COPY, 1, 24, MEMD_C_AUTH, MEMD_V_CLOSE, FM_E_AUTH },
 		{ FM_PROTO_MAGIC, FM_OP_RDMA_MAP, 0, 8, MEMD_C_READY, MEMD_V_OK, 0 },
 		{ FM_PROTO_MAGIC, FM_OP_ERROR, 0, 0, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
 		{ FM_PROTO_MAGIC, FM_OP_READ, 256, 8 + 256 * 8, MEMD_C_READY, MEMD_V_OK, 0 },
@@ -638,6 +667,122 @@ static void test_shm(void)
 	memd_store_fini(&st);
 }
 
+/*
+ * COPY: bytes and crc slot to slot (READ checks both against fill_page), per
+ * entry statuses, capacity, isolation, and a space mapped one-sided.
+ */
+static void test_copy(void)
+{
+	struct memd_store st;
+	struct memd_conn a, b;
+	uint64_t w[3] = { 0, 1, 2 }, sp[6] = { 0, 1, 9, 2, 64, 0 }, dp[6] = { 5, 6, 7, 64, 1, 5 };
+	uint32_t s[6], sa, sa2, sb;
+
+	CHECK(memd_store_init(&st, 6, 6) == 0, "init");
+	conn_open(&a, &st, true);
+	new_session(&a);
+	sa = space_open(&a, 64);
+	sa2 = space_open(&a, 64);
+	write_pages(&a, sa, w, 3, 2, NULL, s);
+	CHECK(s[0] == FM_OK && s[1] == FM_OK && s[2] == FM_OK && st.used == 3, "written");
+	/* Page k of sa holds fill_page(k); copies keep the source's bytes and crc. */
+	copy_pages(&a, sa, sa, sp, dp, 6, s);
+	CHECK(s[0] == FM_OK && s[1] == FM_OK && s[2] == FM_E_ABSENT && s[3] == FM_E_RANGE &&
+	      s[4] == FM_E_RANGE && s[5] == FM_OK, "copy statuses %u %u %u %u %u %u", s[0], s[1],
+	      s[2], s[3], s[4], s[5]);
+	CHECK(st.used == 5 && stats(&a).writes == 3 + 3, "copies are stored pages: used %llu",
+	      (unsigned long long)st.used);
+	{
+		struct rep r;
+		uint8_t pl[8 + 16];
+		struct fm_page_status ps[2];
+		uint8_t want[FM_PAGE_SIZE];
+		uint64_t rp[2] = { 5, 6 };
+		struct fm_space_ref ref = { sa, 0 };
+
+		memcpy(pl, &ref, 8);
+		memcpy(pl + 8, rp, 16);
+		r = expect_ok(&a, FM_OP_READ, 2, pl, sizeof(pl));
+		memcpy(ps, r.payload, sizeof(ps));
+		fill_page(want, 0, 2);
+		CHECK(ps[0].status == FM_OK && ps[0].crc == fm_crc32c(want, FM_PAGE_SIZE) &&
+		      memcmp(r.payload + 16, want, FM_PAGE_SIZE) == 0, "page 5 holds page 0");
+		fill_page(want, 1, 2);
+		CHECK(ps[1].status == FM_OK && memcmp(r.payload + 16 + FM_PAGE_SIZE, want, FM_PAGE_SIZE) == 0,
+		      "page 6 holds page 1");
+		rep_free(&r);
+	}
+	/* Capacity 6, 5 used: one new destination fits, the next is refused and unchanged. */
+	{
+		uint64_t s2[3] = { 0, 1, 2 }, d2[3] = { 0, 1, 2 };
+
+		copy_pages(&a, sa, sa2, s2, d2, 3, s);
+		CHECK(s[0] == FM_OK && s[1] == FM_E_FULL && s[2] == FM_E_FULL && st.used == 6,
+		      "full: %u %u %u", s[0], s[1], s[2]);
+		read_pages(&a, sa2, d2, 2, 2, s);
+		CHECK(s[0] == FM_OK && s[1] == FM_E_ABSENT, "a refused copy leaves nothing");
+		/* Onto a present page: no room needed. */
+		s2[0] = 2;
+		copy_pages(&a, sa, sa2, s2, d2, 1, s);
+		CHECK(s[0] == FM_OK && st.used == 6, "overwrite when full");
+	}
+	/* Another session: a's spaces are no spaces, on either side; the connection stays. */
+	conn_open(&b, &st, false);
+	new_session(&b);
+	sb = space_open(&b, 8);
+	{
+		struct { struct fm_copy_req q; struct fm_copy_ent e; } __attribute__((packed)) f =
+			{ { sa2, sb }, { 0, 0 } };
+
+		CHECK(sb == sa, "ids are per session");
+		expect_error(&b, FM_OP_COPY, 1, &f, sizeof(f), FM_E_NOSPACE, false);
+		f.q = (struct fm_copy_req){ sb, sa2 };
+		expect_error(&b, FM_OP_COPY, 1, &f, sizeof(f), FM_E_NOSPACE, false);
+		f.q = (struct fm_copy_req){ sb, sb };
+		copy_pages(&b, sb, sb, (uint64_t[]){ 0 }, (uint64_t[]){ 1 }, 1, s);
+		CHECK(s[0] == FM_E_ABSENT, "b's own space is empty");
+	}
+	/* A mapped space: memd sees pages written one-sided and copies them; accounting is the grant's. */
+	{
+		struct fm_space_ref ref = { sa2, 0 };
+		struct fm_shm_map_rep mr;
+		struct rep r = expect_ok(&a, FM_OP_SHM_MAP, 0, &ref, sizeof(ref));
+		uint8_t *map;
+		struct fm_shm_meta *meta;
+		uint64_t used = st.used;
+
+		memcpy(&mr, r.payload, sizeof(mr));
+		map = mmap(NULL, mr.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0);
+		CHECK(map != MAP_FAILED, "mmap");
+		meta = (struct fm_shm_meta *)(map + mr.meta_offset);
+		fill_page(map + 40 * FM_PAGE_SIZE, 40, 2);
+		meta[40].crc = fm_crc32c(map + 40 * FM_PAGE_SIZE, FM_PAGE_SIZE);
+		__atomic_store_n(&meta[40].flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
+		copy_pages(&a, sa2, sa2, (uint64_t[]){ 40 }, (uint64_t[]){ 41 }, 1, s);
+		CHECK(s[0] == FM_OK && st.used == used, "one-sided page copied, no new accounting");
+		CHECK(__atomic_load_n(&meta[41].flags, __ATOMIC_ACQUIRE) == FM_SHM_PRESENT &&
+		      meta[41].crc == meta[40].crc &&
+		      memcmp(map + 41 * FM_PAGE_SIZE, map + 40 * FM_PAGE_SIZE, FM_PAGE_SIZE) == 0,
+		      "the copy is visible one-sided");
+		munmap(map, mr.map_len);
+		rep_free(&r);
+	}
+	/* A closed space is gone for COPY. */
+	{
+		struct fm_space_ref ref = { sa2, 0 };
+		struct { struct fm_copy_req q; struct fm_copy_ent e; } __attribute__((packed)) f =
+			{ { sa, sa2 }, { 0, 0 } };
+		struct rep r = expect_ok(&a, FM_OP_SPACE_CLOSE, 0, &ref, sizeof(ref));
+
+		rep_free(&r);
+		expect_error(&a, FM_OP_COPY, 1, &f, sizeof(f), FM_E_NOSPACE, false);
+	}
+	memd_conn_fini(&b);
+	memd_conn_fini(&a);
+	CHECK(st.used == 0 && st.nsessions == 0, "all freed: used %llu", (unsigned long long)st.used);
+	memd_store_fini(&st);
+}
+
 static void test_pipelining_and_partial(struct memd_store *st)
 {
 	struct memd_conn c;
@@ -716,7 +861,7 @@ static void test_fuzz(struct memd_store *st)
 	for (int it = 0; it < 20000; it++) {
 		struct fm_hdr h;
 		uint32_t kind = rnd32(&seed) % 16;
-		const uint16_t ops[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 13, 14, 0x7fff };
+		const uint16_t ops[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 13, 14, 14, 15, 0x7fff };
 
 		h.magic = kind == 0 ? rnd32(&seed) : FM_PROTO_MAGIC;
 		h.op = ops[rnd32(&seed) % (sizeof(ops) / sizeof(ops[0]))];
@@ -728,6 +873,8 @@ static void test_fuzz(struct memd_store *st)
 		case FM_OP_READ: h.len = 8 + 8 * h.count; break;
 		case FM_OP_WRITE: h.len = 8 + 4112 * (h.count % 4); h.count %= 4; break;
 		case FM_OP_DISCARD: h.len = 8 + 16 * h.count; break;
+		/* Space ids and pages come out small (below): own, foreign and closed spaces, pages in and out of range. */
+		case FM_OP_COPY: h.len = 8 + 16 * h.count; break;
 		case FM_OP_SPACE_OPEN: h.len = 16; h.count = 0; break;
 		case FM_OP_QUOTA: case FM_OP_SPACE_CLOSE: case FM_OP_SHM_MAP:
 			h.len = 8; h.count = 0; break;
@@ -896,6 +1043,7 @@ int main(void)
 	test_pages(&st);
 	test_capacity_and_isolation();
 	test_shm();
+	test_copy();
 	test_pipelining_and_partial(&st);
 	test_socket(&st);
 	test_fuzz(&st);

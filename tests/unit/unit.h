@@ -48,13 +48,21 @@ static inline int page_ok(const uint8_t *base, uint64_t p, uint32_t v)
 	return 1;
 }
 
-/* The memd's pid once it said "ready", or -1. Run from the repository root after make. */
-static pid_t unit_start_memd(const char *sock, const char *capacity)
+/*
+ * The memd's pid once it said "ready", or -1. Run from the repository root
+ * after make. With tcp, it also listens on 127.0.0.1 on a port the kernel
+ * picks (no port that another test could hold): its log, in the file
+ * "<sock>.log", names it, and tcp gets "tcp:127.0.0.1:PORT".
+ */
+static inline pid_t unit_start_memd_ex(const char *sock, const char *capacity, char *tcp, size_t tcplen)
 {
 	int pipefd[2];
-	char fdarg[16], line[8] = { 0 };
+	char fdarg[16], line[8] = { 0 }, logpath[256];
 	pid_t parent = getpid(), pid;
+	/* FARMEM_TEST_MEMD: another build (an older memd, say). */
+	const char *bin = getenv("FARMEM_TEST_MEMD") ? getenv("FARMEM_TEST_MEMD") : "build/bin/farmem-memd";
 
+	snprintf(logpath, sizeof(logpath), "%s.log", sock);
 	if (pipe(pipefd))
 		return -1;
 	pid = fork();
@@ -64,7 +72,14 @@ static pid_t unit_start_memd(const char *sock, const char *capacity)
 		close(pipefd[0]);
 		snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
 		setenv("FARMEM_SECRET", "unit-secret", 1);
-		execl("build/bin/farmem-memd", "farmem-memd", "--unix", sock, "--capacity", capacity,
+		if (tcp) {
+			FILE *log = fopen(logpath, "w");
+			if (!log || dup2(fileno(log), 2) < 0)
+				_exit(125);
+			execl(bin, "farmem-memd", "--unix", sock, "--capacity", capacity,
+			      "--listen", "127.0.0.1:0", "--log", "info", "--ready-fd", fdarg, (char *)NULL);
+		}
+		execl(bin, "farmem-memd", "--unix", sock, "--capacity", capacity,
 		      "--ready-fd", fdarg, (char *)NULL);
 		_exit(127);
 	}
@@ -75,7 +90,31 @@ static pid_t unit_start_memd(const char *sock, const char *capacity)
 		return -1;
 	}
 	close(pipefd[0]);
+	if (tcp) {
+		char buf[512];
+		FILE *log = fopen(logpath, "r");
+		int port = 0;
+
+		while (log && !port && fgets(buf, sizeof(buf), log)) {
+			const char *at = strstr(buf, "listening on tcp:127.0.0.1:");
+			if (at)
+				port = atoi(at + strlen("listening on tcp:127.0.0.1:"));
+		}
+		if (log)
+			fclose(log);
+		if (port <= 0) {
+			fprintf(stderr, "memd's log %s names no TCP port\n", logpath);
+			kill(pid, SIGKILL);
+			return -1;
+		}
+		snprintf(tcp, tcplen, "tcp:127.0.0.1:%d", port);
+	}
 	return pid;
+}
+
+static inline pid_t unit_start_memd(const char *sock, const char *capacity)
+{
+	return unit_start_memd_ex(sock, capacity, NULL, 0);
 }
 
 #endif /* FARMEM_UNIT_H */

@@ -37,12 +37,13 @@ MAX_RANGES = 1024
 MAX_SPACE_PAGES = 1 << 36
 MAX_PAYLOAD = MAX_BATCH * (PAGE_SIZE + 16) + 64
 HELLO_F_SHM = 1
+HELLO_F_COPY = 2   # memd knows COPY (an optional op of version 1)
 SHM_PRESENT = 1
 
 # Ops
 HELLO, AUTH, SESSION_NEW, SESSION_JOIN = 1, 2, 3, 4
 SPACE_OPEN, SPACE_CLOSE, READ, WRITE, DISCARD = 5, 6, 7, 8, 9
-STATS, SHM_MAP, QUOTA = 10, 11, 12
+STATS, SHM_MAP, QUOTA, RDMA_MAP, COPY = 10, 11, 12, 13, 14
 ERROR = 0x7FFF
 
 # Status codes (header status of FM_OP_ERROR replies, and per-page statuses)
@@ -65,6 +66,8 @@ SPACE_REF = struct.Struct("<II")
 PAGE_STATUS = struct.Struct("<II")
 WRITE_ENT = struct.Struct("<QII")
 RANGE = struct.Struct("<QQ")
+COPY_REQ = struct.Struct("<II")            # src_space dst_space
+COPY_ENT = struct.Struct("<QQ")            # src_page dst_page
 QUOTA_REQ = struct.Struct("<q")
 QUOTA_REP = struct.Struct("<Q")
 SHM_MAP_REP = struct.Struct("<QQQQ")
@@ -367,6 +370,14 @@ class Conn:
         payload = SPACE_REF.pack(space, 0) + b"".join(ents) + b"".join(datas)
         rep = self.request(WRITE, payload, len(items))
         return list(struct.unpack(f"<{len(items)}I", rep.payload))
+
+    def copy(self, src, dst, pairs):
+        """pairs: [(src_page, dst_page)]: memd copies src's pages (bytes and crc) to dst's
+        slots, in order -> [status] (OK, E_ABSENT, E_FULL or E_RANGE)."""
+        pairs = list(pairs)
+        payload = COPY_REQ.pack(src, dst) + b"".join(COPY_ENT.pack(s, d) for s, d in pairs)
+        rep = self.request(COPY, payload, len(pairs))
+        return list(struct.unpack(f"<{len(pairs)}I", rep.payload))
 
     def discard(self, space, ranges):
         """ranges: [(first, npages)]."""

@@ -60,8 +60,10 @@ SWAPVA_FIELDS = (
 SHMEM_FIELDS = ("minor_faults",)
 # Then the fault path split of remote demand faults (issue 5; bench/progs/faultlat.c --split).
 SPLIT_FIELDS = ("split_faults", "split_handler_ns", "split_transport_ns", "split_copy_ns")
+# Then fm_pager_move's remote pages that memd copied itself (COPY; issue 7), and its COPY calls.
+SWAPVA_COPY_FIELDS = ("swapva_remote_copied", "swapva_copy_calls")
 # The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
-TAIL_FIELDS = MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS
+TAIL_FIELDS = MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS
 
 
 class PagerStats(ctypes.Structure):
