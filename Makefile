@@ -121,6 +121,11 @@ $(B)/bench/swapva_bench: bench/progs/swapva_bench.c $(SWAPVA_SRCS) $(HDRS) | $(B
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SWAPVA_SRCS) -lpthread
 
+# Drives the pager library itself (fm_pager_move against a private memd).
+$(B)/bench/move_remote: bench/progs/move_remote.c $(B)/lib/libfarmem_pager.a $(HDRS) | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(B)/lib/libfarmem_pager.a $(LDLIBS)
+
 $(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -lpthread

@@ -103,7 +103,8 @@ def render(s: dict) -> list:
                      f"re-replicated {s['memd_rereplicated']} pages, degraded writes {s['memd_degraded_writes']}")
     if s.get("swapva_calls"):
         lines.append(f"SwapVA moves {s['swapva_calls']}: {s['swapva_pages_moved']} pages moved, "
-                     f"{s['swapva_pages_remote']} remote pages moved inside memd, {s['swapva_pages_fetched']} "
+                     f"{s['swapva_pages_remote']} remote pages moved inside memd "
+                     f"({s.get('swapva_remote_copied', 0)} copied by memd itself), {s['swapva_pages_fetched']} "
                      f"fetched, {s['swapva_pages_untouched']} untouched, {s['swapva_pages_copied']} copied")
     for r in s["regions"]:
         kinds = f" [{','.join(r['flags'])}]" if r["flags"] else ""
