@@ -4,7 +4,8 @@ program tests/unit/test_pager_move.c (ASan/UBSan, a real memd) moves resident, r
 pages onto old resident, remote and untouched ones and checks every byte at both ends, the
 counters, and that nothing is lost when everything is pushed out to memd and read back: over shm,
 the stream transport on a Unix socket and on TCP (remote pages copied inside memd by COPY: the
-pager reads none of their bytes), and on TCP with memd_copy=0 (read and written back, each one);
+pager reads none of their bytes), on TCP with memd_copy=0 (read and written back, each one), and
+over two memds with one and two replicas (COPY goes to every server holding the source);
 then with a memd that is full, over shm and TCP, where remote pages come local. The JVM side is in
 test_patched_jdk.py."""
 
@@ -27,17 +28,17 @@ def test_move_resident_remote_untouched():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "test_pager_move: ok" in r.stdout
-    runs = re.findall(r"\(([a-z _=0-9]+)\): moved (\d+), remote (\d+), fetched (\d+), untouched (\d+), "
+    runs = re.findall(r"\(([A-Za-z _=0-9]+)\): moved (\d+), remote (\d+), fetched (\d+), untouched (\d+), "
                       r"copied (\d+), copied in memd (\d+), remote reads (\d+)", r.stderr)
-    assert [x[0] for x in runs] == ["shm", "stream", "stream tcp", "stream tcp memd_copy=0", "shm",
-                                    "stream tcp"], r.stderr
+    assert [x[0] for x in runs] == ["shm", "stream", "stream tcp", "stream tcp memd_copy=0", "two memds R=1",
+                                    "two memds R=2", "shm", "stream tcp"], r.stderr
     for k, (label, *counts) in enumerate(runs):
         moved, remote, fetched, untouched, copied, in_memd, reads = map(int, counts)
         # every kind of source page was there; resident ones moved without a copy
         assert moved > 0 and untouched == 50 and copied == 0, runs[k]
-        if k < 3:    # remote pages copied inside memd: not a byte of them read by the pager
+        if k in (0, 1, 2, 4, 5):  # remote pages copied inside memd(s): not a byte of them read by the pager
             assert remote > 0 and fetched == 0 and in_memd == remote and reads == 0, runs[k]
         elif k == 3:  # memd_copy=0: read and written back through the pager
             assert remote > 0 and fetched == 0 and in_memd == 0 and reads == remote, runs[k]
-        else:        # memd full: they came local instead
+        else:       # memd full: they came local instead
             assert fetched > 0 and in_memd == 0, runs[k]

@@ -90,7 +90,8 @@ static void push_out(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *a, ui
  * come local. copy: the memd_copy knob (remote pages copied by memd, or read
  * and written back by the pager).
  */
-static void exercise(const char *addr, const char *label, const char *transport, int copy, int full)
+static void exercise(const char *addr, const char *label, const char *transport, int copy, int full,
+		     const char *replicas)
 {
 	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
@@ -104,6 +105,8 @@ static void exercise(const char *addr, const char *label, const char *transport,
 	fm_pager_cfg_defaults(&cfg);
 	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "memd_copy", copy ? "1" : "0", err, sizeof(err)) == 0);
+	if (replicas)
+		CHECK(fm_pager_cfg_set(&cfg, "replicas", replicas, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "secret", "unit-secret", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
@@ -238,6 +241,8 @@ static void exercise(const char *addr, const char *label, const char *transport,
 	}
 	CHECK(bad == 0);
 	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
+	/* Several memds: every copy reached every holder of its source (R of them). */
+	CHECK(h->stats.memd_degraded_writes == 0 && h->stats.memd_failovers == 0);
 	CHECK(fm_pager_unregister(p, a, REGION) == 0);
 	munmap(a, REGION);
 out:
@@ -256,18 +261,40 @@ int main(void)
 	memd = unit_start_memd_ex(sock, "256M", tcp, sizeof(tcp));
 	if (memd < 0)
 		return 1;
-	exercise(unix_addr, "shm", "shm", 1, 0);
-	exercise(unix_addr, "stream", "stream", 1, 0);
-	exercise(tcp, "stream tcp", "stream", 1, 0);
-	exercise(tcp, "stream tcp memd_copy=0", "stream", 0, 0);
+	exercise(unix_addr, "shm", "shm", 1, 0, NULL);
+	exercise(unix_addr, "stream", "stream", 1, 0, NULL);
+	exercise(tcp, "stream tcp", "stream", 1, 0, NULL);
+	exercise(tcp, "stream tcp memd_copy=0", "stream", 0, 0, NULL);
+	/*
+	 * Two memds (memd/client_multi.c): a page's copies are where its source's
+	 * were, not where the hash would put a write (reads follow the record).
+	 */
+	{
+		char sock2[80], tcp2[64], both[160];
+		pid_t memd2;
+
+		snprintf(sock2, sizeof(sock2), "%s.2", sock);
+		memd2 = unit_start_memd_ex(sock2, "256M", tcp2, sizeof(tcp2));
+		CHECK(memd2 > 0);
+		if (memd2 > 0) {
+			snprintf(both, sizeof(both), "%s,%s", tcp, tcp2);
+			exercise(both, "two memds R=1", "stream", 1, 0, "1");
+			exercise(both, "two memds R=2", "stream", 1, 0, "2");
+			kill(memd2, SIGTERM);
+			waitpid(memd2, &st, 0);
+			CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+			snprintf(both, sizeof(both), "%s.log", sock2);
+			unlink(both);
+		}
+	}
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	memd = unit_start_memd_ex(sock, FULL_CAPACITY, tcp, sizeof(tcp));
 	if (memd < 0)
 		return 1;
-	exercise(unix_addr, "shm", "shm", 1, 1);
-	exercise(tcp, "stream tcp", "stream", 1, 1);
+	exercise(unix_addr, "shm", "shm", 1, 1, NULL);
+	exercise(tcp, "stream tcp", "stream", 1, 1, NULL);
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);

@@ -10,7 +10,8 @@
  *       it its QP (-EIO) and nothing else; the good client then verifies and
  *       rewrites everything. Then a closed space: a READ with its old rkey
  *       fails (memd deregistered it at SPACE_CLOSE) and memd goes on serving
- *       the good client and a third one.
+ *       the good client and a third one. COPY between two of the good
+ *       client's spaces (memd copies; the copies read back over RDMA).
  *   rdma_peer bench rdma://ADDR:PORT tcp:ADDR:PORT [PAGES]
  *       per-page write (batches of 16) and read (batches of 1: a fault) times
  *       for both transports, and their ratio.
@@ -138,6 +139,46 @@ static int check(const char *addr)
 		uint64_t pg = n + 5;
 		const void *src[1];
 		CHECK(fm_chan_read(gc, gsp, &pg, 1, src) == -ERANGE, "bounds check");
+	}
+
+	/*
+	 * COPY (a collector's page moves): memd copies pages from one registered
+	 * space to another itself, asked over the control connection; the copies
+	 * read back over RDMA with their bytes and checksums. A page out of range
+	 * and an absent source say so and change nothing.
+	 */
+	{
+		uint64_t sp[66], dp[66];
+		uint32_t st[66], csp;
+		struct fm_range rg = { .first = 0, .npages = 1 };
+
+		CHECK(fm_xport_space_open(good, 128, &csp) == 0, "copy: space_open");
+		for (unsigned i = 0; i < 64; i++)
+			sp[i] = dp[i] = i;
+		sp[64] = n + 1;   /* out of range */
+		dp[64] = 64;
+		sp[65] = 100;     /* csp's page 100 was never written */
+		dp[65] = 65;
+		CHECK(fm_chan_copy(gc, gsp, sp, csp, dp, 64, st) == 0, "copy 64 pages");
+		for (unsigned i = 0; i < 64; i++)
+			CHECK(st[i] == FM_OK, "copy status %u: %u", i, st[i]);
+		r = verify_all(gc, csp, 64, 1, 32, buf);
+		CHECK(r == 0, "copied pages read back over RDMA: %ld", r);
+		CHECK(fm_chan_copy(gc, gsp, sp + 64, csp, dp + 64, 1, st) == 0 && st[0] == FM_E_RANGE,
+		      "copy out of range: %u", st[0]);
+		CHECK(fm_chan_copy(gc, csp, sp + 65, csp, dp + 65, 1, st) == 0 && st[0] == FM_E_ABSENT,
+		      "copy of an absent page: %u", st[0]);
+		{
+			uint64_t pg = 64;
+			const void *src[1];
+			CHECK(fm_chan_read(gc, csp, &pg, 1, src) == -ENOENT, "a refused copy wrote nothing");
+		}
+		/* A discarded source is absent again. */
+		CHECK(fm_chan_discard(gc, csp, &rg, 1) == 0, "copy: discard");
+		CHECK(fm_chan_copy(gc, csp, sp, csp, dp + 66 - 1, 1, st) == 0 && st[0] == FM_E_ABSENT,
+		      "copy of a discarded page: %u", st[0]);
+		CHECK(fm_xport_space_close(good, csp) == 0, "copy: space_close");
+		printf("rdma_peer: COPY of 64 pages between registered spaces verified over RDMA\n");
 	}
 
 	/* The hostile peer: authenticated, its own session and space. */
