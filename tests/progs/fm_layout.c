@@ -23,6 +23,10 @@ int main(void)
 	printf("  \"offsetof_swap_epoch\": %zu,\n", offsetof(struct fm_resmap_hdr, swap_epoch));
 	printf("  \"offsetof_nregions\": %zu,\n", offsetof(struct fm_resmap_hdr, nregions));
 	printf("  \"offsetof_lat_hist\": %zu,\n", offsetof(struct fm_pager_stats, lat_hist));
+	/* Counters after lat_hist take reserved words: a few of them, placed as Python places them. */
+	printf("  \"offsetof_swapva_pages_remote\": %zu,\n", offsetof(struct fm_pager_stats, swapva_pages_remote));
+	printf("  \"offsetof_swapva_remote_copied\": %zu,\n", offsetof(struct fm_pager_stats, swapva_remote_copied));
+	printf("  \"offsetof_swapva_copy_calls\": %zu,\n", offsetof(struct fm_pager_stats, swapva_copy_calls));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

@@ -109,6 +109,9 @@ def layout() -> dict:
         "offsetof_swap_epoch": ResmapHdr.swap_epoch.offset,
         "offsetof_nregions": ResmapHdr.nregions.offset,
         "offsetof_lat_hist": PagerStats.lat_hist.offset,
+        "offsetof_swapva_pages_remote": PagerStats.swapva_pages_remote.offset,
+        "offsetof_swapva_remote_copied": PagerStats.swapva_remote_copied.offset,
+        "offsetof_swapva_copy_calls": PagerStats.swapva_copy_calls.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
