@@ -9,13 +9,19 @@ with the farmem JDK in two configurations, alternating, side by side in one run:
   copy     the farmem JDK as it is (G1's full GC copies every object)
   swapva   the same JDK with `--gc swapva` (-XX:+UseFarmemSwapVA: the whole pages of objects of
            the threshold or more move through the pager, fm_pager_move, instead of being copied)
+  swapva-rw  swapva with FARMEM_MEMD_COPY=0: the pager reads each moved remote page from memd and
+           writes it back, instead of memd copying it (COPY); what it does with an older memd
+
+With --tcp the script starts one farmem-memd on 127.0.0.1 (a port the kernel picks) and every run
+uses it over TCP (`--memd tcp:... --transport stream`), where COPY keeps moved remote pages' bytes
+off the wire; without it `farmem run` starts its private memd and the pager takes shared memory.
 
 Reported per configuration: the full-GC pauses (-Xlog:gc "Pause Full"), G1's compaction phase
 (-Xlog:gc+phases "Phase 4: Compact heap"), the GC threads' faults, remote reads and writes, the
 pages fm_pager_move moved by UFFDIO_MOVE and the remote pages it moved inside memd. Figures are medians over rounds, then over --repeats.
 
     .venv/bin/python bench/bench_swapva_gc.py [--local 25,100] [--repeats 2] [--rounds 6]
-        [--heap 1g] [--arrays 250] [--json raw.json]
+        [--heap 1g] [--arrays 250] [--configs copy,swapva] [--tcp] [--json raw.json]
 
 Needs `make all` and `make jdk`.
 
@@ -110,13 +116,18 @@ def parse_gclog(rec: dict, log: str) -> None:
 def run_one(args, config: str, local: int, jdk: str, workdir: str, rep: int) -> dict:
     summary = os.path.join(workdir, f"s-{config}-{local}-{rep}.json")
     gclog = os.path.join(workdir, f"gc-{config}-{local}-{rep}.log")
-    gc = ["--gc", "swapva"] if config == "swapva" else []
-    cmd = [os.path.join(ROOT, "farmem"), "run", "--local", f"{local}%", "--summary-json", summary, *gc, "--",
+    gc = ["--gc", "swapva"] if config.startswith("swapva") else []
+    env = dict(os.environ, FARMEM_JDK=jdk)
+    if config == "swapva-rw":
+        env["FARMEM_MEMD_COPY"] = "0"
+    memd = ["--memd", args.memd_addr, "--secret-file", args.memd_secret, "--transport", "stream"] \
+        if getattr(args, "memd_addr", None) else []
+    cmd = [os.path.join(ROOT, "farmem"), "run", "--local", f"{local}%", "--summary-json", summary, *memd, *gc, "--",
            os.path.join(jdk, "bin", "java"), f"-Xmx{args.heap}", f"-Xms{args.heap}", "-XX:G1HeapRegionSize=8m",
            f"-Xlog:gc,gc+phases,gc+farmem:file={gclog}", "-cp", os.path.join(ROOT, "build", "java"),
            "LargeArrays", "--arrays", str(args.arrays), "--rounds", str(args.rounds), "--min-kb", str(args.min_kb),
            "--max-kb", str(args.max_kb), "--seed", str(rep + 1)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=dict(os.environ, FARMEM_JDK=jdk))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     rec = {"config": config, "local": local, "rep": rep, "status": r.returncode}
     if r.returncode != 0 or "largearrays: ok" not in r.stdout:
         rec["error"] = (r.stdout + r.stderr).strip().splitlines()[-6:]
@@ -124,9 +135,32 @@ def run_one(args, config: str, local: int, jdk: str, workdir: str, rep: int) -> 
     s = json.load(open(summary))
     rec.update({k: s.get(k) for k in ("elapsed_s", "gc_faults", "app_faults", "remote_reads", "swapva_calls",
                                       "swapva_pages_moved", "swapva_pages_remote", "swapva_pages_fetched",
-                                      "swapva_pages_copied", "remote_writes", "evictions")})
+                                      "swapva_pages_copied", "remote_writes", "evictions",
+                                      "swapva_remote_copied", "remote_read_bytes", "remote_write_bytes")})
     parse_gclog(rec, open(gclog).read())
     return rec
+
+
+def start_memd(args, wd: str) -> subprocess.Popen:
+    """A farmem-memd on 127.0.0.1 at a port the kernel picks (its log names it): no fixed port."""
+    args.memd_secret = os.path.join(wd, "memd.secret")
+    with open(args.memd_secret, "w") as f:
+        f.write(os.urandom(16).hex() + "\n")
+    log = os.path.join(wd, "memd.log")
+    r, w = os.pipe()
+    with open(log, "w") as lf:
+        p = subprocess.Popen([os.path.join(ROOT, "build", "bin", "farmem-memd"), "--listen", "127.0.0.1:0",
+                              "--secret-file", args.memd_secret, "--log", "info", "--ready-fd", str(w)],
+                             pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=lf, stderr=lf)
+    os.close(w)
+    ready = os.read(r, 16)
+    os.close(r)
+    m = re.search(r"listening on (tcp:127\.0\.0\.1:\d+)", open(log).read())
+    if ready != b"ready\n" or not m:
+        p.kill()
+        sys.exit("bench_swapva_gc: memd did not start:\n" + open(log).read()[-2000:])
+    args.memd_addr = m.group(1)
+    return p
 
 
 def med(recs, key):
@@ -191,6 +225,8 @@ def main() -> int:
     ap.add_argument("--min-kb", type=int, default=300)
     ap.add_argument("--max-kb", type=int, default=2048)
     ap.add_argument("--timeout", type=int, default=1200)
+    ap.add_argument("--configs", default="copy,swapva", help="of copy, swapva, swapva-rw; alternated in this order")
+    ap.add_argument("--tcp", action="store_true", help="one memd on 127.0.0.1 over TCP for every run")
     ap.add_argument("--json", help="write the raw records here")
     ap.add_argument("--direct", action="store_true", help="no farmem run, no pager: libswapva's backend (see above)")
     ap.add_argument("--jdk", help="the farmem JDK home (default: hotspot/build.sh's)")
@@ -201,41 +237,52 @@ def main() -> int:
     jdk = args.jdk or farmem_jdk()
     if args.direct:
         return main_direct(args, jdk)
+    configs = args.configs.split(",")
+    if not configs or any(c not in ("copy", "swapva", "swapva-rw") for c in configs):
+        ap.error("--configs: a comma-separated list of copy, swapva, swapva-rw")
     locals_ = [int(x) for x in args.local.split(",")]
     recs = []
     with tempfile.TemporaryDirectory(prefix="farmem-bench-swapva-") as wd:
-        for local in locals_:
-            for rep in range(args.repeats):
-                for config in ("copy", "swapva"):
-                    rec = run_one(args, config, local, jdk, wd, rep)
-                    recs.append(rec)
-                    print(json.dumps(rec), file=sys.stderr)
+        memd = start_memd(args, wd) if args.tcp else None
+        try:
+            for local in locals_:
+                for rep in range(args.repeats):
+                    for config in configs:
+                        rec = run_one(args, config, local, jdk, wd, rep)
+                        recs.append(rec)
+                        print(json.dumps(rec), file=sys.stderr)
+        finally:
+            if memd:
+                memd.terminate()
+                memd.wait(10)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(recs, f, indent=1)
     failed = [r for r in recs if r["status"] != 0 or "error" in r]
     print(f"LargeArrays --arrays {args.arrays} --rounds {args.rounds} --min-kb {args.min_kb} --max-kb {args.max_kb}, "
-          f"-Xmx{args.heap} -XX:G1HeapRegionSize=8m, medians of {args.repeats} runs (each: median full GC after the first)")
+          f"-Xmx{args.heap} -XX:G1HeapRegionSize=8m, medians of {args.repeats} runs (each: median full GC after the first)"
+          + (f"; memd over TCP at {args.memd_addr}" if args.tcp else ""))
     print()
     print("| local | config | full-GC pause (ms) | phase 4 compact (ms) | GC-thread faults | remote reads "
-          "| remote writes | pages moved (UFFDIO_MOVE) | remote pages moved in memd | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| remote writes | pages moved (UFFDIO_MOVE) | remote pages moved in memd | of them copied by memd | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for local in locals_:
         row = {}
-        for config in ("copy", "swapva"):
+        for config in configs:
             rs = [r for r in recs if r["local"] == local and r["config"] == config and "error" not in r]
             row[config] = {k: med(rs, k) for k in ("pause_ms", "phase4_ms", "gc_faults", "remote_reads",
                                                    "remote_writes", "swapva_pages_moved", "swapva_pages_remote",
-                                                   "elapsed_s")}
+                                                   "swapva_remote_copied", "elapsed_s")}
             v = row[config]
             fmt = lambda x, d=1: "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
             print(f"| {local}% | {config} | {fmt(v['pause_ms'])} | {fmt(v['phase4_ms'])} | {fmt(v['gc_faults'], 0)} "
                   f"| {fmt(v['remote_reads'], 0)} | {fmt(v['remote_writes'], 0)} | {fmt(v['swapva_pages_moved'], 0)} "
-                  f"| {fmt(v['swapva_pages_remote'], 0)} | {fmt(v['elapsed_s'])} |")
-        c, s = row["copy"], row["swapva"]
-        if c["pause_ms"] and s["pause_ms"]:
-            print(f"| {local}% | copy/swapva | {c['pause_ms'] / s['pause_ms']:.2f}x | "
-                  f"{(c['phase4_ms'] or 0) / (s['phase4_ms'] or 1):.2f}x | | | | | | |")
+                  f"| {fmt(v['swapva_pages_remote'], 0)} | {fmt(v['swapva_remote_copied'], 0)} | {fmt(v['elapsed_s'])} |")
+        for a, b in (("copy", "swapva"), ("swapva-rw", "swapva")):
+            c, s = row.get(a), row.get(b)
+            if c and s and c["pause_ms"] and s["pause_ms"]:
+                print(f"| {local}% | {a}/{b} | {c['pause_ms'] / s['pause_ms']:.2f}x | "
+                      f"{(c['phase4_ms'] or 0) / (s['phase4_ms'] or 1):.2f}x | | | | | | | |")
     if failed:
         print(f"\n{len(failed)} runs failed: " + "; ".join(str(r.get('error')) for r in failed), file=sys.stderr)
         return 1

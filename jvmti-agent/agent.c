@@ -211,6 +211,14 @@ static int parse_options(const char *options, struct agent_opts *o, char *err, s
 		snprintf(err, errlen, "%s", msg);
 		return -EINVAL;
 	}
+	/* The same for memd_copy (fm_pager_move: COPY or read+write); the option wins too. */
+	if ((env = getenv("FARMEM_MEMD_COPY")) && *env &&
+	    fm_pager_cfg_set(&o->cfg, "memd_copy", env, err, errlen)) {
+		char msg[512];
+		snprintf(msg, sizeof(msg), "FARMEM_MEMD_COPY: %s", err);
+		snprintf(err, errlen, "%s", msg);
+		return -EINVAL;
+	}
 	copy = strdup(options ? options : "");
 	if (!copy) {
 		snprintf(err, errlen, "out of memory");
