@@ -60,7 +60,7 @@ enum fm_status {
 	FM_E_FULL      = 7,  /* memd or session quota full: the client keeps the page */
 	FM_E_NOSPACE   = 8,  /* no such space in this session */
 	FM_E_CRC       = 9,  /* page data does not match its checksum */
-	FM_E_ABSENT    = 10, /* READ of a page that was never written (or discarded) */
+	FM_E_ABSENT    = 10, /* READ (COPY: its source) of a page never written, or discarded */
 	FM_E_STATE     = 11, /* op not allowed now (before auth, no session, ...) */
 	FM_E_NOSHM     = 12, /* SHM_MAP over a transport that cannot pass fds */
 	FM_E_INTERNAL  = 13,
