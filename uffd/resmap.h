@@ -131,7 +131,9 @@ struct fm_pager_stats {
 	uint64_t split_handler_ns;
 	uint64_t split_transport_ns;
 	uint64_t split_copy_ns;
-	uint64_t reserved[15];      /* the block after lat_hist is 32 words; stats end the header */
+	/* Zero fills taken by GC threads (of gc_faults; the rest are remote reads). */
+	uint64_t gc_zero_fills;
+	uint64_t reserved[14];      /* the block after lat_hist is 32 words; stats end the header */
 };
 
 struct fm_resmap_hdr {

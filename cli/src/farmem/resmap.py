@@ -60,8 +60,10 @@ SWAPVA_FIELDS = (
 SHMEM_FIELDS = ("minor_faults",)
 # Then the fault path split of remote demand faults (issue 5; bench/progs/faultlat.c --split).
 SPLIT_FIELDS = ("split_faults", "split_handler_ns", "split_transport_ns", "split_copy_ns")
+# Of gc_faults, the zero fills (the rest were read from memd).
+GC_FIELDS = ("gc_zero_fills",)
 # The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
-TAIL_FIELDS = MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS
+TAIL_FIELDS = MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + GC_FIELDS
 
 
 class PagerStats(ctypes.Structure):
@@ -192,7 +194,7 @@ SUMMED = (
     "evict_batches", "evict_syscalls", "direct_evictions",
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
-) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS
+) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + GC_FIELDS
 # Page gauges, reported in bytes.
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",
