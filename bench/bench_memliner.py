@@ -24,7 +24,7 @@ do not read wall times from a --threads run.
 
     .venv/bin/python bench/bench_memliner.py [--workloads objgraph,gcchurn] [--local 25] [--heap 512m]
         [--repeats 1] [--configs stock,patched-off,memliner,memliner+wait] [--wait-ms MS]
-        [--wait-args "-XX:FarmemEpochDelta=8"] [--threads] [--jdk HOME] [--json raw.json]
+        [--wait-args=-XX:FarmemEpochDelta=8] [--threads] [--jdk HOME] [--json raw.json]
 
 Needs `make all` and `make jdk` (it runs hotspot/build.sh, a cache hit, to find the farmem JDK).
 """

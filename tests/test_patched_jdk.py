@@ -93,10 +93,11 @@ def test_gcchurn_memliner_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_b
 def test_marking_waits_for_the_application_verified(farmem_jdk, farmem_cmd, build, jvm_built, tmp_path):
     """Waiting mode: marking tasks with only remote work left sleep between steps (two of them, so
     the termination protocol sees a task waiting), the self-checking program exits 0 with G1
-    verifying the heap around every pause, and the log shows the waits and what came in."""
+    verifying the heap around every pause, and the log shows the waits and what came in. The heap
+    has room (384 MiB for 100 MiB live): below 15% free, MemLiner's red zone, nothing waits."""
     r = run(farmem_cmd + ["run", "--gc", "memliner", "--local", "25%", "--",
-                          "java", "-Xmx256m", "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC",
-                          "-XX:ConcGCThreads=2", "-Dfarmem.markWaitMillis=300", "-Dfarmem.markWaitMicros=500",
+                          "java", "-Xmx384m", "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC",
+                          "-XX:ConcGCThreads=2", "-XX:-UseDynamicNumberOfGCThreads", "-Dfarmem.markWaitMillis=300", "-Dfarmem.markWaitMicros=500",
                           "-XX:InitiatingHeapOccupancyPercent=20", "-Xlog:gc+farmem", "-Xlog:gc",
                           "-cp", build / "java", "GcChurn", "--live-mb", "100", "--seconds", "8"], timeout=900)
     out = r.stdout + r.stderr
@@ -108,7 +109,7 @@ def test_marking_waits_for_the_application_verified(farmem_jdk, farmem_cmd, buil
     assert sum(w[0] for w in waits) > 0, "marking never waited:\n" + "\n".join(
         l for l in r.stdout.splitlines() if "MemLiner" in l)
     for n, ms, longest, _, _ in waits:
-        assert longest <= 300 + 50 and ms <= 2 * (300 + 50)  # the budget bounds each task's waits
+        assert longest <= 300 + 100 and ms <= 2 * (300 + 100)  # the budget bounds each task's sleeps
         assert n == 0 or ms > 0
 
 
