@@ -44,7 +44,7 @@ def test_version_and_flags(farmem_jdk):
     assert r.returncode == 0, r.stderr
     assert "farmem" in r.stderr  # 17.0.19+10-farmem
     for flag in ("UseFarmemMemLiner", "FarmemResidencyMap", "FarmemMaxPostpone", "FarmemEpochDelta",
-                 "FarmemPostponeBufferSize"):
+                 "FarmemPostponeBufferSize", "FarmemMarkWaitMillis", "FarmemMarkWaitMicros"):
         assert re.search(rf"\b{flag}\b", r.stdout), flag
 
 
@@ -59,6 +59,10 @@ def test_memliner_flag_needs_g1(farmem_jdk, gc):
 def test_bad_knob_values_rejected(farmem_jdk):
     r = run([farmem_jdk / "bin" / "java", "-XX:FarmemMaxPostpone=1000", "-version"])
     assert r.returncode != 0 and "FarmemMaxPostpone" in r.stdout + r.stderr
+    r = run([farmem_jdk / "bin" / "java", "-XX:FarmemMarkWaitMicros=5", "-version"])
+    assert r.returncode != 0 and "FarmemMarkWaitMicros" in r.stdout + r.stderr
+    r = run([farmem_jdk / "bin" / "java", "-XX:FarmemMarkWaitMillis=-1", "-version"])
+    assert r.returncode != 0 and "FarmemMarkWaitMillis" in r.stdout + r.stderr
 
 
 def test_memliner_without_pager_is_stock(farmem_jdk, build, jvm_built):
@@ -97,7 +101,7 @@ def test_marking_waits_for_the_application_verified(farmem_jdk, farmem_cmd, buil
     has room (384 MiB for 100 MiB live): below 15% free, MemLiner's red zone, nothing waits."""
     r = run(farmem_cmd + ["run", "--gc", "memliner", "--local", "25%", "--",
                           "java", "-Xmx384m", "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC",
-                          "-XX:ConcGCThreads=2", "-XX:-UseDynamicNumberOfGCThreads", "-Dfarmem.markWaitMillis=300", "-Dfarmem.markWaitMicros=500",
+                          "-XX:ConcGCThreads=2", "-XX:-UseDynamicNumberOfGCThreads", "-XX:FarmemMarkWaitMillis=300", "-XX:FarmemMarkWaitMicros=500",
                           "-XX:InitiatingHeapOccupancyPercent=20", "-Xlog:gc+farmem", "-Xlog:gc",
                           "-cp", build / "java", "GcChurn", "--live-mb", "100", "--seconds", "8"], timeout=900)
     out = r.stdout + r.stderr
@@ -115,24 +119,13 @@ def test_marking_waits_for_the_application_verified(farmem_jdk, farmem_cmd, buil
 
 def test_marking_wait_off_never_waits(farmem_jdk, farmem_cmd, build, jvm_built):
     r = run(farmem_cmd + ["run", "--gc", "memliner", "--local", "25%", "--",
-                          "java", "-Xmx256m", "-Dfarmem.markWaitMillis=0", "-XX:InitiatingHeapOccupancyPercent=20",
+                          "java", "-Xmx256m", "-XX:FarmemMarkWaitMillis=0", "-XX:InitiatingHeapOccupancyPercent=20",
                           "-Xlog:gc+farmem", "-cp", build / "java", "GcChurn", "--live-mb", "100", "--seconds", "4"],
             timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     waits = [int(m[1]) for m in WAITS.finditer(r.stdout)]
     assert waits and not any(waits)
     assert "wait budget 0 ms per task" in r.stdout
-
-
-def test_bad_wait_property_warns_and_uses_the_default(farmem_jdk, farmem_cmd, build, jvm_built):
-    r = run(farmem_cmd + ["run", "--gc", "memliner", "--local", "50%", "--",
-                          "java", "-Xmx256m", "-Dfarmem.markWaitMicros=5", "-XX:InitiatingHeapOccupancyPercent=20",
-                          "-Xlog:gc+farmem", "-cp", build / "java", "GcChurn", "--live-mb", "100", "--seconds", "3"],
-            timeout=900)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
-    assert out.count("-Dfarmem.markWaitMicros=5 is not a whole number from 10 to 100000: using 500") == 1, out[-4000:]
-    assert "sleeps of 500 us" in r.stdout
 
 
 def test_cli_refuses_memliner_with_parallel(farmem_jdk, farmem_cmd, build, jvm_built):
