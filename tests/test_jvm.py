@@ -63,6 +63,7 @@ def test_heap_integrity_at_25_percent(farmem_cmd, java_cp, tmp_path, private_tmp
     s = json.loads(summary.read_text())
     assert s["remote_reads"] > 0 and s["evictions"] > 0, s
     assert s["gc_faults"] > 0 and s["app_faults"] > 0, s
+    assert 0 < s["gc_zero_fills"] < s["gc_faults"], s  # GC threads evacuate into fresh pages and read remote ones
     assert s["local_limit_bytes"] == 128 << 20
     # The JVM's exit leaves nothing behind: no memd, no shared memory, no private directory.
     assert not memds_using(private_tmp)

@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 STOCK_JAVA = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java"
 CYCLE_END = re.compile(r"MemLiner: cycle end.*?: postponed (\d+) \((\d+) objects, (\d+) references\).*?"
                        r"swap epoch (\d+)->(\d+); GC-thread faults (\d+)")
+WAITS = re.compile(r"MemLiner: cycle end.*; waited (\d+) times, ([\d.]+) ms \(longest task ([\d.]+) ms\), "
+                   r"came in while waiting (\d+), forced without waiting (\d+)")
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +48,7 @@ def test_version_and_flags(farmem_jdk):
     assert r.returncode == 0, r.stderr
     assert "farmem" in r.stderr  # 17.0.19+10-farmem
     for flag in ("UseFarmemMemLiner", "FarmemResidencyMap", "FarmemMaxPostpone", "FarmemEpochDelta",
-                 "FarmemPostponeBufferSize"):
+                 "FarmemPostponeBufferSize", "FarmemMarkWaitMillis", "FarmemMarkWaitMicros"):
         assert re.search(rf"\b{flag}\b", r.stdout), flag
 
 
@@ -61,6 +63,10 @@ def test_memliner_flag_needs_g1(farmem_jdk, gc):
 def test_bad_knob_values_rejected(farmem_jdk):
     r = run([farmem_jdk / "bin" / "java", "-XX:FarmemMaxPostpone=1000", "-version"])
     assert r.returncode != 0 and "FarmemMaxPostpone" in r.stdout + r.stderr
+    r = run([farmem_jdk / "bin" / "java", "-XX:FarmemMarkWaitMicros=5", "-version"])
+    assert r.returncode != 0 and "FarmemMarkWaitMicros" in r.stdout + r.stderr
+    r = run([farmem_jdk / "bin" / "java", "-XX:FarmemMarkWaitMillis=-1", "-version"])
+    assert r.returncode != 0 and "FarmemMarkWaitMillis" in r.stdout + r.stderr
 
 
 def test_memliner_without_pager_is_stock(farmem_jdk, build, jvm_built):
@@ -90,6 +96,40 @@ def test_gcchurn_memliner_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_b
     assert sum(c[0] for c in cycles) > 0, "no postponements:\n" + "\n".join(
         l for l in r.stdout.splitlines() if "MemLiner" in l)
     assert "residency map attached" in r.stdout
+
+
+def test_marking_waits_for_the_application_verified(farmem_jdk, farmem_cmd, build, jvm_built, tmp_path):
+    """Waiting mode: marking tasks with only remote work left sleep between steps (two of them, so
+    the termination protocol sees a task waiting), the self-checking program exits 0 with G1
+    verifying the heap around every pause, and the log shows the waits and what came in. The heap
+    has room (384 MiB for 100 MiB live): below 15% free, MemLiner's red zone, nothing waits."""
+    r = run(farmem_cmd + ["run", "--gc", "memliner", "--local", "25%", "--",
+                          "java", "-Xmx384m", "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC",
+                          "-XX:ConcGCThreads=2", "-XX:-UseDynamicNumberOfGCThreads", "-XX:FarmemMarkWaitMillis=300", "-XX:FarmemMarkWaitMicros=500",
+                          "-XX:InitiatingHeapOccupancyPercent=20", "-Xlog:gc+farmem", "-Xlog:gc",
+                          "-cp", build / "java", "GcChurn", "--live-mb", "100", "--seconds", "8"], timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout and "hs_err" not in out
+    assert "wait budget 300 ms per task, sleeps of 500 us" in r.stdout
+    waits = [(int(m[1]), float(m[2]), float(m[3]), int(m[4]), int(m[5])) for m in WAITS.finditer(r.stdout)]
+    assert waits, "no cycle-end lines with waits:\n" + r.stdout[-4000:]
+    assert sum(w[0] for w in waits) > 0, "marking never waited:\n" + "\n".join(
+        l for l in r.stdout.splitlines() if "MemLiner" in l)
+    for n, ms, longest, _, _ in waits:
+        assert longest <= 300 + 100 and ms <= 2 * (300 + 100)  # the budget bounds each task's sleeps
+        assert n == 0 or ms > 0
+
+
+def test_marking_wait_off_never_waits(farmem_jdk, farmem_cmd, build, jvm_built):
+    r = run(farmem_cmd + ["run", "--gc", "memliner", "--local", "25%", "--",
+                          "java", "-Xmx256m", "-XX:FarmemMarkWaitMillis=0", "-XX:InitiatingHeapOccupancyPercent=20",
+                          "-Xlog:gc+farmem", "-cp", build / "java", "GcChurn", "--live-mb", "100", "--seconds", "4"],
+            timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    waits = [int(m[1]) for m in WAITS.finditer(r.stdout)]
+    assert waits and not any(waits)
+    assert "wait budget 0 ms per task" in r.stdout
 
 
 def test_cli_refuses_memliner_with_parallel(farmem_jdk, farmem_cmd, build, jvm_built):

@@ -830,7 +830,9 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 			STAT_ADD(p, faults, 1);
 			if (gc)
 				STAT_ADD(p, gc_faults, 1);
-			else
+			if (gc && s == FM_PG_UNTOUCHED)
+				STAT_ADD(p, gc_zero_fills, 1);
+			if (!gc)
 				STAT_ADD(p, app_faults, 1);
 			/*
 			 * GC threads get zero runs only: their copying into fresh

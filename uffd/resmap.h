@@ -139,7 +139,9 @@ struct fm_pager_stats {
 	 */
 	uint64_t swapva_remote_copied;
 	uint64_t swapva_copy_calls;  /* fm_chan_copy calls (one per batch of up to 256 pages) */
-	uint64_t reserved[13];      /* the block after lat_hist is 32 words; stats end the header */
+	/* Zero fills taken by GC threads (of gc_faults; the rest are remote reads). */
+	uint64_t gc_zero_fills;
+	uint64_t reserved[12];      /* the block after lat_hist is 32 words; stats end the header */
 };
 
 struct fm_resmap_hdr {

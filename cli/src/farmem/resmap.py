@@ -62,8 +62,10 @@ SHMEM_FIELDS = ("minor_faults",)
 SPLIT_FIELDS = ("split_faults", "split_handler_ns", "split_transport_ns", "split_copy_ns")
 # Then fm_pager_move's remote pages that memd copied itself (COPY; issue 7), and its COPY calls.
 SWAPVA_COPY_FIELDS = ("swapva_remote_copied", "swapva_copy_calls")
+# Of gc_faults, the zero fills (the rest were read from memd).
+GC_FIELDS = ("gc_zero_fills",)
 # The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
-TAIL_FIELDS = MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS
+TAIL_FIELDS = MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
 
 
 class PagerStats(ctypes.Structure):
@@ -197,7 +199,7 @@ SUMMED = (
     "evict_batches", "evict_syscalls", "direct_evictions",
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
-) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS
+) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
 # Page gauges, reported in bytes.
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",
