@@ -6,9 +6,9 @@ Each workload runs under `./farmem run --local PCT` in these configurations:
 
   stock          the system JDK 17 (stock HotSpot), G1
   patched-off    the farmem JDK without -XX:+UseFarmemMemLiner (the same VM build, stock marking)
-  memliner       `--gc memliner -XX:FarmemMarkWaitMillis=0`: marking postpones remote objects and
-                 forces them when a task has nothing else left
-  memliner+wait  `--gc memliner` (waiting on; -XX:FarmemMarkWaitMillis=--wait-ms): a task with only
+  memliner       `--gc memliner` (-XX:FarmemMarkWaitMillis=0, the default): marking postpones remote
+                 objects and forces them when a task has nothing else left
+  memliner+wait  `--gc memliner -XX:FarmemMarkWaitMillis=--wait-ms` (waiting on): a task with only
                  remote work left sleeps between marking steps until the program faults pages in
 
 and the table shows, side by side, the faults taken by GC threads (the pager's gc_faults: the
@@ -121,7 +121,7 @@ def run_one(args, config: str, workload: str, jdk: str, workdir: str, rep: int) 
     java = "java" if config in ("stock", "memliner", "memliner+wait") else os.path.join(jdk, "bin", "java")
     gc = ["--gc", "memliner"] if config.startswith("memliner") else []
     extra = {"memliner": ["-XX:FarmemMarkWaitMillis=0"],
-             "memliner+wait": ([f"-XX:FarmemMarkWaitMillis={args.wait_ms}"] if args.wait_ms else []) +
+             "memliner+wait": [f"-XX:FarmemMarkWaitMillis={args.wait_ms}"] +
                               args.wait_args.split()}.get(config, [])
     logsel = "gc,gc+farmem" if config != "stock" else "gc"
     cmd = [os.path.join(ROOT, "farmem"), "run", "--local", f"{args.local}%", "--summary-json", summary, *gc, "--",
@@ -170,7 +170,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", default="objgraph,gcchurn")
     ap.add_argument("--configs", default="stock,patched-off,memliner,memliner+wait")
-    ap.add_argument("--wait-ms", default="", help="-XX:FarmemMarkWaitMillis of memliner+wait (default: the JVM's, 1000)")
+    ap.add_argument("--wait-ms", default="1000", help="-XX:FarmemMarkWaitMillis of memliner+wait (the JVM's default is 0: off)")
     ap.add_argument("--wait-args", default="", help="more JVM flags for memliner+wait, e.g. -XX:FarmemEpochDelta=8")
     ap.add_argument("--local", type=int, default=25)
     ap.add_argument("--heap", default="512m")

@@ -121,9 +121,10 @@ def test_marking_waits_for_the_application_verified(farmem_jdk, farmem_cmd, buil
         assert n == 0 or ms > 0
 
 
-def test_marking_wait_off_never_waits(farmem_jdk, farmem_cmd, build, jvm_built):
+def test_marking_wait_is_off_by_default(farmem_jdk, farmem_cmd, build, jvm_built):
+    """Waiting is opt-in (-XX:FarmemMarkWaitMillis=N): measured, it did not beat postponing alone."""
     r = run(farmem_cmd + ["run", "--gc", "memliner", "--local", "25%", "--",
-                          "java", "-Xmx256m", "-XX:FarmemMarkWaitMillis=0", "-XX:InitiatingHeapOccupancyPercent=20",
+                          "java", "-Xmx256m", "-XX:InitiatingHeapOccupancyPercent=20",
                           "-Xlog:gc+farmem", "-cp", build / "java", "GcChurn", "--live-mb", "100", "--seconds", "4"],
             timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
@@ -280,10 +281,12 @@ def test_largearrays_swapva_tight_heap_serial_compaction(farmem_jdk, farmem_cmd,
     So close to full, a run may also end in OutOfMemoryError, as it does with stock G1 (seed 7 did
     with and without SwapVA): that run says nothing, but it must not have read a wrong element."""
     serial = 0
-    for seed in (3, 5, 7, 11, 13):
+    # (arrays, seed) pairs that went serial and survived here (2026-11-22: 148/3, 148/11, 146/11,
+    # 144/7 did; 150 arrays mostly ran out of heap right after): G1's parallel phases decide.
+    for arrays, seed in ((148, 3), (148, 11), (146, 11), (144, 7), (150, 3), (150, 11)):
         r = run(farmem_cmd + ["run", "--gc", "swapva", "--local", "25%", "--", "java", "-Xmx216m",
                               "-XX:G1HeapRegionSize=8m", *VERIFY, "-Xlog:gc+phases=debug", "-Xlog:gc+farmem",
-                              "-cp", build / "java", "LargeArrays", "--arrays", "150", "--rounds", "3",
+                              "-cp", build / "java", "LargeArrays", "--arrays", str(arrays), "--rounds", "3",
                               "--free-pct", "20", "--seed", str(seed)], timeout=900)
         out = r.stdout + r.stderr
         assert "largearrays: FAILED" not in out and "fatal error" not in out and "hs_err" not in out, out[-3000:]
@@ -296,4 +299,4 @@ def test_largearrays_swapva_tight_heap_serial_compaction(farmem_jdk, farmem_cmd,
         if serial:
             break
     if not serial:
-        pytest.skip("G1 did not compact serially in 5 runs (each was checked and right, or ran out of heap)")
+        pytest.skip("G1 did not compact serially in 6 runs (each was checked and right, or ran out of heap)")
