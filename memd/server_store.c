@@ -666,6 +666,32 @@ int memd_space_read(struct memd_store *st, struct memd_space *sp,
 	return 0;
 }
 
+/*
+ * A page's bytes are in place at m: publish it with its crc (a shared-memory
+ * reader that sees PRESENT sees data and crc), and charge a page new to sp to
+ * its session, from *held (reserved for the batch) or now. FM_E_FULL when the
+ * page was present when checked but discarded by a concurrent request since,
+ * and no room is left: it is taken back.
+ */
+static uint32_t publish(struct memd_store *st, struct memd_space *sp, struct fm_shm_meta *m,
+			uint32_t crc, bool counted, uint64_t *held)
+{
+	uint32_t old;
+
+	__atomic_store_n(&m->crc, crc, __ATOMIC_RELAXED);
+	old = __atomic_exchange_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
+	if (!counted || (old & FM_SHM_PRESENT))
+		return FM_OK;
+	if (!*held && !reserve(st, sp->sess, 1)) {
+		__atomic_store_n(&m->flags, 0, __ATOMIC_RELEASE);
+		return FM_E_FULL;
+	}
+	if (*held)
+		(*held)--;
+	__atomic_fetch_add(&sp->present, 1, __ATOMIC_RELAXED);
+	return FM_OK;
+}
+
 int memd_space_write(struct memd_store *st, struct memd_space *sp,
 		     const struct fm_write_ent *ents, const uint8_t *data,
 		     uint32_t n, uint8_t *status_out)
@@ -702,7 +728,6 @@ int memd_space_write(struct memd_store *st, struct memd_space *sp,
 	for (uint32_t i = 0; i < n; i++) {
 		struct fm_write_ent e;
 		struct fm_shm_meta *m;
-		uint32_t old;
 
 		if (status[i] != FM_OK)
 			continue;
@@ -717,26 +742,11 @@ int memd_space_write(struct memd_store *st, struct memd_space *sp,
 		known_set(sp, e.page / MEMD_META_PER_PAGE);
 		memcpy(sp->map + e.page * FM_PAGE_SIZE, data + (size_t)i * FM_PAGE_SIZE,
 		       FM_PAGE_SIZE);
-		__atomic_store_n(&m->crc, e.crc, __ATOMIC_RELAXED);
-		/* Publish: a shared-memory reader that sees PRESENT sees data and crc. */
-		old = __atomic_exchange_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
-		ok++;
-		if (!counted || (old & FM_SHM_PRESENT))
-			continue;
-		if (!held && !reserve(st, sp->sess, 1)) {
-			/*
-			 * Present when checked, discarded by a concurrent request
-			 * since: with no room left, take the page back.
-			 */
-			__atomic_store_n(&m->flags, 0, __ATOMIC_RELEASE);
-			status[i] = FM_E_FULL;
+		status[i] = publish(st, sp, m, e.crc, counted, &held);
+		if (status[i] == FM_OK)
+			ok++;
+		else
 			full++;
-			ok--;
-			continue;
-		}
-		if (held)
-			held--;
-		__atomic_fetch_add(&sp->present, 1, __ATOMIC_RELAXED);
 	}
 	unreserve(st, sp->sess, held);
 	pthread_rwlock_unlock(&sp->rw);
@@ -792,7 +802,7 @@ int memd_space_copy(struct memd_store *st, struct memd_space *src, struct memd_s
 	for (uint32_t i = 0; i < n; i++) {
 		struct fm_copy_ent e;
 		struct fm_shm_meta *m;
-		uint32_t old, crc;
+		uint32_t crc;
 
 		if (status[i] != FM_OK)
 			continue;
@@ -823,22 +833,11 @@ int memd_space_copy(struct memd_store *st, struct memd_space *src, struct memd_s
 		 */
 		memcpy(dst->map + e.dst_page * FM_PAGE_SIZE, src->map + e.src_page * FM_PAGE_SIZE,
 		       FM_PAGE_SIZE);
-		__atomic_store_n(&m->crc, crc, __ATOMIC_RELAXED);
-		old = __atomic_exchange_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
-		ok++;
-		if (!counted || (old & FM_SHM_PRESENT))
-			continue;
-		if (!held && !reserve(st, dst->sess, 1)) {
-			/* Discarded by a concurrent request since it was checked, and no room left. */
-			__atomic_store_n(&m->flags, 0, __ATOMIC_RELEASE);
-			status[i] = FM_E_FULL;
+		status[i] = publish(st, dst, m, crc, counted, &held);
+		if (status[i] == FM_OK)
+			ok++;
+		else
 			full++;
-			ok--;
-			continue;
-		}
-		if (held)
-			held--;
-		__atomic_fetch_add(&dst->present, 1, __ATOMIC_RELAXED);
 	}
 	unreserve(st, dst->sess, held);
 	if (hi != lo)
