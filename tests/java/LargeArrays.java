@@ -15,6 +15,8 @@
  *
  *   java -Xmx512m -XX:G1HeapRegionSize=8m -cp build/java LargeArrays
  *        [--arrays 150] [--min-kb 300] [--max-kb 2048] [--rounds 6] [--free-pct 40] [--seed 1]
+ *        [--squeeze]   (each round also fills the heap until an OutOfMemoryError: full GCs
+ *                       with no region to free, which G1 compacts serially; then checks again)
  *
  * Prints one line per round with the full-GC pause the JVM reports
  * ("round N: gc-ms X ...") and exits 0 with "largearrays: ok ..." only if every
@@ -77,6 +79,7 @@ public final class LargeArrays {
     public static void main(String[] args) {
         int arrays = 150, minKb = 300, maxKb = 2048, rounds = 6, freePct = 40;
         long seed = 1;
+        boolean squeeze = false;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--arrays": arrays = Integer.parseInt(args[++i]); break;
@@ -85,8 +88,9 @@ public final class LargeArrays {
                 case "--rounds": rounds = Integer.parseInt(args[++i]); break;
                 case "--free-pct": freePct = Integer.parseInt(args[++i]); break;
                 case "--seed": seed = Long.parseLong(args[++i]); break;
+                case "--squeeze": squeeze = true; break;
                 default:
-                    System.err.println("usage: LargeArrays [--arrays N] [--min-kb K] [--max-kb K] [--rounds R] [--free-pct P] [--seed S]");
+                    System.err.println("usage: LargeArrays [--arrays N] [--min-kb K] [--max-kb K] [--rounds R] [--free-pct P] [--seed S] [--squeeze]");
                     System.exit(2);
             }
         }
@@ -144,6 +148,25 @@ public final class LargeArrays {
             totalBig = live;
             System.out.printf("round %d: gc-ms %d wall-ms %d large-replaced %d large-live-mb %d%n",
                               round, gc, wall, freed, live >> 20);
+            if (squeeze) {
+                // Fill the heap with large fillers until allocation fails: G1's last full GCs before
+                // the OutOfMemoryError find no region to free and compact serially (phase 2c),
+                // moving this table's arrays too. Then let the fillers go, and check everything.
+                java.util.ArrayList<byte[]> fill = new java.util.ArrayList<>(4096);
+                int n = 0;
+                try {
+                    while (true) {
+                        fill.add(new byte[512 * 1024]);
+                        n++;
+                    }
+                } catch (OutOfMemoryError e) {
+                    fill = null;
+                }
+                System.gc();
+                for (int k = 0; k < arrays; k++) check(big[k], bigTag[k], "large", round);
+                for (int s = 0; s < small.length; s++) if (small[s] != null) check(small[s], smallTag[s], "small", round);
+                System.out.printf("round %d: squeezed in %d fillers of 512 KiB until the heap was full%n", round, n);
+            }
         }
         System.out.printf("largearrays: ok rounds=%d arrays=%d checked=%d gc-ms=%d large-live-mb=%d%n",
                           rounds, arrays, checked, totalGcMs, totalBig >> 20);
