@@ -122,9 +122,9 @@ $(B)/bench/swapva_bench: bench/progs/swapva_bench.c $(SWAPVA_SRCS) $(HDRS) | $(B
 	$(CC) $(CFLAGS) -o $@ $< $(SWAPVA_SRCS) -lpthread
 
 # Drives the pager library itself (fm_pager_move against a private memd).
-$(B)/bench/move_remote: bench/progs/move_remote.c $(B)/lib/libfarmem_pager.a $(HDRS) | $(B)/.deps-ok
+$(B)/bench/move_remote: bench/progs/move_remote.c tests/unit/memd_spawn.h $(B)/lib/libfarmem_pager.a $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(B)/lib/libfarmem_pager.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(B)/lib/libfarmem_pager.a $(LDLIBS)
 
 $(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)

@@ -41,7 +41,7 @@
  * libibverbs and librdmacm (and the netlink libraries under them) are opened
  * when an rdma:// address is first used, not linked: the preload shim goes
  * into every process `farmem run` starts, and loading them cost each exec
- * about half a millisecond. The calls below go through this table; the
+ * about half a millisecond. Calls go through this table (verbs.ibv_...); the
  * verbs that are inline in the headers (post, poll, notify) call through the
  * device's own ops and need no symbol.
  */
@@ -97,32 +97,6 @@ static int verbs_load(char *err, size_t errlen)
 	return -ELIBACC;
 }
 
-/* From here on the names mean the table's entries (a macro does not expand inside itself). */
-#define ibv_alloc_pd verbs.ibv_alloc_pd
-#define ibv_dealloc_pd verbs.ibv_dealloc_pd
-#define ibv_reg_mr verbs.ibv_reg_mr
-#define ibv_dereg_mr verbs.ibv_dereg_mr
-#define ibv_query_device verbs.ibv_query_device
-#define ibv_create_comp_channel verbs.ibv_create_comp_channel
-#define ibv_destroy_comp_channel verbs.ibv_destroy_comp_channel
-#define ibv_create_cq verbs.ibv_create_cq
-#define ibv_destroy_cq verbs.ibv_destroy_cq
-#define ibv_get_cq_event verbs.ibv_get_cq_event
-#define ibv_ack_cq_events verbs.ibv_ack_cq_events
-#define ibv_wc_status_str verbs.ibv_wc_status_str
-#define rdma_create_event_channel verbs.rdma_create_event_channel
-#define rdma_destroy_event_channel verbs.rdma_destroy_event_channel
-#define rdma_create_id verbs.rdma_create_id
-#define rdma_destroy_id verbs.rdma_destroy_id
-#define rdma_resolve_addr verbs.rdma_resolve_addr
-#define rdma_resolve_route verbs.rdma_resolve_route
-#define rdma_create_qp verbs.rdma_create_qp
-#define rdma_destroy_qp verbs.rdma_destroy_qp
-#define rdma_connect verbs.rdma_connect
-#define rdma_disconnect verbs.rdma_disconnect
-#define rdma_get_cm_event verbs.rdma_get_cm_event
-#define rdma_ack_cm_event verbs.rdma_ack_cm_event
-#define rdma_event_str verbs.rdma_event_str
 
 #define RDMA_ZERO_META 4096u  /* metas zeroed per discard work request */
 
@@ -270,14 +244,14 @@ static int cm_wait(struct fm_rchan *rc, enum rdma_cm_event_type want, int timeou
 
 	if (poll(&p, 1, timeout_ms) <= 0)
 		return -ETIMEDOUT;
-	if (rdma_get_cm_event(rc->ec, &ev))
+	if (verbs.rdma_get_cm_event(rc->ec, &ev))
 		return -errno;
 	t = ev->event;
 	st = ev->status;
-	rdma_ack_cm_event(ev);
+	verbs.rdma_ack_cm_event(ev);
 	if (t != want) {
-		fm_debug("rdma: %s (status %d) while waiting for %s", rdma_event_str(t), st,
-			 rdma_event_str(want));
+		fm_debug("rdma: %s (status %d) while waiting for %s", verbs.rdma_event_str(t), st,
+			 verbs.rdma_event_str(want));
 		return t == RDMA_CM_EVENT_REJECTED ? -ECONNREFUSED : -EHOSTUNREACH;
 	}
 	return 0;
@@ -314,21 +288,21 @@ int fm_rdma_chan_open(struct fm_chan *c)
 		fm_err("rdma: %s: %s", r->host, gai_strerror(ret));
 		return -EHOSTUNREACH;
 	}
-	rc->ec = rdma_create_event_channel();
-	if (!rc->ec || rdma_create_id(rc->ec, &rc->id, NULL, RDMA_PS_TCP) ||
-	    rdma_resolve_addr(rc->id, NULL, ai->ai_addr, tmo)) {
+	rc->ec = verbs.rdma_create_event_channel();
+	if (!rc->ec || verbs.rdma_create_id(rc->ec, &rc->id, NULL, RDMA_PS_TCP) ||
+	    verbs.rdma_resolve_addr(rc->id, NULL, ai->ai_addr, tmo)) {
 		ret = -errno;
 		goto fail;
 	}
 	ret = cm_wait(rc, RDMA_CM_EVENT_ADDR_RESOLVED, tmo);
 	if (!ret)
-		ret = rdma_resolve_route(rc->id, tmo) ? -errno : cm_wait(rc, RDMA_CM_EVENT_ROUTE_RESOLVED, tmo);
+		ret = verbs.rdma_resolve_route(rc->id, tmo) ? -errno : cm_wait(rc, RDMA_CM_EVENT_ROUTE_RESOLVED, tmo);
 	if (ret)
 		goto fail;
 	rc->buf = aligned_alloc(FM_PAGE_SIZE, (buflen + FM_PAGE_SIZE - 1) & ~(size_t)(FM_PAGE_SIZE - 1));
-	rc->pd = ibv_alloc_pd(rc->id->verbs);
-	rc->cc = ibv_create_comp_channel(rc->id->verbs);
-	rc->cq = rc->cc ? ibv_create_cq(rc->id->verbs, 4 * FM_MAX_BATCH + 16, NULL, rc->cc, 0) : NULL;
+	rc->pd = verbs.ibv_alloc_pd(rc->id->verbs);
+	rc->cc = verbs.ibv_create_comp_channel(rc->id->verbs);
+	rc->cq = rc->cc ? verbs.ibv_create_cq(rc->id->verbs, 4 * FM_MAX_BATCH + 16, NULL, rc->cc, 0) : NULL;
 	if (!rc->buf || !rc->pd || !rc->cq) {
 		ret = -ENOMEM;
 		goto fail;
@@ -336,19 +310,19 @@ int fm_rdma_chan_open(struct fm_chan *c)
 	memset(rc->buf, 0, buflen);
 	rc->meta = (struct fm_shm_meta *)(rc->buf + (size_t)FM_MAX_BATCH * FM_PAGE_SIZE);
 	rc->zero = rc->meta + FM_MAX_BATCH;
-	rc->mr = ibv_reg_mr(rc->pd, rc->buf, buflen, IBV_ACCESS_LOCAL_WRITE);
+	rc->mr = verbs.ibv_reg_mr(rc->pd, rc->buf, buflen, IBV_ACCESS_LOCAL_WRITE);
 	if (!rc->mr) {
 		ret = -errno;
 		goto fail;
 	}
 	qa.send_cq = qa.recv_cq = rc->cq;
-	if (rdma_create_qp(rc->id, rc->pd, &qa)) {
+	if (verbs.rdma_create_qp(rc->id, rc->pd, &qa)) {
 		ret = -errno;
 		goto fail;
 	}
-	if (!ibv_query_device(rc->id->verbs, &da) && da.max_qp_init_rd_atom < cp.initiator_depth)
+	if (!verbs.ibv_query_device(rc->id->verbs, &da) && da.max_qp_init_rd_atom < cp.initiator_depth)
 		cp.initiator_depth = (uint8_t)da.max_qp_init_rd_atom;
-	if (rdma_connect(rc->id, &cp)) {
+	if (verbs.rdma_connect(rc->id, &cp)) {
 		ret = -errno;
 		goto fail;
 	}
@@ -371,21 +345,21 @@ void fm_rdma_chan_close(struct fm_chan *c)
 	if (!rc)
 		return;
 	if (rc->id && rc->id->qp) {
-		rdma_disconnect(rc->id);
-		rdma_destroy_qp(rc->id);
+		verbs.rdma_disconnect(rc->id);
+		verbs.rdma_destroy_qp(rc->id);
 	}
 	if (rc->mr)
-		ibv_dereg_mr(rc->mr);
+		verbs.ibv_dereg_mr(rc->mr);
 	if (rc->cq)
-		ibv_destroy_cq(rc->cq);
+		verbs.ibv_destroy_cq(rc->cq);
 	if (rc->cc)
-		ibv_destroy_comp_channel(rc->cc);
+		verbs.ibv_destroy_comp_channel(rc->cc);
 	if (rc->pd)
-		ibv_dealloc_pd(rc->pd);
+		verbs.ibv_dealloc_pd(rc->pd);
 	if (rc->id)
-		rdma_destroy_id(rc->id);
+		verbs.rdma_destroy_id(rc->id);
 	if (rc->ec)
-		rdma_destroy_event_channel(rc->ec);
+		verbs.rdma_destroy_event_channel(rc->ec);
 	free(rc->buf);
 	free(rc);
 	c->rchan = NULL;
@@ -427,7 +401,7 @@ static int post_wait(struct fm_rchan *rc, unsigned n)
 			if (wc[i].status != IBV_WC_SUCCESS) {
 				if (!rc->dead)
 					fm_err("rdma: work request failed: %s (memd dropped this QP)",
-					       ibv_wc_status_str(wc[i].status));
+					       verbs.ibv_wc_status_str(wc[i].status));
 				rc->dead = 1;
 				rcode = -EIO;
 			}
@@ -452,8 +426,8 @@ static int post_wait(struct fm_rchan *rc, unsigned n)
 				fm_err("rdma: no completion in %d ms: memd lost", rc->timeout_ms);
 				return -ETIMEDOUT;
 			}
-			if (!ibv_get_cq_event(rc->cc, &cq, &ctx))
-				ibv_ack_cq_events(cq, 1);
+			if (!verbs.ibv_get_cq_event(rc->cc, &cq, &ctx))
+				verbs.ibv_ack_cq_events(cq, 1);
 			armed = 0;
 		}
 		if (rc->dead && rcode)

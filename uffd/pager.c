@@ -828,12 +828,13 @@ static void handle_missing(struct fm_pager *p, struct handler *h, uintptr_t addr
 				fl &= (uint8_t)~FM_PGF_GC;
 			pg_store(&r->pg[i], pg_make(write ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
 			STAT_ADD(p, faults, 1);
-			if (gc)
-				STAT_ADD(p, gc_faults, 1);
-			if (gc && s == FM_PG_UNTOUCHED)
-				STAT_ADD(p, gc_zero_fills, 1);
-			if (!gc)
+			if (!gc) {
 				STAT_ADD(p, app_faults, 1);
+			} else {
+				STAT_ADD(p, gc_faults, 1);
+				if (s == FM_PG_UNTOUCHED)
+					STAT_ADD(p, gc_zero_fills, 1);
+			}
 			/*
 			 * GC threads get zero runs only: their copying into fresh
 			 * regions is sequential, while fetching remote pages ahead of

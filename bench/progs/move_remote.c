@@ -27,13 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/tcp.h>
 
+#include "memd_spawn.h"
 #include "pager.h"
 #include "resmap.h"
 
@@ -53,48 +53,6 @@ static uint64_t word(uint64_t page, unsigned k)
 	x ^= x >> 31;
 	x *= 0x9e3779b97f4a7c15ull;
 	return x ^ (x >> 29);
-}
-
-/* A memd on 127.0.0.1 at a port the kernel picks; its log names the port. */
-static pid_t start_memd(char *addr, size_t len, const char *logpath)
-{
-	int pfd[2], port = 0;
-	char fdarg[16], line[8] = { 0 }, buf[512];
-	pid_t parent = getpid(), pid;
-	FILE *log;
-
-	if (pipe(pfd))
-		return -1;
-	pid = fork();
-	if (pid == 0) {
-		FILE *lf = fopen(logpath, "w");
-		if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent || !lf || dup2(fileno(lf), 2) < 0)
-			_exit(126);
-		close(pfd[0]);
-		snprintf(fdarg, sizeof(fdarg), "%d", pfd[1]);
-		setenv("FARMEM_SECRET", "bench-secret", 1);
-		execl("build/bin/farmem-memd", "farmem-memd", "--listen", "127.0.0.1:0", "--capacity", "1G",
-		      "--log", "info", "--ready-fd", fdarg, (char *)NULL);
-		_exit(127);
-	}
-	close(pfd[1]);
-	if (pid < 0 || read(pfd[0], line, sizeof(line) - 1) != 6 || strcmp(line, "ready\n")) {
-		fprintf(stderr, "move_remote: memd did not start (run from the repository root after make)\n");
-		return -1;
-	}
-	close(pfd[0]);
-	log = fopen(logpath, "r");
-	while (log && !port && fgets(buf, sizeof(buf), log)) {
-		const char *at = strstr(buf, "listening on tcp:127.0.0.1:");
-		if (at)
-			port = atoi(at + strlen("listening on tcp:127.0.0.1:"));
-	}
-	if (log)
-		fclose(log);
-	if (port <= 0)
-		return -1;
-	snprintf(addr, len, "tcp:127.0.0.1:%d", port);
-	return pid;
 }
 
 /* TCP payload bytes sent (and acknowledged) plus received on our connections to port. */
@@ -151,7 +109,7 @@ static int run(const char *addr, int port, unsigned long n, int moves, int copy,
 
 	fm_pager_cfg_defaults(&cfg);
 	if (fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) ||
-	    fm_pager_cfg_set(&cfg, "secret", "bench-secret", err, sizeof(err)) ||
+	    fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) ||
 	    fm_pager_cfg_set(&cfg, "transport", "stream", err, sizeof(err)) ||
 	    fm_pager_cfg_set(&cfg, "local", "4M", err, sizeof(err)) ||
 	    fm_pager_cfg_set(&cfg, "prefetch", "0", err, sizeof(err)) ||
@@ -237,7 +195,7 @@ int main(int argc, char **argv)
 {
 	unsigned long n = argc > 1 ? strtoul(argv[1], NULL, 0) : 4096;
 	int moves = argc > 2 ? atoi(argv[2]) : 8, rounds = argc > 3 ? atoi(argv[3]) : 3;
-	char addr[64], logpath[64];
+	char addr[64], sock[64];
 	struct result r[2][16];
 	int port, st, rc = 0;
 	pid_t memd;
@@ -246,8 +204,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: move_remote [PAGES>=256 [MOVES 1..64 [ROUNDS 1..16]]]\n");
 		return 2;
 	}
-	snprintf(logpath, sizeof(logpath), "/tmp/move_remote-%d.log", getpid());
-	memd = start_memd(addr, sizeof(addr), logpath);
+	/* memd listens on a Unix socket too; only its TCP address (a port the kernel picked) is used. */
+	snprintf(sock, sizeof(sock), "/tmp/move_remote-%d.sock", getpid());
+	memd = unit_start_memd_ex(sock, "1G", addr, sizeof(addr));
 	if (memd < 0)
 		return 1;
 	port = atoi(strrchr(addr, ':') + 1);
@@ -256,7 +215,12 @@ int main(int argc, char **argv)
 			rc = run(addr, port, n, moves, copy, &r[copy][k]);
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
-	unlink(logpath);
+	{
+		char logpath[80];
+		snprintf(logpath, sizeof(logpath), "%s.log", sock);
+		unlink(logpath);
+		unlink(sock);
+	}
 	if (rc)
 		return rc;
 	printf("move_remote: %lu pages moved %d times per run over TCP (%s), %d runs each\n", n, moves, addr, rounds);

@@ -41,7 +41,7 @@ static void exercise(const char *sock, const char *transport)
 	fm_pager_cfg_defaults(&cfg);
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
 	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", "unit-secret", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "local", "8M", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "fill_threads", "2", err, sizeof(err)) == 0);

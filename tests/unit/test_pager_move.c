@@ -108,7 +108,7 @@ static void exercise(const char *addr, const char *label, const char *transport,
 	CHECK(fm_pager_cfg_set(&cfg, "memd_copy", copy ? "1" : "0", err, sizeof(err)) == 0);
 	if (replicas)
 		CHECK(fm_pager_cfg_set(&cfg, "replicas", replicas, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", "unit-secret", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "0", err, sizeof(err)) == 0);

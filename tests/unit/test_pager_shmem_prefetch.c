@@ -124,7 +124,7 @@ int main(void)
 	fm_pager_cfg_defaults(&cfg);
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
 	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", "unit-secret", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "local", "4M", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "8", err, sizeof(err)) == 0);
 	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {

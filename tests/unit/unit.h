@@ -1,21 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * What the pager's unit tests share: CHECK, the page pattern of the tests
- * that version pages, and a private farmem-memd on a Unix socket with the
- * unit secret. The memd dies with the test (PR_SET_PDEATHSIG): a test that
- * fails or is killed must not leave a memd behind holding its output pipe.
+ * that version pages, and (memd_spawn.h) a private farmem-memd on a Unix
+ * socket with the unit secret, which dies with the test.
  */
 #ifndef FARMEM_UNIT_H
 #define FARMEM_UNIT_H
 
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/types.h>
-#include <unistd.h>
+
+#include "memd_spawn.h"
 
 static int failures;
 #define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); failures++; } } while (0)
@@ -46,75 +42,6 @@ static inline int page_ok(const uint8_t *base, uint64_t p, uint32_t v)
 		if (w[k] != (v ? page_word(p, v, k) : 0))
 			return 0;
 	return 1;
-}
-
-/*
- * The memd's pid once it said "ready", or -1. Run from the repository root
- * after make. With tcp, it also listens on 127.0.0.1 on a port the kernel
- * picks (no port that another test could hold): its log, in the file
- * "<sock>.log", names it, and tcp gets "tcp:127.0.0.1:PORT".
- */
-static inline pid_t unit_start_memd_ex(const char *sock, const char *capacity, char *tcp, size_t tcplen)
-{
-	int pipefd[2];
-	char fdarg[16], line[8] = { 0 }, logpath[256];
-	pid_t parent = getpid(), pid;
-	/* FARMEM_TEST_MEMD: another build (an older memd, say). */
-	const char *bin = getenv("FARMEM_TEST_MEMD") ? getenv("FARMEM_TEST_MEMD") : "build/bin/farmem-memd";
-
-	snprintf(logpath, sizeof(logpath), "%s.log", sock);
-	if (pipe(pipefd))
-		return -1;
-	pid = fork();
-	if (pid == 0) {
-		if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent)
-			_exit(126);  /* the test is already gone */
-		close(pipefd[0]);
-		snprintf(fdarg, sizeof(fdarg), "%d", pipefd[1]);
-		setenv("FARMEM_SECRET", "unit-secret", 1);
-		if (tcp) {
-			FILE *log = fopen(logpath, "w");
-			if (!log || dup2(fileno(log), 2) < 0)
-				_exit(125);
-			execl(bin, "farmem-memd", "--unix", sock, "--capacity", capacity,
-			      "--listen", "127.0.0.1:0", "--log", "info", "--ready-fd", fdarg, (char *)NULL);
-		}
-		execl(bin, "farmem-memd", "--unix", sock, "--capacity", capacity,
-		      "--ready-fd", fdarg, (char *)NULL);
-		_exit(127);
-	}
-	close(pipefd[1]);
-	if (pid < 0 || read(pipefd[0], line, sizeof(line) - 1) != 6 || strcmp(line, "ready\n")) {
-		fprintf(stderr, "memd did not start (run from the repository root after make)\n");
-		close(pipefd[0]);
-		return -1;
-	}
-	close(pipefd[0]);
-	if (tcp) {
-		char buf[512];
-		FILE *log = fopen(logpath, "r");
-		int port = 0;
-
-		while (log && !port && fgets(buf, sizeof(buf), log)) {
-			const char *at = strstr(buf, "listening on tcp:127.0.0.1:");
-			if (at)
-				port = atoi(at + strlen("listening on tcp:127.0.0.1:"));
-		}
-		if (log)
-			fclose(log);
-		if (port <= 0) {
-			fprintf(stderr, "memd's log %s names no TCP port\n", logpath);
-			kill(pid, SIGKILL);
-			return -1;
-		}
-		snprintf(tcp, tcplen, "tcp:127.0.0.1:%d", port);
-	}
-	return pid;
-}
-
-static inline pid_t unit_start_memd(const char *sock, const char *capacity)
-{
-	return unit_start_memd_ex(sock, capacity, NULL, 0);
 }
 
 #endif /* FARMEM_UNIT_H */
