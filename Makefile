@@ -34,7 +34,7 @@ MEMD_SRCS   := memd/memd.c $(wildcard memd/server_*.c)
 # The pager's client side of memd (stream and shm transports).
 CLIENT_SRCS := $(wildcard memd/client_*.c)
 # The pager library (everything in uffd/ but the preload shim's entry points).
-PAGER_SRCS  := $(filter-out uffd/preload.c,$(wildcard uffd/*.c))
+PAGER_SRCS  := $(filter-out uffd/preload%.c,$(wildcard uffd/*.c))
 # libswapva: batched page move/swap (kmod-swapva/ holds the module and its ABI header).
 SWAPVA_SRCS := kmod-swapva/libswapva.c
 LIB_SRCS    := $(COMMON_SRCS) $(CLIENT_SRCS) $(PAGER_SRCS) $(SWAPVA_SRCS)
@@ -88,9 +88,9 @@ $(B)/lib/libfarmem_pager.a: $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRCS))
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/lib/libfarmem_pager.a
+$(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/lib/libfarmem_pager.a uffd/preload.map
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=uffd/preload.map -o $@ $< \
+	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=uffd/preload.map -o $@ $(filter %.o,$^) \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
 $(B)/obj/jvmti-agent/%.o: CFLAGS += -isystem $(JAVA_HOME)/include -isystem $(JAVA_HOME)/include/linux -Ijvmti-agent -Ikmod-swapva

@@ -24,7 +24,9 @@ void fm_pager_cfg_defaults(struct fm_pager_cfg *cfg)
 	cfg->fill_threads = 1;
 	cfg->evict_high = 95;
 	cfg->evict_low = 90;
-	cfg->evict_batch = 256;
+	cfg->evict_batch = 64;
+	cfg->fault_mode = 0;
+	cfg->evict_threads = -1;
 	cfg->prefetch = 8;
 	cfg->epoch_pct = 5;
 	cfg->threshold = 64ull << 20;
@@ -89,7 +91,23 @@ int fm_pager_cfg_set(struct fm_pager_cfg *cfg, const char *key, const char *val,
 	} else if (!strcasecmp(key, "evict_low")) {
 		return u(key, val, 5, 99, &cfg->evict_low, err, errlen);
 	} else if (!strcasecmp(key, "evict_batch")) {
-		return u(key, val, 1, 1024, &cfg->evict_batch, err, errlen);
+		return u(key, val, 1, 64, &cfg->evict_batch, err, errlen);
+	} else if (!strcasecmp(key, "fault")) {
+		if (!strcasecmp(val, "auto"))
+			cfg->fault_mode = 0;
+		else if (!strcasecmp(val, "signal"))
+			cfg->fault_mode = 1;
+		else if (!strcasecmp(val, "thread"))
+			cfg->fault_mode = 2;
+		else {
+			snprintf(err, errlen, "fault=%s: expected auto, signal or thread", val);
+			return -EINVAL;
+		}
+	} else if (!strcasecmp(key, "evict_threads")) {
+		unsigned v;
+		if (u(key, val, 0, 1, &v, err, errlen))
+			return -EINVAL;
+		cfg->evict_threads = (int)v;
 	} else if (!strcasecmp(key, "prefetch")) {
 		return u(key, val, 0, 64, &cfg->prefetch, err, errlen);
 	} else if (!strcasecmp(key, "epoch_pct")) {
@@ -145,7 +163,7 @@ int fm_pager_cfg_from_env(struct fm_pager_cfg *cfg, char *err, size_t errlen)
 	static const char *const keys[] = {
 		"MEMD", "SECRET", "LOCAL", "FILL_THREADS", "EVICT_HIGH", "EVICT_LOW",
 		"EVICT_BATCH", "PREFETCH", "EPOCH_PCT", "GC_AWARE", "THRESHOLD", "TRANSPORT",
-		"LOG", "CONTROL", "REPLICAS", "MEMD_TIMEOUT_MS", "MEMD_COPY",
+		"LOG", "CONTROL", "REPLICAS", "MEMD_TIMEOUT_MS", "MEMD_COPY", "FAULT", "EVICT_THREADS",
 	};
 	char name[64];
 

@@ -9,10 +9,18 @@
  *
  * Never lose a write: a dirty page is write-protected before it is copied
  * out, memd acknowledges the copy, and only then is the page dropped. A
- * writer that faults meanwhile waits (handle_wp queues it) until the page is
- * remote, then faults it back in.
+ * writer that faults meanwhile waits for the page to settle (fault.c) until it
+ * is remote, then faults it back in.
+ *
+ * Garbage first: pages the program discarded and has not written since
+ * (CLEAN | FM_PGF_GARBAGE, write-protected) leave before anything else, with
+ * no write-back: their bytes are dead, and any write to them would have
+ * faulted and made them live again.
+ *
+ * A batch lives on the evicting thread's stack (FM_EVICT_MAX victims): in
+ * fault=signal mode that is a faulting thread, inside its SIGBUS handler.
  */
-#include "pager_internal.h"
+#include "evict.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -23,9 +31,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "fm_util.h"
+#include "pager_internal.h"
+#include "pins.h"
+#include "shmem.h"
+#include "uffd_ops.h"
+#include "wait.h"
 
-#define MAX_VICTIMS 1024
 #define FULL_BACKOFF_NS (50ull * 1000 * 1000)
 
 struct victim {
@@ -36,51 +49,65 @@ struct victim {
 	uint8_t keep;       /* write-back refused: stays resident */
 };
 
-void fm_evict_kick(struct fm_pager *p)
+void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
 {
-	pthread_mutex_lock(&p->ev_lock);
-	if (!p->ev_kick) {
-		p->ev_kick = 1;
-		pthread_cond_signal(&p->ev_cond);
-	}
-	pthread_mutex_unlock(&p->ev_lock);
+	pthread_mutex_lock(&p->clock_lock);
+	/* Full: the clock finds the rest (garbage is never referenced, so it goes at the first pass). */
+	if (p->nhints < MAX_HINTS)
+		p->hints[p->nhints++] = (struct garbage_hint){ .region = ridx, .first = first, .n = n };
+	pthread_mutex_unlock(&p->clock_lock);
 }
 
-void fm_wake_waiters(struct fm_pager *p)
+static int take(struct region *r, uint64_t i, uint8_t b, struct victim *v)
 {
-	uintptr_t local[64], *w = local;
-	size_t n;
+	if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_LEAVING, b)))
+		return 0;
+	*v = (struct victim){ .addr = r->base + (i << PG_SHIFT), .r = r, .i = i, .old = b };
+	return 1;
+}
 
-	pthread_mutex_lock(&p->wait_lock);
-	n = p->nwaiters;
-	if (n > 64) {
-		w = malloc(n * sizeof(*w));
-		if (!w) {
-			w = local;
-			n = 64;
+static int is_garbage(uint8_t b)
+{
+	return fm_pg_state(b) == FM_PG_CLEAN && (b & FM_PGF_GARBAGE);
+}
+
+/* Garbage from the hints, the newest first. Caller holds clock_lock. */
+static unsigned pick_garbage(struct fm_pager *p, struct victim *v, unsigned want)
+{
+	unsigned n = 0;
+
+	while (n < want && p->nhints) {
+		struct garbage_hint *h = &p->hints[p->nhints - 1];
+		struct region *r = &p->regions[h->region];
+		if (!r->live || h->first + h->n > r->npages || atomic_load(&r->pinned)) {
+			p->nhints--;
+			continue;
 		}
+		while (n < want && h->n) {
+			uint64_t i = h->first++;
+			uint8_t b = pg_load(&r->pg[i]);
+			h->n--;
+			if (is_garbage(b) && take(r, i, b, &v[n]))
+				n++;
+		}
+		if (!h->n)
+			p->nhints--;
 	}
-	memcpy(w, p->waiters + (p->nwaiters - n), n * sizeof(*w));
-	p->nwaiters -= n;
-	pthread_mutex_unlock(&p->wait_lock);
-	/* They fault again and find their page remote (or resident again). */
-	for (size_t k = 0; k < n; k++)
-		fm_wake_range(p, w[k], PG_SIZE);
-	if (w != local)
-		free(w);
+	return n;
 }
 
 /*
- * Choose up to want victims. Pages filled by GC threads and never touched
- * by the program go at once; others get a second chance if their REF bit is
- * set. Caller holds rlock for reading.
+ * Choose up to want victims: garbage first, then by a clock hand. Pages
+ * filled by GC threads and never touched by the program go at once; others
+ * get a second chance if their REF bit is set. Caller holds rlock for reading.
  */
 static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 {
-	unsigned n = 0;
+	unsigned n;
 	uint64_t scanned = 0, total = atomic_load(&p->registered) * 2 + 1;
 
 	pthread_mutex_lock(&p->clock_lock);
+	n = pick_garbage(p, v, want);
 	while (n < want && scanned < total) {
 		struct region *r;
 		uint64_t i;
@@ -105,17 +132,34 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 		s = fm_pg_state(b);
 		if (s != FM_PG_CLEAN && s != FM_PG_DIRTY)
 			continue;
-		if ((b & FM_PGF_REF) && !(p->cfg.gc_aware && (b & FM_PGF_GC))) {
+		if ((b & FM_PGF_REF) && !is_garbage(b) && !(p->cfg.gc_aware && (b & FM_PGF_GC))) {
 			uint8_t nb = (uint8_t)(b & ~FM_PGF_REF);
 			pg_cas(&r->pg[i], &b, nb);
 			continue;
 		}
-		if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_LEAVING, b)))
-			continue;
-		v[n++] = (struct victim){ .addr = r->base + (i << PG_SHIFT), .r = r, .i = i, .old = b };
+		if (take(r, i, b, &v[n]))
+			n++;
 	}
 	pthread_mutex_unlock(&p->clock_lock);
 	return n;
+}
+
+/*
+ * A system call may be using some of them (pins.h): those stay. The claims
+ * above were sequentially consistent, and so is this look at the pins.
+ */
+static unsigned unpin_victims(struct fm_pager *p, struct victim *v, unsigned n)
+{
+	unsigned kept = 0;
+
+	for (unsigned k = 0; k < n; k++) {
+		if (fm_pinned(p, v[k].addr)) {
+			fm_release(p, &v[k].r->pg[v[k].i], pg_make(FM_PG_LEAVING, v[k].old), v[k].old);
+			continue;
+		}
+		v[kept++] = v[k];
+	}
+	return kept;
 }
 
 /*
@@ -143,7 +187,7 @@ static void drop_shared(struct fm_pager *p, struct victim *v, unsigned n)
 /* Drop the given pages: one process_madvise for all of them where the kernel allows it. */
 static void drop(struct fm_pager *p, struct victim *v, unsigned n)
 {
-	struct iovec iov[MAX_VICTIMS];
+	struct iovec iov[FM_EVICT_MAX];
 	unsigned niov = 0, shared = 0;
 
 	for (unsigned k = 0; k < n; k++) {
@@ -178,7 +222,7 @@ static void drop(struct fm_pager *p, struct victim *v, unsigned n)
 	}
 	for (unsigned k = 0; k < niov; k++) {
 		if (fm_sys_madvise(iov[k].iov_base, iov[k].iov_len, MADV_DONTNEED))
-			fm_fatal("fm_sys_madvise(DONTNEED) of an evicted page failed: %s", strerror(errno));
+			fm_fatal("madvise(DONTNEED) of an evicted page failed: %s", strerror(errno));
 		STAT_ADD(p, evict_syscalls, 1);
 	}
 }
@@ -195,9 +239,7 @@ static void protect_dirty(struct fm_pager *p, struct victim *v, unsigned n, int 
 		while (e + 1 < n && fm_pg_state(v[e + 1].old) == FM_PG_DIRTY &&
 		       (on || v[e + 1].keep) && v[e + 1].addr == v[e].addr + PG_SIZE)
 			e++;
-		if (fm_wp_range(p, v[k].addr, (size_t)(e - k + 1) * PG_SIZE, on))
-			fm_fatal("UFFDIO_WRITEPROTECT of %#lx+%u pages failed: %s",
-				 (unsigned long)v[k].addr, e - k + 1, strerror(errno));
+		fm_uffd_wp(p->uffd, v[k].addr, (size_t)(e - k + 1) * PG_SIZE, on);
 		STAT_ADD(p, evict_syscalls, 1);
 		k = e + 1;
 	}
@@ -206,17 +248,17 @@ static void protect_dirty(struct fm_pager *p, struct victim *v, unsigned n, int 
 /* Copy the dirty victims out to memd; the ones it refuses are kept. */
 static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct victim *v, unsigned n)
 {
-	uint64_t pages[FM_MAX_BATCH];
-	const void *data[FM_MAX_BATCH];
-	uint32_t status[FM_MAX_BATCH];
-	unsigned idx[FM_MAX_BATCH], written = 0;
+	uint64_t pages[FM_EVICT_MAX];
+	const void *data[FM_EVICT_MAX];
+	uint32_t status[FM_EVICT_MAX];
+	unsigned idx[FM_EVICT_MAX], written = 0;
 
 	for (unsigned k = 0; k < n;) {
 		unsigned m = 0;
 		struct region *r = NULL;
 		int rc;
-		/* One request per space and at most FM_MAX_BATCH pages. */
-		for (; k < n && m < FM_MAX_BATCH; k++) {
+		/* One request per space. */
+		for (; k < n; k++) {
 			if (fm_pg_state(v[k].old) != FM_PG_DIRTY)
 				continue;
 			if (r && v[k].r != r)
@@ -255,44 +297,47 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 
 unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 {
+	struct victim v[FM_EVICT_MAX];
+	unsigned n, dropped = 0, clean = 0, dirty = 0, garbage = 0;
+
 	if (fm_now_ns() < atomic_load(&p->full_until_ns))
 		return 0;
-	struct victim v[MAX_VICTIMS]; /* 32 KiB: every caller is a pager thread with a full stack */
-	unsigned n, dropped = 0, clean = 0, dirty = 0;
-
-	if (want > MAX_VICTIMS)
-		want = MAX_VICTIMS;
+	if (want > FM_EVICT_MAX)
+		want = FM_EVICT_MAX;
 	rlock_rd(p);
-	n = pick(p, v, want);
+	n = unpin_victims(p, v, pick(p, v, want));
 	if (!n) {
 		rlock_un(p);
 		return 0;
 	}
 	protect_dirty(p, v, n, 1);
 	write_back(p, chan, v, n);
-	/* Pages memd refused are opened again (this wakes their writers) and stay resident. */
+	/* Pages memd refused are opened again (the writers retry) and stay resident. */
 	protect_dirty(p, v, n, 0);
 	drop(p, v, n);
 	for (unsigned k = 0; k < n; k++) {
-		uint8_t b = v[k].old;
+		uint8_t b = v[k].old, held = pg_make(FM_PG_LEAVING, b), nb;
 		struct region *r = v[k].r;
 		if (v[k].keep) {
-			pg_store(&r->pg[v[k].i], pg_make(FM_PG_DIRTY, (uint8_t)(b | FM_PGF_REF)));
+			fm_release(p, &r->pg[v[k].i], held, pg_make(FM_PG_DIRTY, (uint8_t)(b | FM_PGF_REF)));
 			continue;
 		}
 		if (fm_pg_state(b) == FM_PG_DIRTY) {
 			dirty++;
 			b |= FM_PGF_HAS_REMOTE;
+		} else if (b & FM_PGF_GARBAGE) {
+			garbage++;
 		} else {
 			clean++;
 		}
-		/* A clean page memd never had held only zeros: it is untouched again. */
-		pg_store(&r->pg[v[k].i], (b & FM_PGF_HAS_REMOTE)
-				 ? pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE)
-				 : pg_make(FM_PG_UNTOUCHED, 0));
+		/* A clean page memd never had held only zeros (or garbage): it is untouched again. */
+		nb = (b & FM_PGF_HAS_REMOTE) ? pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE) : pg_make(FM_PG_UNTOUCHED, 0);
+		pg_release(&r->pg[v[k].i], held, nb);
 		dropped++;
 	}
 	rlock_un(p);
+	/* The writers that met a LEAVING page wait for this. */
+	fm_settled(p);
 	/*
 	 * memd refused everything it was offered: it is full. Trying again at
 	 * every fault would write-protect and reopen the same pages for nothing;
@@ -301,13 +346,14 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 	if (!dropped)
 		atomic_store(&p->full_until_ns, fm_now_ns() + FULL_BACKOFF_NS);
 	STAT_ADD(p, evict_batches, 1);
-	STAT_ADD(p, evictions_clean, clean);
+	STAT_ADD(p, evictions_clean, clean + garbage);
 	STAT_ADD(p, evictions_dirty, dirty);
+	if (garbage)
+		STAT_ADD(p, garbage_evicted, garbage);
 	if (dropped) {
 		fm_resident_add(p, -(int64_t)dropped);
 		fm_churn(p, dropped);
 	}
-	fm_wake_waiters(p);
 	return dropped;
 }
 
@@ -316,14 +362,8 @@ void *fm_evictor_main(void *arg)
 	struct fm_pager *p = arg;
 
 	pthread_setname_np(pthread_self(), "farmem-evict");
-	for (;;) {
-		pthread_mutex_lock(&p->ev_lock);
-		while (!p->ev_kick && !atomic_load(&p->stopping))
-			pthread_cond_wait(&p->ev_cond, &p->ev_lock);
-		p->ev_kick = 0;
-		pthread_mutex_unlock(&p->ev_lock);
-		if (atomic_load(&p->stopping))
-			return NULL;
+	while (!atomic_load(&p->stopping)) {
+		fm_evictor_sleep(p, 0);
 		while (!atomic_load(&p->stopping) && !atomic_load(&p->evict_broken) &&
 		       atomic_load(&p->resident) > atomic_load(&p->low)) {
 			uint64_t over = atomic_load(&p->resident) - atomic_load(&p->low);
@@ -336,4 +376,5 @@ void *fm_evictor_main(void *arg)
 			}
 		}
 	}
+	return NULL;
 }

@@ -25,17 +25,17 @@
  * in a transitional state; only then is anything changed. A remote copy dies
  * only after its bytes are at the destination, so no write is ever lost.
  */
-#include "pager_internal.h"
-
 #include <errno.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 
+#include "budget.h"
 #include "fm_util.h"
-#include "uffd_compat.h"
+#include "pager_internal.h"
+#include "region.h"
+#include "uffd_ops.h"
+#include "wait.h"
 
 #define MOVE_BATCH 256u /* pages claimed at a time */
 
@@ -50,59 +50,27 @@ static struct region *region_of(struct fm_pager *p, uintptr_t a, size_t len)
 	return NULL;
 }
 
-/* Wait out a transitional state, then take the page (FILLING). Returns its byte before. */
-static uint8_t claim(struct region *r, uint64_t i)
+/* Wait out a hold, then take the page (FILLING). Returns its byte before. */
+static uint8_t claim(struct fm_pager *p, struct region *r, uint64_t i)
 {
 	for (;;) {
-		uint8_t b = pg_load(&r->pg[i]);
-		unsigned s = fm_pg_state(b);
-		if (s == FM_PG_FILLING || s == FM_PG_LEAVING || s == FM_PG_UPDATING) {
-			sched_yield();
-			continue;
-		}
+		uint8_t b = fm_settle(p, &r->pg[i]);
 		if (pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
 			return b;
 	}
 }
 
-/* Remote copies that died: ranges of one space, sent 64 at a time. */
-struct dead {
-	struct fm_range rg[64];
-	unsigned n;
-	uint32_t space;
-};
-
-static void dead_flush(struct fm_pager *p, struct dead *d)
-{
-	if (!d->n)
-		return;
-	pthread_mutex_lock(&p->misc_lock);
-	fm_chan_discard(p->misc_chan, d->space, d->rg, d->n);
-	pthread_mutex_unlock(&p->misc_lock);
-	d->n = 0;
-}
-
-static void dead_add(struct fm_pager *p, struct dead *d, uint64_t i)
-{
-	if (d->n && d->rg[d->n - 1].first + d->rg[d->n - 1].npages == i) {
-		d->rg[d->n - 1].npages++;
-		return;
-	}
-	if (d->n == 64)
-		dead_flush(p, d);
-	d->rg[d->n++] = (struct fm_range){ .first = i, .npages = 1 };
-}
-
 /* Copy one present source page to an empty destination, then drop the source. */
 static void copy_page(struct fm_pager *p, uintptr_t dst, uintptr_t src)
 {
-	struct uffdio_copy c = { .dst = dst, .src = src, .len = PG_SIZE };
 	unsigned char in = 0;
+	int rc;
 
 	if (mincore((void *)src, PG_SIZE, &in) == 0 && !(in & 1))
 		return; /* a hole: zeros, which an empty destination reads as */
-	if (ioctl(p->uffd, UFFDIO_COPY, &c))
-		fm_fatal("UFFDIO_COPY for a page move at %#lx failed: %s", (unsigned long)dst, strerror(errno));
+	rc = fm_uffd_copy(p->uffd, dst, (const void *)src, PG_SIZE, 0, 0, NULL);
+	if (rc)
+		fm_fatal("UFFDIO_COPY for a page move at %#lx failed: %s", (unsigned long)dst, strerror(-rc));
 	if (fm_sys_madvise((void *)src, PG_SIZE, MADV_DONTNEED))
 		fm_fatal("madvise(DONTNEED) of a moved page failed: %s", strerror(errno));
 	STAT_ADD(p, swapva_pages_copied, 1);
@@ -115,12 +83,10 @@ static void move_run(struct fm_pager *p, uintptr_t dst, uintptr_t src, uint64_t 
 	unsigned again = 0;
 
 	while (done < n) {
-		struct uffdio_move m = {
-			.dst = dst + (done << PG_SHIFT), .src = src + (done << PG_SHIFT),
-			.len = (n - done) << PG_SHIFT, .mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
-		};
-		int rc = p->can_move ? ioctl(p->uffd, UFFDIO_MOVE, &m) : (errno = ENOTSUP, -1);
-		int64_t moved = m.move > 0 ? m.move : 0;
+		int64_t moved = 0;
+		int rc = p->can_move ? fm_uffd_move(p->uffd, dst + (done << PG_SHIFT), src + (done << PG_SHIFT),
+						    (n - done) << PG_SHIFT, &moved)
+				     : -ENOTSUP;
 
 		if (!rc) {
 			STAT_ADD(p, swapva_pages_moved, n - done);
@@ -131,9 +97,9 @@ static void move_run(struct fm_pager *p, uintptr_t dst, uintptr_t src, uint64_t 
 			STAT_ADD(p, swapva_pages_moved, (uint64_t)moved >> PG_SHIFT);
 			continue;
 		}
-		if (errno == EAGAIN && again++ < 16)
+		if (rc == -EAGAIN && again++ < 16)
 			continue;
-		if (errno == EEXIST && again++ < 16) {
+		if (rc == -EEXIST && again++ < 16) {
 			/* Something is mapped there after all: it is garbage, like the rest. */
 			fm_sys_madvise((void *)(dst + (done << PG_SHIFT)), PG_SIZE, MADV_DONTNEED);
 			continue;
@@ -249,15 +215,13 @@ static void fetch_to(struct fm_pager *p, struct region *rs, const uint64_t *idx,
 		read_locked(p, rs->space, idx + k, m, data);
 		for (unsigned j = 0; j < m; j++) {
 			uintptr_t d = dst0 + ((idx[k + j] - si0) << PG_SHIFT);
-			struct uffdio_copy c = { .dst = d, .src = (uintptr_t)data[j], .len = PG_SIZE };
-			if (ioctl(p->uffd, UFFDIO_COPY, &c) && errno == EEXIST) {
+			int rc = fm_uffd_copy(p->uffd, d, data[j], PG_SIZE, 0, 0, NULL);
+			if (rc == -EEXIST) {
 				fm_sys_madvise((void *)d, PG_SIZE, MADV_DONTNEED); /* garbage, like the rest */
-				c.copy = 0;
-				if (!ioctl(p->uffd, UFFDIO_COPY, &c))
-					continue;
+				rc = fm_uffd_copy(p->uffd, d, data[j], PG_SIZE, 0, 0, NULL);
 			}
-			if (c.copy != PG_SIZE)
-				fm_fatal("UFFDIO_COPY for a page move at %#lx failed: %s", (unsigned long)d, strerror(errno));
+			if (rc)
+				fm_fatal("UFFDIO_COPY for a page move at %#lx failed: %s", (unsigned long)d, strerror(-rc));
 		}
 		pthread_mutex_unlock(&p->misc_lock);
 		STAT_ADD(p, swapva_pages_fetched, m);
@@ -272,22 +236,22 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 	uint64_t remote[MOVE_BATCH], fetch[MOVE_BATCH];
 	uint8_t kept[MOVE_BATCH], now_remote[MOVE_BATCH];
 	uintptr_t dst0 = rd->base + (di0 << PG_SHIFT), src0 = rs->base + (si0 << PG_SHIFT);
-	struct dead dd = { .space = rd->space }, sd = { .space = rs->space };
+	struct fm_dead dd = { .n = 0 }, sd = { .n = 0 };
 	unsigned nremote = 0, nfetch = 0;
 	int64_t res = 0;
 
 	memset(now_remote, 0, sizeof(now_remote));
 
 	for (unsigned k = 0; k < n; k++)
-		db[k] = claim(rd, di0 + k);
+		db[k] = claim(p, rd, di0 + k);
 	for (unsigned k = 0; k < n; k++)
-		sb[k] = claim(rs, si0 + k);
+		sb[k] = claim(p, rs, si0 + k);
 
 	/* The destination's old contents are garbage: drop them, no write-back. */
 	for (unsigned k = 0; k < n;) {
 		unsigned e = k;
 		if (db[k] & FM_PGF_HAS_REMOTE)
-			dead_add(p, &dd, di0 + k);
+			fm_dead_add(p, &dd, rd->space, di0 + k);
 		if (!fm_pg_is_resident(db[k])) {
 			k++;
 			continue;
@@ -295,7 +259,7 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 		while (e + 1 < n && fm_pg_is_resident(db[e + 1])) {
 			e++;
 			if (db[e] & FM_PGF_HAS_REMOTE)
-				dead_add(p, &dd, di0 + e);
+				fm_dead_add(p, &dd, rd->space, di0 + e);
 		}
 		if (fm_sys_madvise((void *)(dst0 + ((uintptr_t)k << PG_SHIFT)), (size_t)(e - k + 1) << PG_SHIFT,
 				   MADV_DONTNEED))
@@ -303,7 +267,7 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 		res -= e - k + 1;
 		k = e + 1;
 	}
-	dead_flush(p, &dd);
+	fm_dead_flush(p, &dd);
 
 	/* Resident source pages move in runs (UFFDIO_MOVE); remote ones move inside memd (relink). */
 	for (unsigned k = 0; k < n;) {
@@ -339,21 +303,24 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 	/* The bytes are at the destination: now the source's remote copies may die. */
 	for (unsigned k = 0; k < n; k++)
 		if (sb[k] & FM_PGF_HAS_REMOTE)
-			dead_add(p, &sd, si0 + k);
-	dead_flush(p, &sd);
+			fm_dead_add(p, &sd, rs->space, si0 + k);
+	fm_dead_flush(p, &sd);
 
 	for (unsigned k = 0; k < n; k++) {
 		int has = fm_pg_is_resident(sb[k]) || fm_pg_state(sb[k]) == FM_PG_REMOTE;
 		uint8_t nb = now_remote[k] ? pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE)
 			   : has ? pg_make(FM_PG_DIRTY, FM_PGF_REF) : pg_make(FM_PG_UNTOUCHED, 0);
-		pg_store(&rd->pg[di0 + k], nb);
-		pg_store(&rs->pg[si0 + k], pg_make(FM_PG_UNTOUCHED, 0));
+		pg_release_from(&rd->pg[di0 + k], FM_PG_FILLING, nb);
+		pg_release_from(&rs->pg[si0 + k], FM_PG_FILLING, pg_make(FM_PG_UNTOUCHED, 0));
 	}
 	if (res)
 		fm_resident_add(p, res);
-	/* A thread that faulted on a page while we held it waits for a wake. */
-	fm_wake_range(p, dst0, (size_t)n << PG_SHIFT);
-	fm_wake_range(p, src0, (size_t)n << PG_SHIFT);
+	/* A thread that faulted on a page while we held it waits: in the kernel, or to settle. */
+	if (!p->in_thread) {
+		fm_uffd_wake(p->uffd, dst0, (size_t)n << PG_SHIFT);
+		fm_uffd_wake(p->uffd, src0, (size_t)n << PG_SHIFT);
+	}
+	fm_settled(p);
 }
 
 int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len)
@@ -390,6 +357,5 @@ int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len)
 	for (uint64_t k = 0; k < n; k += MOVE_BATCH)
 		move_batch(p, rd, di + k, rs, si + k, (unsigned)(n - k < MOVE_BATCH ? n - k : MOVE_BATCH));
 	rlock_un(p);
-	fm_wake_waiters(p);
 	return 0;
 }

@@ -22,7 +22,9 @@ struct fm_pager_cfg {
 	size_t secret_len;
 	uint64_t local_bytes;    /* FARMEM_LOCAL as bytes, or 0 when given as a percentage */
 	unsigned local_pct;      /* FARMEM_LOCAL as a percentage of registered memory */
-	unsigned fill_threads;   /* FARMEM_FILL_THREADS: fault handler threads (1..16) */
+	unsigned fill_threads;   /* FARMEM_FILL_THREADS: fault handler threads with fault=thread (1..16) */
+	int fault_mode;          /* FARMEM_FAULT: 0 auto, 1 signal (in the faulting thread), 2 thread */
+	int evict_threads;       /* FARMEM_EVICT_THREADS: 0 or 1; -1 auto (1 with fault=thread only) */
 	unsigned evict_high;     /* FARMEM_EVICT_HIGH: % of budget that wakes the evictor */
 	unsigned evict_low;      /* FARMEM_EVICT_LOW: % of budget it evicts down to */
 	unsigned evict_batch;    /* FARMEM_EVICT_BATCH: pages per eviction batch */
@@ -85,11 +87,13 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
 int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
 /*
  * The program freed [addr, addr+len) but keeps it mapped (a collector's free
- * regions): its contents no longer matter. Remote copies die and resident
- * pages are dropped with no write-back; the next touch of any of them is a
- * local zero-fill, which the prefetcher fills in runs when the program then
- * allocates through the range. Call it only while no thread can use the
- * range (the JVM calls it inside a GC pause). Returns the pages affected.
+ * regions): its contents no longer matter, and read as garbage (not zeros)
+ * until written. Remote copies die. Resident pages stay: when the budget is
+ * pressed they become garbage, write-protected, that the evictor drops first
+ * with no write-back; a write makes a page (and its run) live again. Without
+ * pressure they stay as they are, so a heap that fits its budget pays
+ * nothing. Call it only while no thread can use the range (the JVM calls it
+ * inside a GC pause). Returns the pages affected.
  */
 long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
 
@@ -106,6 +110,19 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
  * moved when it fails.
  */
 int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len);
+
+/*
+ * A system call is about to read (write=0) or write (write=1) the program's
+ * [addr, addr+len). In fault=signal mode the kernel cannot wait for a page
+ * there: make the range resident (and writable) and pin it until
+ * fm_pager_io_end. Returns the pin to hand back (-1: nothing to hand back).
+ * A call that still fails with EFAULT (the pin table was full) is retried by
+ * the caller after another fm_pager_io_begin.
+ */
+int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write);
+void fm_pager_io_end(struct fm_pager *p, int pin);
+/* The caller made a system call again after EFAULT on paged memory (counted). */
+void fm_pager_io_retried(struct fm_pager *p);
 
 /* 1 if addr lies in a registered region. */
 int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len);

@@ -1,5 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Internal to the pager: shared by pager.c (faults, regions) and evict.c. */
+/*
+ * The pager's shared state, internal to uffd/. Each room has a header of its
+ * own for what it does; this one only holds the structures they share:
+ *
+ *   pager.c     start and stop, the residency map, the launcher report
+ *   monitor.c   where faults arrive: the SIGBUS handler (in the faulting
+ *               thread) or handler threads reading the uffd, and the events
+ *   fault.c     the fault handlers: missing, write-protect, minor, unmap
+ *   uffd_ops.c  every UFFDIO_* ioctl
+ *   page.h      page states and their transitions; wait.c: waiting for a
+ *               page to settle
+ *   region.c    regions: registration, lookup, the overlap iterator
+ *   budget.c    the local budget and its watermarks
+ *   prefetch.c  runs of one thread's faults, fetched ahead
+ *   evict.c     eviction (pins.c: ranges a system call is using)
+ *   ranges.c    what the program says of its memory: forget, discard, fetch
+ *   chanpool.c  memd channels for faulting threads
+ *   shmem.c     MAP_SHARED regions of shmem files; move.c: fm_pager_move
+ */
 #ifndef FARMEM_PAGER_INTERNAL_H
 #define FARMEM_PAGER_INTERNAL_H
 
@@ -9,12 +27,11 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "fatal.h"
+#include "page.h"
 #include "pager.h"
 #include "resmap.h"
 #include "transport.h"
-
-#define PG_SIZE 4096u
-#define PG_SHIFT 12
 
 struct region {
 	uintptr_t base;
@@ -33,13 +50,6 @@ struct region {
 	uint8_t *alias;
 };
 
-struct handler {
-	pthread_t th;
-	struct fm_pager *p;
-	struct fm_chan *chan;
-	int idx;
-};
-
 /* A faulting thread's recent faults, for the prefetcher. */
 struct stream {
 	pid_t tid;
@@ -51,13 +61,39 @@ struct stream {
 	unsigned pf_count;
 };
 
+/* A range a system call is using: the evictor leaves its pages alone (pins.c). */
+struct pin {
+	_Atomic uintptr_t start, end; /* 0, 0: free */
+};
+
+/* Free ranges the program discarded: the evictor looks there first (evict.c). */
+struct garbage_hint {
+	int region;
+	uint64_t first, n;
+};
+
+/* A memd channel that any faulting thread may borrow (chanpool.c). */
+struct chan_slot {
+	struct fm_chan *chan;
+	atomic_int busy;
+};
+
 #define MAX_HANDLERS 16
 #define NSTREAMS 64
+#define MAX_PINS 64
+#define MAX_HINTS 256
+#define MAX_POOL 64
+#define ZERO_RUN_PAGES 64
+
+enum fm_fault_mode { FM_FAULT_AUTO = 0, FM_FAULT_SIGNAL = 1, FM_FAULT_THREAD = 2 };
 
 struct fm_pager {
 	struct fm_pager_cfg cfg;
 	int uffd;
+	uint64_t features;              /* what fm_uffd_open got */
+	int in_thread;                  /* faults are served in the faulting thread (SIGBUS) */
 	int shmem_ok;                   /* the uffd has minor faults and write-protect for shmem */
+	int can_move;                   /* the uffd has UFFD_FEATURE_MOVE (fm_pager_move) */
 	int pidfd;                      /* our own, for process_madvise */
 	struct fm_xport *x;
 
@@ -70,28 +106,50 @@ struct fm_pager {
 	pthread_rwlock_t rlock;         /* region table: read for faults, write to change it */
 	struct region regions[FM_RESMAP_MAX_REGIONS];
 	int nregions;                   /* high-water mark of used slots */
+	/* Region bounds for a lock-free "is this address ours" (the SIGBUS handler, the shim). */
+	_Atomic uintptr_t lo, hi;
 
 	atomic_uint_fast64_t resident;  /* resident pages in all regions */
 	atomic_uint_fast64_t registered;
 	atomic_uint_fast64_t limit, high, low; /* pages */
 
-	struct handler handlers[MAX_HANDLERS];
+	/* Waiting for a page to settle (wait.c): a futex word and its waiters. */
+	atomic_uint settle_seq;
+	atomic_uint settle_waiters;
+
+	/* Handler threads (fault=thread), or the one thread that reads events (fault=signal). */
+	pthread_t handlers[MAX_HANDLERS];
+	struct fm_chan *handler_chan[MAX_HANDLERS];
 	unsigned nhandlers;
+	atomic_uint handler_seq;        /* each handler thread takes its index */
+	int stop_fd;                    /* eventfd: the handler threads stop when it is readable */
+
+	struct chan_slot pool[MAX_POOL];
+	unsigned npool;
+	atomic_uint pool_seq;           /* futex word: a slot was given back */
+	atomic_uint pool_waiters;
 
 	pthread_t evictor;
 	int evictor_started;
 	struct fm_chan *ev_chan;
-	pthread_mutex_t ev_lock;
-	pthread_cond_t ev_cond;
-	int ev_kick;
+	atomic_uint ev_kick;            /* futex word: the evictor has work */
 
 	pthread_mutex_t clock_lock;     /* the evictor's hand, shared with direct eviction */
 	int hand_region;
 	uint64_t hand_idx;
+	struct garbage_hint hints[MAX_HINTS]; /* under clock_lock */
+	unsigned nhints;
 
-	pthread_mutex_t wait_lock;      /* faults waiting for an eviction to finish */
-	uintptr_t *waiters;
-	size_t nwaiters, waiters_cap;
+	/*
+	 * Ranges unregistered in the last moments: a SIGBUS raised there before
+	 * the unregister is ours, and the thread retries (region.c records,
+	 * monitor.c asks).
+	 */
+	struct { _Atomic uintptr_t start, end; _Atomic uint64_t until_ns; } gone[16];
+	atomic_uint ngone;
+
+	struct pin pins[MAX_PINS];
+	atomic_int npins;
 
 	pthread_mutex_t misc_lock;      /* misc_chan, for calls from program threads */
 	struct fm_chan *misc_chan;
@@ -100,37 +158,12 @@ struct fm_pager {
 	struct stream streams[NSTREAMS];
 
 	atomic_int stopping;
-	int can_move;                   /* the uffd has UFFD_FEATURE_MOVE (fm_pager_move) */
 	uint8_t *bounce;                /* FM_MAX_BATCH pages for fm_pager_move, under misc_lock */
 	atomic_int memd_copy;           /* fm_pager_move asks memd to copy remote pages (COPY) */
 	atomic_int evict_broken;        /* memd cannot take writes: keep pages local */
 	atomic_uint_fast64_t full_until_ns; /* memd refused a whole batch: no eviction until then */
-	uint8_t *doorbell;              /* one page per handler, touched to stop them */
-	uint8_t *zero;
-	uint8_t *zero_run;              /* ZERO_RUN_PAGES of zeros, for runs of fresh pages */
+	uint8_t *zero_run;              /* ZERO_RUN_PAGES of zeros */
 };
-
-#define ZERO_RUN_PAGES 64
-
-static inline uint8_t pg_load(const uint8_t *b)
-{
-	return __atomic_load_n(b, __ATOMIC_ACQUIRE);
-}
-
-static inline int pg_cas(uint8_t *b, uint8_t *old, uint8_t nv)
-{
-	return __atomic_compare_exchange_n(b, old, nv, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-
-static inline void pg_store(uint8_t *b, uint8_t v)
-{
-	__atomic_store_n(b, v, __ATOMIC_RELEASE);
-}
-
-static inline uint8_t pg_make(unsigned state, uint8_t flags)
-{
-	return (uint8_t)((flags & ~FM_PG_STATE_MASK) | state);
-}
 
 /* The region table's lock. A failure here is a bug in the pager, never the program's. */
 #define rlock_rd(p) do { int e_ = pthread_rwlock_rdlock(&(p)->rlock); if (e_) fm_fatal("region lock (read): %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
@@ -138,30 +171,5 @@ static inline uint8_t pg_make(unsigned state, uint8_t flags)
 #define rlock_un(p) do { int e_ = pthread_rwlock_unlock(&(p)->rlock); if (e_) fm_fatal("region unlock: %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
 
 #define STAT_ADD(p, field, n) __atomic_fetch_add(&(p)->st->field, (uint64_t)(n), __ATOMIC_RELAXED)
-
-/* evict.c */
-void *fm_evictor_main(void *arg);
-/* Evict up to want pages now; returns pages dropped. */
-unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want);
-void fm_evict_kick(struct fm_pager *p);
-void fm_wake_waiters(struct fm_pager *p);
-
-/* shmem.c: shared-memory regions (FM_REG_SHMEM, minor-fault mode) */
-#define FM_UFFD_SHMEM_FEATURES (UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM)
-int fm_shmem_alias(struct region *r);
-uint64_t fm_shmem_adopt(struct fm_pager *p, struct region *r);
-void fm_shmem_minor(struct fm_pager *p, uintptr_t addr, int write, pid_t tid);
-void fm_shmem_drop(struct region *r, uintptr_t addr, size_t len);
-void fm_shmem_release(struct region *r);
-
-/* pager.c */
-struct region *fm_find_region(struct fm_pager *p, uintptr_t addr, int *idx);
-int fm_queue_waiter(struct fm_pager *p, struct region *r, uint64_t i, uintptr_t addr);
-int fm_is_gc(struct fm_pager *p, pid_t tid);
-void fm_resident_add(struct fm_pager *p, int64_t delta);
-void fm_churn(struct fm_pager *p, uint64_t pages);
-int fm_wake_range(struct fm_pager *p, uintptr_t addr, size_t len);
-int fm_wp_range(struct fm_pager *p, uintptr_t addr, size_t len, int protect);
-void fm_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 #endif

@@ -26,6 +26,7 @@
 
 #include "fm_util.h"
 #include "pager.h"
+#include "preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define PAGE 4096u
@@ -109,6 +110,11 @@ static struct fm_pager *get_pager(void)
 		atomic_store(&state, 2);
 	}
 	pthread_mutex_unlock(&start_lock);
+	return atomic_load(&state) == 2 ? pager : NULL;
+}
+
+struct fm_pager *fm_preload_pager(void)
+{
 	return atomic_load(&state) == 2 ? pager : NULL;
 }
 

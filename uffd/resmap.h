@@ -45,7 +45,8 @@ enum fm_page_state {
 #define FM_PGF_REF         0x10u /* filled or written since the evictor's hand passed */
 #define FM_PGF_GC          0x20u /* faulted in by a GC thread, untouched by the app since */
 #define FM_PGF_PREFETCH    0x40u /* installed by prefetch, use not yet seen */
-#define FM_PGF_WAITER      0x80u /* a faulting thread waits for the evictor to finish */
+#define FM_PGF_GARBAGE     0x80u /* CLEAN only: the program discarded it (its bytes are dead) and has not
+                                   * written it since (it is write-protected): it leaves first, unwritten */
 
 static inline unsigned fm_pg_state(uint8_t b) { return b & FM_PG_STATE_MASK; }
 
@@ -141,7 +142,15 @@ struct fm_pager_stats {
 	uint64_t swapva_copy_calls;  /* fm_chan_copy calls (one per batch of up to 256 pages) */
 	/* Zero fills taken by GC threads (of gc_faults; the rest are remote reads). */
 	uint64_t gc_zero_fills;
-	uint64_t reserved[12];      /* the block after lat_hist is 32 words; stats end the header */
+	/* The fault path (issue 16). */
+	uint64_t fault_mode;         /* gauge: 1 faults served in the faulting thread (SIGBUS), 2 by handler threads */
+	uint64_t io_prefaults;       /* pages made resident (or writable) for a system call (the shim, fault=signal) */
+	uint64_t io_retries;         /* system calls the shim retried after EFAULT on paged memory */
+	/* Discard (issue 18). */
+	uint64_t garbage_marked;     /* discarded resident pages kept, write-protected, until room is needed */
+	uint64_t garbage_evicted;    /* garbage pages dropped with no write-back */
+	uint64_t garbage_reused;     /* garbage pages the program wrote again (opened in runs) */
+	uint64_t reserved[6];       /* the block after lat_hist is 32 words; stats end the header */
 };
 
 struct fm_resmap_hdr {

@@ -20,20 +20,18 @@
  * pages in the file: registration punches out the unmapped pages that hold
  * only zeros (HotSpot preallocates the whole heap file with fallocate).
  */
-#include "pager_internal.h"
+#include "shmem.h"
 
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "fm_util.h"
-#include "uffd_compat.h"
+#include "pager_internal.h"
 
 int fm_shmem_alias(struct region *r)
 {
@@ -119,7 +117,7 @@ uint64_t fm_shmem_adopt(struct fm_pager *p, struct region *r)
 		if (i < r->npages && fm_pg_state(pg_load(&r->pg[i])) == FM_PG_UNTOUCHED) {
 			zero = !(vec[i % CHUNK] & 1) && !read_all ? 1 : page_is_zero(r->alias + (i << PG_SHIFT));
 			if (!zero) {
-				pg_store(&r->pg[i], pg_make(FM_PG_DIRTY, FM_PGF_REF));
+				pg_init(&r->pg[i], pg_make(FM_PG_DIRTY, FM_PGF_REF));
 				adopted++;
 			}
 		}
@@ -135,112 +133,4 @@ uint64_t fm_shmem_adopt(struct fm_pager *p, struct region *r)
 		"%llu unmapped pages with data adopted%s", (unsigned long)r->base, (unsigned long long)punched,
 		(unsigned long long)adopted, read_all ? " (swap is on: every page was read)" : "");
 	return adopted;
-}
-
-/*
- * UFFDIO_CONTINUE of one page. A stale message only wakes: EEXIST, the page
- * is mapped already; EFAULT, it is no longer in the file (registration
- * punched it out while the fault waited), so the retried access faults as
- * missing. EAGAIN, an unmap of a registered range is under way: nothing was
- * mapped, the page stays as it was and its thread faults again. Returns 0 if
- * the page was mapped (or was there), -EFAULT when it was not.
- */
-static int cont(struct fm_pager *p, uintptr_t addr, int wp)
-{
-	struct uffdio_continue c = {
-		.range = { .start = addr, .len = PG_SIZE },
-		.mode = wp ? UFFDIO_CONTINUE_MODE_WP : 0,
-	};
-
-	int e;
-
-	if (ioctl(p->uffd, UFFDIO_CONTINUE, &c) == 0)
-		return 0;
-	e = errno;
-	if (e != EEXIST && e != EFAULT && e != EAGAIN)
-		fm_fatal("UFFDIO_CONTINUE at %#lx failed: %s", (unsigned long)addr, strerror(e));
-	fm_wake_range(p, addr, PG_SIZE);
-	return e == EEXIST ? 0 : -EFAULT;
-}
-
-/*
- * A minor fault: the page is in the file, not mapped here. By our books it
- * is resident (the usual case: map it again, write-protected while clean),
- * or was never ours (it came back from swap or another mapping: adopt it),
- * or remote (then the file's copy is stale: punch it, and the retried
- * access faults as missing and fetches it).
- */
-void fm_shmem_minor(struct fm_pager *p, uintptr_t addr, int write, pid_t tid)
-{
-	struct region *r;
-	uint64_t i;
-	int gc;
-
-	rlock_rd(p);
-	r = fm_find_region(p, addr, NULL);
-	if (!r) {
-		rlock_un(p);
-		fm_wake_range(p, addr & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE);
-		return;
-	}
-	i = (addr - r->base) >> PG_SHIFT;
-	addr = r->base + (i << PG_SHIFT);
-	gc = fm_is_gc(p, tid);
-	for (;;) {
-		uint8_t b = pg_load(&r->pg[i]), fl;
-		unsigned s = fm_pg_state(b), to;
-
-		if (s == FM_PG_CLEAN || s == FM_PG_DIRTY || s == FM_PG_UNTOUCHED) {
-			fl = (uint8_t)((b | FM_PGF_REF) & ~(FM_PGF_PREFETCH | FM_PGF_GC));
-			to = s == FM_PG_CLEAN && !write ? FM_PG_CLEAN : FM_PG_DIRTY;
-			/* UPDATING keeps the evictor off while the page is mapped writable. */
-			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_UPDATING, fl)))
-				continue;
-			if (cont(p, addr, to == FM_PG_CLEAN)) {
-				/* Its missing fault sorts it out (a resident page gone from the file reads as zeros). */
-				pg_store(&r->pg[i], b);
-				break;
-			}
-			pg_store(&r->pg[i], pg_make(to, fl));
-			if (s == FM_PG_UNTOUCHED)
-				fm_resident_add(p, 1);
-			STAT_ADD(p, minor_faults, 1);
-			STAT_ADD(p, faults, 1);
-			if (gc)
-				STAT_ADD(p, gc_faults, 1);
-			else
-				STAT_ADD(p, app_faults, 1);
-			break;
-		}
-		if (s == FM_PG_REMOTE) {
-			/*
-			 * Held (FILLING) across the punch: unheld, another handler
-			 * or a prefetch could fill the page from memd between our
-			 * look and the punch, the program write it, and the punch
-			 * then throw that write away under books that say resident.
-			 * Missing faults that meet the hold are woken after it.
-			 */
-			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
-				continue;
-			fm_shmem_drop(r, addr, PG_SIZE);
-			pg_store(&r->pg[i], b);
-			fm_wake_range(p, addr, PG_SIZE);
-			break;
-		}
-		if (s == FM_PG_LEAVING) {
-			if (fm_queue_waiter(p, r, i, addr))
-				break;
-			sched_yield();
-			continue;
-		}
-		if (s == FM_PG_UPDATING) {
-			sched_yield();
-			continue;
-		}
-		/* FILLING: the other handler's fill wakes us. UNMANAGED: not ours. */
-		if (s == FM_PG_UNMANAGED)
-			fm_wake_range(p, addr, PG_SIZE);
-		break;
-	}
-	rlock_un(p);
 }

@@ -27,6 +27,8 @@ int main(void)
 	printf("  \"offsetof_swapva_pages_remote\": %zu,\n", offsetof(struct fm_pager_stats, swapva_pages_remote));
 	printf("  \"offsetof_swapva_remote_copied\": %zu,\n", offsetof(struct fm_pager_stats, swapva_remote_copied));
 	printf("  \"offsetof_swapva_copy_calls\": %zu,\n", offsetof(struct fm_pager_stats, swapva_copy_calls));
+	printf("  \"offsetof_fault_mode\": %zu,\n", offsetof(struct fm_pager_stats, fault_mode));
+	printf("  \"offsetof_garbage_reused\": %zu,\n", offsetof(struct fm_pager_stats, garbage_reused));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

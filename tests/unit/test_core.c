@@ -110,7 +110,7 @@ static void test_page_bytes(void)
 	CHECK(!fm_pg_is_remote(FM_PG_UNTOUCHED));
 	CHECK(fm_pg_is_resident(FM_PG_DIRTY | FM_PGF_REF));
 	CHECK(!fm_pg_is_resident(FM_PG_REMOTE));
-	CHECK(fm_pg_state(FM_PG_LEAVING | FM_PGF_WAITER | FM_PGF_GC) == FM_PG_LEAVING);
+	CHECK(fm_pg_state(FM_PG_LEAVING | FM_PGF_GARBAGE | FM_PGF_GC) == FM_PG_LEAVING);
 }
 
 int main(void)

@@ -27,7 +27,7 @@
 #define NPAGES (REGION / PG)
 
 
-static void exercise(const char *sock, const char *transport)
+static void exercise(const char *sock, const char *transport, const char *fault)
 {
 	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
@@ -45,14 +45,16 @@ static void exercise(const char *sock, const char *transport)
 	CHECK(fm_pager_cfg_set(&cfg, "local", "8M", err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
 	CHECK(fm_pager_cfg_set(&cfg, "fill_threads", "2", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "fault", fault, err, sizeof(err)) == 0);
 	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (%s): %s\n", transport, err);
+		fprintf(stderr, "fm_pager_start (%s, fault=%s): %s\n", transport, fault, err);
 		failures++;
 		return;
 	}
 	h = fm_pager_map(p);
 	CHECK(h->magic == FM_RESMAP_MAGIC && h->version == FM_RESMAP_VERSION);
 	CHECK(h->transport == (uint32_t)(strcmp(transport, "shm") ? FM_XPORT_STREAM : FM_XPORT_SHM));
+	CHECK(h->stats.fault_mode == (strcmp(fault, "signal") ? 2u : 1u));
 
 	a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	ver = calloc(NPAGES, sizeof(*ver));
@@ -76,13 +78,16 @@ static void exercise(const char *sock, const char *transport)
 	}
 	/*
 	 * Discard a range as a collector does with freed regions: its contents
-	 * stop mattering, and what is written afterwards must survive eviction
-	 * (a dropped page comes back as a zero-fill and is dirty from its first write).
+	 * stop mattering, and what is written afterwards must survive eviction.
+	 * Under this budget the discarded pages stay as garbage: the evictor
+	 * takes them first with no write-back, and a write opens a page (and
+	 * its run) again.
 	 */
 	{
 		uint64_t discards = h->stats.discards;
 		CHECK(fm_pager_discard(p, a + 200 * PG, 400 * PG) > 0);
 		CHECK(h->stats.discards > discards);
+		CHECK(h->stats.garbage_marked > 0);
 		for (uint64_t i = 200; i < 600; i += 2)
 			write_page(a, i, ++ver[i]);
 		for (uint64_t i = 201; i < 600; i += 2)
@@ -93,6 +98,7 @@ static void exercise(const char *sock, const char *transport)
 		}
 		for (uint64_t i = 201; i < 600; i += 2)
 			write_page(a, i, ver[i] = 7); /* a write after a discard, page resident or not */
+		CHECK(h->stats.garbage_reused > 0);
 	}
 	/* Forget a range as MADV_DONTNEED would: it reads back as zeros afterwards. */
 	CHECK(fm_pager_forget(p, a + 100 * PG, 50 * PG) == 0);
@@ -118,7 +124,7 @@ static void exercise(const char *sock, const char *transport)
 out:
 	free(ver);
 	fm_pager_stop(p);
-	printf("test_pager_inproc: %s transport done\n", transport);
+	printf("test_pager_inproc: %s transport, fault=%s done\n", transport, fault);
 }
 
 int main(void)
@@ -131,8 +137,11 @@ int main(void)
 	memd = unit_start_memd(sock, "256M");
 	if (memd < 0)
 		return 1;
-	exercise(sock, "shm");
-	exercise(sock, "stream");
+	for (int f = 0; f < 2; f++) {
+		const char *fault = f ? "thread" : "signal";
+		exercise(sock, "shm", fault);
+		exercise(sock, "stream", fault);
+	}
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);

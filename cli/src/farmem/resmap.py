@@ -64,8 +64,14 @@ SPLIT_FIELDS = ("split_faults", "split_handler_ns", "split_transport_ns", "split
 SWAPVA_COPY_FIELDS = ("swapva_remote_copied", "swapva_copy_calls")
 # Of gc_faults, the zero fills (the rest were read from memd).
 GC_FIELDS = ("gc_zero_fills",)
+# The fault path (issue 16): the mode (1 in the faulting thread, 2 handler threads) and the
+# system calls the shim covered.
+FAULT_PATH_FIELDS = ("fault_mode", "io_prefaults", "io_retries")
+# Discard (issue 18): free heap kept as garbage, dropped first, or written again.
+GARBAGE_FIELDS = ("garbage_marked", "garbage_evicted", "garbage_reused")
 # The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
-TAIL_FIELDS = MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
+TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
+               + FAULT_PATH_FIELDS + GARBAGE_FIELDS)
 
 
 class PagerStats(ctypes.Structure):
@@ -114,6 +120,8 @@ def layout() -> dict:
         "offsetof_swapva_pages_remote": PagerStats.swapva_pages_remote.offset,
         "offsetof_swapva_remote_copied": PagerStats.swapva_remote_copied.offset,
         "offsetof_swapva_copy_calls": PagerStats.swapva_copy_calls.offset,
+        "offsetof_fault_mode": PagerStats.fault_mode.offset,
+        "offsetof_garbage_reused": PagerStats.garbage_reused.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }

@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * rewrite: random read-then-rewrite over a big buffer, every byte checked.
+ * The workload of issue 16: a program that rewrites its pages, which is what
+ * a read-only fault benchmark hides (a write makes an evicted page dirty, so
+ * it must be written back before it can leave again).
+ *
+ *   rewrite [--size 512M] [--rounds 100000] [--threads 1] [--write-pct 50]
+ *           [--seed 1] [--json] [--mode rewrite|fit]
+ *
+ * Every page holds incompressible bytes derived from (page, version). Fill
+ * writes version 0 everywhere; then --rounds rounds (split over the threads)
+ * each pick a random page of their thread's share, check it, and rewrite
+ * --write-pct of them with the next version; then a full pass checks every
+ * page. Page i belongs to thread i % threads, so no two threads race on a
+ * page and the expected version is always known.
+ *
+ * --mode fit: the same buffer, but it is meant to fit the budget: fill, then
+ * rounds over every page in order, a read and a rewrite each (a program whose
+ * memory fits pays nothing: that is what this measures).
+ *
+ * Exit status: 0 every byte as expected, 1 a page had wrong bytes, 2 usage.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define PAGE 4096u
+#define WORDS (PAGE / 8u)
+
+static uint8_t *buf;
+static uint64_t npages, rounds, seed = 1;
+static unsigned nthreads = 1, write_pct = 50;
+static uint32_t *version;
+static int fit_mode;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t mix(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ull;
+	x ^= x >> 33;
+	return x;
+}
+
+static void fill_page(uint64_t pg, uint32_t ver)
+{
+	uint64_t *w = (uint64_t *)(buf + pg * PAGE);
+	uint64_t x = mix(pg * 0x9e3779b97f4a7c15ull ^ ((uint64_t)ver << 40) ^ seed);
+
+	for (unsigned k = 0; k < WORDS; k++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		w[k] = x;
+	}
+}
+
+/* Returns 0 when page pg holds version ver's bytes. */
+static int check_page(uint64_t pg, uint32_t ver)
+{
+	const volatile uint64_t *w = (const volatile uint64_t *)(buf + pg * PAGE);
+	uint64_t x = mix(pg * 0x9e3779b97f4a7c15ull ^ ((uint64_t)ver << 40) ^ seed);
+
+	for (unsigned k = 0; k < WORDS; k++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		if (w[k] != x) {
+			fprintf(stderr, "rewrite: page %" PRIu64 " word %u: expected version %u's %#" PRIx64
+				", found %#" PRIx64 "\n", pg, k, ver, x, w[k]);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+struct worker {
+	pthread_t th;
+	unsigned idx;
+	uint64_t checked, rewritten;
+	int bad;
+};
+
+static void *fill_worker(void *arg)
+{
+	struct worker *w = arg;
+
+	for (uint64_t pg = w->idx; pg < npages; pg += nthreads)
+		fill_page(pg, 0);
+	return NULL;
+}
+
+static void *round_worker(void *arg)
+{
+	struct worker *w = arg;
+	uint64_t share = (npages - w->idx + nthreads - 1) / nthreads;
+	uint64_t my_rounds = rounds / nthreads + (w->idx < rounds % nthreads);
+	uint64_t rng = mix(seed ^ (0x1234567ull + w->idx));
+
+	for (uint64_t r = 0; r < my_rounds && share; r++) {
+		uint64_t pg;
+		rng = mix(rng + r);
+		pg = fit_mode ? w->idx + (r % share) * nthreads : w->idx + (rng % share) * nthreads;
+		if (check_page(pg, version[pg])) {
+			w->bad = 1;
+			return NULL;
+		}
+		w->checked++;
+		if (fit_mode || (rng >> 40) % 100 < write_pct) {
+			version[pg]++;
+			fill_page(pg, version[pg]);
+			w->rewritten++;
+		}
+	}
+	return NULL;
+}
+
+static void *check_worker(void *arg)
+{
+	struct worker *w = arg;
+
+	for (uint64_t pg = w->idx; pg < npages; pg += nthreads)
+		if (check_page(pg, version[pg])) {
+			w->bad = 1;
+			return NULL;
+		}
+	return NULL;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+
+	if (end == s)
+		return -1;
+	switch (*end) {
+	case 'G': case 'g': v <<= 30; end++; break;
+	case 'M': case 'm': v <<= 20; end++; break;
+	case 'K': case 'k': v <<= 10; end++; break;
+	}
+	if (*end)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static int run_phase(struct worker *w, void *(*fn)(void *))
+{
+	int bad = 0;
+
+	for (unsigned t = 0; t < nthreads; t++) {
+		w[t].idx = t;
+		if (pthread_create(&w[t].th, NULL, fn, &w[t])) {
+			perror("rewrite: pthread_create");
+			exit(2);
+		}
+	}
+	for (unsigned t = 0; t < nthreads; t++) {
+		pthread_join(w[t].th, NULL);
+		bad |= w[t].bad;
+	}
+	return bad;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "size", required_argument, NULL, 's' },
+		{ "rounds", required_argument, NULL, 'r' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "write-pct", required_argument, NULL, 'w' },
+		{ "seed", required_argument, NULL, 'S' },
+		{ "mode", required_argument, NULL, 'm' },
+		{ "json", no_argument, NULL, 'j' },
+		{ 0 },
+	};
+	uint64_t size = 512ull << 20, checked = 0, rewritten = 0;
+	int json = 0, c;
+	double t0, t1, t2, t3;
+	struct worker *w;
+
+	rounds = 100000;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 's': if (parse_size(optarg, &size) || size < PAGE) goto usage; break;
+		case 'r': rounds = strtoull(optarg, NULL, 10); break;
+		case 't': nthreads = (unsigned)strtoul(optarg, NULL, 10); break;
+		case 'w': write_pct = (unsigned)strtoul(optarg, NULL, 10); break;
+		case 'S': seed = strtoull(optarg, NULL, 10); break;
+		case 'm':
+			if (!strcmp(optarg, "fit"))
+				fit_mode = 1;
+			else if (strcmp(optarg, "rewrite"))
+				goto usage;
+			break;
+		case 'j': json = 1; break;
+		default: goto usage;
+		}
+	}
+	if (nthreads < 1 || nthreads > 256 || write_pct > 100)
+		goto usage;
+	npages = size / PAGE;
+	/* One mapping for the data (paged), the versions apart in small memory. */
+	buf = mmap(NULL, npages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	version = calloc(npages, sizeof(*version));
+	w = calloc(nthreads, sizeof(*w));
+	if (buf == MAP_FAILED || !version || !w) {
+		perror("rewrite: allocation");
+		return 2;
+	}
+	t0 = now();
+	run_phase(w, fill_worker);
+	t1 = now();
+	if (run_phase(w, round_worker))
+		return 1;
+	t2 = now();
+	if (run_phase(w, check_worker))
+		return 1;
+	t3 = now();
+	for (unsigned t = 0; t < nthreads; t++) {
+		checked += w[t].checked;
+		rewritten += w[t].rewritten;
+	}
+	if (json)
+		printf("{\"size\": %" PRIu64 ", \"threads\": %u, \"rounds\": %" PRIu64 ", \"checked\": %" PRIu64
+		       ", \"rewritten\": %" PRIu64 ", \"fill_s\": %.4f, \"rounds_s\": %.4f, \"check_s\": %.4f, "
+		       "\"total_s\": %.4f, \"ok\": true}\n",
+		       size, nthreads, rounds, checked, rewritten, t1 - t0, t2 - t1, t3 - t2, t3 - t0);
+	else
+		printf("rewrite: %" PRIu64 " MiB, %u threads: fill %.3f s, %" PRIu64 " rounds (%" PRIu64
+		       " rewritten) %.3f s, full check %.3f s, total %.3f s: every byte as expected\n",
+		       size >> 20, nthreads, t1 - t0, checked, rewritten, t2 - t1, t3 - t2, t3 - t0);
+	return 0;
+usage:
+	fprintf(stderr, "usage: rewrite [--size 512M] [--rounds N] [--threads T] [--write-pct P] [--seed S] "
+		"[--mode rewrite|fit] [--json]\n");
+	return 2;
+}

@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * iotest: system calls on paged memory that the pager has evicted, and a
+ * program's own SIGBUS. With faults served in the faulting thread the kernel
+ * cannot wait for a page, so a read() into an evicted buffer would fail with
+ * EFAULT unless the shim covers it (uffd/preload_io.c). Each check evicts the
+ * buffer first (touching a second, bigger region under a small budget), then:
+ *
+ *   read, pread, readv   a file's bytes into the evicted buffer (and readv's
+ *                        iovec array itself lives in paged memory)
+ *   write, writev        the evicted buffer out to a file, read back
+ *   send/recv            the evicted buffer through a socketpair into another
+ *                        evicted part of it; sendmsg/recvmsg likewise
+ *   sigbus               the program's own SIGBUS handler, installed after the
+ *                        pager started, still runs for a truncated file mapping,
+ *                        and paging goes on after it
+ *   blocked              a thread that blocks every signal still pages
+ *
+ * Every byte is checked. Exit 0 when all pass, 1 on a wrong byte or a failed
+ * call (with a message), 2 on usage.
+ *
+ *   iotest [--size 128M] [--pressure 256M] [--only NAME]
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define PAGE 4096ul
+#define CHUNK (4ul << 20)
+
+static uint8_t *buf, *pressure;
+static size_t size = 128ul << 20, pressure_size = 256ul << 20;
+static int failed;
+
+#define FAIL(...) do { fprintf(stderr, "iotest: " __VA_ARGS__); fputc('\n', stderr); failed = 1; } while (0)
+
+static uint8_t pattern(uint64_t i, unsigned salt)
+{
+	uint64_t x = (i / 8 + 1) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)salt << 56);
+	x ^= x >> 29;
+	return (uint8_t)(x >> ((i % 8) * 8));
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t at, unsigned salt)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = pattern(at + i, salt);
+}
+
+static int check(const uint8_t *p, size_t n, uint64_t at, unsigned salt, const char *what)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != pattern(at + i, salt)) {
+			FAIL("%s: byte %zu is %#x, expected %#x", what, i, p[i], pattern(at + i, salt));
+			return -1;
+		}
+	return 0;
+}
+
+/* Touch every page of the pressure region: under a budget smaller than it, buf's pages leave. */
+static void evict_buf(void)
+{
+	for (size_t i = 0; i < pressure_size; i += PAGE)
+		pressure[i] = (uint8_t)(pressure[i] + 1);
+}
+
+static int temp_file(const uint8_t *src, size_t n)
+{
+	char path[] = "/tmp/iotest-XXXXXX";
+	int fd = mkstemp(path);
+
+	if (fd < 0) {
+		perror("iotest: mkstemp");
+		exit(1);
+	}
+	unlink(path);
+	if (src && write(fd, src, n) != (ssize_t)n) {
+		perror("iotest: write to a temporary file");
+		exit(1);
+	}
+	return fd;
+}
+
+static void t_read(void)
+{
+	uint8_t *src = malloc(CHUNK);
+	int fd;
+
+	fill(src, CHUNK, 0, 7);
+	fd = temp_file(src, CHUNK);
+	evict_buf();
+	if (pread(fd, buf + 8 * PAGE, CHUNK, 0) != (ssize_t)CHUNK)
+		FAIL("pread into an evicted buffer: %s", strerror(errno));
+	else
+		check(buf + 8 * PAGE, CHUNK, 0, 7, "pread");
+	evict_buf();
+	if (lseek(fd, 0, SEEK_SET) < 0 || read(fd, buf + size / 2, CHUNK) != (ssize_t)CHUNK)
+		FAIL("read into an evicted buffer: %s", strerror(errno));
+	else
+		check(buf + size / 2, CHUNK, 0, 7, "read");
+	/* readv, with the iovec array itself in paged memory. */
+	{
+		struct iovec *iov = (struct iovec *)(buf + size - PAGE);
+		iov[0] = (struct iovec){ buf + 100 * PAGE + 17, CHUNK / 4 };
+		iov[1] = (struct iovec){ buf + 3 * size / 4, CHUNK / 4 };
+		iov[2] = (struct iovec){ buf + size / 4 + 5, CHUNK / 2 };
+		evict_buf();
+		if (lseek(fd, 0, SEEK_SET) < 0 || readv(fd, iov, 3) != (ssize_t)CHUNK) {
+			FAIL("readv into an evicted buffer: %s", strerror(errno));
+		} else {
+			check(iov[0].iov_base, CHUNK / 4, 0, 7, "readv[0]");
+			check(iov[1].iov_base, CHUNK / 4, CHUNK / 4, 7, "readv[1]");
+			check(iov[2].iov_base, CHUNK / 2, CHUNK / 2, 7, "readv[2]");
+		}
+	}
+	close(fd);
+	free(src);
+}
+
+static void t_write(void)
+{
+	uint8_t *back = malloc(2 * CHUNK);
+	struct iovec iov[2];
+	int fd = temp_file(NULL, 0);
+
+	fill(buf + 40 * PAGE, CHUNK, 40 * PAGE, 9);
+	fill(buf + size - CHUNK - PAGE, CHUNK, 3, 11);
+	evict_buf();
+	if (write(fd, buf + 40 * PAGE, CHUNK) != (ssize_t)CHUNK)
+		FAIL("write from an evicted buffer: %s", strerror(errno));
+	evict_buf();
+	iov[0] = (struct iovec){ buf + size - CHUNK - PAGE, CHUNK / 2 };
+	iov[1] = (struct iovec){ buf + size - CHUNK / 2 - PAGE, CHUNK / 2 };
+	if (writev(fd, iov, 2) != (ssize_t)CHUNK)
+		FAIL("writev from an evicted buffer: %s", strerror(errno));
+	if (pread(fd, back, 2 * CHUNK, 0) != (ssize_t)(2 * CHUNK)) {
+		FAIL("reading back: %s", strerror(errno));
+	} else {
+		check(back, CHUNK, 40 * PAGE, 9, "write");
+		check(back + CHUNK, CHUNK, 3, 11, "writev");
+	}
+	/* The buffer itself is intact. */
+	check(buf + 40 * PAGE, CHUNK, 40 * PAGE, 9, "buffer after write");
+	close(fd);
+	free(back);
+}
+
+static void t_socket(void)
+{
+	int sv[2];
+	size_t n = 64 * 1024, off_in = 2 * PAGE + 3, off_out = size / 3;
+	struct iovec iov_out = { buf + off_out, n }, iov_in = { buf + off_in, n };
+	struct msghdr mo = { .msg_iov = &iov_out, .msg_iovlen = 1 };
+	struct msghdr mi = { .msg_iov = &iov_in, .msg_iovlen = 1 };
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+		FAIL("socketpair: %s", strerror(errno));
+		return;
+	}
+	fill(buf + off_out, n, 0, 13);
+	evict_buf();
+	if (send(sv[0], buf + off_out, n, 0) != (ssize_t)n)
+		FAIL("send from an evicted buffer: %s", strerror(errno));
+	evict_buf();
+	if (recv(sv[1], buf + off_in, n, MSG_WAITALL) != (ssize_t)n)
+		FAIL("recv into an evicted buffer: %s", strerror(errno));
+	else
+		check(buf + off_in, n, 0, 13, "send/recv");
+	fill(buf + off_out, n, 0, 15);
+	evict_buf();
+	if (sendmsg(sv[0], &mo, 0) != (ssize_t)n)
+		FAIL("sendmsg from an evicted buffer: %s", strerror(errno));
+	evict_buf();
+	if (recvmsg(sv[1], &mi, MSG_WAITALL) != (ssize_t)n)
+		FAIL("recvmsg into an evicted buffer: %s", strerror(errno));
+	else
+		check(buf + off_in, n, 0, 15, "sendmsg/recvmsg");
+	close(sv[0]);
+	close(sv[1]);
+}
+
+static sigjmp_buf bus_jmp;
+static volatile sig_atomic_t bus_seen;
+
+static void on_bus(int sig)
+{
+	bus_seen++;
+	siglongjmp(bus_jmp, 1);
+}
+
+static void t_sigbus(void)
+{
+	int fd = temp_file(NULL, 0);
+	volatile uint8_t *m;
+	struct sigaction sa = { .sa_handler = on_bus };
+
+	if (ftruncate(fd, 2 * PAGE)) {
+		FAIL("ftruncate: %s", strerror(errno));
+		return;
+	}
+	m = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		FAIL("mmap of a file: %s", strerror(errno));
+		return;
+	}
+	/* Installed after the pager has started (buf is paged by now). */
+	sigaction(SIGBUS, &sa, NULL);
+	if (ftruncate(fd, 0)) {
+		FAIL("ftruncate: %s", strerror(errno));
+		return;
+	}
+	if (!sigsetjmp(bus_jmp, 1))
+		(void)m[PAGE];
+	if (bus_seen != 1)
+		FAIL("the program's SIGBUS handler ran %d times for a truncated mapping, not once", (int)bus_seen);
+	/* Paging goes on, and the program's handler does not see paging faults. */
+	fill(buf, CHUNK, 0, 17);
+	evict_buf();
+	check(buf, CHUNK, 0, 17, "paging after the program's SIGBUS");
+	if (bus_seen != 1)
+		FAIL("the program's SIGBUS handler ran for a paging fault");
+	munmap((void *)m, 2 * PAGE);
+	close(fd);
+}
+
+static void *blocked_worker(void *arg)
+{
+	sigset_t all;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	fill(buf + CHUNK, CHUNK, CHUNK, 19);
+	evict_buf();
+	check(buf + CHUNK, CHUNK, CHUNK, 19, "a thread that blocks every signal");
+	return NULL;
+}
+
+static void t_blocked(void)
+{
+	pthread_t th;
+
+	pthread_create(&th, NULL, blocked_worker, NULL);
+	pthread_join(th, NULL);
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+
+	if (*end == 'M' || *end == 'm')
+		v <<= 20, end++;
+	else if (*end == 'G' || *end == 'g')
+		v <<= 30, end++;
+	if (*end || !v)
+		return -1;
+	*out = (size_t)v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct { const char *name; void (*fn)(void); } tests[] = {
+		{ "read", t_read }, { "write", t_write }, { "socket", t_socket },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked },
+	};
+	static const struct option opts[] = {
+		{ "size", required_argument, NULL, 's' },
+		{ "pressure", required_argument, NULL, 'p' },
+		{ "only", required_argument, NULL, 'o' },
+		{ 0 },
+	};
+	const char *only = NULL;
+	int c;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (c == 's' && !parse_size(optarg, &size))
+			continue;
+		if (c == 'p' && !parse_size(optarg, &pressure_size))
+			continue;
+		if (c == 'o') {
+			only = optarg;
+			continue;
+		}
+		fprintf(stderr, "usage: iotest [--size 128M] [--pressure 256M] [--only NAME]\n");
+		return 2;
+	}
+	buf = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	pressure = mmap(NULL, pressure_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buf == MAP_FAILED || pressure == MAP_FAILED) {
+		perror("iotest: mmap");
+		return 1;
+	}
+	fill(buf, size, 0, 1);
+	for (size_t k = 0; k < sizeof(tests) / sizeof(tests[0]); k++) {
+		if (only && strcmp(only, tests[k].name))
+			continue;
+		tests[k].fn();
+		printf("iotest: %s %s\n", tests[k].name, failed ? "FAILED" : "ok");
+		if (failed)
+			return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The local budget: how many pages may be resident, and the watermarks that
+ * wake the evictor. The check and the count of a new resident page are one
+ * compare-and-swap, so faulting threads together never pass the budget.
+ */
+#ifndef FARMEM_BUDGET_H
+#define FARMEM_BUDGET_H
+
+#include <stdint.h>
+
+struct fm_pager;
+
+/* Recompute limit and watermarks from the knobs and what is registered. */
+void fm_budget_set(struct fm_pager *p);
+/* Count one more resident page if that keeps resident <= cap; 1 if it did. */
+int fm_budget_reserve(struct fm_pager *p, uint64_t cap);
+/* Resident pages came (delta > 0) or went. */
+void fm_resident_add(struct fm_pager *p, int64_t delta);
+/* MemLiner's swap epoch: pages in plus out since the last one. */
+void fm_churn(struct fm_pager *p, uint64_t pages);
+/* Resident at or over the low watermark: eviction is near, and garbage worth marking. */
+int fm_budget_pressed(struct fm_pager *p);
+
+/* The evictor's side: sleep until kicked (or timeout_ms), and kick it. */
+void fm_evictor_sleep(struct fm_pager *p, int timeout_ms);
+void fm_evictor_kick(struct fm_pager *p);
+
+#endif

@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Eviction (evict.c says how, and why no write is ever lost). Faulting
+ * threads evict a batch themselves when the budget is full; an evictor
+ * thread, when there is one, keeps resident pages between the watermarks.
+ */
+#ifndef FARMEM_EVICT_H
+#define FARMEM_EVICT_H
+
+#include <stdint.h>
+
+struct fm_pager;
+struct fm_chan;
+
+/* The most pages one batch takes: its books live on the evicting thread's stack. */
+#define FM_EVICT_MAX 64
+
+/* Evict up to want (<= FM_EVICT_MAX) pages now, over chan; returns pages dropped. */
+unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want);
+void *fm_evictor_main(void *arg);
+/* Pages [first, first+n) of region ridx are garbage the program discarded: look there first. */
+void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n);
+
+#endif

@@ -1,0 +1,452 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The fault handlers (fault.h). Every page's life is its state byte (page.h);
+ * a handler changes one only by compare-and-swap into a hold, so a faulting
+ * thread, the evictor and a program thread that frees memory agree on who
+ * owns a page at each moment. A thread that meets another's hold waits for
+ * the page to settle, then looks again.
+ *
+ * This file runs inside a SIGBUS handler in fault=signal mode: no malloc, no
+ * stdio, no lock that the interrupted code could hold (the pager's own code
+ * never touches paged memory while holding one).
+ */
+#include "fault.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "budget.h"
+#include "evict.h"
+#include "fm_util.h"
+#include "pager_internal.h"
+#include "pins.h"
+#include "prefetch.h"
+#include "region.h"
+#include "shmem.h"
+#include "uffd_ops.h"
+#include "wait.h"
+
+/* A written garbage page opens this many pages of its run at once (allocation streams on). */
+#define GARBAGE_RUN_PAGES 512
+
+static int is_gc(struct fm_pager *p, pid_t tid)
+{
+	return p->cfg.is_gc_thread && tid > 0 && p->cfg.is_gc_thread(tid);
+}
+
+/* Fetch page i of r from memd; a page memd cannot give back stops the program. */
+static const void *fetch_one(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i)
+{
+	const void *src;
+	int rc = fm_chan_read(fm_borrow(p, &f->fc), r->space, &i, 1, &src);
+
+	if (rc) {
+		STAT_ADD(p, transport_errors, 1);
+		if (rc == -EIO)
+			STAT_ADD(p, crc_errors, 1);
+		fm_fatal("page %#lx is in memd but cannot be read back (%s%s)",
+			 (unsigned long)(r->base + (i << PG_SHIFT)), strerror(-rc),
+			 rc == -EIO ? ": checksum mismatch" : "");
+	}
+	STAT_ADD(p, remote_reads, 1);
+	STAT_ADD(p, remote_read_bytes, PG_SIZE);
+	return src;
+}
+
+/*
+ * Room for one more resident page: at the limit the faulting thread evicts a
+ * batch itself. Only when nothing can be evicted (memd unusable, or every
+ * page busy or pinned) does the page come in over the budget.
+ */
+static void reserve_room(struct fm_pager *p, struct fm_fault *f)
+{
+	while (!fm_budget_reserve(p, atomic_load(&p->limit))) {
+		unsigned n = atomic_load(&p->evict_broken)
+				     ? 0 : fm_evict_batch(p, fm_borrow(p, &f->fc), p->cfg.evict_batch);
+		STAT_ADD(p, direct_evictions, n);
+		if (!n) {
+			fm_resident_add(p, 1);
+			return;
+		}
+	}
+}
+
+/* Page i of r is held FILLING (was b) and has room: fill it from memd or with zeros. */
+static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int ridx, uint64_t i, uint8_t b)
+{
+	uintptr_t addr = r->base + (i << PG_SHIFT);
+	uint8_t held = pg_make(FM_PG_FILLING, b), fl;
+	int remote = fm_pg_state(b) == FM_PG_REMOTE, gc = is_gc(p, f->fc.tid);
+	uint64_t t_xport = 0, t_copy, skipped;
+	const void *src;
+
+	if (remote) {
+		t_xport = fm_now_ns();
+		src = fetch_one(p, f, r, i);
+		t_xport = fm_now_ns() - t_xport;
+		fm_churn(p, 1);
+	} else {
+		src = p->zero_run;
+	}
+	/* A read installs the page write-protected: it stays clean (no write-back) until written. */
+	t_copy = fm_now_ns();
+	fm_uffd_install(p->uffd, addr, src, 1, !f->write, !f->in_thread, &skipped);
+	if (skipped) {
+		/*
+		 * There already (a stale fault) or an unmap is under way behind
+		 * the shim: nothing of ours went in. The page goes back as it was
+		 * and its thread faults again, into whatever is mapped there then.
+		 */
+		fm_release(p, &r->pg[i], held, b);
+		fm_resident_add(p, -1);
+		return;
+	}
+	if (remote) {
+		uint64_t t_end = fm_now_ns();
+		STAT_ADD(p, split_faults, 1);
+		STAT_ADD(p, split_handler_ns, t_end - f->t0);
+		STAT_ADD(p, split_transport_ns, t_xport);
+		STAT_ADD(p, split_copy_ns, t_end - t_copy);
+	} else {
+		STAT_ADD(p, zero_fills, 1);
+		if (gc)
+			STAT_ADD(p, gc_zero_fills, 1);
+	}
+	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && !f->write ? FM_PGF_GC : FM_PGF_REF));
+	fm_release(p, &r->pg[i], held, pg_make(f->write ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
+	STAT_ADD(p, faults, 1);
+	if (gc)
+		STAT_ADD(p, gc_faults, 1);
+	else
+		STAT_ADD(p, app_faults, 1);
+	if (p->cfg.prefetch)
+		fm_prefetch(p, &f->fc, ridx, r, i, f->write, gc, !f->in_thread);
+}
+
+/*
+ * Resident by our books, yet the thread faulted as missing. Either the fault
+ * is stale (the page went in after it was raised) or the program dropped the
+ * page behind our back, which for private anonymous memory means zeros. A
+ * zero copy tells the two apart: the kernel skips a page that is there. The
+ * page is held across the copy: unheld, the evictor could drop it between
+ * our look and the copy, which would then map zeros, writable, over a page
+ * memd holds while the books say REMOTE.
+ */
+static void missing_but_resident(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i,
+				 uint8_t b)
+{
+	uint8_t held = pg_make(FM_PG_UPDATING, b);
+	uint64_t skipped;
+
+	if (!pg_cas(&r->pg[i], &b, held))
+		return; /* it changed: the thread faults again if it must */
+	fm_uffd_install(p->uffd, r->base + (i << PG_SHIFT), p->zero_run, 1, 0, !f->in_thread, &skipped);
+	if (skipped) {
+		fm_release(p, &r->pg[i], held, b);
+	} else {
+		fm_release(p, &r->pg[i], held, pg_make(FM_PG_DIRTY, FM_PGF_REF));
+		STAT_ADD(p, zero_fills, 1);
+	}
+}
+
+static void missing(struct fm_pager *p, struct fm_fault *f, struct region *r, int ridx, uint64_t i)
+{
+	for (;;) {
+		uint8_t b = pg_load(&r->pg[i]);
+		unsigned s = fm_pg_state(b);
+
+		switch (s) {
+		case FM_PG_UNTOUCHED:
+		case FM_PG_REMOTE:
+			reserve_room(p, f);
+			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b))) {
+				fm_resident_add(p, -1);
+				continue;
+			}
+			fill(p, f, r, ridx, i, b);
+			return;
+		case FM_PG_FILLING:
+			/* Another thread installs it; the install wakes a thread asleep in the kernel. */
+			if (!f->in_thread)
+				return;
+			/* fall through */
+		case FM_PG_LEAVING:
+		case FM_PG_UPDATING:
+			fm_settle(p, &r->pg[i]);
+			continue;
+		case FM_PG_UNMANAGED:
+			if (!f->in_thread)
+				fm_uffd_wake(p->uffd, r->base + (i << PG_SHIFT), PG_SIZE);
+			return;
+		default:
+			missing_but_resident(p, f, r, i, b);
+			return;
+		}
+	}
+}
+
+/*
+ * A write to a clean page. A garbage page (discarded, write-protected since)
+ * opens the rest of its run with it: the program is allocating there, and
+ * every page it opens is live from now on (dirty).
+ */
+static void open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i, uint8_t b)
+{
+	uintptr_t addr = r->base + (i << PG_SHIFT);
+	uint8_t fl = (uint8_t)((b | FM_PGF_REF) & ~(FM_PGF_PREFETCH | FM_PGF_GARBAGE));
+	uint8_t held = pg_make(FM_PG_UPDATING, b);
+	uint64_t n = 1;
+
+	if (!is_gc(p, f->fc.tid))
+		fl &= (uint8_t)~FM_PGF_GC;
+	if (!pg_cas(&r->pg[i], &b, held))
+		return;
+	if (b & FM_PGF_PREFETCH)
+		STAT_ADD(p, prefetch_used, 1);
+	if (b & FM_PGF_GARBAGE) {
+		/* Claim the garbage run after it, stopping at the first page that is not. */
+		while (n < GARBAGE_RUN_PAGES && i + n < r->npages) {
+			uint8_t c = pg_load(&r->pg[i + n]);
+			if (fm_pg_state(c) != FM_PG_CLEAN || !(c & FM_PGF_GARBAGE) ||
+			    !pg_cas(&r->pg[i + n], &c, pg_make(FM_PG_UPDATING, c)))
+				break;
+			n++;
+		}
+		STAT_ADD(p, garbage_reused, n);
+	}
+	/* Unprotect before DIRTY is visible: the evictor must not protect a page we then open. */
+	fm_uffd_wp(p->uffd, addr, (size_t)n << PG_SHIFT, 0);
+	for (uint64_t k = 1; k < n; k++)
+		pg_release_from(&r->pg[i + k], FM_PG_UPDATING, pg_make(FM_PG_DIRTY, FM_PGF_REF));
+	fm_release(p, &r->pg[i], held, pg_make(FM_PG_DIRTY, fl));
+	STAT_ADD(p, wp_faults, 1);
+}
+
+static void write_protected(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i)
+{
+	uintptr_t addr = r->base + (i << PG_SHIFT);
+
+	for (;;) {
+		uint8_t b = pg_load(&r->pg[i]), held;
+		unsigned s = fm_pg_state(b);
+
+		if (s == FM_PG_CLEAN) {
+			open_clean(p, f, r, i, b);
+			if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_CLEAN)
+				continue; /* lost a race for it */
+			return;
+		}
+		if (pg_is_hold(s)) {
+			/* The evictor has it (the write waits until memd holds it, then faults it back), or a handler. */
+			fm_settle(p, &r->pg[i]);
+			continue;
+		}
+		if (s == FM_PG_REMOTE) {
+			/* It left meanwhile: the retried write faults as missing. */
+			if (!f->in_thread)
+				fm_uffd_wake(p->uffd, addr, PG_SIZE);
+			return;
+		}
+		if (s == FM_PG_UNMANAGED) {
+			fm_uffd_wp(p->uffd, addr, PG_SIZE, 0);
+			return;
+		}
+		/*
+		 * DIRTY: another thread opened it already. UNTOUCHED: the program
+		 * is freeing it. Either way the message is stale, so the page is
+		 * held while it is opened: unheld, the evictor could protect a
+		 * DIRTY page and copy it out between our look and the unprotect
+		 * (the write then lands after the copy and is dropped with the
+		 * page), or an UNTOUCHED page could be filled write-protected and
+		 * CLEAN meanwhile (opened, it takes writes a clean eviction throws
+		 * away). Unprotecting wakes the writer.
+		 */
+		held = pg_make(s == FM_PG_DIRTY ? FM_PG_UPDATING : FM_PG_FILLING, b);
+		if (!pg_cas(&r->pg[i], &b, held))
+			continue;
+		fm_uffd_wp(p->uffd, addr, PG_SIZE, 0);
+		fm_release(p, &r->pg[i], held, b);
+		return;
+	}
+}
+
+/*
+ * A shmem page that is not mapped: in the file (a minor fault: map the
+ * file's page again, UFFDIO_CONTINUE) or not (missing). By our books it is
+ * resident (the usual case), or was never ours (it came back from swap or
+ * another mapping: adopt it), or remote (then the file's copy is stale:
+ * punch it, and fetch). In SIGBUS mode the kernel does not say which kind
+ * of fault it was; a continue that finds nothing in the file tells.
+ */
+static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct region *r, int ridx, uint64_t i)
+{
+	uintptr_t addr = r->base + (i << PG_SHIFT);
+	int gc = is_gc(p, f->fc.tid);
+
+	for (;;) {
+		uint8_t b = pg_load(&r->pg[i]), fl, held;
+		unsigned s = fm_pg_state(b), to;
+		int rc;
+
+		if (s == FM_PG_CLEAN || s == FM_PG_DIRTY || s == FM_PG_UNTOUCHED) {
+			fl = (uint8_t)((b | FM_PGF_REF) & ~(FM_PGF_PREFETCH | FM_PGF_GC | FM_PGF_GARBAGE));
+			to = s == FM_PG_CLEAN && !f->write ? FM_PG_CLEAN : FM_PG_DIRTY;
+			/* UPDATING keeps the evictor off while the page is mapped writable. */
+			held = pg_make(FM_PG_UPDATING, b);
+			if (!pg_cas(&r->pg[i], &b, held))
+				continue;
+			rc = fm_uffd_continue(p->uffd, addr, to == FM_PG_CLEAN, !f->in_thread);
+			if (rc == -EFAULT && s == FM_PG_UNTOUCHED && f->in_thread) {
+				/* Not in the file: a missing fault after all. */
+				fm_release(p, &r->pg[i], held, b);
+				missing(p, f, r, ridx, i);
+				return;
+			}
+			if (rc) {
+				/* Its missing fault sorts it out (a resident page gone from the file reads as zeros). */
+				fm_release(p, &r->pg[i], held, b);
+				if (f->in_thread && rc == -EFAULT)
+					missing_but_resident(p, f, r, i, pg_load(&r->pg[i]));
+				return;
+			}
+			fm_release(p, &r->pg[i], held, pg_make(to, fl));
+			if (s == FM_PG_UNTOUCHED)
+				fm_resident_add(p, 1);
+			STAT_ADD(p, minor_faults, 1);
+			STAT_ADD(p, faults, 1);
+			if (gc)
+		STAT_ADD(p, gc_faults, 1);
+	else
+		STAT_ADD(p, app_faults, 1);
+			return;
+		}
+		if (s == FM_PG_REMOTE) {
+			/*
+			 * Held across the punch: unheld, another thread or a prefetch
+			 * could fill the page from memd between our look and the punch,
+			 * the program write it, and the punch then throw that write
+			 * away under books that say resident.
+			 */
+			held = pg_make(FM_PG_FILLING, b);
+			if (!pg_cas(&r->pg[i], &b, held))
+				continue;
+			fm_shmem_drop(r, addr, PG_SIZE);
+			fm_release(p, &r->pg[i], held, b);
+			if (f->in_thread)
+				missing(p, f, r, ridx, i);
+			else
+				fm_uffd_wake(p->uffd, addr, PG_SIZE);
+			return;
+		}
+		if (pg_is_hold(s)) {
+			if (s == FM_PG_FILLING && !f->in_thread)
+				return; /* the other thread's fill wakes us */
+			fm_settle(p, &r->pg[i]);
+			continue;
+		}
+		/* UNMANAGED: not ours. */
+		if (!f->in_thread)
+			fm_uffd_wake(p->uffd, addr, PG_SIZE);
+		return;
+	}
+}
+
+int fm_fault(struct fm_pager *p, struct fm_fault *f)
+{
+	struct region *r;
+	int ridx;
+	uint64_t i;
+
+	rlock_rd(p);
+	r = fm_region_find(p, f->addr, &ridx);
+	if (!r) {
+		rlock_un(p);
+		/* Unregistered while the fault waited: the thread retries on plain memory. */
+		if (!f->in_thread)
+			fm_uffd_wake(p->uffd, f->addr & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE);
+		return -ENOENT;
+	}
+	i = (f->addr - r->base) >> PG_SHIFT;
+	if (f->kind == FM_FAULT_GUESS) {
+		/* A clean page is mapped, so the access was a write to it; anything else faults as missing. */
+		f->write = fm_pg_state(pg_load(&r->pg[i])) == FM_PG_CLEAN;
+		f->kind = f->write ? FM_FAULT_WP : FM_FAULT_MISSING;
+	}
+	/* A handler thread is told which kind a shmem fault is; the SIGBUS handler is not. */
+	if (f->kind == FM_FAULT_WP)
+		write_protected(p, f, r, i);
+	else if (f->kind == FM_FAULT_MINOR || (r->alias && f->in_thread))
+		shmem_not_present(p, f, r, ridx, i);
+	else
+		missing(p, f, r, ridx, i);
+	rlock_un(p);
+	fm_give_back(p, &f->fc);
+	__atomic_fetch_add(&p->st->lat_hist[fm_lat_bucket(fm_now_ns() - f->t0)], 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+void fm_fault_unmap(struct fm_pager *p, uintptr_t start, uintptr_t end)
+{
+	struct fm_overlap o = { 0 };
+
+	rlock_rd(p);
+	while (fm_overlap_next(p, start, end, &o))
+		fm_region_forget(p, o.r, o.first, o.n, FM_PG_UNMANAGED);
+	fm_region_gone(p, start, end);
+	rlock_un(p);
+}
+
+/* --- system calls on paged memory (the shim) ------------------------------------ */
+
+int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write)
+{
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;
+	struct fm_fault f = { .in_thread = 1, .write = write, .kind = FM_FAULT_MISSING };
+	struct fm_overlap o = { 0 };
+	int slot;
+
+	/* With handler threads the kernel waits for a page a system call touches. */
+	if (!p->in_thread || !len || !fm_region_maybe(p, a, e))
+		return -1;
+	slot = fm_pin(p, a, e);
+	f.fc.tid = gettid();
+	rlock_rd(p);
+	while (fm_overlap_next(p, a, (e + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1), &o)) {
+		int ridx = (int)(o.r - p->regions);
+		for (uint64_t i = o.first; i < o.first + o.n; i++) {
+			/* Bounded: a page the kernel keeps skipping (an unmap under way) is left to EFAULT. */
+			for (int tries = 0; tries < 64; tries++) {
+				uint8_t b = fm_settle(p, &o.r->pg[i]);
+				unsigned s = fm_pg_state(b);
+				f.addr = o.r->base + (i << PG_SHIFT);
+				f.t0 = fm_now_ns();
+				if (s == FM_PG_UNTOUCHED || s == FM_PG_REMOTE) {
+					if (o.r->alias)
+						shmem_not_present(p, &f, o.r, ridx, i);
+					else
+						missing(p, &f, o.r, ridx, i);
+				} else if (s == FM_PG_CLEAN && write) {
+					write_protected(p, &f, o.r, i);
+				} else {
+					break;
+				}
+				STAT_ADD(p, io_prefaults, 1);
+			}
+		}
+	}
+	rlock_un(p);
+	fm_give_back(p, &f.fc);
+	return slot;
+}
+
+void fm_pager_io_end(struct fm_pager *p, int slot)
+{
+	if (slot >= 0)
+		fm_unpin(p, slot);
+}
+
+void fm_pager_io_retried(struct fm_pager *p)
+{
+	STAT_ADD(p, io_retries, 1);
+}

@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Where faults arrive (monitor.h). */
+#include "monitor.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "chanpool.h"
+#include "fault.h"
+#include "fm_util.h"
+#include "pager_internal.h"
+#include "region.h"
+#include "uffd_compat.h"
+
+#define MSGS_PER_READ 16
+#define MAX_SIG_PAGERS 4
+
+/* glibc's own, under the shim's sigaction interposer. */
+extern int __sigaction(int sig, const struct sigaction *act, struct sigaction *old);
+
+static _Atomic(struct fm_pager *) sig_pagers[MAX_SIG_PAGERS];
+static pthread_mutex_t sig_lock = PTHREAD_MUTEX_INITIALIZER;
+static int sig_installed;
+static struct sigaction chained;       /* what ran for SIGBUS before us, or the program's since */
+
+/* A SIGBUS that is not ours: what the program (or the default) would have done. */
+static void chain(int sig, siginfo_t *si, void *uc)
+{
+	struct sigaction c = chained;
+
+	if ((c.sa_flags & SA_SIGINFO) && c.sa_sigaction) {
+		c.sa_sigaction(sig, si, uc);
+		return;
+	}
+	if (c.sa_handler != SIG_DFL && c.sa_handler != SIG_IGN) {
+		c.sa_handler(sig);
+		return;
+	}
+	/*
+	 * The default: die of it. A fault re-runs the access when we return, and
+	 * it is delivered again, now with nobody in the way; a SIGBUS that was
+	 * sent is sent again, and arrives once this handler has returned.
+	 */
+	c = (struct sigaction){ .sa_handler = SIG_DFL };
+	__sigaction(SIGBUS, &c, NULL);
+	if (si->si_code <= 0)
+		kill(getpid(), SIGBUS);
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *ucv)
+{
+	int saved = errno;
+	uintptr_t a = (uintptr_t)si->si_addr;
+
+	if (si->si_code == BUS_ADRERR) {
+		for (int k = 0; k < MAX_SIG_PAGERS; k++) {
+			struct fm_pager *p = atomic_load(&sig_pagers[k]);
+			struct fm_fault f = { .addr = a, .in_thread = 1 };
+			if (!p || !fm_region_maybe(p, a, a + 1))
+				continue;
+			f.t0 = fm_now_ns();
+			f.fc.tid = gettid();
+#if defined(__x86_64__)
+			{
+				/* The page-fault error code: bit 0, the page was present (so a write to a protected one); bit 1, a write. */
+				unsigned long ec = (unsigned long)((ucontext_t *)ucv)->uc_mcontext.gregs[REG_ERR];
+				f.kind = (ec & 1) ? FM_FAULT_WP : FM_FAULT_MISSING;
+				f.write = !!(ec & 2);
+			}
+#else
+			f.kind = FM_FAULT_GUESS;
+#endif
+			if (fm_fault(p, &f) == 0 || fm_region_gone_recently(p, a)) {
+				errno = saved;
+				return;
+			}
+		}
+	}
+	errno = saved;
+	chain(sig, si, ucv);
+}
+
+static int sigbus_install(struct fm_pager *p, char *err, size_t errlen)
+{
+	struct sigaction sa = { .sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_RESTART };
+	int slot = -1;
+
+	/* Nothing interrupts a fault being served: the handler holds pager locks for a moment. */
+	sigfillset(&sa.sa_mask);
+	pthread_mutex_lock(&sig_lock);
+	for (int k = 0; k < MAX_SIG_PAGERS && slot < 0; k++)
+		if (!atomic_load(&sig_pagers[k]))
+			slot = k;
+	if (slot < 0) {
+		pthread_mutex_unlock(&sig_lock);
+		snprintf(err, errlen, "more than %d pagers in one process", MAX_SIG_PAGERS);
+		return -EBUSY;
+	}
+	if (!sig_installed) {
+		struct sigaction old;
+		if (__sigaction(SIGBUS, &sa, &old)) {
+			pthread_mutex_unlock(&sig_lock);
+			snprintf(err, errlen, "cannot install the SIGBUS handler: %s", strerror(errno));
+			return -errno;
+		}
+		chained = old;
+		sig_installed = 1;
+	}
+	atomic_store(&sig_pagers[slot], p);
+	pthread_mutex_unlock(&sig_lock);
+	return 0;
+}
+
+static void sigbus_remove(struct fm_pager *p)
+{
+	pthread_mutex_lock(&sig_lock);
+	for (int k = 0; k < MAX_SIG_PAGERS; k++)
+		if (atomic_load(&sig_pagers[k]) == p)
+			atomic_store(&sig_pagers[k], NULL);
+	/* The handler stays: it only chains now, and a thread may be inside it. */
+	pthread_mutex_unlock(&sig_lock);
+}
+
+int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old)
+{
+	int ours;
+
+	pthread_mutex_lock(&sig_lock);
+	ours = sig_installed;
+	if (ours) {
+		if (old)
+			*old = chained;
+		if (act)
+			chained = *act;
+	}
+	pthread_mutex_unlock(&sig_lock);
+	return ours;
+}
+
+static void *handler_main(void *arg)
+{
+	struct fm_pager *p = arg;
+	unsigned idx = atomic_fetch_add(&p->handler_seq, 1);
+	struct uffd_msg msgs[MSGS_PER_READ];
+	struct pollfd pfd[2] = { { .fd = p->uffd, .events = POLLIN }, { .fd = p->stop_fd, .events = POLLIN } };
+	char name[16];
+
+	snprintf(name, sizeof(name), p->in_thread ? "farmem-events" : "farmem-fault%u", idx);
+	pthread_setname_np(pthread_self(), name);
+	for (;;) {
+		ssize_t n;
+		if (poll(pfd, 2, -1) < 0 && errno != EINTR)
+			fm_fatal("polling userfaultfd failed: %s", strerror(errno));
+		if (pfd[1].revents)
+			return NULL;
+		n = read(p->uffd, msgs, sizeof(msgs));
+		if (n < 0) {
+			if (errno == EINTR || errno == EAGAIN)
+				continue;
+			fm_fatal("reading userfaultfd failed: %s", strerror(errno));
+		}
+		for (ssize_t k = 0; k < n / (ssize_t)sizeof(msgs[0]); k++) {
+			struct uffd_msg *m = &msgs[k];
+			switch (m->event) {
+			case UFFD_EVENT_PAGEFAULT: {
+				uint64_t fl = m->arg.pagefault.flags;
+				struct fm_fault f = {
+					.addr = (uintptr_t)m->arg.pagefault.address,
+					.kind = (fl & UFFD_PAGEFAULT_FLAG_WP) ? FM_FAULT_WP
+					      : (fl & UFFD_PAGEFAULT_FLAG_MINOR) ? FM_FAULT_MINOR : FM_FAULT_MISSING,
+					.write = !!(fl & UFFD_PAGEFAULT_FLAG_WRITE),
+					.fc = { .chan = p->handler_chan[idx], .tid = (pid_t)m->arg.pagefault.feat.ptid },
+					/* An event queued behind others in this read waited for them: that is delivery, not handling. */
+					.t0 = fm_now_ns(),
+				};
+				fm_fault(p, &f);
+				break;
+			}
+			case UFFD_EVENT_UNMAP:
+				fm_fault_unmap(p, (uintptr_t)m->arg.remove.start, (uintptr_t)m->arg.remove.end);
+				break;
+			case UFFD_EVENT_REMAP:
+				/*
+				 * mremap of a paged range behind the shim's back: the pages
+				 * now live at an address we do not track, so remote pages
+				 * there could never come back right.
+				 */
+				fm_fatal("a paged range at %#llx was moved with mremap outside farmem's control",
+					 (unsigned long long)m->arg.remap.from);
+			default:
+				fm_warn("ignoring userfaultfd event %u", m->event);
+			}
+		}
+	}
+}
+
+int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
+{
+	int rc;
+
+	p->stop_fd = eventfd(0, EFD_CLOEXEC);
+	if (p->stop_fd < 0) {
+		snprintf(err, errlen, "eventfd: %s", strerror(errno));
+		return -errno;
+	}
+	if (p->in_thread) {
+		rc = sigbus_install(p, err, errlen);
+		if (rc)
+			return rc;
+		/* Events only: one thread, which faults never wake. */
+		p->nhandlers = 1;
+		p->handler_chan[0] = NULL;
+	} else {
+		p->nhandlers = p->cfg.fill_threads < 1 ? 1 : p->cfg.fill_threads > MAX_HANDLERS ? MAX_HANDLERS
+											  : p->cfg.fill_threads;
+	}
+	for (unsigned i = 0; i < p->nhandlers; i++) {
+		if (!p->in_thread) {
+			rc = fm_chan_open(p->x, &p->handler_chan[i]);
+			if (rc) {
+				snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
+				p->nhandlers = i;
+				return rc;
+			}
+		}
+		rc = -pthread_create(&p->handlers[i], NULL, handler_main, p);
+		if (rc) {
+			fm_chan_close(p->handler_chan[i]);
+			p->handler_chan[i] = NULL;
+			p->nhandlers = i;
+			snprintf(err, errlen, "cannot start a fault handler: %s", strerror(-rc));
+			return rc;
+		}
+	}
+	return 0;
+}
+
+void fm_monitor_stop(struct fm_pager *p)
+{
+	uint64_t one = 1;
+
+	if (p->in_thread)
+		sigbus_remove(p);
+	if (p->stop_fd >= 0 && write(p->stop_fd, &one, sizeof(one)) < 0)
+		fm_warn("cannot stop the fault handlers: %s", strerror(errno));
+	for (unsigned i = 0; i < p->nhandlers; i++) {
+		pthread_join(p->handlers[i], NULL);
+		if (p->handler_chan[i])
+			fm_chan_close(p->handler_chan[i]);
+		p->handler_chan[i] = NULL;
+	}
+	p->nhandlers = 0;
+	if (p->stop_fd >= 0)
+		close(p->stop_fd);
+	p->stop_fd = -1;
+}

@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Runs of one thread's faults, fetched ahead (prefetch.h). */
+#include "prefetch.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "budget.h"
+#include "chanpool.h"
+#include "pager_internal.h"
+#include "uffd_ops.h"
+#include "wait.h"
+
+#define MAX_AHEAD ZERO_RUN_PAGES
+
+/* Pages a stream ran through without faulting were used: clear their marks, count them. */
+static unsigned count_used(struct region *r, uint64_t first, int64_t stride, unsigned n)
+{
+	unsigned used = 0;
+
+	for (unsigned k = 0; k < n; k++) {
+		int64_t j = (int64_t)first + stride * (int64_t)k;
+		uint8_t b;
+		if (j < 0 || (uint64_t)j >= r->npages)
+			break;
+		b = pg_load(&r->pg[j]);
+		while ((b & FM_PGF_PREFETCH) && fm_pg_is_resident(b) && !pg_is_hold(fm_pg_state(b)) &&
+		       !pg_cas(&r->pg[j], &b, (uint8_t)(b & ~FM_PGF_PREFETCH)))
+			;
+		if ((b & FM_PGF_PREFETCH) && fm_pg_is_resident(b))
+			used++;
+	}
+	return used;
+}
+
+/*
+ * Record the fault in the thread's stream; returns how many pages ahead to
+ * fill (0: not a run yet) and the stride. Two faults with the same small
+ * stride make a run.
+ */
+static unsigned follow(struct fm_pager *p, pid_t tid, int ridx, struct region *r, uint64_t idx,
+		       int64_t *stride_out, struct stream **out)
+{
+	struct stream *s;
+	unsigned used = 0, ahead = 0;
+	int64_t stride;
+
+	pthread_mutex_lock(&p->stream_lock);
+	s = &p->streams[(unsigned)tid % NSTREAMS];
+	if (s->tid != tid || s->region != ridx) {
+		*s = (struct stream){ .tid = tid, .region = ridx, .last = idx };
+		pthread_mutex_unlock(&p->stream_lock);
+		return 0;
+	}
+	stride = (int64_t)idx - (int64_t)s->last;
+	if (s->pf_count && idx == s->pf_next)
+		used = count_used(r, s->pf_next - (uint64_t)((int64_t)s->pf_count * s->stride), s->stride,
+				  s->pf_count);
+	s->pf_count = 0;
+	if (stride != 0 && stride == s->stride && stride >= -16 && stride <= 16)
+		s->hits++;
+	else
+		s->hits = 0;
+	s->stride = stride;
+	s->last = idx;
+	if (s->hits >= 1)
+		ahead = MAX_AHEAD;
+	pthread_mutex_unlock(&p->stream_lock);
+	if (used)
+		STAT_ADD(p, prefetch_used, used);
+	*stride_out = stride;
+	*out = s;
+	return ahead;
+}
+
+void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct region *r, uint64_t idx,
+		 int write, int zero_only, int wake)
+{
+	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
+	uint8_t was[MAX_AHEAD];
+	unsigned nw = 0, nr = 0, got = 0, zeros = 0, ahead;
+	const void *src[MAX_AHEAD];
+	struct stream *s = NULL;
+	int64_t stride = 0;
+
+	ahead = follow(p, fc->tid, ridx, r, idx, &stride, &s);
+	/*
+	 * Claim the pages ahead that are not resident, stopping at the first
+	 * that is. Remote pages: at most `prefetch` of them (each costs a
+	 * transfer and room that may hold something in use); untouched ones
+	 * cost neither, so a run of fresh memory goes in MAX_AHEAD at a time.
+	 */
+	for (unsigned k = 1; k <= ahead && nw < MAX_AHEAD; k++) {
+		int64_t j = (int64_t)idx + stride * (int64_t)k;
+		uint8_t b;
+		unsigned st;
+		if (j < 0 || (uint64_t)j >= r->npages)
+			break;
+		b = pg_load(&r->pg[j]);
+		st = fm_pg_state(b);
+		if ((st != FM_PG_REMOTE && st != FM_PG_UNTOUCHED) ||
+		    (st == FM_PG_REMOTE && (zero_only || nr >= p->cfg.prefetch)) ||
+		    !fm_budget_reserve(p, atomic_load(&p->high)))
+			break;
+		if (!pg_cas(&r->pg[j], &b, pg_make(FM_PG_FILLING, b))) {
+			fm_resident_add(p, -1);
+			break;
+		}
+		was[nw] = b;
+		want[nw++] = (uint64_t)j;
+		if (st == FM_PG_REMOTE)
+			remote[nr++] = (uint64_t)j;
+	}
+	if (!nw)
+		return;
+	if (nr) {
+		int rc = fm_chan_read(fm_borrow(p, fc), r->space, remote, nr, src);
+		if (rc)
+			fm_fatal("prefetch of %u pages from memd failed: %s", nr, strerror(-rc));
+		STAT_ADD(p, remote_reads, nr);
+		STAT_ADD(p, remote_read_bytes, (uint64_t)nr * PG_SIZE);
+		fm_churn(p, nr);
+	}
+	for (unsigned k = 0, ri = 0; k < nw;) {
+		/* A run: consecutive pages of one kind whose sources are consecutive too. */
+		int is_remote = ri < nr && remote[ri] == want[k];
+		const uint8_t *from = is_remote ? src[ri] : p->zero_run;
+		unsigned n = 1;
+		uint64_t skipped;
+
+		while (k + n < nw && want[k + n] == want[k] + n &&
+		       (is_remote ? (ri + n < nr && remote[ri + n] == want[k + n] &&
+				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT))
+				  : fm_pg_state(was[k + n]) == FM_PG_UNTOUCHED && n < ZERO_RUN_PAGES))
+			n++;
+		fm_uffd_install(p->uffd, r->base + (want[k] << PG_SHIFT), from, n, is_remote || !write, wake,
+				&skipped);
+		for (unsigned q = 0; q < n; q++) {
+			uint8_t b = was[k + q], held = pg_make(FM_PG_FILLING, b);
+			/*
+			 * A page that was there already holds bytes we did not put
+			 * there: booking it as our copy (CLEAN) would let a clean
+			 * eviction throw them away. It goes back as it was; its own
+			 * fault sorts it out.
+			 */
+			if (skipped & (1ull << q)) {
+				fm_release(p, &r->pg[want[k + q]], held, b);
+				fm_resident_add(p, -1);
+			} else {
+				fm_release(p, &r->pg[want[k + q]], held, is_remote
+				 ? pg_make(FM_PG_CLEAN, (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | FM_PGF_REF))
+				 : pg_make(write ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
+			}
+		}
+		if (is_remote) {
+			got += n;
+			ri += n;
+		} else {
+			zeros += n;
+		}
+		k += n;
+	}
+	if (got)
+		STAT_ADD(p, prefetch_issued, got);
+	if (zeros)
+		STAT_ADD(p, zero_fills, zeros);
+	pthread_mutex_lock(&p->stream_lock);
+	if (s->tid == fc->tid) {
+		s->pf_count = nw;
+		s->pf_next = (uint64_t)((int64_t)idx + stride * (int64_t)(nw + 1));
+	}
+	pthread_mutex_unlock(&p->stream_lock);
+}

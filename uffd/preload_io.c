@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The shim's covers for system calls on paged memory, and for SIGBUS.
+ *
+ * With faults served in the faulting thread (fault=signal), the kernel
+ * cannot wait for a page that a system call touches: the call fails with
+ * EFAULT. So the calls that move data between the kernel and a buffer make
+ * the buffer resident (writable, when the kernel writes it) and pin it for
+ * the call (fm_pager_io_begin); a call that still fails with EFAULT on paged
+ * memory is made again. Calls outside paged memory cost one bounds check.
+ * What is not covered: raw system calls (the program's own `syscall`
+ * instruction) and io_uring, whose kernel side touches buffers long after
+ * the submitting call; `farmem run` pages a program linked with liburing in
+ * fault=thread mode, and docs/compatibility.md lists the rest.
+ *
+ * SIGBUS is the pager's: sigaction and signal for SIGBUS record the
+ * program's handler, which runs for every SIGBUS that is not a paging fault
+ * (monitor.c), and a thread may not block SIGBUS (a fault in a thread that
+ * blocks it would kill the process).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "monitor.h"
+#include "pager.h"
+#include "preload.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_IO_PINS 16
+#define EFAULT_TRIES 8
+
+struct io_pins {
+	struct fm_pager *p;
+	int slot[MAX_IO_PINS];
+	unsigned n;
+};
+
+static void pin(struct io_pins *io, const void *buf, size_t len, int write)
+{
+	int s;
+
+	if (!io->p || !buf || !len)
+		return;
+	s = fm_pager_io_begin(io->p, buf, len, write);
+	if (s >= 0 && io->n < MAX_IO_PINS)
+		io->slot[io->n++] = s;
+	else if (s >= 0)
+		fm_pager_io_end(io->p, s);
+}
+
+static void pin_iov(struct io_pins *io, const struct iovec *iov, int n, int write)
+{
+	if (!io->p || !iov || n <= 0)
+		return;
+	/* The kernel reads the array itself, too. */
+	pin(io, iov, (size_t)n * sizeof(*iov), 0);
+	for (int k = 0; k < n; k++)
+		pin(io, iov[k].iov_base, iov[k].iov_len, write);
+}
+
+static void pin_msg(struct io_pins *io, const struct msghdr *m, int write)
+{
+	if (!io->p || !m)
+		return;
+	pin(io, m, sizeof(*m), write);
+	pin(io, m->msg_name, m->msg_namelen, write);
+	pin(io, m->msg_control, m->msg_controllen, write);
+	pin_iov(io, m->msg_iov, (int)m->msg_iovlen, write);
+}
+
+static void unpin(struct io_pins *io)
+{
+	for (unsigned k = 0; k < io->n; k++)
+		fm_pager_io_end(io->p, io->slot[k]);
+	io->n = 0;
+}
+
+/* Made again while it fails with EFAULT on paged memory (a pin the table had no room for). */
+#define COVERED(setup, call)                                                            \
+	do {                                                                            \
+		struct io_pins io_ = { .p = fm_preload_pager() };                       \
+		long r_;                                                                \
+		int tries_ = 0;                                                         \
+		for (;;) {                                                              \
+			setup;                                                          \
+			r_ = (call);                                                    \
+			unpin(&io_);                                                    \
+			if (r_ >= 0 || errno != EFAULT || !io_.p || ++tries_ >= EFAULT_TRIES) \
+				break;                                                  \
+			fm_pager_io_retried(io_.p);                                     \
+		}                                                                       \
+		return r_;                                                              \
+	} while (0)
+
+EXPORT ssize_t read(int fd, void *buf, size_t n)
+{
+	COVERED(pin(&io_, buf, n, 1), syscall(SYS_read, fd, buf, n));
+}
+
+EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+	COVERED(pin(&io_, buf, n, 1), syscall(SYS_pread64, fd, buf, n, off));
+}
+
+EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
+{
+	return pread(fd, buf, n, off);
+}
+
+EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+	COVERED(pin_iov(&io_, iov, n, 1), syscall(SYS_readv, fd, iov, n));
+}
+
+EXPORT ssize_t preadv(int fd, const struct iovec *iov, int n, off_t off)
+{
+	COVERED(pin_iov(&io_, iov, n, 1), syscall(SYS_preadv, fd, iov, n, off, 0));
+}
+
+EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t off)
+{
+	return preadv(fd, iov, n, off);
+}
+
+EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+	COVERED(pin_iov(&io_, iov, n, 1), syscall(SYS_preadv2, fd, iov, n, off, 0, flags));
+}
+
+EXPORT ssize_t write(int fd, const void *buf, size_t n)
+{
+	COVERED(pin(&io_, buf, n, 0), syscall(SYS_write, fd, buf, n));
+}
+
+EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+	COVERED(pin(&io_, buf, n, 0), syscall(SYS_pwrite64, fd, buf, n, off));
+}
+
+EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
+{
+	return pwrite(fd, buf, n, off);
+}
+
+EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+	COVERED(pin_iov(&io_, iov, n, 0), syscall(SYS_writev, fd, iov, n));
+}
+
+EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int n, off_t off)
+{
+	COVERED(pin_iov(&io_, iov, n, 0), syscall(SYS_pwritev, fd, iov, n, off, 0));
+}
+
+EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
+{
+	return pwritev(fd, iov, n, off);
+}
+
+EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+	COVERED(pin_iov(&io_, iov, n, 0), syscall(SYS_pwritev2, fd, iov, n, off, 0, flags));
+}
+
+EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
+{
+	COVERED(pin(&io_, buf, n, 1), syscall(SYS_recvfrom, fd, buf, n, flags, NULL, NULL));
+}
+
+EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa, socklen_t *salen)
+{
+	COVERED((pin(&io_, buf, n, 1), pin(&io_, salen, sizeof(*salen), 1),
+		 pin(&io_, sa, salen ? *salen : 0, 1)),
+		syscall(SYS_recvfrom, fd, buf, n, flags, sa, salen));
+}
+
+EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
+{
+	COVERED(pin_msg(&io_, m, 1), syscall(SYS_recvmsg, fd, m, flags));
+}
+
+EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
+{
+	COVERED(pin(&io_, buf, n, 0), syscall(SYS_sendto, fd, buf, n, flags, NULL, 0));
+}
+
+EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *sa, socklen_t salen)
+{
+	COVERED((pin(&io_, buf, n, 0), pin(&io_, sa, salen, 0)),
+		syscall(SYS_sendto, fd, buf, n, flags, sa, salen));
+}
+
+EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+{
+	COVERED(pin_msg(&io_, m, 0), syscall(SYS_sendmsg, fd, m, flags));
+}
+
+/* --- SIGBUS ------------------------------------------------------------------------ */
+
+extern int __sigaction(int sig, const struct sigaction *act, struct sigaction *old);
+
+EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+	if (sig == SIGBUS && fm_monitor_sigbus_action(act, old))
+		return 0;
+	return __sigaction(sig, act, old);
+}
+
+/* signal(2) with BSD semantics, as glibc's signal and bsd_signal have. */
+static sighandler_t set_handler(int sig, sighandler_t h, int flags)
+{
+	struct sigaction sa = { .sa_handler = h, .sa_flags = flags }, old;
+
+	sigemptyset(&sa.sa_mask);
+	if (sig != SIGBUS)
+		sigaddset(&sa.sa_mask, sig);
+	if (sigaction(sig, &sa, &old))
+		return SIG_ERR;
+	return old.sa_handler;
+}
+
+EXPORT sighandler_t signal(int sig, sighandler_t h)
+{
+	return set_handler(sig, h, SA_RESTART);
+}
+
+EXPORT sighandler_t bsd_signal(int sig, sighandler_t h)
+{
+	return set_handler(sig, h, SA_RESTART);
+}
+
+EXPORT sighandler_t sysv_signal(int sig, sighandler_t h)
+{
+	return set_handler(sig, h, (int)(SA_RESETHAND | SA_NODEFER));
+}
+
+static int mask(int how, const sigset_t *set, sigset_t *old, const char *name)
+{
+	static int (*next)(int, const sigset_t *, sigset_t *);
+	sigset_t s;
+
+	if (!next)
+		next = (int (*)(int, const sigset_t *, sigset_t *))dlsym(RTLD_NEXT, name);
+	if (!next)
+		return ENOSYS;
+	if (set && fm_preload_pager() && (how == SIG_BLOCK || how == SIG_SETMASK)) {
+		s = *set;
+		sigdelset(&s, SIGBUS);
+		set = &s;
+	}
+	return next(how, set, old);
+}
+
+EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
+{
+	return mask(how, set, old, "pthread_sigmask");
+}
+
+EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
+{
+	int rc = mask(how, set, old, "sigprocmask");
+
+	/* sigprocmask says -1 and errno; pthread_sigmask returns the error. */
+	if (rc == ENOSYS) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return rc;
+}

@@ -1,0 +1,335 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Regions: registration, lookup and the overlap iterator (region.h). */
+#include "region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "budget.h"
+#include "fm_util.h"
+#include "pager_internal.h"
+#include "shmem.h"
+#include "uffd_ops.h"
+#include "wait.h"
+
+struct region *fm_region_find(struct fm_pager *p, uintptr_t addr, int *idx)
+{
+	for (int i = 0; i < p->nregions; i++) {
+		struct region *r = &p->regions[i];
+		if (r->live && addr >= r->base && addr < r->end &&
+		    fm_pg_state(pg_load(&r->pg[(addr - r->base) >> PG_SHIFT])) != FM_PG_UNMANAGED) {
+			if (idx)
+				*idx = i;
+			return r;
+		}
+	}
+	return NULL;
+}
+
+int fm_overlap_next(struct fm_pager *p, uintptr_t a, uintptr_t e, struct fm_overlap *o)
+{
+	a = (a + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1);
+	e &= ~(uintptr_t)(PG_SIZE - 1);
+	while (o->next < p->nregions) {
+		struct region *r = &p->regions[o->next++];
+		uintptr_t s, t;
+		if (!r->live || a >= r->end || e <= r->base)
+			continue;
+		s = a > r->base ? a : r->base;
+		t = e < r->end ? e : r->end;
+		if (t <= s)
+			continue;
+		o->r = r;
+		o->first = (s - r->base) >> PG_SHIFT;
+		o->n = (t - s) >> PG_SHIFT;
+		return 1;
+	}
+	return 0;
+}
+
+/* How long a SIGBUS in a range just unregistered counts as ours: far longer than a fault takes to arrive. */
+#define GONE_NS (200ull * 1000 * 1000)
+
+void fm_region_gone(struct fm_pager *p, uintptr_t s, uintptr_t e)
+{
+	unsigned k = atomic_fetch_add(&p->ngone, 1) % 16;
+
+	atomic_store(&p->gone[k].until_ns, 0);
+	atomic_store(&p->gone[k].start, s);
+	atomic_store(&p->gone[k].end, e);
+	atomic_store(&p->gone[k].until_ns, fm_now_ns() + GONE_NS);
+}
+
+int fm_region_gone_recently(struct fm_pager *p, uintptr_t addr)
+{
+	uint64_t now = fm_now_ns();
+
+	for (unsigned k = 0; k < 16; k++)
+		if (atomic_load(&p->gone[k].until_ns) > now && addr >= atomic_load(&p->gone[k].start) &&
+		    addr < atomic_load(&p->gone[k].end))
+			return 1;
+	return 0;
+}
+
+int fm_region_maybe(struct fm_pager *p, uintptr_t addr, uintptr_t end)
+{
+	return end > atomic_load_explicit(&p->lo, memory_order_relaxed) &&
+	       addr < atomic_load_explicit(&p->hi, memory_order_relaxed);
+}
+
+/* Recompute the bounds of all live regions. Caller holds rlock for writing. */
+static void bounds(struct fm_pager *p)
+{
+	uintptr_t lo = UINTPTR_MAX, hi = 0;
+
+	for (int i = 0; i < p->nregions; i++) {
+		struct region *r = &p->regions[i];
+		if (!r->live)
+			continue;
+		lo = r->base < lo ? r->base : lo;
+		hi = r->end > hi ? r->end : hi;
+	}
+	atomic_store(&p->lo, hi ? lo : 0);
+	atomic_store(&p->hi, hi);
+}
+
+void fm_dead_flush(struct fm_pager *p, struct fm_dead *d)
+{
+	if (!d->n)
+		return;
+	pthread_mutex_lock(&p->misc_lock);
+	fm_chan_discard(p->misc_chan, d->space, d->rg, d->n);
+	pthread_mutex_unlock(&p->misc_lock);
+	d->n = 0;
+}
+
+void fm_dead_add(struct fm_pager *p, struct fm_dead *d, uint32_t space, uint64_t i)
+{
+	if (d->n && d->space == space && d->rg[d->n - 1].first + d->rg[d->n - 1].npages == i) {
+		d->rg[d->n - 1].npages++;
+		return;
+	}
+	if (d->n == 64 || (d->n && d->space != space))
+		fm_dead_flush(p, d);
+	d->space = space;
+	d->rg[d->n++] = (struct fm_range){ .first = i, .npages = 1 };
+}
+
+void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, unsigned to)
+{
+	struct fm_dead dead = { .n = 0 };
+	int64_t res = 0;
+
+	for (uint64_t i = first; i < first + n;) {
+		uint8_t b = fm_settle(p, &r->pg[i]);
+		if (fm_pg_state(b) != FM_PG_UNMANAGED) {
+			if (!pg_cas(&r->pg[i], &b, pg_make(to, 0)))
+				continue; /* changed under us: look again */
+			if (fm_pg_is_resident(b))
+				res--;
+			if (b & FM_PGF_HAS_REMOTE)
+				fm_dead_add(p, &dead, r->space, i);
+		}
+		i++;
+	}
+	fm_dead_flush(p, &dead);
+	STAT_ADD(p, discards, (uint64_t)-res);
+	if (res)
+		fm_resident_add(p, res);
+}
+
+int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
+{
+	struct fm_overlap o = { 0 };
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1);
+	int hit;
+
+	if (!fm_region_maybe(p, a, (uintptr_t)addr + len))
+		return 0;
+	rlock_rd(p);
+	hit = fm_overlap_next(p, a, ((uintptr_t)addr + len + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1), &o);
+	rlock_un(p);
+	return hit;
+}
+
+/* Mark the pages that are already present: they are resident and, for all we know, dirty. */
+static uint64_t adopt_present(struct region *r)
+{
+	struct page_region vec[256];
+	uint64_t n = 0, start = r->base;
+	int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+
+	if (pagemap < 0)
+		return 0;
+	while (start < r->end) {
+		struct pm_scan_arg a = {
+			.size = sizeof(a), .start = start, .end = r->end,
+			.vec = (uintptr_t)vec, .vec_len = 256,
+			.category_mask = PAGE_IS_PRESENT, .return_mask = PAGE_IS_PRESENT,
+		};
+		long got = ioctl(pagemap, PAGEMAP_SCAN, &a);
+		if (got < 0) {
+			/*
+			 * Before 6.7 there is no PAGEMAP_SCAN: ask mincore. Counting
+			 * every page as present would make the evictor copy out pages
+			 * never touched, and fault on them itself (a deadlock).
+			 */
+			for (uint64_t i = (start - r->base) >> PG_SHIFT; i < r->npages; i += 4096) {
+				unsigned char vv[4096];
+				uint64_t m = r->npages - i < 4096 ? r->npages - i : 4096;
+				int ok = mincore((void *)(r->base + (i << PG_SHIFT)), m << PG_SHIFT, vv) == 0;
+				for (uint64_t j = 0; j < m; j++) {
+					if (ok && !(vv[j] & 1))
+						continue;
+					pg_init(&r->pg[i + j], pg_make(FM_PG_DIRTY, FM_PGF_REF));
+					n++;
+				}
+			}
+			break;
+		}
+		for (long i = 0; i < got; i++)
+			for (uint64_t a2 = vec[i].start; a2 < vec[i].end; a2 += PG_SIZE) {
+				pg_init(&r->pg[(a2 - r->base) >> PG_SHIFT], pg_make(FM_PG_DIRTY, FM_PGF_REF));
+				n++;
+			}
+		if (a.walk_end <= start)
+			break;
+		start = a.walk_end;
+	}
+	close(pagemap);
+	return n;
+}
+
+int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
+{
+	uintptr_t a = (uintptr_t)addr;
+	int minor = !!(flags & FM_REG_SHMEM);
+	struct region *r = NULL;
+	uint64_t npages = len >> PG_SHIFT, present, ioctls = 0;
+	uint32_t space;
+	int slot = -1, rc;
+
+	if (!len || (a | len) & (PG_SIZE - 1))
+		return -EINVAL;
+	if (minor && !p->shmem_ok) {
+		fm_warn("cannot page the shared-memory mapping %p+%zu MiB: this kernel's userfaultfd lacks "
+			"minor faults or write-protection on shmem (5.19+ has both); run `farmem doctor`",
+			addr, len >> 20);
+		return -ENOTSUP;
+	}
+	rlock_wr(p);
+	for (int i = 0; i < FM_RESMAP_MAX_REGIONS; i++)
+		if (!p->regions[i].live && !p->hdr->regions[i].flags) {
+			slot = i;
+			break;
+		}
+	if (slot < 0 || p->hdr->map_used + npages > p->hdr->map_capacity) {
+		rlock_un(p);
+		fm_warn("cannot page %zu more bytes at %p: region table full", len, addr);
+		return -ENOSPC;
+	}
+	rc = fm_xport_space_open(p->x, npages, &space);
+	if (rc) {
+		rlock_un(p);
+		fm_warn("memd refused a space of %llu pages: %s", (unsigned long long)npages, strerror(-rc));
+		return rc;
+	}
+	/* Page-table entries per 4 KiB: keep the kernel from making huge pages we then split. */
+	fm_sys_madvise(addr, len, MADV_NOHUGEPAGE);
+	r = &p->regions[slot];
+	*r = (struct region){
+		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,
+		.pg = p->map + p->hdr->map_used,
+	};
+	/* Before UFFDIO_REGISTER: a mapping made from a registered one would inherit its uffd. */
+	if (minor && (rc = fm_shmem_alias(r))) {
+		rlock_un(p);
+		fm_xport_space_close(p->x, space);
+		fm_warn("cannot map the shared-memory range %p+%zu MiB a second time: %s", addr, len >> 20,
+			strerror(-rc));
+		return rc;
+	}
+	/*
+	 * The bounds that the SIGBUS handler looks at before it takes the lock
+	 * must cover the range from the moment it is registered: a fault there
+	 * waits for this lock, then finds the region live.
+	 */
+	if (!atomic_load(&p->hi) || a < atomic_load(&p->lo))
+		atomic_store(&p->lo, a);
+	if (a + len > atomic_load(&p->hi))
+		atomic_store(&p->hi, a + len);
+	rc = fm_uffd_register(p->uffd, a, len, 1, 1, minor, &ioctls);
+	if (rc || !fm_uffd_can_page(ioctls, minor)) {
+		if (!rc)
+			fm_uffd_unregister(p->uffd, a, len);
+		bounds(p);
+		fm_shmem_release(r);
+		rlock_un(p);
+		fm_xport_space_close(p->x, space);
+		if (rc)
+			fm_warn("UFFDIO_REGISTER of %p+%zu failed: %s", addr, len, strerror(-rc));
+		else
+			fm_warn("%p+%zu cannot be paged (no copy, continue or write-protect on this mapping)",
+				addr, len);
+		return rc ? rc : -ENOTSUP;
+	}
+	memset(r->pg, 0, npages);
+	present = adopt_present(r);
+	if (r->alias)
+		present += fm_shmem_adopt(p, r);
+	p->hdr->regions[slot] = (struct fm_resmap_region){
+		.base = a, .npages = npages, .map_offset = FM_RESMAP_MAP_OFFSET + p->hdr->map_used,
+		.space_id = space,
+		.flags = FM_REGION_F_LIVE | (flags & (FM_REG_HEAP | FM_REG_SHMEM)),
+	};
+	p->hdr->map_used += (npages + 63) & ~63ull;
+	if (slot >= p->nregions)
+		p->nregions = slot + 1;
+	__atomic_store_n(&p->hdr->nregions, (uint32_t)p->nregions, __ATOMIC_RELEASE);
+	r->live = 1;
+	bounds(p);
+	atomic_fetch_add(&p->registered, npages);
+	fm_budget_set(p);
+	rlock_un(p);
+	fm_resident_add(p, (int64_t)present);
+	fm_info("paging %p+%zu MiB (%llu pages present), budget %llu pages",
+		addr, len >> 20, (unsigned long long)present, (unsigned long long)atomic_load(&p->limit));
+	return 0;
+}
+
+int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1);
+	uintptr_t e = ((uintptr_t)addr + len + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1);
+	struct fm_overlap o = { 0 };
+
+	rlock_wr(p);
+	while (fm_overlap_next(p, a, e, &o)) {
+		struct region *r = o.r;
+		uintptr_t s = r->base + (o.first << PG_SHIFT);
+		int rc;
+
+		fm_region_forget(p, r, o.first, o.n, o.n == r->npages ? FM_PG_UNTOUCHED : FM_PG_UNMANAGED);
+		rc = fm_uffd_unregister(p->uffd, s, (size_t)o.n << PG_SHIFT);
+		fm_region_gone(p, s, s + ((uintptr_t)o.n << PG_SHIFT));
+		if (rc)
+			fm_warn("UFFDIO_UNREGISTER of %#lx+%lu failed: %s", (unsigned long)s,
+				(unsigned long)(o.n << PG_SHIFT), strerror(-rc));
+		if (o.n == r->npages) {
+			fm_xport_space_close(p->x, r->space);
+			fm_shmem_release(r);
+			atomic_fetch_sub(&p->registered, r->npages);
+			r->live = 0;
+			p->hdr->regions[r->slot].flags = 0;
+		}
+	}
+	bounds(p);
+	fm_budget_set(p);
+	rlock_un(p);
+	return 0;
+}

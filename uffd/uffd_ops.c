@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Every UFFDIO_* ioctl of the pager (uffd_ops.h says why they are in one place). */
+#include "uffd_ops.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "fm_util.h"
+#include "fatal.h"
+
+#define PG 4096u
+
+static int open_raw(void)
+{
+	int fd = -1, dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+
+	if (dev >= 0) {
+		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+		close(dev);
+	}
+	if (fd < 0)
+		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	return fd < 0 ? -errno : fd;
+}
+
+/* A uffd takes one UFFDIO_API: a throwaway one asks what the kernel offers. */
+uint64_t fm_uffd_probe(void)
+{
+	struct uffdio_api api = { .api = UFFD_API };
+	uint64_t f = 0;
+	int fd = open_raw();
+
+	if (fd < 0)
+		return 0;
+	if (!ioctl(fd, UFFDIO_API, &api))
+		f = api.features;
+	close(fd);
+	return f;
+}
+
+int fm_uffd_open(uint64_t want, uint64_t *got, char *err, size_t errlen)
+{
+	uint64_t offered = fm_uffd_probe(), ask;
+	struct uffdio_api api;
+	int fd = open_raw();
+
+	if (fd < 0) {
+		/*
+		 * UFFD_USER_MODE_ONLY would work unprivileged, but then a system
+		 * call that touches a remote page fails with EFAULT instead of
+		 * waiting for it: not safe for arbitrary programs.
+		 */
+		snprintf(err, errlen, "userfaultfd is not available to this process (%s): it needs root, "
+			 "access to /dev/userfaultfd, or vm.unprivileged_userfaultfd=1; run `farmem doctor`",
+			 strerror(-fd));
+		return fd;
+	}
+	/* The shmem features only come as a pair. */
+	if ((offered & FM_UFFD_SHMEM) != FM_UFFD_SHMEM)
+		offered &= ~(uint64_t)FM_UFFD_SHMEM;
+	ask = FM_UFFD_NEED | (want & offered);
+	api = (struct uffdio_api){ .api = UFFD_API, .features = ask };
+	if (ioctl(fd, UFFDIO_API, &api)) {
+		snprintf(err, errlen, "UFFDIO_API refused features 0x%llx (%s): this kernel lacks "
+			 "write-protect or thread-id support; run `farmem doctor`",
+			 (unsigned long long)ask, strerror(errno));
+		close(fd);
+		return -ENOTSUP;
+	}
+	*got = ask;
+	return fd;
+}
+
+int fm_uffd_register(int uffd, uintptr_t addr, size_t len, int missing, int wp, int minor, uint64_t *ioctls)
+{
+	struct uffdio_register reg = {
+		.range = { .start = addr, .len = len },
+		.mode = (missing ? UFFDIO_REGISTER_MODE_MISSING : 0) | (wp ? UFFDIO_REGISTER_MODE_WP : 0) |
+			(minor ? UFFDIO_REGISTER_MODE_MINOR : 0),
+	};
+
+	if (ioctl(uffd, UFFDIO_REGISTER, &reg))
+		return -errno;
+	if (ioctls)
+		*ioctls = reg.ioctls;
+	return 0;
+}
+
+int fm_uffd_unregister(int uffd, uintptr_t addr, size_t len)
+{
+	struct uffdio_range r = { .start = addr, .len = len };
+
+	return ioctl(uffd, UFFDIO_UNREGISTER, &r) ? -errno : 0;
+}
+
+int fm_uffd_can_page(uint64_t ioctls, int minor)
+{
+	return (ioctls & (1ull << _UFFDIO_COPY)) && (ioctls & (1ull << _UFFDIO_WRITEPROTECT)) &&
+	       (!minor || (ioctls & (1ull << _UFFDIO_CONTINUE)));
+}
+
+int fm_uffd_copy(int uffd, uintptr_t dst, const void *src, size_t len, int wp, int wake, int64_t *done)
+{
+	struct uffdio_copy c = {
+		.dst = dst, .src = (uintptr_t)src, .len = len,
+		.mode = (wp ? UFFDIO_COPY_MODE_WP : 0) | (wake ? 0 : UFFDIO_COPY_MODE_DONTWAKE),
+	};
+	int rc = ioctl(uffd, UFFDIO_COPY, &c) ? -errno : 0;
+
+	if (done)
+		*done = rc ? (c.copy > 0 ? c.copy : 0) : (int64_t)len;
+	return rc;
+}
+
+void fm_uffd_install(int uffd, uintptr_t dst, const void *src, unsigned n, int wp, int wake,
+		     uint64_t *skipped)
+{
+	int64_t done;
+	int rc = fm_uffd_copy(uffd, dst, src, (size_t)n * PG, wp, wake, &done);
+	unsigned k;
+
+	*skipped = 0;
+	if (!rc)
+		return;
+	if (rc != -EEXIST && rc != -EAGAIN)
+		fm_fatal("UFFDIO_COPY of %u pages at %#lx failed: %s", n, (unsigned long)dst, strerror(-rc));
+	/* The rest one by one: a page the kernel skips is not ours, the ones after it may be. */
+	for (k = (unsigned)(done / PG); k < n; k++) {
+		uintptr_t d = dst + (uintptr_t)k * PG;
+		rc = fm_uffd_copy(uffd, d, (const uint8_t *)src + (size_t)k * PG, PG, wp, wake, NULL);
+		if (rc == -EEXIST || rc == -EAGAIN) {
+			*skipped |= 1ull << k;
+			if (wake)
+				fm_uffd_wake(uffd, d, PG);
+		} else if (rc) {
+			fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)d, strerror(-rc));
+		}
+	}
+}
+
+int fm_uffd_continue(int uffd, uintptr_t addr, int wp, int wake)
+{
+	struct uffdio_continue c = {
+		.range = { .start = addr, .len = PG },
+		.mode = (wp ? UFFDIO_CONTINUE_MODE_WP : 0) | (wake ? 0 : UFFDIO_CONTINUE_MODE_DONTWAKE),
+	};
+	int e;
+
+	if (ioctl(uffd, UFFDIO_CONTINUE, &c) == 0)
+		return 0;
+	e = errno;
+	if (e != EEXIST && e != EFAULT && e != EAGAIN)
+		fm_fatal("UFFDIO_CONTINUE at %#lx failed: %s", (unsigned long)addr, strerror(e));
+	if (wake)
+		fm_uffd_wake(uffd, addr, PG);
+	return e == EEXIST ? 0 : -e;
+}
+
+void fm_uffd_wp(int uffd, uintptr_t addr, size_t len, int protect)
+{
+	struct uffdio_writeprotect wp = {
+		.range = { .start = addr, .len = len },
+		.mode = protect ? UFFDIO_WRITEPROTECT_MODE_WP : 0,
+	};
+
+	if (ioctl(uffd, UFFDIO_WRITEPROTECT, &wp))
+		fm_fatal("UFFDIO_WRITEPROTECT %s of %#lx+%zu pages failed: %s", protect ? "on" : "off",
+			 (unsigned long)addr, len / PG, strerror(errno));
+}
+
+void fm_uffd_wake(int uffd, uintptr_t addr, size_t len)
+{
+	struct uffdio_range r = { .start = addr, .len = len };
+
+	/* Only fails for a range that is not registered any more: then nobody waits there. */
+	(void)ioctl(uffd, UFFDIO_WAKE, &r);
+}
+
+int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int64_t *done)
+{
+	struct uffdio_move m = {
+		.dst = dst, .src = src, .len = len, .mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
+	};
+	int rc = ioctl(uffd, UFFDIO_MOVE, &m) ? -errno : 0;
+
+	*done = rc ? (m.move > 0 ? m.move : 0) : (int64_t)len;
+	return rc;
+}
