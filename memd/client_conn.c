@@ -116,7 +116,7 @@ static int read_full_dl(struct fm_conn *c, void *buf, size_t len, uint64_t deadl
 {
 	uint8_t *p = buf;
 	while (len) {
-		ssize_t n = read(c->fd, p, len);
+		ssize_t n = fm_sys_read(c->fd, p, len);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -155,7 +155,7 @@ static int send_frame(struct fm_conn *c, uint16_t op, uint32_t count,
 	i = 0;
 	while (left) {
 		struct msghdr m = { .msg_iov = v + i, .msg_iovlen = nv - i };
-		ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+		ssize_t n = fm_sys_sendmsg(c->fd, &m, MSG_NOSIGNAL);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -195,7 +195,7 @@ static int recv_hdr(struct fm_conn *c, struct fm_hdr *h, int *rep_fd)
 		ssize_t n;
 		v.iov_base = (char *)h + got;
 		v.iov_len = sizeof(*h) - got;
-		n = recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC);
+		n = fm_sys_recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;

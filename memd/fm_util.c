@@ -39,7 +39,7 @@ void fm_log(int level, const char *fmt, ...)
 		line[n] = '\0';
 	}
 	/* One write per line so that lines from several threads do not interleave. */
-	if (write(STDERR_FILENO, line, (size_t)n) < 0)
+	if (fm_sys_write(STDERR_FILENO, line, (size_t)n) < 0)
 		return;
 }
 
@@ -123,7 +123,7 @@ int fm_read_full(int fd, void *buf, size_t len)
 {
 	uint8_t *p = buf;
 	while (len) {
-		ssize_t n = read(fd, p, len);
+		ssize_t n = fm_sys_read(fd, p, len);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -143,7 +143,7 @@ int fm_write_full(int fd, const void *buf, size_t len)
 	int use_send = 1;
 	while (len) {
 		/* MSG_NOSIGNAL: a vanished peer must not SIGPIPE the program we page. */
-		ssize_t n = use_send ? send(fd, p, len, MSG_NOSIGNAL) : write(fd, p, len);
+		ssize_t n = use_send ? fm_sys_send(fd, p, len, MSG_NOSIGNAL) : fm_sys_write(fd, p, len);
 		if (n < 0 && use_send && errno == ENOTSOCK) {
 			use_send = 0;
 			continue;
@@ -173,6 +173,31 @@ int fm_sys_munmap(void *addr, size_t len)
 {
 	long r = syscall(SYS_munmap, addr, len);
 	return r ? -1 : 0;
+}
+
+long fm_sys_read(int fd, void *buf, size_t len)
+{
+	return syscall(SYS_read, fd, buf, len);
+}
+
+long fm_sys_write(int fd, const void *buf, size_t len)
+{
+	return syscall(SYS_write, fd, buf, len);
+}
+
+long fm_sys_send(int fd, const void *buf, size_t len, int flags)
+{
+	return syscall(SYS_sendto, fd, buf, len, flags, NULL, 0);
+}
+
+long fm_sys_sendmsg(int fd, const struct msghdr *m, int flags)
+{
+	return syscall(SYS_sendmsg, fd, m, flags);
+}
+
+long fm_sys_recvmsg(int fd, struct msghdr *m, int flags)
+{
+	return syscall(SYS_recvmsg, fd, m, flags);
 }
 
 int fm_sys_madvise(void *addr, size_t len, int advice)

@@ -52,6 +52,19 @@ void *fm_sys_mmap(void *addr, size_t len, int prot, int flags, int fd, long off)
 int fm_sys_munmap(void *addr, size_t len);
 int fm_sys_madvise(void *addr, size_t len, int advice);
 
+/*
+ * The data-moving system calls straight to the kernel, for the same reason:
+ * under the shim, read/write/send/recv are covers that make paged buffers
+ * resident first, and the pager's own I/O (a write-back reads pages it is
+ * evicting) must never wait on itself there.
+ */
+struct msghdr;
+long fm_sys_read(int fd, void *buf, size_t len);
+long fm_sys_write(int fd, const void *buf, size_t len);
+long fm_sys_send(int fd, const void *buf, size_t len, int flags);
+long fm_sys_sendmsg(int fd, const struct msghdr *m, int flags);
+long fm_sys_recvmsg(int fd, struct msghdr *m, int flags);
+
 /* Fill buf with len bytes from getrandom(2). Returns 0 or -errno. */
 int fm_random(void *buf, size_t len);
 

@@ -159,7 +159,7 @@ static void *handler_main(void *arg)
 			fm_fatal("polling userfaultfd failed: %s", strerror(errno));
 		if (pfd[1].revents)
 			return NULL;
-		n = read(p->uffd, msgs, sizeof(msgs));
+		n = fm_sys_read(p->uffd, msgs, sizeof(msgs));
 		if (n < 0) {
 			if (errno == EINTR || errno == EAGAIN)
 				continue;
@@ -247,7 +247,7 @@ void fm_monitor_stop(struct fm_pager *p)
 
 	if (p->in_thread)
 		sigbus_remove(p);
-	if (p->stop_fd >= 0 && write(p->stop_fd, &one, sizeof(one)) < 0)
+	if (p->stop_fd >= 0 && fm_sys_write(p->stop_fd, &one, sizeof(one)) < 0)
 		fm_warn("cannot stop the fault handlers: %s", strerror(errno));
 	for (unsigned i = 0; i < p->nhandlers; i++) {
 		pthread_join(p->handlers[i], NULL);

@@ -98,7 +98,7 @@ static void report_to_launcher(struct fm_pager *p)
 	c->cmsg_type = SCM_RIGHTS;
 	c->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(c), &p->map_fd, sizeof(int));
-	if (sendmsg(fd, &m, MSG_NOSIGNAL) < 0)
+	if (fm_sys_sendmsg(fd, &m, MSG_NOSIGNAL) < 0)
 		fm_warn("cannot report to the farmem launcher: %s", strerror(errno));
 	close(fd);
 }
