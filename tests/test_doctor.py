@@ -142,7 +142,9 @@ def test_userfaultfd_features_follow_the_kernel(here):
     assert lines["uffd-move"]["available"] == (k >= (6, 8))
     assert lines["uffd-wp-async"]["available"] == (k >= (6, 7))
     assert lines["pagemap-scan"]["available"] == (k >= (6, 7))
-    for name in ("uffd-wp", "uffd-minor-shmem", "uffd-thread-id", "uffd-events"):
+    # The fault path of issue 16: faults in the faulting thread, one drop call per eviction batch.
+    assert lines["process-madvise"]["available"] == (k >= (6, 13))
+    for name in ("uffd-wp", "uffd-minor-shmem", "uffd-thread-id", "uffd-events", "uffd-sigbus"):
         assert lines[name]["available"], lines[name]
     assert "WRITEPROTECT" in lines["userfaultfd"]["detail"]
 

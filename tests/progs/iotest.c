@@ -15,6 +15,10 @@
  *                        pager started, still runs for a truncated file mapping,
  *                        and paging goes on after it
  *   blocked              a thread that blocks every signal still pages
+ *   raw                  (not in the default set) a raw read(2) system call, which no
+ *                        cover sees, into the evicted buffer: prints "raw: efault" or
+ *                        "raw: ok" (with faults served in the faulting thread it fails:
+ *                        what the covers are for)
  *
  * Every byte is checked. Exit 0 when all pass, 1 on a wrong byte or a failed
  * call (with a message), 2 on usage.
@@ -33,6 +37,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -254,6 +259,26 @@ static void t_blocked(void)
 	pthread_join(th, NULL);
 }
 
+static void t_raw(void)
+{
+	uint8_t *src = malloc(CHUNK);
+	int fd;
+	long n;
+
+	fill(src, CHUNK, 0, 21);
+	fd = temp_file(src, CHUNK);
+	evict_buf();
+	n = syscall(SYS_pread64, fd, buf + 16 * PAGE, CHUNK, 0);
+	if (n < 0 && errno == EFAULT)
+		printf("raw: efault\n");
+	else if (n == (long)CHUNK && !check(buf + 16 * PAGE, CHUNK, 0, 21, "raw pread"))
+		printf("raw: ok\n");
+	else
+		FAIL("raw pread: %ld (%s)", n, strerror(errno));
+	close(fd);
+	free(src);
+}
+
 static int parse_size(const char *s, size_t *out)
 {
 	char *end;
@@ -273,7 +298,7 @@ int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "raw", t_raw },
 	};
 	static const struct option opts[] = {
 		{ "size", required_argument, NULL, 's' },
@@ -304,7 +329,7 @@ int main(int argc, char **argv)
 	}
 	fill(buf, size, 0, 1);
 	for (size_t k = 0; k < sizeof(tests) / sizeof(tests[0]); k++) {
-		if (only && strcmp(only, tests[k].name))
+		if (only ? strcmp(only, tests[k].name) : tests[k].fn == t_raw)
 			continue;
 		tests[k].fn();
 		printf("iotest: %s %s\n", tests[k].name, failed ? "FAILED" : "ok");

@@ -75,9 +75,9 @@ def require(feature: str) -> Result:
 
 # --- system calls -----------------------------------------------------------------------------
 
-_SYSCALLS = {  # (userfaultfd, perf_event_open, bpf)
-    "x86_64": (323, 298, 321),
-    "aarch64": (282, 241, 280),
+_SYSCALLS = {  # (userfaultfd, perf_event_open, bpf, pidfd_open, process_madvise)
+    "x86_64": (323, 298, 321, 434, 440),
+    "aarch64": (282, 241, 280, 434, 440),
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -326,6 +326,36 @@ def check_unprivileged_userfaultfd():
        "so that no write is lost")
 def check_uffd_wp():
     return _uffd_feature("PAGEFAULT_FLAG_WP", ("WRITEPROTECT",), "anon missing+wp")
+
+
+@check("uffd-sigbus", "faults are served by handler threads (fault=thread): each costs two "
+       "cross-CPU wakeups where the faulting thread would have served it on its own CPU")
+def check_uffd_sigbus():
+    return _uffd_feature("SIGBUS")
+
+
+@check("process-madvise", "an eviction batch drops its pages with one madvise per run of pages "
+       "instead of one process_madvise (and one TLB flush) per batch")
+def check_process_madvise():
+    import mmap
+    libc = _libc
+    pidfd = libc.syscall(_nr(3), os.getpid(), 0)
+    if pidfd < 0:
+        return False, f"pidfd_open: {os.strerror(ctypes.get_errno())}"
+    try:
+        m = mmap.mmap(-1, 4096)
+        m[0] = 1
+        buf = ctypes.c_char.from_buffer(m)
+        iov = (ctypes.c_uint64 * 2)(ctypes.addressof(buf), 4096)
+        del buf
+        rc = libc.syscall(_nr(4), pidfd, ctypes.byref(iov), 1, 4, 0)  # MADV_DONTNEED
+        err = ctypes.get_errno()
+        m.close()
+    finally:
+        os.close(pidfd)
+    if rc != 4096:
+        return False, f"process_madvise(MADV_DONTNEED) on ourselves: {os.strerror(err)} (Linux 6.13+ allows it)"
+    return True, "process_madvise(MADV_DONTNEED) on ourselves works"
 
 
 @check("uffd-minor-shmem", "a shared-memory Java heap (-XX:AllocateHeapAt=/dev/shm) cannot be "

@@ -128,8 +128,14 @@ def _add_run(sub) -> None:
                    help="shm (same host, Unix socket only) or stream; default auto")
     p.add_argument("--threshold", type=size_at_least(4096), metavar="SIZE",
                    help="page mappings of at least SIZE (pager default 64M)")
+    p.add_argument("--fault", choices=("auto", "signal", "thread"),
+                   help="serve faults in the faulting thread (signal) or by handler threads (thread); "
+                        "default auto: signal, thread for a program linked with liburing (docs/pager.md)")
     p.add_argument("--fill-threads", type=int_range(1, 16), metavar="N",
-                   help="fault-handler threads, 1 to 16 (pager default 2)")
+                   help="fault-handler threads with --fault thread, 1 to 16 (pager default 1)")
+    p.add_argument("--evict-threads", type=int_range(0, 1), metavar="N",
+                   help="1: an evictor thread keeps resident pages under the watermarks (default: "
+                        "0 with --fault signal, where faulting threads evict, 1 with --fault thread)")
     p.add_argument("--evict-high", type=percent_range(10, 100), metavar="PCT",
                    help="start evicting at PCT%% of the local budget (pager default 95)")
     p.add_argument("--evict-low", type=percent_range(5, 99), metavar="PCT",
@@ -248,7 +254,9 @@ def _add_attach(sub) -> None:
                    help="memory servers; default: start a private one")
     p.add_argument("--secret-file", metavar="FILE", help="the memd's secret (with --memd); the JVM reads it")
     p.add_argument("--transport", choices=("auto", "shm", "stream"))
+    p.add_argument("--fault", choices=("auto", "signal", "thread"))
     p.add_argument("--fill-threads", type=int_range(1, 16), metavar="N")
+    p.add_argument("--evict-threads", type=int_range(0, 1), metavar="N")
     p.add_argument("--evict-high", type=percent_range(10, 100), metavar="PCT")
     p.add_argument("--evict-low", type=percent_range(5, 99), metavar="PCT")
     p.add_argument("--prefetch", type=int_range(0, 64), metavar="PAGES")

@@ -207,7 +207,9 @@ SUMMED = (
     "evict_batches", "evict_syscalls", "direct_evictions",
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
-) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
+) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
+    + GARBAGE_FIELDS
+FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes.
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",
@@ -223,6 +225,7 @@ def figures(hdrs) -> dict:
     out.update({key: 0 for key in GAUGES.values()})
     hist = [0] * LAT_BUCKETS
     transport = "none"
+    modes: set = set()
     for hdr in hdrs:
         st = hdr.stats
         for key in SUMMED:
@@ -233,10 +236,14 @@ def figures(hdrs) -> dict:
             hist[b] += st.lat_hist[b]
         if transport == "none":
             transport = TRANSPORTS.get(hdr.transport, f"unknown-{hdr.transport}")
+        mode = FAULT_MODES.get(st.fault_mode)
+        if mode:
+            modes.add(mode)
     out["evictions"] = out["evictions_clean"] + out["evictions_dirty"]
     out["fault_p50_us"] = percentile_us(hist, 50)
     out["fault_p99_us"] = percentile_us(hist, 99)
     out["transport"] = transport
+    out["fault_mode"] = ",".join(sorted(modes)) or "none"
     out["processes"] = len(hdrs)
     return out
 

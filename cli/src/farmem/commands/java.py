@@ -27,7 +27,8 @@ _WITH_VALUE = {"-cp", "-classpath", "--class-path", "-p", "--module-path", "--up
 _SIZE_RE = re.compile(r"([0-9]+)([kKmMgGtT]?)")
 _UNSUPPORTED_GCS = {"UseZGC": "ZGC", "UseShenandoahGC": "Shenandoah"}
 _UNTESTED_GCS = {"UseSerialGC": "Serial", "UseEpsilonGC": "Epsilon"}
-_KNOBS = (("transport", "transport"), ("fill_threads", "fill_threads"), ("evict_high", "evict_high"),
+_KNOBS = (("transport", "transport"), ("fault", "fault"), ("fill_threads", "fill_threads"),
+          ("evict_threads", "evict_threads"), ("evict_high", "evict_high"),
           ("evict_low", "evict_low"), ("prefetch", "prefetch"), ("log", "log"))
 
 

@@ -46,7 +46,9 @@ SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 OPTIONAL_ENV = (
     ("transport", "FARMEM_TRANSPORT"),
     ("threshold", "FARMEM_THRESHOLD"),
+    ("fault", "FARMEM_FAULT"),
     ("fill_threads", "FARMEM_FILL_THREADS"),
+    ("evict_threads", "FARMEM_EVICT_THREADS"),
     ("evict_high", "FARMEM_EVICT_HIGH"),
     ("evict_low", "FARMEM_EVICT_LOW"),
     ("prefetch", "FARMEM_PREFETCH"),
@@ -204,10 +206,26 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     env["FARMEM_LOCAL"] = args.local
     env["FARMEM_CONTROL"] = control_path
     for attr, name in OPTIONAL_ENV:
-        value = getattr(args, attr)
+        value = getattr(args, attr, None)
         if value is not None:
             env[name] = str(value)
+    if getattr(args, "fault", None) in (None, "auto") and "FARMEM_FAULT" not in base and uses_io_uring(args.cmd):
+        # io_uring's kernel side touches buffers after the submitting call returns: no cover can
+        # make them resident in time, so the kernel must be able to wait for a page (docs/pager.md).
+        env["FARMEM_FAULT"] = "thread"
     return env
+
+
+def uses_io_uring(cmd: list) -> bool:
+    """True when CMD's program is dynamically linked with liburing."""
+    exe = shutil.which(cmd[0]) if cmd else None
+    if not exe:
+        return False
+    try:
+        out = subprocess.run(["ldd", exe], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "liburing" in out
 
 
 def run_child(cmd: list, env: dict) -> tuple:
@@ -257,6 +275,9 @@ def summarise(pagers: list, status: int, elapsed: float) -> dict:
     return out
 
 
+FAULT_MODE_WORDS = {"signal": "in the faulting thread", "thread": "by handler threads"}
+
+
 def summary_lines(s: dict) -> list:
     tail = f"exit status {s['exit_status']}, {s['elapsed_s']:.2f} s"
     if s["processes"] == 0:
@@ -273,7 +294,8 @@ def summary_lines(s: dict) -> list:
     registered = f", registered {fmt_bytes(s['registered_bytes'])}" if s["registered_bytes"] else ""
     second = (f"farmem: local limit {fmt_bytes(s['local_limit_bytes'])}, peak resident "
               f"{fmt_bytes(s['peak_resident_bytes'])}{registered}; "
-              f"transport {s['transport']}, {procs}; " + ("; ".join(problems) + "; " if problems else "") + tail)
+              f"transport {s['transport']}, faults served {FAULT_MODE_WORDS.get(s.get('fault_mode'), s.get('fault_mode'))}, "
+              f"{procs}; " + ("; ".join(problems) + "; " if problems else "") + tail)
     lines = [first, second]
     if s.get("swapva_calls"):
         # A farmem JDK's SwapVA compaction (--gc swapva) moved pages through the pager.

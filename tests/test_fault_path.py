@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The fault path of issue 16: faults served in the faulting thread (UFFD_FEATURE_SIGBUS),
+and what that mode must not break: system calls into evicted buffers (the shim's covers), a
+program's own SIGBUS handler, threads that block every signal, a JVM's own SIGSEGV/SIGBUS
+handling, the lost-write race under eviction with 8 threads, and the fallback to handler
+threads (fault=thread)."""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+pytestmark = [pytest.mark.pager, pytest.mark.memd]
+
+
+def run(farmem_cmd, tmp_path, argv, local="32M", env_extra=None, timeout=300):
+    summary = tmp_path / "s.json"
+    env = dict(os.environ)
+    env.pop("FARMEM_FAULT", None)
+    env.update(env_extra or {})
+    r = subprocess.run([*farmem_cmd, "run", "--local", local, "--summary-json", str(summary), "--", *argv],
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    s = json.loads(summary.read_text()) if summary.exists() else {}
+    return r, s
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
+    """read/pread/readv (with the iovec array itself paged), write/writev, send/recv and
+    sendmsg/recvmsg on buffers that were just evicted: every byte right, in both modes."""
+    prog = built("build/tests/iotest")
+    built("build/lib/libfarmem_preload.so")
+    r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],
+               env_extra={"FARMEM_FAULT": fault})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    for name in ("read", "write", "socket", "sigbus", "blocked"):
+        assert f"iotest: {name} ok" in out, out[-3000:]
+    assert s["fault_mode"] == fault
+    assert s["evictions"] > 20000, s  # the buffer really was evicted between the calls
+    if fault == "signal":
+        # The covers made the evicted buffers resident for the kernel.
+        assert s["io_prefaults"] > 1000, s
+        assert "in the faulting thread" in out
+    else:
+        assert s["io_prefaults"] == 0, s
+
+
+@pytest.mark.parametrize("fault,expect", [("signal", "raw: efault"), ("thread", "raw: ok")])
+def test_a_raw_system_call_is_what_the_covers_are_for(built, farmem_cmd, tmp_path, fault, expect):
+    """Without a cover, a system call into an evicted page fails with EFAULT when faults are
+    served in the faulting thread (the kernel cannot wait): the hazard the shim covers. With
+    handler threads the kernel waits and the call succeeds."""
+    prog = built("build/tests/iotest")
+    built("build/lib/libfarmem_preload.so")
+    r, _ = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M", "--only", "raw"],
+               env_extra={"FARMEM_FAULT": fault})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert expect in r.stdout
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_lost_write_race_eight_threads(built, farmem_cmd, tmp_path, fault):
+    """8 threads rewrite random pages of a buffer 8x the budget while they evict for each
+    other: a write that races an eviction waits for memd's acknowledgement, then faults the
+    page back; every byte is checked at the end."""
+    prog = built("build/bench/rewrite")
+    built("build/lib/libfarmem_preload.so")
+    r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "256M", "--threads", "8", "--rounds", "200000",
+                                      "--write-pct", "80"], env_extra={"FARMEM_FAULT": fault})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "every byte as expected" in out
+    assert s["evictions_dirty"] > 50000 and s["wp_faults"] > 10000, s
+    assert s["peak_resident_bytes"] <= s["local_limit_bytes"], s
+
+
+def test_jvm_keeps_its_own_signal_handlers(jvm_built, build, farmem_cmd, tmp_path):
+    """HotSpot turns a SIGBUS on a truncated mapped file into an InternalError and SIGSEGVs
+    into NullPointerExceptions and StackOverflowErrors; the pager's SIGBUS handler, installed
+    after HotSpot's, must pass those on while it serves the heap's faults."""
+    r, s = run(farmem_cmd, tmp_path, ["java", "-Xmx256m", "-cp", str(build / "java"), "SignalMix",
+                                      "--live-mb", "160", "--rounds", "4"], local="64M")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    m = re.search(r"signalmix: ok .*sigbus->InternalError=4 npe=20000 soe=4", out)
+    assert m, out[-3000:]
+    assert s["fault_mode"] == "signal" and s["remote_reads"] > 10000, s
+
+
+def test_unknown_fault_mode_is_refused(built, farmem_cmd, tmp_path):
+    built("build/lib/libfarmem_preload.so")
+    r, _ = run(farmem_cmd, tmp_path, [str(built("build/tests/pagetest")), "--size", "64M"],
+               env_extra={"FARMEM_FAULT": "sideways"})
+    assert r.returncode == 78, r.stderr
+    assert "FARMEM_FAULT=sideways: expected auto, signal or thread" in r.stderr
