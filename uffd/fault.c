@@ -55,6 +55,17 @@ static const void *fetch_one(struct fm_pager *p, struct fm_fault *f, struct regi
 }
 
 /*
+ * Wait for another thread's hold on a page to end. A borrowed channel goes
+ * back first: the holder may need one to finish (a fetch, a write-back), and
+ * the pool is smaller than the number of threads that can wait here.
+ */
+static uint8_t wait_settle(struct fm_pager *p, struct fm_fault *f, uint8_t *b)
+{
+	fm_give_back(p, &f->fc);
+	return fm_settle(p, b);
+}
+
+/*
  * Room for one more resident page: at the limit the faulting thread evicts a
  * batch itself. Only when nothing can be evicted (memd unusable, or every
  * page busy or pinned) does the page come in over the budget.
@@ -173,7 +184,7 @@ static void missing(struct fm_pager *p, struct fm_fault *f, struct region *r, in
 			/* fall through */
 		case FM_PG_LEAVING:
 		case FM_PG_UPDATING:
-			fm_settle(p, &r->pg[i]);
+			wait_settle(p, f, &r->pg[i]);
 			continue;
 		case FM_PG_UNMANAGED:
 			if (!f->in_thread)
@@ -239,7 +250,7 @@ static void write_protected(struct fm_pager *p, struct fm_fault *f, struct regio
 		}
 		if (pg_is_hold(s)) {
 			/* The evictor has it (the write waits until memd holds it, then faults it back), or a handler. */
-			fm_settle(p, &r->pg[i]);
+			wait_settle(p, f, &r->pg[i]);
 			continue;
 		}
 		if (s == FM_PG_REMOTE) {
@@ -342,7 +353,7 @@ static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct reg
 		if (pg_is_hold(s)) {
 			if (s == FM_PG_FILLING && !f->in_thread)
 				return; /* the other thread's fill wakes us */
-			fm_settle(p, &r->pg[i]);
+			wait_settle(p, f, &r->pg[i]);
 			continue;
 		}
 		/* UNMANAGED: not ours. */
@@ -417,7 +428,7 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 		for (uint64_t i = o.first; i < o.first + o.n; i++) {
 			/* Bounded: a page the kernel keeps skipping (an unmap under way) is left to EFAULT. */
 			for (int tries = 0; tries < 64; tries++) {
-				uint8_t b = fm_settle(p, &o.r->pg[i]);
+				uint8_t b = wait_settle(p, &f, &o.r->pg[i]);
 				unsigned s = fm_pg_state(b);
 				f.addr = o.r->base + (i << PG_SHIFT);
 				f.t0 = fm_now_ns();
