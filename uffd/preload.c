@@ -7,13 +7,24 @@
  * mapped here instead). munmap, mremap and MADV_DONTNEED-like advice on a
  * paged range go through the pager first, so no stale page ever comes back.
  *
- * The interposers call the kernel directly (syscall(2)), never dlsym: this
- * file runs inside malloc and inside the dynamic loader's own allocations.
+ * The interposers call the kernel directly (syscall(2)): this file runs
+ * inside malloc and inside the dynamic loader's own allocations.
+ *
+ * Safe from the program's first instruction. Other libraries' constructors
+ * run before ours (a program linked with libjemalloc maps its arenas from
+ * jemalloc's constructor), so every hook reads the configuration on first
+ * use, never a half-set one. The program keeps its own allocator (the next
+ * malloc after this library: glibc's, or jemalloc's, ...), but nothing of
+ * farmem's ever allocates through it: its hooks run inside that allocator,
+ * which may hold its own locks there. farmem's allocations (the shim's, the
+ * pager's, and all of the pager's threads') come from a private arena
+ * instead, and free() tells them apart by address.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -28,6 +39,8 @@
 #include "pager.h"
 
 #define EXPORT __attribute__((visibility("default")))
+/* Static TLS: a global-dynamic access may allocate, and malloc reads it. */
+#define TLS __thread __attribute__((tls_model("initial-exec")))
 #define PAGE 4096u
 #define MAX_BIG 4096
 
@@ -38,10 +51,12 @@ extern void *__libc_memalign(size_t, size_t);
 extern void __libc_free(void *);
 
 static struct fm_pager_cfg cfg;
+static atomic_int cfg_state;         /* 0 unread, 1 being read, 2 read */
 static struct fm_pager *pager;
 static atomic_int state;             /* 0 idle, 1 starting, 2 running, 4 disabled */
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
-static __thread int in_farmem;       /* our own mappings are never paged */
+/* Set while farmem's own code runs on this thread, and always on the pager's threads. */
+static TLS int in_farmem;
 
 static struct { uintptr_t addr; size_t len; } big[MAX_BIG];
 static atomic_int nbig;
@@ -55,12 +70,311 @@ static void *sys_mmap(void *a, size_t l, int prot, int fl, int fd, off_t off)
 
 static void die_config(const char *msg)
 {
-	fprintf(stderr, "farmem: error: %s\n", msg);
+	/* No stdio: this may run inside the program's allocator, holding its locks. */
+	char line[600];
+	int n = snprintf(line, sizeof(line), "farmem: error: %s\n", msg);
+
+	if (write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
+		n = 0;
 	_exit(78);
 }
 
-static void on_fork_child(void)
+/* --- farmem's own allocations ------------------------------------------------ */
+
+/*
+ * Power-of-two blocks carved from one reserved range, so that free() knows a
+ * block of ours by its address alone. Blocks smaller than a page share pages
+ * of one class (arena_cls of the page); larger blocks are runs of whole pages
+ * (arena_cls of the first). A freed block waits on its class's list; pages
+ * never change class. The range is reserved on first use, MAP_NORESERVE: only
+ * what is touched costs memory.
+ */
+#define ARENA_SIZE (1ull << 30)
+#define ARENA_PAGES ((size_t)(ARENA_SIZE / PAGE))
+#define ARENA_MIN_CLS 4u
+#define ARENA_MAX_CLS 29u
+#define PAGE_CLS 12u
+
+static _Atomic uintptr_t arena_base;
+static uint8_t arena_cls[ARENA_PAGES];
+static size_t arena_used; /* pages handed out, under arena_lock */
+static void *arena_list[ARENA_MAX_CLS + 1];
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int arena_owns(const void *p)
 {
+	uintptr_t b = atomic_load_explicit(&arena_base, memory_order_acquire);
+
+	return b && (uintptr_t)p - b < ARENA_SIZE;
+}
+
+static void *arena_alloc(size_t n, size_t align)
+{
+	size_t want = n > align ? n : align;
+	unsigned k = ARENA_MIN_CLS;
+	uintptr_t b;
+	char *p = NULL;
+
+	while (k <= ARENA_MAX_CLS && ((size_t)1 << k) < want)
+		k++;
+	if (k > ARENA_MAX_CLS) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pthread_mutex_lock(&arena_lock);
+	b = atomic_load_explicit(&arena_base, memory_order_relaxed);
+	if (!b) {
+		void *m = sys_mmap(NULL, ARENA_SIZE, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if ((long)m < 0 && (long)m > -4096)
+			goto out;
+		b = (uintptr_t)m;
+		atomic_store_explicit(&arena_base, b, memory_order_release);
+	}
+	if (arena_list[k]) {
+		p = arena_list[k];
+		arena_list[k] = *(void **)p;
+	} else if (k < PAGE_CLS) {
+		size_t bs = (size_t)1 << k;
+
+		if (arena_used >= ARENA_PAGES)
+			goto out;
+		p = (char *)b + arena_used * PAGE;
+		arena_cls[arena_used++] = (uint8_t)k;
+		for (size_t off = PAGE - bs; off > 0; off -= bs) {
+			*(void **)(p + off) = arena_list[k];
+			arena_list[k] = p + off;
+		}
+	} else {
+		size_t npg = (size_t)1 << (k - PAGE_CLS);
+		size_t apg = align > PAGE ? align / PAGE : 1;
+		size_t first = (arena_used + apg - 1) / apg * apg;
+
+		if (first + npg > ARENA_PAGES)
+			goto out;
+		arena_cls[first] = (uint8_t)k;
+		arena_used = first + npg;
+		p = (char *)b + first * PAGE;
+	}
+out:
+	pthread_mutex_unlock(&arena_lock);
+	if (!p)
+		errno = ENOMEM;
+	return p;
+}
+
+static size_t arena_size(const void *p)
+{
+	return (size_t)1 << arena_cls[((uintptr_t)p - atomic_load(&arena_base)) / PAGE];
+}
+
+static void arena_free(void *p)
+{
+	unsigned k;
+
+	pthread_mutex_lock(&arena_lock);
+	k = arena_cls[((uintptr_t)p - atomic_load(&arena_base)) / PAGE];
+	*(void **)p = arena_list[k];
+	arena_list[k] = p;
+	pthread_mutex_unlock(&arena_lock);
+}
+
+static void *arena_realloc(void *p, size_t n)
+{
+	size_t have = arena_size(p);
+	void *q;
+
+	if (n <= have)
+		return p;
+	q = arena_alloc(n, 16);
+	if (q) {
+		memcpy(q, p, have);
+		arena_free(p);
+	}
+	return q;
+}
+
+/*
+ * The pager's threads allocate from the arena too: a fault handler that
+ * waited for a lock of the program's allocator, held by the thread whose
+ * fault it serves, would never return. The linker sends the pager library's
+ * pthread_create calls here (-Wl,--wrap=pthread_create); the program's own
+ * threads are untouched.
+ */
+struct farmem_thread {
+	void *(*fn)(void *);
+	void *arg;
+};
+
+int __real_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
+
+static void *farmem_thread_main(void *v)
+{
+	struct farmem_thread t = *(struct farmem_thread *)v;
+
+	arena_free(v);
+	in_farmem = 1;
+	return t.fn(t.arg);
+}
+
+int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	struct farmem_thread *t = arena_alloc(sizeof(*t), 16);
+	int rc;
+
+	if (!t)
+		return EAGAIN;
+	t->fn = fn;
+	t->arg = arg;
+	in_farmem++; /* the new thread's TLS and stack bookkeeping are ours too */
+	rc = __real_pthread_create(th, attr, farmem_thread_main, t);
+	in_farmem--;
+	if (rc)
+		arena_free(t);
+	return rc;
+}
+
+/* --- the program's allocator --------------------------------------------------- */
+
+/*
+ * The malloc family as the program would have had it without us: the next
+ * definition after this library. glibc maps big blocks where the shim cannot
+ * see them, so with glibc's the shim maps those itself; any other allocator
+ * (jemalloc, ...) maps through mmap(), which the shim sees, and serves every
+ * call itself.
+ */
+struct app_alloc {
+	void *(*malloc)(size_t);
+	void *(*calloc)(size_t, size_t);
+	void *(*realloc)(void *, size_t);
+	void (*free)(void *);
+	void *(*memalign)(size_t, size_t);
+	void *(*aligned_alloc)(size_t, size_t);
+	int (*posix_memalign)(void **, size_t, size_t);
+	void *(*valloc)(size_t);
+	size_t (*usable)(void *);
+	int glibc;
+};
+
+static struct app_alloc app;
+static atomic_int app_known;
+static pthread_mutex_t app_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define NEXT(name, type) ((type)dlsym(RTLD_NEXT, name))
+
+static const struct app_alloc *app_alloc(void)
+{
+	struct app_alloc a;
+
+	if (atomic_load_explicit(&app_known, memory_order_acquire))
+		return &app;
+	in_farmem++; /* what dlsym allocates is ours */
+	a.malloc = NEXT("malloc", void *(*)(size_t));
+	a.calloc = NEXT("calloc", void *(*)(size_t, size_t));
+	a.realloc = NEXT("realloc", void *(*)(void *, size_t));
+	a.free = NEXT("free", void (*)(void *));
+	a.memalign = NEXT("memalign", void *(*)(size_t, size_t));
+	a.aligned_alloc = NEXT("aligned_alloc", void *(*)(size_t, size_t));
+	a.posix_memalign = NEXT("posix_memalign", int (*)(void **, size_t, size_t));
+	a.valloc = NEXT("valloc", void *(*)(size_t));
+	a.usable = NEXT("malloc_usable_size", size_t (*)(void *));
+	in_farmem--;
+	if (!a.malloc || !a.calloc || !a.realloc || !a.free) {
+		/* No allocator after us (cannot happen with glibc): glibc's own entry points. */
+		a.malloc = __libc_malloc;
+		a.calloc = __libc_calloc;
+		a.realloc = __libc_realloc;
+		a.free = __libc_free;
+		a.memalign = __libc_memalign;
+		a.aligned_alloc = __libc_memalign;
+		a.posix_memalign = NULL;
+		a.valloc = NULL;
+	}
+	a.glibc = a.malloc == __libc_malloc;
+	pthread_mutex_lock(&app_lock);
+	if (!atomic_load_explicit(&app_known, memory_order_relaxed)) {
+		app = a;
+		atomic_store_explicit(&app_known, 1, memory_order_release);
+	}
+	pthread_mutex_unlock(&app_lock);
+	return &app;
+}
+
+/* The program's allocator's aligned allocation, by whichever entry point it has. */
+static void *app_aligned(const struct app_alloc *a, size_t align, size_t n)
+{
+	void *p = NULL;
+
+	if (a->memalign)
+		return a->memalign(align, n);
+	if (a->aligned_alloc)
+		return a->aligned_alloc(align, n);
+	if (a->posix_memalign) {
+		int rc = a->posix_memalign(&p, align, n);
+		if (rc) {
+			errno = rc;
+			return NULL;
+		}
+	}
+	return p;
+}
+
+/* --- configuration and the pager ----------------------------------------------- */
+
+/*
+ * Reads FARMEM_* once, on whichever hook or constructor comes first: another
+ * library's constructor may map memory before ours runs.
+ */
+static void load_config(void)
+{
+	char err[512];
+	int expect = 0;
+
+	if (atomic_load_explicit(&cfg_state, memory_order_acquire) == 2)
+		return;
+	if (!atomic_compare_exchange_strong(&cfg_state, &expect, 1)) {
+		/* Another thread is reading it: microseconds, no locks, no allocation. */
+		while (atomic_load_explicit(&cfg_state, memory_order_acquire) != 2)
+			sched_yield();
+		return;
+	}
+	in_farmem++;
+	fm_log_prefix = "farmem";
+	if (fm_pager_cfg_from_env(&cfg, err, sizeof(err)))
+		die_config(err);
+	fm_log_level = cfg.log_level;
+	if (!cfg.memd[0] || !cfg.secret_len)
+		atomic_store(&state, 4); /* loaded without a launcher: stay out of the way */
+	in_farmem--;
+	atomic_store_explicit(&cfg_state, 2, memory_order_release);
+}
+
+/* 1 when a hook may act: not farmem's own call, the configuration read, a launcher present. */
+static int hooks_on(void)
+{
+	if (in_farmem)
+		return 0;
+	load_config();
+	return atomic_load(&state) != 4;
+}
+
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&arena_lock);
+	pthread_mutex_lock(&big_lock);
+}
+
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&big_lock);
+	pthread_mutex_unlock(&arena_lock);
+}
+
+static void fork_child(void)
+{
+	pthread_mutex_unlock(&big_lock);
+	pthread_mutex_unlock(&arena_lock);
 	/*
 	 * The pager's threads do not exist in a forked child, and the paged
 	 * ranges were not inherited (MADV_DONTFORK): a child that touches one
@@ -72,18 +386,9 @@ static void on_fork_child(void)
 
 __attribute__((constructor)) static void preload_init(void)
 {
-	char err[512];
-
-	fm_log_prefix = "farmem";
-	if (fm_pager_cfg_from_env(&cfg, err, sizeof(err)))
-		die_config(err);
-	fm_log_level = cfg.log_level;
-	if (!cfg.memd[0] || !cfg.secret_len) {
-		/* Loaded without a launcher: stay out of the way. */
-		atomic_store(&state, 4);
-		return;
-	}
-	pthread_atfork(NULL, NULL, on_fork_child);
+	load_config();
+	app_alloc();
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
 static struct fm_pager *get_pager(void)
@@ -114,9 +419,9 @@ static struct fm_pager *get_pager(void)
 
 static int qualifies(size_t len, int prot, int flags, int fd)
 {
-	return !in_farmem && len >= cfg.threshold && fd == -1 && (flags & MAP_ANONYMOUS) &&
+	return hooks_on() && len >= cfg.threshold && fd == -1 && (flags & MAP_ANONYMOUS) &&
 	       (flags & MAP_PRIVATE) && !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK)) &&
-	       (prot & PROT_WRITE) && atomic_load(&state) != 4;
+	       (prot & PROT_WRITE);
 }
 
 static void maybe_register(void *p, size_t len)
@@ -195,7 +500,7 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 			maybe_register(old, old_len);
 		return MAP_FAILED;
 	}
-	if (paged || new_len >= cfg.threshold)
+	if (paged || (hooks_on() && new_len >= cfg.threshold))
 		maybe_register(p, new_len);
 	return p;
 }
@@ -289,20 +594,22 @@ static size_t big_len(const void *p)
 	return len;
 }
 
+/* A block the shim maps itself: a big one, when the program's allocator is glibc's. */
 static int use_big(size_t n)
 {
-	return !in_farmem && n >= cfg.threshold && atomic_load(&state) != 4 &&
-	       cfg.threshold;
+	return hooks_on() && n >= cfg.threshold && app_alloc()->glibc;
 }
 
 EXPORT void *malloc(size_t n)
 {
+	if (in_farmem)
+		return arena_alloc(n, 16);
 	if (use_big(n)) {
 		void *p = big_alloc(n);
 		if (p)
 			return p;
 	}
-	return __libc_malloc(n);
+	return app_alloc()->malloc(n);
 }
 
 EXPORT void *calloc(size_t a, size_t b)
@@ -312,25 +619,40 @@ EXPORT void *calloc(size_t a, size_t b)
 		errno = ENOMEM;
 		return NULL;
 	}
+	if (in_farmem) {
+		void *p = arena_alloc(n, 16);
+		if (p)
+			memset(p, 0, n); /* a block may come back from the free list */
+		return p;
+	}
 	if (use_big(n)) {
 		void *p = big_alloc(n); /* fresh anonymous memory is zero */
 		if (p)
 			return p;
 	}
-	return __libc_calloc(a, b);
+	return app_alloc()->calloc(a, b);
 }
 
 EXPORT void free(void *p)
 {
-	if (!big_free(p))
-		__libc_free(p);
+	if (!p)
+		return;
+	if (arena_owns(p))
+		arena_free(p);
+	else if (!big_free(p))
+		app_alloc()->free(p);
 }
 
 EXPORT void *realloc(void *p, size_t n)
 {
-	size_t old = p ? big_len(p) : 0;
+	size_t old;
 	void *q;
 
+	if (arena_owns(p))
+		return arena_realloc(p, n);
+	if (!p && in_farmem)
+		return arena_alloc(n, 16);
+	old = p ? big_len(p) : 0;
 	if (old) {
 		if (n <= old && n >= cfg.threshold)
 			return p;
@@ -346,33 +668,45 @@ EXPORT void *realloc(void *p, size_t n)
 		q = big_alloc(n);
 		if (q) {
 			memcpy(q, p, have < n ? have : n);
-			__libc_free(p);
+			app_alloc()->free(p);
 			return q;
 		}
 	}
-	return __libc_realloc(p, n);
+	return app_alloc()->realloc(p, n);
 }
 
 EXPORT void *memalign(size_t align, size_t n)
 {
+	if (in_farmem)
+		return arena_alloc(n, align);
 	if (align <= PAGE && use_big(n)) {
 		void *p = big_alloc(n);
 		if (p)
 			return p;
 	}
-	return __libc_memalign(align, n);
+	return app_aligned(app_alloc(), align, n);
 }
 
 EXPORT void *aligned_alloc(size_t align, size_t n)
 {
-	return memalign(align, n);
+	const struct app_alloc *a;
+
+	if (in_farmem || (align <= PAGE && use_big(n)))
+		return memalign(align, n);
+	a = app_alloc();
+	return a->aligned_alloc ? a->aligned_alloc(align, n) : app_aligned(a, align, n);
 }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n)
 {
+	const struct app_alloc *a;
 	void *p;
+
 	if (align < sizeof(void *) || (align & (align - 1)))
 		return EINVAL;
+	a = in_farmem ? NULL : app_alloc();
+	if (a && a->posix_memalign && !(align <= PAGE && use_big(n)))
+		return a->posix_memalign(out, align, n);
 	p = memalign(align, n);
 	if (!p)
 		return ENOMEM;
@@ -382,18 +716,24 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n)
 
 EXPORT void *valloc(size_t n)
 {
-	return memalign(PAGE, n);
+	const struct app_alloc *a;
+
+	if (in_farmem || use_big(n))
+		return memalign(PAGE, n);
+	a = app_alloc();
+	return a->valloc ? a->valloc(n) : app_aligned(a, PAGE, n);
 }
 
 EXPORT size_t malloc_usable_size(void *p)
 {
-	static size_t (*next)(void *);
-	size_t len = p ? big_len(p) : 0;
+	size_t len;
 
+	if (!p)
+		return 0;
+	if (arena_owns(p))
+		return arena_size(p);
+	len = big_len(p);
 	if (len)
 		return len;
-	/* glibc has no __libc_ alias for this one; dlsym's own allocations are small. */
-	if (!next)
-		next = (size_t (*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
-	return next ? next(p) : 0;
+	return app_alloc()->usable ? app_alloc()->usable(p) : 0;
 }
