@@ -420,7 +420,7 @@ static struct fm_pager *get_pager(void)
 static int qualifies(size_t len, int prot, int flags, int fd)
 {
 	return hooks_on() && len >= cfg.threshold && fd == -1 && (flags & MAP_ANONYMOUS) &&
-	       (flags & MAP_PRIVATE) && !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK)) &&
+	       (flags & MAP_PRIVATE) && !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED)) &&
 	       (prot & PROT_WRITE);
 }
 
@@ -522,6 +522,60 @@ EXPORT int madvise(void *addr, size_t len, int advice)
 	return 0;
 }
 
+/*
+ * Locked memory cannot be paged: the kernel refuses to drop a locked page, and
+ * with MCL_FUTURE every later mapping, the pager's own included, is faulted in
+ * whole at mmap. The program learns that its lock failed, as it would under a
+ * low RLIMIT_MEMLOCK (mlockall(2) says EPERM, mlock(2) EAGAIN), and the user
+ * learns why; its memory stays correct.
+ */
+static void lock_refused(const char *call)
+{
+	char line[300];
+	int n = snprintf(line, sizeof(line),
+			 "farmem: warning: %s refused: this program's memory is paged by farmem, and locked "
+			 "memory cannot be paged (run it without memory locking, or without farmem)\n", call);
+
+	if (write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
+		n = 0;
+}
+
+EXPORT int mlockall(int flags)
+{
+	long r;
+
+	if (hooks_on()) {
+		lock_refused("mlockall");
+		errno = EPERM;
+		return -1;
+	}
+	r = syscall(SYS_mlockall, flags);
+	return r ? -1 : 0;
+}
+
+static int lock_range(long nr, const void *addr, size_t len, unsigned flags)
+{
+	long r;
+
+	if (hooks_on() && pager && atomic_load(&state) == 2 && fm_pager_owns(pager, addr, len)) {
+		lock_refused(nr == SYS_mlock ? "mlock of paged memory" : "mlock2 of paged memory");
+		errno = EAGAIN;
+		return -1;
+	}
+	r = nr == SYS_mlock ? syscall(SYS_mlock, addr, len) : syscall(SYS_mlock2, addr, len, flags);
+	return r ? -1 : 0;
+}
+
+EXPORT int mlock(const void *addr, size_t len)
+{
+	return lock_range(SYS_mlock, addr, len, 0);
+}
+
+EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
+{
+	return lock_range(SYS_mlock2, addr, len, flags);
+}
+
 /* --- big malloc blocks ------------------------------------------------------ */
 
 static int big_find(const void *p)
@@ -532,9 +586,19 @@ static int big_find(const void *p)
 	return -1;
 }
 
-static void *big_alloc(size_t n)
+/* Larger alignments than this are left to the program's allocator. */
+#define BIG_MAX_ALIGN (1ul << 30)
+
+/*
+ * A block of its own mapping, aligned to align (a power of two): an aligned
+ * one is cut out of a larger mapping (memcached -L asks for its whole cache
+ * at 2 MiB alignment for huge pages).
+ */
+static void *big_alloc(size_t n, size_t align)
 {
 	size_t len = (n + PAGE - 1) & ~(size_t)(PAGE - 1);
+	size_t extra = align > PAGE ? align - PAGE : 0;
+	uintptr_t a;
 	void *p;
 
 	pthread_mutex_lock(&big_lock);
@@ -542,11 +606,17 @@ static void *big_alloc(size_t n)
 		pthread_mutex_unlock(&big_lock);
 		return NULL;
 	}
-	p = sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	p = sys_mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if ((long)p < 0 && (long)p > -4096) {
 		pthread_mutex_unlock(&big_lock);
 		return NULL;
 	}
+	a = ((uintptr_t)p + extra) & ~(uintptr_t)(align > PAGE ? align - 1 : PAGE - 1);
+	if (a > (uintptr_t)p)
+		syscall(SYS_munmap, p, a - (uintptr_t)p);
+	if ((uintptr_t)p + len + extra > a + len)
+		syscall(SYS_munmap, a + len, (uintptr_t)p + len + extra - (a + len));
+	p = (void *)a;
 	big[atomic_load(&nbig)].addr = (uintptr_t)p;
 	big[atomic_load(&nbig)].len = len;
 	atomic_fetch_add(&nbig, 1);
@@ -605,7 +675,7 @@ EXPORT void *malloc(size_t n)
 	if (in_farmem)
 		return arena_alloc(n, 16);
 	if (use_big(n)) {
-		void *p = big_alloc(n);
+		void *p = big_alloc(n, PAGE);
 		if (p)
 			return p;
 	}
@@ -626,7 +696,7 @@ EXPORT void *calloc(size_t a, size_t b)
 		return p;
 	}
 	if (use_big(n)) {
-		void *p = big_alloc(n); /* fresh anonymous memory is zero */
+		void *p = big_alloc(n, PAGE); /* fresh anonymous memory is zero */
 		if (p)
 			return p;
 	}
@@ -665,7 +735,7 @@ EXPORT void *realloc(void *p, size_t n)
 	}
 	if (p && use_big(n)) {
 		size_t have = malloc_usable_size(p);
-		q = big_alloc(n);
+		q = big_alloc(n, PAGE);
 		if (q) {
 			memcpy(q, p, have < n ? have : n);
 			app_alloc()->free(p);
@@ -679,8 +749,8 @@ EXPORT void *memalign(size_t align, size_t n)
 {
 	if (in_farmem)
 		return arena_alloc(n, align);
-	if (align <= PAGE && use_big(n)) {
-		void *p = big_alloc(n);
+	if (align <= BIG_MAX_ALIGN && use_big(n)) {
+		void *p = big_alloc(n, align);
 		if (p)
 			return p;
 	}
@@ -691,7 +761,7 @@ EXPORT void *aligned_alloc(size_t align, size_t n)
 {
 	const struct app_alloc *a;
 
-	if (in_farmem || (align <= PAGE && use_big(n)))
+	if (in_farmem || (align <= BIG_MAX_ALIGN && use_big(n)))
 		return memalign(align, n);
 	a = app_alloc();
 	return a->aligned_alloc ? a->aligned_alloc(align, n) : app_aligned(a, align, n);
@@ -705,7 +775,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n)
 	if (align < sizeof(void *) || (align & (align - 1)))
 		return EINVAL;
 	a = in_farmem ? NULL : app_alloc();
-	if (a && a->posix_memalign && !(align <= PAGE && use_big(n)))
+	if (a && a->posix_memalign && !(align <= BIG_MAX_ALIGN && use_big(n)))
 		return a->posix_memalign(out, align, n);
 	p = memalign(align, n);
 	if (!p)
