@@ -55,3 +55,52 @@ def test_jemalloc_program_starts_and_keeps_its_allocator(shim, built, tmp_path, 
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "jemalloc ok", r.stdout + r.stderr
     assert_paged(s, "jemalloc_prog")
+
+
+# --- system calls into and out of evicted paged memory -----------------------------------------
+
+def test_syscalls_into_evicted_buffers(shim, built, tmp_path, farmem_cmd):
+    """read, pread, preadv, readv, recv, io_uring READ/READV/RECV into buffers that were evicted
+    just before each call (the program checks with mincore), write and send out of them, at odd
+    offsets that leave partly written pages: every byte checked. io_uring fixed buffers are paged
+    memory's one refusal: the kernel writes them behind the pager's back."""
+    prog = built("build/tests/sysio")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "25%", "--threshold", "8M", "--",
+                      prog, "--dir", tmp_path, "--size", 32, "--expect-evicted", 90, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "sysio ok", r.stdout
+    for method in ("read", "pread", "preadv", "readv (8 iovecs a call)", "recv", "io_uring READ",
+                   "io_uring READV", "io_uring RECV", "write", "send"):
+        assert any(line.startswith(f"{method}: ok (evicted") for line in lines), (method, r.stdout)
+    assert "io_uring READ_FIXED: registration refused (Operation not supported)" in lines, r.stdout
+    assert "io_uring buffer registration refused: the buffer is paged by farmem" in r.stderr
+    assert_paged(s, "sysio")
+
+
+def test_memory_locking_is_refused_not_run_on(shim, tmp_path, farmem_cmd):
+    """mlockall, and mlock of paged memory, fail as under a low RLIMIT_MEMLOCK, with farmem's
+    warning: the kernel cannot drop a locked page, and MCL_FUTURE would fault in every later
+    mapping whole. The program goes on, paged and correct."""
+    script = r"""
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+n = 128 << 20
+m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for off in range(0, n, 4096):
+    m[off] = (off >> 12) % 251
+rc_all = libc.mlockall(3)  # MCL_CURRENT | MCL_FUTURE
+err_all = ctypes.get_errno()
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+rc_one = libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(1 << 20))
+err_one = ctypes.get_errno()
+bad = sum(m[off] != (off >> 12) % 251 for off in range(0, n, 4096))
+print(rc_all, os.strerror(err_all), rc_one, os.strerror(err_one), bad)
+"""
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--", "/usr/bin/python3", "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["-1", "Operation", "not", "permitted", "-1", "Resource", "temporarily",
+                                "unavailable", "0"], r.stdout
+    assert "mlockall refused: this program's memory is paged by farmem" in r.stderr
+    assert "mlock of paged memory refused" in r.stderr
+    assert_paged(s, "python3 (mlock)")

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "fm_util.h"
@@ -574,6 +575,119 @@ EXPORT int mlock(const void *addr, size_t len)
 EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
 {
 	return lock_range(SYS_mlock2, addr, len, flags);
+}
+
+/* --- io_uring registered buffers ------------------------------------------------ */
+
+/*
+ * A registered ("fixed") buffer is pinned by the kernel while it is
+ * registered, and fixed I/O goes to the pinned pages, not through the
+ * program's page table: after an eviction the program would read memd's old
+ * copy, and what the I/O wrote would be lost. Registering paged memory fails
+ * as the kernel fails memory it cannot register (-EOPNOTSUPP), with a warning.
+ * Through liburing only: a program that makes the system call itself, or
+ * links liburing statically, is not covered (docs/compatibility.md).
+ */
+struct io_uring;
+
+static int iovecs_paged(const struct iovec *iov, unsigned n)
+{
+	if (!iov || !pager || atomic_load(&state) != 2 || in_farmem)
+		return 0;
+	for (unsigned i = 0; i < n; i++)
+		if (iov[i].iov_base && iov[i].iov_len && fm_pager_owns(pager, iov[i].iov_base, iov[i].iov_len))
+			return 1;
+	return 0;
+}
+
+static int uring_refused(void)
+{
+	static const char msg[] =
+		"farmem: warning: io_uring buffer registration refused: the buffer is paged by farmem, and "
+		"the kernel writes a registered buffer behind the pager's back (use plain reads, or run "
+		"without farmem)\n";
+
+	if (write(2, msg, sizeof(msg) - 1) < 0)
+		return -EOPNOTSUPP;
+	return -EOPNOTSUPP;
+}
+
+/* liburing's own function after ours, looked up once. */
+static void *uring_next(_Atomic(void *) *slot, const char *name)
+{
+	void *f = atomic_load(slot);
+
+	if (!f) {
+		f = dlsym(RTLD_NEXT, name);
+		atomic_store(slot, f);
+	}
+	return f;
+}
+
+static _Atomic(void *) next_register_buffers, next_register_buffers_tags, next_update_tag, next_register;
+
+EXPORT int io_uring_register_buffers(struct io_uring *ring, const struct iovec *iov, unsigned n)
+{
+	int (*next)(struct io_uring *, const struct iovec *, unsigned) =
+		(int (*)(struct io_uring *, const struct iovec *, unsigned))uring_next(
+			&next_register_buffers, "io_uring_register_buffers");
+
+	if (iovecs_paged(iov, n))
+		return uring_refused();
+	return next ? next(ring, iov, n) : -ENOSYS;
+}
+
+EXPORT int io_uring_register_buffers_tags(struct io_uring *ring, const struct iovec *iov,
+					  const uint64_t *tags, unsigned n)
+{
+	int (*next)(struct io_uring *, const struct iovec *, const uint64_t *, unsigned) =
+		(int (*)(struct io_uring *, const struct iovec *, const uint64_t *, unsigned))uring_next(
+			&next_register_buffers_tags, "io_uring_register_buffers_tags");
+
+	if (iovecs_paged(iov, n))
+		return uring_refused();
+	return next ? next(ring, iov, tags, n) : -ENOSYS;
+}
+
+EXPORT int io_uring_register_buffers_update_tag(struct io_uring *ring, unsigned off, const struct iovec *iov,
+						const uint64_t *tags, unsigned n)
+{
+	int (*next)(struct io_uring *, unsigned, const struct iovec *, const uint64_t *, unsigned) =
+		(int (*)(struct io_uring *, unsigned, const struct iovec *, const uint64_t *, unsigned))uring_next(
+			&next_update_tag, "io_uring_register_buffers_update_tag");
+
+	if (iovecs_paged(iov, n))
+		return uring_refused();
+	return next ? next(ring, off, iov, tags, n) : -ENOSYS;
+}
+
+/*
+ * liburing's raw io_uring_register(2), for the opcodes that register buffers:
+ * IORING_REGISTER_BUFFERS (0: an iovec array), _BUFFERS2 (15: struct
+ * io_uring_rsrc_register) and _BUFFERS_UPDATE (16: struct io_uring_rsrc_update2).
+ */
+EXPORT int io_uring_register(unsigned fd, unsigned opcode, const void *arg, unsigned nr)
+{
+	int (*next)(unsigned, unsigned, const void *, unsigned) =
+		(int (*)(unsigned, unsigned, const void *, unsigned))uring_next(&next_register, "io_uring_register");
+	const struct iovec *iov = NULL;
+	unsigned n = 0;
+
+	if (arg && opcode == 0) {
+		iov = arg;
+		n = nr;
+	} else if (arg && opcode == 15) {
+		const struct { uint32_t nr, flags; uint64_t resv2, data, tags; } *r = arg;
+		iov = (const struct iovec *)(uintptr_t)r->data;
+		n = r->nr;
+	} else if (arg && opcode == 16) {
+		const struct { uint32_t offset, resv; uint64_t data, tags; uint32_t nr, resv2; } *u = arg;
+		iov = (const struct iovec *)(uintptr_t)u->data;
+		n = u->nr;
+	}
+	if (iovecs_paged(iov, n))
+		return uring_refused();
+	return next ? next(fd, opcode, arg, nr) : -ENOSYS;
 }
 
 /* --- big malloc blocks ------------------------------------------------------ */
