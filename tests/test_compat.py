@@ -12,6 +12,8 @@ SIGSEGV), and flip to failures the day it does.
 
 import json
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +106,55 @@ print(rc_all, os.strerror(err_all), rc_one, os.strerror(err_one), bad)
     assert "mlockall refused: this program's memory is paged by farmem" in r.stderr
     assert "mlock of paged memory refused" in r.stderr
     assert_paged(s, "python3 (mlock)")
+
+
+# --- the matrix: programs from Debian's packages, small data ------------------------------------
+# bench/lib/compat.py has the workloads (shared with bench/bench_compat.py, which runs them on large
+# data beside Linux swap); each raises compat.Failed with the reason when a result is wrong.
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "lib"))
+import compat  # noqa: E402
+
+
+def farmem(**kw):
+    return compat.Launch(mode="farmem", local="25%", **kw)
+
+
+def test_redis_with_its_benchmark(shim, tmp_path):
+    """Redis (Debian's, on jemalloc) loaded by redis-benchmark and with our keys; all read back.
+    jemalloc grows its heap in mappings from 2 MiB up: a 4M threshold pages a small data set."""
+    got = compat.redis(farmem(threshold="4M"), tmp_path, keys=40000, requests=60000, keyspace=30000)
+    assert_paged(got["summary"], "redis-server")
+
+
+@FORK_XFAIL
+def test_redis_bgsave_snapshot(shim, tmp_path):
+    """BGSAVE's child writes the data set as it was at fork while the parent overwrites keys; a
+    second, unpaged redis-server loads the snapshot and every value is checked."""
+    got = compat.redis_bgsave(farmem(threshold="4M"), tmp_path, keys=40000)
+    assert_paged(got["summary"], "redis-server")
+
+
+def test_memcached_with_memcslap(shim, tmp_path):
+    """memcached -L (its cache in one aligned block) loaded by memcslap and with our items."""
+    got = compat.memcached(farmem(), tmp_path, megabytes=192, items=30000, slap=15000)
+    assert_paged(got["summary"], "memcached")
+
+
+def test_python_numpy(shim, tmp_path):
+    """NumPy arrays, sorted, summed, multiplied and checked; the paged interpreter spawns and forks
+    (the children touch nothing paged)."""
+    got = compat.numpy(farmem(), tmp_path, mib=96)
+    assert_paged(got["summary"], "python3 (numpy)")
+
+
+@FORK_XFAIL
+def test_python_multiprocessing_pool_reads_parent_array(shim, tmp_path):
+    got = compat.numpy_pool(farmem(), tmp_path, mib=96, timeout=30)
+    assert_paged(got["summary"], "python3 (pool)")
+
+
+def test_sqlite_with_paged_page_cache(shim, tmp_path):
+    """The sqlite3 shell with its page cache in one paged block: integrity check and queries."""
+    got = compat.sqlite(farmem(), tmp_path, rows=150000)
+    assert_paged(got["summary"], "sqlite3")
