@@ -121,12 +121,12 @@ $(B)/tests/%: tests/progs/%.c $(HDRS) | $(B)/.deps-ok
 	$(CC) $(CFLAGS) -o $@ $< -lpthread
 
 # System calls and io_uring into paged buffers (liburing).
-$(B)/tests/sysio: tests/progs/sysio.c | $(B)/.deps-ok
+$(B)/tests/sysio: tests/progs/sysio.c tests/progs/mix.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -luring -lpthread
 
 # Linked with Debian's libjemalloc, whose constructor runs before the preload shim's.
-$(B)/tests/jemalloc_prog: tests/progs/jemalloc_prog.c | $(B)/.deps-ok
+$(B)/tests/jemalloc_prog: tests/progs/jemalloc_prog.c tests/progs/mix.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -ljemalloc -lpthread
 

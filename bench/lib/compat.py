@@ -149,8 +149,8 @@ def need(*programs: str) -> None:
 
 # --- Redis ----------------------------------------------------------------------------------------
 
-class Resp:
-    """A Redis client: RESP2 over a Unix socket, pipelined."""
+class UnixClient:
+    """A connection to a server's Unix socket, read line by line."""
 
     def __init__(self, path: Path, timeout: float = 300):
         self.s = socket.socket(socket.AF_UNIX)
@@ -161,6 +161,10 @@ class Resp:
     def close(self) -> None:
         self.f.close()
         self.s.close()
+
+
+class Resp(UnixClient):
+    """A Redis client: RESP2, pipelined."""
 
     @staticmethod
     def encode(*args) -> bytes:
@@ -362,18 +366,8 @@ def redis_bgsave(launch: Launch, workdir: Path, keys: int = 60000, mean: int = 1
 
 # --- memcached ------------------------------------------------------------------------------------
 
-class Memcache:
-    """memcached's text protocol over a Unix socket."""
-
-    def __init__(self, path: Path, timeout: float = 300):
-        self.s = socket.socket(socket.AF_UNIX)
-        self.s.settimeout(timeout)
-        self.s.connect(str(path))
-        self.f = self.s.makefile("rb")
-
-    def close(self) -> None:
-        self.f.close()
-        self.s.close()
+class Memcache(UnixClient):
+    """memcached's text protocol."""
 
     def set_many(self, items: list) -> None:
         self.s.sendall(b"".join(b"set %s 0 0 %d\r\n%s\r\n" % (k, len(v), v) for k, v in items))

@@ -19,17 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mix.h"
+
 static size_t big_mib = 256;
 static int nthreads = 4, rounds = 3;
 
-static uint64_t mix(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ull;
-	return x ^ (x >> 33);
-}
 
 static void fill(uint64_t *p, size_t words, uint64_t seed)
 {

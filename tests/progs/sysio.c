@@ -37,6 +37,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "mix.h"
+
 #define PAGE 4096ul
 #define CHUNK (1ul << 20)
 #define HEAD 123ul    /* bytes of each chunk that no transfer writes */
@@ -48,14 +50,6 @@ static unsigned expect_evicted;
 static unsigned char *buf, *pusher;
 static int fails;
 
-static uint64_t mix(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ull;
-	return x ^ (x >> 33);
-}
 
 /* Byte off of the pattern with this seed: little-endian words of mix(seed ^ word index). */
 static unsigned char pat(uint64_t seed, uint64_t off)
@@ -194,6 +188,26 @@ static void *recv_check(void *v)
 	return NULL;
 }
 
+/* A socketpair with fn (send_pattern or recv_check) on the far end; returns the near end. */
+static int start_peer(struct peer *p, void *(*fn)(void *), pthread_t *th)
+{
+	int sv[2];
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		die("socketpair");
+	p->fd = sv[1];
+	if (pthread_create(th, NULL, fn, p))
+		die("pthread_create");
+	return sv[0];
+}
+
+static void stop_peer(struct peer *p, int near, pthread_t th)
+{
+	pthread_join(th, NULL);
+	close(near);
+	close(p->fd);
+}
+
 /* --- the methods ------------------------------------------------------------ */
 
 static void by_read(int fd, int positional)
@@ -265,21 +279,14 @@ static void by_readv_packed(const char *dir)
 
 static void by_recv(void)
 {
-	int sv[2];
 	pthread_t th;
 	struct peer p = {.seed = FILE_SEED};
 	unsigned ev = prepare(5);
+	int fd = start_peer(&p, send_pattern, &th);
 
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
-		die("socketpair");
-	p.fd = sv[1];
-	if (pthread_create(&th, NULL, send_pattern, &p))
-		die("pthread_create");
 	for (size_t k = 0; k < NCHUNK; k++)
-		full(recv(sv[0], buf + CH_OFF(k), CH_LEN, MSG_WAITALL), CH_LEN, "recv");
-	pthread_join(th, NULL);
-	close(sv[0]);
-	close(sv[1]);
+		full(recv(fd, buf + CH_OFF(k), CH_LEN, MSG_WAITALL), CH_LEN, "recv");
+	stop_peer(&p, fd, th);
 	verify("recv", 5, FILE_SEED, ev);
 }
 
@@ -290,7 +297,7 @@ static void by_uring(int fd, int op)
 	uint64_t seed = 6 + (uint64_t)op;
 	struct io_uring ring;
 	struct iovec *iov = calloc(NCHUNK, sizeof(*iov));
-	int sv[2] = {-1, -1};
+	int sock = -1;
 	pthread_t th;
 	struct peer p = {.seed = FILE_SEED};
 	unsigned ev, depth = 64;
@@ -304,13 +311,8 @@ static void by_uring(int fd, int op)
 		die("io_uring_queue_init");
 	}
 	ev = prepare(seed);
-	if (op == 2) {
-		if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
-			die("socketpair");
-		p.fd = sv[1];
-		if (pthread_create(&th, NULL, send_pattern, &p))
-			die("pthread_create");
-	}
+	if (op == 2)
+		sock = start_peer(&p, send_pattern, &th);
 	for (size_t k = 0; k < NCHUNK;) {
 		/* A stream is read in order: one RECV at a time; file reads go in batches. */
 		size_t batch = op == 2 ? 1 : depth;
@@ -324,7 +326,7 @@ static void by_uring(int fd, int op)
 			else if (op == 1)
 				io_uring_prep_readv(sqe, fd, &iov[c], 1, CH_OFF(c));
 			else
-				io_uring_prep_recv(sqe, sv[0], buf + CH_OFF(c), CH_LEN, MSG_WAITALL);
+				io_uring_prep_recv(sqe, sock, buf + CH_OFF(c), CH_LEN, MSG_WAITALL);
 		}
 		rc = io_uring_submit_and_wait(&ring, (unsigned)n);
 		if (rc < 0) {
@@ -347,11 +349,8 @@ static void by_uring(int fd, int op)
 		}
 		k += n;
 	}
-	if (op == 2) {
-		pthread_join(th, NULL);
-		close(sv[0]);
-		close(sv[1]);
-	}
+	if (op == 2)
+		stop_peer(&p, sock, th);
 	io_uring_queue_exit(&ring);
 	free(iov);
 	verify(names[op], seed, FILE_SEED, ev);
@@ -437,21 +436,14 @@ static void by_write(const char *dir)
 
 static void by_send(void)
 {
-	int sv[2];
 	pthread_t th;
 	struct peer p = {.seed = 10};
 	unsigned ev = prepare(10);
+	int fd = start_peer(&p, recv_check, &th);
 
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
-		die("socketpair");
-	p.fd = sv[1];
-	if (pthread_create(&th, NULL, recv_check, &p))
-		die("pthread_create");
 	for (size_t k = 0; k < NCHUNK; k++)
-		full(send(sv[0], buf + CH_OFF(k), CH_LEN, 0), CH_LEN, "send");
-	pthread_join(th, NULL);
-	close(sv[0]);
-	close(sv[1]);
+		full(send(fd, buf + CH_OFF(k), CH_LEN, 0), CH_LEN, "send");
+	stop_peer(&p, fd, th);
 	if (p.bad) {
 		printf("send: FAILED: the peer received %zu wrong bytes (evicted %u%% before the call)\n", p.bad, ev);
 		fails++;
