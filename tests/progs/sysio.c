@@ -148,6 +148,18 @@ static void full(ssize_t got, size_t want, const char *what)
 	}
 }
 
+/* A new file DIR/NAME, read-write; its path in path. */
+static int open_scratch(const char *dir, const char *name, char *path, size_t len)
+{
+	int fd;
+
+	snprintf(path, len, "%s/%s", dir, name);
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	if (fd < 0)
+		die(path);
+	return fd;
+}
+
 /* --- a peer that sends the file pattern, or receives and checks ---------------- */
 
 struct peer {
@@ -253,10 +265,7 @@ static void by_readv_packed(const char *dir)
 	unsigned ev;
 	int fd;
 
-	snprintf(path, sizeof(path), "%s/packed", dir);
-	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
-	if (fd < 0)
-		die("open packed");
+	fd = open_scratch(dir, "packed", path, sizeof(path));
 	for (size_t k = 0; k < NCHUNK; k++) {
 		fill(tmp, CH_LEN, FILE_SEED, CH_OFF(k));
 		full(write(fd, tmp, CH_LEN), CH_LEN, "write packed");
@@ -410,10 +419,7 @@ static void by_write(const char *dir)
 	unsigned ev;
 	int fd;
 
-	snprintf(path, sizeof(path), "%s/out", dir);
-	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
-	if (fd < 0)
-		die("open out");
+	fd = open_scratch(dir, "out", path, sizeof(path));
 	ev = prepare(9);
 	for (size_t k = 0; k < NCHUNK; k++)
 		full(write(fd, buf + CH_OFF(k), CH_LEN), CH_LEN, "write");
@@ -475,10 +481,7 @@ int main(int argc, char **argv)
 	pusher = map(2 * size);
 
 	/* The source file: the file pattern at every offset (written from plain memory). */
-	snprintf(path, sizeof(path), "%s/src", dir);
-	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
-	if (fd < 0)
-		die("open src");
+	fd = open_scratch(dir, "src", path, sizeof(path));
 	tmp = malloc(CHUNK);
 	for (size_t off = 0; off < size; off += CHUNK) {
 		fill(tmp, CHUNK, FILE_SEED, off);
