@@ -120,16 +120,22 @@ class Server:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                self.kill()
                 raise Failed(f"{self.name} did not exit within {timeout:.0f} s:\n{self.output()}")
         self.seconds = time.monotonic() - self.t0
         return self.proc.returncode, read_summary(self.summary)
 
-    def kill(self) -> None:
+    def kill(self, grace: float = 30) -> None:
+        """SIGTERM first: farmem run forwards it and then tears down what it set up (kswap mode's
+        cgroup and zram, which a SIGKILL would leave behind); SIGKILL after grace seconds."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+                return
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
 
 def value(i: int, mean: int) -> bytes:
