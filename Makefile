@@ -88,9 +88,12 @@ $(B)/lib/libfarmem_pager.a: $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRCS))
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# --wrap: the pager's threads are started through the shim, which marks them as farmem's own
+# (they allocate from its private arena, never from the program's allocator; uffd/preload.c).
 $(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/lib/libfarmem_pager.a uffd/preload.map
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=uffd/preload.map -o $@ $(filter %.o,$^) \
+	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=uffd/preload.map \
+		-Wl,--wrap=pthread_create -o $@ $(filter %.o,$^) \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
 $(B)/obj/jvmti-agent/%.o: CFLAGS += -isystem $(JAVA_HOME)/include -isystem $(JAVA_HOME)/include/linux -Ijvmti-agent -Ikmod-swapva
@@ -116,6 +119,16 @@ $(B)/java/thirdparty/.ok: tests/java/thirdparty/pom.xml
 $(B)/tests/%: tests/progs/%.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -lpthread
+
+# System calls and io_uring into paged buffers (liburing).
+$(B)/tests/sysio: tests/progs/sysio.c tests/progs/mix.h | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< -luring -lpthread
+
+# Linked with Debian's libjemalloc, whose constructor runs before the preload shim's.
+$(B)/tests/jemalloc_prog: tests/progs/jemalloc_prog.c tests/progs/mix.h | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< -ljemalloc -lpthread
 
 $(B)/bench/swapva_bench: bench/progs/swapva_bench.c $(SWAPVA_SRCS) $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)

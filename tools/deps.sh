@@ -6,6 +6,7 @@ set -euo pipefail
 PKGS=(
 	build-essential pkg-config git
 	libisal-dev libssl-dev liburing-dev libnuma-dev numactl
+	libjemalloc-dev
 	clang llvm libclang-rt-14-dev libbpf-dev bpftool
 	libibverbs-dev librdmacm-dev rdma-core
 	iproute2 tmux util-linux procps
@@ -14,6 +15,8 @@ PKGS=(
 	qemu-system-x86 busybox-static linux-headers-amd64 kmod cpio xz-utils
 	ibverbs-utils rdmacm-utils perftest
 	openjdk-17-jdk-headless maven
+	# the compatibility matrix (tests/test_compat.py, bench/bench_compat.py): programs as users run them
+	redis-server redis-tools memcached libmemcached-tools python3-numpy sqlite3
 )
 
 missing=()

@@ -7,13 +7,24 @@
  * mapped here instead). munmap, mremap and MADV_DONTNEED-like advice on a
  * paged range go through the pager first, so no stale page ever comes back.
  *
- * The interposers call the kernel directly (syscall(2)), never dlsym: this
- * file runs inside malloc and inside the dynamic loader's own allocations.
+ * The interposers call the kernel directly (syscall(2)): this file runs
+ * inside malloc and inside the dynamic loader's own allocations.
+ *
+ * Safe from the program's first instruction. Other libraries' constructors
+ * run before ours (a program linked with libjemalloc maps its arenas from
+ * jemalloc's constructor), so every hook reads the configuration on first
+ * use, never a half-set one. The program keeps its own allocator (the next
+ * malloc after this library: glibc's, or jemalloc's, ...), but nothing of
+ * farmem's ever allocates through it: its hooks run inside that allocator,
+ * which may hold its own locks there. farmem's allocations (the shim's, the
+ * pager's, and all of the pager's threads') come from a private arena
+ * instead, and free() tells them apart by address.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -22,6 +33,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "fm_util.h"
@@ -29,6 +41,8 @@
 #include "preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
+/* Static TLS: a global-dynamic access may allocate, and malloc reads it. */
+#define TLS __thread __attribute__((tls_model("initial-exec")))
 #define PAGE 4096u
 #define MAX_BIG 4096
 
@@ -39,10 +53,12 @@ extern void *__libc_memalign(size_t, size_t);
 extern void __libc_free(void *);
 
 static struct fm_pager_cfg cfg;
+static atomic_int cfg_state;         /* 0 unread, 1 being read, 2 read */
 static struct fm_pager *pager;
 static atomic_int state;             /* 0 idle, 1 starting, 2 running, 4 disabled */
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
-static __thread int in_farmem;       /* our own mappings are never paged */
+/* Set while farmem's own code runs on this thread, and always on the pager's threads. */
+static TLS int in_farmem;
 
 static struct { uintptr_t addr; size_t len; } big[MAX_BIG];
 static atomic_int nbig;
@@ -56,12 +72,311 @@ static void *sys_mmap(void *a, size_t l, int prot, int fl, int fd, off_t off)
 
 static void die_config(const char *msg)
 {
-	fprintf(stderr, "farmem: error: %s\n", msg);
+	/* No stdio: this may run inside the program's allocator, holding its locks. */
+	char line[600];
+	int n = snprintf(line, sizeof(line), "farmem: error: %s\n", msg);
+
+	if (write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
+		n = 0;
 	_exit(78);
 }
 
-static void on_fork_child(void)
+/* --- farmem's own allocations ------------------------------------------------ */
+
+/*
+ * Power-of-two blocks carved from one reserved range, so that free() knows a
+ * block of ours by its address alone. Blocks smaller than a page share pages
+ * of one class (arena_cls of the page); larger blocks are runs of whole pages
+ * (arena_cls of the first). A freed block waits on its class's list; pages
+ * never change class. The range is reserved on first use, MAP_NORESERVE: only
+ * what is touched costs memory.
+ */
+#define ARENA_SIZE (1ull << 30)
+#define ARENA_PAGES ((size_t)(ARENA_SIZE / PAGE))
+#define ARENA_MIN_CLS 4u
+#define ARENA_MAX_CLS 29u
+#define PAGE_CLS 12u
+
+static _Atomic uintptr_t arena_base;
+static uint8_t arena_cls[ARENA_PAGES];
+static size_t arena_used; /* pages handed out, under arena_lock */
+static void *arena_list[ARENA_MAX_CLS + 1];
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int arena_owns(const void *p)
 {
+	uintptr_t b = atomic_load_explicit(&arena_base, memory_order_acquire);
+
+	return b && (uintptr_t)p - b < ARENA_SIZE;
+}
+
+static void *arena_alloc(size_t n, size_t align)
+{
+	size_t want = n > align ? n : align;
+	unsigned k = ARENA_MIN_CLS;
+	uintptr_t b;
+	char *p = NULL;
+
+	while (k <= ARENA_MAX_CLS && ((size_t)1 << k) < want)
+		k++;
+	if (k > ARENA_MAX_CLS) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pthread_mutex_lock(&arena_lock);
+	b = atomic_load_explicit(&arena_base, memory_order_relaxed);
+	if (!b) {
+		void *m = sys_mmap(NULL, ARENA_SIZE, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if ((long)m < 0 && (long)m > -4096)
+			goto out;
+		b = (uintptr_t)m;
+		atomic_store_explicit(&arena_base, b, memory_order_release);
+	}
+	if (arena_list[k]) {
+		p = arena_list[k];
+		arena_list[k] = *(void **)p;
+	} else if (k < PAGE_CLS) {
+		size_t bs = (size_t)1 << k;
+
+		if (arena_used >= ARENA_PAGES)
+			goto out;
+		p = (char *)b + arena_used * PAGE;
+		arena_cls[arena_used++] = (uint8_t)k;
+		for (size_t off = PAGE - bs; off > 0; off -= bs) {
+			*(void **)(p + off) = arena_list[k];
+			arena_list[k] = p + off;
+		}
+	} else {
+		size_t npg = (size_t)1 << (k - PAGE_CLS);
+		size_t apg = align > PAGE ? align / PAGE : 1;
+		size_t first = (arena_used + apg - 1) / apg * apg;
+
+		if (first + npg > ARENA_PAGES)
+			goto out;
+		arena_cls[first] = (uint8_t)k;
+		arena_used = first + npg;
+		p = (char *)b + first * PAGE;
+	}
+out:
+	pthread_mutex_unlock(&arena_lock);
+	if (!p)
+		errno = ENOMEM;
+	return p;
+}
+
+static size_t arena_size(const void *p)
+{
+	return (size_t)1 << arena_cls[((uintptr_t)p - atomic_load(&arena_base)) / PAGE];
+}
+
+static void arena_free(void *p)
+{
+	unsigned k;
+
+	pthread_mutex_lock(&arena_lock);
+	k = arena_cls[((uintptr_t)p - atomic_load(&arena_base)) / PAGE];
+	*(void **)p = arena_list[k];
+	arena_list[k] = p;
+	pthread_mutex_unlock(&arena_lock);
+}
+
+static void *arena_realloc(void *p, size_t n)
+{
+	size_t have = arena_size(p);
+	void *q;
+
+	if (n <= have)
+		return p;
+	q = arena_alloc(n, 16);
+	if (q) {
+		memcpy(q, p, have);
+		arena_free(p);
+	}
+	return q;
+}
+
+/*
+ * The pager's threads allocate from the arena too: a fault handler that
+ * waited for a lock of the program's allocator, held by the thread whose
+ * fault it serves, would never return. The linker sends the pager library's
+ * pthread_create calls here (-Wl,--wrap=pthread_create); the program's own
+ * threads are untouched.
+ */
+struct farmem_thread {
+	void *(*fn)(void *);
+	void *arg;
+};
+
+int __real_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
+
+static void *farmem_thread_main(void *v)
+{
+	struct farmem_thread t = *(struct farmem_thread *)v;
+
+	arena_free(v);
+	in_farmem = 1;
+	return t.fn(t.arg);
+}
+
+int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	struct farmem_thread *t = arena_alloc(sizeof(*t), 16);
+	int rc;
+
+	if (!t)
+		return EAGAIN;
+	t->fn = fn;
+	t->arg = arg;
+	in_farmem++; /* the new thread's TLS and stack bookkeeping are ours too */
+	rc = __real_pthread_create(th, attr, farmem_thread_main, t);
+	in_farmem--;
+	if (rc)
+		arena_free(t);
+	return rc;
+}
+
+/* --- the program's allocator --------------------------------------------------- */
+
+/*
+ * The malloc family as the program would have had it without us: the next
+ * definition after this library. glibc maps big blocks where the shim cannot
+ * see them, so with glibc's the shim maps those itself; any other allocator
+ * (jemalloc, ...) maps through mmap(), which the shim sees, and serves every
+ * call itself.
+ */
+struct app_alloc {
+	void *(*malloc)(size_t);
+	void *(*calloc)(size_t, size_t);
+	void *(*realloc)(void *, size_t);
+	void (*free)(void *);
+	void *(*memalign)(size_t, size_t);
+	void *(*aligned_alloc)(size_t, size_t);
+	int (*posix_memalign)(void **, size_t, size_t);
+	void *(*valloc)(size_t);
+	size_t (*usable)(void *);
+	int glibc;
+};
+
+static struct app_alloc app;
+static atomic_int app_known;
+static pthread_mutex_t app_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define NEXT(name, type) ((type)dlsym(RTLD_NEXT, name))
+
+static const struct app_alloc *app_alloc(void)
+{
+	struct app_alloc a;
+
+	if (atomic_load_explicit(&app_known, memory_order_acquire))
+		return &app;
+	in_farmem++; /* what dlsym allocates is ours */
+	a.malloc = NEXT("malloc", void *(*)(size_t));
+	a.calloc = NEXT("calloc", void *(*)(size_t, size_t));
+	a.realloc = NEXT("realloc", void *(*)(void *, size_t));
+	a.free = NEXT("free", void (*)(void *));
+	a.memalign = NEXT("memalign", void *(*)(size_t, size_t));
+	a.aligned_alloc = NEXT("aligned_alloc", void *(*)(size_t, size_t));
+	a.posix_memalign = NEXT("posix_memalign", int (*)(void **, size_t, size_t));
+	a.valloc = NEXT("valloc", void *(*)(size_t));
+	a.usable = NEXT("malloc_usable_size", size_t (*)(void *));
+	in_farmem--;
+	if (!a.malloc || !a.calloc || !a.realloc || !a.free) {
+		/* No allocator after us (cannot happen with glibc): glibc's own entry points. */
+		a.malloc = __libc_malloc;
+		a.calloc = __libc_calloc;
+		a.realloc = __libc_realloc;
+		a.free = __libc_free;
+		a.memalign = __libc_memalign;
+		a.aligned_alloc = __libc_memalign;
+		a.posix_memalign = NULL;
+		a.valloc = NULL;
+	}
+	a.glibc = a.malloc == __libc_malloc;
+	pthread_mutex_lock(&app_lock);
+	if (!atomic_load_explicit(&app_known, memory_order_relaxed)) {
+		app = a;
+		atomic_store_explicit(&app_known, 1, memory_order_release);
+	}
+	pthread_mutex_unlock(&app_lock);
+	return &app;
+}
+
+/* The program's allocator's aligned allocation, by whichever entry point it has. */
+static void *app_aligned(const struct app_alloc *a, size_t align, size_t n)
+{
+	void *p = NULL;
+
+	if (a->memalign)
+		return a->memalign(align, n);
+	if (a->aligned_alloc)
+		return a->aligned_alloc(align, n);
+	if (a->posix_memalign) {
+		int rc = a->posix_memalign(&p, align, n);
+		if (rc) {
+			errno = rc;
+			return NULL;
+		}
+	}
+	return p;
+}
+
+/* --- configuration and the pager ----------------------------------------------- */
+
+/*
+ * Reads FARMEM_* once, on whichever hook or constructor comes first: another
+ * library's constructor may map memory before ours runs.
+ */
+static void load_config(void)
+{
+	char err[512];
+	int expect = 0;
+
+	if (atomic_load_explicit(&cfg_state, memory_order_acquire) == 2)
+		return;
+	if (!atomic_compare_exchange_strong(&cfg_state, &expect, 1)) {
+		/* Another thread is reading it: microseconds, no locks, no allocation. */
+		while (atomic_load_explicit(&cfg_state, memory_order_acquire) != 2)
+			sched_yield();
+		return;
+	}
+	in_farmem++;
+	fm_log_prefix = "farmem";
+	if (fm_pager_cfg_from_env(&cfg, err, sizeof(err)))
+		die_config(err);
+	fm_log_level = cfg.log_level;
+	if (!cfg.memd[0] || !cfg.secret_len)
+		atomic_store(&state, 4); /* loaded without a launcher: stay out of the way */
+	in_farmem--;
+	atomic_store_explicit(&cfg_state, 2, memory_order_release);
+}
+
+/* 1 when a hook may act: not farmem's own call, the configuration read, a launcher present. */
+static int hooks_on(void)
+{
+	if (in_farmem)
+		return 0;
+	load_config();
+	return atomic_load(&state) != 4;
+}
+
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&arena_lock);
+	pthread_mutex_lock(&big_lock);
+}
+
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&big_lock);
+	pthread_mutex_unlock(&arena_lock);
+}
+
+static void fork_child(void)
+{
+	pthread_mutex_unlock(&big_lock);
+	pthread_mutex_unlock(&arena_lock);
 	/*
 	 * The pager's threads do not exist in a forked child, and the paged
 	 * ranges were not inherited (MADV_DONTFORK): a child that touches one
@@ -73,18 +388,9 @@ static void on_fork_child(void)
 
 __attribute__((constructor)) static void preload_init(void)
 {
-	char err[512];
-
-	fm_log_prefix = "farmem";
-	if (fm_pager_cfg_from_env(&cfg, err, sizeof(err)))
-		die_config(err);
-	fm_log_level = cfg.log_level;
-	if (!cfg.memd[0] || !cfg.secret_len) {
-		/* Loaded without a launcher: stay out of the way. */
-		atomic_store(&state, 4);
-		return;
-	}
-	pthread_atfork(NULL, NULL, on_fork_child);
+	load_config();
+	app_alloc();
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
 static struct fm_pager *get_pager(void)
@@ -120,9 +426,9 @@ struct fm_pager *fm_preload_pager(void)
 
 static int qualifies(size_t len, int prot, int flags, int fd)
 {
-	return !in_farmem && len >= cfg.threshold && fd == -1 && (flags & MAP_ANONYMOUS) &&
-	       (flags & MAP_PRIVATE) && !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK)) &&
-	       (prot & PROT_WRITE) && atomic_load(&state) != 4;
+	return hooks_on() && len >= cfg.threshold && fd == -1 && (flags & MAP_ANONYMOUS) &&
+	       (flags & MAP_PRIVATE) && !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED)) &&
+	       (prot & PROT_WRITE);
 }
 
 static void maybe_register(void *p, size_t len)
@@ -201,7 +507,7 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 			maybe_register(old, old_len);
 		return MAP_FAILED;
 	}
-	if (paged || new_len >= cfg.threshold)
+	if (paged || (hooks_on() && new_len >= cfg.threshold))
 		maybe_register(p, new_len);
 	return p;
 }
@@ -223,6 +529,173 @@ EXPORT int madvise(void *addr, size_t len, int advice)
 	return 0;
 }
 
+/*
+ * Locked memory cannot be paged: the kernel refuses to drop a locked page, and
+ * with MCL_FUTURE every later mapping, the pager's own included, is faulted in
+ * whole at mmap. The program learns that its lock failed, as it would under a
+ * low RLIMIT_MEMLOCK (mlockall(2) says EPERM, mlock(2) EAGAIN), and the user
+ * learns why; its memory stays correct.
+ */
+static void lock_refused(const char *call)
+{
+	char line[300];
+	int n = snprintf(line, sizeof(line),
+			 "farmem: warning: %s refused: this program's memory is paged by farmem, and locked "
+			 "memory cannot be paged (run it without memory locking, or without farmem)\n", call);
+
+	if (write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
+		n = 0;
+}
+
+EXPORT int mlockall(int flags)
+{
+	long r;
+
+	if (hooks_on()) {
+		lock_refused("mlockall");
+		errno = EPERM;
+		return -1;
+	}
+	r = syscall(SYS_mlockall, flags);
+	return r ? -1 : 0;
+}
+
+static int lock_range(long nr, const void *addr, size_t len, unsigned flags)
+{
+	long r;
+
+	if (hooks_on() && pager && atomic_load(&state) == 2 && fm_pager_owns(pager, addr, len)) {
+		lock_refused(nr == SYS_mlock ? "mlock of paged memory" : "mlock2 of paged memory");
+		errno = EAGAIN;
+		return -1;
+	}
+	r = nr == SYS_mlock ? syscall(SYS_mlock, addr, len) : syscall(SYS_mlock2, addr, len, flags);
+	return r ? -1 : 0;
+}
+
+EXPORT int mlock(const void *addr, size_t len)
+{
+	return lock_range(SYS_mlock, addr, len, 0);
+}
+
+EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
+{
+	return lock_range(SYS_mlock2, addr, len, flags);
+}
+
+/* --- io_uring registered buffers ------------------------------------------------ */
+
+/*
+ * A registered ("fixed") buffer is pinned by the kernel while it is
+ * registered, and fixed I/O goes to the pinned pages, not through the
+ * program's page table: after an eviction the program would read memd's old
+ * copy, and what the I/O wrote would be lost. Registering paged memory fails
+ * as the kernel fails memory it cannot register (-EOPNOTSUPP), with a warning.
+ * Through liburing only: a program that makes the system call itself, or
+ * links liburing statically, is not covered (docs/compatibility.md).
+ */
+struct io_uring;
+
+static int iovecs_paged(const struct iovec *iov, unsigned n)
+{
+	if (!iov || !pager || atomic_load(&state) != 2 || in_farmem)
+		return 0;
+	for (unsigned i = 0; i < n; i++)
+		if (iov[i].iov_base && iov[i].iov_len && fm_pager_owns(pager, iov[i].iov_base, iov[i].iov_len))
+			return 1;
+	return 0;
+}
+
+static int uring_refused(void)
+{
+	static const char msg[] =
+		"farmem: warning: io_uring buffer registration refused: the buffer is paged by farmem, and "
+		"the kernel writes a registered buffer behind the pager's back (use plain reads, or run "
+		"without farmem)\n";
+
+	if (write(2, msg, sizeof(msg) - 1) < 0)
+		return -EOPNOTSUPP;
+	return -EOPNOTSUPP;
+}
+
+/* liburing's own function after ours, looked up once. */
+static void *uring_next(_Atomic(void *) *slot, const char *name)
+{
+	void *f = atomic_load(slot);
+
+	if (!f) {
+		f = dlsym(RTLD_NEXT, name);
+		atomic_store(slot, f);
+	}
+	return f;
+}
+
+static _Atomic(void *) next_register_buffers, next_register_buffers_tags, next_update_tag, next_register;
+
+EXPORT int io_uring_register_buffers(struct io_uring *ring, const struct iovec *iov, unsigned n)
+{
+	int (*next)(struct io_uring *, const struct iovec *, unsigned) =
+		(int (*)(struct io_uring *, const struct iovec *, unsigned))uring_next(
+			&next_register_buffers, "io_uring_register_buffers");
+
+	if (iovecs_paged(iov, n))
+		return uring_refused();
+	return next ? next(ring, iov, n) : -ENOSYS;
+}
+
+EXPORT int io_uring_register_buffers_tags(struct io_uring *ring, const struct iovec *iov,
+					  const uint64_t *tags, unsigned n)
+{
+	int (*next)(struct io_uring *, const struct iovec *, const uint64_t *, unsigned) =
+		(int (*)(struct io_uring *, const struct iovec *, const uint64_t *, unsigned))uring_next(
+			&next_register_buffers_tags, "io_uring_register_buffers_tags");
+
+	if (iovecs_paged(iov, n))
+		return uring_refused();
+	return next ? next(ring, iov, tags, n) : -ENOSYS;
+}
+
+EXPORT int io_uring_register_buffers_update_tag(struct io_uring *ring, unsigned off, const struct iovec *iov,
+						const uint64_t *tags, unsigned n)
+{
+	int (*next)(struct io_uring *, unsigned, const struct iovec *, const uint64_t *, unsigned) =
+		(int (*)(struct io_uring *, unsigned, const struct iovec *, const uint64_t *, unsigned))uring_next(
+			&next_update_tag, "io_uring_register_buffers_update_tag");
+
+	if (iovecs_paged(iov, n))
+		return uring_refused();
+	return next ? next(ring, off, iov, tags, n) : -ENOSYS;
+}
+
+/*
+ * liburing's raw io_uring_register(2), for the opcodes that register buffers:
+ * IORING_REGISTER_BUFFERS (0: an iovec array), _BUFFERS2 (15: struct
+ * io_uring_rsrc_register) and _BUFFERS_UPDATE (16: struct io_uring_rsrc_update2).
+ */
+EXPORT int io_uring_register(unsigned fd, unsigned opcode, const void *arg, unsigned nr)
+{
+	int (*next)(unsigned, unsigned, const void *, unsigned) =
+		(int (*)(unsigned, unsigned, const void *, unsigned))uring_next(&next_register, "io_uring_register");
+	const struct iovec *iov = NULL;
+	unsigned n = 0;
+
+	if (arg && opcode == 0) {
+		iov = arg;
+		n = nr;
+	} else if (arg && opcode == 15) {
+		const struct { uint32_t nr, flags; uint64_t resv2, data, tags; } *r = arg;
+		iov = (const struct iovec *)(uintptr_t)r->data;
+		n = r->nr;
+	} else if (arg && opcode == 16) {
+		const struct { uint32_t offset, resv; uint64_t data, tags; uint32_t nr, resv2; } *u = arg;
+		iov = (const struct iovec *)(uintptr_t)u->data;
+		n = u->nr;
+	}
+	if (iovecs_paged(iov, n))
+		return uring_refused();
+	return next ? next(fd, opcode, arg, nr) : -ENOSYS;
+}
+
 /* --- big malloc blocks ------------------------------------------------------ */
 
 static int big_find(const void *p)
@@ -233,9 +706,19 @@ static int big_find(const void *p)
 	return -1;
 }
 
-static void *big_alloc(size_t n)
+/* Larger alignments than this are left to the program's allocator. */
+#define BIG_MAX_ALIGN (1ul << 30)
+
+/*
+ * A block of its own mapping, aligned to align (a power of two): an aligned
+ * one is cut out of a larger mapping (memcached -L asks for its whole cache
+ * at 2 MiB alignment for huge pages).
+ */
+static void *big_alloc(size_t n, size_t align)
 {
 	size_t len = (n + PAGE - 1) & ~(size_t)(PAGE - 1);
+	size_t extra = align > PAGE ? align - PAGE : 0;
+	uintptr_t a;
 	void *p;
 
 	pthread_mutex_lock(&big_lock);
@@ -243,11 +726,17 @@ static void *big_alloc(size_t n)
 		pthread_mutex_unlock(&big_lock);
 		return NULL;
 	}
-	p = sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	p = sys_mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if ((long)p < 0 && (long)p > -4096) {
 		pthread_mutex_unlock(&big_lock);
 		return NULL;
 	}
+	a = ((uintptr_t)p + extra) & ~(uintptr_t)(align > PAGE ? align - 1 : PAGE - 1);
+	if (a > (uintptr_t)p)
+		syscall(SYS_munmap, p, a - (uintptr_t)p);
+	if ((uintptr_t)p + len + extra > a + len)
+		syscall(SYS_munmap, a + len, (uintptr_t)p + len + extra - (a + len));
+	p = (void *)a;
 	big[atomic_load(&nbig)].addr = (uintptr_t)p;
 	big[atomic_load(&nbig)].len = len;
 	atomic_fetch_add(&nbig, 1);
@@ -295,20 +784,22 @@ static size_t big_len(const void *p)
 	return len;
 }
 
+/* A block the shim maps itself: a big one, when the program's allocator is glibc's. */
 static int use_big(size_t n)
 {
-	return !in_farmem && n >= cfg.threshold && atomic_load(&state) != 4 &&
-	       cfg.threshold;
+	return hooks_on() && n >= cfg.threshold && app_alloc()->glibc;
 }
 
 EXPORT void *malloc(size_t n)
 {
+	if (in_farmem)
+		return arena_alloc(n, 16);
 	if (use_big(n)) {
-		void *p = big_alloc(n);
+		void *p = big_alloc(n, PAGE);
 		if (p)
 			return p;
 	}
-	return __libc_malloc(n);
+	return app_alloc()->malloc(n);
 }
 
 EXPORT void *calloc(size_t a, size_t b)
@@ -318,25 +809,40 @@ EXPORT void *calloc(size_t a, size_t b)
 		errno = ENOMEM;
 		return NULL;
 	}
+	if (in_farmem) {
+		void *p = arena_alloc(n, 16);
+		if (p)
+			memset(p, 0, n); /* a block may come back from the free list */
+		return p;
+	}
 	if (use_big(n)) {
-		void *p = big_alloc(n); /* fresh anonymous memory is zero */
+		void *p = big_alloc(n, PAGE); /* fresh anonymous memory is zero */
 		if (p)
 			return p;
 	}
-	return __libc_calloc(a, b);
+	return app_alloc()->calloc(a, b);
 }
 
 EXPORT void free(void *p)
 {
-	if (!big_free(p))
-		__libc_free(p);
+	if (!p)
+		return;
+	if (arena_owns(p))
+		arena_free(p);
+	else if (!big_free(p))
+		app_alloc()->free(p);
 }
 
 EXPORT void *realloc(void *p, size_t n)
 {
-	size_t old = p ? big_len(p) : 0;
+	size_t old;
 	void *q;
 
+	if (arena_owns(p))
+		return arena_realloc(p, n);
+	if (!p && in_farmem)
+		return arena_alloc(n, 16);
+	old = p ? big_len(p) : 0;
 	if (old) {
 		if (n <= old && n >= cfg.threshold)
 			return p;
@@ -349,36 +855,48 @@ EXPORT void *realloc(void *p, size_t n)
 	}
 	if (p && use_big(n)) {
 		size_t have = malloc_usable_size(p);
-		q = big_alloc(n);
+		q = big_alloc(n, PAGE);
 		if (q) {
 			memcpy(q, p, have < n ? have : n);
-			__libc_free(p);
+			app_alloc()->free(p);
 			return q;
 		}
 	}
-	return __libc_realloc(p, n);
+	return app_alloc()->realloc(p, n);
 }
 
 EXPORT void *memalign(size_t align, size_t n)
 {
-	if (align <= PAGE && use_big(n)) {
-		void *p = big_alloc(n);
+	if (in_farmem)
+		return arena_alloc(n, align);
+	if (align <= BIG_MAX_ALIGN && use_big(n)) {
+		void *p = big_alloc(n, align);
 		if (p)
 			return p;
 	}
-	return __libc_memalign(align, n);
+	return app_aligned(app_alloc(), align, n);
 }
 
 EXPORT void *aligned_alloc(size_t align, size_t n)
 {
-	return memalign(align, n);
+	const struct app_alloc *a;
+
+	if (in_farmem || (align <= BIG_MAX_ALIGN && use_big(n)))
+		return memalign(align, n);
+	a = app_alloc();
+	return a->aligned_alloc ? a->aligned_alloc(align, n) : app_aligned(a, align, n);
 }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n)
 {
+	const struct app_alloc *a;
 	void *p;
+
 	if (align < sizeof(void *) || (align & (align - 1)))
 		return EINVAL;
+	a = in_farmem ? NULL : app_alloc();
+	if (a && a->posix_memalign && !(align <= BIG_MAX_ALIGN && use_big(n)))
+		return a->posix_memalign(out, align, n);
 	p = memalign(align, n);
 	if (!p)
 		return ENOMEM;
@@ -388,18 +906,24 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n)
 
 EXPORT void *valloc(size_t n)
 {
-	return memalign(PAGE, n);
+	const struct app_alloc *a;
+
+	if (in_farmem || use_big(n))
+		return memalign(PAGE, n);
+	a = app_alloc();
+	return a->valloc ? a->valloc(n) : app_aligned(a, PAGE, n);
 }
 
 EXPORT size_t malloc_usable_size(void *p)
 {
-	static size_t (*next)(void *);
-	size_t len = p ? big_len(p) : 0;
+	size_t len;
 
+	if (!p)
+		return 0;
+	if (arena_owns(p))
+		return arena_size(p);
+	len = big_len(p);
 	if (len)
 		return len;
-	/* glibc has no __libc_ alias for this one; dlsym's own allocations are small. */
-	if (!next)
-		next = (size_t (*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
-	return next ? next(p) : 0;
+	return app_alloc()->usable ? app_alloc()->usable(p) : 0;
 }

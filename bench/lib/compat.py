@@ -1,0 +1,630 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The compatibility matrix's workloads (issue 19, docs/compatibility.md): programs from Debian's
+packages, each loaded with its own client where it has one and checked byte for byte.
+
+tests/test_compat.py runs them on small data under `farmem run --local 25%`; bench/bench_compat.py
+runs them on large data under `farmem run` and under Linux swap at the same budget
+(`farmem run --mode kswap`), and with no limit at all.
+
+Every workload takes a Launch (how to start a program: which mode, which budget) and a work
+directory, returns a dict of figures, and raises Failed with the reason when a result is wrong.
+Servers listen on Unix sockets in the work directory, so runs never collide. Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = "/usr/bin/python3"  # Debian's, with Debian's python3-numpy
+
+
+class Failed(AssertionError):
+    """A workload's result is wrong, or it could not run; the message says which."""
+
+
+@dataclass
+class Launch:
+    """How to start a program: mode 'farmem' (the pager), 'kswap' (Linux swap under a memory
+    cgroup, `farmem run --mode kswap`) or 'local' (no limit); --local and --threshold as given."""
+    mode: str = "farmem"
+    local: str = "25%"
+    threshold: str | None = None
+    extra: list = field(default_factory=list)
+    farmem: list = field(default_factory=lambda: [str(REPO / "farmem")])
+
+    def argv(self, cmd: list, summary: Path | None) -> list:
+        cmd = [str(c) for c in cmd]
+        if self.mode == "local":
+            return cmd
+        argv = [*self.farmem, "run"]
+        if self.mode == "kswap":
+            argv += ["--mode", "kswap"]
+        argv += ["--local", self.local]
+        if self.threshold:
+            argv += ["--threshold", str(self.threshold)]
+        if summary:
+            argv += ["--summary-json", str(summary)]
+        return argv + [*self.extra, "--", *cmd]
+
+
+def read_summary(path: Path | None) -> dict | None:
+    return json.loads(path.read_text()) if path and path.exists() else None
+
+
+def run(launch: Launch, cmd: list, workdir: Path, name: str, timeout: float = 1800, **kw) -> tuple:
+    """Run a program to completion: (CompletedProcess, summary or None, seconds)."""
+    summary = workdir / f"{name}-summary.json"
+    t0 = time.monotonic()
+    r = subprocess.run(launch.argv(cmd, summary), capture_output=True, text=True, timeout=timeout,
+                       cwd=workdir, **kw)
+    return r, read_summary(summary), time.monotonic() - t0
+
+
+class Server:
+    """A server under a Launch, up once its Unix socket accepts; stop() ends it and returns
+    (exit status, summary). Its output goes to WORKDIR/NAME.log."""
+
+    def __init__(self, launch: Launch, cmd: list, workdir: Path, name: str, sock: Path):
+        self.summary = workdir / f"{name}-summary.json"
+        self.log = workdir / f"{name}.log"
+        self.sock = sock
+        self.name = name
+        # kswap mode waits for bench/lib/swap.py's machine-wide lock while another run holds it
+        self.start_timeout = 1800 if launch.mode == "kswap" else 60
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(launch.argv(cmd, self.summary), stdout=out, stderr=subprocess.STDOUT,
+                                         cwd=workdir, start_new_session=True)
+        self.t0 = time.monotonic()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        timeout = timeout or self.start_timeout
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise Failed(f"{self.name} exited with status {self.proc.returncode} before it was ready:\n"
+                             f"{self.output()}")
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(self.sock))
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise Failed(f"{self.name} did not listen on {self.sock} within {timeout:.0f} s:\n{self.output()}")
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text()[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self, how=None, timeout: float = 120) -> tuple:
+        """how(): asks the server to exit (else SIGTERM, which farmem run forwards)."""
+        if self.proc.poll() is None:
+            try:
+                if how:
+                    how()
+                else:
+                    self.proc.send_signal(signal.SIGTERM)
+            except OSError:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise Failed(f"{self.name} did not exit within {timeout:.0f} s:\n{self.output()}")
+        self.seconds = time.monotonic() - self.t0
+        return self.proc.returncode, read_summary(self.summary)
+
+    def kill(self, grace: float = 30) -> None:
+        """SIGTERM first: farmem run forwards it and then tears down what it set up (kswap mode's
+        cgroup and zram, which a SIGKILL would leave behind); SIGKILL after grace seconds."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+                return
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def value(i: int, mean: int) -> bytes:
+    """Key i's value: mean/2 to 3*mean/2 bytes, a pattern of its own (a page of another key's
+    bytes never passes for it)."""
+    seed = hashlib.blake2b(i.to_bytes(8, "little"), digest_size=32).digest()
+    size = mean // 2 + (i * 7919) % mean
+    return (seed * (size // 32 + 1))[:size]
+
+
+def need(*programs: str) -> None:
+    import shutil
+    missing = [p for p in programs if not shutil.which(p)]
+    if missing:
+        raise Failed(f"not installed: {', '.join(missing)} (make deps: tools/deps.sh)")
+
+
+# --- Redis ----------------------------------------------------------------------------------------
+
+class UnixClient:
+    """A connection to a server's Unix socket, read line by line."""
+
+    def __init__(self, path: Path, timeout: float = 300):
+        self.s = socket.socket(socket.AF_UNIX)
+        self.s.settimeout(timeout)
+        self.s.connect(str(path))
+        self.f = self.s.makefile("rb")
+
+    def close(self) -> None:
+        self.f.close()
+        self.s.close()
+
+
+class Resp(UnixClient):
+    """A Redis client: RESP2, pipelined."""
+
+    @staticmethod
+    def encode(*args) -> bytes:
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        return b"".join(out)
+
+    def reply(self):
+        line = self.f.readline()
+        if not line:
+            raise Failed("redis closed the connection")
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise Failed(f"redis: {rest.decode()}")
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self.f.read(n + 2)[:-2]
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.reply() for _ in range(n)]
+        raise Failed(f"redis: unexpected reply {line[:80]!r}")
+
+    def call(self, *args):
+        self.s.sendall(self.encode(*args))
+        return self.reply()
+
+    def pipeline(self, cmds: list) -> list:
+        self.s.sendall(b"".join(self.encode(*c) for c in cmds))
+        return [self.reply() for _ in cmds]
+
+    def info(self, section: str) -> dict:
+        text = self.call("INFO", section).decode()
+        return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+    def scan(self, pattern: str) -> list:
+        cursor, keys = b"0", []
+        while True:
+            cursor, batch = self.call("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+            keys += batch
+            if cursor == b"0":
+                return keys
+
+
+def redis_load(r: Resp, keys: int, mean: int, prefix: str = "fm", gen=value) -> None:
+    for lo in range(0, keys, 1000):
+        cmds = [("SET", f"{prefix}:{i}", gen(i, mean)) for i in range(lo, min(lo + 1000, keys))]
+        if r.pipeline(cmds) != ["OK"] * len(cmds):
+            raise Failed("redis: a SET did not answer OK")
+
+
+def redis_check(r: Resp, keys: int, mean: int, prefix: str = "fm", gen=value, what: str = "redis") -> None:
+    bad = []
+    for lo in range(0, keys, 1000):
+        idx = range(lo, min(lo + 1000, keys))
+        got = r.call("MGET", *[f"{prefix}:{i}" for i in idx])
+        bad += [i for i, v in zip(idx, got) if v != gen(i, mean)]
+    if bad:
+        raise Failed(f"{what}: {len(bad)} of {keys} values wrong or missing, e.g. {prefix}:{bad[0]}")
+
+
+def redis_server_argv(sock: Path, workdir: Path) -> list:
+    return ["redis-server", "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no",
+            "--dir", workdir, "--dbfilename", "dump.rdb", "--loglevel", "warning", "--daemonize", "no"]
+
+
+def redis_benchmark(sock: Path, requests: int, keyspace: int, size: int, tests: str) -> dict:
+    """redis-benchmark, pipelined; its requests per second for each test."""
+    r = subprocess.run(["redis-benchmark", "-s", str(sock), "-q", "--csv", "-t", tests, "-n", str(requests),
+                        "-r", str(keyspace), "-d", str(size), "-P", "16", "-c", "8"],
+                       capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        raise Failed(f"redis-benchmark exited with {r.returncode}: {r.stderr[-2000:]}")
+    rps = {}
+    for line in r.stdout.splitlines():
+        cols = [c.strip('"') for c in line.split(",")]
+        if len(cols) >= 2 and cols[0] != "test":
+            rps[cols[0]] = float(cols[1])
+    want = {t.upper() for t in tests.split(",")}
+    if not want <= set(rps) or not all(v > 0 for v in rps.values()):
+        raise Failed(f"redis-benchmark did not report every test: {r.stdout[-2000:]}")
+    return rps
+
+
+def redis(launch: Launch, workdir: Path, keys: int = 60000, mean: int = 1000, requests: int = 100000,
+          keyspace: int = 50000, bench_size: int = 600) -> dict:
+    """Redis (jemalloc) loaded with our keys, then with redis-benchmark (SET, GET, LPUSH, INCR),
+    then everything read back: our keys byte for byte, the benchmark's keys and list equal to its
+    payload, its counters adding up to its INCR count."""
+    need("redis-server", "redis-benchmark")
+    sock = workdir / "redis.sock"
+    srv = Server(launch, redis_server_argv(sock, workdir), workdir, "redis", sock)
+    try:
+        srv.wait_ready()
+        r = Resp(sock)
+        t0 = time.monotonic()
+        redis_load(r, keys, mean)
+        load_s = time.monotonic() - t0
+        rps = redis_benchmark(sock, requests, keyspace, bench_size, "set,get,lpush,incr")
+        t0 = time.monotonic()
+        redis_check(r, keys, mean)
+        bkeys = r.scan("key:*")
+        if not bkeys:
+            raise Failed("redis: the benchmark's keys are missing")
+        payload = r.call("GET", bkeys[0])
+        if payload is None or len(payload) != bench_size:
+            raise Failed(f"redis: the benchmark's payload is {payload!r:.80}")
+        for lo in range(0, len(bkeys), 1000):
+            got = r.call("MGET", *bkeys[lo:lo + 1000])
+            if any(v != payload for v in got):
+                raise Failed("redis: a benchmark key does not hold the benchmark's payload")
+        if r.call("LLEN", "mylist") != requests:
+            raise Failed(f"redis: mylist has {r.call('LLEN', 'mylist')} elements, not {requests}")
+        for lo in range(0, requests, 10000):
+            if any(v != payload for v in r.call("LRANGE", "mylist", lo, lo + 9999)):
+                raise Failed("redis: a mylist element does not hold the benchmark's payload")
+        counters = r.scan("counter:*")
+        total = sum(int(v) for lo in range(0, len(counters), 1000)
+                    for v in r.call("MGET", *counters[lo:lo + 1000]))
+        if total != requests:
+            raise Failed(f"redis: the INCR counters add up to {total}, not {requests}")
+        check_s = time.monotonic() - t0
+        used = int(r.info("memory")["used_memory"])
+        r.close()
+        status, summary = srv.stop(lambda: Resp(sock).s.sendall(Resp.encode("SHUTDOWN", "NOSAVE")))
+        if status != 0:
+            raise Failed(f"redis-server exited with {status}:\n{srv.output()}")
+        return {"rps": rps, "load_s": round(load_s, 2), "check_s": round(check_s, 2),
+                "used_memory": used, "summary": summary, "seconds": round(srv.seconds, 2)}
+    finally:
+        srv.kill()
+
+
+def value2(i: int, mean: int) -> bytes:
+    """The values that overwrite the first keys while a snapshot is being written."""
+    return value(i + (1 << 40), mean)
+
+
+def redis_bgsave(launch: Launch, workdir: Path, keys: int = 60000, mean: int = 1000) -> dict:
+    """BGSAVE forks; the child writes the data set as it was at fork while the parent goes on
+    (it overwrites keys meanwhile). A second redis-server, not paged, loads the snapshot: every
+    value must be the one from before the overwrite, and the parent must hold the new ones."""
+    need("redis-server")
+    sock = workdir / "redis.sock"
+    rdb = workdir / "dump.rdb"
+    rdb.unlink(missing_ok=True)
+    srv = Server(launch, redis_server_argv(sock, workdir), workdir, "redis-bgsave", sock)
+    try:
+        srv.wait_ready()
+        r = Resp(sock)
+        redis_load(r, keys, mean)
+        over = min(keys, 5000)
+        t0 = time.monotonic()
+        if r.call("BGSAVE") != "Background saving started":
+            raise Failed("redis: BGSAVE did not start")
+        redis_load(r, over, mean, gen=value2)  # while the child writes
+        while r.info("persistence")["rdb_bgsave_in_progress"] != "0":
+            if time.monotonic() - t0 > 600:
+                raise Failed("redis: BGSAVE still running after 600 s")
+            time.sleep(0.1)
+        save_s = time.monotonic() - t0
+        status = r.info("persistence")["rdb_last_bgsave_status"]
+        if status != "ok":
+            log = srv.output()
+            why = next((line for line in log.splitlines() if "terminated by signal" in line), log[-500:])
+            raise Failed(f"redis: BGSAVE failed ({status}): {why.strip()}")
+        redis_check(r, over, mean, gen=value2, what="redis (parent after BGSAVE)")
+        r.close()
+        st, summary = srv.stop(lambda: Resp(sock).s.sendall(Resp.encode("SHUTDOWN", "NOSAVE")))
+        if st != 0:
+            raise Failed(f"redis-server exited with {st}:\n{srv.output()}")
+    finally:
+        srv.kill()
+    # The snapshot, read by a redis-server that farmem does not page.
+    sock2 = workdir / "redis-check.sock"
+    chk = Server(Launch(mode="local"), redis_server_argv(sock2, workdir), workdir, "redis-check", sock2)
+    try:
+        chk.wait_ready()
+        r = Resp(sock2)
+        t0 = time.monotonic()
+        while r.info("persistence").get("loading") != "0":  # it answers LOADING until then
+            if time.monotonic() - t0 > 600:
+                raise Failed("redis: the snapshot is still loading after 600 s")
+            time.sleep(0.1)
+        if r.call("DBSIZE") != keys:
+            raise Failed(f"redis: the snapshot holds {r.call('DBSIZE')} keys, not {keys}")
+        redis_check(r, keys, mean, what="redis (snapshot)")
+        r.close()
+        chk.stop(lambda: Resp(sock2).s.sendall(Resp.encode("SHUTDOWN", "NOSAVE")))
+    finally:
+        chk.kill()
+    return {"save_s": round(save_s, 2), "rdb_bytes": rdb.stat().st_size, "summary": summary}
+
+
+# --- memcached ------------------------------------------------------------------------------------
+
+class Memcache(UnixClient):
+    """memcached's text protocol."""
+
+    def set_many(self, items: list) -> None:
+        self.s.sendall(b"".join(b"set %s 0 0 %d\r\n%s\r\n" % (k, len(v), v) for k, v in items))
+        for k, _ in items:
+            line = self.f.readline()
+            if line != b"STORED\r\n":
+                raise Failed(f"memcached: set {k.decode()} answered {line!r}")
+
+    def get_many(self, keys: list) -> dict:
+        self.s.sendall(b"get " + b" ".join(keys) + b"\r\n")
+        got = {}
+        while True:
+            line = self.f.readline()
+            if line == b"END\r\n":
+                return got
+            parts = line.split()
+            if len(parts) != 4 or parts[0] != b"VALUE":
+                raise Failed(f"memcached: unexpected reply {line[:80]!r}")
+            got[parts[1]] = self.f.read(int(parts[3]) + 2)[:-2]
+
+    def stats(self) -> dict:
+        self.s.sendall(b"stats\r\n")
+        out = {}
+        while (line := self.f.readline()) != b"END\r\n":
+            _, k, v = line.decode().split(None, 2)
+            out[k] = v.strip()
+        return out
+
+
+def memslap(sock: Path, test: str, requests: int, threads: int = 2) -> float:
+    """memcslap (libmemcached-tools): seconds for requests x threads of test."""
+    r = subprocess.run(["memcslap", "--servers", str(sock), "--test", test, "--execute-number", str(requests),
+                        "--concurrency", str(threads)], capture_output=True, text=True, timeout=3600)
+    line = next((x for x in r.stdout.splitlines() if x.startswith(f"Time to {test}")), None)
+    if r.returncode != 0 or line is None:
+        raise Failed(f"memcslap --test {test} failed ({r.returncode}): {r.stdout[-1000:]}{r.stderr[-1000:]}")
+    return float(line.split(":")[-1].split()[0])
+
+
+def memcached(launch: Launch, workdir: Path, megabytes: int = 256, items: int = 40000, mean: int = 1000,
+              slap: int = 20000) -> dict:
+    """memcached with its whole cache preallocated (-L: one big aligned block, which farmem
+    pages), loaded by memcslap (set, then get) and with our items; every item read back."""
+    need("memcached", "memcslap")
+    sock = workdir / "memcached.sock"
+    cmd = ["memcached", "-m", megabytes, "-L", "-s", sock, "-t", 2, "-c", 256]
+    if os.geteuid() == 0:
+        cmd += ["-u", "root"]
+    srv = Server(launch, cmd, workdir, "memcached", sock)
+    try:
+        srv.wait_ready()
+        set_s = memslap(sock, "set", slap)
+        m = Memcache(sock)
+        keys = [b"fm:%d" % i for i in range(items)]
+        for lo in range(0, items, 500):
+            m.set_many([(keys[i], value(i, mean)) for i in range(lo, min(lo + 500, items))])
+        get_s = memslap(sock, "get", slap)
+        missing, wrong = 0, []
+        for lo in range(0, items, 100):
+            got = m.get_many(keys[lo:lo + 100])
+            for i in range(lo, min(lo + 100, items)):
+                v = got.get(keys[i])
+                if v is None:
+                    missing += 1
+                elif v != value(i, mean):
+                    wrong.append(i)
+        stats = m.stats()
+        m.close()
+        if wrong:
+            raise Failed(f"memcached: {len(wrong)} of {items} values wrong, e.g. fm:{wrong[0]}")
+        if missing:
+            raise Failed(f"memcached: {missing} of {items} items missing ({stats.get('evictions')} evictions by "
+                         f"memcached's LRU: give it more than -m {megabytes})")
+        status, summary = srv.stop()
+        if status != 0:
+            raise Failed(f"memcached exited with {status}:\n{srv.output()}")
+        return {"memcslap_set_s": set_s, "memcslap_get_s": get_s, "items": int(stats["curr_items"]),
+                "summary": summary, "seconds": round(srv.seconds, 2)}
+    finally:
+        srv.kill()
+
+
+# --- Python and NumPy -----------------------------------------------------------------------------
+
+NUMPY = r"""
+import os, subprocess, sys
+import numpy as np
+n = (int(sys.argv[1]) << 20) // 8
+a = np.arange(n, dtype=np.int64)
+assert n % 7919, "n must be prime to 7919"
+p = (a * 7919) % n  # a permutation, made in one streaming pass (a shuffle would thrash any pager)
+s = np.sort(p)
+c = a.astype(np.float64) * 0.5
+m = np.arange(1 << 20, dtype=np.float64).reshape(1024, 1024) % 7
+checks = {
+    "sum": int(a.sum()) == n * (n - 1) // 2,
+    "permutation": int(p.sum()) == n * (n - 1) // 2,
+    "sort": bool(np.array_equal(s, a)),
+    "float sum": float(c.sum()) == n * (n - 1) / 4,
+    "matmul": bool(np.array_equal(m @ np.eye(1024), m)),
+}
+CH = 1 << 20
+checks["a intact"] = all(np.array_equal(a[i:i + CH], np.arange(i, min(i + CH, n), dtype=np.int64))
+                         for i in range(0, n, CH))
+# A paged process starts others: fork+exec, and a fork whose child touches nothing paged.
+checks["spawn"] = subprocess.run(["/bin/true"]).returncode == 0
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+checks["fork, exit"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+bad = [k for k, ok in checks.items() if not ok]
+print("numpy ok" if not bad else "numpy FAILED: " + ", ".join(bad))
+sys.exit(1 if bad else 0)
+"""
+
+POOL = r"""
+import multiprocessing as mp, sys
+import numpy as np
+n = (int(sys.argv[1]) << 20) // 8
+timeout = float(sys.argv[2])
+CH = 1 << 20
+arr = None
+
+def work(rng):
+    lo, hi = rng
+    return lo, bool(np.array_equal(arr[lo:hi], np.arange(lo, hi, dtype=np.int64) * 3 + 1))
+
+if __name__ == "__main__":
+    arr = np.arange(n, dtype=np.int64) * 3 + 1
+    other = np.ones(n, dtype=np.int64)  # pushes part of arr out before the fork
+    pool = mp.get_context("fork").Pool(2)
+    arr *= -1  # after the fork: the workers must see arr as it was at fork
+    other[:] = 2
+    try:
+        res = pool.map_async(work, [(i, min(i + CH, n)) for i in range(0, n, CH)]).get(timeout)
+    except mp.TimeoutError:
+        print(f"pool FAILED: no result within {timeout:.0f} s (a worker died)")
+        pool.terminate()
+        sys.exit(1)
+    pool.close()
+    pool.join()
+    bad = [lo for lo, ok in res if not ok]
+    parent = bool(np.array_equal(arr[:CH], -(np.arange(CH, dtype=np.int64) * 3 + 1))) and int(other.sum()) == 2 * n
+    if bad or not parent:
+        print(f"pool FAILED: {len(bad)} chunks wrong in the workers, parent {'ok' if parent else 'wrong'}")
+        sys.exit(1)
+    print("pool ok")
+"""
+
+
+def _python(launch: Launch, workdir: Path, name: str, script: str, args: list, want: str) -> dict:
+    r, summary, secs = run(launch, [PYTHON, "-c", script, *args], workdir, name)
+    out = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not out or out[-1] != want:
+        raise Failed(f"{name}: exit {r.returncode}: {(out[-1] if out else '')} {r.stderr[-1500:]}")
+    return {"summary": summary, "seconds": round(secs, 2)}
+
+
+def numpy(launch: Launch, workdir: Path, mib: int = 128) -> dict:
+    """NumPy: four arrays of MIB MiB (arange, a permutation, its sort, a float copy) and their
+    checks, then the first array again chunk by chunk; a paged process spawns and forks."""
+    return _python(launch, workdir, "numpy", NUMPY, [mib], "numpy ok")
+
+
+def numpy_pool(launch: Launch, workdir: Path, mib: int = 128, timeout: float = 60) -> dict:
+    """A multiprocessing pool (fork) whose workers read the parent's array, which the parent
+    changes after the fork: the workers must see it as it was at fork."""
+    return _python(launch, workdir, "numpy-pool", POOL, [mib, timeout], "pool ok")
+
+
+# --- SQLite ---------------------------------------------------------------------------------------
+
+SLOT = 4608  # a page-cache slot: the 4 KiB page and SQLite's header
+
+
+def sqlite(launch: Launch, workdir: Path, rows: int = 200000, width: int = 400) -> dict:
+    """The sqlite3 shell with its page cache in one block (-pagecache, which farmem pages) big
+    enough for the whole database: a table and an index built, an integrity check, every row's
+    bytes compared in SQL with the formula that made them, sums, an index range and a second
+    full scan from the cache, all against values computed here."""
+    need("sqlite3")
+    db = workdir / "compat.sqlite"
+    db.unlink(missing_ok=True)
+    pages = rows * (width + 40) // 4096 * 2 + 1000  # the table and its index, with room
+    formula = (f"substr(replace(hex(zeroblob({(width + 7) // 8})), '00', "
+               f"printf('%08x', (x * 2654435761) % 4294967296)), 1, {width})")
+    script = f"""
+.bail on
+PRAGMA cache_size = {pages};
+PRAGMA journal_mode = MEMORY;
+PRAGMA synchronous = OFF;
+CREATE TABLE t(x INTEGER PRIMARY KEY, k INTEGER, v TEXT);
+WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {rows})
+INSERT INTO t SELECT x, (x * 40503) % 1000003, {formula} FROM c;
+CREATE INDEX tk ON t(k);
+SELECT 'integrity', group_concat(integrity_check) FROM pragma_integrity_check;
+SELECT 'sums', count(*), sum(x), sum(k), sum(length(v)) FROM t;
+SELECT 'wrong', count(*) FROM t WHERE v != {formula};
+SELECT 'range', group_concat(x) FROM (SELECT x FROM t WHERE k BETWEEN 1000 AND 3000 ORDER BY x);
+SELECT 'scan', sum(unicode(substr(v, 1 + x % {width}, 1))) FROM t;
+"""
+    r, summary, secs = run(launch, ["sqlite3", "-batch", "-stats", "-pagecache", SLOT, pages, db],
+                           workdir, "sqlite", input=script)
+    if r.returncode != 0:
+        raise Failed(f"sqlite3: exit {r.returncode}: {r.stderr[-1500:]}")
+    got = {}
+    for line in r.stdout.splitlines():
+        key, _, rest = line.partition("|")
+        got.setdefault(key, rest)
+    xs = range(1, rows + 1)
+    want = {
+        "integrity": "ok",
+        "sums": f"{rows}|{rows * (rows + 1) // 2}|{sum((x * 40503) % 1000003 for x in xs)}|{rows * width}",
+        "wrong": "0",
+        "range": ",".join(str(x) for x in xs if 1000 <= (x * 40503) % 1000003 <= 3000),
+        "scan": str(sum(ord(f"{(x * 2654435761) % 2 ** 32:08x}"[x % width % 8]) for x in xs)),
+    }
+    bad = {k: (got.get(k, "")[:80], v[:80]) for k, v in want.items() if got.get(k) != v}
+    if bad:
+        raise Failed(f"sqlite3: wrong results (got, want): {bad}")
+    # -stats: how much of the cache SQLite had to take from malloc instead of the big block
+    overflow = next((line for line in r.stdout.splitlines() if "Pcache Overflow Bytes" in line), "")
+    return {"summary": summary, "seconds": round(secs, 2), "db_bytes": db.stat().st_size,
+            "pcache_overflow": overflow.split(":")[-1].strip()}
+
+
+# --- system calls into paged buffers --------------------------------------------------------------
+
+def sysio(launch: Launch, workdir: Path, mib: int = 32, expect_evicted: int = 90) -> dict:
+    """build/tests/sysio: read, pread, preadv, readv, recv and io_uring reads into evicted
+    buffers, write and send out of them, every byte checked (see tests/progs/sysio.c)."""
+    prog = REPO / "build/tests/sysio"
+    if not prog.exists():
+        raise Failed(f"{prog} is missing: run make")
+    r, summary, secs = run(launch, [prog, "--dir", workdir, "--size", mib, "--expect-evicted", expect_evicted],
+                           workdir, "sysio")
+    lines = r.stdout.splitlines()
+    if r.returncode != 0 or not lines or lines[-1] != "sysio ok":
+        raise Failed(f"sysio: exit {r.returncode}:\n{r.stdout[-2000:]}{r.stderr[-1000:]}")
+    return {"summary": summary, "seconds": round(secs, 2), "methods": lines[:-1]}
+
+
+WORKLOADS = {
+    "redis": redis,
+    "redis-bgsave": redis_bgsave,
+    "memcached": memcached,
+    "numpy": numpy,
+    "numpy-pool": numpy_pool,
+    "sqlite": sqlite,
+    "sysio": sysio,
+}
+
+if __name__ == "__main__":
+    sys.exit("bench/lib/compat.py is a library: run bench/bench_compat.py or tests/test_compat.py")

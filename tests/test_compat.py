@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The compatibility matrix (issue 19, docs/compatibility.md): programs from Debian's packages
+under `farmem run` with a quarter of their paged memory local, each on small data and each
+checking its own results byte for byte. bench/bench_compat.py runs the same programs on large
+data, side by side with Linux swap.
+
+Programs that fork (Redis's BGSAVE, a multiprocessing pool) are written as they should pass: the
+child sees every byte of the parent's paged memory as it was at fork. They are strict xfails
+until farmem supports fork (paged ranges are MADV_DONTFORK, so a child that touches one dies of
+SIGSEGV), and flip to failures the day it does.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.memd, pytest.mark.pager]
+
+FORK_XFAIL = pytest.mark.xfail(
+    strict=True, reason="fork: paged ranges are MADV_DONTFORK, a child that reads one dies of SIGSEGV "
+                        "(issue 19, fork support)")
+
+
+@pytest.fixture(scope="module")
+def shim(built):
+    built("build/lib/libfarmem_preload.so")
+    built("build/bin/farmem-memd")
+
+
+def farmem_run(farmem_cmd, summary, *args, timeout=600, **kw):
+    """`farmem run --summary-json summary ARGS` to completion; (CompletedProcess, summary dict)."""
+    r = subprocess.run([*farmem_cmd, "run", "--summary-json", str(summary), *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout, **kw)
+    return r, (json.loads(summary.read_text()) if summary.exists() else None)
+
+
+def assert_paged(s, what):
+    """The run really paged: pages left for memd and came back."""
+    assert s is not None, f"{what}: no summary"
+    assert s["processes"] >= 1, f"{what}: no pager started: {s}"
+    assert s["evictions"] > 0 and s["remote_reads"] > 0, f"{what}: nothing left the process: {s}"
+    assert s["crc_errors"] == 0 and s["transport_errors"] == 0, s
+
+
+# --- the shim under a program with its own allocator -------------------------------------------
+
+def test_jemalloc_program_starts_and_keeps_its_allocator(shim, built, tmp_path, farmem_cmd):
+    """Linked with Debian's libjemalloc, whose constructor maps memory before the shim's runs:
+    the program starts, jemalloc serves its blocks (farmem allocates nothing through it), and
+    every byte survives paging while four threads churn blocks of every size."""
+    prog = built("build/tests/jemalloc_prog")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "25%", "--threshold", "1M", "--",
+                      prog, "--size", 128, "--threads", 4, "--rounds", 2, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "jemalloc ok", r.stdout + r.stderr
+    assert_paged(s, "jemalloc_prog")
+
+
+# --- system calls into and out of evicted paged memory -----------------------------------------
+
+def test_syscalls_into_evicted_buffers(shim, built, tmp_path, farmem_cmd):
+    """read, pread, preadv, readv, recv, io_uring READ/READV/RECV into buffers that were evicted
+    just before each call (the program checks with mincore), write and send out of them, at odd
+    offsets that leave partly written pages: every byte checked. io_uring fixed buffers are paged
+    memory's one refusal: the kernel writes them behind the pager's back."""
+    prog = built("build/tests/sysio")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "25%", "--threshold", "8M", "--",
+                      prog, "--dir", tmp_path, "--size", 32, "--expect-evicted", 90, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "sysio ok", r.stdout
+    for method in ("read", "pread", "preadv", "readv (8 iovecs a call)", "recv", "io_uring READ",
+                   "io_uring READV", "io_uring RECV", "write", "send"):
+        assert any(line.startswith(f"{method}: ok (evicted") for line in lines), (method, r.stdout)
+    assert "io_uring READ_FIXED: registration refused (Operation not supported)" in lines, r.stdout
+    assert "io_uring buffer registration refused: the buffer is paged by farmem" in r.stderr
+    assert_paged(s, "sysio")
+
+
+def test_memory_locking_is_refused_not_run_on(shim, tmp_path, farmem_cmd):
+    """mlockall, and mlock of paged memory, fail as under a low RLIMIT_MEMLOCK, with farmem's
+    warning: the kernel cannot drop a locked page, and MCL_FUTURE would fault in every later
+    mapping whole. The program goes on, paged and correct."""
+    script = r"""
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+n = 128 << 20
+m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for off in range(0, n, 4096):
+    m[off] = (off >> 12) % 251
+rc_all = libc.mlockall(3)  # MCL_CURRENT | MCL_FUTURE
+err_all = ctypes.get_errno()
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+rc_one = libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(1 << 20))
+err_one = ctypes.get_errno()
+bad = sum(m[off] != (off >> 12) % 251 for off in range(0, n, 4096))
+print(rc_all, os.strerror(err_all), rc_one, os.strerror(err_one), bad)
+"""
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--", "/usr/bin/python3", "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["-1", "Operation", "not", "permitted", "-1", "Resource", "temporarily",
+                                "unavailable", "0"], r.stdout
+    assert "mlockall refused: this program's memory is paged by farmem" in r.stderr
+    assert "mlock of paged memory refused" in r.stderr
+    assert_paged(s, "python3 (mlock)")
+
+
+# --- the matrix: programs from Debian's packages, small data ------------------------------------
+# bench/lib/compat.py has the workloads (shared with bench/bench_compat.py, which runs them on large
+# data beside Linux swap); each raises compat.Failed with the reason when a result is wrong.
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "lib"))
+import compat  # noqa: E402
+
+
+def farmem(**kw):
+    return compat.Launch(mode="farmem", local="25%", **kw)
+
+
+def test_redis_with_its_benchmark(shim, tmp_path):
+    """Redis (Debian's, on jemalloc) loaded by redis-benchmark and with our keys; all read back.
+    jemalloc grows its heap in mappings from 2 MiB up: a 4M threshold pages a small data set."""
+    got = compat.redis(farmem(threshold="4M"), tmp_path, keys=40000, requests=60000, keyspace=30000)
+    assert_paged(got["summary"], "redis-server")
+
+
+@FORK_XFAIL
+def test_redis_bgsave_snapshot(shim, tmp_path):
+    """BGSAVE's child writes the data set as it was at fork while the parent overwrites keys; a
+    second, unpaged redis-server loads the snapshot and every value is checked."""
+    got = compat.redis_bgsave(farmem(threshold="4M"), tmp_path, keys=40000)
+    assert_paged(got["summary"], "redis-server")
+
+
+def test_memcached_with_memcslap(shim, tmp_path):
+    """memcached -L (its cache in one aligned block) loaded by memcslap and with our items."""
+    got = compat.memcached(farmem(), tmp_path, megabytes=192, items=30000, slap=15000)
+    assert_paged(got["summary"], "memcached")
+
+
+def test_python_numpy(shim, tmp_path):
+    """NumPy arrays, sorted, summed, multiplied and checked; the paged interpreter spawns and forks
+    (the children touch nothing paged)."""
+    got = compat.numpy(farmem(), tmp_path, mib=96)
+    assert_paged(got["summary"], "python3 (numpy)")
+
+
+@FORK_XFAIL
+def test_python_multiprocessing_pool_reads_parent_array(shim, tmp_path):
+    got = compat.numpy_pool(farmem(), tmp_path, mib=96, timeout=30)
+    assert_paged(got["summary"], "python3 (pool)")
+
+
+def test_sqlite_with_paged_page_cache(shim, tmp_path):
+    """The sqlite3 shell with its page cache in one paged block: integrity check and queries."""
+    got = compat.sqlite(farmem(), tmp_path, rows=150000)
+    assert_paged(got["summary"], "sqlite3")
