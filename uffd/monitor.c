@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -41,6 +42,7 @@ static pid_t fault_tid(void)
 }
 static pthread_mutex_t sig_lock = PTHREAD_MUTEX_INITIALIZER;
 static int sig_installed;
+static atomic_int sig_inside;          /* threads inside on_sigbus: a pager is freed only when none is */
 static struct sigaction chained;       /* what ran for SIGBUS before us, or the program's since */
 
 /* A SIGBUS that is not ours: what the program (or the default) would have done. */
@@ -72,6 +74,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *ucv)
 	int saved = errno;
 	uintptr_t a = (uintptr_t)si->si_addr;
 
+	atomic_fetch_add(&sig_inside, 1);
 	if (si->si_code == BUS_ADRERR) {
 		for (int k = 0; k < MAX_SIG_PAGERS; k++) {
 			struct fm_pager *p = atomic_load(&sig_pagers[k]);
@@ -91,11 +94,13 @@ static void on_sigbus(int sig, siginfo_t *si, void *ucv)
 			f.kind = FM_FAULT_GUESS;
 #endif
 			if (fm_fault(p, &f) == 0 || fm_region_gone_recently(p, a)) {
+				atomic_fetch_sub(&sig_inside, 1);
 				errno = saved;
 				return;
 			}
 		}
 	}
+	atomic_fetch_sub(&sig_inside, 1);
 	errno = saved;
 	chain(sig, si, ucv);
 }
@@ -137,8 +142,10 @@ static void sigbus_remove(struct fm_pager *p)
 	for (int k = 0; k < MAX_SIG_PAGERS; k++)
 		if (atomic_load(&sig_pagers[k]) == p)
 			atomic_store(&sig_pagers[k], NULL);
-	/* The handler stays: it only chains now, and a thread may be inside it. */
+	/* The handler stays: it only chains now. A thread that took p before it left lets go first. */
 	pthread_mutex_unlock(&sig_lock);
+	while (atomic_load(&sig_inside))
+		sched_yield();
 }
 
 int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old)
