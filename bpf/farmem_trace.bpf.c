@@ -292,6 +292,54 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	return 0;
 }
 
+/*
+ * fault=signal: the kernel does not block the fault in handle_userfault, it
+ * sends the thread SIGBUS and the pager serves the fault in the handler; the
+ * access then runs again and finds the page. So a userfaultfd fault is the
+ * time from its page_fault_user to the handler's rt_sigreturn, and it is
+ * counted as a minor fault (which the kernel does not count for it: the
+ * fault ended in an error, and the retried access does not fault).
+ */
+SEC("tp_btf/signal_deliver")
+int BPF_PROG(on_signal, int sig, struct kernel_siginfo *info, struct k_sigaction *ka)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct fmt_tstat *t;
+
+	if (sig != 7 /* SIGBUS */ || !wanted(id >> 32))
+		return 0;
+	t = bpf_map_lookup_elem(&tstats, &(__u32){(__u32)id});
+	if (!t || !t->fault_start)
+		return 0;
+	t->sig_start = t->fault_start;
+	t->fault_start = 0;  /* not a fault that blocks, nor one a perf event closes */
+	return 0;
+}
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
+{
+	struct fmt_tstat *t;
+	__u64 now, d;
+	__u32 tid;
+
+	if (id != 15 /* rt_sigreturn on x86_64 */)
+		return 0;
+	tid = (__u32)bpf_get_current_pid_tgid();
+	t = bpf_map_lookup_elem(&tstats, &tid);
+	if (!t || !t->sig_start)
+		return 0;
+	now = bpf_ktime_get_ns();
+	d = now - t->sig_start;
+	t->sig_start = 0;
+	t->uffd_waits++;
+	t->uffd_wait_ns += d;
+	t->sig_faults++;
+	t->fault_ns += d;
+	t->lat_hist[log2_slot(d) & (FMT_LAT_SLOTS - 1)]++;
+	return 0;
+}
+
 /* --- reclaim -------------------------------------------------------------------------- */
 
 static __always_inline void reclaim_begin(void)

@@ -519,6 +519,7 @@ static void tstat_add(struct fmt_tstat *dst, const struct fmt_tstat *s)
 	dst->reclaims += s->reclaims;
 	dst->reclaim_ns += s->reclaim_ns;
 	dst->reclaimed += s->reclaimed;
+	dst->sig_faults += s->sig_faults;
 	for (int i = 0; i < FMT_LAT_SLOTS; i++)
 		dst->lat_hist[i] += s->lat_hist[i];
 }
@@ -612,6 +613,7 @@ static int report(struct farmem_trace *skel, bool final)
 		}
 		if (sys_mode)
 			read_faults(t.pid, t.tid, &t.min, &t.maj);
+		t.min += t.sig_faults;  /* faults served in the thread's SIGBUS handler are minor too */
 		tstat_add(&p->sum, &t);
 		p->nthreads++;
 		if (gc_thread(comm)) {
@@ -667,7 +669,7 @@ static int report(struct farmem_trace *skel, bool final)
 				p->last_min = mi;
 				p->last_maj = ma;
 			}
-			p->sum.min = p->last_min;
+			p->sum.min = p->last_min + p->sum.sig_faults;
 			p->sum.maj = p->last_maj;
 		}
 		read_comm(p->pid, 0, comm, sizeof(comm));
@@ -815,9 +817,10 @@ int main(int argc, char **argv)
 	/* tracepoints: the fault tracepoint is required, the rest are features */
 	struct bpf_program *tps[] = { skel->progs.on_fault, skel->progs.on_switch,
 		skel->progs.on_memcg_begin, skel->progs.on_memcg_end, skel->progs.on_direct_begin,
-		skel->progs.on_direct_end, skel->progs.on_kswapd_wake, skel->progs.on_shrink_inactive };
-	int tp_err[8] = {};
-	for (int i = 0; i < 8; i++) {
+		skel->progs.on_direct_end, skel->progs.on_kswapd_wake, skel->progs.on_shrink_inactive,
+		skel->progs.on_signal, skel->progs.on_sys_enter };
+	int tp_err[10] = {};
+	for (int i = 0; i < 10; i++) {
 		struct bpf_link *l = bpf_program__attach(tps[i]);
 
 		if (!l) {

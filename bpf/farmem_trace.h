@@ -54,18 +54,22 @@ struct fmt_tstat {
 	__u64 min;           /* perf PERF_COUNT_SW_PAGE_FAULTS_MIN (uffd-served faults are minor) */
 	__u64 fault_ns;      /* page_fault_user to the perf event that accounts the fault */
 	__u64 maj_ns;        /* the same, major faults only */
-	__u64 uffd_waits;    /* off-CPU in a fault with handle_userfault on the stack */
+	__u64 uffd_waits;    /* userfaultfd faults: off-CPU with handle_userfault on the stack (fault=thread),
+	                      * or served by the pager's SIGBUS handler, fault entry to its sigreturn (fault=signal) */
 	__u64 uffd_wait_ns;
 	__u64 fault_block_ns;/* off-CPU in a fault for any other reason (swap-in I/O, locks) */
 	__u64 reclaims;      /* memcg + direct reclaim runs in this thread */
 	__u64 reclaim_ns;
 	__u64 reclaimed;     /* pages they reclaimed */
+	__u64 sig_faults;    /* of uffd_waits, the faults served in the faulting thread (fault=signal): the
+	                      * kernel counts them nowhere else, so the loader adds them to min */
 	__u64 lat_hist[FMT_LAT_SLOTS]; /* fault latency, log2 ns */
 	/* state, not figures */
 	__u64 fault_start;   /* ts of the fault in progress, 0 when none */
 	__u64 block_start;   /* ts the thread blocked inside a fault */
 	__u64 reclaim_start;
 	__u64 fault_ip;      /* user ip of the fault in progress (system-wide mode) */
+	__u64 sig_start;     /* ts of the fault a SIGBUS handler is serving (fault=signal), 0 when none */
 	__u32 block_uffd;    /* the current block is a userfaultfd wait */
 	__u32 pad;
 };
