@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from farmem.commands import top
+from farmem import procmap
 
 pytestmark = [pytest.mark.root, pytest.mark.bpf, pytest.mark.pager, pytest.mark.memd]
 
@@ -27,7 +27,7 @@ def workload(farmem_cmd, built):
         time.sleep(0.1)
         kids = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True).stdout.split()
         pid = next((int(k) for k in kids if open(f"/proc/{k}/comm").read().strip() == "pagetest"), None)
-        if pid and pid in top.farmem_pids():
+        if pid and pid in procmap.farmem_pids():
             break
     assert pid, "pagetest did not start under farmem run"
     yield pid

@@ -154,8 +154,8 @@ def _add_run(sub) -> None:
                         "of large objects instead of copying them, memliner+swapva = both")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the program and its arguments")
     p.set_defaults(func=run.cmd_run, validate=run.validate, parser=p)
-    from farmem.commands import kswap
-    kswap.add_mode_args(p)
+    from farmem.commands import run_kswap
+    run_kswap.add_mode_args(p)
 
 
 def _add_memd(sub) -> None:

@@ -10,12 +10,10 @@ selected process (from farmem-trace), Esc/Enter back.
 
 import curses
 import json
-import os
 import sys
 import time
 
-from farmem import resmap
-from farmem.commands import stat as statcmd
+from farmem import procmap, resmap
 from farmem.errors import FarmemError
 
 # (key, header, width, format): drives the header, the rows and the sort.
@@ -50,22 +48,6 @@ THREAD_FIELDS = (
 DEFAULT_SORT = "uffd_fs"
 
 
-def farmem_pids() -> list:
-    """Processes holding a farmem-map memfd, found through /proc/*/fd."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{name}/fd"):
-                if os.readlink(f"/proc/{name}/fd/{fd}").startswith("/memfd:" + resmap.MEMFD_NAME):
-                    out.append(int(name))
-                    break
-        except OSError:
-            continue
-    return sorted(out)
-
-
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -91,14 +73,14 @@ class Sampler:
         rows, cur = [], {}
         tstats = self.tracer.latest() if self.tracer else None
         tprocs = {p["pid"]: p for p in (tstats or {}).get("procs", [])}
-        for pid in farmem_pids():
+        for pid in procmap.farmem_pids():
             try:
-                snap = statcmd.read_map(pid)
+                snap = procmap.read_map(pid)
             except FarmemError:
                 continue
             if snap.hdr.pid != pid:   # farmem run holding its child's map
                 continue
-            fig = statcmd.stat_figures(pid, snap)
+            fig = procmap.stat_figures(pid, snap)
             lat_sum = _lat_sum_ns(list(snap.hdr.stats.lat_hist))
             tp = tprocs.get(pid)
             cur[pid] = (now, fig, lat_sum, tp)
@@ -293,7 +275,7 @@ def add_parser(sub) -> None:
 
 
 def _start_tracer(interval):
-    from farmem.commands.trace import Tracer
+    from farmem.tracer import Tracer
     try:
         return Tracer(interval_ms=int(interval * 1000)).start()
     except FarmemError as e:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 
 from farmem import paths
-from farmem.commands import gcmode
+from farmem import gcmode
 from farmem.errors import FarmemError
 from farmem.units import fmt_bytes
 
