@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from farmem import java as javacmd
-from farmem import paths, procmap
+from farmem import knobs, paths, procmap
 from farmem.errors import FarmemError
 from farmem.units import fmt_bytes
 
@@ -32,8 +32,6 @@ STATE_PREFIX = "/tmp/farmem-attach-"
 JCMD_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 15.0
 PAGING_TIMEOUT_S = 10.0
-_KNOBS = (("transport", "transport"), ("fill_threads", "fill_threads"), ("evict_high", "evict_high"),
-          ("evict_low", "evict_low"), ("prefetch", "prefetch"), ("log", "log"))
 
 
 def state_dir(pid: int) -> Path:
@@ -211,11 +209,7 @@ def cmd_attach(args) -> int:
         if _keeper_alive(sdir):
             raise FarmemError(f"a memd for pid {pid} is already running ({sdir}); `farmem detach {pid}` stops it")
         shutil.rmtree(sdir, ignore_errors=True)  # a keeper that was killed: stale
-    opts = [f"local={args.local}", "onerror=exit"]
-    for attr, key in _KNOBS:
-        value = getattr(args, attr, None)
-        if value is not None:
-            opts.append(f"{key}={value}")
+    opts = [f"local={args.local}", "onerror=exit"] + knobs.agent_options(args, "attach")
     keeper = None
     if args.memd:
         if not args.secret_file:

@@ -7,8 +7,7 @@ The contract with the preload shim is its environment (one variable per flag):
     FARMEM_SECRET        the memd's shared secret (64 hex digits for the embedded memd)
     FARMEM_LOCAL         the local budget: a byte count or NN%
     FARMEM_CONTROL       <tmpdir>/control.sock, where each pager hands over its residency map
-    FARMEM_TRANSPORT, FARMEM_THRESHOLD (bytes), FARMEM_FILL_THREADS, FARMEM_EVICT_HIGH,
-    FARMEM_EVICT_LOW, FARMEM_PREFETCH, FARMEM_LOG      only when the flag is given
+    FARMEM_<KNOB>        the variable of every other knob flag that is given (uffd/knobs.h)
 
 The end-of-run figures come from the residency maps the pagers passed over FARMEM_CONTROL
 (farmem/control.py), read after CMD has exited.
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from farmem import doctor, paths, resmap
+from farmem import doctor, knobs, paths, resmap
 from farmem.control import ControlServer
 from farmem.embedded_memd import EmbeddedMemd
 from farmem.errors import FarmemError
@@ -33,24 +32,9 @@ from farmem.units import fmt_bytes
 
 log = logging.getLogger("farmem.run")
 
-DEFAULT_LOCAL = "25%"  # the pager's own default (uffd/config.c)
 PROBE_TIMEOUT_S = 3.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
-
-# Flag -> environment variable of the shim, for the flags that are passed only when given.
-OPTIONAL_ENV = (
-    ("transport", "FARMEM_TRANSPORT"),
-    ("threshold", "FARMEM_THRESHOLD"),
-    ("fill_threads", "FARMEM_FILL_THREADS"),
-    ("evict_high", "FARMEM_EVICT_HIGH"),
-    ("evict_low", "FARMEM_EVICT_LOW"),
-    ("prefetch", "FARMEM_PREFETCH"),
-    ("log", "FARMEM_LOG"),
-    ("replicas", "FARMEM_REPLICAS"),
-    ("memd_timeout", "FARMEM_MEMD_TIMEOUT_MS"),
-)
-
 
 def validate(args, parser) -> None:
     """Checks that need more than one flag; argparse has checked each value."""
@@ -199,10 +183,7 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     env["FARMEM_SECRET"] = secret
     env["FARMEM_LOCAL"] = args.local
     env["FARMEM_CONTROL"] = control_path
-    for attr, name in OPTIONAL_ENV:
-        value = getattr(args, attr)
-        if value is not None:
-            env[name] = str(value)
+    env.update(knobs.env_vars(args))
     return env
 
 
