@@ -47,7 +47,7 @@ enum fm_knob_where { FM_KW_CFG, FM_KW_AGENT, FM_KW_CLI };
 X(local, FM_KT_LOCAL, CFG(local_bytes), "FARMEM_LOCAL", "25%", 1 << 20, 0, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--local", "SIZE|PCT", \
   "local-memory budget: bytes, or a share of the paged memory (of the heap, -Xmx, for a JVM). The pager never holds more resident pages than this: it evicts before a fill at the limit") \
 X(memd, FM_KT_ADDRS, CFG(memd), "FARMEM_MEMD", "", 0, 0, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--memd", "ADDR[,ADDR...]", \
-  "memory servers: unix:PATH, tcp:HOST:PORT, HOST:PORT or rdma://ADDR:PORT (agent option: ';' between them). Unset, farmem run and attach start a private one on a Unix socket") \
+  "memory servers, ',' between them (';' in an agent option). Unset, farmem run and attach start a private one on a Unix socket") \
 X(replicas, FM_KT_UINT, CFG(replicas), "FARMEM_REPLICAS", "1", 1, 8, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--replicas", "R", \
   "with several memds: copies of every evicted page, placed by rendezvous hashing; a write returns once every copy is acknowledged and reads fail over (memd/client_multi.c)") \
 X(memd_timeout_ms, FM_KT_UINT, CFG(memd_timeout_ms), "FARMEM_MEMD_TIMEOUT_MS", "", 10, 600000, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--memd-timeout", "MS", \
