@@ -16,9 +16,7 @@
 #define CFG(f) 0
 #define AGENT(f) sizeof(OPTS_FIELD(f))
 #define CLI 0
-#define X(name, type, where, ...) _Static_assert(FM_KNOB_FITS(type, where), #name ": field size");
-FM_KNOBS(X)
-#undef X
+FM_KNOBS(FM_KNOB_SIZE_CHECK)
 #undef CFG
 #undef AGENT
 #undef CLI
@@ -26,11 +24,8 @@ FM_KNOBS(X)
 #define CFG(f) FM_KW_CFG, 0, 0
 #define AGENT(f) FM_KW_AGENT, offsetof(struct fm_agent_opts, f), sizeof(OPTS_FIELD(f))
 #define CLI FM_KW_CLI, 0, 0
-#define X(name, type, where, env, def, min, max, choices, scope, flag, metavar, help) \
-	{ #name, type, where, env, def, min, max, choices, scope, flag, metavar, help },
 /* knobs.h's list again, with the agent's own knobs located in struct fm_agent_opts. */
-static const struct fm_knob agent_knobs[] = { FM_KNOBS(X) };
-#undef X
+static const struct fm_knob agent_knobs[] = { FM_KNOBS(FM_KNOB_ENTRY) };
 #define NKNOBS (sizeof(agent_knobs) / sizeof(agent_knobs[0]))
 
 static const struct fm_knob *find(const char *name)

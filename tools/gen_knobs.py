@@ -11,7 +11,6 @@ from build/tools/farmem-knobs (the compiler's view of the header, not a parse of
 
 import argparse
 import json
-import pprint
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +40,7 @@ def table_py(knobs: list) -> str:
             'agent\'s own, cli: the command\'s only), env (FARMEM_* or None), default ("" when unset), min, max,\n'
             'choices ("a|b"), opt/run/attach (an agent option; a flag of farmem run, farmem attach), flag,\n'
             'metavar, help."""\n\n'
-            f"KNOBS = {pprint.pformat(knobs, width=110, sort_dicts=False)}\n")
+            "KNOBS = [\n" + "".join(f"    {k!r},\n" for k in knobs) + "]\n")
 
 
 def _size(n: int) -> str:

@@ -24,11 +24,8 @@
 	sizeof(((struct fm_pager_cfg *)0)->f)
 #define AGENT(f) FM_KW_AGENT, offsetof(struct fm_agent_opts, f), sizeof(OPTS_FIELD(f))
 #define CLI FM_KW_CLI, 0, 0
-#define X(name, type, where, env, def, min, max, choices, scope, flag, metavar, help) \
-	{ #name, type, where, env, def, min, max, choices, scope, flag, metavar, help },
 /* Every knob located in struct fm_agent_opts, whose cfg holds the pager's. */
-static const struct fm_knob knobs[] = { FM_KNOBS(X) };
-#undef X
+static const struct fm_knob knobs[] = { FM_KNOBS(FM_KNOB_ENTRY) };
 #define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
 static const char *const type_names[] = {

@@ -22,9 +22,7 @@ _Static_assert(FM_LOG_ERROR == 0 && FM_LOG_WARN == 1 && FM_LOG_INFO == 2 && FM_L
 #define CFG(f) sizeof(CFG_FIELD(f))
 #define AGENT(f) 0
 #define CLI 0
-#define X(name, type, where, ...) _Static_assert(FM_KNOB_FITS(type, where), #name ": field size");
-FM_KNOBS(X)
-#undef X
+FM_KNOBS(FM_KNOB_SIZE_CHECK)
 #undef CFG
 #undef AGENT
 #undef CLI
@@ -32,10 +30,7 @@ FM_KNOBS(X)
 #define CFG(f) FM_KW_CFG, offsetof(struct fm_pager_cfg, f), sizeof(CFG_FIELD(f))
 #define AGENT(f) FM_KW_AGENT, 0, 0
 #define CLI FM_KW_CLI, 0, 0
-#define X(name, type, where, env, def, min, max, choices, scope, flag, metavar, help) \
-	{ #name, type, where, env, def, min, max, choices, scope, flag, metavar, help },
-const struct fm_knob fm_knobs[] = { FM_KNOBS(X) };
-#undef X
+const struct fm_knob fm_knobs[] = { FM_KNOBS(FM_KNOB_ENTRY) };
 const size_t fm_nknobs = sizeof(fm_knobs) / sizeof(fm_knobs[0]);
 
 const struct fm_knob *fm_knob_find(const char *name)

@@ -124,6 +124,16 @@ struct fm_knob {
 };
 
 /*
+ * To lay the list out over a struct, define CFG(f), AGENT(f) and CLI to give
+ * (where, off, size) for it, then FM_KNOBS(FM_KNOB_ENTRY) fills an array of
+ * struct fm_knob; with each defined as the field's size alone (0 when not in
+ * that struct), FM_KNOBS(FM_KNOB_SIZE_CHECK) checks every field's size.
+ */
+#define FM_KNOB_ENTRY(name, type, where, env, def, min, max, choices, scope, flag, metavar, help) \
+	{ #name, type, where, env, def, min, max, choices, scope, flag, metavar, help },
+#define FM_KNOB_SIZE_CHECK(name, type, where, ...) _Static_assert(FM_KNOB_FITS(type, where), #name ": field size");
+
+/*
  * The list with CFG offsets into struct fm_pager_cfg (the others' off is 0),
  * in FM_KNOBS order, and its length.
  */
