@@ -2,6 +2,7 @@
 #
 # Layout of what it builds (all under build/, which is disposable):
 #   build/bin/farmem-memd           memory server
+#   build/bin/farmem-trace          eBPF tracer (farmem top, farmem trace, kswap mode)
 #   build/lib/libfarmem_preload.so  LD_PRELOAD shim that puts a program under the pager
 #   build/lib/libfarmem_agent.so    JVMTI agent that puts a JVM's heap under the pager
 #   build/java/                     Java workloads (tests/java/*.java)
@@ -62,7 +63,7 @@ help:
 
 all: c venv knobs
 
-c: $(B)/bin/farmem-memd $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(B)/java/thirdparty/.ok $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
+c: $(B)/bin/farmem-memd $(B)/bin/farmem-trace $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(B)/java/thirdparty/.ok $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
 
 deps:
 	@bash tools/deps.sh
