@@ -23,8 +23,8 @@ READY_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 
 
-def _die_with_parent() -> None:
-    """In the memd child: get SIGTERM if farmem itself dies, so that no memd is left behind."""
+def die_with_parent() -> None:
+    """In a memd child: get SIGTERM if farmem itself dies, so that no memd is left behind."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
@@ -60,7 +60,7 @@ class EmbeddedMemd:
             try:
                 # Its own session: a Ctrl-C meant for CMD must not stop memd under it.
                 self.proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL,
-                                             start_new_session=True, preexec_fn=_die_with_parent)
+                                             start_new_session=True, preexec_fn=die_with_parent)
             except OSError as e:
                 raise FarmemError(f"cannot start {self.binary}: {e.strerror or e}") from None
             finally:

@@ -1,7 +1,8 @@
 """The farmem command line: one parser, one _add_<cmd>() per subcommand, one cli() for exit codes.
 
-Exit codes: a command's own (farmem run passes its program's through), 1 for a FarmemError,
-2 for a usage error (argparse), 130 for Ctrl-C.
+Exit codes (docs/knobs.md has the table): a command's own (farmem run passes its program's
+through), a FarmemError's (1, or 78 for what this machine or the memd given cannot serve), 2 for
+a usage error, 130 for Ctrl-C.
 """
 
 import argparse
@@ -150,6 +151,14 @@ def add_knob_flags(p, command: str) -> None:
 
 # --- the parser ---------------------------------------------------------------------------------
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line that says what is wrong and where the help is: argparse's own
+    usage block buries the message under every flag of the command."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 RUN_EXAMPLES = """\
 examples:
   farmem run --local 25% -- ./app --big-input      embedded memd, a quarter of the memory local
@@ -222,7 +231,7 @@ def _add_doctor(sub) -> None:
                        description="Try each kernel feature and tool farmem uses; one line each.")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--require", metavar="FEATURE[,FEATURE...]",
-                   help="check only these; exit 1 with the refusal message if one is missing")
+                   help="check only these; exit 78 with the refusal message if one is missing")
     p.set_defaults(func=doctor.cmd_doctor, parser=p)
 
 
@@ -276,13 +285,23 @@ def _add_detach(sub) -> None:
 
 
 def get_command_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="farmem", description="farmem: run programs with most of their memory far away.")
     parser.add_argument("--version", action="version", version=f"farmem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in (_add_run, _add_memd, _add_stat, _add_doctor, _add_top, _add_trace, _add_attach, _add_detach):
         add(sub)
     return parser
+
+
+def command_list(parser) -> str:
+    """What bare `farmem` prints: every command with its one-line help."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    width = max(len(c.dest) for c in sub._choices_actions)
+    lines = ["farmem: give a command:"]
+    lines += [f"  {c.dest:<{width}}  {c.help}" for c in sub._choices_actions]
+    lines.append("`farmem COMMAND --help` explains each; docs/ and the README say more.")
+    return "\n".join(lines) + "\n"
 
 
 class _Formatter(logging.Formatter):
@@ -311,9 +330,7 @@ def cli(argv=None) -> int:
         if extra:  # name them under the subcommand's usage, not the top-level one
             getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command is None:
-            parser.print_usage(sys.stderr)
-            print("farmem: error: give a command (run, memd, stat, doctor, top, trace); "
-                  "`farmem COMMAND --help` explains each", file=sys.stderr)
+            print(command_list(parser), file=sys.stderr, end="")
             return 2
         validate = getattr(args, "validate", None)
         if validate:

@@ -27,7 +27,7 @@ from pathlib import Path
 from farmem import doctor, knobs, paths, resmap
 from farmem.control import ControlServer
 from farmem.embedded_memd import EmbeddedMemd
-from farmem.errors import FarmemError
+from farmem.errors import EXIT_CONFIG, FarmemError
 from farmem.units import fmt_bytes
 
 log = logging.getLogger("farmem.run")
@@ -159,10 +159,10 @@ def probe_memds(addrs: list, secret: str) -> None:
             # rdma://ADDR:PORT authenticates over TCP on the same ADDR:PORT first
             probe_addr = "tcp:" + addr[len("rdma://"):] if addr.startswith("rdma://") else addr
             memdproto.probe(probe_addr, secret, timeout=PROBE_TIMEOUT_S)
-        except memdproto.MemdError as e:
-            raise FarmemError(f"cannot reach memd at {addr}: {e}") from None
+        except memdproto.MemdError as e:  # its sentence names the address already
+            raise FarmemError(str(e), exit_code=EXIT_CONFIG) from None
         except OSError as e:
-            raise FarmemError(f"cannot reach memd at {addr}: {e.strerror or e}") from None
+            raise FarmemError(f"cannot reach memd at {addr}: {e.strerror or e}", exit_code=EXIT_CONFIG) from None
 
 
 def private_tmpdir() -> str:
