@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 
 from farmem import procmap
 from farmem.errors import FarmemError
@@ -82,7 +83,9 @@ def gc_phases(gcs: list, end_t: float) -> list:
     return out
 
 
-def plot(path: str, pid: int, data: dict) -> dict:
+def _import_pyplot():
+    """matplotlib.pyplot with the Agg backend, or a FarmemError. Its import takes seconds here:
+    cmd_trace runs it in a thread while the trace records."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -90,6 +93,22 @@ def plot(path: str, pid: int, data: dict) -> dict:
     except ImportError:
         raise FarmemError("--plot needs matplotlib (pip install matplotlib; it is a dependency "
                           "of the farmem package)") from None
+    return plt
+
+
+def _import_quietly():
+    try:
+        _import_pyplot()
+    except FarmemError:
+        pass  # plot() imports again and says why
+
+
+def y_label() -> str:
+    return "page number (4 KiB pages), 0 = the lowest page faulted"
+
+
+def plot(path: str, pid: int, data: dict) -> dict:
+    plt = _import_pyplot()
     faults = data["faults"]
     regions = data.get("regions") or []
     if regions:  # the paged memory (the heap): faults on code, stacks and libraries are noise here
@@ -100,8 +119,8 @@ def plot(path: str, pid: int, data: dict) -> dict:
         faults = [e for e in faults if lo <= e["addr"] <= hi]
     end_t = max([data["duration_s"]] + [e["t"] for e in faults if e["t"] < 10 * data["duration_s"]])
     phases = gc_phases(data["gc"], end_t)
-    # Page index relative to the lowest page touched: the heap of a JVM sits in one range, and
-    # absolute indexes of 47-bit addresses make an unreadable axis.
+    # Page numbers from the lowest page touched: the heap of a JVM sits in one range, and
+    # absolute indexes of 47-bit addresses make an unreadable axis. The base is printed in full.
     pages = [e["addr"] >> 12 for e in faults]
     base = min(pages) if pages else 0
     app = [(i, p - base) for i, (e, p) in enumerate(zip(faults, pages)) if not e["gc"]]
@@ -112,15 +131,24 @@ def plot(path: str, pid: int, data: dict) -> dict:
         if pts:
             ax.scatter([x for x, _ in pts], [y for _, y in pts], s=3 if len(faults) > 20000 else 6,
                        c=colour, marker="s", linewidths=0, label=f"{label} ({len(pts)})", rasterized=True)
-    # GC phases, as the fault sequence numbers they span
+    # GC phases, as the fault sequence numbers they span; one collection per kind, not a patch
+    # per phase (a JVM under pressure has hundreds of pauses in a few seconds)
     times = [e["t"] for e in faults]
     import bisect
-    for b, e, full in phases:
-        lo, hi = bisect.bisect_left(times, b), bisect.bisect_right(times, e)
-        if hi > lo:
-            ax.axvspan(lo, hi, color="orange" if full else "gold", alpha=0.25, linewidth=0)
+    for full, colour in ((False, "gold"), (True, "orange")):
+        spans = [(lo, hi - lo) for lo, hi in ((bisect.bisect_left(times, b), bisect.bisect_right(times, e))
+                                               for b, e, f in phases if f == full) if hi > lo]
+        if spans:
+            ax.broken_barh(spans, (0, 1), transform=ax.get_xaxis_transform(), color=colour, alpha=0.25,
+                           linewidth=0)
+        spans = [(b, e - b) for b, e, f in phases if f == full]
+        if spans:
+            ax2.broken_barh(spans, (0, 1), transform=ax2.get_xaxis_transform(), color=colour, alpha=0.3,
+                            linewidth=0)
     ax.set_xlabel("fault sequence number")
-    ax.set_ylabel(f"virtual page index (- {base:#x})")
+    ax.set_ylabel(y_label())
+    ax.text(0.99, 0.01, f"page 0 is at {base << 12:#x}", transform=ax.transAxes, ha="right", va="bottom",
+            fontsize=8)
     where = "in its paged regions" if regions else "(1st-99th percentile of addresses)"
     ax.set_title(f"page faults of pid {pid} {where}: {len(faults)} in {data['duration_s']:.0f} s, "
                  f"{len(phases)} GC phases (shaded)")
@@ -135,8 +163,6 @@ def plot(path: str, pid: int, data: dict) -> dict:
     xs = [i * bin_s for i in range(nb)]
     ax2.stackplot(xs, [r / bin_s for r in rate_app], [r / bin_s for r in rate_gc],
                   colors=["tab:blue", "tab:red"], labels=["application", "GC"], step="post")
-    for b, e, full in phases:
-        ax2.axvspan(b, e, color="orange" if full else "gold", alpha=0.3, linewidth=0)
     ax2.set_xlabel("time (s)")
     ax2.set_ylabel("faults/s")
     ax2.set_xlim(0, end_t)
@@ -145,7 +171,7 @@ def plot(path: str, pid: int, data: dict) -> dict:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return {"faults": len(faults), "app_faults": len(app), "gc_faults": len(gc),
-            "gc_phases": len(phases)}
+            "gc_phases": len(phases), "ylabel": ax.get_ylabel(), "page0": base << 12}
 
 
 def cmd_trace(args) -> int:
@@ -153,6 +179,9 @@ def cmd_trace(args) -> int:
         args.parser.error("give --plot FILE, --csv FILE or --json (what to do with the trace)")
     from farmem import doctor
     doctor.require("bpf-tracepoint")  # the same refusal as every command, pointing to `farmem doctor`
+    if args.plot:  # import matplotlib while the trace records: it takes seconds, the trace waits anyway
+        importer = threading.Thread(target=_import_quietly, daemon=True)
+        importer.start()
     data = collect(args.pid, args.duration)
     n_gc = sum(1 for e in data["faults"] if e["gc"])
     summary = {"pid": args.pid, "faults": len(data["faults"]),
