@@ -106,6 +106,11 @@ class Tracer:
         with self._lock:
             return self.stats
 
+    def snapshot(self) -> tuple:
+        """(the latest stats line, when it arrived): one pair, never a line with another's time."""
+        with self._lock:
+            return self.stats, self.stats_time
+
     def proc_stats(self, pid: int):
         s = self.latest()
         if not s:
