@@ -2,11 +2,13 @@
 #
 # Layout of what it builds (all under build/, which is disposable):
 #   build/bin/farmem-memd           memory server
+#   build/bin/farmem-trace          eBPF tracer (farmem top, farmem trace, kswap mode)
 #   build/lib/libfarmem_preload.so  LD_PRELOAD shim that puts a program under the pager
 #   build/lib/libfarmem_agent.so    JVMTI agent that puts a JVM's heap under the pager
 #   build/java/                     Java workloads (tests/java/*.java)
 #   build/java/thirdparty/          third-party jars from Maven Central (tests/java/thirdparty/pom.xml)
 #   build/tests/*, build/bench/*    C workloads used by the tests and benchmarks
+#   build/tools/farmem-knobs        uffd/knobs.h as compiled, for tools/gen_knobs.py and the tests
 #   build/unit/*                    C unit tests, built with ASan and UBSan
 #   .venv/                          Python environment with the farmem CLI
 
@@ -48,7 +50,7 @@ JAVA_HOME   ?= $(patsubst %/bin/javac,%,$(realpath $(shell command -v javac 2>/d
 AGENT_SRCS  := $(wildcard jvmti-agent/*.c)
 JAVA_SRCS   := $(wildcard tests/java/*.java)
 
-.PHONY: all help deps venv c test test-c test-py demo bench clean distclean vm-test
+.PHONY: all help deps venv c knobs test test-c test-py demo bench clean distclean vm-test
 
 help:
 	@echo "make demo    install what is needed, build, run a demo under farmem (embedded memd, 25% local)"
@@ -59,9 +61,9 @@ help:
 	@echo "make vm-test boot Debian's 6.1 kernel in qemu (TCG): kmod-swapva and soft-RoCE tests"
 	@echo "make jdk     build the farmem JDK (patched HotSpot, hotspot/build.sh; ~15 min once, cached in ~/.cache)"
 
-all: c venv
+all: c venv knobs
 
-c: $(B)/bin/farmem-memd $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(B)/java/thirdparty/.ok $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
+c: $(B)/bin/farmem-memd $(B)/bin/farmem-trace $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(B)/java/thirdparty/.ok $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
 
 deps:
 	@bash tools/deps.sh
@@ -147,6 +149,21 @@ $(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h | $(B)/.
 $(B)/unit/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(patsubst %.c,$(B)/asan/%.o,$(LIB_SRCS) $(filter-out memd/memd.c,$(MEMD_SRCS)))
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(WARN) $(SANFLAGS) -pthread -Imemd -Iuffd -o $@ $(filter-out %.h,$^) $(LDLIBS)
+
+# --- Knobs: uffd/knobs.h makes the CLI's table and the docs' tables (tools/gen_knobs.py) ------
+# The generated files are committed (./farmem runs without make); tests/test_knobs.py fails when
+# one is stale. make rewrites only what the list changes.
+KNOB_GEN := cli/src/farmem/knob_table.py docs/knobs.md docs/jvm.md
+.PRECIOUS: $(KNOB_GEN)
+
+$(B)/tools/farmem-knobs: tools/knobs.c jvmti-agent/options.c jvmti-agent/options.h $(B)/lib/libfarmem_pager.a $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Ijvmti-agent -o $@ tools/knobs.c jvmti-agent/options.c $(B)/lib/libfarmem_pager.a $(LDLIBS)
+
+$(KNOB_GEN) &: $(B)/tools/farmem-knobs tools/gen_knobs.py
+	$(PYTHON) tools/gen_knobs.py --knobs $<
+
+knobs: $(KNOB_GEN)
 
 # --- eBPF: farmem-trace (libbpf CO-RE; vmlinux.h is generated from this kernel's BTF) ------
 

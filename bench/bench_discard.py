@@ -4,7 +4,7 @@
 
 Per workload and local budget (% of -Xmx): farmem with discard on/off and sizing on/off, side by
 side with Linux swap (zram under a memory cgroup limited to the same budget plus --jvm-overhead,
-bench/lib/swap.py) and an all-local run (the reference for slowdowns). Reports wall time,
+farmem.swap) and an all-local run (the reference for slowdowns). Reports wall time,
 slowdown, and bytes written to and read from memd per GB the program allocated (allocation from
 -Xlog:gc: the heap occupancy before each pause minus after the previous one).
 
@@ -15,6 +15,7 @@ slowdown, and bytes written to and read from memd per GB the program allocated (
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -24,8 +25,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
-import swap  # noqa: E402
+if importlib.util.find_spec("farmem") is None:  # not run from .venv: use this checkout's sources
+    sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
+from farmem import swap  # noqa: E402
 
 WORKLOADS = {
     "gcchurn": ["GcChurn", "--live-mb", "200", "--steps", "60000"],

@@ -19,7 +19,7 @@ spreads evenly over them):
   tcp             build/bin/farmem-memd --listen 127.0.0.1:PORT --secret-file F, and
                   ./farmem run --memd tcp:127.0.0.1:PORT --secret-file F --local BUDGET -- ...
   swap            build/bench/faultlat in a memory cgroup limited to BUDGET with a
-                  zram swap device (bench/lib/swap.py sets both up and removes them)
+                  zram swap device (farmem.swap sets both up and removes them)
   local           (not in the defaults) build/bench/faultlat with no limit at all
 
 faultlat writes every page of the region once, then times each access of one pass
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -60,8 +61,9 @@ import time
 from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
-import swap  # noqa: E402
+if importlib.util.find_spec("farmem") is None:  # not run from .venv: use this checkout's sources
+    sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
+from farmem import swap  # noqa: E402
 
 ALL_CONFIGS = ["floor", "floor_unpinned", "embedded", "stream", "tcp", "swap", "local"]
 DEFAULT_CONFIGS = ["floor", "floor_unpinned", "embedded", "stream", "tcp", "swap"]

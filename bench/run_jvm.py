@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """The JVM benchmark (issue 3): each Java workload at several local budgets, farmem side by side
-with Linux swap (zram under a memory cgroup, bench/lib/swap.py) and with an all-local run.
+with Linux swap (zram under a memory cgroup, farmem.swap) and with an all-local run.
 
 Configurations, per workload and budget:
 
@@ -24,6 +24,7 @@ application threads (the figure MemLiner starts from). Each figure is the median
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -33,8 +34,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
-import swap  # noqa: E402
+if importlib.util.find_spec("farmem") is None:  # not run from .venv: use this checkout's sources
+    sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
+from farmem import swap  # noqa: E402
 
 WORKLOADS = {
     "gcchurn": ["GcChurn", "--live-mb", "200", "--steps", "150000"],

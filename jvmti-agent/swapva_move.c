@@ -17,6 +17,22 @@
 #define PAGE 4096u
 #define MIN_PAGES 10u /* SVAGC's threshold when the backend gives none */
 
+static struct fm_pager *no_pager(void)
+{
+	return NULL;
+}
+
+static void no_leave(void)
+{
+}
+
+static int not_expected(void)
+{
+	return 0;
+}
+
+/* No pager until fm_swapva_export, which Agent_OnLoad calls before the JVM can call us. */
+static struct fm_swapva_hooks hooks = { no_pager, no_leave, not_expected };
 static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct swapva_ctx *lib;    /* libswapva, when no pager runs: describe and break-even */
 static int lib_failed;
@@ -67,16 +83,16 @@ static struct swapva_ctx *lib_ctx(void)
 
 EXPORT int farmem_swapva_move(void *dst, const void *src, size_t len)
 {
-	struct fm_pager *p = fm_agent_pager_enter();
+	struct fm_pager *p = hooks.enter();
 	struct swapva_ctx *c;
 	int rc;
 
 	if (p) {
 		rc = fm_pager_move(p, dst, src, len);
-		fm_agent_pager_leave();
+		hooks.leave();
 		return rc;
 	}
-	fm_agent_pager_leave();
+	hooks.leave();
 	pthread_mutex_lock(&lib_lock);
 	c = lib_ctx() ? worker_ctx() : NULL;
 	pthread_mutex_unlock(&lib_lock);
@@ -100,7 +116,7 @@ EXPORT size_t farmem_swapva_min_bytes(void)
 {
 	unsigned pages = MIN_PAGES;
 
-	if (!fm_agent_pager_expected()) {
+	if (!hooks.expected()) {
 		pthread_mutex_lock(&lib_lock);
 		if (lib_ctx()) {
 			unsigned b = swapva_breakeven_pages(lib);
@@ -120,7 +136,7 @@ EXPORT const char *farmem_swapva_describe(void)
 {
 	static char d[96];
 
-	if (fm_agent_pager_expected())
+	if (hooks.expected())
 		return "farmem pager: UFFDIO_MOVE, remote pages moved inside memd";
 	pthread_mutex_lock(&lib_lock);
 	snprintf(d, sizeof(d), "libswapva %s", lib_ctx() ? swapva_describe(lib) : "unavailable");
@@ -140,10 +156,11 @@ void fm_swapva_report(void)
 	pthread_mutex_unlock(&lib_lock);
 }
 
-void fm_swapva_export(void)
+void fm_swapva_export(const struct fm_swapva_hooks *h)
 {
 	Dl_info info;
 
+	hooks = *h;
 	/* Loading ourselves again RTLD_GLOBAL puts our symbols in the global scope. */
 	if (!dladdr((void *)farmem_swapva_move, &info) || !info.dli_fname ||
 	    !dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL))

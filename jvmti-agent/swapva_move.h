@@ -21,18 +21,28 @@
 
 struct fm_pager;
 
-/* Make the three functions visible to dlsym(RTLD_DEFAULT): the JVM loads agents RTLD_LOCAL. */
-void fm_swapva_export(void);
+/*
+ * How the moves reach the agent's pager: agent.c passes these, so that this
+ * file never calls back into it.
+ */
+struct fm_swapva_hooks {
+	/* The running pager, held against a detach until leave. May be NULL. */
+	struct fm_pager *(*enter)(void);
+	void (*leave)(void);
+	/* 1 if a pager runs, or is started and waits for VMInit to register the heap. */
+	int (*expected)(void);
+};
+
+/*
+ * Take the hooks, and make the three functions visible to dlsym(RTLD_DEFAULT):
+ * the JVM loads agents RTLD_LOCAL.
+ */
+void fm_swapva_export(const struct fm_swapva_hooks *hooks);
 /*
  * At JVM exit, when libswapva moved pages (no pager): one stderr line with the pages each
  * backend moved, so a run can show that the module (or UFFDIO_MOVE) did the work, not memmove.
  */
 void fm_swapva_report(void);
 
-/* agent.c: the running pager, held against a detach until fm_agent_pager_leave. May be NULL. */
-struct fm_pager *fm_agent_pager_enter(void);
-void fm_agent_pager_leave(void);
-/* agent.c: 1 if a pager runs or is started and waits for VMInit to register the heap. */
-int fm_agent_pager_expected(void);
 
 #endif

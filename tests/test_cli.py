@@ -119,7 +119,9 @@ def test_run_rejects_bad_flags(flags, message, tmp_path, capsys, monkeypatch):
     marker = tmp_path / "ran"
     status, out, err = cli(capsys, "run", *flags, "--", "touch", marker)
     assert status == 2, err
-    assert err.startswith("usage: farmem run"), err
+    # one line: what is wrong, and where the help is (not argparse's whole usage block)
+    assert err.startswith("farmem run: error: ") and len(err.splitlines()) == 1, err
+    assert err.rstrip().endswith("see `farmem run --help`"), err
     assert message in err
     assert not marker.exists()
 
@@ -134,13 +136,18 @@ def test_run_shm_needs_unix_addresses(tmp_path, capsys, monkeypatch):
 def test_run_without_cmd_is_a_usage_error(argv, capsys):
     status, _, err = cli(capsys, *argv)
     assert status == 2
-    assert err.startswith("usage: farmem run") and "missing CMD" in err
+    assert err.startswith("farmem run: error: missing CMD") and len(err.splitlines()) == 1
 
 
 def test_unknown_command_and_no_command(capsys):
-    assert cli(capsys, "frobnicate")[0] == 2
+    status, _, err = cli(capsys, "frobnicate")
+    assert status == 2 and err.startswith("farmem: error: argument COMMAND: invalid choice: 'frobnicate'")
+    assert len(err.splitlines()) == 1
     status, _, err = cli(capsys)
-    assert status == 2 and "usage: farmem" in err
+    assert status == 2 and err.startswith("farmem: give a command:")
+    sub = next(a for a in main.get_command_parser()._actions if a.dest == "command")
+    listed = [line.split()[0] for line in err.splitlines()[1:-1]]
+    assert listed == list(sub.choices) and {"attach", "detach"} <= set(listed)
 
 
 def test_help_exits_0(capsys):
@@ -356,8 +363,9 @@ def test_unreachable_memd_never_starts_cmd(tmp_path, farmem_cmd):
     start = time.monotonic()
     r = farmem(farmem_cmd, "run", "--memd", "tcp:127.0.0.1:1", "--secret-file", secret, "--",
                "touch", marker, env=clean_env())
-    assert r.returncode == 1
-    assert "farmem: error: cannot reach memd at tcp:127.0.0.1:1" in r.stderr
+    assert r.returncode == 78  # EX_CONFIG, as docs/knobs.md's table says
+    assert r.stderr.startswith("farmem: error: cannot connect to memd at tcp:127.0.0.1:1: "), r.stderr
+    assert r.stderr.count("tcp:127.0.0.1:1") == 1 and len(r.stderr.splitlines()) == 1, r.stderr
     assert not marker.exists()
     assert time.monotonic() - start < 20
 
@@ -395,7 +403,7 @@ def memd_server(tmp_path, farmem_cmd):
             proc.wait()
         proc.stderr.close()
         if m and secret.parent.name.startswith("farmem-memd-"):
-            shutil.rmtree(secret.parent)
+            shutil.rmtree(secret.parent, ignore_errors=True)
 
 
 @pytest.mark.memd
@@ -411,7 +419,7 @@ def test_farmem_memd_and_run_against_it(memd_server, tmp_path, farmem_cmd):
     wrong.write_text("0" * 64)
     r = farmem(farmem_cmd, "run", "--memd", address, "--secret-file", wrong, "--", "touch", marker,
                env=clean_env())
-    assert r.returncode == 1 and f"farmem: error: cannot reach memd at {address}" in r.stderr
+    assert r.returncode == 78 and f"farmem: error: memd at {address} rejected the secret" in r.stderr
     assert not marker.exists()
 
     out = tmp_path / "seen"
@@ -440,7 +448,7 @@ def test_memd_flags_translate_one_to_one():
                                    ["--listen", "h:70000"], ["--bogus"]])
 def test_memd_rejects_bad_flags(flags, capsys):
     status, _, err = cli(capsys, "memd", *flags)
-    assert status == 2 and err.startswith("usage: farmem memd")
+    assert status == 2 and err.startswith("farmem memd: error: ") and len(err.splitlines()) == 1
 
 
 # --- the residency map and farmem stat ------------------------------------------------------------
@@ -560,3 +568,107 @@ def test_stat_of_a_process_under_farmem_run(tmp_path, farmem_cmd, capsys):
     finally:
         proc.stdin.close()
         proc.wait(60)
+
+
+# --- exit statuses: one test per row of docs/knobs.md's table ---------------------------------------
+
+KNOBS_MD = Path(__file__).resolve().parent.parent / "docs" / "knobs.md"
+
+
+def documented_statuses() -> list:
+    text = KNOBS_MD.read_text().split("## Exit statuses", 1)[1]
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| status")]
+    return [row.split("|")[1].strip() for row in rows]
+
+
+def _sigint_while_farmem_waits(farmem_cmd, tmp_path, _wait_paging):
+    proc = subprocess.Popen([*farmem_cmd, "top", "--once", "--no-bpf", "60"], env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # Python is up and in the interval's sleep
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(30)
+    assert "interrupted" in proc.stderr.read()
+    return rc
+
+
+def _memd_lost(farmem_cmd, tmp_path, wait_paging):
+    """A page in memd that cannot be read back: the pager stops the program with 70."""
+    sock = tmp_path / "m.sock"
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 32)
+    build = CLI_SRC.parent.parent / "build"
+    memd = subprocess.Popen([build / "bin" / "farmem-memd", "--unix", sock, "--secret-file", secret,
+                             "--capacity", "256M"], env=clean_env(), stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists():
+            assert time.monotonic() < deadline and memd.poll() is None, "memd never listened"
+            time.sleep(0.02)
+        # stream: with shm the store stays mapped in the program after memd dies
+        run = subprocess.Popen([*farmem_cmd, "run", "--local", "16M", "--transport", "stream", "--memd",
+                                f"unix:{sock}", "--secret-file", secret, "--", build / "tests" / "pagetest",
+                                "--size", "64M", "--rounds", "1000"], env=clean_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_paging(run, "pagetest")
+        memd.kill()
+        return run.wait(60)
+    finally:
+        if memd.poll() is None:
+            memd.kill()
+        memd.wait()
+
+
+EXIT_CASES = {
+    "0": lambda f, t, w: farmem(f, "run", "--", "true", env=clean_env()).returncode,
+    "CMD's": lambda f, t, w: farmem(f, "run", "--", "sh", "-c", "exit 7", env=clean_env()).returncode - 7,
+    "128+N": lambda f, t, w: farmem(f, "run", "--", "sh", "-c", "kill -TERM $$", env=clean_env()).returncode - 128
+    - signal.SIGTERM,
+    "1": lambda f, t, w: farmem(f, "stat", os.getpid(), env=clean_env()).returncode,
+    "2": lambda f, t, w: farmem(f, "run", "--bogus", "--", "true", env=clean_env()).returncode,
+    "70": _memd_lost,
+    "78": lambda f, t, w: farmem(f, "run", "--memd", "tcp:127.0.0.1:1", "--", "true",
+                                 env=clean_env(FARMEM_SECRET="s")).returncode,
+    "126": lambda f, t, w: farmem(f, "run", "--", "/etc/hostname", env=clean_env()).returncode,
+    "127": lambda f, t, w: farmem(f, "run", "--", "/nonexistent/cmd", env=clean_env()).returncode,
+    "130": _sigint_while_farmem_waits,
+}
+
+
+def test_every_documented_status_has_a_test():
+    assert documented_statuses() == list(EXIT_CASES)
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+@pytest.mark.parametrize("status", list(EXIT_CASES))
+def test_exit_status(status, farmem_cmd, tmp_path, built, wait_paging):
+    built("build/tests/pagetest")
+    want = 0 if status in ("CMD's", "128+N") else int(status)  # those two return the difference
+    assert EXIT_CASES[status](farmem_cmd, tmp_path, wait_paging) == want
+
+
+@pytest.mark.memd
+def test_memd_in_the_foreground_removes_its_secret_directory(tmp_path, farmem_cmd):
+    sock = tmp_path / "memd.sock"
+    for signo in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen([*farmem_cmd, "memd", "--unix", str(sock), "--capacity", "64M"],
+                                stderr=subprocess.PIPE, text=True, env=clean_env())
+        try:
+            m = re.search(r"memd secret written to (\S+)", proc.stderr.readline())
+            assert m
+            secret_dir = Path(m.group(1)).parent
+            deadline = time.monotonic() + 20
+            while not sock.exists():
+                assert proc.poll() is None and time.monotonic() < deadline, "memd never listened"
+                time.sleep(0.02)
+            assert secret_dir.is_dir()
+            proc.send_signal(signo)
+            proc.wait(20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stderr.close()
+        assert not secret_dir.exists(), f"{secret_dir} outlived memd ({signo.name})"
+        assert processes_mentioning(str(sock)) == [], "memd outlived farmem memd"
+        sock.unlink(missing_ok=True)

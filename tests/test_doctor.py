@@ -184,6 +184,20 @@ def test_devices_and_system_lines(here, build):
     assert lines["cgroup-memory"]["data"]["v1_memory"] == v1
     assert lines["farmem-memd"]["available"] == os.access(build / "bin" / "farmem-memd", os.X_OK)
     assert lines["farmem-preload"]["available"] == (build / "lib" / "libfarmem_preload.so").is_file()
+    # the tracer and the agent: built, and usable here (eBPF; a JVM)
+    bpf_ok = all(lines[n]["available"] for n in ("bpf", "bpf-btf", "bpf-tracepoint"))
+    assert lines["farmem-trace"]["available"] == (os.access(build / "bin" / "farmem-trace", os.X_OK) and bpf_ok)
+    assert lines["farmem-agent"]["available"] == ((build / "lib" / "libfarmem_agent.so").is_file()
+                                                  and lines["java"]["available"])
+
+
+def test_make_builds_what_doctor_lists(repo):
+    """`make` (its c target) builds the tracer and the agent that doctor's lines look for."""
+    for source, target in (("bpf/farmem_trace.c", "build/bin/farmem-trace"),
+                           ("jvmti-agent/agent.c", "build/lib/libfarmem_agent.so")):
+        r = subprocess.run(["make", "-n", "-W", source, "c"], cwd=repo, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert f"-o {target} " in r.stdout, f"make c does not build {target}"
 
 
 def test_jvm_lines(here):
@@ -223,17 +237,20 @@ def test_a_broken_check_is_a_no_line_not_a_crash(monkeypatch, capsys):
 def test_commands_refuse_without_the_build(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FARMEM_BUILD", str(tmp_path))
     marker = tmp_path / "ran"
-    assert main.cli(["run", "--", "touch", str(marker)]) == 1
+    assert main.cli(["run", "--", "touch", str(marker)]) == 78
     err = capsys.readouterr().err
     assert err == (f"farmem: farmem-preload is not available here: {tmp_path}/lib/libfarmem_preload.so "
                    "is missing (run `make`). Run `farmem doctor` for details.\n")
     assert not marker.exists()
-    assert main.cli(["memd", "--unix", str(tmp_path / "s")]) == 1
+    assert main.cli(["memd", "--unix", str(tmp_path / "s")]) == 78
     assert capsys.readouterr().err.startswith("farmem: farmem-memd is not available here: ")
     assert main.cli(["doctor", "--json"]) == 0
     lines = by_name(json.loads(capsys.readouterr().out))
     assert not lines["farmem-memd"]["available"] and "missing" in lines["farmem-memd"]["detail"]
     assert not lines["farmem-preload"]["available"]
+    for name, path in (("farmem-trace", "bin/farmem-trace"), ("farmem-agent", "lib/libfarmem_agent.so")):
+        assert not lines[name]["available"]
+        assert lines[name]["detail"] == f"{tmp_path}/{path} is not built (run `make`)"
 
 
 def test_require(capsys):
@@ -289,7 +306,7 @@ def test_as_nobody_the_lines_change(here, as_nobody):
 @pytest.mark.bpf
 def test_as_nobody_commands_refuse_with_the_shared_wording(as_nobody):
     r = as_nobody("doctor", "--require", "bpf-tracepoint")
-    assert r.returncode == 1
+    assert r.returncode == 78
     assert r.stderr.startswith("farmem: bpf-tracepoint is not available here: raw_tp/sched_switch: ")
     assert r.stderr.rstrip().endswith("Run `farmem doctor` for details.")
     assert len(r.stderr.splitlines()) == 1
@@ -305,7 +322,7 @@ def test_as_nobody_farmem_run_refuses_without_userfaultfd(as_nobody):
     if usable:
         assert r.returncode == 0, r.stderr
     else:
-        assert r.returncode == 1
+        assert r.returncode == 78
         assert r.stderr.startswith("farmem: userfaultfd is not available here: only UFFD_USER_MODE_ONLY")
         assert r.stderr.rstrip().endswith("Run `farmem doctor` for details.")
 
@@ -315,10 +332,10 @@ def test_as_nobody_farmem_run_refuses_without_userfaultfd(as_nobody):
 def test_as_nobody_trace_and_attach_refuse_with_the_shared_wording(as_nobody):
     """Commands that need a missing piece say so the way doctor --require does."""
     r = as_nobody("trace", "1", "--duration", "1s", "--json")
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 78, r.stderr
     assert r.stderr.startswith("farmem: bpf-tracepoint is not available here:"), r.stderr
     assert r.stderr.rstrip().endswith("Run `farmem doctor` for details.")
     usable = by_name(json.loads(as_nobody("doctor", "--json").stdout))["userfaultfd"]["available"]
     if not usable:
         r = as_nobody("attach", "1")
-        assert r.returncode == 1 and r.stderr.startswith("farmem: userfaultfd is not available here:"), r.stderr
+        assert r.returncode == 78 and r.stderr.startswith("farmem: userfaultfd is not available here:"), r.stderr

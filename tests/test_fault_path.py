@@ -95,4 +95,4 @@ def test_unknown_fault_mode_is_refused(built, farmem_cmd, tmp_path):
     r, _ = run(farmem_cmd, tmp_path, [str(built("build/tests/pagetest")), "--size", "64M"],
                env_extra={"FARMEM_FAULT": "sideways"})
     assert r.returncode == 78, r.stderr
-    assert "FARMEM_FAULT" in r.stderr and "sideways" in r.stderr and "expected auto, signal or thread" in r.stderr
+    assert "FARMEM_FAULT" in r.stderr and "sideways" in r.stderr and "auto|signal|thread" in r.stderr

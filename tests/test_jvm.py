@@ -141,7 +141,7 @@ def test_shared_memory_heap_at_25_percent(farmem_cmd, java_cp, tmp_path, private
 
 def test_heap_file_off_tmpfs_is_refused(farmem_cmd, jvm_built, private_tmp, build):
     """A heap on a DAX/NVDIMM or disk file system cannot be paged: refused before the JVM starts."""
-    from farmem.commands.java import fs_type
+    from farmem.java import fs_type
     if fs_type(str(build)) == "tmpfs":
         pytest.skip(f"{build} is on tmpfs here")
     r = farmem(farmem_cmd, "run", "--", "java", f"-XX:AllocateHeapAt={build}", HEAP, "-version", timeout=30,

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from farmem import resmap
-from farmem.commands import stat as statcmd
+from farmem import procmap
 
 pytestmark = [pytest.mark.root, pytest.mark.bpf]
 
@@ -57,7 +57,7 @@ def _pagemap_bits(pid, base, npages):
 
 
 def _map_bytes(pid, region):
-    path = statcmd.find_maps(pid)[0]
+    path = procmap.find_maps(pid)[0]
     with open(path, "rb") as f:
         f.seek(region["map_offset"])
         return f.read(region["npages"])
@@ -72,7 +72,7 @@ def test_map_matches_pagemap(farmem_cmd, built):
         assert p.stdout.readline().strip() == "ready", p.stderr.read()
         child = int(subprocess.check_output(["pgrep", "-P", str(p.pid)], text=True).split()[0])
         time.sleep(1.5)  # a few scans after the fill
-        snap = statcmd.read_map(child)
+        snap = procmap.read_map(child)
         assert snap.hdr.pid == child and snap.hdr.memd == b"kswap"
         regions = [r for r in snap.regions if r["npages"] >= (256 << 20) >> 12]
         assert len(regions) == 1, snap.regions
@@ -90,7 +90,7 @@ def test_map_matches_pagemap(farmem_cmd, built):
         n = len(bits)
         assert swapped > n // 2, f"only {swapped} of {n} pages swapped out: is the limit applied?"
         assert agree >= n * 0.99, f"map agrees with pagemap on {agree} of {n} pages"
-        fig = statcmd.stat_figures(child, snap)
+        fig = procmap.stat_figures(child, snap)
         assert fig["evictions"] > 0 and fig["registered_bytes"] >= 256 << 20
     finally:
         p.send_signal(signal.SIGTERM)  # forwarded to the child

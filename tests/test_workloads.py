@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The test and benchmark workloads on their own, with no farmem underneath:
 pagetest (integrity), faultlat (access latency) and uffd_floor (the bare
-userfaultfd floor), plus the Linux-swap baseline helper bench/lib/swap.py."""
+userfaultfd floor), plus the Linux-swap baseline helper farmem/swap.py (cli/src)."""
 
 import json
 import os
@@ -170,8 +170,7 @@ def _swap_possible():
 
 @pytest.mark.skipif(not _swap_possible(), reason="needs root and zram")
 def test_swap_baseline_runs_and_cleans_up():
-    sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
-    import swap  # noqa: E402
+    from farmem import swap
 
     swaps_before = open("/proc/swaps").read()
     with swap.SwapEnv("32M") as env:
@@ -192,8 +191,7 @@ def test_swap_baseline_runs_and_cleans_up():
 
 @pytest.mark.skipif(not _swap_possible(), reason="needs root and zram")
 def test_swap_baseline_cleans_up_after_an_exception():
-    sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
-    import swap  # noqa: E402
+    from farmem import swap
 
     swaps_before = open("/proc/swaps").read()
     with pytest.raises(RuntimeError, match="boom"):

@@ -5,7 +5,8 @@
  * with the rest in memd. Used by the preload shim and the JVMTI agent.
  *
  * Knobs (DESIGN.md interface 4) keep UMap's names where users know them;
- * docs/knobs.md is the table of flags, agent options and environment names.
+ * knobs.h lists them (names, variables, defaults, ranges), docs/knobs.md is
+ * the table made from that list.
  */
 #ifndef FARMEM_PAGER_H
 #define FARMEM_PAGER_H
@@ -16,28 +17,32 @@
 
 struct fm_pager;
 
+/* fault: where a fault is served (monitor.h). */
+enum fm_fault_mode { FM_FAULT_AUTO = 0, FM_FAULT_SIGNAL = 1, FM_FAULT_THREAD = 2 };
+
+/* Each field but the last is a knob of knobs.h, which says what it means. */
 struct fm_pager_cfg {
-	char memd[256];          /* FARMEM_MEMD: memd address */
-	char secret[256];        /* FARMEM_SECRET */
+	char memd[256];          /* memd: addresses, ',' between them */
+	char secret[256];        /* secret */
 	size_t secret_len;
-	uint64_t local_bytes;    /* FARMEM_LOCAL as bytes, or 0 when given as a percentage */
-	unsigned local_pct;      /* FARMEM_LOCAL as a percentage of registered memory */
-	unsigned fill_threads;   /* FARMEM_FILL_THREADS: fault handler threads with fault=thread (1..16) */
-	int fault_mode;          /* FARMEM_FAULT: 0 auto, 1 signal (in the faulting thread), 2 thread */
-	int evict_threads;       /* FARMEM_EVICT_THREADS: 0 or 1; -1 auto (1 with fault=thread only) */
-	unsigned evict_high;     /* FARMEM_EVICT_HIGH: % of budget that wakes the evictor */
-	unsigned evict_low;      /* FARMEM_EVICT_LOW: % of budget it evicts down to */
-	unsigned evict_batch;    /* FARMEM_EVICT_BATCH: pages per eviction batch */
-	unsigned prefetch;       /* FARMEM_PREFETCH: pages fetched ahead of a stream, 0 = off */
-	unsigned epoch_pct;      /* FARMEM_EPOCH_PCT: churn (% of pages) that advances the swap epoch */
-	uint64_t threshold;      /* FARMEM_THRESHOLD: smallest mapping the shim registers */
-	int xport_pref;          /* FARMEM_TRANSPORT: enum fm_xport_pref */
-	int gc_aware;            /* evict pages only GC threads touched first */
-	int log_level;           /* FARMEM_LOG */
-	char control[256];       /* FARMEM_CONTROL: launcher socket that collects our map */
-	unsigned replicas;       /* FARMEM_REPLICAS: copies of each page over several memds (1..8) */
-	unsigned memd_timeout_ms;/* FARMEM_MEMD_TIMEOUT_MS: per-request memd timeout, 0 = default */
-	unsigned memd_copy;      /* FARMEM_MEMD_COPY: fm_pager_move has memd copy remote pages (1) */
+	uint64_t local_bytes;    /* local as bytes, or 0 when given as a percentage */
+	unsigned local_pct;      /* local as a percentage of registered memory */
+	unsigned fill_threads;
+	int fault_mode;          /* fault: enum fm_fault_mode (0 auto, 1 signal, 2 thread) */
+	int evict_threads;       /* evict_threads: 0 auto (an evictor thread with fault=thread only), 1 none, 2 one */
+	unsigned evict_high;
+	unsigned evict_low;
+	unsigned evict_batch;
+	unsigned prefetch;
+	unsigned epoch_pct;
+	uint64_t threshold;
+	int xport_pref;          /* transport: enum fm_xport_pref */
+	int gc_aware;
+	int log_level;           /* log: enum fm_log_level */
+	char control[256];
+	unsigned replicas;
+	unsigned memd_timeout_ms;/* 0: unset, the pager picks by the number of memds */
+	unsigned memd_copy;
 	/* Called with the faulting thread's id; returns 1 for GC threads (the agent sets it). */
 	int (*is_gc_thread)(pid_t tid);
 };
@@ -45,7 +50,12 @@ struct fm_pager_cfg {
 /* Defaults, then FARMEM_* from the environment. Returns 0, or -EINVAL with err set. */
 int fm_pager_cfg_from_env(struct fm_pager_cfg *cfg, char *err, size_t errlen);
 void fm_pager_cfg_defaults(struct fm_pager_cfg *cfg);
-/* Apply one knob by its environment name without the FARMEM_ prefix, lower case ok. */
+/*
+ * Apply the FARMEM_* variables that are set, of the knobs whose scope shares a
+ * bit with scope (0: every knob that has a variable). -EINVAL naming the variable.
+ */
+int fm_pager_cfg_env(struct fm_pager_cfg *cfg, unsigned scope, char *err, size_t errlen);
+/* Apply one knob by its name (knobs.h; case does not matter). -ENOENT if it is not a pager knob. */
 int fm_pager_cfg_set(struct fm_pager_cfg *cfg, const char *key, const char *val, char *err, size_t errlen);
 
 /* Connect to memd, create the residency map, start the threads. */

@@ -85,8 +85,6 @@ struct chan_slot {
 #define MAX_POOL 64
 #define ZERO_RUN_PAGES 64
 
-enum fm_fault_mode { FM_FAULT_AUTO = 0, FM_FAULT_SIGNAL = 1, FM_FAULT_THREAD = 2 };
-
 struct fm_pager {
 	struct fm_pager_cfg cfg;
 	int uffd;

@@ -798,6 +798,39 @@ def check_preload():
     return True, str(path)
 
 
+@check("farmem-trace", "farmem top shows the residency maps only, farmem trace refuses, and kswap mode "
+       "follows pagemap scans only: run `make` (and see the bpf lines)")
+def check_trace_binary():
+    """Built, and whether this machine lets it run: its probes need the bpf, bpf-btf and
+    bpf-tracepoint lines (not a load of its own: that takes seconds)."""
+    from farmem.tracer import trace_binary
+    path = trace_binary()
+    if not path.exists():
+        return False, f"{path} is not built (run `make`)"
+    if not os.access(path, os.X_OK) or _elf_type(path) not in (2, 3):  # ET_EXEC, ET_DYN (PIE)
+        return False, f"{path} is not an executable"
+    missing = [(n, r.detail) for n, r in ((n, run_check(n)) for n in ("bpf", "bpf-btf", "bpf-tracepoint"))
+               if not r.available]
+    if missing:
+        return False, f"{path} is built but cannot run here: {missing[0][0]}: {missing[0][1]}"
+    return True, f"{path}; eBPF tracepoints work here"
+
+
+@check("farmem-agent", "farmem run -- java and farmem attach refuse: run `make` (and see the java line)")
+def check_agent_lib():
+    """Built (an ELF shared object that exports Agent_OnLoad), and whether a JVM is here to load it."""
+    from farmem.java import agent_lib
+    path = agent_lib()
+    if not path.exists():
+        return False, f"{path} is not built (run `make`)"
+    if _elf_type(path) != 3 or b"Agent_OnLoad" not in path.read_bytes():
+        return False, f"{path} is not a JVMTI agent (no Agent_OnLoad)"
+    java = run_check("java")
+    if not java.available:
+        return False, f"{path} is built but no JVM can load it here: {java.detail}"
+    return True, f"{path}; loads into {java.detail}"
+
+
 def _tool(argv: list) -> tuple:
     exe = shutil.which(argv[0])
     if exe is None:

@@ -1,4 +1,7 @@
-"""The one exception type that commands raise for the user to read."""
+"""The one exception type that commands raise for the user to read. docs/knobs.md's table of exit
+statuses says which status each kind of failure gets."""
+
+EXIT_CONFIG = 78  # sysexits' EX_CONFIG: what this machine or the memd given cannot serve, as the pager's
 
 
 class FarmemError(Exception):
@@ -16,7 +19,7 @@ class Unavailable(FarmemError):
     """A feature this machine lacks; the wording is shared by every command (see doctor.require)."""
 
     def __init__(self, feature: str, detail: str):
-        super().__init__(f"{feature} is not available here: {detail}")
+        super().__init__(f"{feature} is not available here: {detail}", exit_code=EXIT_CONFIG)
         self.feature = feature
         self.detail = detail
 

@@ -1,7 +1,8 @@
 """The farmem command line: one parser, one _add_<cmd>() per subcommand, one cli() for exit codes.
 
-Exit codes: a command's own (farmem run passes its program's through), 1 for a FarmemError,
-2 for a usage error (argparse), 130 for Ctrl-C.
+Exit codes (docs/knobs.md has the table): a command's own (farmem run passes its program's
+through), a FarmemError's (1, or 78 for what this machine or the memd given cannot serve), 2 for
+a usage error, 130 for Ctrl-C.
 """
 
 import argparse
@@ -9,7 +10,7 @@ import logging
 import re
 import sys
 
-from farmem import __version__
+from farmem import __version__, knob_table
 from farmem.errors import FarmemError
 from farmem.units import parse_bytes, parse_local, parse_percent
 
@@ -99,7 +100,64 @@ memd_list_type = _typed(_memd_list, "memd address list")
 listen_type = _typed(_listen, "listen address")
 
 
+# --- the knobs' flags: uffd/knobs.h, through knob_table.py (tools/gen_knobs.py) --------------------
+
+def _enum(choices: str):
+    names = choices.split("|")
+
+    def parse(text):
+        if text.lower() not in names:
+            raise ValueError(f"{text!r}: give one of {', '.join(names)}")
+        return text.lower()
+    return _typed(parse, "choice")
+
+
+def knob_type(k: dict):
+    """The argparse type that takes what the C parser takes for knob k."""
+    t = k["type"]
+    if t == "uint":
+        return int_range(k["min"], k["max"])
+    if t == "pct":
+        return percent_range(k["min"], k["max"])
+    if t == "size":
+        return size_at_least(k["min"])
+    if t == "local":
+        return local_type
+    if t == "enum":
+        return _enum(k["choices"])
+    if t == "addrs":
+        return memd_list_type
+    if t in ("path", "str"):
+        return str
+    raise AssertionError(f"knob {k['name']}: no flag for a {t}")
+
+
+def add_knob_flags(p, command: str) -> None:
+    """The flags of `farmem run` or `farmem attach` that set knobs; dest is the knob's name."""
+    for k in knob_table.KNOBS:
+        if not k[command]:
+            continue
+        default = f" (default {k['default']})" if k["default"] and k["type"] != "bool" else ""
+        text = (k["help"] + default).replace("%", "%%")
+        if k["flag"].startswith("--[no-]"):
+            on = k["default"] == "1"
+            p.add_argument("--" + k["flag"][7:], dest=k["name"], action=argparse.BooleanOptionalAction,
+                           default=None, help=f"{text} (default {'on' if on else 'off'})")
+            continue
+        # local has a value whatever the command line says: farmem passes it on always.
+        p.add_argument(k["flag"], dest=k["name"], type=knob_type(k), metavar=k["metavar"] or None,
+                       default=k["default"] if k["name"] == "local" else None, help=text)
+
+
 # --- the parser ---------------------------------------------------------------------------------
+
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line that says what is wrong and where the help is: argparse's own
+    usage block buries the message under every flag of the command."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
 
 RUN_EXAMPLES = """\
 examples:
@@ -117,51 +175,16 @@ def _add_run(sub) -> None:
     p = sub.add_parser("run", help="run a program with most of its memory in memd",
                        description="Run CMD under the farmem pager (LD_PRELOAD shim).",
                        epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--local", type=local_type, default=run.DEFAULT_LOCAL, metavar="SIZE|PERCENT",
-                   help=f"local-memory budget: bytes (64M, 1g) or a percentage of the paged "
-                        f"memory (default {run.DEFAULT_LOCAL.replace('%', '%%')})")
-    p.add_argument("--memd", type=memd_list_type, metavar="ADDR[,ADDR...]",
-                   help="memory servers (unix:PATH, tcp:HOST:PORT, HOST:PORT, rdma://ADDR:PORT); default: start one")
-    p.add_argument("--secret-file", metavar="FILE",
-                   help="the memd's secret (for --memd; else $FARMEM_SECRET)")
-    p.add_argument("--transport", choices=("auto", "shm", "stream"),
-                   help="shm (same host, Unix socket only) or stream; default auto")
-    p.add_argument("--threshold", type=size_at_least(4096), metavar="SIZE",
-                   help="page mappings of at least SIZE (pager default 64M)")
-    p.add_argument("--fault", choices=("auto", "signal", "thread"),
-                   help="serve faults in the faulting thread (signal) or by handler threads (thread); "
-                        "default auto: signal, thread for a program linked with liburing (docs/pager.md)")
-    p.add_argument("--fill-threads", type=int_range(1, 16), metavar="N",
-                   help="fault-handler threads with --fault thread, 1 to 16 (pager default 1)")
-    p.add_argument("--evict-threads", type=int_range(0, 1), metavar="N",
-                   help="1: an evictor thread keeps resident pages under the watermarks (default: "
-                        "0 with --fault signal, where faulting threads evict, 1 with --fault thread)")
-    p.add_argument("--evict-high", type=percent_range(10, 100), metavar="PCT",
-                   help="start evicting at PCT%% of the local budget (pager default 95)")
-    p.add_argument("--evict-low", type=percent_range(5, 99), metavar="PCT",
-                   help="evict down to PCT%% of the local budget (pager default 90)")
-    p.add_argument("--replicas", type=int_range(1, 8), metavar="R",
-                   help="copies of every evicted page over several --memd servers (default 1)")
-    p.add_argument("--memd-timeout", type=int_range(10, 600000), metavar="MS",
-                   help="per-request memd timeout before failing over (default 1000 with several memds)")
-    p.add_argument("--prefetch", type=int_range(0, 64), metavar="PAGES",
-                   help="prefetch window in pages, 0 turns it off (pager default 8)")
+    add_knob_flags(p, "run")
     p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run figures as JSON")
-    p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
-    # java only (commands/java.py, docs/jvm.md): issue 9
-    p.add_argument("--discard", action=argparse.BooleanOptionalAction, default=None,
-                   help="java: discard the collector's free space after every GC pause (default on)")
-    p.add_argument("--heap-sizing", action=argparse.BooleanOptionalAction, default=None,
-                   help="java/G1: choose the young generation's size for the local budget unless "
-                        "the command sets it (default on)")
     p.add_argument("--gc", choices=("stock", "memliner", "swapva", "memliner+swapva"), default=None,
                    help="java: run the farmem JDK (`make jdk`; docs/patched-jdk.md): memliner = MemLiner "
                         "marking (G1 postpones objects on remote pages), swapva = G1's full GC moves the pages "
                         "of large objects instead of copying them, memliner+swapva = both")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the program and its arguments")
     p.set_defaults(func=run.cmd_run, validate=run.validate, parser=p)
-    from farmem.commands import kswap
-    kswap.add_mode_args(p)
+    from farmem.commands import run_kswap
+    run_kswap.add_mode_args(p)
 
 
 def _add_memd(sub) -> None:
@@ -208,7 +231,7 @@ def _add_doctor(sub) -> None:
                        description="Try each kernel feature and tool farmem uses; one line each.")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--require", metavar="FEATURE[,FEATURE...]",
-                   help="check only these; exit 1 with the refusal message if one is missing")
+                   help="check only these; exit 78 with the refusal message if one is missing")
     p.set_defaults(func=doctor.cmd_doctor, parser=p)
 
 
@@ -248,19 +271,7 @@ def _add_attach(sub) -> None:
                        description="Load the farmem JVMTI agent into a running HotSpot JVM.",
                        epilog=ATTACH_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pid", type=int_range(1, 1 << 22), metavar="PID")
-    p.add_argument("--local", type=local_type, default="25%", metavar="SIZE|PERCENT",
-                   help="local-memory budget: bytes or a percentage of the heap (default 25%%)")
-    p.add_argument("--memd", type=memd_list_type, metavar="ADDR[,ADDR...]",
-                   help="memory servers; default: start a private one")
-    p.add_argument("--secret-file", metavar="FILE", help="the memd's secret (with --memd); the JVM reads it")
-    p.add_argument("--transport", choices=("auto", "shm", "stream"))
-    p.add_argument("--fault", choices=("auto", "signal", "thread"))
-    p.add_argument("--fill-threads", type=int_range(1, 16), metavar="N")
-    p.add_argument("--evict-threads", type=int_range(0, 1), metavar="N")
-    p.add_argument("--evict-high", type=percent_range(10, 100), metavar="PCT")
-    p.add_argument("--evict-low", type=percent_range(5, 99), metavar="PCT")
-    p.add_argument("--prefetch", type=int_range(0, 64), metavar="PAGES")
-    p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
+    add_knob_flags(p, "attach")
     p.set_defaults(func=attach.cmd_attach, parser=p)
 
 
@@ -274,13 +285,23 @@ def _add_detach(sub) -> None:
 
 
 def get_command_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="farmem", description="farmem: run programs with most of their memory far away.")
     parser.add_argument("--version", action="version", version=f"farmem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in (_add_run, _add_memd, _add_stat, _add_doctor, _add_top, _add_trace, _add_attach, _add_detach):
         add(sub)
     return parser
+
+
+def command_list(parser) -> str:
+    """What bare `farmem` prints: every command with its one-line help."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    width = max(len(c.dest) for c in sub._choices_actions)
+    lines = ["farmem: give a command:"]
+    lines += [f"  {c.dest:<{width}}  {c.help}" for c in sub._choices_actions]
+    lines.append("`farmem COMMAND --help` explains each; docs/ and the README say more.")
+    return "\n".join(lines) + "\n"
 
 
 class _Formatter(logging.Formatter):
@@ -309,9 +330,7 @@ def cli(argv=None) -> int:
         if extra:  # name them under the subcommand's usage, not the top-level one
             getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command is None:
-            parser.print_usage(sys.stderr)
-            print("farmem: error: give a command (run, memd, stat, doctor, top, trace); "
-                  "`farmem COMMAND --help` explains each", file=sys.stderr)
+            print(command_list(parser), file=sys.stderr, end="")
             return 2
         validate = getattr(args, "validate", None)
         if validate:

@@ -23,9 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from farmem import paths
-from farmem.commands import java as javacmd
-from farmem.commands import stat as statcmd
+from farmem import java as javacmd
+from farmem import knobs, paths, procmap
 from farmem.errors import FarmemError
 from farmem.units import fmt_bytes
 
@@ -33,8 +32,6 @@ STATE_PREFIX = "/tmp/farmem-attach-"
 JCMD_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 15.0
 PAGING_TIMEOUT_S = 10.0
-_KNOBS = (("transport", "transport"), ("fill_threads", "fill_threads"), ("evict_high", "evict_high"),
-          ("evict_low", "evict_low"), ("prefetch", "prefetch"), ("log", "log"))
 
 
 def state_dir(pid: int) -> Path:
@@ -134,7 +131,7 @@ def start_keeper(pid: int, sdir: Path, log_level: str | None) -> int:
 
 def keeper_main(pid: int, sdir: Path, ready_fd: int, log_level: str) -> int:
     """Runs detached: memd for one JVM, until that JVM exits or SIGTERM."""
-    from farmem.commands.run import EmbeddedMemd
+    from farmem.embedded_memd import EmbeddedMemd
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -205,18 +202,14 @@ def cmd_attach(args) -> int:
     lib = javacmd.agent_lib()
     if not lib.exists():
         raise FarmemError(f"the JVMTI agent {lib} is missing: build it with `make c`")
-    if statcmd.find_maps(pid):
+    if procmap.find_maps(pid):
         raise FarmemError(f"pid {pid} is already paged by farmem (`farmem stat {pid}`; `farmem detach {pid}`)")
     sdir = state_dir(pid)
     if sdir.exists():
         if _keeper_alive(sdir):
             raise FarmemError(f"a memd for pid {pid} is already running ({sdir}); `farmem detach {pid}` stops it")
         shutil.rmtree(sdir, ignore_errors=True)  # a keeper that was killed: stale
-    opts = [f"local={args.local}", "onerror=exit"]
-    for attr, key in _KNOBS:
-        value = getattr(args, attr, None)
-        if value is not None:
-            opts.append(f"{key}={value}")
+    opts = [f"local={args.local}", "onerror=exit"] + knobs.agent_options(args, "attach")
     keeper = None
     if args.memd:
         if not args.secret_file:
@@ -258,7 +251,7 @@ def wait_paging(pid: int) -> dict:
     deadline = time.monotonic() + PAGING_TIMEOUT_S
     while True:
         try:
-            figures = statcmd.stat_figures(pid, statcmd.read_map(pid))
+            figures = procmap.stat_figures(pid, procmap.read_map(pid))
             if figures["registered_bytes"] > 0:
                 return figures
         except FarmemError:
@@ -273,7 +266,7 @@ def cmd_detach(args) -> int:
     pid = args.pid
     jcmd = check_hotspot(pid)
     sdir = state_dir(pid)
-    if not statcmd.find_maps(pid):
+    if not procmap.find_maps(pid):
         if sdir.exists():
             stop_keeper(sdir)
         raise FarmemError(f"pid {pid} is not paged by farmem: nothing to detach")

@@ -1,18 +1,27 @@
-"""`farmem memd`: run build/bin/farmem-memd in the foreground; the flags translate one to one."""
+"""`farmem memd`: run build/bin/farmem-memd in the foreground; the flags translate one to one.
+
+memd runs as a child, not in place of this process, so that the secret directory made for it
+goes when it stops: SIGINT, SIGTERM and SIGHUP are passed on to memd, and memd gets SIGTERM if
+this process dies first. The exit status is memd's (128+N when signal N stopped it).
+"""
 
 import os
 import secrets
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 
 from farmem import doctor, paths
+from farmem.embedded_memd import die_with_parent
 from farmem.errors import FarmemError
 
 DEFAULT_LISTEN = "127.0.0.1:7070"
 
 
 def new_secret_file() -> str:
-    """A fresh secret in a new 0700 directory; it outlives this process (clients need it)."""
+    """A fresh secret in a new 0700 directory, for as long as memd runs (clients read it)."""
     directory = tempfile.mkdtemp(prefix="farmem-memd-")
     path = os.path.join(directory, "secret")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -49,19 +58,38 @@ def memd_argv(args, binary: str, secret_file: str) -> list:
 
 def cmd_memd(args) -> int:
     doctor.require("farmem-memd")
+    made = None
     if args.secret_file:
         if not os.path.isfile(args.secret_file):
             raise FarmemError(f"the secret file {args.secret_file} does not exist")
         secret_file = args.secret_file
     else:
         secret_file = new_secret_file()
+        made = os.path.dirname(secret_file)
         print(f"farmem: memd secret written to {secret_file} (clients: --secret-file {secret_file}, "
-              f"or FARMEM_SECRET=$(cat {secret_file}))", file=sys.stderr)
-    argv = memd_argv(args, str(paths.memd_binary()), secret_file)
-    sys.stdout.flush()
-    sys.stderr.flush()
+              f"or FARMEM_SECRET=$(cat {secret_file})); it is removed when memd stops", file=sys.stderr)
     try:
-        os.execv(argv[0], argv)
-    except OSError as e:
-        raise FarmemError(f"cannot run {argv[0]}: {e.strerror or e}") from None
-    return 1  # not reached
+        return run_foreground(memd_argv(args, str(paths.memd_binary()), secret_file))
+    finally:
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def run_foreground(argv: list) -> int:
+    """memd as a child that gets our signals; its status, shell-style."""
+    proc = None
+
+    def forward(signo, _frame):
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signo)
+    saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        except OSError as e:
+            raise FarmemError(f"cannot run {argv[0]}: {e.strerror or e}") from None
+        rc = proc.wait()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    return 128 - rc if rc < 0 else rc

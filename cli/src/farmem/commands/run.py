@@ -7,19 +7,15 @@ The contract with the preload shim is its environment (one variable per flag):
     FARMEM_SECRET        the memd's shared secret (64 hex digits for the embedded memd)
     FARMEM_LOCAL         the local budget: a byte count or NN%
     FARMEM_CONTROL       <tmpdir>/control.sock, where each pager hands over its residency map
-    FARMEM_TRANSPORT, FARMEM_THRESHOLD (bytes), FARMEM_FILL_THREADS, FARMEM_EVICT_HIGH,
-    FARMEM_EVICT_LOW, FARMEM_PREFETCH, FARMEM_LOG      only when the flag is given
+    FARMEM_<KNOB>        the variable of every other knob flag that is given (uffd/knobs.h)
 
 The end-of-run figures come from the residency maps the pagers passed over FARMEM_CONTROL
 (farmem/control.py), read after CMD has exited.
 """
 
-import ctypes
 import json
 import logging
 import os
-import secrets
-import select
 import shutil
 import signal
 import subprocess
@@ -28,35 +24,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from farmem import doctor, paths, resmap
+from farmem import doctor, knobs, paths, resmap
 from farmem.control import ControlServer
-from farmem.errors import FarmemError
+from farmem.embedded_memd import EmbeddedMemd
+from farmem.errors import EXIT_CONFIG, FarmemError
 from farmem.units import fmt_bytes
 
 log = logging.getLogger("farmem.run")
 
-DEFAULT_LOCAL = "25%"  # the pager's own default (uffd/config.c)
-READY_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 3.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
-
-# Flag -> environment variable of the shim, for the flags that are passed only when given.
-OPTIONAL_ENV = (
-    ("transport", "FARMEM_TRANSPORT"),
-    ("threshold", "FARMEM_THRESHOLD"),
-    ("fault", "FARMEM_FAULT"),
-    ("fill_threads", "FARMEM_FILL_THREADS"),
-    ("evict_threads", "FARMEM_EVICT_THREADS"),
-    ("evict_high", "FARMEM_EVICT_HIGH"),
-    ("evict_low", "FARMEM_EVICT_LOW"),
-    ("prefetch", "FARMEM_PREFETCH"),
-    ("log", "FARMEM_LOG"),
-    ("replicas", "FARMEM_REPLICAS"),
-    ("memd_timeout", "FARMEM_MEMD_TIMEOUT_MS"),
-)
-
 
 def validate(args, parser) -> None:
     """Checks that need more than one flag; argparse has checked each value."""
@@ -65,7 +43,7 @@ def validate(args, parser) -> None:
         parser.error("missing CMD: the program to run (farmem run [options] -- CMD [ARG...])")
     args.cmd = cmd
     if getattr(args, "gc", None) not in (None, "stock"):
-        from farmem.commands import java
+        from farmem import java
         if not java.is_java(cmd):
             parser.error(f"--gc {args.gc} goes with a java command (farmem run --gc {args.gc} -- java ...)")
     if args.evict_low is not None and args.evict_high is not None and args.evict_low >= args.evict_high:
@@ -103,7 +81,7 @@ def _terminated(signo, _frame):
 
 
 def _run(args) -> int:
-    from farmem.commands import java
+    from farmem import java
     is_java = java.is_java(args.cmd)
     doctor.require("userfaultfd")
     if is_java:
@@ -181,10 +159,10 @@ def probe_memds(addrs: list, secret: str) -> None:
             # rdma://ADDR:PORT authenticates over TCP on the same ADDR:PORT first
             probe_addr = "tcp:" + addr[len("rdma://"):] if addr.startswith("rdma://") else addr
             memdproto.probe(probe_addr, secret, timeout=PROBE_TIMEOUT_S)
-        except memdproto.MemdError as e:
-            raise FarmemError(f"cannot reach memd at {addr}: {e}") from None
+        except memdproto.MemdError as e:  # its sentence names the address already
+            raise FarmemError(str(e), exit_code=EXIT_CONFIG) from None
         except OSError as e:
-            raise FarmemError(f"cannot reach memd at {addr}: {e.strerror or e}") from None
+            raise FarmemError(f"cannot reach memd at {addr}: {e.strerror or e}", exit_code=EXIT_CONFIG) from None
 
 
 def private_tmpdir() -> str:
@@ -205,10 +183,7 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     env["FARMEM_SECRET"] = secret
     env["FARMEM_LOCAL"] = args.local
     env["FARMEM_CONTROL"] = control_path
-    for attr, name in OPTIONAL_ENV:
-        value = getattr(args, attr, None)
-        if value is not None:
-            env[name] = str(value)
+    env.update(knobs.env_vars(args))
     if getattr(args, "fault", None) in (None, "auto") and "FARMEM_FAULT" not in base and uses_io_uring(args.cmd):
         # io_uring's kernel side touches buffers after the submitting call returns: no cover can
         # make them resident in time, so the kernel must be able to wait for a page (docs/pager.md).
@@ -316,99 +291,3 @@ def write_json(path: str, data: dict) -> None:
         os.replace(tmp, path)
     except OSError as e:
         raise FarmemError(f"cannot write the summary to {path}: {e.strerror or e}") from None
-
-
-# --- the embedded memory server -------------------------------------------------------------------
-
-def _die_with_parent() -> None:
-    """In the memd child: get SIGTERM if farmem itself dies, so that no memd is left behind."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def default_capacity() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-
-
-class EmbeddedMemd:
-    """farmem-memd on a private Unix socket with a fresh secret, for the length of one run."""
-
-    def __init__(self, binary: Path, tmpdir: str, log_level: str | None = None, capacity: int | None = None):
-        self.binary = binary
-        self.socket = os.path.join(tmpdir, "memd.sock")
-        self.secret_file = os.path.join(tmpdir, "secret")
-        self.address = "unix:" + self.socket
-        self.log_level = log_level
-        self.capacity = capacity or default_capacity()
-        self.secret = ""
-        self.proc = None
-
-    def start(self, timeout: float = READY_TIMEOUT_S) -> None:
-        self.secret = secrets.token_hex(32)
-        fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.secret)
-        r, w = os.pipe()
-        argv = [str(self.binary), "--unix", self.socket, "--secret-file", self.secret_file,
-                "--ready-fd", str(w), "--capacity", str(self.capacity)]
-        if self.log_level:
-            argv += ["--log", self.log_level]
-        log.debug("starting %s", " ".join(argv))
-        try:
-            try:
-                # Its own session: a Ctrl-C meant for CMD must not stop memd under it.
-                self.proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL,
-                                             start_new_session=True, preexec_fn=_die_with_parent)
-            except OSError as e:
-                raise FarmemError(f"cannot start {self.binary}: {e.strerror or e}") from None
-            finally:
-                os.close(w)
-            self._wait_ready(r, timeout)
-        finally:
-            os.close(r)
-
-    def _wait_ready(self, r: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        buf = b""
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.stop(quiet=True)
-                raise FarmemError(f"the embedded memd ({self.binary}) did not report ready within "
-                                  f"{timeout:.0f} s")
-            if not select.select([r], [], [], left)[0]:
-                continue
-            chunk = os.read(r, 64)
-            if not chunk:
-                try:
-                    rc = self.proc.wait(1.0)
-                    how = (f"exited with status {rc}" if rc >= 0 else
-                           f"was killed by signal {-rc} ({signal.Signals(-rc).name})")
-                except subprocess.TimeoutExpired:
-                    how = "closed its ready pipe"
-                self.stop(quiet=True)
-                raise FarmemError(f"the embedded memd ({self.binary}) {how} before it was ready; "
-                                  "its messages, if any, are above")
-            buf += chunk
-        line = buf.split(b"\n", 1)[0]
-        if line != b"ready":
-            self.stop(quiet=True)
-            raise FarmemError(f"the embedded memd wrote {line!r} on its ready pipe instead of 'ready'")
-        log.debug("memd ready on %s", self.socket)
-
-    def stop(self, quiet: bool = False) -> None:
-        """SIGTERM, then SIGKILL after STOP_TIMEOUT_S. Warns if memd had died on its own."""
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-                return
-            except subprocess.TimeoutExpired:
-                log.warning("the embedded memd ignored SIGTERM for %.0f s: killing it", STOP_TIMEOUT_S)
-                proc.kill()
-                proc.wait()
-                return
-        if not quiet:
-            log.warning("the embedded memd had exited during the run (status %s)", proc.returncode)

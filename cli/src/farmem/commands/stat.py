@@ -1,85 +1,11 @@
-"""`farmem stat PID`: the figures of a process under farmem, read from its residency map.
-
-The map is a memfd named "farmem-map" that the paged process holds open; from outside it
-is /proc/PID/fd/N, whose link reads "/memfd:farmem-map (deleted)". We map it read-only.
-"""
+"""`farmem stat PID`: the figures of a process under farmem, read from its residency map
+(farmem/procmap.py)."""
 
 import json
-import os
 import sys
-import time
 
-from farmem import resmap
-from farmem.errors import FarmemError
+from farmem import procmap
 from farmem.units import fmt_bytes
-
-
-def find_maps(pid: int) -> list:
-    """Paths /proc/PID/fd/N of every farmem-map memfd the process holds."""
-    fd_dir = f"/proc/{pid}/fd"
-    if not os.path.exists(f"/proc/{pid}"):
-        raise FarmemError(f"no process with pid {pid}")
-    try:
-        entries = sorted(os.listdir(fd_dir), key=int)
-    except PermissionError:
-        raise FarmemError(f"cannot look at the files of pid {pid}: permission denied "
-                          "(run as its user or as root)") from None
-    except FileNotFoundError:
-        raise FarmemError(f"no process with pid {pid} (it exited)") from None
-    found = []
-    for name in entries:
-        path = f"{fd_dir}/{name}"
-        try:
-            if os.readlink(path).startswith("/memfd:" + resmap.MEMFD_NAME):
-                found.append(path)
-        except OSError:  # closed while we looked
-            continue
-    return found
-
-
-def read_map(pid: int) -> resmap.Snapshot:
-    paths = find_maps(pid)
-    if not paths:
-        raise FarmemError(f"pid {pid} is not running under farmem: it holds no "
-                          f"{resmap.MEMFD_NAME} memfd (start it with `farmem run`)")
-    snaps, errors = [], []
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            errors.append(f"{path}: {e.strerror}")
-            continue
-        try:
-            snaps.append(resmap.read_fd(fd, with_regions=True))
-        except (OSError, ValueError) as e:
-            errors.append(f"{path}: {e}")
-        finally:
-            os.close(fd)
-    if not snaps:
-        raise FarmemError(f"pid {pid}: cannot read its residency map: {'; '.join(errors)}")
-    # `farmem run` itself holds the maps of its children: prefer the process's own.
-    own = [s for s in snaps if s.hdr.pid == pid]
-    return (own or snaps)[0]
-
-
-def stat_figures(pid: int, snap: resmap.Snapshot) -> dict:
-    hdr = snap.hdr
-    out = resmap.figures([hdr])
-    out.update(
-        pid=pid,
-        map_pid=int(hdr.pid),
-        page_size=1 << hdr.page_shift,
-        swap_epoch=hdr.swap_epoch,
-        churn_pages=hdr.churn_pages,
-        epoch_churn_pct=hdr.epoch_churn_pct,
-        gc_cycles=hdr.gc_cycles,
-        gc_active=bool(hdr.gc_active),
-        memd=hdr.memd.decode(errors="replace"),
-        start_time_ns=hdr.start_time_ns,
-        uptime_s=round(max(0.0, time.time() - hdr.start_time_ns / 1e9), 3) if hdr.start_time_ns else None,
-        regions=snap.regions,
-    )
-    return out
 
 
 def render(s: dict) -> list:
@@ -115,8 +41,8 @@ def render(s: dict) -> list:
 
 
 def cmd_stat(args) -> int:
-    snap = read_map(args.pid)
-    s = stat_figures(args.pid, snap)
+    snap = procmap.read_map(args.pid)
+    s = procmap.stat_figures(args.pid, snap)
     if args.json:
         json.dump(s, sys.stdout, indent=2)
         sys.stdout.write("\n")

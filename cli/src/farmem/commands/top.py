@@ -1,8 +1,11 @@
 """`farmem top`: live faults, residency and GC phases of every process under farmem.
 
-In the manner of bcc's cachetop and bpftop: get_rows() collects (residency maps through the
-code of `farmem stat`, plus farmem-trace's totals when eBPF is available) and draw() only draws.
-A process is "under farmem" when it holds its own farmem-map memfd (pager or kswap mode).
+In the manner of bcc's cachetop and bpftop: Sampler collects (residency maps through
+farmem/procmap.py, plus farmem-trace's totals when eBPF is available) and the screen code only
+draws. A process is "under farmem" when it holds its own farmem-map memfd (pager or kswap mode).
+
+Every rate is over one sampling interval: the residency map's counters between two samples,
+farmem-trace's between its two latest reports. Paused, nothing is sampled, so every view stands.
 
 Keys: q quit, < > sort column, r reverse, p pause, up/down select, Enter per-thread view of the
 selected process (from farmem-trace), Esc/Enter back.
@@ -13,57 +16,61 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
-from farmem import resmap
-from farmem.commands import stat as statcmd
+from farmem import procmap, resmap
 from farmem.errors import FarmemError
 
-# (key, header, width, format): drives the header, the rows and the sort.
+WIDE = 160  # from this many columns on, the wide layout: whole names, no legend
+
+
+@dataclass(frozen=True)
+class Col:
+    key: str
+    name: str       # wide header
+    short: str      # narrow header (the legend spells it out)
+    width: int      # wide
+    narrow: int     # narrow
+    kind: str       # "int", "f1" (one decimal), "text", "left" (text, left-aligned)
+
+
 FIELDS = (
-    ("pid", "PID", 7, "{:>7}"),
-    ("comm", "COMM", 15, "{:<15.15}"),
-    ("local_mb", "LOCAL_MB", 9, "{:>9.1f}"),
-    ("remote_mb", "REMOTE_MB", 9, "{:>9.1f}"),
-    ("uffd_fs", "UFFD/s", 8, "{:>8.0f}"),
-    ("maj_fs", "MAJ/s", 7, "{:>7.0f}"),
-    ("min_fs", "MIN/s", 8, "{:>8.0f}"),
-    ("p50_us", "P50us", 7, "{:>7.1f}"),
-    ("p99_us", "P99us", 7, "{:>7.1f}"),
-    ("stall_pct", "STALL%", 6, "{:>6.1f}"),
-    ("gc_share_pct", "GC%", 5, "{:>5.1f}"),
-    ("evict_s", "EVICT/s", 8, "{:>8.0f}"),
-    ("prefetch_hit_pct", "PFHIT%", 6, "{:>6.1f}"),
-    ("swap_epoch", "EPOCH", 6, "{:>6}"),
-    ("gc_phase", "GC", 7, "{:>7}"),
+    Col("pid", "PID", "PID", 7, 7, "text"),
+    Col("comm", "COMM", "COMM", 16, 6, "left"),
+    Col("local_mb", "LOCAL_MB", "LOC", 9, 4, "f1"),
+    Col("remote_mb", "REMOTE_MB", "REM", 9, 4, "f1"),
+    Col("uffd_fs", "UFFD/s", "UF/s", 8, 4, "int"),
+    Col("maj_fs", "MAJ/s", "MJ/s", 8, 4, "int"),
+    Col("min_fs", "MIN/s", "MN/s", 8, 4, "int"),
+    Col("p50_us", "P50us", "P50", 8, 4, "f1"),
+    Col("p99_us", "P99us", "P99", 8, 4, "f1"),
+    Col("stall_pct", "STALL%", "STL%", 7, 4, "f1"),
+    Col("gc_share_pct", "GC%", "GC%", 6, 4, "f1"),
+    Col("evict_s", "EVICT/s", "EV/s", 8, 4, "int"),
+    Col("prefetch_hit_pct", "PFHIT%", "PF%", 7, 4, "f1"),
+    Col("swap_epoch", "EPOCH", "EPO", 7, 4, "int"),
+    Col("gc_phase", "GC", "GC", 7, 4, "text"),
 )
 THREAD_FIELDS = (
-    ("tid", "TID", 7, "{:>7}"),
-    ("comm", "COMM", 16, "{:<16.16}"),
-    ("kind", "KIND", 4, "{:>4}"),
-    ("faults_s", "FAULTS/s", 9, "{:>9.0f}"),
-    ("maj_fs", "MAJ/s", 7, "{:>7.0f}"),
-    ("min_fs", "MIN/s", 8, "{:>8.0f}"),
-    ("uffd_waits_s", "UWAIT/s", 8, "{:>8.0f}"),
-    ("stall_pct", "STALL%", 6, "{:>6.1f}"),
-    ("faults", "FAULTS", 10, "{:>10}"),
+    Col("tid", "TID", "TID", 7, 7, "text"),
+    Col("comm", "COMM", "COMM", 16, 15, "left"),
+    Col("kind", "KIND", "KIND", 5, 4, "text"),
+    Col("faults_s", "FAULTS/s", "FLT/s", 10, 6, "int"),
+    Col("maj_fs", "MAJ/s", "MJ/s", 8, 5, "int"),
+    Col("min_fs", "MIN/s", "MN/s", 8, 6, "int"),
+    Col("uffd_waits_s", "UWAIT/s", "UW/s", 8, 6, "int"),
+    Col("stall_pct", "STALL%", "STL%", 7, 5, "f1"),
+    Col("faults", "FAULTS", "FAULTS", 11, 8, "int"),
 )
 DEFAULT_SORT = "uffd_fs"
-
-
-def farmem_pids() -> list:
-    """Processes holding a farmem-map memfd, found through /proc/*/fd."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{name}/fd"):
-                if os.readlink(f"/proc/{name}/fd/{fd}").startswith("/memfd:" + resmap.MEMFD_NAME):
-                    out.append(int(name))
-                    break
-        except OSError:
-            continue
-    return sorted(out)
+# What the narrow layout's short headers stand for, and the line STALL% needs wherever it shows.
+LEGEND = "LOC/REM MiB local/in memd  UF MJ MN faults/s  P50 P99 us  EV evicts/s  PF% hits"
+STALL_LINE = {
+    True: ("STALL% = seconds threads spent waiting in page faults per second, summed over threads: "
+           "above 100 when several threads wait at once"),
+    False: "STL%: time in faults per second, summed over threads (>100: several waiting)",
+}
+KEYS = "keys: q quit  < > sort  r reverse  p pause  up/down select  Enter threads"
 
 
 def _comm(pid: int) -> str:
@@ -78,31 +85,78 @@ def _lat_sum_ns(hist) -> int:
     return sum(n * resmap.lat_bucket_floor(b) for b, n in enumerate(hist) if n)
 
 
+def _per_s(now: dict, before: dict, key: str, dt: float) -> float:
+    return max(0, now.get(key, 0) - before.get(key, 0)) / dt
+
+
 class Sampler:
-    """Two successive samples make the rates. Keeps the previous one per pid."""
+    """Two successive samples make the rates: the residency maps' between this sample and the
+    last, farmem-trace's between its latest report and the one before it (each report is one
+    interval of its own). Per-thread rows are made with each sample and kept, so a paused
+    screen shows the same numbers."""
 
     def __init__(self, tracer=None):
         self.tracer = tracer
-        self.prev = {}       # pid -> (time, figures, lat_sum_ns, trace proc)
-        self.prev_threads = {}
+        self.prev = {}          # pid -> (time, figures, lat_sum_ns)
+        self.trace_prev = None  # (report time, {pid: proc}) of the last report seen
+        self.trace_rates = {}   # pid -> the rates of the last two reports
+        self.thread_rows = {}   # pid -> per-thread rows of the last two reports
+
+    def _take_trace(self) -> dict:
+        """The tracer's processes by pid; computes their rates when a new report came in."""
+        if not self.tracer:
+            return {}
+        stats, when = self.tracer.snapshot()
+        if not stats:
+            return {}
+        procs = {p["pid"]: p for p in stats.get("procs", [])}
+        if self.trace_prev is None or when > self.trace_prev[0]:
+            if self.trace_prev is not None:
+                dt = max(1e-3, when - self.trace_prev[0])
+                before = self.trace_prev[1]
+                self.trace_rates = {pid: self._proc_rates(p, before.get(pid), dt) for pid, p in procs.items()}
+                self.thread_rows = {pid: self._threads(p, before.get(pid), dt) for pid, p in procs.items()}
+            self.trace_prev = (when, procs)
+        return procs
+
+    @staticmethod
+    def _proc_rates(p: dict, p0, dt: float) -> dict:
+        if not p0:
+            return {}
+        d_pf = p["pf_user"] - p0["pf_user"]
+        return {"maj_fs": _per_s(p, p0, "maj", dt), "min_fs": _per_s(p, p0, "min", dt),
+                "stall_pct": 100.0 * _per_s(p, p0, "fault_ns", dt) / 1e9,
+                "gc_share_pct": 100.0 * (p["gc_faults"] - p0["gc_faults"]) / d_pf if d_pf > 0 else 0.0}
+
+    @staticmethod
+    def _threads(p: dict, p0, dt: float) -> list:
+        before = {t["tid"]: t for t in (p0 or {}).get("threads", [])}
+        rows = []
+        for t in p.get("threads", []):
+            t0 = before.get(t["tid"], {})  # a thread born in the interval counts from zero
+            rows.append({"tid": t["tid"], "comm": t["comm"], "kind": "GC" if t["gc"] else "app",
+                         "faults": t["pf_user"], "faults_s": _per_s(t, t0, "pf_user", dt),
+                         "maj_fs": _per_s(t, t0, "maj", dt), "min_fs": _per_s(t, t0, "min", dt),
+                         "uffd_waits_s": _per_s(t, t0, "uffd_waits", dt),
+                         "stall_pct": 100.0 * _per_s(t, t0, "fault_ns", dt) / 1e9})
+        return rows
 
     def sample(self) -> dict:
         now = time.monotonic()
         rows, cur = [], {}
-        tstats = self.tracer.latest() if self.tracer else None
-        tprocs = {p["pid"]: p for p in (tstats or {}).get("procs", [])}
-        for pid in farmem_pids():
+        tprocs = self._take_trace()
+        for pid in procmap.farmem_pids():
             try:
-                snap = statcmd.read_map(pid)
+                snap = procmap.read_map(pid)
             except FarmemError:
                 continue
             if snap.hdr.pid != pid:   # farmem run holding its child's map
                 continue
-            fig = statcmd.stat_figures(pid, snap)
+            fig = procmap.stat_figures(pid, snap)
             lat_sum = _lat_sum_ns(list(snap.hdr.stats.lat_hist))
-            tp = tprocs.get(pid)
-            cur[pid] = (now, fig, lat_sum, tp)
-            rows.append(self._row(pid, fig, lat_sum, tp, self.prev.get(pid), now))
+            cur[pid] = (now, fig, lat_sum)
+            rows.append(self._row(pid, fig, lat_sum, tprocs.get(pid), self.trace_rates.get(pid),
+                                  self.prev.get(pid), now))
         self.prev = cur
         totals = {
             "time": time.strftime("%H:%M:%S"),
@@ -111,12 +165,12 @@ class Sampler:
             "remote_mb": sum(r["remote_mb"] for r in rows),
             "faults_s": sum(r["uffd_fs"] + r["maj_fs"] for r in rows),
             "memd_mb_s": sum(r["memd_mb_s"] for r in rows),
-            "ebpf": bool(self.tracer and tstats),
+            "ebpf": bool(self.tracer and self.trace_prev),
         }
         return {"totals": totals, "rows": rows}
 
     @staticmethod
-    def _row(pid, fig, lat_sum, tp, prev, now) -> dict:
+    def _row(pid, fig, lat_sum, tp, rates, prev, now) -> dict:
         page = fig["page_size"]
         local = sum(r["resident"] for r in fig["regions"]) * page
         remote = sum(r["remote"] for r in fig["regions"]) * page
@@ -130,94 +184,141 @@ class Sampler:
         kswap = row["mode"] == "kswap"
         if fig["prefetch_issued"]:
             row["prefetch_hit_pct"] = 100.0 * fig["prefetch_used"] / fig["prefetch_issued"]
-        gc_active = fig["gc_active"] or bool(tp and tp["gc"]["active"])
-        if gc_active:
-            row["gc_phase"] = "fullGC" if tp and tp["gc"]["full"] else "GC"
+        if fig["gc_active"] or bool(tp and tp["gc"]["active"]):
+            row["gc_phase"] = "full" if tp and tp["gc"]["full"] else "GC"
+        if rates:
+            row.update(rates)
         if not prev:
             return row
-        t0, f0, lat0, tp0 = prev
+        t0, f0, lat0 = prev
         dt = max(1e-3, now - t0)
         if not kswap:  # in kswap mode the map's "faults" are the major faults
-            row["uffd_fs"] = (fig["faults"] - f0["faults"]) / dt
-        row["evict_s"] = (fig["evictions"] - f0["evictions"]) / dt
-        row["memd_mb_s"] = ((fig["remote_read_bytes"] + fig["remote_write_bytes"])
-                            - (f0["remote_read_bytes"] + f0["remote_write_bytes"])) / dt / 2**20
-        d_faults = fig["faults"] - f0["faults"]
-        d_gc = fig["gc_faults"] - f0["gc_faults"]
-        if tp and tp0:
-            row["maj_fs"] = (tp["maj"] - tp0["maj"]) / dt
-            row["min_fs"] = (tp["min"] - tp0["min"]) / dt
-            row["stall_pct"] = 100.0 * (tp["fault_ns"] - tp0["fault_ns"]) / (dt * 1e9)
-            d_pf = tp["pf_user"] - tp0["pf_user"]
-            if d_pf:
-                row["gc_share_pct"] = 100.0 * (tp["gc_faults"] - tp0["gc_faults"]) / d_pf
-        else:
+            row["uffd_fs"] = _per_s(fig, f0, "faults", dt)
+        row["evict_s"] = _per_s(fig, f0, "evictions", dt)
+        row["memd_mb_s"] = (_per_s(fig, f0, "remote_read_bytes", dt) + _per_s(fig, f0, "remote_write_bytes", dt)) / 2**20
+        if not tp:  # no eBPF: what the map says
             if kswap:
-                row["maj_fs"] = (fig["faults"] - f0["faults"]) / dt
-            row["stall_pct"] = 100.0 * (lat_sum - lat0) / (dt * 1e9)
-            if d_faults and not kswap:
-                row["gc_share_pct"] = 100.0 * d_gc / d_faults
+                row["maj_fs"] = _per_s(fig, f0, "faults", dt)
+            row["stall_pct"] = 100.0 * max(0, lat_sum - lat0) / (dt * 1e9)
+            d_faults = fig["faults"] - f0["faults"]
+            if d_faults > 0 and not kswap:
+                row["gc_share_pct"] = 100.0 * (fig["gc_faults"] - f0["gc_faults"]) / d_faults
         return row
 
     def threads(self, pid: int) -> list:
-        """Per-thread rows of pid from farmem-trace (empty without eBPF)."""
-        if not self.tracer:
-            return []
-        tp = self.tracer.proc_stats(pid)
-        if not tp:
-            return []
-        now = self.tracer.stats_time or time.monotonic()
-        prev_t, prev = self.prev_threads.get(pid, (None, {}))
-        rows, cur = [], {}
-        for t in tp.get("threads", []):
-            cur[t["tid"]] = t
-            p = prev.get(t["tid"])
-            dt = (now - prev_t) if prev_t and now > prev_t else None
-            r = {"tid": t["tid"], "comm": t["comm"], "kind": "GC" if t["gc"] else "app",
-                 "faults": t["pf_user"], "faults_s": 0.0, "maj_fs": 0.0, "min_fs": 0.0,
-                 "uffd_waits_s": 0.0, "stall_pct": 0.0}
-            if p and dt:
-                r["faults_s"] = (t["pf_user"] - p["pf_user"]) / dt
-                r["maj_fs"] = (t["maj"] - p["maj"]) / dt
-                r["min_fs"] = (t["min"] - p["min"]) / dt
-                r["uffd_waits_s"] = (t["uffd_waits"] - p["uffd_waits"]) / dt
-                r["stall_pct"] = 100.0 * (t["fault_ns"] - p["fault_ns"]) / (dt * 1e9)
-            rows.append(r)
-        if now != prev_t:
-            self.prev_threads[pid] = (now, cur)
-        return rows
+        """Per-thread rows of pid as of the last sample (empty without eBPF)."""
+        return self.thread_rows.get(pid, [])
 
 
 def sort_rows(rows, key, reverse):
     return sorted(rows, key=lambda r: (r.get(key) if r.get(key) is not None else 0), reverse=reverse)
 
 
-def _fmt_row(fields, r) -> str:
-    return " ".join(fmt.format(r[k]) for k, _h, _w, fmt in fields)
+# --- text: one layout for wide terminals, one that fits 80 columns -------------------------------
+
+def compact(x, width: int, kind: str) -> str:
+    """x in at most width characters: 12.3, 123, 1.2k, 12k, 1.2M, ..."""
+    if kind in ("text", "left"):
+        return str(x)
+    x = float(x)
+    if kind == "f1" and abs(x) < 10 ** (width - 2) and len(f"{x:.1f}") <= width:
+        return f"{x:.1f}"
+    if len(f"{x:.0f}") <= width:
+        return f"{x:.0f}"
+    for div, unit in ((1e3, "k"), (1e6, "M"), (1e9, "G"), (1e12, "T")):
+        for text in (f"{x / div:.1f}{unit}", f"{x / div:.0f}{unit}"):
+            if len(text) <= width:
+                return text
+    return "#" * width
 
 
-def _fmt_header(fields, sort_key, reverse) -> str:
+def _cell(c: Col, value, wide: bool) -> str:
+    w = c.width if wide else c.narrow
+    if c.kind == "left":
+        return f"{str(value)[:w]:<{w}}"
+    if c.kind == "text":
+        text = str(value)
+    elif not wide:
+        text = compact(value, w, c.kind)
+    else:
+        text = f"{float(value):.1f}" if c.kind == "f1" else f"{float(value):.0f}"
+        if len(text) > w:
+            text = compact(value, w, c.kind)
+    return f"{text[:w]:>{w}}"
+
+
+def fmt_row(fields, r, wide: bool) -> str:
+    return " ".join(_cell(c, r[c.key], wide) for c in fields)
+
+
+def fmt_header(fields, wide: bool) -> str:
     out = []
-    for k, h, w, _f in fields:
-        if k == sort_key:
-            h = h + ("v" if reverse else "^")
-        out.append(h.rjust(w) if k != "comm" else h.ljust(w))
+    for c in fields:
+        w, name = (c.width, c.name) if wide else (c.narrow, c.short)
+        out.append(f"{name:<{w}}" if c.kind == "left" else f"{name:>{w}}")
     return " ".join(out)
 
 
-def header_line(totals, interval, paused) -> str:
-    return (f"farmem top  {totals['time']}  every {interval:g}s  eBPF {'on' if totals['ebpf'] else 'off'}"
-            f"{'  [paused]' if paused else ''}   processes {totals['processes']}  local "
-            f"{totals['local_mb']:.1f} MB  remote {totals['remote_mb']:.1f} MB  faults "
-            f"{totals['faults_s']:.0f}/s  memd {totals['memd_mb_s']:.1f} MB/s")
+def col_name(fields, key: str, wide: bool) -> str:
+    c = next(c for c in fields if c.key == key)
+    return c.name if wide else c.short
+
+
+def sort_line(fields, key: str, reverse: bool, wide: bool) -> str:
+    return f"sorted by {col_name(fields, key, wide)}, {'largest' if reverse else 'smallest'} first"
+
+
+def header_lines(totals, interval, paused, wide: bool) -> list:
+    first = (f"farmem top  {totals['time']}  every {interval:g}s  eBPF {'on' if totals['ebpf'] else 'off'}"
+             f"{'  [paused]' if paused else ''}")
+    def n(x, kind="f1"):  # at most 6 characters
+        return compact(x, 6, kind)
+    second = (f"processes {totals['processes']}  local {n(totals['local_mb'])} MiB  remote "
+              f"{n(totals['remote_mb'])} MiB  faults {n(totals['faults_s'], 'int')}/s  memd "
+              f"{n(totals['memd_mb_s'])} MB/s")
+    return [f"{first}   {second}"] if wide else [first, second]
+
+
+def screen_lines(data, sampler, interval, paused, sort_key, reverse, thread_view, width) -> list:
+    """The whole screen as text, for a terminal of width columns: (line, highlight) pairs."""
+    wide = width > WIDE - 1
+    lines = [(line, None) for line in header_lines(data["totals"], interval, paused, wide)]
+    if thread_view is None:
+        lines.append((f"{KEYS}   {sort_line(FIELDS, sort_key, reverse, wide)}" if wide else KEYS, None))
+        if not wide:
+            lines.append((sort_line(FIELDS, sort_key, reverse, wide), None))
+            lines.append((LEGEND, None))
+        lines.append((STALL_LINE[wide], None))
+        lines.append((fmt_header(FIELDS, wide), "header"))
+        for r in sort_rows(data["rows"], sort_key, reverse):
+            lines.append((fmt_row(FIELDS, r, wide), "row"))
+    else:
+        lines.append((f"threads of pid {thread_view}  (Enter or Esc: back; q quit)", None))
+        lines.append(("per-thread figures need eBPF (farmem-trace)" if not sampler.tracer else
+                      STALL_LINE[wide], None))
+        lines.append((fmt_header(THREAD_FIELDS, wide), "header"))
+        for r in sort_rows(sampler.threads(thread_view), "faults_s", True):
+            lines.append((fmt_row(THREAD_FIELDS, r, wide), "row"))
+    return lines
 
 
 # --- the curses view -----------------------------------------------------------------------------
 
+def _follow_resize(scr) -> None:
+    """Take the terminal's size now: ncurses hears of a resize only through SIGWINCH, which a
+    process can inherit ignored (then the screen would stay at its first size)."""
+    try:
+        size = os.get_terminal_size(sys.stdout.fileno())
+    except OSError:
+        return
+    if scr.getmaxyx() != (size.lines, size.columns):
+        curses.resizeterm(size.lines, size.columns)
+
+
 def _loop(scr, sampler, interval):
     curses.curs_set(0)
     scr.nodelay(True)
-    sort_idx = [k for k, *_ in FIELDS].index(DEFAULT_SORT)
+    sort_idx = [c.key for c in FIELDS].index(DEFAULT_SORT)
     reverse, paused, selected, thread_view = True, False, 0, None
     data = sampler.sample()
     next_t = time.monotonic() + interval
@@ -225,27 +326,17 @@ def _loop(scr, sampler, interval):
         if not paused and time.monotonic() >= next_t:
             data = sampler.sample()
             next_t = time.monotonic() + interval
+        _follow_resize(scr)
         scr.erase()
         h, w = scr.getmaxyx()
-        key = FIELDS[sort_idx][0]
+        key = FIELDS[sort_idx].key
         rows = sort_rows(data["rows"], key, reverse)
         selected = min(selected, max(0, len(rows) - 1))
-        lines = [header_line(data["totals"], interval, paused)]
-        if thread_view is None:
-            lines.append("keys: q quit  < > sort  r reverse  p pause  up/down select  Enter threads")
-            lines.append("")
-            lines.append(_fmt_header(FIELDS, key, reverse))
-            for i, r in enumerate(rows):
-                lines.append(_fmt_row(FIELDS, r))
-        else:
-            tr = sort_rows(sampler.threads(thread_view), "faults_s", True)
-            lines.append(f"threads of pid {thread_view}  (Enter or Esc: back; q quit)")
-            lines.append("" if sampler.tracer else "per-thread figures need eBPF (farmem-trace)")
-            lines.append(_fmt_header(THREAD_FIELDS, "faults_s", True))
-            lines += [_fmt_row(THREAD_FIELDS, r) for r in tr]
-        for y, line in enumerate(lines[:h]):
-            attr = curses.A_REVERSE if (thread_view is None and y == 3) else 0
-            if thread_view is None and rows and y == 4 + selected:
+        lines = screen_lines(data, sampler, interval, paused, key, reverse, thread_view, w)
+        first_row = next((y for y, (_l, kind) in enumerate(lines) if kind == "row"), len(lines))
+        for y, (line, kind) in enumerate(lines[:h]):
+            attr = curses.A_REVERSE if kind == "header" else 0
+            if thread_view is None and rows and y == first_row + selected:
                 attr = curses.A_BOLD
             try:
                 scr.addnstr(y, 0, line, w - 1, attr)
@@ -293,7 +384,7 @@ def add_parser(sub) -> None:
 
 
 def _start_tracer(interval):
-    from farmem.commands.trace import Tracer
+    from farmem.tracer import Tracer
     try:
         return Tracer(interval_ms=int(interval * 1000)).start()
     except FarmemError as e:
@@ -304,7 +395,8 @@ def _start_tracer(interval):
 def _wait_stats(tracer, after, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if tracer.stats_time and tracer.stats_time > after:
+        _stats, when = tracer.snapshot()
+        if when and when > after:
             return
         time.sleep(0.02)
 
@@ -333,13 +425,15 @@ def cmd_top(args) -> int:
                         r["threads"] = sampler.threads(r["pid"])
                 print(json.dumps(data, indent=1))
             else:
-                print(header_line(data["totals"], args.interval, False))
-                print(_fmt_header(FIELDS, DEFAULT_SORT, True))
-                for r in data["rows"]:
-                    print(_fmt_row(FIELDS, r))
+                for line, _kind in screen_lines(data, sampler, args.interval, False, DEFAULT_SORT, True, None,
+                                                WIDE):
+                    print(line)
             return 0
         if not sys.stdout.isatty():
             raise FarmemError("farmem top needs a terminal; use --once [--json] for scripts")
+        # The terminal's own size, not $COLUMNS/$LINES: those go stale when a window is resized
+        # and are often exported (ncurses would believe them over the terminal).
+        curses.use_env(False)
         curses.wrapper(_loop, sampler, args.interval)
         return 0
     finally:

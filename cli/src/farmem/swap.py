@@ -25,11 +25,12 @@ What it does, and undoes on exit (also after an exception, SIGTERM or SIGINT):
   and the cgroup's peak usage.
 
 Runs as root.  Setups are serialised with a lock file, so two benchmark
-drivers never fight over zram devices.  Standard library only.
+drivers (or a driver and `farmem run --mode kswap`) never fight over zram
+devices.  Standard library only: bench/ drivers import it as farmem.swap.
 
 Command line (for trying it by hand):
 
-    python3 bench/lib/swap.py --limit 64M [--zram-size 1G] -- CMD ARGS...
+    python3 -m farmem.swap --limit 64M [--zram-size 1G] -- CMD ARGS...
 
 prints the command's output, then a JSON line with the run's figures on stderr,
 and exits with the command's status.
@@ -593,10 +594,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             desc = env.describe()
             r = env.run(cmd, timeout=a.timeout)
     except SwapSetupError as e:
-        print(f"swap.py: {e}", file=sys.stderr)
+        print(f"farmem.swap: {e}", file=sys.stderr)
         return 3
     except KeyboardInterrupt as e:
-        print(f"swap.py: interrupted ({e}); swap and cgroup removed", file=sys.stderr)
+        print(f"farmem.swap: interrupted ({e}); swap and cgroup removed", file=sys.stderr)
         return 130
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)

@@ -13,8 +13,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from farmem import paths
-from farmem.commands import gcmode
+from farmem import knobs, paths
+from farmem import gcmode
 from farmem.errors import FarmemError
 from farmem.units import fmt_bytes
 
@@ -27,9 +27,6 @@ _WITH_VALUE = {"-cp", "-classpath", "--class-path", "-p", "--module-path", "--up
 _SIZE_RE = re.compile(r"([0-9]+)([kKmMgGtT]?)")
 _UNSUPPORTED_GCS = {"UseZGC": "ZGC", "UseShenandoahGC": "Shenandoah"}
 _UNTESTED_GCS = {"UseSerialGC": "Serial", "UseEpsilonGC": "Epsilon"}
-_KNOBS = (("transport", "transport"), ("fault", "fault"), ("fill_threads", "fill_threads"),
-          ("evict_threads", "evict_threads"), ("evict_high", "evict_high"),
-          ("evict_low", "evict_low"), ("prefetch", "prefetch"), ("log", "log"))
 
 
 def agent_lib():
@@ -164,15 +161,10 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
             raise FarmemError(f"--local {fmt_bytes(parse_bytes(local))} is larger than the heap (-Xmx{jvm.xmx_text}): nothing would "
                               "ever be remote; give a smaller size or a percentage")
     opts = [f"memd={address.replace(',', ';')}", f"local={local}", f"control={control_path}"]
-    for attr, key in _KNOBS:
-        value = getattr(args, attr, None)
-        if value is not None:
-            opts.append(f"{key}={value}")
+    opts += knobs.agent_options(args, "run")
     if getattr(args, "threshold", None) is not None:
         say("farmem: warning: --threshold is a knob of the preload shim; for java the agent pages the "
             "heap, whatever its size")
-    if getattr(args, "discard", None) is not None:
-        opts.append(f"discard={int(args.discard)}")
     if getattr(args, "heap_sizing", None) is not False:
         for flag in size_for_budget(argv[1:end], env_opts, jvm, local, say):
             argv.insert(1, flag)

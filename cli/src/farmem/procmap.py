@@ -1,0 +1,93 @@
+"""A process under farmem, seen from outside: the residency maps it holds (memfds named
+"farmem-map", /proc/PID/fd/N, whose link reads "/memfd:farmem-map (deleted)"), read-only, and
+the figures `farmem stat`, `farmem top` and `farmem attach` show from them."""
+
+import os
+import time
+
+from farmem import resmap
+from farmem.errors import FarmemError
+
+
+def farmem_pids() -> list:
+    """Processes holding a farmem-map memfd, found through /proc/*/fd."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{name}/fd"):
+                if os.readlink(f"/proc/{name}/fd/{fd}").startswith("/memfd:" + resmap.MEMFD_NAME):
+                    out.append(int(name))
+                    break
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def find_maps(pid: int) -> list:
+    """Paths /proc/PID/fd/N of every farmem-map memfd the process holds."""
+    fd_dir = f"/proc/{pid}/fd"
+    if not os.path.exists(f"/proc/{pid}"):
+        raise FarmemError(f"no process with pid {pid}")
+    try:
+        entries = sorted(os.listdir(fd_dir), key=int)
+    except PermissionError:
+        raise FarmemError(f"cannot look at the files of pid {pid}: permission denied "
+                          "(run as its user or as root)") from None
+    except FileNotFoundError:
+        raise FarmemError(f"no process with pid {pid} (it exited)") from None
+    found = []
+    for name in entries:
+        path = f"{fd_dir}/{name}"
+        try:
+            if os.readlink(path).startswith("/memfd:" + resmap.MEMFD_NAME):
+                found.append(path)
+        except OSError:  # closed while we looked
+            continue
+    return found
+
+
+def read_map(pid: int) -> resmap.Snapshot:
+    paths = find_maps(pid)
+    if not paths:
+        raise FarmemError(f"pid {pid} is not running under farmem: it holds no "
+                          f"{resmap.MEMFD_NAME} memfd (start it with `farmem run`)")
+    snaps, errors = [], []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            errors.append(f"{path}: {e.strerror}")
+            continue
+        try:
+            snaps.append(resmap.read_fd(fd, with_regions=True))
+        except (OSError, ValueError) as e:
+            errors.append(f"{path}: {e}")
+        finally:
+            os.close(fd)
+    if not snaps:
+        raise FarmemError(f"pid {pid}: cannot read its residency map: {'; '.join(errors)}")
+    # `farmem run` itself holds the maps of its children: prefer the process's own.
+    own = [s for s in snaps if s.hdr.pid == pid]
+    return (own or snaps)[0]
+
+
+def stat_figures(pid: int, snap: resmap.Snapshot) -> dict:
+    hdr = snap.hdr
+    out = resmap.figures([hdr])
+    out.update(
+        pid=pid,
+        map_pid=int(hdr.pid),
+        page_size=1 << hdr.page_shift,
+        swap_epoch=hdr.swap_epoch,
+        churn_pages=hdr.churn_pages,
+        epoch_churn_pct=hdr.epoch_churn_pct,
+        gc_cycles=hdr.gc_cycles,
+        gc_active=bool(hdr.gc_active),
+        memd=hdr.memd.decode(errors="replace"),
+        start_time_ns=hdr.start_time_ns,
+        uptime_s=round(max(0.0, time.time() - hdr.start_time_ns / 1e9), 3) if hdr.start_time_ns else None,
+        regions=snap.regions,
+    )
+    return out

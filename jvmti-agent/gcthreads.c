@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+/* GC threads by name (gcthreads.h). */
+#include "gcthreads.h"
+
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/*
+ * HotSpot 17 names its threads (/proc/self/task/TID/comm, cut at 15 bytes):
+ * "GC Thread#N" (G1 and Parallel workers), "G1 Conc#N", "G1 Main Marker",
+ * "G1 Refine#N", "G1 Service", "VM Thread" (runs the pauses' serial parts).
+ * Older JDKs said "ParGC Thread#N" and "G1 Young RemSet".
+ */
+static const char *const gc_names[] = {
+	"GC Thread#", "G1 Conc#", "G1 Main Marker", "G1 Refine#", "G1 Service", "VM Thread",
+	"ParGC Thread#", "G1 Young RemSet", "GC Thread",
+};
+
+#define TID_SLOTS 4096 /* power of two */
+static _Atomic uint64_t tid_cache[TID_SLOTS]; /* tid << 1 | is_gc; 0 = empty */
+
+static int name_is_gc(const char *n)
+{
+	for (size_t i = 0; i < sizeof(gc_names) / sizeof(gc_names[0]); i++)
+		if (!strncmp(n, gc_names[i], strlen(gc_names[i])))
+			return 1;
+	return 0;
+}
+
+/*
+ * Called by the pager's fault handlers with the faulting thread's id. A tid
+ * is looked up once; tids are reused only after a thread exits, and HotSpot
+ * keeps its GC threads for the JVM's life, so a stale entry can only
+ * misattribute faults of an application thread that reused a GC tid.
+ */
+int fm_agent_is_gc_thread(pid_t tid)
+{
+	unsigned h = ((unsigned)tid * 2654435761u) & (TID_SLOTS - 1);
+	char path[64], name[32] = "";
+	int fd, gc;
+	ssize_t n;
+
+	for (unsigned k = 0; k < 16; k++) {
+		uint64_t e = atomic_load_explicit(&tid_cache[(h + k) & (TID_SLOTS - 1)], memory_order_relaxed);
+		if (!e)
+			break;
+		if ((pid_t)(e >> 1) == tid)
+			return (int)(e & 1);
+	}
+	/* comm is read under the task lock only: safe while the thread sits in a fault. */
+	snprintf(path, sizeof(path), "/proc/self/task/%d/comm", (int)tid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, name, sizeof(name) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	name[n] = '\0';
+	gc = name_is_gc(name);
+	for (unsigned k = 0; k < 16; k++) {
+		uint64_t zero = 0;
+		if (atomic_compare_exchange_strong(&tid_cache[(h + k) & (TID_SLOTS - 1)], &zero,
+						   ((uint64_t)tid << 1) | (uint64_t)gc))
+			break;
+	}
+	return gc;
+}

@@ -1,0 +1,15 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Which threads are HotSpot's GC threads, by name (/proc/self/task/TID/comm):
+ * the pager books their faults as GC faults and, with gc_aware=1, evicts
+ * pages only they touched first. docs/jvm.md lists the names.
+ */
+#ifndef FARMEM_AGENT_GCTHREADS_H
+#define FARMEM_AGENT_GCTHREADS_H
+
+#include <sys/types.h>
+
+/* 1 if thread tid of this process is a GC thread. Safe in a fault handler; cached by tid. */
+int fm_agent_is_gc_thread(pid_t tid);
+
+#endif

@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Every knob of farmem, in one list. The pager parses its knobs from it
+ * (config.c: fm_pager_cfg_set, fm_pager_cfg_from_env), the JVMTI agent its
+ * options (jvmti-agent/options.c), and tools/gen_knobs.py, which make runs,
+ * writes from it the farmem command's flags (cli/src/farmem/knob_table.py)
+ * and the tables of docs/knobs.md and docs/jvm.md. tests/test_knobs.py fails
+ * when any of them disagree with this list or with what the parsers do.
+ *
+ * Adding a knob is one X(...) entry below and the field that holds it
+ * (struct fm_pager_cfg in pager.h, or struct fm_agent_opts in
+ * jvmti-agent/options.h); `make` regenerates the rest.
+ *
+ * X(name, type, where, env, default, min, max, choices, scope, flag, metavar, help)
+ *
+ *   name     the agent option and the fm_pager_cfg_set key
+ *   type     FM_KT_*: UINT and PCT (min..max; PCT takes a trailing '%'), BOOL (0 or 1), SIZE
+ *            (bytes with k/m/g/t, at least min), LOCAL (SIZE of at least min, or 1%..100%),
+ *            ENUM (one of choices, "a|b|c", kept as its index), STR, ADDRS (memd addresses,
+ *            ',' or ';' between them), SECRET, PATH (a file name), FLAG (takes no value)
+ *   where    CFG(field) of struct fm_pager_cfg, AGENT(field) of struct fm_agent_opts, or CLI
+ *            (only the farmem command has it)
+ *   env      the environment variable (the preload shim reads it; the agent too when the knob
+ *            is one of its options, and the option wins), or NULL
+ *   default  as a user writes it; "" when unset, and the help says what unset means
+ *   scope    FM_KS_OPT: an agent option; FM_KS_RUN, FM_KS_ATTACH: a flag of `farmem run`,
+ *            `farmem attach`
+ *   flag     that flag, "--[no-]x" for a pair of flags, "" for none; metavar: its value
+ */
+#ifndef FARMEM_KNOBS_H
+#define FARMEM_KNOBS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum fm_knob_type {
+	FM_KT_UINT, FM_KT_PCT, FM_KT_BOOL, FM_KT_SIZE, FM_KT_LOCAL, FM_KT_ENUM,
+	FM_KT_STR, FM_KT_ADDRS, FM_KT_SECRET, FM_KT_PATH, FM_KT_FLAG,
+};
+enum fm_knob_where { FM_KW_CFG, FM_KW_AGENT, FM_KW_CLI };
+#define FM_KS_OPT    1u
+#define FM_KS_RUN    2u
+#define FM_KS_ATTACH 4u
+
+/* clang-format off */
+#define FM_KNOBS(X) \
+X(local, FM_KT_LOCAL, CFG(local_bytes), "FARMEM_LOCAL", "25%", 1 << 20, 0, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--local", "SIZE|PCT", \
+  "local-memory budget: bytes, or a share of the paged memory (of the heap, -Xmx, for a JVM). The pager never holds more resident pages than this: it evicts before a fill at the limit") \
+X(memd, FM_KT_ADDRS, CFG(memd), "FARMEM_MEMD", "", 0, 0, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--memd", "ADDR[,ADDR...]", \
+  "memory servers, ',' between them (';' in an agent option). Unset, farmem run and attach start a private one on a Unix socket") \
+X(replicas, FM_KT_UINT, CFG(replicas), "FARMEM_REPLICAS", "1", 1, 8, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--replicas", "R", \
+  "with several memds: copies of every evicted page, placed by rendezvous hashing; a write returns once every copy is acknowledged and reads fail over (memd/client_multi.c)") \
+X(memd_timeout_ms, FM_KT_UINT, CFG(memd_timeout_ms), "FARMEM_MEMD_TIMEOUT_MS", "", 10, 600000, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--memd-timeout", "MS", \
+  "a memd request that takes longer fails over to another replica; a server that keeps timing out is given up on. Unset: 1000 with several memds, else 10000") \
+X(memd_copy, FM_KT_BOOL, CFG(memd_copy), "FARMEM_MEMD_COPY", "1", 0, 1, "", FM_KS_OPT, "", "", \
+  "--gc swapva: memd copies a moved remote page to its new slot itself (COPY, docs/protocol.md); 0 reads it and writes it back through the pager") \
+X(secret, FM_KT_SECRET, CFG(secret), "FARMEM_SECRET", "", 0, 0, "", FM_KS_OPT, "", "", \
+  "memd's shared secret, 1 to 255 bytes (farmem run makes one for its private memd). An option shows in ps: prefer the variable or secret_file") \
+X(secret_file, FM_KT_PATH, AGENT(secret_file), NULL, "", 0, 0, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--secret-file", "FILE", \
+  "read memd's secret from FILE (a trailing newline is stripped)") \
+X(transport, FM_KT_ENUM, CFG(xport_pref), "FARMEM_TRANSPORT", "auto", 0, 0, "auto|stream|shm", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--transport", "auto|stream|shm", \
+  "shm: one-sided access to a same-host memd's store (a memfd passed after authentication); stream: a request and a reply per batch of pages; auto takes shm when memd offers it") \
+X(fault, FM_KT_ENUM, CFG(fault_mode), "FARMEM_FAULT", "auto", 0, 0, "auto|signal|thread", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--fault", "auto|signal|thread", \
+  "where a fault is served: signal, in the faulting thread's SIGBUS handler on its own CPU (UFFD_FEATURE_SIGBUS); thread, by handler threads while the faulting thread sleeps in the kernel (system calls on paged memory then wait for their pages; each fault costs two cross-CPU wakeups). auto: signal, but thread for a program linked with liburing (docs/pager.md)") \
+X(fill_threads, FM_KT_UINT, CFG(fill_threads), "FARMEM_FILL_THREADS", "1", 1, 16, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--fill-threads", "N", \
+  "fault=thread: fault-handler threads (UMap's UMAP_PAGE_FILLERS). One by default: a second, on another CPU, adds a cross-CPU wakeup to every fault") \
+X(evict_threads, FM_KT_ENUM, CFG(evict_threads), "FARMEM_EVICT_THREADS", "auto", 0, 0, "auto|0|1", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-threads", "auto|0|1", \
+  "1: an evictor thread keeps resident pages between the watermarks; 0: a thread that faults at the budget evicts a batch itself, on its own CPU (no cross-CPU TLB shootdowns). auto: 0 with fault=signal, 1 with fault=thread") \
+X(evict_high, FM_KT_PCT, CFG(evict_high), "FARMEM_EVICT_HIGH", "95", 10, 100, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-high", "PCT", \
+  "resident share of the budget that wakes the evictor thread (UMap's high water mark)") \
+X(evict_low, FM_KT_PCT, CFG(evict_low), "FARMEM_EVICT_LOW", "90", 5, 99, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-low", "PCT", \
+  "share of the budget the evictor evicts down to (low water mark); below evict_high") \
+X(evict_batch, FM_KT_UINT, CFG(evict_batch), "FARMEM_EVICT_BATCH", "64", 1, 64, "", FM_KS_OPT, "", "", \
+  "pages per eviction batch: one write to memd, one drop call, one TLB shootdown. A batch lives on the evicting thread's stack (in a SIGBUS handler with fault=signal)") \
+X(prefetch, FM_KT_UINT, CFG(prefetch), "FARMEM_PREFETCH", "8", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--prefetch", "PAGES", \
+  "pages fetched ahead of a sequential or strided run of one thread's faults; 0 turns prefetch off (UMap's UMAP_READ_AHEAD)") \
+X(epoch_pct, FM_KT_PCT, CFG(epoch_pct), "FARMEM_EPOCH_PCT", "5", 1, 100, "", FM_KS_OPT, "", "", \
+  "pages filled plus evicted, as a share of all registered pages, that start a new swap epoch (MemLiner's N%)") \
+X(gc_aware, FM_KT_BOOL, CFG(gc_aware), "FARMEM_GC_AWARE", "1", 0, 1, "", FM_KS_OPT, "", "", \
+  "JVM: evict pages that only GC threads touched before the others") \
+X(discard, FM_KT_BOOL, AGENT(discard), NULL, "1", 0, 1, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--[no-]discard", "", \
+  "JVM: at the end of every GC pause, discard the collector's free space: its remote copies die; resident, it stays (a heap that fits its budget pays nothing) or, when the budget is pressed, becomes garbage that leaves first with no write-back (docs/jvm.md)") \
+X(heap_sizing, FM_KT_BOOL, CLI, NULL, "1", 0, 1, "", FM_KS_RUN, "--[no-]heap-sizing", "", \
+  "java with G1: add -XX:MaxNewSize= half the local budget unless the command sizes the young generation itself (docs/jvm.md)") \
+X(threshold, FM_KT_SIZE, CFG(threshold), "FARMEM_THRESHOLD", "64M", 4096, 0, "", FM_KS_RUN, "--threshold", "SIZE", \
+  "the preload shim pages private anonymous mappings (and malloc blocks) of at least this size; the agent pages the Java heap whatever its size") \
+X(log, FM_KT_ENUM, CFG(log_level), "FARMEM_LOG", "warn", 0, 0, "error|warn|info|debug", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--log", "LEVEL", \
+  "what the pager prints to stderr") \
+X(control, FM_KT_STR, CFG(control), "FARMEM_CONTROL", "", 0, 0, "", FM_KS_OPT, "", "", \
+  "the launcher's socket, set by farmem run: each pager hands it its residency map, so the summary outlives the process") \
+X(onerror, FM_KT_ENUM, AGENT(onerror), NULL, "exit", 0, 0, "exit|continue", FM_KS_OPT, "", "", \
+  "a JVM farmem cannot serve, or a memd it cannot reach, at JVM start: exit (the JVM does not start) or continue without farmem. On attach the JVM always goes on untouched") \
+X(msgfile, FM_KT_PATH, AGENT(msgfile), NULL, "", 0, 0, "", FM_KS_OPT, "", "", \
+  "also write an error message to this file (farmem attach reads it)") \
+X(detach, FM_KT_FLAG, AGENT(detach), NULL, "", 0, 0, "", FM_KS_OPT, "", "", \
+  "attach only: bring every page home and stop the pager (farmem detach)")
+/* clang-format on */
+
+/*
+ * What a field of each type holds (0: the type checks the field's size
+ * itself), for a _Static_assert(FM_KNOB_FITS(type, sizeof field)) where the
+ * list is expanded against a struct; a size of 0 is a knob stored elsewhere.
+ */
+#define FM_KT_BYTES_FM_KT_UINT 4
+#define FM_KT_BYTES_FM_KT_PCT 4
+#define FM_KT_BYTES_FM_KT_BOOL 4
+#define FM_KT_BYTES_FM_KT_ENUM 4
+#define FM_KT_BYTES_FM_KT_FLAG 4
+#define FM_KT_BYTES_FM_KT_SIZE 8
+#define FM_KT_BYTES_FM_KT_LOCAL 8
+#define FM_KT_BYTES_FM_KT_STR 0
+#define FM_KT_BYTES_FM_KT_ADDRS 0
+#define FM_KT_BYTES_FM_KT_SECRET 0
+#define FM_KT_BYTES_FM_KT_PATH 0
+#define FM_KNOB_FITS(type, size) ((size) == 0 || FM_KT_BYTES_##type == 0 || (size) == FM_KT_BYTES_##type)
+
+/* One knob, as the parsers see it: off/size locate its field in the struct of its where. */
+struct fm_knob {
+	const char *name;
+	enum fm_knob_type type;
+	enum fm_knob_where where;
+	size_t off, size;
+	const char *env, *def;
+	uint64_t min, max;
+	const char *choices;
+	unsigned scope;
+	const char *flag, *metavar, *help;
+};
+
+/*
+ * To lay the list out over a struct, define CFG(f), AGENT(f) and CLI to give
+ * (where, off, size) for it, then FM_KNOBS(FM_KNOB_ENTRY) fills an array of
+ * struct fm_knob; with each defined as the field's size alone (0 when not in
+ * that struct), FM_KNOBS(FM_KNOB_SIZE_CHECK) checks every field's size.
+ */
+#define FM_KNOB_ENTRY(name, type, where, env, def, min, max, choices, scope, flag, metavar, help) \
+	{ #name, type, where, env, def, min, max, choices, scope, flag, metavar, help },
+#define FM_KNOB_SIZE_CHECK(name, type, where, ...) _Static_assert(FM_KNOB_FITS(type, where), #name ": field size");
+
+/*
+ * The list with CFG offsets into struct fm_pager_cfg (the others' off is 0),
+ * in FM_KNOBS order, and its length.
+ */
+extern const struct fm_knob fm_knobs[];
+extern const size_t fm_nknobs;
+
+const struct fm_knob *fm_knob_find(const char *name);
+
+/*
+ * Parse val as knob k and store it in the field at base + k->off (of k->size
+ * bytes). For the types every struct can hold: UINT, PCT, BOOL, SIZE, ENUM,
+ * STR, ADDRS, PATH. Returns 0, or -EINVAL with err naming the knob.
+ */
+int fm_knob_parse(const struct fm_knob *k, const char *val, void *base, char *err, size_t errlen);
+
+#endif /* FARMEM_KNOBS_H */
