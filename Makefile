@@ -113,6 +113,46 @@ $(B)/java/thirdparty/.ok: tests/java/thirdparty/pom.xml
 	mvn -q -B -f $< dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(dir $@) -Dmdep.stripVersion=true
 	@touch $@
 
+# The seeds' workloads (issue 18): Apache Spark and Neo4j embedded, each an executable jar in
+# build/java/NAME/ whose manifest names its jars (build/java/NAME/lib, fetched by Maven from
+# tests/java/NAME/pom.xml, cached in ~/.m2) and the --add-opens it needs, so that a plain
+# `java -Xmx.. -jar build/java/NAME/NAME-workload.jar` runs it. Not part of `make all`: about
+# 300 MB of jars that only the seeds' smoke tests and bench/bench_seeds.py use; `make test` builds them.
+SEED_MAIN_spark  := SparkPageRank
+SEED_MAIN_neo4j  := Neo4jWorkload
+# What Spark's own launcher opens on JDK 17 (launcher/.../JavaModuleOptions.java, Spark 3.5).
+SEED_OPENS_spark := java.base/java.lang java.base/java.lang.invoke java.base/java.lang.reflect java.base/java.io \
+                    java.base/java.net java.base/java.nio java.base/java.util java.base/java.util.concurrent \
+                    java.base/java.util.concurrent.atomic java.base/jdk.internal.ref java.base/sun.nio.ch \
+                    java.base/sun.nio.cs java.base/sun.security.action java.base/sun.util.calendar
+# What the Neo4j 5 server's neo4j.conf opens.
+SEED_OPENS_neo4j := java.base/java.nio java.base/java.io java.base/sun.nio.ch
+SEEDS            := $(B)/java/spark/spark-workload.jar $(B)/java/neo4j/neo4j-workload.jar
+
+.PHONY: seeds
+seeds: $(SEEDS)
+
+# A manifest line may not reach 512 bytes: one jar or package per line, continued (a continuation's
+# first space is dropped, the second separates).
+define SEED_RULES
+$(B)/java/$(1)/lib/.ok: tests/java/$(1)/pom.xml | $(B)/.deps-ok
+	rm -rf $$(dir $$@) && mkdir -p $$(dir $$@)
+	mvn -q -B -f $$< dependency:copy-dependencies -DoutputDirectory=$$(CURDIR)/$$(dir $$@) -DincludeTypes=jar
+	@touch $$@
+
+$(B)/java/$(1)/$(1)-workload.jar: $(B)/java/$(1)/lib/.ok $(wildcard tests/java/$(1)/*.java tests/java/$(1)/*.properties)
+	rm -rf $(B)/java/$(1)/classes && mkdir -p $(B)/java/$(1)/classes
+	javac -nowarn -d $(B)/java/$(1)/classes -cp '$(B)/java/$(1)/lib/*' $$(filter %.java,$$^)
+	$$(if $$(filter %.properties,$$^),cp $$(filter %.properties,$$^) $(B)/java/$(1)/classes/)
+	{ echo "Main-Class: $(SEED_MAIN_$(1))"; \
+	  set -- $(SEED_OPENS_$(1)); printf 'Add-Opens: %s' "$$$$1"; shift; for p; do printf '\n  %s' "$$$$p"; done; \
+	  set -- $(B)/java/$(1)/lib/*.jar; printf '\nClass-Path: lib/%s' "$$$${1##*/}"; shift; \
+	  for j; do printf '\n  lib/%s' "$$$${j##*/}"; done; echo; } \
+	  > $(B)/java/$(1)/manifest.txt
+	jar --create --file $$@ --manifest $(B)/java/$(1)/manifest.txt -C $(B)/java/$(1)/classes .
+endef
+$(foreach s,spark neo4j,$(eval $(call SEED_RULES,$(s))))
+
 $(B)/tests/%: tests/progs/%.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -lpthread
@@ -169,7 +209,7 @@ $(VENV)/.ok: cli/pyproject.toml | $(B)/.deps-ok
 test-c: c
 	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; $$t; done
 
-test-py: all
+test-py: all seeds
 	$(VENV)/bin/pytest -ra tests
 
 test: test-c test-py
