@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
+import gclog as gclog_lib  # noqa: E402
 import swap  # noqa: E402
 
 WORKLOADS = {
@@ -40,7 +40,6 @@ CONFIGS = {  # name -> farmem run flags
 }
 LABEL = {"local": "all local", "swap": "Linux swap (zram)", "d1s1": "farmem discard+sizing",
          "d0s1": "farmem sizing only", "d1s0": "farmem discard only", "d0s0": "farmem neither"}
-PAUSE = re.compile(r"GC\(\d+\) Pause .* (\d+)M->(\d+)M\(")
 
 
 def heap_bytes(text: str) -> int:
@@ -48,16 +47,8 @@ def heap_bytes(text: str) -> int:
 
 
 def allocated_mb(gclog: str) -> float | None:
-    """Sum over pauses of (occupancy before) - (occupancy after the previous pause)."""
-    try:
-        text = open(gclog).read()
-    except OSError:
-        return None
-    total, prev = 0, 0
-    for before, after in PAUSE.findall(text):
-        total += max(0, int(before) - prev)
-        prev = int(after)
-    return float(total) if total else None
+    b = gclog_lib.allocated_bytes(gclog_lib.read(gclog))
+    return b / 2**20 if b else None
 
 
 def run_one(a, config, workload, budget, workdir) -> dict:

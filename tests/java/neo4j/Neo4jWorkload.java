@@ -25,6 +25,9 @@
  *
  *   java -Xmx1g -jar build/java/neo4j/neo4j-workload.jar [--nodes 200000] [--degree 8]
  *        [--rounds 2000] [--scan-every 1000] [--batch 20000] [--pagecache-mb 64] [--seed 1]
+ *        [--self-test-corrupt]
+ *
+ * --self-test-corrupt alters one expected count of the whole-graph check: the run must then fail.
  */
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -109,6 +112,7 @@ public final class Neo4jWorkload {
         degree = 8;
         seed = 1;
         int rounds = 2000, scanEvery = 1000, batch = 20_000, pagecacheMb = 64;
+        boolean corrupt = false;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--nodes": nodes = Integer.parseInt(args[++i]); break;
@@ -118,9 +122,10 @@ public final class Neo4jWorkload {
                 case "--batch": batch = Integer.parseInt(args[++i]); break;
                 case "--pagecache-mb": pagecacheMb = Integer.parseInt(args[++i]); break;
                 case "--seed": seed = Long.parseLong(args[++i]); break;
+                case "--self-test-corrupt": corrupt = true; break;
                 default:
                     System.err.println("usage: Neo4jWorkload [--nodes N] [--degree D] [--rounds R] [--scan-every S] "
-                                       + "[--batch B] [--pagecache-mb M] [--seed S]");
+                                       + "[--batch B] [--pagecache-mb M] [--seed S] [--self-test-corrupt]");
                     System.exit(2);
             }
         }
@@ -152,6 +157,7 @@ public final class Neo4jWorkload {
                 groupTargetSum[v % GROUPS] += t;
             }
         }
+        if (corrupt) groupEdges[0]++; // the whole-graph check must catch one wrong count
         Map<Long, Long> histogram = new HashMap<>(); // in-degree -> nodes with it (those with in-links)
         for (int v = 0; v < n; v++) if (indeg[v] > 0) histogram.merge((long) indeg[v], 1L, Long::sum);
 

@@ -21,7 +21,9 @@
  * and exits 0, or "spark: MISMATCH ..." and exits 1.
  *
  *   java -Xmx1g -jar build/java/spark/spark-workload.jar [--nodes 400000] [--degree 8]
- *        [--iters 5] [--partitions 8] [--seed 1] [--master local[2]]
+ *        [--iters 5] [--partitions 8] [--seed 1] [--master local[2]] [--self-test-corrupt]
+ *
+ * --self-test-corrupt alters one rank of the plain-Java reference: the run must then fail.
  *
  * The jar's manifest carries the classpath (build/java/spark/lib) and the --add-opens Spark 3.5
  * needs on JDK 17; with -cp instead, pass them yourself (docs/jvm.md). Spark refuses a heap
@@ -104,6 +106,7 @@ public final class SparkPageRank {
         int nodes = 400_000, degree = 8, iters = 5, parts = 8;
         long seed = 1;
         String master = "local[2]";
+        boolean corrupt = false;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--nodes": nodes = Integer.parseInt(args[++i]); break;
@@ -112,9 +115,10 @@ public final class SparkPageRank {
                 case "--partitions": parts = Integer.parseInt(args[++i]); break;
                 case "--seed": seed = Long.parseLong(args[++i]); break;
                 case "--master": master = args[++i]; break;
+                case "--self-test-corrupt": corrupt = true; break;
                 default:
                     System.err.println("usage: SparkPageRank [--nodes N] [--degree D] [--iters K] [--partitions P] "
-                                       + "[--seed S] [--master local[2]]");
+                                       + "[--seed S] [--master local[2]] [--self-test-corrupt]");
                     System.exit(2);
             }
         }
@@ -135,6 +139,7 @@ public final class SparkPageRank {
             if (indeg[v] > 0) expWithIn++;
         }
         indeg = null;
+        if (corrupt) expected[n / 2] *= 1.001; // the check must catch one wrong rank
         long tRef = System.nanoTime();
 
         SparkConf conf = new SparkConf().setMaster(master).setAppName("farmem-spark-pagerank")
