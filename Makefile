@@ -6,6 +6,7 @@
 #   build/lib/libfarmem_agent.so    JVMTI agent that puts a JVM's heap under the pager
 #   build/java/                     Java workloads (tests/java/*.java)
 #   build/java/thirdparty/          third-party jars from Maven Central (tests/java/thirdparty/pom.xml)
+#   build/java/{spark,neo4j}/       the seeds' workloads and their jars (make seeds, tests/java/NAME/pom.xml)
 #   build/tests/*, build/bench/*    C workloads used by the tests and benchmarks
 #   build/unit/*                    C unit tests, built with ASan and UBSan
 #   .venv/                          Python environment with the farmem CLI
@@ -57,6 +58,7 @@ help:
 	@echo "make all     build the C components and the Python CLI"
 	@echo "make bench   run the benchmarks and print their figures (see bench/RESULTS.md)"
 	@echo "make vm-test boot Debian's 6.1 kernel in qemu (TCG): kmod-swapva and soft-RoCE tests"
+	@echo "make seeds   fetch Spark and Neo4j from Maven Central and build the seeds' workloads (docs/seeds.md)"
 	@echo "make jdk     build the farmem JDK (patched HotSpot, hotspot/build.sh; ~15 min once, cached in ~/.cache)"
 
 all: c venv
