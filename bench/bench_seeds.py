@@ -45,6 +45,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -176,12 +177,20 @@ class Bench:
         rec["argv"] = argv
         env = dict(os.environ, FARMEM_JDK=self.jdk) if self.jdk else None
         t0 = time.monotonic()
+        # A session of its own: a run that times out is killed with its JVM, not just farmem run.
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                             start_new_session=True)
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=self.a.timeout, cwd=ROOT, env=env)
-            rc, out, err = r.returncode, r.stdout, r.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, out, err = None, e.stdout or "", f"timed out after {self.a.timeout:.0f} s"
-            out = out.decode() if isinstance(out, bytes) else out
+            out, err = p.communicate(timeout=self.a.timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)  # farmem run then stops its memd and cleans up
+            try:
+                out, _ = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                out, _ = p.communicate()
+            rc, err = None, f"timed out after {self.a.timeout:.0f} s"
         rec["wall_s"] = round(time.monotonic() - t0, 3)
         rec["status"] = rc
         verdict = [ln for ln in out.splitlines() if ln.startswith(self.workloads[name].ok)]
@@ -190,7 +199,7 @@ class Bench:
             rec["verdict"] = verdict[-1]
         else:
             tail = (out + "\n" + err).strip().splitlines()[-4:]
-            rec["error"] = (f"exit {rc}" if rc is not None else "") + ": " + " / ".join(tail)
+            rec["error"] = (f"exit {rc}: " if rc is not None else "") + " / ".join(tail)
             if rc in (137, -9):
                 rec["error"] = "killed (SIGKILL: out of memory?): " + rec["error"]
         text = gclog.read(gcl)

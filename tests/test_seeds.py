@@ -50,6 +50,11 @@ def paged(farmem_cmd, tmp_path, private_tmp, java_args):
     return r, s
 
 
+def leftovers(private_tmp):
+    """What Neo4j (its store) or Spark (shuffle and block-manager directories) left behind."""
+    return [n for n in os.listdir(private_tmp) if n.startswith(("farmem-neo4j-", "blockmgr-", "spark-"))]
+
+
 def assert_paged(s):
     """The heap went to memd and came back, and both kinds of thread faulted."""
     assert s.get("evictions", 0) > 0 and s.get("remote_writes", 0) > 0, s
@@ -63,6 +68,7 @@ def test_spark_pagerank_at_25_percent(farmem_cmd, seeds_built, tmp_path, private
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "spark: ok" in r.stdout and SPARK_DIGEST in r.stdout, r.stdout
     assert_paged(s)
+    assert not leftovers(private_tmp)
 
 
 def test_neo4j_at_25_percent(farmem_cmd, seeds_built, tmp_path, private_tmp):
@@ -70,7 +76,7 @@ def test_neo4j_at_25_percent(farmem_cmd, seeds_built, tmp_path, private_tmp):
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "neo4j: ok" in r.stdout and NEO4J_CHECKSUM in r.stdout, r.stdout
     assert_paged(s)
-    assert not [n for n in os.listdir(private_tmp) if n.startswith("farmem-neo4j-")], "the store was left behind"
+    assert not leftovers(private_tmp)
 
 
 @pytest.mark.parametrize("java_args,mismatch", [
@@ -85,3 +91,4 @@ def test_a_wrong_answer_fails(seeds_built, private_tmp, java_args, mismatch):
     assert r.returncode == 1, r.stdout + r.stderr[-3000:]
     assert mismatch in r.stdout, r.stdout
     assert " ok " not in r.stdout
+    assert not leftovers(private_tmp), "a failed run must still clean up"

@@ -81,10 +81,13 @@ public final class Neo4jWorkload {
 
     static long w0(int v) { return mix(v ^ 0x5DEECE66DL) & 0xFFFFF; }
 
+    /** A wrong answer: thrown, so that the database shuts down and its store is deleted first. */
+    static final class Mismatch extends RuntimeException {
+        Mismatch(String what) { super(what); }
+    }
+
     static void fail(String what) {
-        System.out.println("neo4j: MISMATCH " + what);
-        System.out.flush();
-        System.exit(1);
+        throw new Mismatch(what);
     }
 
     static long checksum;
@@ -106,8 +109,17 @@ public final class Neo4jWorkload {
         }
     }
 
-    @SuppressWarnings("removal") // getNodeById: internal ids are longs, element ids strings to parse
     public static void main(String[] args) throws Exception {
+        try {
+            run(args);
+        } catch (Mismatch m) {
+            System.out.println("neo4j: MISMATCH " + m.getMessage());
+            System.exit(1);
+        }
+    }
+
+    @SuppressWarnings("removal") // getNodeById: internal ids are longs, element ids strings to parse
+    static void run(String[] args) throws Exception {
         nodes = 200_000;
         degree = 8;
         seed = 1;

@@ -71,10 +71,13 @@ public final class SparkPageRank {
         }
     }
 
+    /** A wrong answer: thrown, so that the Spark context stops (and deletes its files) first. */
+    static final class Mismatch extends RuntimeException {
+        Mismatch(String what) { super(what); }
+    }
+
     static void fail(String what) {
-        System.out.println("spark: MISMATCH " + what);
-        System.out.flush();
-        System.exit(1);
+        throw new Mismatch(what);
     }
 
     /** The same PageRank in plain Java on CSR arrays; returns the ranks and fills indeg. */
@@ -103,6 +106,15 @@ public final class SparkPageRank {
     }
 
     public static void main(String[] args) throws Exception {
+        try {
+            run(args);
+        } catch (Mismatch m) {
+            System.out.println("spark: MISMATCH " + m.getMessage());
+            System.exit(1);
+        }
+    }
+
+    static void run(String[] args) throws Exception {
         int nodes = 400_000, degree = 8, iters = 5, parts = 8;
         long seed = 1;
         String master = "local[2]";
