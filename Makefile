@@ -142,7 +142,8 @@ $(B)/java/$(1)/lib/.ok: tests/java/$(1)/pom.xml | $(B)/.deps-ok
 	mvn -q -B -f $$< dependency:copy-dependencies -DoutputDirectory=$$(CURDIR)/$$(dir $$@) -DincludeTypes=jar
 	@touch $$@
 
-$(B)/java/$(1)/$(1)-workload.jar: $(B)/java/$(1)/lib/.ok $(wildcard tests/java/$(1)/*.java tests/java/$(1)/*.properties)
+$(B)/java/$(1)/$(1)-workload.jar: $(B)/java/$(1)/lib/.ok $(wildcard tests/java/$(1)/*.java tests/java/$(1)/*.properties) \
+		tests/java/seedgraph/SeedGraph.java
 	rm -rf $(B)/java/$(1)/classes && mkdir -p $(B)/java/$(1)/classes
 	javac -nowarn -d $(B)/java/$(1)/classes -cp '$(B)/java/$(1)/lib/*' $$(filter %.java,$$^)
 	$$(if $$(filter %.properties,$$^),cp $$(filter %.properties,$$^) $(B)/java/$(1)/classes/)

@@ -63,18 +63,13 @@ def assert_paged(s):
     assert s.get("crc_errors", 0) == 0, s
 
 
-def test_spark_pagerank_at_25_percent(farmem_cmd, seeds_built, tmp_path, private_tmp):
-    r, s = paged(farmem_cmd, tmp_path, private_tmp, SPARK)
+@pytest.mark.parametrize("java_args,verdict,digest", [(SPARK, "spark: ok", SPARK_DIGEST),
+                                                      (NEO4J, "neo4j: ok", NEO4J_CHECKSUM)],
+                         ids=["spark", "neo4j"])
+def test_at_25_percent(farmem_cmd, seeds_built, tmp_path, private_tmp, java_args, verdict, digest):
+    r, s = paged(farmem_cmd, tmp_path, private_tmp, java_args)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    assert "spark: ok" in r.stdout and SPARK_DIGEST in r.stdout, r.stdout
-    assert_paged(s)
-    assert not leftovers(private_tmp)
-
-
-def test_neo4j_at_25_percent(farmem_cmd, seeds_built, tmp_path, private_tmp):
-    r, s = paged(farmem_cmd, tmp_path, private_tmp, NEO4J)
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    assert "neo4j: ok" in r.stdout and NEO4J_CHECKSUM in r.stdout, r.stdout
+    assert verdict in r.stdout and digest in r.stdout, r.stdout
     assert_paged(s)
     assert not leftovers(private_tmp)
 

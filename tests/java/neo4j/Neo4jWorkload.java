@@ -3,10 +3,11 @@
  * One of the seeds' workloads (issue 18): Neo4j embedded (org.neo4j:neo4j, Community, from Maven
  * Central: tests/java/neo4j/pom.xml) over a generated graph whose every answer the program knows.
  *
- * Loads --nodes (:P {id, g, w}) nodes and their out-edges [:K] (out-degree 1..2*degree-1, targets
- * a mix of hubs, neighbours and anywhere: a pure function of id and --seed) through the embedded
- * API in transactions of --batch nodes (Neo4j keeps a transaction's state on the Java heap), with
- * an index on :P(id). Then --rounds rounds of Cypher, each on a random node v:
+ * Loads --nodes (:P {id, g, w}) nodes and their out-edges [:K] (tests/java/seedgraph/SeedGraph.java:
+ * out-degree 1..2*degree-1, targets a mix of hubs, neighbours and anywhere, a pure function of id
+ * and --seed, the graph Spark's PageRank runs on) through the embedded API in transactions of
+ * --batch nodes (Neo4j keeps a transaction's state on the Java heap), with an index on :P(id).
+ * Then --rounds rounds of Cypher, each on a random node v:
  *   - out-neighbours of v: count and sum of ids,
  *   - in-neighbours of v: count and sum of ids,
  *   - the two-hop paths from v: count and sum of end ids,
@@ -57,29 +58,7 @@ public final class Neo4jWorkload {
     static final Label P = Label.label("P");
     static final RelationshipType K = RelationshipType.withName("K");
 
-    static long mix(long z) {
-        z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9L;
-        z = (z ^ (z >>> 27)) * 0x94D049BB133111EBL;
-        return z ^ (z >>> 31);
-    }
-
-    static int nodes, degree;
-    static long seed;
-
-    static int outDegree(int v) {
-        return 1 + (int) Long.remainderUnsigned(mix(seed * 0x9E3779B97F4A7C15L ^ v), 2L * degree - 1);
-    }
-
-    static int target(int v, int j) {
-        long h = mix(mix(seed ^ ((long) v << 20) ^ j) + v);
-        int r = (int) Long.remainderUnsigned(h, 100);
-        long x = h >>> 8;
-        if (r < 30) return (int) (x % Math.max(1, nodes / 1000));
-        if (r < 70) return Math.floorMod(v + (int) (x % 2001) - 1000, nodes);
-        return (int) (x % nodes);
-    }
-
-    static long w0(int v) { return mix(v ^ 0x5DEECE66DL) & 0xFFFFF; }
+    static long w0(int v) { return SeedGraph.mix(v ^ 0x5DEECE66DL) & 0xFFFFF; }
 
     /** A wrong answer: thrown, so that the database shuts down and its store is deleted first. */
     static final class Mismatch extends RuntimeException {
@@ -120,9 +99,8 @@ public final class Neo4jWorkload {
 
     @SuppressWarnings("removal") // getNodeById: internal ids are longs, element ids strings to parse
     static void run(String[] args) throws Exception {
-        nodes = 200_000;
-        degree = 8;
-        seed = 1;
+        int nodes = 200_000, degree = 8;
+        long seed = 1;
         int rounds = 2000, scanEvery = 1000, batch = 20_000, pagecacheMb = 64;
         boolean corrupt = false;
         for (int i = 0; i < args.length; i++) {
@@ -148,9 +126,10 @@ public final class Neo4jWorkload {
         long t0 = System.nanoTime();
 
         // What the answers must be, from the generator alone.
+        SeedGraph g = new SeedGraph(nodes, degree, seed);
         int n = nodes;
         int[] off = new int[n + 1];
-        for (int v = 0; v < n; v++) off[v + 1] = off[v] + outDegree(v);
+        for (int v = 0; v < n; v++) off[v + 1] = off[v] + g.outDegree(v);
         int[] dst = new int[off[n]];
         int[] indeg = new int[n];
         long[] outSum = new long[n], inSum = new long[n];
@@ -160,7 +139,7 @@ public final class Neo4jWorkload {
             w[v] = w0(v);
             groupW[v % GROUPS] += w[v];
             for (int j = 0, e = off[v]; e < off[v + 1]; j++, e++) {
-                int t = target(v, j);
+                int t = g.target(v, j);
                 dst[e] = t;
                 indeg[t]++;
                 outSum[v] += t;

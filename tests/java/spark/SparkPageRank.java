@@ -7,8 +7,8 @@
  * full of Spark's boxed tuples and buffers; every iteration joins them with the ranks and
  * shuffles the contributions (reduceByKey).
  *
- * The graph is a pure function of (node, edge number, --seed): out-degree 1..2*degree-1 (no
- * dangling node, so the ranks sum to 1), targets a mix of hubs, neighbours and anywhere. The
+ * The graph (tests/java/seedgraph/SeedGraph.java) is a pure function of (node, edge number,
+ * --seed) with no dangling node, so the ranks sum to 1. Spark generates it in its tasks; the
  * driver builds the same graph in CSR arrays and runs the same PageRank in plain Java; the run
  * passes only if
  *   - Spark's in-degree count (a groupBy-count over the edges) matches the CSR's exactly,
@@ -26,7 +26,7 @@
  * --self-test-corrupt alters one rank of the plain-Java reference: the run must then fail.
  *
  * The jar's manifest carries the classpath (build/java/spark/lib) and the --add-opens Spark 3.5
- * needs on JDK 17; with -cp instead, pass them yourself (docs/jvm.md). Spark refuses a heap
+ * needs on JDK 17; with -cp instead, pass them yourself (docs/seeds.md). Spark refuses a heap
  * under about 450 MiB (its reserved 300 MiB times 1.5), so -Xmx512m is the smallest.
  */
 import java.util.ArrayList;
@@ -44,33 +44,6 @@ import scala.Tuple2;
 public final class SparkPageRank {
     static final double DAMPING = 0.85;
 
-    static long mix(long z) {
-        z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9L;
-        z = (z ^ (z >>> 27)) * 0x94D049BB133111EBL;
-        return z ^ (z >>> 31);
-    }
-
-    /** The generator: everything below is a function of these three numbers and the seed. */
-    static final class Graph implements java.io.Serializable {
-        final int nodes, degree;
-        final long seed;
-
-        Graph(int nodes, int degree, long seed) { this.nodes = nodes; this.degree = degree; this.seed = seed; }
-
-        int outDegree(int v) {
-            return 1 + (int) Long.remainderUnsigned(mix(seed * 0x9E3779B97F4A7C15L ^ v), 2L * degree - 1);
-        }
-
-        int target(int v, int j) {
-            long h = mix(mix(seed ^ ((long) v << 20) ^ j) + v);
-            int r = (int) Long.remainderUnsigned(h, 100);
-            long x = h >>> 8;
-            if (r < 30) return (int) (x % Math.max(1, nodes / 1000));      // hubs
-            if (r < 70) return Math.floorMod(v + (int) (x % 2001) - 1000, nodes); // neighbours
-            return (int) (x % nodes);                                      // anywhere
-        }
-    }
-
     /** A wrong answer: thrown, so that the Spark context stops (and deletes its files) first. */
     static final class Mismatch extends RuntimeException {
         Mismatch(String what) { super(what); }
@@ -81,7 +54,7 @@ public final class SparkPageRank {
     }
 
     /** The same PageRank in plain Java on CSR arrays; returns the ranks and fills indeg. */
-    static double[] reference(Graph g, int iters, int[] indeg) {
+    static double[] reference(SeedGraph g, int iters, int[] indeg) {
         int n = g.nodes;
         int[] off = new int[n + 1];
         for (int v = 0; v < n; v++) off[v + 1] = off[v] + g.outDegree(v);
@@ -139,14 +112,14 @@ public final class SparkPageRank {
             System.exit(2);
         }
         long t0 = System.nanoTime();
-        final Graph g = new Graph(nodes, degree, seed);
+        final SeedGraph g = new SeedGraph(nodes, degree, seed);
         final int n = nodes, p = parts;
 
         int[] indeg = new int[n];
         double[] expected = reference(g, iters, indeg);
         long expWeighted = 0, expWithIn = 0, expEdges = 0;
         for (int v = 0; v < n; v++) {
-            expWeighted += mix(v) * indeg[v];
+            expWeighted += SeedGraph.mix(v) * indeg[v];
             expEdges += indeg[v];
             if (indeg[v] > 0) expWithIn++;
         }
@@ -181,7 +154,7 @@ public final class SparkPageRank {
                     .flatMapToPair(ts -> { List<Tuple2<Integer, Long>> o = new ArrayList<>();
                                            for (int t : ts) o.add(new Tuple2<>(t, 1L)); return o.iterator(); })
                     .reduceByKey(Long::sum);
-            Tuple2<Long, Long> folded = inCounts.map(t -> new Tuple2<>(mix(t._1) * t._2, t._2))
+            Tuple2<Long, Long> folded = inCounts.map(t -> new Tuple2<>(SeedGraph.mix(t._1) * t._2, t._2))
                     .fold(new Tuple2<>(0L, 0L), (a, b) -> new Tuple2<>(a._1 + b._1, a._2 + b._2));
             weighted = folded._1;
             edgeCount = folded._2;
