@@ -13,6 +13,7 @@ thousands of classes).
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -87,3 +88,49 @@ def test_a_wrong_answer_fails(seeds_built, private_tmp, java_args, mismatch):
     assert mismatch in r.stdout, r.stdout
     assert " ok " not in r.stdout
     assert not leftovers(private_tmp), "a failed run must still clean up"
+
+
+# ---- bench/bench_seeds.py ---------------------------------------------------------------------
+
+def test_gclog_reads_allocation_and_pauses(jvm_built, tmp_path):
+    """bench/lib/gclog.py on a real G1 log: GcChurn allocates its 64 MiB live set, then replaces
+    20,000 arrays of 2-32 KiB (about 340 MB more), besides its short-lived garbage."""
+    sys.path.insert(0, os.path.join(REPO, "bench", "lib"))
+    import gclog
+
+    log = tmp_path / "gc.log"
+    r = subprocess.run(["java", "-Xmx256m", "-Xms256m", f"-Xlog:gc,gc+heap+exit:file={log}", "-cp",
+                        os.path.join(REPO, "build", "java"), "GcChurn", "--live-mb", "64", "--steps", "20000"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
+    text = log.read_text()
+    alloc = gclog.allocated_bytes(text)
+    assert alloc is not None and 300 << 20 <= alloc <= 8 << 30, alloc
+    assert 0 < gclog.pause_seconds(text) < 60
+    assert "garbage-first heap" in text  # the exit line closes the last interval
+    assert gclog.allocated_bytes("") is None
+
+
+def test_bench_seeds_driver(jvm_built, tmp_path):
+    """The driver end to end on its smallest workload: all-local, farmem (and Linux swap where this
+    machine has it) at 25%, the markdown table appended to --out, every run's record in --json."""
+    configs = "local,farmem,memliner"
+    if os.geteuid() == 0 and (os.path.isdir("/sys/block/zram0") or os.path.isdir("/sys/class/zram-control")):
+        configs += ",kswap"
+    out, raw = tmp_path / "results.md", tmp_path / "raw.json"
+    r = subprocess.run([os.path.join(REPO, ".venv", "bin", "python"), os.path.join(REPO, "bench", "bench_seeds.py"),
+                        "--size", "smoke", "--workloads", "gcchurn", "--budgets", "25", "--repeats", "1",
+                        "--configs", configs, "--out", str(out), "--json", str(raw)],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    text = out.read_text()
+    assert "## The seeds' workloads at far memory" in text and "--workloads gcchurn" in text
+    assert "| gcchurn | all local | 100% | 1/1 |" in text and "| gcchurn | farmem, stock G1 | 25% | 1/1 |" in text
+    recs = {x["config"]: x for x in json.loads(raw.read_text())}
+    assert recs["local"]["ok"] and recs["farmem"]["ok"], recs
+    f = recs["farmem"]
+    assert f["alloc_bytes"] > 0 and f["gc_faults"] > 0 and f["paged_bytes"] > 0 and f["remote_reads"] > 0, f
+    # the farmem JDK is built by `make jdk`, not here: without it the row says why, and that is no failure
+    assert recs["memliner"]["ok"] or "make jdk" in recs["memliner"]["error"]
+    if "kswap" in recs:
+        assert recs["kswap"]["ok"] and recs["kswap"]["remote_writes"] > 0, recs["kswap"]
