@@ -15,8 +15,11 @@ Configurations, per workload and budget (PCT of -Xmx local):
 
   local     java alone, -Xms = -Xmx: the reference (ratio 1.00)
   kswap     `farmem run --mode kswap --local BYTES`: Linux swap (zram) under a memory cgroup of PCT of
-            the heap plus the workload's non-heap allowance (metaspace, code, threads, Spark's and
-            Neo4j's native buffers: the memory farmem leaves unpaged), so both page the same heap
+            the heap plus the workload's non-heap allowance (metaspace, code, GC structures, threads,
+            Neo4j's page cache: the memory farmem leaves unpaged), so both page the same heap. The
+            allowance is measured: the most the JVM held resident outside its heap in the all-local
+            runs (/proc/PID/smaps every second; the heap's range from its exit log); --overhead
+            sets it, and the presets below serve when no all-local run succeeded
   farmem    `farmem run --local PCT%`: the pager, the system's JDK 17 (stock G1)
   memliner  `farmem run --gc memliner --local PCT%`: the farmem JDK (`make jdk`), MemLiner marking
 
@@ -50,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,9 +86,10 @@ NEO4J = ["-jar", NEO4J_JAR]
 H2 = ["-cp", H2_CP, "H2Workload"]
 CHURN = ["-cp", JAVA, "GcChurn"]
 # Sizes: "bench" for the timing runs (all-local 15-60 s each on two idle CPUs), "smoke" as
-# tests/test_seeds.py runs Spark and Neo4j (a check of the driver). The non-heap allowances are
-# what NMT reported committed outside the heap at the bench sizes, rounded up (GC structures grow
-# with the heap; Neo4j's adds its 64 MiB page cache, which NMT does not see).
+# tests/test_seeds.py runs Spark and Neo4j (a check of the driver). The preset non-heap allowances
+# (used only without an all-local run) are what NMT reported committed outside the heap at the
+# bench sizes, rounded up (GC structures grow with the heap; Neo4j's adds its 64 MiB page cache,
+# which NMT does not see).
 SIZES = {
     "bench": {
         "spark": Workload("1g", SPARK, ["--nodes", "600000", "--iters", "5"], "spark: ok", 256 * MIB),
@@ -97,7 +102,7 @@ SIZES = {
         "spark": Workload("512m", SPARK, ["--nodes", "100000", "--iters", "3"], "spark: ok", 256 * MIB),
         "neo4j": Workload("256m", NEO4J, ["--nodes", "10000", "--rounds", "100", "--batch", "5000"],
                           "neo4j: ok", 384 * MIB),
-        "h2": Workload("256m", H2, ["--rows", "50000", "--rounds", "100"], "h2: ok", 64 * MIB),
+        "h2": Workload("256m", H2, ["--rows", "50000", "--rounds", "100"], "h2: ok", 96 * MIB),
         "gcchurn": Workload("256m", CHURN, ["--live-mb", "64", "--steps", "20000"], "gcchurn: ok", 64 * MIB),
     },
 }
@@ -118,6 +123,39 @@ def size_bytes(text: str) -> int:
     return swap.parse_size(text)
 
 
+class RssSampler(threading.Thread):
+    """Every second while a JVM runs (a read of a large JVM's smaps costs about 25 ms of CPU, so
+    more often would slow the reference run): the resident bytes of each of its mappings.
+    Afterwards, with the heap's range from its log, the most it held outside the heap: what a
+    memory cgroup must allow beyond the heap's share for Linux swap to page the same heap."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.stop, self.samples = pid, threading.Event(), []
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0 if self.samples else 0.2):
+            sample, start, end = [], 0, 0
+            try:
+                with open(f"/proc/{self.pid}/smaps") as f:
+                    for line in f:
+                        head = line.split(" ", 1)[0]
+                        if "-" in head and line[0] in "0123456789abcdef":
+                            lo, hi = head.split("-")
+                            start, end = int(lo, 16), int(hi, 16)
+                        elif line.startswith("Rss:") and line.split()[1] != "0":
+                            sample.append((start, end, int(line.split()[1]) << 10))
+            except (OSError, ValueError):
+                return
+            self.samples.append(sample)
+
+    def outside(self, heap: tuple[int, int]) -> int | None:
+        """Peak resident bytes of the mappings that do not overlap the heap."""
+        lo, hi = heap
+        peaks = [sum(rss for a, b, rss in s if b <= lo or a >= hi) for s in self.samples]
+        return max(peaks) if peaks else None
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace):
         self.a = a
@@ -125,9 +163,6 @@ class Bench:
         if a.heap:
             for w in self.workloads.values():
                 w.heap = a.heap
-        if a.overhead:
-            for w in self.workloads.values():
-                w.overhead = size_bytes(a.overhead)
         for name, args in a.args.items():
             self.workloads[name].args = shlex.split(args)
         self.workdir = tempfile.mkdtemp(prefix="fm-seeds-")
@@ -135,6 +170,7 @@ class Bench:
         self.jdk = None
         self.unavailable: dict[str, str] = {}
         self.records: list[dict] = []
+        self.non_heap: dict[str, int] = {}  # per workload, measured in its all-local runs
 
     def check_available(self) -> None:
         if "kswap" in self.a.configs and os.geteuid() != 0:
@@ -146,8 +182,15 @@ class Bench:
             else:
                 self.jdk = str(home)
 
-    def kswap_limit(self, w: Workload, pct: int) -> int:
-        return size_bytes(w.heap) * pct // 100 + w.overhead
+    def allowance(self, name: str) -> int:
+        """Non-heap bytes the kswap cgroup allows: measured in the all-local runs (the first run of
+        each workload is one), else the preset."""
+        if self.a.overhead:
+            return size_bytes(self.a.overhead)
+        return self.non_heap.get(name, self.workloads[name].overhead)
+
+    def kswap_limit(self, name: str, pct: int) -> int:
+        return size_bytes(self.workloads[name].heap) * pct // 100 + self.allowance(name)
 
     def command(self, name: str, config: str, pct: int, tag: str) -> tuple[list, str, str | None]:
         """(argv, gc log path, summary path or None) of one run."""
@@ -162,7 +205,7 @@ class Bench:
         summary = os.path.join(self.workdir, f"s-{tag}.json")
         run = [self.farmem, "run", "--summary-json", summary]
         if config == "kswap":
-            run += ["--mode", "kswap", "--local", str(self.kswap_limit(w, pct))]
+            run += ["--mode", "kswap", "--local", str(self.kswap_limit(name, pct))]
         else:
             run += ["--local", f"{pct}%"] + (["--gc", "memliner"] if config == "memliner" else [])
         return run + ["--", *java], gcl, summary
@@ -180,6 +223,9 @@ class Bench:
         # A session of its own: a run that times out is killed with its JVM, not just farmem run.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
                              start_new_session=True)
+        sampler = RssSampler(p.pid) if config == "local" else None  # local's argv is the JVM itself
+        if sampler:
+            sampler.start()
         try:
             out, err = p.communicate(timeout=self.a.timeout)
             rc = p.returncode
@@ -193,6 +239,9 @@ class Bench:
             rc, err = None, f"timed out after {self.a.timeout:.0f} s"
         rec["wall_s"] = round(time.monotonic() - t0, 3)
         rec["status"] = rc
+        if sampler:
+            sampler.stop.set()
+            sampler.join()
         verdict = [ln for ln in out.splitlines() if ln.startswith(self.workloads[name].ok)]
         if rc == 0 and verdict:
             rec["ok"] = True
@@ -205,6 +254,12 @@ class Bench:
         text = gclog.read(gcl)
         rec["alloc_bytes"] = gclog.allocated_bytes(text)
         rec["pause_s"] = round(gclog.pause_seconds(text), 3)
+        heap = gclog.heap_range(text)
+        if sampler and rec["ok"] and heap and sampler.outside(heap):
+            rec["non_heap_bytes"] = sampler.outside(heap)
+            self.non_heap[name] = max(self.non_heap.get(name, 0), rec["non_heap_bytes"])
+        if config == "kswap":
+            rec["non_heap_allowance"] = self.allowance(name)
         if summary and os.path.exists(summary):
             with open(summary) as f:
                 s = json.load(f)
@@ -275,13 +330,16 @@ class Bench:
                f"- JDKs: stock {java[1] if len(java) > 1 else '?'}; farmem JDK "
                f"{self.jdk or 'not built (' + self.unavailable.get('memliner', 'not asked for') + ')'}",
                f"- median of {a.repeats} interleaved repeat(s); local = share of -Xmx; Linux swap's cgroup "
-               "limit = that share of the heap + the workload's non-heap allowance below",
+               "limit = that share of the heap + the workload's non-heap allowance below (measured: the most "
+               "the JVM held resident outside its heap in the all-local runs, from /proc/PID/smaps every second)",
                "- paged MB / GB alloc: farmem, bytes read from and written to memd; kswap, pages swapped in "
                "and out x 4 KiB; per GB the program allocated (-Xlog:gc occupancy)"]
         out.append("- workloads:")
         for name, w in self.workloads.items():
             args = " ".join(os.path.relpath(x, ROOT) if x.startswith(ROOT) else x for x in w.prog + w.args)
-            out.append(f"  - {name}: `java -Xmx{w.heap} {args}`, non-heap allowance {w.overhead // MIB} MiB")
+            how = ("--overhead" if self.a.overhead else "measured" if name in self.non_heap else "preset")
+            out.append(f"  - {name}: `java -Xmx{w.heap} {args}`, non-heap allowance "
+                       f"{self.allowance(name) / MIB:.0f} MiB ({how})")
         out += ["", "| workload | config | local | runs | wall s | × all-local | GC faults | GC zero fills "
                 "| app faults | remote reads | remote writes | paged MB / GB alloc | GC faults / GB alloc "
                 "| GC pause s | alloc GB |",
@@ -353,7 +411,7 @@ def main() -> int:
                     help="bench (default) or smoke: the sizes of tests/test_seeds.py")
     ap.add_argument("--heap", help="-Xmx of every workload (default: each workload's own)")
     ap.add_argument("--overhead", help="non-heap allowance of the kswap cgroup for every workload "
-                                       "(default: each workload's own)")
+                                       "(default: measured in the all-local runs)")
     ap.add_argument("--args", action="append", default=[], metavar="NAME=FLAGS",
                     help='a workload\'s own flags instead of the preset, e.g. --args "gcchurn=--live-mb 200 --steps 150000"')
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
