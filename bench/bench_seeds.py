@@ -4,7 +4,7 @@
 under Linux swap, under farmem with stock G1 and under farmem with MemLiner marking, at 50% and
 25% of the heap local, interleaved in one sitting.
 
-Workloads (every one checks its own answers and prints an ok line; docs/jvm.md):
+Workloads (every one checks its own answers and prints an ok line; docs/seeds.md):
 
   spark    Apache Spark 3.5 in local[2] mode: PageRank over a generated graph (build/java/spark)
   neo4j    Neo4j 5 embedded: a generated graph, point, two-hop and whole-graph Cypher (build/java/neo4j)
