@@ -85,7 +85,7 @@ SPARK = ["-jar", SPARK_JAR]
 NEO4J = ["-jar", NEO4J_JAR]
 H2 = ["-cp", H2_CP, "H2Workload"]
 CHURN = ["-cp", JAVA, "GcChurn"]
-# Sizes: "bench" for the timing runs (all-local 15-60 s each on two idle CPUs), "smoke" as
+# Sizes: "bench" for the timing runs (all-local 25-95 s each beside a HotSpot build), "smoke" as
 # tests/test_seeds.py runs Spark and Neo4j (a check of the driver). The preset non-heap allowances
 # (used only without an all-local run) are what NMT reported committed outside the heap at the
 # bench sizes, rounded up (GC structures grow with the heap; Neo4j's adds its 64 MiB page cache,
