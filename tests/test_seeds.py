@@ -6,8 +6,9 @@ verdict is ok (it checked every answer against a plain-Java computation of the s
 digest is the one an unpaged run prints, and the summary shows that the heap really went to memd
 and came back. Each workload's checker is also shown to catch a wrong answer.
 
-About two and a half minutes on two idle CPUs (the JVMs start slowly: Spark and Neo4j load
-thousands of classes).
+About 70 s on two quiet CPUs: Spark 22 s and Neo4j 19 s at 25% local (the JVMs start slowly:
+each loads thousands of classes), the driver's check 13 s; four times that beside a HotSpot
+build.
 """
 
 import json
