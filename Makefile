@@ -130,6 +130,9 @@ SEED_OPENS_spark := java.base/java.lang java.base/java.lang.invoke java.base/jav
 # What the Neo4j 5 server's neo4j.conf opens.
 SEED_OPENS_neo4j := java.base/java.nio java.base/java.io java.base/sun.nio.ch
 SEEDS            := $(B)/java/spark/spark-workload.jar $(B)/java/neo4j/neo4j-workload.jar
+# One Maven at a time, also under make -j: Maven 3.8 does not lock its local repository (~/.m2).
+SEED_AFTER_spark := $(B)/java/thirdparty/.ok
+SEED_AFTER_neo4j := $(B)/java/spark/lib/.ok
 
 .PHONY: seeds
 seeds: $(SEEDS)
@@ -137,7 +140,7 @@ seeds: $(SEEDS)
 # A manifest line may not reach 512 bytes: one jar or package per line, continued (a continuation's
 # first space is dropped, the second separates).
 define SEED_RULES
-$(B)/java/$(1)/lib/.ok: tests/java/$(1)/pom.xml | $(B)/.deps-ok
+$(B)/java/$(1)/lib/.ok: tests/java/$(1)/pom.xml | $(B)/.deps-ok $(SEED_AFTER_$(1))
 	rm -rf $$(dir $$@) && mkdir -p $$(dir $$@)
 	mvn -q -B -f $$< dependency:copy-dependencies -DoutputDirectory=$$(CURDIR)/$$(dir $$@) -DincludeTypes=jar
 	@touch $$@
