@@ -7,6 +7,7 @@
 #   build/lib/libfarmem_agent.so    JVMTI agent that puts a JVM's heap under the pager
 #   build/java/                     Java workloads (tests/java/*.java)
 #   build/java/thirdparty/          third-party jars from Maven Central (tests/java/thirdparty/pom.xml)
+#   build/java/{spark,neo4j}/       the seeds' workloads and their jars (make seeds, tests/java/NAME/pom.xml)
 #   build/tests/*, build/bench/*    C workloads used by the tests and benchmarks
 #   build/tools/farmem-knobs        uffd/knobs.h as compiled, for tools/gen_knobs.py and the tests
 #   build/unit/*                    C unit tests, built with ASan and UBSan
@@ -59,6 +60,7 @@ help:
 	@echo "make all     build the C components and the Python CLI"
 	@echo "make bench   run the benchmarks and print their figures (see bench/RESULTS.md)"
 	@echo "make vm-test boot Debian's 6.1 kernel in qemu (TCG): kmod-swapva and soft-RoCE tests"
+	@echo "make seeds   fetch Spark and Neo4j from Maven Central and build the seeds' workloads (docs/seeds.md)"
 	@echo "make jdk     build the farmem JDK (patched HotSpot, hotspot/build.sh; ~15 min once, cached in ~/.cache)"
 
 all: c venv knobs
@@ -117,6 +119,50 @@ $(B)/java/thirdparty/.ok: tests/java/thirdparty/pom.xml
 	@mkdir -p $(dir $@)
 	mvn -q -B -f $< dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(dir $@) -Dmdep.stripVersion=true
 	@touch $@
+
+# The seeds' workloads (issue 18): Apache Spark and Neo4j embedded, each an executable jar in
+# build/java/NAME/ whose manifest names its jars (build/java/NAME/lib, fetched by Maven from
+# tests/java/NAME/pom.xml, cached in ~/.m2) and the --add-opens it needs, so that a plain
+# `java -Xmx.. -jar build/java/NAME/NAME-workload.jar` runs it. Not part of `make all`: about
+# 300 MB of jars that only the seeds' smoke tests and bench/bench_seeds.py use; `make test` builds them.
+SEED_MAIN_spark  := SparkPageRank
+SEED_MAIN_neo4j  := Neo4jWorkload
+# What Spark's own launcher opens on JDK 17 (launcher/.../JavaModuleOptions.java, Spark 3.5).
+SEED_OPENS_spark := java.base/java.lang java.base/java.lang.invoke java.base/java.lang.reflect java.base/java.io \
+                    java.base/java.net java.base/java.nio java.base/java.util java.base/java.util.concurrent \
+                    java.base/java.util.concurrent.atomic java.base/jdk.internal.ref java.base/sun.nio.ch \
+                    java.base/sun.nio.cs java.base/sun.security.action java.base/sun.util.calendar
+# What the Neo4j 5 server's neo4j.conf opens.
+SEED_OPENS_neo4j := java.base/java.nio java.base/java.io java.base/sun.nio.ch
+SEEDS            := $(B)/java/spark/spark-workload.jar $(B)/java/neo4j/neo4j-workload.jar
+# One Maven at a time, also under make -j: Maven 3.8 does not lock its local repository (~/.m2).
+SEED_AFTER_spark := $(B)/java/thirdparty/.ok
+SEED_AFTER_neo4j := $(B)/java/spark/lib/.ok
+
+.PHONY: seeds
+seeds: $(SEEDS)
+
+# A manifest line may not reach 512 bytes: one jar or package per line, continued (a continuation's
+# first space is dropped, the second separates).
+define SEED_RULES
+$(B)/java/$(1)/lib/.ok: tests/java/$(1)/pom.xml | $(B)/.deps-ok $(SEED_AFTER_$(1))
+	rm -rf $$(dir $$@) && mkdir -p $$(dir $$@)
+	mvn -q -B -f $$< dependency:copy-dependencies -DoutputDirectory=$$(CURDIR)/$$(dir $$@) -DincludeTypes=jar
+	@touch $$@
+
+$(B)/java/$(1)/$(1)-workload.jar: $(B)/java/$(1)/lib/.ok $(wildcard tests/java/$(1)/*.java tests/java/$(1)/*.properties) \
+		tests/java/seedgraph/SeedGraph.java
+	rm -rf $(B)/java/$(1)/classes && mkdir -p $(B)/java/$(1)/classes
+	javac -nowarn -d $(B)/java/$(1)/classes -cp '$(B)/java/$(1)/lib/*' $$(filter %.java,$$^)
+	$$(if $$(filter %.properties,$$^),cp $$(filter %.properties,$$^) $(B)/java/$(1)/classes/)
+	{ echo "Main-Class: $(SEED_MAIN_$(1))"; \
+	  set -- $(SEED_OPENS_$(1)); printf 'Add-Opens: %s' "$$$$1"; shift; for p; do printf '\n  %s' "$$$$p"; done; \
+	  set -- $(B)/java/$(1)/lib/*.jar; printf '\nClass-Path: lib/%s' "$$$${1##*/}"; shift; \
+	  for j; do printf '\n  lib/%s' "$$$${j##*/}"; done; echo; } \
+	  > $(B)/java/$(1)/manifest.txt
+	jar --create --file $$@ --manifest $(B)/java/$(1)/manifest.txt -C $(B)/java/$(1)/classes .
+endef
+$(foreach s,spark neo4j,$(eval $(call SEED_RULES,$(s))))
 
 $(B)/tests/%: tests/progs/%.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
@@ -199,7 +245,7 @@ $(VENV)/.ok: cli/pyproject.toml | $(B)/.deps-ok
 test-c: c
 	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; $$t; done
 
-test-py: all
+test-py: all seeds
 	$(VENV)/bin/pytest -ra tests
 
 test: test-c test-py
