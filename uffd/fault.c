@@ -132,7 +132,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	else
 		STAT_ADD(p, app_faults, 1);
 	if (p->cfg.prefetch)
-		fm_prefetch(p, &f->fc, ridx, r, i, f->write, gc, !f->in_thread);
+		fm_prefetch(p, &f->fc, ridx, r, i, f->write, !remote, gc, !f->in_thread);
 }
 
 /*
