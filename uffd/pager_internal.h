@@ -137,6 +137,14 @@ struct fm_pager {
 	uint64_t hand_idx;
 	struct garbage_hint hints[MAX_HINTS]; /* under clock_lock */
 	unsigned nhints;
+	/*
+	 * Resident pages a discard may still make garbage (write-protect) this
+	 * GC cycle: about what the evictor took last cycle, so that a heap that
+	 * barely presses its budget does not pay to protect free space it will
+	 * mostly reuse (ranges.c).
+	 */
+	atomic_int_fast64_t garbage_quota;
+	uint64_t evictions_at_gc;
 
 	/*
 	 * Ranges unregistered in the last moments: a SIGBUS raised there before
