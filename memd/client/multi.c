@@ -44,7 +44,7 @@
  * that have fewer than R live copies (claiming each page with REPL, so that
  * a concurrent write of the page always wins), and reconnects lost servers.
  */
-#include "client_conn.h"
+#include "conn.h"
 
 #include <errno.h>
 #include <poll.h>

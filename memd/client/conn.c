@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* The client's end of one memd connection: connect, authenticate, exchange frames. */
-#include "client_conn.h"
+#include "conn.h"
 
 #include <errno.h>
 #include <netdb.h>

@@ -8,7 +8,7 @@
 #ifndef FARMEM_CLIENT_RDMA_H
 #define FARMEM_CLIENT_RDMA_H
 
-#include "client_conn.h"
+#include "conn.h"
 
 /* "rdma://ADDR:PORT": set up x->rdma and point x->cfg.addr at the TCP control address. */
 int fm_rdma_init(struct fm_xport *x, const char *addr, char *err, size_t errlen);

@@ -5,8 +5,8 @@
  * space's memfd and touches it directly: the control connection is used for
  * space management and quota only.
  */
-#include "client_conn.h"
-#include "client_rdma.h"
+#include "conn.h"
+#include "rdma.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -19,7 +19,7 @@
  * this client is the only writer of its spaces, so which pages are present is
  * kept in a local bitmap.
  */
-#include "client_rdma.h"
+#include "rdma.h"
 
 #include <errno.h>
 #include <netdb.h>
