@@ -152,6 +152,10 @@ int fm_vfmt(char *buf, size_t len, const char *fmt, va_list ap)
 			if (*f == 'p') {
 				u = (uintptr_t)va_arg(ap, void *);
 				alt = 1;
+				if (!u) {  /* as glibc prints it */
+					put_padded(&o, "(nil)", 5, width, left, ' ');
+					continue;
+				}
 			} else {
 				u = sz ? (unsigned long long)va_arg(ap, size_t) : lng == 2 ? va_arg(ap, unsigned long long)
 				    : lng ? va_arg(ap, unsigned long) : va_arg(ap, unsigned int);
