@@ -45,7 +45,7 @@ HDRS        := $(wildcard memd/*/*.h memd/client/include/*.h uffd/*.h kmod-swapv
 # client's one public header (transport.h), not the transports' own headers or the server's.
 INC_COMMON  := -Imemd/common
 INC_SERVER  := $(INC_COMMON) -Imemd/server -Ikmod-swapva
-INC_CLIENT  := $(INC_COMMON) -Imemd/client -Imemd/client/include -Iuffd
+INC_CLIENT  := $(INC_COMMON) -Imemd/client -Imemd/client/include
 INC_PAGER   := $(INC_COMMON) -Imemd/client/include -Iuffd
 INC_SWAPVA  := -Ikmod-swapva -Iuffd
 # Test and benchmark programs are white boxes of the server, the pager and the client's interface.
@@ -88,9 +88,12 @@ $(B)/obj/memd/client/%.o $(B)/asan/memd/client/%.o: INC := $(INC_CLIENT)
 $(B)/obj/uffd/%.o $(B)/asan/uffd/%.o: INC := $(INC_PAGER)
 $(B)/obj/kmod-swapva/%.o $(B)/asan/kmod-swapva/%.o: INC := $(INC_SWAPVA)
 
+# The transports' data path may run in a signal handler (transport.h): keep every frame small.
+$(B)/obj/memd/client/%.o $(B)/obj/memd/common/%.o: XFLAGS := -Wstack-usage=3072
+
 $(B)/obj/%.o: %.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(INC) -c -o $@ $<
+	$(CC) $(CFLAGS) $(INC) $(XFLAGS) -c -o $@ $<
 
 $(B)/asan/%.o: %.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)

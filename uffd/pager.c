@@ -1312,7 +1312,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	}
 	p->hdr->transport = (uint32_t)fm_xport_kind(p->x);
 	atomic_store(&p->memd_copy, cfg->memd_copy ? 1 : 0);
-	fm_xport_set_stats(p->x, &p->hdr->stats); /* issue 8: several memds count failovers there */
+	fm_xport_set_counters(p->x, FM_MEMD_COUNTERS(&p->hdr->stats)); /* several memds count failovers there */
 	set_budget(p);
 
 	rc = fm_chan_open(p->x, &p->misc_chan);

@@ -1,274 +1,302 @@
 // SPDX-License-Identifier: Apache-2.0
-/* The client's end of one memd connection: connect, authenticate, exchange frames. */
+/* The client's end of one memd connection: connect, authenticate, exchange frames, all by a deadline. */
 #include "conn.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "auth.h"
 #include "fm_util.h"
 
-int fm_errmsg(char *err, size_t errlen, const char *fmt, ...)
+int fm_peer_resolve(struct fm_peer *p, const char *addr, const void *secret, size_t secret_len,
+		    char *err, size_t errlen)
 {
-	va_list ap;
-	if (!err || !errlen)
-		return 0;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return 0;
-}
-
-static void set_timeouts(int fd, int ms)
-{
-	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-static int connect_unix(const char *path, int *out)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int e = -errno;
-		close(fd);
-		return e;
-	}
-	*out = fd;
-	return 0;
-}
-
-static int connect_tcp(const char *hostport, int *out, int ms)
-{
-	char host[256];
-	const char *colon = strrchr(hostport, ':');
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
 	struct addrinfo *res = NULL, *ai;
-	int fd = -1, err = -EINVAL, one = 1;
+	const char *hp, *colon;
+	char host[256];
 	size_t hl;
 
-	if (!colon || colon == hostport || !colon[1])
+	memset(p, 0, sizeof(*p));
+	if (secret_len == 0 || secret_len > sizeof(p->secret)) {
+		fm_errmsg(err, errlen, "the memd secret must be 1 to %zu bytes", sizeof(p->secret));
 		return -EINVAL;
-	hl = (size_t)(colon - hostport);
-	if (hl >= sizeof(host))
+	}
+	if (strlen(addr) >= sizeof(p->addr)) {
+		fm_errmsg(err, errlen, "memd address too long: %.64s...", addr);
 		return -ENAMETOOLONG;
-	memcpy(host, hostport, hl);
+	}
+	strcpy(p->addr, addr);
+	memcpy(p->secret, secret, secret_len);
+	p->secret_len = secret_len;
+	if (strncmp(addr, "unix:", 5) == 0) {
+		struct sockaddr_un *sa = (struct sockaddr_un *)&p->sa[0];
+		if (strlen(addr + 5) >= sizeof(sa->sun_path)) {
+			fm_errmsg(err, errlen, "memd socket path too long: %s", addr + 5);
+			return -ENAMETOOLONG;
+		}
+		sa->sun_family = AF_UNIX;
+		strcpy(sa->sun_path, addr + 5);
+		p->salen[0] = sizeof(*sa);
+		p->naddr = 1;
+		p->is_unix = 1;
+		return 0;
+	}
+	hp = strncmp(addr, "tcp:", 4) == 0 ? addr + 4 : addr;
+	colon = strrchr(hp, ':');
+	if (!colon || colon == hp || !colon[1] || (size_t)(colon - hp) >= sizeof(host)) {
+		fm_errmsg(err, errlen, "memd address '%s': want unix:PATH, tcp:HOST:PORT or HOST:PORT", addr);
+		return -EINVAL;
+	}
+	hl = (size_t)(colon - hp);
+	memcpy(host, hp, hl);
 	host[hl] = '\0';
 	if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
 		memmove(host, host + 1, hl - 2);
 		host[hl - 2] = '\0';
 	}
-	if (getaddrinfo(host, colon + 1, &hints, &res) != 0)
+	if (getaddrinfo(host, colon + 1, &hints, &res) != 0) {
+		fm_errmsg(err, errlen, "cannot connect to memd at %s: no such host", addr);
 		return -EHOSTUNREACH;
-	for (ai = res; ai; ai = ai->ai_next) {
-		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-		if (fd < 0) {
-			err = -errno;
+	}
+	for (ai = res; ai && p->naddr < FM_PEER_ADDRS; ai = ai->ai_next) {
+		if (ai->ai_addrlen > sizeof(p->sa[0]))
 			continue;
-		}
-		/* Bound the connect too: Linux applies SO_SNDTIMEO to a blocking connect(). */
-		set_timeouts(fd, ms);
-		if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
-			break;
-		err = errno == EINPROGRESS ? -ETIMEDOUT : -errno;
-		close(fd);
-		fd = -1;
+		memcpy(&p->sa[p->naddr], ai->ai_addr, ai->ai_addrlen);
+		p->salen[p->naddr++] = ai->ai_addrlen;
 	}
 	freeaddrinfo(res);
+	if (!p->naddr) {
+		fm_errmsg(err, errlen, "cannot connect to memd at %s: no usable address", addr);
+		return -EHOSTUNREACH;
+	}
+	return 0;
+}
+
+/* Wait until fd is ready for ev or the deadline passes. */
+static int wait_fd(int fd, short ev, uint64_t deadline)
+{
+	for (;;) {
+		uint64_t now = fm_now_ns();
+		struct pollfd p = { .fd = fd, .events = ev };
+		int r;
+
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		/* Rounded up: a wait that ends early would only come round again. */
+		r = poll(&p, 1, (int)((deadline - now + 999999) / 1000000));
+		if (r > 0)
+			return (p.revents & POLLNVAL) ? -EBADF : 0;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+static int connect_one(const struct sockaddr *sa, socklen_t len, int is_unix, uint64_t deadline, int *out)
+{
+	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int one = 1, e = 0;
+	socklen_t el = sizeof(e);
+
 	if (fd < 0)
-		return err;
+		return -errno;
+	while (connect(fd, sa, len) < 0) {
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN && is_unix) {
+			/* A Unix socket's backlog is full: nothing to poll for, so try again shortly. */
+			struct timespec ts = { 0, 1000000 };
+			if (fm_now_ns() >= deadline) {
+				e = ETIMEDOUT;
+				goto fail;
+			}
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		if (errno != EINPROGRESS) {
+			e = errno;
+			goto fail;
+		}
+		e = -wait_fd(fd, POLLOUT, deadline);
+		if (!e && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0)
+			e = errno;
+		if (e)
+			goto fail;
+		break;
+	}
 	/* Requests are small and latency-bound: do not let Nagle hold them. */
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (!is_unix)
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	*out = fd;
 	return 0;
+fail:
+	close(fd);
+	return -e;
 }
 
-static uint64_t op_deadline(const struct fm_conn *c)
+/* Move the scatter list v[*i..nv) past n bytes. */
+static void advance(struct iovec *v, unsigned nv, unsigned *i, size_t n)
 {
-	return c->op_timeout_ms > 0 ? fm_now_ns() + (uint64_t)c->op_timeout_ms * 1000000u : 0;
-}
-
-static int past(uint64_t deadline)
-{
-	return deadline && fm_now_ns() > deadline;
-}
-
-/* fm_read_full with the connection's whole-operation deadline. */
-static int read_full_dl(struct fm_conn *c, void *buf, size_t len, uint64_t deadline)
-{
-	uint8_t *p = buf;
-	while (len) {
-		ssize_t n = read(c->fd, p, len);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno == EAGAIN ? -ETIMEDOUT : -errno;
+	while (n > 0 && *i < nv) {
+		if (n >= v[*i].iov_len) {
+			n -= v[*i].iov_len;
+			(*i)++;
+		} else {
+			v[*i].iov_base = (char *)v[*i].iov_base + n;
+			v[*i].iov_len -= n;
+			n = 0;
 		}
-		if (n == 0)
-			return -ECONNRESET;
-		p += n;
-		len -= (size_t)n;
-		if (len && past(deadline))
-			return -ETIMEDOUT;
 	}
-	return 0;
 }
 
-static int send_frame(struct fm_conn *c, uint16_t op, uint32_t count,
-		      const struct fm_iov *iov, unsigned niov, uint64_t req_id)
+static int send_frame(struct fm_conn *c, uint16_t op, uint32_t count, const struct fm_iov *iov,
+		      unsigned niov, uint64_t req_id, uint64_t deadline)
 {
-	struct iovec v[1 + 16];
+	struct iovec *v = c->sendv;
 	struct fm_hdr h = { .magic = FM_PROTO_MAGIC, .op = op, .req_id = req_id, .count = count };
-	size_t total = 0, left;
-	unsigned i, nv = 0;
-	uint64_t deadline = op_deadline(c);
+	unsigned i = 0, nv = 0;
 
-	if (niov > 16)
+	if (niov > FM_CONN_MAX_IOV)
 		return -E2BIG;
 	v[nv++] = (struct iovec){ &h, sizeof(h) };
-	for (i = 0; i < niov; i++) {
-		if (!iov[i].len)
+	for (unsigned k = 0; k < niov; k++) {
+		if (!iov[k].len)
 			continue;
-		v[nv++] = (struct iovec){ (void *)iov[i].base, iov[i].len };
-		h.len += (uint32_t)iov[i].len;
+		v[nv++] = (struct iovec){ (void *)iov[k].base, iov[k].len };
+		h.len += (uint32_t)iov[k].len;
 	}
-	total = sizeof(h) + h.len;
-	left = total;
-	i = 0;
-	while (left) {
+	while (i < nv) {
 		struct msghdr m = { .msg_iov = v + i, .msg_iovlen = nv - i };
-		ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+		/* MSG_NOSIGNAL: a vanished memd must not SIGPIPE the program we page. */
+		ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+		int rc;
+
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			return errno == EAGAIN ? -ETIMEDOUT : -errno;
+			if (errno != EAGAIN)
+				return -errno;
+			rc = wait_fd(c->fd, POLLOUT, deadline);
+			if (rc)
+				return rc;
+			continue;
 		}
-		left -= (size_t)n;
-		if (left && past(deadline))
-			return -ETIMEDOUT;
-		while (n > 0 && i < nv) {
-			if ((size_t)n >= v[i].iov_len) {
-				n -= (ssize_t)v[i].iov_len;
-				i++;
-			} else {
-				v[i].iov_base = (char *)v[i].iov_base + n;
-				v[i].iov_len -= (size_t)n;
-				n = 0;
-			}
-		}
+		advance(v, nv, &i, (size_t)n);
 	}
 	return 0;
 }
 
-/* Read the reply header, with an fd if memd attached one (SHM_MAP). */
-static int recv_hdr(struct fm_conn *c, struct fm_hdr *h, int *rep_fd)
+int fm_conn_send(struct fm_conn *c, uint16_t op, uint32_t count, const struct fm_iov *iov,
+		 unsigned niov, uint64_t deadline)
+{
+	int rc;
+
+	if (c->fd < 0)
+		return -ENOTCONN;
+	if (c->pending)  /* the last reply was never read: the stream is out of step */
+		rc = -EPROTO;
+	else
+		rc = send_frame(c, op, count, iov, niov, c->next_req + 1, deadline);
+	if (rc) {
+		fm_conn_close(c);
+		return rc;
+	}
+	c->pending = ++c->next_req;
+	return 0;
+}
+
+/*
+ * Read the reply's header and payload in as few recvmsg calls as the bytes
+ * arrive in: the header and the payload buffers form one scatter list. One
+ * request is in flight, so nothing follows the reply on the socket; bytes
+ * of an FM_OP_ERROR reply's message beyond our buffers are drained.
+ */
+static int recv_frame(struct fm_conn *c, const struct fm_iov *rep, unsigned nrep, size_t *rep_len,
+		      uint16_t *status, int *rep_fd, uint64_t deadline)
 {
 	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } cm;
-	struct iovec v = { h, sizeof(*h) };
-	struct msghdr m = { .msg_iov = &v, .msg_iovlen = 1 };
-	size_t got = 0;
+	struct iovec v[1 + FM_CONN_MAX_REP];
+	struct fm_hdr h;
+	char drain[256];
+	size_t got = 0, cap = 0, want;
+	unsigned nv = 0, i = 0;
+	int have_hdr = 0, want_fd = rep_fd != NULL;
 
-	if (rep_fd) {
+	if (nrep > FM_CONN_MAX_REP)
+		return -E2BIG;
+	if (rep_fd)
 		*rep_fd = -1;
-		m.msg_control = cm.buf;
-		m.msg_controllen = sizeof(cm.buf);
+	v[nv++] = (struct iovec){ &h, sizeof(h) };
+	for (unsigned k = 0; k < nrep; k++) {
+		if (!rep[k].len)
+			continue;
+		v[nv++] = (struct iovec){ (void *)rep[k].base, rep[k].len };
+		cap += rep[k].len;
 	}
-	while (got < sizeof(*h)) {
+	want = sizeof(h) + cap;  /* until the header says how long the reply is */
+	while (got < want) {
+		struct iovec d = { drain, want - got < sizeof(drain) ? want - got : sizeof(drain) };
+		struct msghdr m = { .msg_iov = v + i, .msg_iovlen = nv - i };
 		ssize_t n;
-		v.iov_base = (char *)h + got;
-		v.iov_len = sizeof(*h) - got;
-		n = recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC);
+		int rc;
+
+		if (i == nv) {
+			m.msg_iov = &d;
+			m.msg_iovlen = 1;
+		}
+		if (want_fd) {
+			m.msg_control = cm.buf;
+			m.msg_controllen = sizeof(cm.buf);
+		}
+		n = recvmsg(c->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			return errno == EAGAIN ? -ETIMEDOUT : -errno;
+			if (errno != EAGAIN)
+				return -errno;
+			rc = wait_fd(c->fd, POLLIN, deadline);
+			if (rc)
+				return rc;
+			continue;
 		}
 		if (n == 0)
 			return -ECONNRESET;
-		if (rep_fd && m.msg_controllen) {
+		if (want_fd && m.msg_controllen) {
 			struct cmsghdr *cmh = CMSG_FIRSTHDR(&m);
 			if (cmh && cmh->cmsg_level == SOL_SOCKET && cmh->cmsg_type == SCM_RIGHTS)
 				memcpy(rep_fd, CMSG_DATA(cmh), sizeof(int));
-			m.msg_control = NULL;
-			m.msg_controllen = 0;
+			want_fd = 0;
 		}
 		got += (size_t)n;
-	}
-	if (h->magic != FM_PROTO_MAGIC)
-		return -EPROTO;
-	return 0;
-}
-
-int fm_conn_send(struct fm_conn *c, uint16_t op, uint32_t count,
-		 const struct fm_iov *iov, unsigned niov, uint64_t *req_id)
-{
-	*req_id = ++c->next_req;
-	return send_frame(c, op, count, iov, niov, *req_id);
-}
-
-int fm_conn_recvv(struct fm_conn *c, uint16_t op, uint64_t id,
-		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
-		  int *rep_fd)
-{
-	struct fm_hdr h;
-	size_t cap = 0, left;
-	int err;
-
-	uint64_t deadline = op_deadline(c);
-
-	for (unsigned i = 0; i < nrep; i++)
-		cap += rep[i].len;
-	err = recv_hdr(c, &h, rep_fd);
-	if (err)
-		return err;
-	if (h.len > FM_MAX_PAYLOAD)
-		return -EPROTO;
-	if (h.op == FM_OP_ERROR) {
-		/* The message is for logs; the status says what happened. */
-		char msg[512];
-		size_t keep = h.len < sizeof(msg) - 1 ? h.len : sizeof(msg) - 1;
-		err = read_full_dl(c, msg, keep, deadline);
-		for (left = h.len - keep; !err && left;) {
-			size_t k = left < sizeof(msg) ? left : sizeof(msg);
-			err = read_full_dl(c, msg, k, deadline);
-			left -= k;
+		advance(v, nv, &i, (size_t)n);
+		if (!have_hdr && got >= sizeof(h)) {
+			have_hdr = 1;
+			if (h.magic != FM_PROTO_MAGIC || h.len > FM_MAX_PAYLOAD)
+				return -EPROTO;
+			/* Only an error's message may be longer than what we asked for. */
+			if (h.op != FM_OP_ERROR && (h.req_id != c->pending || h.len > cap))
+				return -EPROTO;
+			want = sizeof(h) + h.len;
 		}
-		if (err)
-			return err;
-		msg[keep < sizeof(msg) ? keep : sizeof(msg) - 1] = '\0';
-		fm_debug("memd error %u for op %u: %s", h.status, op, msg);
+		if (have_hdr && got > want)  /* more than the reply: memd sent what we did not ask */
+			return -EPROTO;
+	}
+	if (h.op == FM_OP_ERROR) {
+		/* The message is for logs (memd's); the status says what happened. */
+		fm_debug("memd at fd %d refused a request: status %u", c->fd, h.status);
 		*status = h.status ? h.status : FM_E_INTERNAL;
 		if (rep_len)
 			*rep_len = 0;
 		return 0;
-	}
-	if (h.req_id != id || h.len > cap)
-		return -EPROTO;
-	left = h.len;
-	for (unsigned i = 0; i < nrep && left; i++) {
-		size_t k = left < rep[i].len ? left : rep[i].len;
-		err = read_full_dl(c, (void *)rep[i].base, k, deadline);
-		if (err)
-			return err;
-		left -= k;
 	}
 	if (rep_len)
 		*rep_len = h.len;
@@ -276,91 +304,131 @@ int fm_conn_recvv(struct fm_conn *c, uint16_t op, uint64_t id,
 	return 0;
 }
 
-int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
-		  const struct fm_iov *iov, unsigned niov,
-		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
-		  int *rep_fd)
+int fm_conn_recv(struct fm_conn *c, const struct fm_iov *rep, unsigned nrep, size_t *rep_len,
+		 uint16_t *status, int *rep_fd, uint64_t deadline)
 {
-	uint64_t id;
-	int err = fm_conn_send(c, op, count, iov, niov, &id);
+	int rc;
 
-	if (err)
-		return err;
-	return fm_conn_recvv(c, op, id, rep, nrep, rep_len, status, rep_fd);
+	if (c->fd < 0)
+		return -ENOTCONN;
+	if (!c->pending)
+		return -EPROTO;
+	rc = recv_frame(c, rep, nrep, rep_len, status, rep_fd, deadline);
+	if (rc) {
+		if (rep_fd && *rep_fd >= 0) {
+			close(*rep_fd);
+			*rep_fd = -1;
+		}
+		fm_conn_close(c);
+		return rc;
+	}
+	c->pending = 0;
+	return 0;
 }
 
-int fm_conn_call(struct fm_conn *c, uint16_t op, uint32_t count,
-		 const struct fm_iov *iov, unsigned niov,
-		 void *rep, size_t rep_cap, size_t *rep_len, uint16_t *status,
-		 int *rep_fd)
+int fm_conn_call(struct fm_conn *c, uint16_t op, uint32_t count, const struct fm_iov *iov,
+		 unsigned niov, void *rep, size_t rep_cap, size_t *rep_len, uint16_t *status,
+		 int *rep_fd, uint64_t deadline)
 {
 	struct fm_iov r = { rep, rep_cap };
-	return fm_conn_callv(c, op, count, iov, niov, &r, 1, rep_len, status, rep_fd);
+	int rc = fm_conn_send(c, op, count, iov, niov, deadline);
+
+	return rc ? rc : fm_conn_recv(c, &r, 1, rep_len, status, rep_fd, deadline);
 }
 
-int fm_conn_open(struct fm_conn *c, const struct fm_xport_cfg *cfg, char *err, size_t errlen)
+int fm_conn_copy_send(struct fm_conn *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		      const uint64_t *dpages, unsigned n, struct fm_copy_ent *ents, uint64_t deadline)
+{
+	struct fm_copy_req req = { .src_space = src, .dst_space = dst };
+
+	/* A memd that does not announce COPY is not asked (it would answer FM_E_OP, which means the same). */
+	if (c->fd >= 0 && !(c->server_flags & FM_HELLO_F_COPY))
+		return -EOPNOTSUPP;
+	for (unsigned i = 0; i < n; i++)
+		ents[i] = (struct fm_copy_ent){ .src_page = spages[i], .dst_page = dpages[i] };
+	return fm_conn_send(c, FM_OP_COPY, n,
+			    (struct fm_iov[]){ { &req, sizeof(req) }, { ents, n * sizeof(ents[0]) } }, 2,
+			    deadline);
+}
+
+int fm_conn_copy_recv(struct fm_conn *c, unsigned n, uint32_t *status, uint64_t deadline)
+{
+	struct fm_iov rep = { status, n * sizeof(uint32_t) };
+	size_t len;
+	uint16_t st;
+	int rc = fm_conn_recv(c, &rep, 1, &len, &st, NULL, deadline);
+
+	if (rc)
+		return rc;
+	if (st == FM_E_OP)
+		return -EOPNOTSUPP;
+	if (st == FM_E_NOSPACE)
+		return -ENOENT;
+	if (st || len != n * sizeof(uint32_t))
+		return -EPROTO;
+	for (unsigned i = 0; i < n; i++)
+		if (status[i] != FM_OK && status[i] != FM_E_ABSENT && status[i] != FM_E_FULL &&
+		    status[i] != FM_E_RANGE)
+			return -EPROTO;
+	return 0;
+}
+
+int fm_conn_open(struct fm_conn *c, const struct fm_peer *p, uint64_t deadline, char *err, size_t errlen)
 {
 	struct fm_hello_req hreq = { .min_version = FM_PROTO_VERSION, .max_version = FM_PROTO_VERSION };
 	struct fm_hello_rep hrep;
 	struct fm_auth_req areq;
 	struct fm_auth_rep arep;
 	uint8_t want[FM_MAC_LEN];
-	const char *a = cfg->addr;
 	size_t len;
 	uint16_t st;
-	int rc;
+	int rc = -EHOSTUNREACH;
 
 	memset(c, 0, sizeof(*c));
 	c->fd = -1;
 	if (fm_auth_init(err, errlen))
 		return -ELIBACC;
-	if (strncmp(a, "unix:", 5) == 0) {
-		c->is_unix = 1;
-		rc = connect_unix(a + 5, &c->fd);
-	} else {
-		rc = connect_tcp(strncmp(a, "tcp:", 4) == 0 ? a + 4 : a, &c->fd,
-				 cfg->timeout_ms > 0 ? cfg->timeout_ms : 10000);
-	}
-	if (rc) {
-		fm_errmsg(err, errlen, "cannot connect to memd at %s: %s", a, strerror(-rc));
+	for (unsigned k = 0; k < p->naddr && c->fd < 0; k++)
+		rc = connect_one((const struct sockaddr *)&p->sa[k], p->salen[k], p->is_unix, deadline, &c->fd);
+	if (c->fd < 0) {
+		fm_errmsg(err, errlen, "cannot connect to memd at %s: %s", p->addr, fm_strerror(rc));
 		return rc;
 	}
-	set_timeouts(c->fd, cfg->timeout_ms > 0 ? cfg->timeout_ms : 10000);
-
+	c->is_unix = p->is_unix;
 	rc = fm_random(hreq.client_nonce, sizeof(hreq.client_nonce));
-	if (rc)
-		goto fail_msg;
-	rc = fm_conn_call(c, FM_OP_HELLO, 0, &(struct fm_iov){ &hreq, sizeof(hreq) }, 1,
-			  &hrep, sizeof(hrep), &len, &st, NULL);
+	if (!rc)
+		rc = fm_conn_call(c, FM_OP_HELLO, 0, &(struct fm_iov){ &hreq, sizeof(hreq) }, 1,
+				  &hrep, sizeof(hrep), &len, &st, NULL, deadline);
 	if (rc)
 		goto fail_msg;
 	if (st || len != sizeof(hrep)) {
-		fm_errmsg(err, errlen, "memd at %s refused the handshake (status %u%s)", a, st,
+		fm_errmsg(err, errlen, "memd at %s refused the handshake (status %u%s)", p->addr, st,
 			  st == FM_E_VERSION ? ": no common protocol version" : "");
 		rc = -EPROTO;
 		goto fail;
 	}
 	c->server_flags = hrep.flags;
-	fm_auth_client_mac(cfg->secret, cfg->secret_len, hrep.server_nonce, hreq.client_nonce, areq.mac);
+	fm_auth_client_mac(p->secret, p->secret_len, hrep.server_nonce, hreq.client_nonce, areq.mac);
 	rc = fm_conn_call(c, FM_OP_AUTH, 0, &(struct fm_iov){ &areq, sizeof(areq) }, 1,
-			  &arep, sizeof(arep), &len, &st, NULL);
+			  &arep, sizeof(arep), &len, &st, NULL, deadline);
 	if (rc == -ECONNRESET || (!rc && st == FM_E_AUTH)) {
-		fm_errmsg(err, errlen, "memd at %s rejected our secret (authentication failed)", a);
+		fm_errmsg(err, errlen, "memd at %s rejected our secret (authentication failed)", p->addr);
 		rc = -EACCES;
 		goto fail;
 	}
 	if (rc)
 		goto fail_msg;
-	fm_auth_server_mac(cfg->secret, cfg->secret_len, hrep.server_nonce, hreq.client_nonce, want);
+	fm_auth_server_mac(p->secret, p->secret_len, hrep.server_nonce, hreq.client_nonce, want);
 	if (st || len != sizeof(arep) || !fm_auth_mac_equal(want, arep.mac)) {
-		fm_errmsg(err, errlen, "memd at %s could not prove it knows the secret", a);
+		fm_errmsg(err, errlen, "memd at %s could not prove it knows the secret", p->addr);
 		rc = -EACCES;
 		goto fail;
 	}
 	return 0;
 
 fail_msg:
-	fm_errmsg(err, errlen, "memd at %s: handshake failed: %s", a, strerror(-rc));
+	fm_errmsg(err, errlen, "memd at %s: handshake failed: %s", p->addr,
+		  rc == -ETIMEDOUT ? "no answer in time" : fm_strerror(rc));
 fail:
 	fm_conn_close(c);
 	return rc;
@@ -371,4 +439,5 @@ void fm_conn_close(struct fm_conn *c)
 	if (c->fd >= 0)
 		close(c->fd);
 	c->fd = -1;
+	c->pending = 0;
 }

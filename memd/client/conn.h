@@ -1,108 +1,96 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Internal to the client transports: one authenticated connection to memd. */
+/*
+ * One authenticated connection to memd (docs/protocol.md), the frames on it,
+ * and the address it goes to. Used by the control connection (ctrl.h) and
+ * the stream transport's channels.
+ *
+ * Every call that waits takes an absolute deadline (fm_now_ns() clock) and
+ * returns -ETIMEDOUT when it passes, however the peer behaves: silent,
+ * trickling, or stopped with its connection open. The socket is
+ * non-blocking; waiting is poll(2) for the time left.
+ *
+ * One request is in flight per connection: send, then receive its reply,
+ * then the next. A reply is read straight into the caller's buffers.
+ *
+ * Signal-safe (transport.h): fm_conn_open, _send, _recv, _call and _close
+ * allocate nothing and take no lock. fm_peer_resolve is not: it runs at
+ * connect time, so that a connection made again later needs no resolver.
+ */
 #ifndef FARMEM_CLIENT_CONN_H
 #define FARMEM_CLIENT_CONN_H
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include "protocol.h"
-#include "transport.h"
 
-struct fm_conn {
-	int fd;
+#define FM_PEER_ADDRS 4
+
+/* Where memd is and how to prove we may talk to it. */
+struct fm_peer {
+	char addr[256];                        /* as the user wrote it, for messages */
 	int is_unix;
-	uint32_t server_flags;
-	uint64_t next_req;
-	int op_timeout_ms;  /* > 0: a whole send or reply must complete within this (a trickle too) */
+	unsigned naddr;
+	struct sockaddr_storage sa[FM_PEER_ADDRS];
+	socklen_t salen[FM_PEER_ADDRS];
+	uint8_t secret[256];
+	size_t secret_len;
 };
 
-/* Connect to addr, run HELLO/AUTH (verifying memd's own proof of the secret). */
-int fm_conn_open(struct fm_conn *c, const struct fm_xport_cfg *cfg, char *err, size_t errlen);
+/* "unix:/path", "tcp:HOST:PORT" or "HOST:PORT". 0, or -errno with a sentence in err. */
+int fm_peer_resolve(struct fm_peer *p, const char *addr, const void *secret, size_t secret_len,
+		    char *err, size_t errlen);
+
+struct fm_iov { const void *base; size_t len; };
+
+/* Requests carry at most this many pieces: header fields, entries, one per run of pages. */
+#define FM_CONN_MAX_IOV (FM_MAX_BATCH + 4)
+
+struct fm_conn {
+	int fd;                 /* -1: not connected */
+	int is_unix;
+	uint32_t server_flags;  /* FM_HELLO_F_* */
+	uint64_t next_req;
+	uint64_t pending;       /* req_id of the request in flight, 0 = none */
+	struct iovec sendv[1 + FM_CONN_MAX_IOV]; /* a request's pieces: here, not on a signal handler's stack */
+};
+/* Replies land in at most this many buffers. */
+#define FM_CONN_MAX_REP 4
+
+/*
+ * Connect and run HELLO/AUTH, checking memd's own proof of the secret.
+ * err may be NULL (nothing is formatted then). 0 or -errno.
+ */
+int fm_conn_open(struct fm_conn *c, const struct fm_peer *p, uint64_t deadline, char *err, size_t errlen);
 void fm_conn_close(struct fm_conn *c);
 
 /*
- * One request/reply exchange. The request payload is the concatenation of
- * iov; the reply payload (at most rep_cap bytes) lands in rep, its length in
- * *rep_len. Returns 0 with *status set to the header status, or -errno for
- * transport failures (the connection is then unusable).
+ * Send one request: the concatenation of iov[0..niov) as payload. On a
+ * transport error the connection is closed and -errno returned.
  */
-struct fm_iov { const void *base; size_t len; };
-int fm_conn_call(struct fm_conn *c, uint16_t op, uint32_t count,
-		 const struct fm_iov *iov, unsigned niov,
-		 void *rep, size_t rep_cap, size_t *rep_len, uint16_t *status,
-		 int *rep_fd);
-/* The same, with the reply payload scattered over rep[0..nrep). */
-int fm_conn_callv(struct fm_conn *c, uint16_t op, uint32_t count,
-		  const struct fm_iov *iov, unsigned niov,
-		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
-		  int *rep_fd);
+int fm_conn_send(struct fm_conn *c, uint16_t op, uint32_t count, const struct fm_iov *iov,
+		 unsigned niov, uint64_t deadline);
+/*
+ * Receive the reply to the request in flight, its payload (at most the sum
+ * of rep[].len bytes) scattered over rep[0..nrep). Returns 0 with *status
+ * the header status (an FM_OP_ERROR reply: its status, *rep_len 0), or
+ * -errno for a transport failure or a malformed reply, after which the
+ * connection is closed. rep_fd: an fd memd attached (SHM_MAP), or -1.
+ */
+int fm_conn_recv(struct fm_conn *c, const struct fm_iov *rep, unsigned nrep, size_t *rep_len,
+		 uint16_t *status, int *rep_fd, uint64_t deadline);
+/* Send, then receive into one buffer. */
+int fm_conn_call(struct fm_conn *c, uint16_t op, uint32_t count, const struct fm_iov *iov,
+		 unsigned niov, void *rep, size_t rep_cap, size_t *rep_len, uint16_t *status,
+		 int *rep_fd, uint64_t deadline);
 
 /*
- * The two halves of fm_conn_callv, for a client that has requests in flight
- * on several connections at once (client_multi.c): send, then receive the
- * reply to req_id. The same error rules as fm_conn_callv.
+ * One COPY request (fm_chan_copy's statuses and returns): a stream
+ * channel's connection, or the rdma transport's control connection.
  */
-int fm_conn_send(struct fm_conn *c, uint16_t op, uint32_t count,
-		 const struct fm_iov *iov, unsigned niov, uint64_t *req_id);
-int fm_conn_recvv(struct fm_conn *c, uint16_t op, uint64_t req_id,
-		  const struct fm_iov *rep, unsigned nrep, size_t *rep_len, uint16_t *status,
-		  int *rep_fd);
+int fm_conn_copy_send(struct fm_conn *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		      const uint64_t *dpages, unsigned n, struct fm_copy_ent *ents, uint64_t deadline);
+int fm_conn_copy_recv(struct fm_conn *c, unsigned n, uint32_t *status, uint64_t deadline);
 
-struct space_map {
-	uint32_t id;
-	uint64_t npages;
-	uint8_t *data;
-	struct fm_shm_meta *meta;
-	size_t map_len;
-	int memfd;
-};
-
-struct fm_xport {
-	struct fm_xport_cfg cfg;
-	char addr[256];
-	uint8_t secret[256];
-	int kind;                      /* enum fm_transport_kind */
-	struct fm_session session;
-	pthread_mutex_t lock;          /* guards ctrl and the space table */
-	struct fm_conn ctrl;
-	atomic_int dead;               /* memd vanished: no more writes */
-	/* shm: mapped spaces, and this session's unused quota grant */
-	struct space_map spaces[64];
-	unsigned nspaces;
-	atomic_int_fast64_t grant_avail;   /* granted and not yet used */
-	uint64_t granted_total;            /* memd's figure for the session; under lock */
-	atomic_uint_fast64_t full_until_ns; /* memd refused quota: until then, do not ask */
-	struct fm_multi *multi;        /* many memd servers: client_multi.c does everything */
-	struct fm_rdma *rdma;          /* rdma://: client_rdma.c (regions, QP address) */
-};
-
-struct fm_chan {
-	struct fm_xport *x;
-	struct fm_conn conn;           /* stream only */
-	uint8_t *buf;                  /* stream: reply staging, FM_MAX_BATCH pages */
-	struct fm_page_status st[FM_MAX_BATCH];
-	struct fm_mchan *mchan;        /* a channel of a many-memd transport (client_multi.c) */
-	struct fm_rchan *rchan;        /* rdma: this thread's RC QP (client_rdma.c) */
-};
-
-/* client_multi.c: a transport over several memd servers (an address with commas). */
-int fm_multi_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen);
-void fm_multi_close(struct fm_xport *x);
-int fm_multi_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id);
-int fm_multi_space_close(struct fm_xport *x, uint32_t space_id);
-int fm_multi_stats(struct fm_xport *x, struct fm_stats *st);
-int fm_multi_chan_open(struct fm_xport *x, struct fm_chan **out);
-void fm_multi_chan_close(struct fm_chan *c);
-int fm_multi_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
-		  const void **src);
-int fm_multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
-		   const void *const *data, uint32_t *status);
-int fm_multi_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
-int fm_multi_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
-		  const uint64_t *dpages, unsigned n, uint32_t *status);
-
-int fm_errmsg(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-#endif
+#endif /* FARMEM_CLIENT_CONN_H */

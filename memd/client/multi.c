@@ -2,7 +2,10 @@
 /*
  * Many memd servers behind one transport (transport.h). fm_xport_connect
  * comes here when the address is a comma-separated list; the pager never
- * learns that there is more than one server.
+ * learns that there is more than one server. Each server is a child
+ * transport (stream), used only through the table of operations (ops.h):
+ * its split operations let one call send to every server before it waits
+ * for any.
  *
  * Placement. Every page has an order over the servers: rendezvous (highest
  * random weight) hashing of (space, page) with a hash of each server's
@@ -27,39 +30,45 @@
  * and re-replicated in the background. A page no server acknowledged makes
  * the call fail (-EPIPE): the pager keeps it (its evict_broken path).
  *
- * Reads go to the live holders in placement order, servers that recently
- * timed out last; a holder that does not answer within the timeout, fails,
- * or returns bytes whose checksum is wrong is skipped for the next one.
+ * Reads go to the live holders in placement order, servers in a slow spell
+ * last; a holder that does not answer within the timeout, fails, or returns
+ * bytes whose checksum is wrong is skipped for the next one.
  *
  * Health. A connection error (reset, refused, EOF) marks a server lost at
- * once. A timeout marks it slow for SLOW_MS (others are preferred); a server
- * that keeps failing for down_after_ms, or times out STRIKES times within it,
- * is lost. A lost server's slot is never
- * used again: if it comes back, it joins as a new, empty slot. When a loss
- * leaves some page with no live copy (R=1, or R failures), the transport is
- * broken: it names the server, refuses further writes (the pager stops
- * evicting), and a read of such a page fails after saying which server had it.
+ * once. A timeout starts a slow spell of SLOW_MS (others are preferred), and
+ * so does an answer that took more than half the timeout: a server that is
+ * slow but never quite times out must not serve every fault at its pace. A
+ * server that keeps failing for down_after_ms, or times out STRIKES times
+ * within it, is lost. A lost server's slot is never used again: if it comes
+ * back, it joins as a new, empty slot. When a loss leaves some page with no
+ * live copy (R=1, or R failures), the transport is broken: it names the
+ * server, refuses further writes (the pager stops evicting), and a read of
+ * such a page fails after saying which server had it.
  *
  * A background thread watches the control connections, re-replicates pages
  * that have fewer than R live copies (claiming each page with REPL, so that
- * a concurrent write of the page always wins), and reconnects lost servers.
+ * a concurrent write of the page always wins), reconnects lost servers, and
+ * gives every channel a channel to a server that joined: the data path
+ * never allocates (transport.h, signal safety).
  */
-#include "conn.h"
+#include "ops.h"
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
-#include <stdio.h>
+#include <semaphore.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fm_util.h"
-#include "resmap.h"
 
 #define MAX_SLOTS     28
+#define MAX_SERVERS   16
+#define MAX_REPLICAS  8
 #define META_MASK     ((1u << MAX_SLOTS) - 1)
 #define META_WRITING  (1u << 28)
 #define META_REPL     (1u << 29)
@@ -68,15 +77,13 @@
 #define REJOIN_MS     5000
 #define STRIKES       6
 #define DEFAULT_TIMEOUT_MS 1000
-
-/* Tools mirror the layout (cli/src/farmem/resmap.py): a new counter takes a reserved[] word. */
-_Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 32) * sizeof(uint64_t),
-	       "the counters after lat_hist are a 32-word block: take reserved[] words, keep the size");
+/* A call's items: every page to at most MAX_REPLICAS servers. */
+#define MAX_ITEMS     (FM_MAX_BATCH * MAX_REPLICAS)
 
 struct slot {
 	char addr[128];
 	uint64_t hseed;
-	struct fm_xport *x;          /* control connection and session; freed at close */
+	struct fm_xport *x;          /* the child transport; freed at close */
 	atomic_int down;
 	_Atomic uint64_t slow_until; /* ns: prefer others until then */
 	_Atomic uint64_t fail_since; /* ns of the first failure of the current streak; 0 = none */
@@ -93,42 +100,79 @@ struct mspace {
 	atomic_int live;
 };
 
+struct mchan;
+
 struct fm_multi {
-	struct fm_xport *shell;
-	struct fm_xport_cfg cfg;     /* addr/secret point into shell */
-	int R, timeout_ms, down_after_ms;
+	struct fm_xport base;
+	struct fm_xport_cfg cfg;     /* secret points into secret[] */
+	uint8_t secret[256];
+	int R, down_after_ms;
 	pthread_mutex_t lock;        /* spaces, slot changes, loss scans */
 	struct slot s[MAX_SLOTS];
 	atomic_int nslots;
 	struct mspace sp[MAX_SPACES];
 	atomic_uint nsp;
 	uint32_t next_id;
-	struct fm_pager_stats own;
-	struct fm_pager_stats *_Atomic st;
 	atomic_int broken;
+	pthread_mutex_t chans_lock;  /* the channel list, and adding a child channel to one */
+	struct mchan *chans;
 	/* the background thread */
 	pthread_t bg;
 	int bg_started;
 	atomic_int stop, need_scan;
-	pthread_mutex_t bg_lock;
-	pthread_cond_t bg_cond;
-	struct fm_chan *bgchan;
+	sem_t wake;                  /* sem_post is signal-safe: the data path wakes the thread */
+	struct mchan *bgchan;
 	atomic_int scanning_space;   /* index+1 of the space the scan is in, 0 = none */
 };
 
-struct sub { struct fm_conn conn; int open; };
+/* One page to or from one slot. */
+struct item {
+	unsigned i;        /* index into the caller's page arrays */
+	uint8_t slot;
+	int8_t res;        /* IT_* */
+};
+enum { IT_PENDING = 0, IT_OK = 1, IT_FAIL = -1, IT_FULL = -2, IT_ABSENT = -3, IT_CRC = -4 };
 
-struct fm_mchan {
-	struct fm_multi *m;
-	struct sub sub[MAX_SLOTS];
-	uint8_t *buf;                           /* read replies land here: FM_MAX_BATCH pages */
-	struct fm_page_status gst[FM_MAX_BATCH]; /* one group's statuses */
-	uint32_t wst[FM_MAX_BATCH];
-	struct fm_write_ent ents[FM_MAX_BATCH];
-	struct item *it;                        /* writes: FM_MAX_BATCH * MAX_SLOTS */
+/* What one exchange sends: the pages of a call; each item picks one of them. */
+struct xreq {
+	uint16_t op;                 /* FM_OP_READ, FM_OP_WRITE, FM_OP_COPY */
+	const struct mspace *ss;     /* the space (COPY: the source) */
+	const struct mspace *ds;     /* COPY: the destination */
+	const uint64_t *pages;       /* COPY: source pages */
+	const uint64_t *dpages;      /* COPY */
+	const void *const *data;     /* WRITE */
+	const uint32_t *crc;         /* WRITE */
 };
 
-#define MST(m, field, n) __atomic_fetch_add(&atomic_load(&(m)->st)->field, (uint64_t)(n), __ATOMIC_RELAXED)
+/*
+ * A channel: one child channel per server, and the scratch of one call,
+ * here and not on the stack (a call may run in a signal handler).
+ */
+struct mchan {
+	struct fm_chan base;
+	struct fm_multi *m;
+	struct mchan *next_chan;                 /* m->chans */
+	struct fm_chan *_Atomic sub[MAX_SLOTS];  /* set once, by open or by the background thread */
+	uint8_t *buf;                            /* reads kept across a retry: FM_MAX_BATCH pages */
+	/* per page of a call */
+	uint8_t cand[FM_MAX_BATCH][MAX_SLOTS], ncand[FM_MAX_BATCH], next[FM_MAX_BATCH];
+	uint8_t crcbad[FM_MAX_BATCH];
+	uint8_t got[FM_MAX_BATCH];               /* reads: 1 read in this round, 2 kept in buf */
+	uint32_t crc[FM_MAX_BATCH], old[FM_MAX_BATCH], acked[FM_MAX_BATCH], full[FM_MAX_BATCH];
+	uint32_t hold[FM_MAX_BATCH];
+	/* per item; exchange() lines the f* arrays up with the items it sorted */
+	struct item it[MAX_ITEMS], tmp[MAX_ITEMS];
+	uint64_t fpages[MAX_ITEMS], fdpages[MAX_ITEMS];
+	const void *fdata[MAX_ITEMS];
+	const void *fsrc[MAX_ITEMS];
+	uint32_t fcrc[MAX_ITEMS], fstatus[MAX_ITEMS];
+	struct fm_req rq[MAX_SLOTS];
+};
+
+#define MST(m, field, n) FM_XPORT_COUNT(&(m)->base, field, n)
+
+static struct fm_multi *to_multi(struct fm_xport *x) { return (struct fm_multi *)x; }
+static struct mchan *to_mchan(struct fm_chan *c) { return (struct mchan *)c; }
 
 /* ---- placement ---------------------------------------------------------- */
 
@@ -160,7 +204,7 @@ static uint64_t page_key(uint32_t space, uint64_t page)
 static unsigned order(struct fm_multi *m, uint64_t key, uint32_t allowed, uint8_t *out)
 {
 	uint64_t score[MAX_SLOTS], now = 0;
-	unsigned n = 0, ns = atomic_load_explicit(&m->nslots, memory_order_acquire);
+	unsigned n = 0, ns = (unsigned)atomic_load_explicit(&m->nslots, memory_order_acquire);
 
 	for (unsigned s = 0; s < ns; s++) {
 		uint64_t sc;
@@ -185,33 +229,10 @@ static unsigned order(struct fm_multi *m, uint64_t key, uint32_t allowed, uint8_
 	return n;
 }
 
-/* Exposed for the unit test: the first r slots of a page over n servers named addrs. */
-unsigned fm_multi_placement(const char *const *addrs, unsigned n, uint32_t space, uint64_t page,
-			    unsigned r, unsigned *out);
-unsigned fm_multi_placement(const char *const *addrs, unsigned n, uint32_t space, uint64_t page,
-			    unsigned r, unsigned *out)
-{
-	uint64_t key = page_key(space, page), best[MAX_SLOTS];
-	unsigned k = 0;
-
-	for (unsigned s = 0; s < n && s < MAX_SLOTS; s++) {
-		uint64_t sc = mix64(hash_str(addrs[s]) ^ key) >> 1;
-		unsigned j;
-		for (j = k; j > 0 && best[j - 1] < sc; j--) {
-			best[j] = best[j - 1];
-			out[j] = out[j - 1];
-		}
-		best[j] = sc;
-		out[j] = s;
-		k++;
-	}
-	return k < r ? k : r;
-}
-
 static uint32_t live_mask(struct fm_multi *m)
 {
 	uint32_t mask = 0;
-	unsigned ns = atomic_load_explicit(&m->nslots, memory_order_acquire);
+	unsigned ns = (unsigned)atomic_load_explicit(&m->nslots, memory_order_acquire);
 	for (unsigned s = 0; s < ns; s++)
 		if (!atomic_load_explicit(&m->s[s].down, memory_order_relaxed))
 			mask |= 1u << s;
@@ -232,9 +253,7 @@ static struct mspace *find_space(struct fm_multi *m, uint32_t id)
 static void kick_bg(struct fm_multi *m)
 {
 	atomic_store(&m->need_scan, 1);
-	pthread_mutex_lock(&m->bg_lock);
-	pthread_cond_signal(&m->bg_cond);
-	pthread_mutex_unlock(&m->bg_lock);
+	sem_post(&m->wake);
 }
 
 /* Pages whose every copy was on servers no longer live. Caller holds m->lock. */
@@ -255,6 +274,10 @@ static uint64_t count_orphans(struct fm_multi *m, uint32_t live)
 	return n;
 }
 
+/*
+ * Give a server up. Called from the data path too: m->lock is held
+ * elsewhere only over this transport's own memory (transport.h).
+ */
 static void slot_lost(struct fm_multi *m, unsigned s, const char *why)
 {
 	struct slot *sl = &m->s[s];
@@ -263,11 +286,10 @@ static void slot_lost(struct fm_multi *m, unsigned s, const char *why)
 
 	if (atomic_exchange(&sl->down, 1))
 		return;
-	MST(m, memd_servers_lost, 1);
-	__atomic_fetch_sub(&atomic_load(&m->st)->memd_servers_live, 1, __ATOMIC_RELAXED);
-	/* Its session goes when memd notices; no one uses this connection any more. */
-	if (sl->x && sl->x->ctrl.fd >= 0)
-		shutdown(sl->x->ctrl.fd, SHUT_RDWR);
+	MST(m, servers_lost, 1);
+	MST(m, servers_live, -1);
+	/* Its session goes when memd notices; no one uses its connections any more. */
+	sl->x->ops->hangup(sl->x);
 	pthread_mutex_lock(&m->lock);
 	live = live_mask(m);
 	orphans = count_orphans(m, live);
@@ -293,453 +315,493 @@ static int is_timeout(int rc)
 	       rc == -ENETUNREACH;
 }
 
+/* Start a slow spell; says so when one was not under way. */
+static int slow_spell(struct fm_multi *m, unsigned s, uint64_t now)
+{
+	return atomic_exchange(&m->s[s].slow_until, now + (uint64_t)SLOW_MS * 1000000) < now;
+}
+
 static void slot_fail(struct fm_multi *m, unsigned s, int rc)
 {
 	struct slot *sl = &m->s[s];
 	uint64_t now = fm_now_ns(), since = 0;
+	char why[96];
 
 	if (!is_timeout(rc)) {
-		slot_lost(m, s, rc == -ECONNRESET || rc == -EPIPE ? "its connection closed" : strerror(-rc));
+		slot_lost(m, s, rc == -ECONNRESET || rc == -EPIPE ? "its connection closed" : fm_strerror(rc));
 		return;
 	}
 	if (rc == -ETIMEDOUT || rc == -EAGAIN)
-		MST(m, memd_timeouts, 1);
-	if (atomic_exchange(&sl->slow_until, now + (uint64_t)SLOW_MS * 1000000) < now)
+		MST(m, timeouts, 1);
+	if (slow_spell(m, s, now))
 		fm_warn("memd at %s did not answer within %d ms (%s): other replicas first for now",
-			sl->addr, m->timeout_ms, strerror(-rc));
+			sl->addr, m->base.timeout_ms, fm_strerror(rc));
 	/* A server that keeps timing out is as good as lost, even if small requests still pass. */
 	if (now - atomic_load(&sl->strike_t0) > (uint64_t)m->down_after_ms * 1000000) {
 		atomic_store(&sl->strike_t0, now);
 		atomic_store(&sl->strikes, 1);
 	} else if (atomic_fetch_add(&sl->strikes, 1) + 1 >= STRIKES) {
-		char why[96];
-		snprintf(why, sizeof(why), "%d timeouts within %d ms", STRIKES, m->down_after_ms);
+		fm_fmt(why, sizeof(why), "%d timeouts within %d ms", STRIKES, m->down_after_ms);
 		slot_lost(m, s, why);
 		return;
 	}
 	if (!atomic_compare_exchange_strong(&sl->fail_since, &since, now) &&
 	    now - since > (uint64_t)m->down_after_ms * 1000000) {
-		char why[96];
-		snprintf(why, sizeof(why), "no answer for %llu ms",
-			 (unsigned long long)((now - since) / 1000000));
+		fm_fmt(why, sizeof(why), "no answer for %llu ms", (unsigned long long)((now - since) / 1000000));
 		slot_lost(m, s, why);
 	}
 }
 
-static inline void slot_ok(struct fm_multi *m, unsigned s)
+/* An answer; one that took over half the timeout starts a slow spell all the same. */
+static void slot_ok(struct fm_multi *m, unsigned s, uint64_t took_ns)
 {
 	if (atomic_load_explicit(&m->s[s].fail_since, memory_order_relaxed))
 		atomic_store(&m->s[s].fail_since, 0);
+	if (took_ns > (uint64_t)m->base.timeout_ms * 500000 && slow_spell(m, s, fm_now_ns()))
+		fm_warn("memd at %s took %llu ms to answer, over half the %d ms timeout: other replicas first for now",
+			m->s[s].addr, (unsigned long long)(took_ns / 1000000), m->base.timeout_ms);
 }
 
-/* This channel's connection to slot s, opened (and joined to the slot's session) on first use. */
-static struct fm_conn *sub_get(struct fm_mchan *ch, unsigned s)
+/* This channel's channel to slot s, or NULL (the server is lost, or the background thread has not made one yet). */
+static struct fm_chan *sub(struct mchan *mc, unsigned s)
 {
-	struct fm_multi *m = ch->m;
-	struct slot *sl = &m->s[s];
-	struct sub *sb = &ch->sub[s];
-	struct fm_xport_cfg c;
-	char err[256];
-	size_t len;
-	uint16_t st;
-	int rc;
-
-	if (atomic_load(&sl->down)) {
-		if (sb->open) {
-			fm_conn_close(&sb->conn);
-			sb->open = 0;
-		}
+	if (atomic_load_explicit(&mc->m->s[s].down, memory_order_relaxed))
 		return NULL;
-	}
-	if (sb->open)
-		return &sb->conn;
-	c = m->cfg;
-	c.addr = sl->addr;
-	c.timeout_ms = m->timeout_ms;
-	rc = fm_conn_open(&sb->conn, &c, err, sizeof(err));
-	if (!rc) {
-		rc = fm_conn_call(&sb->conn, FM_OP_SESSION_JOIN, 0,
-				  &(struct fm_iov){ &sl->x->session, sizeof(sl->x->session) }, 1,
-				  NULL, 0, &len, &st, NULL);
-		if (!rc && st)
-			rc = -EPROTO;
-		if (rc)
-			fm_conn_close(&sb->conn);
-	} else {
-		fm_debug("%s", err);
-	}
-	if (rc) {
-		slot_fail(m, s, rc);
-		return NULL;
-	}
-	sb->conn.op_timeout_ms = m->timeout_ms; /* a trickling server times out too */
-	sb->open = 1;
-	return &sb->conn;
+	return atomic_load_explicit(&mc->sub[s], memory_order_acquire);
 }
 
-static void sub_drop(struct fm_mchan *ch, unsigned s, int rc)
-{
-	fm_conn_close(&ch->sub[s].conn);
-	ch->sub[s].open = 0;
-	slot_fail(ch->m, s, rc);
-}
-
-/* ---- per-slot batched I/O ----------------------------------------------------------- */
-
-/* One page to or from one slot. */
-struct item {
-	unsigned i;        /* index into the caller's page arrays */
-	uint8_t slot;
-	int8_t res;        /* IT_* */
-	uint32_t pos;      /* reads: where in ch->buf */
-};
-enum { IT_PENDING = 0, IT_OK = 1, IT_FAIL = -1, IT_FULL = -2, IT_ABSENT = -3, IT_CRC = -4 };
+/* ---- one exchange with several servers --------------------------------------------- */
 
 /*
- * Write items (page i to slot) of one space: one request per slot (or a few,
- * when its pages lie in more runs than one frame carries), all sent before
- * any reply is read, so the R copies travel at once.
+ * The items (page it[].i to or from slot it[].slot), one request per slot,
+ * every request sent before any reply is read, all by one deadline. Sets
+ * each item's res. Sorts the items by slot; mc->f* line up with them after
+ * (READ: fsrc[k] is item k's bytes, valid until that slot's channel is used
+ * again).
  */
-static void write_items(struct fm_mchan *ch, struct mspace *sp, const uint64_t *pages,
-			const void *const *data, const uint32_t *crc, struct item *it, unsigned nit)
+static void exchange(struct mchan *mc, const struct xreq *xr, struct item *it, unsigned nit)
 {
-	struct fm_multi *m = ch->m;
-	struct req { uint8_t slot; uint64_t id; unsigned first, cnt; struct fm_conn *c; } reqs[MAX_SLOTS * 4];
-	unsigned nreq = 0, ns = atomic_load(&m->nslots);
-	/* items sorted by slot, stable: idx[] */
-	unsigned idx[MAX_SLOTS * FM_MAX_BATCH], nidx = 0;
-	unsigned start[MAX_SLOTS + 1];
+	struct fm_multi *m = mc->m;
+	unsigned ns = (unsigned)atomic_load(&m->nslots), start[MAX_SLOTS + 1], k = 0;
+	uint64_t t0 = fm_now_ns(), deadline = t0 + (uint64_t)m->base.timeout_ms * 1000000;
+	uint32_t started = 0;
 
 	for (unsigned s = 0; s < ns; s++) {
-		start[s] = nidx;
-		for (unsigned k = 0; k < nit; k++)
-			if (it[k].slot == s)
-				idx[nidx++] = k;
+		start[s] = k;
+		for (unsigned j = 0; j < nit; j++)
+			if (it[j].slot == s)
+				mc->tmp[k++] = it[j];
 	}
-	start[ns] = nidx;
+	start[ns] = k;
+	memcpy(it, mc->tmp, k * sizeof(*it));
+	for (k = 0; k < nit; k++) {
+		unsigned i = it[k].i;
+		mc->fpages[k] = xr->pages[i];
+		if (xr->op == FM_OP_COPY)
+			mc->fdpages[k] = xr->dpages[i];
+		if (xr->op == FM_OP_WRITE) {
+			mc->fdata[k] = xr->data[i];
+			mc->fcrc[k] = xr->crc[i];
+		}
+	}
 	for (unsigned s = 0; s < ns; s++) {
-		struct fm_conn *c;
-		unsigned j = start[s], end = start[s + 1];
-		if (j == end)
-			continue;
-		c = sp->sid[s] ? sub_get(ch, s) : NULL;
-		if (!c) {
-			for (; j < end; j++)
-				it[idx[j]].res = IT_FAIL;
-			continue;
-		}
-		while (j < end) {
-			struct fm_space_ref ref = { .space_id = sp->sid[s] };
-			struct fm_write_ent ents[FM_MAX_BATCH];
-			struct fm_iov iov[16];
-			unsigned niov = 2, cnt = 0, first = j;
-			int rc;
-			while (j < end && niov < 16) {
-				const uint8_t *run = data[it[idx[j]].i];
-				size_t len = 0;
-				while (j < end && (const uint8_t *)data[it[idx[j]].i] == run + len) {
-					ents[cnt++] = (struct fm_write_ent){ .page = pages[it[idx[j]].i],
-									     .crc = crc[it[idx[j]].i] };
-					len += FM_PAGE_SIZE;
-					j++;
-				}
-				iov[niov++] = (struct fm_iov){ run, len };
-			}
-			iov[0] = (struct fm_iov){ &ref, sizeof(ref) };
-			iov[1] = (struct fm_iov){ ents, cnt * sizeof(ents[0]) };
-			uint64_t id;
-			rc = fm_conn_send(c, FM_OP_WRITE, cnt, iov, niov, &id);
-			if (rc) {
-				sub_drop(ch, s, rc);
-				/* Requests already sent on this connection die with it. */
-				for (unsigned q = 0; q < nreq; q++)
-					if (reqs[q].slot == s)
-						reqs[q].c = NULL;
-				for (unsigned q = start[s]; q < end; q++)
-					it[idx[q]].res = IT_FAIL;
-				break;
-			}
-			reqs[nreq++] = (struct req){ .slot = (uint8_t)s, .first = first, .cnt = cnt, .c = c, .id = id };
-		}
-	}
-	for (unsigned q = 0; q < nreq; q++) {
-		struct req *r = &reqs[q];
-		size_t len;
-		uint16_t st;
-		int rc;
-		if (!r->c || !ch->sub[r->slot].open) {
-			for (unsigned k = 0; k < r->cnt; k++)
-				it[idx[r->first + k]].res = IT_FAIL;
-			continue;
-		}
-		rc = fm_conn_recvv(r->c, FM_OP_WRITE, r->id,
-				   &(struct fm_iov){ ch->wst, r->cnt * sizeof(uint32_t) }, 1, &len, &st, NULL);
-		if (!rc && st != FM_E_FULL && (st || len != r->cnt * sizeof(uint32_t)))
-			rc = -EPROTO;
-		if (rc) {
-			sub_drop(ch, r->slot, rc);
-			for (unsigned k = 0; k < r->cnt; k++)
-				it[idx[r->first + k]].res = IT_FAIL;
-			continue;
-		}
-		slot_ok(m, r->slot);
-		for (unsigned k = 0; k < r->cnt; k++)
-			it[idx[r->first + k]].res = st == FM_E_FULL || ch->wst[k] == FM_E_FULL ? IT_FULL
-						  : ch->wst[k] == FM_OK ? IT_OK : IT_FAIL;
-	}
-}
+		unsigned first = start[s], cnt = start[s + 1] - first;
+		struct fm_chan *ch;
+		int rc = 0;
 
-/*
- * Read items (page i from slot) of one space into ch->buf at it[].pos, one
- * request per slot, all sent before any reply is read. Checksums verified.
- */
-static void read_items(struct fm_mchan *ch, struct mspace *sp, const uint64_t *pages,
-		       struct item *it, unsigned nit)
-{
-	struct fm_multi *m = ch->m;
-	struct req { uint8_t slot; uint64_t id; unsigned first, cnt; struct fm_conn *c; } reqs[MAX_SLOTS];
-	unsigned nreq = 0, ns = atomic_load(&m->nslots);
-	unsigned idx[FM_MAX_BATCH * 2], nidx = 0, start[MAX_SLOTS + 1];
-
-	for (unsigned s = 0; s < ns; s++) {
-		start[s] = nidx;
-		for (unsigned k = 0; k < nit; k++)
-			if (it[k].slot == s)
-				idx[nidx++] = k;
-	}
-	start[ns] = nidx;
-	for (unsigned s = 0; s < ns; s++) {
-		struct fm_space_ref ref = { .space_id = sp->sid[s] };
-		uint64_t pg[FM_MAX_BATCH], id;
-		struct fm_conn *c;
-		unsigned cnt = start[s + 1] - start[s];
-		int rc;
 		if (!cnt)
 			continue;
-		c = sp->sid[s] ? sub_get(ch, s) : NULL;
-		if (!c) {
-			for (unsigned k = 0; k < cnt; k++)
-				it[idx[start[s] + k]].res = IT_FAIL;
-			continue;
+		ch = xr->ss->sid[s] && (xr->op != FM_OP_COPY || xr->ds->sid[s]) ? sub(mc, s) : NULL;
+		if (ch) {
+			mc->rq[s] = (struct fm_req){
+				.op = xr->op, .space = xr->ss->sid[s], .dst = xr->op == FM_OP_COPY ? xr->ds->sid[s] : 0,
+				.n = cnt, .pages = mc->fpages + first, .dpages = mc->fdpages + first,
+				.data = mc->fdata + first, .crc = mc->fcrc + first, .src = mc->fsrc + first,
+				.status = mc->fstatus + first };
+			rc = ch->x->ops->start(ch, &mc->rq[s], deadline);
+			if (!rc) {
+				started |= 1u << s;
+				continue;
+			}
 		}
-		for (unsigned k = 0; k < cnt; k++)
-			pg[k] = pages[it[idx[start[s] + k]].i];
-		rc = fm_conn_send(c, FM_OP_READ, cnt,
-				  (struct fm_iov[]){ { &ref, sizeof(ref) }, { pg, cnt * sizeof(uint64_t) } }, 2,
-				  &id);
-		if (rc) {
-			sub_drop(ch, s, rc);
-			for (unsigned k = 0; k < cnt; k++)
-				it[idx[start[s] + k]].res = IT_FAIL;
-			continue;
-		}
-		reqs[nreq++] = (struct req){ .slot = (uint8_t)s, .first = start[s], .cnt = cnt, .c = c, .id = id };
+		for (unsigned j = first; j < first + cnt; j++)
+			it[j].res = IT_FAIL;
+		if (rc && rc != -EOPNOTSUPP)
+			slot_fail(m, s, rc);
 	}
-	for (unsigned q = 0; q < nreq; q++) {
-		struct req *r = &reqs[q];
-		struct fm_iov rep[1 + FM_MAX_BATCH];
-		unsigned nrep = 1;
-		size_t len;
-		uint16_t st;
+	for (unsigned s = 0; s < ns; s++) {
+		struct fm_chan *ch = atomic_load_explicit(&mc->sub[s], memory_order_relaxed);
+		unsigned first = start[s], cnt = start[s + 1] - first;
 		int rc;
 
-		rep[0] = (struct fm_iov){ ch->gst, r->cnt * sizeof(ch->gst[0]) };
-		for (unsigned k = 0; k < r->cnt; k++) {
-			uint8_t *d = ch->buf + (size_t)it[idx[r->first + k]].pos * FM_PAGE_SIZE;
-			if (nrep > 1 && (uint8_t *)rep[nrep - 1].base + rep[nrep - 1].len == d)
-				rep[nrep - 1].len += FM_PAGE_SIZE;
-			else
-				rep[nrep++] = (struct fm_iov){ d, FM_PAGE_SIZE };
-		}
-		rc = fm_conn_recvv(r->c, FM_OP_READ, r->id, rep, nrep, &len, &st, NULL);
-		if (!rc && (st || len != r->cnt * (sizeof(ch->gst[0]) + FM_PAGE_SIZE)))
-			rc = st == FM_E_NOSPACE || st == FM_E_RANGE ? -ENOENT : -EPROTO;
+		if (!(started & (1u << s)))
+			continue;
+		rc = ch->x->ops->finish(ch, &mc->rq[s], deadline);
 		if (rc) {
-			if (rc != -ENOENT)
-				sub_drop(ch, r->slot, rc);
-			for (unsigned k = 0; k < r->cnt; k++)
-				it[idx[r->first + k]].res = IT_FAIL;
+			for (unsigned j = first; j < first + cnt; j++)
+				it[j].res = IT_FAIL;
+			/* A refusal (a space or page it does not know) is this server's answer, not its failure. */
+			if (rc != -ERANGE && rc != -ENOENT && rc != -EOPNOTSUPP)
+				slot_fail(m, s, rc);
 			continue;
 		}
-		slot_ok(m, r->slot);
-		for (unsigned k = 0; k < r->cnt; k++) {
-			struct item *t = &it[idx[r->first + k]];
-			const uint8_t *d = ch->buf + (size_t)t->pos * FM_PAGE_SIZE;
-			if (ch->gst[k].status == FM_E_ABSENT)
-				t->res = IT_ABSENT;
-			else if (ch->gst[k].status != FM_OK)
-				t->res = IT_FAIL;
-			else if (fm_crc32c(d, FM_PAGE_SIZE) != ch->gst[k].crc)
-				t->res = IT_CRC;
+		slot_ok(m, s, fm_now_ns() - t0);
+		for (unsigned j = first; j < first + cnt; j++) {
+			uint32_t st = mc->fstatus[j];
+			it[j].res = st == FM_OK ? IT_OK : st == FM_E_FULL ? IT_FULL
+				  : xr->op == FM_OP_READ && st == FM_E_ABSENT ? IT_ABSENT
+				  : xr->op == FM_OP_READ && st == FM_E_CRC ? IT_CRC : IT_FAIL;
+		}
+	}
+}
+
+/* ---- the data path ---------------------------------------------------------------- */
+
+/* Take a page for a write or a discard: waits while the re-replicator copies it. */
+static uint32_t claim_write(_Atomic uint32_t *w)
+{
+	uint32_t v = atomic_load(w);
+	for (unsigned spins = 0;; spins++) {
+		if (v & META_REPL) {
+			struct timespec ts = { 0, 100000 };
+			if (spins < 64)
+				sched_yield();
 			else
-				t->res = IT_OK;
+				nanosleep(&ts, NULL);
+			v = atomic_load(w);
+			continue;
 		}
+		if (atomic_compare_exchange_weak(w, &v, v | META_WRITING))
+			return v;
 	}
 }
 
-/* ---- the transport API ------------------------------------------------------------- */
-
-static void *bg_main(void *arg);
-
-int fm_multi_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)
+static void lost_page_msg(struct fm_multi *m, uint32_t space, uint64_t page, uint32_t mask)
 {
-	struct fm_multi *m;
-	struct fm_xport *x;
-	const char *a;
-	int rc = 0;
+	char who[512] = "";
+	size_t o = 0;
+	for (unsigned s = 0; s < MAX_SLOTS && o < sizeof(who) - 2; s++)
+		if (mask & (1u << s))
+			o += (size_t)fm_fmt(who + o, sizeof(who) - o, "%s%s", o ? ", " : "", m->s[s].addr);
+	fm_err("page %llu of space %u was held only by memd at %s, which %s lost: it cannot be read back",
+	       (unsigned long long)page, space, who, __builtin_popcount(mask) > 1 ? "were all" : "was");
+}
 
-	if (cfg->secret_len == 0 || cfg->secret_len > sizeof(x->secret)) {
-		fm_errmsg(err, errlen, "the memd secret must be 1 to %zu bytes", sizeof(x->secret));
-		return -EINVAL;
-	}
-	if (cfg->pref == FM_PREF_SHM) {
-		fm_errmsg(err, errlen, "several memd servers (%s) need the stream transport, not shm", cfg->addr);
-		return -EOPNOTSUPP;
-	}
-	x = calloc(1, sizeof(*x));
-	m = calloc(1, sizeof(*m));
-	if (!x || !m) {
-		free(x);
-		free(m);
-		return -ENOMEM;
-	}
-	snprintf(x->addr, sizeof(x->addr), "%s", cfg->addr);
-	memcpy(x->secret, cfg->secret, cfg->secret_len);
-	x->cfg = *cfg;
-	x->cfg.addr = x->addr;
-	x->cfg.secret = x->secret;
-	x->kind = FM_XPORT_STREAM;
-	x->ctrl.fd = -1;
-	pthread_mutex_init(&x->lock, NULL);
-	x->multi = m;
-	m->shell = x;
-	m->cfg = x->cfg;
-	m->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS;
-	m->down_after_ms = 3 * m->timeout_ms > 3000 ? 3 * m->timeout_ms : 3000;
-	m->st = &m->own;
-	pthread_mutex_init(&m->lock, NULL);
-	pthread_mutex_init(&m->bg_lock, NULL);
-	pthread_cond_init(&m->bg_cond, NULL);
+static int multi_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n, const void **src)
+{
+	struct mchan *mc = to_mchan(c);
+	struct fm_multi *m = mc->m;
+	struct mspace *sp = find_space(m, space);
+	struct item *it = mc->it;
+	unsigned nit = 0, left = n;
+	uint32_t live;
 
-	for (a = cfg->addr; *a;) {
-		const char *e = strchr(a, ',');
-		size_t n = e ? (size_t)(e - a) : strlen(a);
-		struct slot *sl;
-		struct fm_xport_cfg c = m->cfg;
-		int ns = atomic_load(&m->nslots);
-		if (n == 0 || n >= sizeof(sl->addr)) {
-			fm_errmsg(err, errlen, "bad memd address list '%s': empty or overlong entry", cfg->addr);
-			rc = -EINVAL;
-			goto fail;
+	if (!sp)
+		return -ENOENT;
+	live = live_mask(m);
+	for (unsigned i = 0; i < n; i++) {
+		uint32_t w, h;
+		if (pages[i] >= sp->npages)
+			return -ERANGE;
+		w = atomic_load_explicit(&sp->meta[pages[i]], memory_order_acquire) & META_MASK;
+		if (!w)
+			return -ENOENT;
+		h = w & live;
+		if (!h) {
+			lost_page_msg(m, space, pages[i], w);
+			return -EHOSTDOWN;
 		}
-		if (ns >= 16) {
-			fm_errmsg(err, errlen, "at most 16 memd servers (%s)", cfg->addr);
-			rc = -EINVAL;
-			goto fail;
-		}
-		sl = &m->s[ns];
-		memcpy(sl->addr, a, n);
-		sl->addr[n] = '\0';
-		for (int k = 0; k < ns; k++)
-			if (!strcmp(m->s[k].addr, sl->addr)) {
-				fm_errmsg(err, errlen, "memd %s is listed twice", sl->addr);
-				rc = -EINVAL;
-				goto fail;
+		mc->ncand[i] = (uint8_t)order(m, page_key(space, pages[i]), h, mc->cand[i]);
+		mc->next[i] = 1;
+		mc->crcbad[i] = mc->got[i] = 0;
+		it[nit++] = (struct item){ .i = i, .slot = mc->cand[i][0] };
+	}
+	for (unsigned round = 0; nit && round < MAX_SLOTS; round++) {
+		unsigned nn = 0;
+		exchange(mc, &(struct xreq){ .op = FM_OP_READ, .ss = sp, .pages = pages }, it, nit);
+		for (unsigned k = 0; k < nit; k++) {
+			struct item *t = &it[k];
+			unsigned i = t->i;
+			if (t->res == IT_OK) {
+				src[i] = mc->fsrc[k];
+				mc->got[i] = 1;
+				left--;
+				continue;
 			}
-		sl->hseed = hash_str(sl->addr);
-		c.addr = sl->addr;
-		c.pref = FM_PREF_STREAM;
-		c.timeout_ms = m->timeout_ms;
-		rc = fm_xport_connect(&c, &sl->x, err, errlen);
-		if (rc)
-			goto fail;
-		atomic_store(&m->nslots, ns + 1);
-		a += n;
-		if (*a == ',')
-			a++;
+			if (t->res == IT_CRC) {
+				mc->crcbad[i] = 1;
+				fm_warn("memd at %s returned page %llu of space %u with a bad checksum: trying another replica",
+					m->s[t->slot].addr, (unsigned long long)pages[i], space);
+			}
+			/* Skip holders that died meanwhile. */
+			while (mc->next[i] < mc->ncand[i] && atomic_load(&m->s[mc->cand[i][mc->next[i]]].down))
+				mc->next[i]++;
+			if (mc->next[i] < mc->ncand[i]) {
+				MST(m, failovers, 1);
+				it[nn++] = (struct item){ .i = i, .slot = mc->cand[i][mc->next[i]++] };
+				continue;
+			}
+			/* No replica left for this page. */
+			if (mc->crcbad[i])
+				return -EIO;
+			{
+				uint32_t w = atomic_load(&sp->meta[pages[i]]) & META_MASK;
+				if ((w & live_mask(m)) == 0) {
+					lost_page_msg(m, space, pages[i], w);
+					return -EHOSTDOWN;
+				}
+				fm_err("no memd holding page %llu of space %u answered (%s)",
+				       (unsigned long long)pages[i], space,
+				       t->res == IT_ABSENT ? "it said it has no such page" : "timeouts or errors");
+				return t->res == IT_ABSENT ? -ENOENT : -ETIMEDOUT;
+			}
+		}
+		/* The retries may use a channel that holds pages read in this round: keep those here. */
+		if (nn)
+			for (unsigned i = 0; i < n; i++)
+				if (mc->got[i] == 1) {
+					memcpy(mc->buf + (size_t)i * FM_PAGE_SIZE, src[i], FM_PAGE_SIZE);
+					src[i] = mc->buf + (size_t)i * FM_PAGE_SIZE;
+					mc->got[i] = 2;
+				}
+		nit = nn;
 	}
-	m->R = cfg->replicas > 0 ? cfg->replicas : 1;
-	if (m->R > atomic_load(&m->nslots)) {
-		fm_errmsg(err, errlen, "replicas=%d needs at least %d memd servers, %d given", m->R, m->R,
-			  atomic_load(&m->nslots));
-		rc = -EINVAL;
-		goto fail;
+	return left ? -ETIMEDOUT : 0;
+}
+
+static int multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
+		       const void *const *data, uint32_t *status)
+{
+	struct mchan *mc = to_mchan(c);
+	struct fm_multi *m = mc->m;
+	struct mspace *sp = find_space(m, space);
+	struct item *it = mc->it;
+	unsigned nit = 0, R;
+	uint32_t live;
+	int failed = 0;
+
+	if (!sp)
+		return -ENOENT;
+	if (atomic_load(&m->broken))
+		return -EPIPE;
+	for (unsigned i = 0; i < n; i++)
+		if (pages[i] >= sp->npages)
+			return -ERANGE;
+	live = live_mask(m);
+	R = (unsigned)__builtin_popcount(live);
+	if (R > (unsigned)m->R)
+		R = (unsigned)m->R;
+	if (!R)
+		return -EPIPE;
+	for (unsigned i = 0; i < n; i++) {
+		mc->old[i] = claim_write(&sp->meta[pages[i]]);
+		mc->crc[i] = fm_crc32c(data[i], FM_PAGE_SIZE);
+		mc->acked[i] = mc->full[i] = 0;
+		mc->ncand[i] = (uint8_t)order(m, page_key(space, pages[i]), live, mc->cand[i]);
+		mc->next[i] = (uint8_t)(R < mc->ncand[i] ? R : mc->ncand[i]);
+		for (unsigned j = 0; j < mc->next[i]; j++)
+			it[nit++] = (struct item){ .i = i, .slot = mc->cand[i][j] };
 	}
-	m->own.memd_servers_live = (uint64_t)atomic_load(&m->nslots);
-	rc = fm_multi_chan_open(x, &m->bgchan);
-	if (rc) {
-		fm_errmsg(err, errlen, "cannot open a channel to the memd servers: %s", strerror(-rc));
-		goto fail;
+	for (unsigned round = 0; nit && round < MAX_SLOTS; round++) {
+		unsigned nn = 0;
+		exchange(mc, &(struct xreq){ .op = FM_OP_WRITE, .ss = sp, .pages = pages, .data = data, .crc = mc->crc },
+			 it, nit);
+		for (unsigned k = 0; k < nit; k++) {
+			struct item *t = &it[k];
+			unsigned i = t->i;
+			if (t->res == IT_OK) {
+				mc->acked[i] |= 1u << t->slot;
+				continue;
+			}
+			if (t->res == IT_FULL) {
+				mc->full[i] |= 1u << t->slot;
+				continue;
+			}
+			/* The target failed: the next live server in the page's order takes it. */
+			while (mc->next[i] < mc->ncand[i] && atomic_load(&m->s[mc->cand[i][mc->next[i]]].down))
+				mc->next[i]++;
+			if (mc->next[i] < mc->ncand[i]) {
+				MST(m, failovers, 1);
+				it[nn++] = (struct item){ .i = i, .slot = mc->cand[i][mc->next[i]++] };
+			}
+		}
+		nit = nn;
 	}
-	rc = -pthread_create(&m->bg, NULL, bg_main, m);
-	if (rc) {
-		fm_errmsg(err, errlen, "cannot start the replication thread: %s", strerror(-rc));
-		goto fail;
+	live = live_mask(m);
+	for (unsigned i = 0; i < n; i++) {
+		unsigned copies = (unsigned)__builtin_popcount(mc->acked[i] & live);
+		if (mc->acked[i]) {
+			unsigned want = (unsigned)__builtin_popcount(live);
+			if (want > (unsigned)m->R)
+				want = (unsigned)m->R;
+			if (copies < want) {
+				MST(m, degraded_writes, 1);
+				atomic_store(&m->need_scan, 1);
+			}
+			status[i] = FM_OK;
+			atomic_store_explicit(&sp->meta[pages[i]], mc->acked[i], memory_order_release);
+		} else {
+			/* Not written: the pager keeps the page, and rewrites it before it drops it. */
+			status[i] = FM_E_FULL;
+			if (!mc->full[i])
+				failed = 1;
+			atomic_store_explicit(&sp->meta[pages[i]], mc->old[i] & META_MASK, memory_order_release);
+		}
 	}
-	m->bg_started = 1;
-	fm_info("%d memd servers, %d replica%s of every page", atomic_load(&m->nslots), m->R,
-		m->R > 1 ? "s" : "");
-	*out = x;
+	if (failed) {
+		fm_err("a page could be written to none of the memd servers it was sent to");
+		return -EPIPE;
+	}
 	return 0;
-fail:
-	fm_multi_close(x);
-	return rc;
 }
 
-void fm_multi_close(struct fm_xport *x)
+static int multi_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
 {
-	struct fm_multi *m = x->multi;
+	struct mchan *mc = to_mchan(c);
+	struct fm_multi *m = mc->m;
+	struct mspace *sp = find_space(m, space);
+	unsigned ns = (unsigned)atomic_load(&m->nslots);
+	uint64_t deadline = fm_deadline_in(m->base.timeout_ms);
+	uint32_t started = 0, holders = 0;
 
-	if (m->bg_started) {
-		atomic_store(&m->stop, 1);
-		pthread_mutex_lock(&m->bg_lock);
-		pthread_cond_signal(&m->bg_cond);
-		pthread_mutex_unlock(&m->bg_lock);
-		pthread_join(m->bg, NULL);
+	if (!sp)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++)
+		if (r[i].first >= sp->npages || r[i].npages > sp->npages - r[i].first)
+			return -ERANGE;
+	/* The record first: from here no one reads these pages from any server. */
+	for (unsigned i = 0; i < n; i++)
+		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++) {
+			if (!(atomic_load_explicit(&sp->meta[p], memory_order_relaxed) & META_MASK))
+				continue;
+			holders |= claim_write(&sp->meta[p]) & META_MASK;
+			atomic_store_explicit(&sp->meta[p], 0, memory_order_release);
+		}
+	/* Then free the memory on the servers that held any of them; a failure there leaks only space. */
+	for (unsigned s = 0; s < ns; s++) {
+		struct fm_chan *ch = (holders & (1u << s)) && sp->sid[s] ? sub(mc, s) : NULL;
+		int rc;
+
+		if (!ch)
+			continue;
+		mc->rq[s] = (struct fm_req){ .op = FM_OP_DISCARD, .space = sp->sid[s], .n = n, .ranges = r };
+		rc = ch->x->ops->start(ch, &mc->rq[s], deadline);
+		if (rc)
+			slot_fail(m, s, rc);
+		else
+			started |= 1u << s;
 	}
-	if (m->bgchan)
-		fm_multi_chan_close(m->bgchan);
-	for (unsigned i = 0; i < atomic_load(&m->nsp); i++)
-		if (m->sp[i].meta)
-			fm_sys_munmap((void *)m->sp[i].meta, m->sp[i].meta_len);
-	for (int s = 0; s < atomic_load(&m->nslots); s++)
-		if (m->s[s].x)
-			fm_xport_close(m->s[s].x);
-	pthread_mutex_destroy(&m->lock);
-	pthread_mutex_destroy(&m->bg_lock);
-	pthread_cond_destroy(&m->bg_cond);
-	pthread_mutex_destroy(&x->lock);
-	free(m);
-	free(x);
+	for (unsigned s = 0; s < ns; s++) {
+		struct fm_chan *ch = atomic_load_explicit(&mc->sub[s], memory_order_relaxed);
+		int rc;
+
+		if (!(started & (1u << s)))
+			continue;
+		rc = ch->x->ops->finish(ch, &mc->rq[s], deadline);
+		if (rc && rc != -ERANGE)
+			slot_fail(m, s, rc);
+	}
+	return 0;
 }
 
-void fm_xport_set_stats(struct fm_xport *x, struct fm_pager_stats *st)
+/*
+ * COPY over several memds. A server can copy a page only if it holds the
+ * source, so each entry goes to every live holder of its source page (one
+ * request per server, all sent before any reply is read), and the
+ * destination's record becomes the set of servers that copied it: reads
+ * follow the record, not the hash. A holder that fails is dropped as in a
+ * write; fewer than R copies count as a degraded write and the background
+ * thread re-replicates. An entry no holder copied keeps the destination's
+ * old record, and the caller moves that page another way.
+ */
+static int multi_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		      const uint64_t *dpages, unsigned n, uint32_t *status)
 {
-	struct fm_multi *m;
+	struct mchan *mc = to_mchan(c);
+	struct fm_multi *m = mc->m;
+	struct mspace *ss = find_space(m, src), *ds = find_space(m, dst);
+	struct item *it = mc->it;
+	unsigned ns = (unsigned)atomic_load(&m->nslots), nit = 0, want;
+	uint32_t live;
 
-	if (!x || !(m = x->multi) || !st)
-		return;
-	st->memd_servers_live = (uint64_t)__builtin_popcount(live_mask(m));
-	st->memd_servers_lost = m->own.memd_servers_lost;
-	st->memd_timeouts = m->own.memd_timeouts;
-	st->memd_failovers = m->own.memd_failovers;
-	st->memd_rereplicated = m->own.memd_rereplicated;
-	st->memd_degraded_writes = m->own.memd_degraded_writes;
-	atomic_store(&m->st, st);
+	if (!ss || !ds)
+		return -ENOENT;
+	if (atomic_load(&m->broken))
+		return -EPIPE;
+	live = live_mask(m);
+	if (!live)
+		return -EPIPE;
+	for (unsigned s = 0; s < ns; s++)
+		if ((live & (1u << s)) && !m->s[s].x->can_copy)
+			return -EOPNOTSUPP;  /* one server predates COPY: the caller reads and writes */
+	/* Entries go out in parallel, so they must not depend on each other's order. */
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned j = 0; j < n; j++)
+			if ((ss == ds && dpages[i] == spages[j] && i != j) || (j > i && dpages[i] == dpages[j]))
+				return -EINVAL;
+	for (unsigned i = 0; i < n; i++) {
+		uint32_t w;
+
+		mc->hold[i] = mc->acked[i] = mc->full[i] = 0;
+		if (spages[i] >= ss->npages || dpages[i] >= ds->npages) {
+			status[i] = FM_E_RANGE;
+			continue;
+		}
+		w = atomic_load_explicit(&ss->meta[spages[i]], memory_order_acquire) & META_MASK;
+		status[i] = !w ? FM_E_ABSENT : !(w & live) ? FM_E_INTERNAL : FM_OK;
+		if (status[i] != FM_OK || (ss == ds && spages[i] == dpages[i]))
+			continue;
+		mc->hold[i] = w & live;
+		mc->old[i] = claim_write(&ds->meta[dpages[i]]);
+		for (unsigned s = 0, k = 0; s < ns && k < MAX_REPLICAS; s++)
+			if (mc->hold[i] & (1u << s)) {
+				it[nit++] = (struct item){ .i = i, .slot = (uint8_t)s };
+				k++;
+			}
+	}
+	if (nit)
+		exchange(mc, &(struct xreq){ .op = FM_OP_COPY, .ss = ss, .ds = ds, .pages = spages, .dpages = dpages },
+			 it, nit);
+	for (unsigned k = 0; k < nit; k++) {
+		if (it[k].res == IT_OK)
+			mc->acked[it[k].i] |= 1u << it[k].slot;
+		else if (it[k].res == IT_FULL)
+			mc->full[it[k].i] |= 1u << it[k].slot;
+	}
+	live = live_mask(m);
+	want = (unsigned)__builtin_popcount(live) < (unsigned)m->R ? (unsigned)__builtin_popcount(live)
+								   : (unsigned)m->R;
+	for (unsigned i = 0; i < n; i++) {
+		if (!mc->hold[i])
+			continue;
+		if (mc->acked[i]) {
+			if ((unsigned)__builtin_popcount(mc->acked[i] & live) < want) {
+				MST(m, degraded_writes, 1);
+				atomic_store(&m->need_scan, 1);
+			}
+			atomic_store_explicit(&ds->meta[dpages[i]], mc->acked[i], memory_order_release);
+		} else {
+			status[i] = mc->full[i] ? FM_E_FULL : FM_E_INTERNAL;
+			atomic_store_explicit(&ds->meta[dpages[i]], mc->old[i] & META_MASK, memory_order_release);
+		}
+	}
+	return 0;
 }
+
+/* ---- spaces, channels, stats ---------------------------------------------------------------- */
 
 /* Open the space on slot s (a new one, or at start). Caller holds m->lock. */
 static int open_on_slot(struct fm_multi *m, struct mspace *sp, unsigned s)
 {
-	int rc = fm_xport_space_open(m->s[s].x, sp->npages, &sp->sid[s]);
+	int rc = m->s[s].x->ops->space_open(m->s[s].x, sp->npages, &sp->sid[s]);
 	if (rc)
 		sp->sid[s] = 0;
 	return rc;
 }
 
-int fm_multi_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
+static int multi_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 {
-	struct fm_multi *m = x->multi;
+	struct fm_multi *m = to_multi(x);
 	struct mspace *sp = NULL;
 	uint32_t live;
 	unsigned ok = 0, i;
@@ -779,7 +841,7 @@ int fm_multi_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 	if (rc == -ENOSPC || !ok) {
 		for (unsigned s = 0; s < MAX_SLOTS; s++)
 			if (sp->sid[s])
-				fm_xport_space_close(m->s[s].x, sp->sid[s]);
+				m->s[s].x->ops->space_close(m->s[s].x, sp->sid[s]);
 		fm_sys_munmap((void *)sp->meta, sp->meta_len);
 		sp->meta = NULL;
 		pthread_mutex_unlock(&m->lock);
@@ -794,9 +856,9 @@ int fm_multi_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 	return 0;
 }
 
-int fm_multi_space_close(struct fm_xport *x, uint32_t space_id)
+static int multi_space_close(struct fm_xport *x, uint32_t space_id)
 {
-	struct fm_multi *m = x->multi;
+	struct fm_multi *m = to_multi(x);
 	struct mspace *sp = find_space(m, space_id);
 
 	if (!sp)
@@ -808,7 +870,7 @@ int fm_multi_space_close(struct fm_xport *x, uint32_t space_id)
 	pthread_mutex_lock(&m->lock);
 	for (unsigned s = 0; s < (unsigned)atomic_load(&m->nslots); s++)
 		if (sp->sid[s] && !atomic_load(&m->s[s].down))
-			fm_xport_space_close(m->s[s].x, sp->sid[s]);
+			m->s[s].x->ops->space_close(m->s[s].x, sp->sid[s]);
 	if (atomic_load(&m->scanning_space) != (int)(sp - m->sp) + 1) {
 		fm_sys_munmap((void *)sp->meta, sp->meta_len);
 		sp->meta = NULL;
@@ -817,9 +879,9 @@ int fm_multi_space_close(struct fm_xport *x, uint32_t space_id)
 	return 0;
 }
 
-int fm_multi_stats(struct fm_xport *x, struct fm_stats *st)
+static int multi_stats(struct fm_xport *x, struct fm_stats *st)
 {
-	struct fm_multi *m = x->multi;
+	struct fm_multi *m = to_multi(x);
 	uint32_t live = live_mask(m);
 	int got = 0, rc = -EPIPE;
 
@@ -829,7 +891,7 @@ int fm_multi_stats(struct fm_xport *x, struct fm_stats *st)
 		uint64_t a[sizeof(one) / 8], b[sizeof(one) / 8];
 		if (!(live & (1u << s)))
 			continue;
-		rc = fm_xport_stats(m->s[s].x, &one);
+		rc = m->s[s].x->ops->stats(m->s[s].x, &one);
 		if (rc)
 			continue;
 		memcpy(a, st, sizeof(a));
@@ -842,420 +904,75 @@ int fm_multi_stats(struct fm_xport *x, struct fm_stats *st)
 	return got ? 0 : rc;
 }
 
-int fm_multi_chan_open(struct fm_xport *x, struct fm_chan **out)
+/* Some server answers, for the pager's liveness checks. */
+static int multi_alive(struct fm_xport *x)
 {
-	struct fm_chan *c = calloc(1, sizeof(*c));
-	struct fm_mchan *ch = calloc(1, sizeof(*ch));
+	return live_mask(to_multi(x)) != 0;
+}
 
-	if (!c || !ch) {
-		free(c);
-		free(ch);
+static void multi_hangup(struct fm_xport *x)
+{
+	struct fm_multi *m = to_multi(x);
+
+	for (unsigned s = 0; s < (unsigned)atomic_load(&m->nslots); s++)
+		m->s[s].x->ops->hangup(m->s[s].x);
+}
+
+/* Give mc a channel to slot s, unless it has one or s is lost. Caller holds chans_lock. */
+static void add_sub(struct fm_multi *m, struct mchan *mc, unsigned s)
+{
+	struct fm_xport *cx = m->s[s].x;
+	struct fm_chan *ch;
+
+	if (atomic_load(&mc->sub[s]) || atomic_load(&m->s[s].down))
+		return;
+	if (cx->ops->chan_open(cx, &ch) == 0)
+		atomic_store_explicit(&mc->sub[s], ch, memory_order_release);
+}
+
+static void multi_chan_close(struct fm_chan *c)
+{
+	struct mchan *mc = to_mchan(c);
+	struct fm_multi *m = mc->m;
+
+	pthread_mutex_lock(&m->chans_lock);
+	for (struct mchan **p = &m->chans; *p; p = &(*p)->next_chan)
+		if (*p == mc) {
+			*p = mc->next_chan;
+			break;
+		}
+	pthread_mutex_unlock(&m->chans_lock);
+	for (int s = 0; s < MAX_SLOTS; s++) {
+		struct fm_chan *ch = atomic_load(&mc->sub[s]);
+		if (ch)
+			ch->x->ops->chan_close(ch);
+	}
+	free(mc->buf);
+	free(mc);
+}
+
+static int multi_chan_open(struct fm_xport *x, struct fm_chan **out)
+{
+	struct fm_multi *m = to_multi(x);
+	struct mchan *mc = calloc(1, sizeof(*mc));
+
+	if (!mc)
+		return -ENOMEM;
+	mc->base.x = x;
+	mc->m = m;
+	mc->buf = aligned_alloc(FM_PAGE_SIZE, (size_t)FM_MAX_BATCH * FM_PAGE_SIZE);
+	if (!mc->buf) {
+		free(mc);
 		return -ENOMEM;
 	}
-	ch->buf = aligned_alloc(FM_PAGE_SIZE, (size_t)FM_MAX_BATCH * FM_PAGE_SIZE);
-	ch->it = malloc(sizeof(*ch->it) * FM_MAX_BATCH * MAX_SLOTS);
-	if (!ch->buf || !ch->it) {
-		free(ch->buf);
-		free(ch->it);
-		free(c);
-		free(ch);
-		return -ENOMEM;
-	}
-	ch->m = x->multi;
-	for (int s = 0; s < MAX_SLOTS; s++)
-		ch->sub[s].conn.fd = -1;
-	c->x = x;
-	c->conn.fd = -1;
-	c->mchan = ch;
-	*out = c;
-	return 0;
-}
-
-void fm_multi_chan_close(struct fm_chan *c)
-{
-	struct fm_mchan *ch = c->mchan;
-
-	for (int s = 0; s < MAX_SLOTS; s++)
-		if (ch->sub[s].open)
-			fm_conn_close(&ch->sub[s].conn);
-	free(ch->buf);
-	free(ch->it);
-	free(ch);
-	free(c);
-}
-
-/* Take a page for a write or a discard: waits while the re-replicator copies it. */
-static uint32_t claim_write(_Atomic uint32_t *w)
-{
-	uint32_t v = atomic_load(w);
-	for (unsigned spins = 0;; spins++) {
-		if (v & META_REPL) {
-			if (spins < 64)
-				sched_yield();
-			else
-				usleep(100);
-			v = atomic_load(w);
-			continue;
-		}
-		if (atomic_compare_exchange_weak(w, &v, v | META_WRITING))
-			return v;
-	}
-}
-
-static void lost_page_msg(struct fm_multi *m, uint32_t space, uint64_t page, uint32_t mask)
-{
-	char who[512] = "";
-	size_t o = 0;
-	for (unsigned s = 0; s < MAX_SLOTS && o < sizeof(who) - 2; s++)
-		if (mask & (1u << s))
-			o += (size_t)snprintf(who + o, sizeof(who) - o, "%s%s", o ? ", " : "", m->s[s].addr);
-	fm_err("page %llu of space %u was held only by memd at %s, which %s lost: it cannot be read back",
-	       (unsigned long long)page, space, who, __builtin_popcount(mask) > 1 ? "were all" : "was");
-}
-
-int fm_multi_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n, const void **src)
-{
-	struct fm_mchan *ch = c->mchan;
-	struct fm_multi *m = ch->m;
-	struct mspace *sp = find_space(m, space);
-	uint8_t cand[FM_MAX_BATCH][MAX_SLOTS], ncand[FM_MAX_BATCH], next[FM_MAX_BATCH];
-	uint8_t crcbad[FM_MAX_BATCH];
-	struct item it[FM_MAX_BATCH];
-	unsigned nit = 0, left = n;
-	uint32_t live;
-
-	if (n == 0 || n > FM_MAX_BATCH)
-		return -EINVAL;
-	if (!sp)
-		return -ENOENT;
-	live = live_mask(m);
-	for (unsigned i = 0; i < n; i++) {
-		uint32_t w, h;
-		if (pages[i] >= sp->npages)
-			return -ERANGE;
-		w = atomic_load_explicit(&sp->meta[pages[i]], memory_order_acquire) & META_MASK;
-		if (!w)
-			return -ENOENT;
-		h = w & live;
-		if (!h) {
-			lost_page_msg(m, space, pages[i], w);
-			return -EHOSTDOWN;
-		}
-		ncand[i] = (uint8_t)order(m, page_key(space, pages[i]), h, cand[i]);
-		next[i] = 1;
-		crcbad[i] = 0;
-		it[nit++] = (struct item){ .i = i, .slot = cand[i][0] };
-	}
-	/* Each server's pages land next to each other in ch->buf: one read() per reply. */
-	{
-		unsigned pos = 0, ns = (unsigned)atomic_load(&m->nslots);
-		for (unsigned s = 0; s < ns; s++)
-			for (unsigned k = 0; k < nit; k++)
-				if (it[k].slot == s)
-					it[k].pos = pos++;
-	}
-	for (unsigned round = 0; nit && round < MAX_SLOTS; round++) {
-		unsigned nn = 0;
-		read_items(ch, sp, pages, it, nit);
-		for (unsigned k = 0; k < nit; k++) {
-			struct item *t = &it[k];
-			if (t->res == IT_OK) {
-				src[t->i] = ch->buf + (size_t)t->pos * FM_PAGE_SIZE;
-				left--;
-				continue;
-			}
-			if (t->res == IT_CRC) {
-				crcbad[t->i] = 1;
-				fm_warn("memd at %s returned page %llu of space %u with a bad checksum: trying another replica",
-					m->s[t->slot].addr, (unsigned long long)pages[t->i], space);
-			}
-			/* Skip holders that died meanwhile. */
-			while (next[t->i] < ncand[t->i] && atomic_load(&m->s[cand[t->i][next[t->i]]].down))
-				next[t->i]++;
-			if (next[t->i] < ncand[t->i]) {
-				MST(m, memd_failovers, 1);
-				it[nn] = *t;
-				it[nn].slot = cand[t->i][next[t->i]++];
-				it[nn].res = IT_PENDING;
-				nn++;
-				continue;
-			}
-			/* No replica left for this page. */
-			if (crcbad[t->i])
-				return -EIO;
-			{
-				uint32_t w = atomic_load(&sp->meta[pages[t->i]]) & META_MASK;
-				if ((w & live_mask(m)) == 0) {
-					lost_page_msg(m, space, pages[t->i], w);
-					return -EHOSTDOWN;
-				}
-				fm_err("no memd holding page %llu of space %u answered (%s)",
-				       (unsigned long long)pages[t->i], space,
-				       t->res == IT_ABSENT ? "it said it has no such page" : "timeouts or errors");
-				return t->res == IT_ABSENT ? -ENOENT : -ETIMEDOUT;
-			}
-		}
-		nit = nn;
-	}
-	return left ? -ETIMEDOUT : 0;
-}
-
-int fm_multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
-		   const void *const *data, uint32_t *status)
-{
-	struct fm_mchan *ch = c->mchan;
-	struct fm_multi *m = ch->m;
-	struct mspace *sp = find_space(m, space);
-	uint8_t cand[FM_MAX_BATCH][MAX_SLOTS], ncand[FM_MAX_BATCH], next[FM_MAX_BATCH];
-	uint32_t crc[FM_MAX_BATCH], old[FM_MAX_BATCH], acked[FM_MAX_BATCH], full[FM_MAX_BATCH];
-	struct item *it = ch->it;
-	unsigned nit = 0, R;
-	uint32_t live;
-	int failed = 0;
-
-	if (n == 0 || n > FM_MAX_BATCH)
-		return -EINVAL;
-	if (!sp)
-		return -ENOENT;
-	if (atomic_load(&m->broken))
-		return -EPIPE;
-	for (unsigned i = 0; i < n; i++)
-		if (pages[i] >= sp->npages)
-			return -ERANGE;
-	live = live_mask(m);
-	R = (unsigned)__builtin_popcount(live);
-	if (R > (unsigned)m->R)
-		R = (unsigned)m->R;
-	if (!R)
-		return -EPIPE;
-	for (unsigned i = 0; i < n; i++) {
-		old[i] = claim_write(&sp->meta[pages[i]]);
-		crc[i] = fm_crc32c(data[i], FM_PAGE_SIZE);
-		acked[i] = full[i] = 0;
-		ncand[i] = (uint8_t)order(m, page_key(space, pages[i]), live, cand[i]);
-		next[i] = (uint8_t)(R < ncand[i] ? R : ncand[i]);
-		for (unsigned j = 0; j < next[i]; j++)
-			it[nit++] = (struct item){ .i = i, .slot = cand[i][j] };
-	}
-	for (unsigned round = 0; nit && round < MAX_SLOTS; round++) {
-		unsigned nn = 0;
-		write_items(ch, sp, pages, data, crc, it, nit);
-		for (unsigned k = 0; k < nit; k++) {
-			struct item *t = &it[k];
-			if (t->res == IT_OK) {
-				acked[t->i] |= 1u << t->slot;
-				continue;
-			}
-			if (t->res == IT_FULL) {
-				full[t->i] |= 1u << t->slot;
-				continue;
-			}
-			/* The target failed: the next live server in the page's order takes it. */
-			while (next[t->i] < ncand[t->i] && atomic_load(&m->s[cand[t->i][next[t->i]]].down))
-				next[t->i]++;
-			if (next[t->i] < ncand[t->i]) {
-				MST(m, memd_failovers, 1);
-				it[nn] = (struct item){ .i = t->i, .slot = cand[t->i][next[t->i]++] };
-				nn++;
-			}
-		}
-		nit = nn;
-	}
-	live = live_mask(m);
-	for (unsigned i = 0; i < n; i++) {
-		unsigned copies = (unsigned)__builtin_popcount(acked[i] & live);
-		if (acked[i]) {
-			unsigned want = (unsigned)__builtin_popcount(live);
-			if (want > (unsigned)m->R)
-				want = (unsigned)m->R;
-			if (copies < want) {
-				MST(m, memd_degraded_writes, 1);
-				atomic_store(&m->need_scan, 1);
-			}
-			status[i] = FM_OK;
-			atomic_store_explicit(&sp->meta[pages[i]], acked[i], memory_order_release);
-		} else {
-			/* Not written: the pager keeps the page, and rewrites it before it drops it. */
-			status[i] = FM_E_FULL;
-			if (!full[i])
-				failed = 1;
-			atomic_store_explicit(&sp->meta[pages[i]], old[i] & META_MASK, memory_order_release);
-		}
-	}
-	if (failed) {
-		fm_err("a page could be written to none of the memd servers it was sent to");
-		return -EPIPE;
-	}
-	return 0;
-}
-
-int fm_multi_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
-{
-	struct fm_mchan *ch = c->mchan;
-	struct fm_multi *m = ch->m;
-	struct mspace *sp = find_space(m, space);
-	uint64_t ids[MAX_SLOTS];
-	unsigned ns = (unsigned)atomic_load(&m->nslots);
-	uint32_t sent = 0, holders = 0;
-
-	if (n == 0 || n > FM_MAX_RANGES)
-		return -EINVAL;
-	if (!sp)
-		return -ENOENT;
-	for (unsigned i = 0; i < n; i++)
-		if (r[i].first >= sp->npages || r[i].npages > sp->npages - r[i].first)
-			return -ERANGE;
-	/* The record first: from here no one reads these pages from any server. */
-	for (unsigned i = 0; i < n; i++)
-		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++) {
-			if (!(atomic_load_explicit(&sp->meta[p], memory_order_relaxed) & META_MASK))
-				continue;
-			holders |= claim_write(&sp->meta[p]) & META_MASK;
-			atomic_store_explicit(&sp->meta[p], 0, memory_order_release);
-		}
-	/* Then free the memory on the servers that held any of them; a failure there leaks only space. */
-	for (unsigned s = 0; s < ns; s++) {
-		struct fm_space_ref ref = { .space_id = sp->sid[s] };
-		struct fm_conn *cn;
-		if (!(holders & (1u << s)) || !sp->sid[s] || !(cn = sub_get(ch, s)))
-			continue;
-		if (fm_conn_send(cn, FM_OP_DISCARD, n,
-				 (struct fm_iov[]){ { &ref, sizeof(ref) }, { r, n * sizeof(*r) } }, 2, &ids[s]))
-			sub_drop(ch, s, -EPIPE);
-		else
-			sent |= 1u << s;
-	}
-	for (unsigned s = 0; s < ns; s++) {
-		size_t len;
-		uint16_t st;
-		int rc;
-		if (!(sent & (1u << s)) || !ch->sub[s].open)
-			continue;
-		rc = fm_conn_recvv(&ch->sub[s].conn, FM_OP_DISCARD, ids[s], NULL, 0, &len, &st, NULL);
-		if (rc)
-			sub_drop(ch, s, rc);
-	}
-	return 0;
-}
-
-/*
- * COPY over several memds. A server can copy a page only if it holds the
- * source, so each entry goes to every live holder of its source page (one
- * request per server, all sent before any reply is read), and the
- * destination's record becomes the set of servers that copied it: reads
- * follow the record, not the hash. A holder that fails is dropped as in a
- * write; fewer than R copies count as a degraded write and the background
- * thread re-replicates. An entry no holder copied keeps the destination's
- * old record, and the caller moves that page another way.
- */
-int fm_multi_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
-		  const uint64_t *dpages, unsigned n, uint32_t *status)
-{
-	struct fm_mchan *ch = c->mchan;
-	struct fm_multi *m = ch->m;
-	struct mspace *ss = find_space(m, src), *ds = find_space(m, dst);
-	uint32_t hold[FM_MAX_BATCH], old[FM_MAX_BATCH], acked[FM_MAX_BATCH], full[FM_MAX_BATCH];
-	uint64_t ids[MAX_SLOTS];
-	unsigned ns = (unsigned)atomic_load(&m->nslots), want;
-	uint32_t live, sent = 0;
-
-	if (n == 0 || n > FM_MAX_BATCH)
-		return -EINVAL;
-	if (!ss || !ds)
-		return -ENOENT;
-	if (atomic_load(&m->broken))
-		return -EPIPE;
-	live = live_mask(m);
-	if (!live)
-		return -EPIPE;
-	for (unsigned s = 0; s < ns; s++)
-		if ((live & (1u << s)) && !(m->s[s].x->ctrl.server_flags & FM_HELLO_F_COPY))
-			return -EOPNOTSUPP;  /* one server predates COPY: the caller reads and writes */
-	/* Entries go out in parallel, so they must not depend on each other's order. */
-	for (unsigned i = 0; i < n; i++)
-		for (unsigned j = 0; j < n; j++)
-			if ((ss == ds && dpages[i] == spages[j] && i != j) || (j > i && dpages[i] == dpages[j]))
-				return -EINVAL;
-	for (unsigned i = 0; i < n; i++) {
-		uint32_t w;
-
-		hold[i] = acked[i] = full[i] = 0;
-		if (spages[i] >= ss->npages || dpages[i] >= ds->npages) {
-			status[i] = FM_E_RANGE;
-			continue;
-		}
-		w = atomic_load_explicit(&ss->meta[spages[i]], memory_order_acquire) & META_MASK;
-		status[i] = !w ? FM_E_ABSENT : !(w & live) ? FM_E_INTERNAL : FM_OK;
-		if (status[i] != FM_OK || (ss == ds && spages[i] == dpages[i]))
-			continue;
-		hold[i] = w & live;
-		old[i] = claim_write(&ds->meta[dpages[i]]);
-	}
-	for (unsigned s = 0; s < ns; s++) {
-		struct fm_copy_req req = { .src_space = ss->sid[s], .dst_space = ds->sid[s] };
-		struct fm_copy_ent ents[FM_MAX_BATCH];
-		struct fm_conn *cn;
-		unsigned cnt = 0;
-
-		for (unsigned i = 0; i < n; i++)
-			if (hold[i] & (1u << s))
-				ents[cnt++] = (struct fm_copy_ent){ .src_page = spages[i], .dst_page = dpages[i] };
-		if (!cnt || !ss->sid[s] || !ds->sid[s] || !(cn = sub_get(ch, s)))
-			continue;
-		if (fm_conn_send(cn, FM_OP_COPY, cnt,
-				 (struct fm_iov[]){ { &req, sizeof(req) }, { ents, cnt * sizeof(ents[0]) } }, 2,
-				 &ids[s]))
-			sub_drop(ch, s, -EPIPE);
-		else
-			sent |= 1u << s;
-	}
-	for (unsigned s = 0; s < ns; s++) {
-		unsigned cnt = 0, k = 0;
-		size_t len;
-		uint16_t st;
-		int rc;
-
-		if (!(sent & (1u << s)) || !ch->sub[s].open)
-			continue;
-		for (unsigned i = 0; i < n; i++)
-			cnt += !!(hold[i] & (1u << s));
-		rc = fm_conn_recvv(&ch->sub[s].conn, FM_OP_COPY, ids[s],
-				   &(struct fm_iov){ ch->wst, cnt * sizeof(uint32_t) }, 1, &len, &st, NULL);
-		if (rc) {
-			sub_drop(ch, s, rc);
-			continue;
-		}
-		/* A refusal (a space it lost, say) is this server's answer, not its failure. */
-		if (st || len != cnt * sizeof(uint32_t))
-			continue;
-		slot_ok(m, s);
-		for (unsigned i = 0; i < n; i++) {
-			if (!(hold[i] & (1u << s)))
-				continue;
-			if (ch->wst[k] == FM_OK)
-				acked[i] |= 1u << s;
-			else if (ch->wst[k] == FM_E_FULL)
-				full[i] |= 1u << s;
-			k++;
-		}
-	}
-	live = live_mask(m);
-	want = (unsigned)__builtin_popcount(live) < (unsigned)m->R ? (unsigned)__builtin_popcount(live)
-								   : (unsigned)m->R;
-	for (unsigned i = 0; i < n; i++) {
-		if (!hold[i])
-			continue;
-		if (acked[i]) {
-			if ((unsigned)__builtin_popcount(acked[i] & live) < want) {
-				MST(m, memd_degraded_writes, 1);
-				atomic_store(&m->need_scan, 1);
-			}
-			atomic_store_explicit(&ds->meta[dpages[i]], acked[i], memory_order_release);
-		} else {
-			status[i] = full[i] ? FM_E_FULL : FM_E_INTERNAL;
-			atomic_store_explicit(&ds->meta[dpages[i]], old[i] & META_MASK, memory_order_release);
-		}
-	}
+	/* Under chans_lock: a server that joins meanwhile either is seen here or sees this channel. */
+	pthread_mutex_lock(&m->chans_lock);
+	for (unsigned s = 0; s < (unsigned)atomic_load(&m->nslots); s++)
+		add_sub(m, mc, s);
+	mc->next_chan = m->chans;
+	m->chans = mc;
+	pthread_mutex_unlock(&m->chans_lock);
+	*out = &mc->base;
 	return 0;
 }
 
@@ -1266,40 +983,43 @@ struct rr { uint64_t page; uint32_t old; uint8_t from, to; };
 /* Copy a batch of claimed pages: read from a live holder, write to the new slot, record it. */
 static void rerep_flush(struct fm_multi *m, struct mspace *sp, struct rr *b, unsigned nb)
 {
-	struct fm_mchan *ch = m->bgchan->mchan;
-	uint64_t pages[FM_MAX_BATCH] = { 0 };
-	const void *data[FM_MAX_BATCH];
-	uint32_t crc[FM_MAX_BATCH];
-	struct item it[FM_MAX_BATCH], wit[FM_MAX_BATCH];
+	struct mchan *mc = m->bgchan;
+	uint64_t pages[64];
+	const void *data[64];
+	uint32_t crc[64];
+	uint8_t copied[64] = { 0 };
+	struct item it[64], wit[64];
 	unsigned nw = 0, done = 0;
 
 	for (unsigned k = 0; k < nb; k++) {
 		pages[k] = b[k].page;
-		it[k] = (struct item){ .i = k, .slot = b[k].from, .pos = k };
+		it[k] = (struct item){ .i = k, .slot = b[k].from };
 	}
-	read_items(ch, sp, pages, it, nb);
+	exchange(mc, &(struct xreq){ .op = FM_OP_READ, .ss = sp, .pages = pages }, it, nb);
 	for (unsigned k = 0; k < nb; k++) {
+		unsigned i = it[k].i;
 		if (it[k].res != IT_OK)
 			continue;
-		data[k] = ch->buf + (size_t)k * FM_PAGE_SIZE;
-		crc[k] = fm_crc32c(data[k], FM_PAGE_SIZE);
-		wit[nw++] = (struct item){ .i = k, .slot = b[k].to };
+		data[i] = mc->fsrc[k];  /* in the holder's channel; the write goes on another */
+		crc[i] = fm_crc32c(data[i], FM_PAGE_SIZE);
+		wit[nw++] = (struct item){ .i = i, .slot = b[i].to };
 	}
 	if (nw)
-		write_items(ch, sp, pages, data, crc, wit, nw);
-	for (unsigned k = 0, j = 0; k < nb; k++) {
+		exchange(mc, &(struct xreq){ .op = FM_OP_WRITE, .ss = sp, .pages = pages, .data = data, .crc = crc },
+			 wit, nw);
+	for (unsigned k = 0; k < nw; k++)
+		if (wit[k].res == IT_OK)
+			copied[wit[k].i] = 1;
+	for (unsigned k = 0; k < nb; k++) {
 		uint32_t v = b[k].old & META_MASK;
-		if (j < nw && wit[j].i == k) {
-			if (wit[j].res == IT_OK) {
-				v |= 1u << b[k].to;
-				done++;
-			}
-			j++;
+		if (copied[k]) {
+			v |= 1u << b[k].to;
+			done++;
 		}
 		atomic_store_explicit(&sp->meta[b[k].page], v, memory_order_release);
 	}
 	if (done)
-		MST(m, memd_rereplicated, done);
+		MST(m, rereplicated, done);
 	if (done < nb)
 		atomic_store(&m->need_scan, 1);
 }
@@ -1351,6 +1071,16 @@ static void rerep_scan(struct fm_multi *m)
 	}
 }
 
+/* Every channel gets a channel to every live server: after a server joins, or an open that failed. */
+static void fill_chans(struct fm_multi *m)
+{
+	pthread_mutex_lock(&m->chans_lock);
+	for (struct mchan *mc = m->chans; mc; mc = mc->next_chan)
+		for (unsigned s = 0; s < (unsigned)atomic_load(&m->nslots); s++)
+			add_sub(m, mc, s);
+	pthread_mutex_unlock(&m->chans_lock);
+}
+
 /* A lost server answers again: it joins as a new, empty slot. */
 static void try_rejoin(struct fm_multi *m)
 {
@@ -1370,9 +1100,7 @@ static void try_rejoin(struct fm_multi *m)
 		if (covered)
 			continue;
 		c.addr = m->s[s].addr;
-		c.pref = FM_PREF_STREAM;
-		c.timeout_ms = m->timeout_ms;
-		if (fm_xport_connect(&c, &x, err, sizeof(err)))
+		if (fm_stream_connect(&c, 1, &x, err, sizeof(err)))
 			continue;
 		pthread_mutex_lock(&m->lock);
 		nsl = &m->s[ns];
@@ -1385,7 +1113,7 @@ static void try_rejoin(struct fm_multi *m)
 				open_on_slot(m, &m->sp[i], ns);
 		atomic_store_explicit(&m->nslots, (int)ns + 1, memory_order_release);
 		pthread_mutex_unlock(&m->lock);
-		__atomic_fetch_add(&atomic_load(&m->st)->memd_servers_live, 1, __ATOMIC_RELAXED);
+		MST(m, servers_live, 1);
 		fm_warn("memd at %s answers again: it rejoins empty and takes new copies", nsl->addr);
 		ns++;
 		atomic_store(&m->need_scan, 1);
@@ -1401,32 +1129,29 @@ static void *bg_main(void *arg)
 	while (!atomic_load(&m->stop)) {
 		struct timespec ts;
 		unsigned ns;
+
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_nsec += 200 * 1000000L;
 		if (ts.tv_nsec >= 1000000000L) {
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000L;
 		}
-		pthread_mutex_lock(&m->bg_lock);
-		if (!atomic_load(&m->need_scan) && !atomic_load(&m->stop))
-			pthread_cond_timedwait(&m->bg_cond, &m->bg_lock, &ts);
-		pthread_mutex_unlock(&m->bg_lock);
+		if (!atomic_load(&m->need_scan))
+			sem_timedwait(&m->wake, &ts);
+		while (sem_trywait(&m->wake) == 0)
+			;
 		if (atomic_load(&m->stop))
 			break;
 		/* A memd that died while idle: its control connection hangs up. */
 		ns = (unsigned)atomic_load(&m->nslots);
-		for (unsigned s = 0; s < ns; s++) {
-			struct slot *sl = &m->s[s];
-			struct pollfd p = { .fd = sl->x ? sl->x->ctrl.fd : -1, .events = POLLIN | POLLRDHUP };
-			if (atomic_load(&sl->down) || p.fd < 0)
-				continue;
-			if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+		for (unsigned s = 0; s < ns; s++)
+			if (!atomic_load(&m->s[s].down) && !m->s[s].x->ops->alive(m->s[s].x))
 				slot_lost(m, s, "its connection closed");
-		}
 		if (fm_now_ns() - last_rejoin > (uint64_t)REJOIN_MS * 1000000) {
 			last_rejoin = fm_now_ns();
 			if (live_mask(m) != ((1u << (unsigned)atomic_load(&m->nslots)) - 1))
 				try_rejoin(m);
+			fill_chans(m);
 		}
 		if (m->R > 1 && atomic_exchange(&m->need_scan, 0))
 			rerep_scan(m);
@@ -1434,4 +1159,139 @@ static void *bg_main(void *arg)
 			atomic_store(&m->need_scan, 0);
 	}
 	return NULL;
+}
+
+/* ---- connect and close ------------------------------------------------------------- */
+
+static void multi_close(struct fm_xport *x)
+{
+	struct fm_multi *m = to_multi(x);
+
+	if (m->bg_started) {
+		atomic_store(&m->stop, 1);
+		sem_post(&m->wake);
+		pthread_join(m->bg, NULL);
+	}
+	if (m->bgchan)
+		multi_chan_close(&m->bgchan->base);
+	for (unsigned i = 0; i < atomic_load(&m->nsp); i++)
+		if (m->sp[i].meta)
+			fm_sys_munmap((void *)m->sp[i].meta, m->sp[i].meta_len);
+	for (int s = 0; s < atomic_load(&m->nslots); s++)
+		if (m->s[s].x)
+			m->s[s].x->ops->close(m->s[s].x);
+	pthread_mutex_destroy(&m->lock);
+	pthread_mutex_destroy(&m->chans_lock);
+	sem_destroy(&m->wake);
+	free(m);
+}
+
+static const struct fm_xport_ops multi_ops = {
+	.space_open = multi_space_open,
+	.space_close = multi_space_close,
+	.stats = multi_stats,
+	.alive = multi_alive,
+	.hangup = multi_hangup,
+	.close = multi_close,
+	.chan_open = multi_chan_open,
+	.chan_close = multi_chan_close,
+	.read = multi_read,
+	.write = multi_write,
+	.copy = multi_copy,
+	.discard = multi_discard,
+};
+
+int fm_multi_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)
+{
+	struct fm_multi *m;
+	struct fm_chan *bg;
+	const char *a;
+	int rc = 0;
+
+	if (cfg->secret_len == 0 || cfg->secret_len > sizeof(m->secret)) {
+		fm_errmsg(err, errlen, "the memd secret must be 1 to %zu bytes", sizeof(m->secret));
+		return -EINVAL;
+	}
+	if (cfg->pref == FM_PREF_SHM) {
+		fm_errmsg(err, errlen, "several memd servers (%s) need the stream transport, not shm", cfg->addr);
+		return -EOPNOTSUPP;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	fm_xport_init(&m->base, &multi_ops, FM_XPORT_STREAM, cfg->addr,
+		      cfg->timeout_ms > 0 ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS);
+	memcpy(m->secret, cfg->secret, cfg->secret_len);
+	m->cfg = *cfg;
+	m->cfg.secret = m->secret;
+	m->cfg.pref = FM_PREF_STREAM;
+	m->cfg.timeout_ms = m->base.timeout_ms;
+	m->down_after_ms = 3 * m->base.timeout_ms > 3000 ? 3 * m->base.timeout_ms : 3000;
+	pthread_mutex_init(&m->lock, NULL);
+	pthread_mutex_init(&m->chans_lock, NULL);
+	sem_init(&m->wake, 0, 0);
+
+	for (a = cfg->addr; *a;) {
+		const char *e = strchr(a, ',');
+		size_t n = e ? (size_t)(e - a) : strlen(a);
+		struct fm_xport_cfg c = m->cfg;
+		int ns = atomic_load(&m->nslots);
+		struct slot *sl = &m->s[ns];
+
+		if (n == 0 || n >= sizeof(sl->addr)) {
+			fm_errmsg(err, errlen, "bad memd address list '%s': empty or overlong entry", cfg->addr);
+			rc = -EINVAL;
+			goto fail;
+		}
+		if (ns >= MAX_SERVERS) {
+			fm_errmsg(err, errlen, "at most %d memd servers (%s)", MAX_SERVERS, cfg->addr);
+			rc = -EINVAL;
+			goto fail;
+		}
+		memcpy(sl->addr, a, n);
+		sl->addr[n] = '\0';
+		for (int k = 0; k < ns; k++)
+			if (!strcmp(m->s[k].addr, sl->addr)) {
+				fm_errmsg(err, errlen, "memd %s is listed twice", sl->addr);
+				rc = -EINVAL;
+				goto fail;
+			}
+		sl->hseed = hash_str(sl->addr);
+		c.addr = sl->addr;
+		rc = fm_stream_connect(&c, 1, &sl->x, err, errlen);
+		if (rc)
+			goto fail;
+		atomic_store(&m->nslots, ns + 1);
+		a += n;
+		if (*a == ',')
+			a++;
+	}
+	m->R = cfg->replicas > 0 ? cfg->replicas : 1;
+	if (m->R > atomic_load(&m->nslots) || m->R > MAX_REPLICAS) {
+		fm_errmsg(err, errlen, "replicas=%d needs at least %d memd servers (at most %d replicas), %d given",
+			  m->R, m->R, MAX_REPLICAS, atomic_load(&m->nslots));
+		rc = -EINVAL;
+		goto fail;
+	}
+	m->base.own.servers_live = (uint64_t)atomic_load(&m->nslots);
+	m->base.can_copy = 1;
+	rc = multi_chan_open(&m->base, &bg);
+	if (rc) {
+		fm_errmsg(err, errlen, "cannot open a channel to the memd servers: %s", fm_strerror(rc));
+		goto fail;
+	}
+	m->bgchan = to_mchan(bg);
+	rc = -pthread_create(&m->bg, NULL, bg_main, m);
+	if (rc) {
+		fm_errmsg(err, errlen, "cannot start the replication thread: %s", fm_strerror(rc));
+		goto fail;
+	}
+	m->bg_started = 1;
+	fm_info("%d memd servers, %d replica%s of every page", atomic_load(&m->nslots), m->R,
+		m->R > 1 ? "s" : "");
+	*out = &m->base;
+	return 0;
+fail:
+	multi_close(&m->base);
+	return rc;
 }

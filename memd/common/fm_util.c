@@ -202,6 +202,18 @@ int fm_fmt(char *buf, size_t len, const char *fmt, ...)
 	return n;
 }
 
+int fm_errmsg(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || !errlen)
+		return 0;
+	va_start(ap, fmt);
+	fm_vfmt(err, errlen, fmt, ap);
+	va_end(ap);
+	return 0;
+}
+
 const char *fm_strerror(int err)
 {
 	/* strerror() may translate, and so allocate: the C locale's text is a table lookup. */

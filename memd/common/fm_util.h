@@ -32,6 +32,8 @@ void fm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
  */
 int fm_vfmt(char *buf, size_t len, const char *fmt, va_list ap);
 int fm_fmt(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* fm_fmt into err when err is not NULL (a sentence for the user); returns 0. */
+int fm_errmsg(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* strerror's English text, signal-safe (no translation). */
 const char *fm_strerror(int err);
 
