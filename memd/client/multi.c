@@ -86,6 +86,7 @@ struct slot {
 	struct fm_xport *x;          /* the child transport; freed at close */
 	atomic_int down;
 	_Atomic uint64_t slow_until; /* ns: prefer others until then */
+	_Atomic uint64_t quiet_until;/* ns: its timeouts were reported; say so again after then */
 	_Atomic uint64_t fail_since; /* ns of the first failure of the current streak; 0 = none */
 	_Atomic uint64_t strike_t0;  /* timeouts counted since then ... */
 	atomic_int strikes;          /* ... STRIKES of them within down_after_ms: lost */
@@ -119,7 +120,7 @@ struct fm_multi {
 	/* the background thread */
 	pthread_t bg;
 	int bg_started;
-	atomic_int stop, need_scan;
+	atomic_int stop, need_scan, need_fill;
 	sem_t wake;                  /* sem_post is signal-safe: the data path wakes the thread */
 	struct mchan *bgchan;
 	atomic_int scanning_space;   /* index+1 of the space the scan is in, 0 = none */
@@ -161,7 +162,7 @@ struct mchan {
 	uint32_t crc[FM_MAX_BATCH], old[FM_MAX_BATCH], acked[FM_MAX_BATCH], full[FM_MAX_BATCH];
 	uint32_t hold[FM_MAX_BATCH];
 	/* per item; exchange() lines the f* arrays up with the items it sorted */
-	struct item it[MAX_ITEMS], tmp[MAX_ITEMS];
+	struct item it[MAX_ITEMS], tmp[MAX_ITEMS], nxt[MAX_ITEMS]; /* nxt: writes' next round */
 	uint64_t fpages[MAX_ITEMS], fdpages[MAX_ITEMS];
 	const void *fdata[MAX_ITEMS];
 	const void *fsrc[MAX_ITEMS];
@@ -333,7 +334,8 @@ static void slot_fail(struct fm_multi *m, unsigned s, int rc)
 	}
 	if (rc == -ETIMEDOUT || rc == -EAGAIN)
 		MST(m, timeouts, 1);
-	if (slow_spell(m, s, now))
+	slow_spell(m, s, now);
+	if (atomic_exchange(&sl->quiet_until, now + (uint64_t)SLOW_MS * 1000000) < now)
 		fm_warn("memd at %s did not answer within %d ms (%s): other replicas first for now",
 			sl->addr, m->base.timeout_ms, fm_strerror(rc));
 	/* A server that keeps timing out is as good as lost, even if small requests still pass. */
@@ -358,16 +360,21 @@ static void slot_ok(struct fm_multi *m, unsigned s, uint64_t took_ns)
 	if (atomic_load_explicit(&m->s[s].fail_since, memory_order_relaxed))
 		atomic_store(&m->s[s].fail_since, 0);
 	if (took_ns > (uint64_t)m->base.timeout_ms * 500000 && slow_spell(m, s, fm_now_ns()))
-		fm_warn("memd at %s took %llu ms to answer, over half the %d ms timeout: other replicas first for now",
+		fm_info("memd at %s took %llu ms to answer, over half the %d ms timeout: other replicas first for now",
 			m->s[s].addr, (unsigned long long)(took_ns / 1000000), m->base.timeout_ms);
 }
 
 /* This channel's channel to slot s, or NULL (the server is lost, or the background thread has not made one yet). */
 static struct fm_chan *sub(struct mchan *mc, unsigned s)
 {
+	struct fm_chan *ch;
+
 	if (atomic_load_explicit(&mc->m->s[s].down, memory_order_relaxed))
 		return NULL;
-	return atomic_load_explicit(&mc->sub[s], memory_order_acquire);
+	ch = atomic_load_explicit(&mc->sub[s], memory_order_acquire);
+	if (!ch && !atomic_exchange(&mc->m->need_fill, 1))
+		sem_post(&mc->m->wake);  /* the background thread makes it: opening one allocates */
+	return ch;
 }
 
 /* ---- one exchange with several servers --------------------------------------------- */
@@ -457,6 +464,25 @@ static void exchange(struct mchan *mc, const struct xreq *xr, struct item *it, u
 
 /* ---- the data path ---------------------------------------------------------------- */
 
+/*
+ * How long one call keeps trying a page whose servers all failed it, none of
+ * them lost yet: a server that keeps failing is lost after down_after_ms, so
+ * by then every page has an answer, a replica that answers, or no live copy.
+ */
+static uint64_t call_bound(struct fm_multi *m)
+{
+	return fm_deadline_in(m->down_after_ms + 2 * m->base.timeout_ms);
+}
+
+/* Before another pass over the same servers: a pass that failed fast must not spin. */
+static void pass_pause(uint64_t pass_start)
+{
+	struct timespec ts = { 0, 10 * 1000000 };
+
+	if (fm_now_ns() - pass_start < 10ull * 1000000)
+		nanosleep(&ts, NULL);
+}
+
 /* Take a page for a write or a discard: waits while the re-replicator copies it. */
 static uint32_t claim_write(_Atomic uint32_t *w)
 {
@@ -516,8 +542,9 @@ static int multi_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 		mc->crcbad[i] = mc->got[i] = 0;
 		it[nit++] = (struct item){ .i = i, .slot = mc->cand[i][0] };
 	}
-	for (unsigned round = 0; nit && round < MAX_SLOTS; round++) {
-		unsigned nn = 0;
+	for (uint64_t bound = call_bound(m); nit;) {
+		uint64_t t0 = fm_now_ns();
+		unsigned nn = 0, again = 0;
 		exchange(mc, &(struct xreq){ .op = FM_OP_READ, .ss = sp, .pages = pages }, it, nit);
 		for (unsigned k = 0; k < nit; k++) {
 			struct item *t = &it[k];
@@ -541,14 +568,22 @@ static int multi_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 				it[nn++] = (struct item){ .i = i, .slot = mc->cand[i][mc->next[i]++] };
 				continue;
 			}
-			/* No replica left for this page. */
+			/* No replica left for this page in this pass. */
 			if (mc->crcbad[i])
 				return -EIO;
 			{
-				uint32_t w = atomic_load(&sp->meta[pages[i]]) & META_MASK;
-				if ((w & live_mask(m)) == 0) {
+				uint32_t w = atomic_load(&sp->meta[pages[i]]) & META_MASK, h = w & live_mask(m);
+				if (!h) {
 					lost_page_msg(m, space, pages[i], w);
 					return -EHOSTDOWN;
+				}
+				if (t->res != IT_ABSENT && fm_now_ns() < bound) {
+					/* Its servers failed, none is lost yet: another pass over them. */
+					mc->ncand[i] = (uint8_t)order(m, page_key(space, pages[i]), h, mc->cand[i]);
+					mc->next[i] = 1;
+					it[nn++] = (struct item){ .i = i, .slot = mc->cand[i][0] };
+					again = 1;
+					continue;
 				}
 				fm_err("no memd holding page %llu of space %u answered (%s)",
 				       (unsigned long long)pages[i], space,
@@ -564,9 +599,20 @@ static int multi_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 					src[i] = mc->buf + (size_t)i * FM_PAGE_SIZE;
 					mc->got[i] = 2;
 				}
+		if (again)
+			pass_pause(t0);
 		nit = nn;
 	}
 	return left ? -ETIMEDOUT : 0;
+}
+
+/* Whether it[0..n) still holds an item of page i (this round's results are not all in yet). */
+static int pending(const struct item *it, unsigned n, unsigned i)
+{
+	for (unsigned k = 0; k < n; k++)
+		if (it[k].i == i)
+			return 1;
+	return 0;
 }
 
 static int multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
@@ -575,7 +621,7 @@ static int multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages,
 	struct mchan *mc = to_mchan(c);
 	struct fm_multi *m = mc->m;
 	struct mspace *sp = find_space(m, space);
-	struct item *it = mc->it;
+	struct item *it = mc->it, *nx = mc->nxt;
 	unsigned nit = 0, R;
 	uint32_t live;
 	int failed = 0;
@@ -602,8 +648,9 @@ static int multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages,
 		for (unsigned j = 0; j < mc->next[i]; j++)
 			it[nit++] = (struct item){ .i = i, .slot = mc->cand[i][j] };
 	}
-	for (unsigned round = 0; nit && round < MAX_SLOTS; round++) {
-		unsigned nn = 0;
+	for (uint64_t bound = call_bound(m); nit;) {
+		uint64_t t0 = fm_now_ns();
+		unsigned nn = 0, again = 0;
 		exchange(mc, &(struct xreq){ .op = FM_OP_WRITE, .ss = sp, .pages = pages, .data = data, .crc = mc->crc },
 			 it, nit);
 		for (unsigned k = 0; k < nit; k++) {
@@ -622,8 +669,31 @@ static int multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages,
 				mc->next[i]++;
 			if (mc->next[i] < mc->ncand[i]) {
 				MST(m, failovers, 1);
-				it[nn++] = (struct item){ .i = i, .slot = mc->cand[i][mc->next[i]++] };
+				nx[nn++] = (struct item){ .i = i, .slot = mc->cand[i][mc->next[i]++] };
+				continue;
 			}
+			/*
+			 * Every server it could go to failed it, none lost yet: another pass,
+			 * unless a copy took or memd is full (then it stays with the pager).
+			 */
+			if (!mc->acked[i] && !mc->full[i] && fm_now_ns() < bound && !pending(nx, nn, i) &&
+			    !pending(it + k + 1, nit - k - 1, i)) {
+				uint32_t l = live_mask(m);
+				unsigned r = (unsigned)__builtin_popcount(l) < (unsigned)m->R ? (unsigned)__builtin_popcount(l)
+											: (unsigned)m->R;
+				mc->ncand[i] = (uint8_t)order(m, page_key(space, pages[i]), l, mc->cand[i]);
+				mc->next[i] = (uint8_t)(r < mc->ncand[i] ? r : mc->ncand[i]);
+				for (unsigned j = 0; j < mc->next[i]; j++)
+					nx[nn++] = (struct item){ .i = i, .slot = mc->cand[i][j] };
+				again = 1;
+			}
+		}
+		if (again)
+			pass_pause(t0);
+		{
+			struct item *done = it;
+			it = nx;
+			nx = done;
 		}
 		nit = nn;
 	}
@@ -1151,8 +1221,10 @@ static void *bg_main(void *arg)
 			last_rejoin = fm_now_ns();
 			if (live_mask(m) != ((1u << (unsigned)atomic_load(&m->nslots)) - 1))
 				try_rejoin(m);
-			fill_chans(m);
+			atomic_store(&m->need_fill, 1);
 		}
+		if (atomic_exchange(&m->need_fill, 0))
+			fill_chans(m);
 		if (m->R > 1 && atomic_exchange(&m->need_scan, 0))
 			rerep_scan(m);
 		else
