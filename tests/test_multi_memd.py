@@ -204,10 +204,32 @@ def test_kill9_one_memd_r2_every_byte_checks_out(hosts, farmem_cmd, build):
     rc, out, err = finish(p)
     assert rc == 0, err[-3000:]
     assert "pagetest: OK" in out + err
-    assert f"lost memd at {hs[1].memd}" in err
+    # A loss the run survives is a warning that says what it costs and that it mends.
+    assert f"farmem: warning: lost memd at {hs[1].memd}" in err, err[-3000:]
+    assert "now 1 copy (replicas=2); 2 memd servers are left: re-replicating them" in err, err[-3000:]
+    assert "farmem: error" not in err, err[-3000:]
     s = stats(summary)
     assert s["memd_servers_lost"] == 1
     assert s["memd_servers_live"] == 2
+
+
+def test_kill9_one_of_two_memds_r2_single_copies_counted_and_said(hosts, farmem_cmd, build):
+    """R=2 over two memds, one killed: pages now have one copy and no server can take a second.
+    The warning says so, and every write since counts as degraded (fewer than R copies)."""
+    hs = hosts(2)
+    summary = hosts.tmp / "s.json"
+    p = farmem_run(farmem_cmd, build, hs, hosts.secret_file, summary, replicas=2)
+    wait_evicting(hosts.tmp, p, 3.0)
+    hs[0].kill9()
+    rc, out, err = finish(p)
+    assert rc == 0, err[-3000:]
+    assert "pagetest: OK" in out + err
+    assert f"farmem: warning: lost memd at {hs[0].memd}" in err, err[-3000:]
+    assert "now 1 copy (replicas=2); 1 memd server is left: too few to re-replicate" in err, err[-3000:]
+    s = stats(summary)
+    assert s["memd_servers_lost"] == 1, s
+    assert s["memd_degraded_writes"] > 0, s
+    assert s["memd_rereplicated"] == 0, s
 
 
 def test_kill9_one_memd_r1_clear_message_never_wrong_data(hosts, farmem_cmd, build):

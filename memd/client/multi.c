@@ -25,10 +25,11 @@
  * every target it sent the page to has acknowledged it, or has failed and
  * the page was then sent to, and acknowledged by, the next live server in
  * the page's order. So an acknowledged page has R copies while R servers are
- * live, and at least one copy always; "degraded" writes (fewer than R, only
- * when fewer than R servers are live or a replacement failed too) are counted
- * and re-replicated in the background. A page no server acknowledged makes
- * the call fail (-EPIPE): the pager keeps it (its evict_broken path).
+ * live, and at least one copy always; "degraded" writes (fewer than R copies:
+ * fewer than R servers are live, or a replacement failed too) are counted,
+ * and re-replicated in the background when a server left can take a copy. A
+ * page no server acknowledged makes the call fail (-EPIPE): the pager keeps
+ * it (its evict_broken path).
  *
  * Reads go to the live holders in placement order, servers in a slow spell
  * last; a holder that does not answer within the timeout, fails, or returns
@@ -257,22 +258,36 @@ static void kick_bg(struct fm_multi *m)
 	sem_post(&m->wake);
 }
 
-/* Pages whose every copy was on servers no longer live. Caller holds m->lock. */
-static uint64_t count_orphans(struct fm_multi *m, uint32_t live)
+/* What a server's loss did to the pages: those with no live copy, and those it held that have copies left. */
+struct census {
+	uint64_t orphans;   /* every copy was on servers no longer live */
+	uint64_t affected;  /* held by the lost server, with a live copy elsewhere */
+	unsigned copies;    /* the fewest live copies among the affected */
+};
+
+/* Caller holds m->lock. */
+static struct census count_copies(struct fm_multi *m, uint32_t live, unsigned lost)
 {
-	uint64_t n = 0;
+	struct census c = { .copies = MAX_SLOTS };
 	unsigned nsp = atomic_load(&m->nsp);
+
 	for (unsigned i = 0; i < nsp; i++) {
 		struct mspace *sp = &m->sp[i];
 		if (!atomic_load(&sp->live))
 			continue;
 		for (uint64_t p = 0; p < sp->npages; p++) {
 			uint32_t w = atomic_load_explicit(&sp->meta[p], memory_order_relaxed) & META_MASK;
-			if (w && !(w & live))
-				n++;
+			unsigned k = (unsigned)__builtin_popcount(w & live);
+			if (w && !k) {
+				c.orphans++;
+			} else if (w & (1u << lost)) {
+				c.affected++;
+				if (k < c.copies)
+					c.copies = k;
+			}
 		}
 	}
-	return n;
+	return c;
 }
 
 /*
@@ -282,8 +297,9 @@ static uint64_t count_orphans(struct fm_multi *m, uint32_t live)
 static void slot_lost(struct fm_multi *m, unsigned s, const char *why)
 {
 	struct slot *sl = &m->s[s];
-	uint64_t orphans;
+	struct census c;
 	uint32_t live;
+	unsigned left;
 
 	if (atomic_exchange(&sl->down, 1))
 		return;
@@ -293,20 +309,29 @@ static void slot_lost(struct fm_multi *m, unsigned s, const char *why)
 	sl->x->ops->hangup(sl->x);
 	pthread_mutex_lock(&m->lock);
 	live = live_mask(m);
-	orphans = count_orphans(m, live);
-	if (orphans)
+	c = count_copies(m, live, s);
+	if (c.orphans)
 		atomic_store(&m->broken, 1);
 	pthread_mutex_unlock(&m->lock);
-	if (orphans)
+	left = (unsigned)__builtin_popcount(live);
+	if (c.orphans)
 		fm_err("lost memd at %s (%s): %llu pages were held only there (replicas=%d) and are gone; "
 		       "no more pages are written to memd, and the program ends if it reads one of them",
-		       sl->addr, why, (unsigned long long)orphans, m->R);
-	else if (live)
-		fm_err("lost memd at %s (%s): every page it held has a copy elsewhere; %d of the memd servers are left%s",
-		       sl->addr, why, __builtin_popcount(live),
-		       m->R > 1 ? ", re-replicating in the background" : "");
-	else
+		       sl->addr, why, (unsigned long long)c.orphans, m->R);
+	else if (!left)
 		fm_err("lost memd at %s (%s): no memd server is left", sl->addr, why);
+	else if (!c.affected)
+		fm_warn("lost memd at %s (%s): it held no pages; %u memd server%s left", sl->addr, why, left,
+			left == 1 ? " is" : "s are");
+	else
+		/* Survivable: the run goes on, so a warning, with what it costs and whether it mends. */
+		fm_warn("lost memd at %s (%s): every page it held has a copy elsewhere, %llu of them now %u "
+			"cop%s (replicas=%d); %u memd server%s left: %s",
+			sl->addr, why, (unsigned long long)c.affected, c.copies, c.copies == 1 ? "y" : "ies", m->R,
+			left, left == 1 ? " is" : "s are",
+			left >= (unsigned)m->R ? "re-replicating them in the background"
+			: left > c.copies ? "re-replicating them to as many copies as there are servers"
+			: "too few to re-replicate, so they keep that many copies until a server joins");
 	kick_bg(m);
 }
 
@@ -701,12 +726,11 @@ static int multi_write(struct fm_chan *c, uint32_t space, const uint64_t *pages,
 	for (unsigned i = 0; i < n; i++) {
 		unsigned copies = (unsigned)__builtin_popcount(mc->acked[i] & live);
 		if (mc->acked[i]) {
-			unsigned want = (unsigned)__builtin_popcount(live);
-			if (want > (unsigned)m->R)
-				want = (unsigned)m->R;
-			if (copies < want) {
+			/* Against R, not the servers left: a page with fewer copies than asked for is degraded. */
+			if (copies < (unsigned)m->R) {
 				MST(m, degraded_writes, 1);
-				atomic_store(&m->need_scan, 1);
+				if (copies < (unsigned)__builtin_popcount(live))
+					atomic_store(&m->need_scan, 1);  /* a server left can take another copy */
 			}
 			status[i] = FM_OK;
 			atomic_store_explicit(&sp->meta[pages[i]], mc->acked[i], memory_order_release);
@@ -791,7 +815,7 @@ static int multi_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, u
 	struct fm_multi *m = mc->m;
 	struct mspace *ss = find_space(m, src), *ds = find_space(m, dst);
 	struct item *it = mc->it;
-	unsigned ns = (unsigned)atomic_load(&m->nslots), nit = 0, want;
+	unsigned ns = (unsigned)atomic_load(&m->nslots), nit = 0;
 	uint32_t live;
 
 	if (!ss || !ds)
@@ -839,15 +863,15 @@ static int multi_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, u
 			mc->full[it[k].i] |= 1u << it[k].slot;
 	}
 	live = live_mask(m);
-	want = (unsigned)__builtin_popcount(live) < (unsigned)m->R ? (unsigned)__builtin_popcount(live)
-								   : (unsigned)m->R;
 	for (unsigned i = 0; i < n; i++) {
 		if (!mc->hold[i])
 			continue;
 		if (mc->acked[i]) {
-			if ((unsigned)__builtin_popcount(mc->acked[i] & live) < want) {
+			unsigned copies = (unsigned)__builtin_popcount(mc->acked[i] & live);
+			if (copies < (unsigned)m->R) {
 				MST(m, degraded_writes, 1);
-				atomic_store(&m->need_scan, 1);
+				if (copies < (unsigned)__builtin_popcount(live))
+					atomic_store(&m->need_scan, 1);
 			}
 			atomic_store_explicit(&ds->meta[dpages[i]], mc->acked[i], memory_order_release);
 		} else {
