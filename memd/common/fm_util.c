@@ -221,21 +221,15 @@ const char *fm_strerror(int err)
 	return s ? s : "unknown error";
 }
 
-void fm_log(int level, const char *fmt, ...)
+static void vlog(const char *tag, const char *fmt, va_list ap)
 {
-	static const char *const names[] = { "error", "warning", "info", "debug" };
 	char line[1024];
 	size_t n;
-	va_list ap;
 
-	if (level > fm_log_level)
-		return;
-	n = (size_t)fm_fmt(line, sizeof(line), "%s: %s: ", fm_log_prefix, names[level < 0 ? 0 : level > 3 ? 3 : level]);
+	n = (size_t)fm_fmt(line, sizeof(line), tag ? "%s: %s: " : "%s: ", fm_log_prefix, tag);
 	if (n >= sizeof(line))
 		n = 0;
-	va_start(ap, fmt);
 	fm_vfmt(line + n, sizeof(line) - n, fmt, ap);
-	va_end(ap);
 	n = strlen(line);
 	if (n > 0 && line[n - 1] != '\n' && n + 1 < sizeof(line)) {
 		line[n++] = '\n';
@@ -244,6 +238,29 @@ void fm_log(int level, const char *fmt, ...)
 	/* One write per line so that lines from several threads do not interleave. */
 	if (write(STDERR_FILENO, line, n) < 0)
 		return;
+}
+
+void fm_log(int level, const char *fmt, ...)
+{
+	static const char *const names[] = { "error", "warning", "info", "debug" };
+	va_list ap;
+
+	if (level > fm_log_level)
+		return;
+	va_start(ap, fmt);
+	vlog(names[level < 0 ? 0 : level > 3 ? 3 : level], fmt, ap);
+	va_end(ap);
+}
+
+void fm_notice(const char *fmt, ...)
+{
+	va_list ap;
+
+	if (fm_log_level < FM_LOG_WARN)
+		return;
+	va_start(ap, fmt);
+	vlog(NULL, fmt, ap);
+	va_end(ap);
 }
 
 int fm_log_level_parse(const char *s)

@@ -19,6 +19,8 @@ extern const char *fm_log_prefix;
  * fm_vfmt, not printf, and takes no lock.
  */
 void fm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* What someone watching wants to see, at the default level (warn), with no level word. */
+void fm_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define fm_err(...)   fm_log(FM_LOG_ERROR, __VA_ARGS__)
 #define fm_warn(...)  fm_log(FM_LOG_WARN, __VA_ARGS__)
 #define fm_info(...)  fm_log(FM_LOG_INFO, __VA_ARGS__)
