@@ -290,9 +290,15 @@ def test_slow_server_times_out_and_fails_over(hosts, farmem_cmd, build, wait_pag
     assert rc == 0, err[-3000:]
     assert "pagetest: OK" in out + err
     s = stats(summary)
-    assert s["memd_timeouts"] > 0, s
-    assert s["memd_failovers"] > 0, s
-    assert f"memd at {hs[0].memd} did not answer within 200 ms" in err
+    # Through tbf a lone page comes in ~160 ms, under the timeout, and a batch far over it. The
+    # slow server is asked last once it timed out, or once it answered in over half the timeout:
+    # one that never quite times out must not serve every fault at its pace (issue 17's hang).
+    timed_out = f"memd at {hs[0].memd} did not answer within 200 ms" in err
+    slow = f"memd at {hs[0].memd} answers slowly" in err
+    assert timed_out or slow, err[-3000:]
+    if timed_out:
+        assert s["memd_timeouts"] > 0, s
+        assert s["memd_failovers"] > 0, s
 
 
 def wait_remote_reads(farmem_cmd, pid, proc, seconds=60.0):

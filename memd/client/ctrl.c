@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -219,3 +220,60 @@ void fm_ctrl_return_grant(struct fm_ctrl *c, uint64_t pages)
 	if (pages)
 		atomic_store(&c->full_until_ns, 0);
 }
+
+/* ---- a transport over one memd session ---------------------------------------- */
+
+static struct fm_session_xport *to_sx(struct fm_xport *x) { return (struct fm_session_xport *)x; }
+
+int fm_session_xport_new(size_t size, const struct fm_xport_cfg *cfg, const char *ctrl_addr, int kind,
+			 const struct fm_xport_ops *ops, struct fm_session_xport **out, char *err,
+			 size_t errlen)
+{
+	struct fm_session_xport *sx = calloc(1, size);
+	int rc;
+
+	if (!sx)
+		return -ENOMEM;
+	rc = fm_ctrl_open(&sx->ctrl, ctrl_addr, cfg->secret, cfg->secret_len, cfg->timeout_ms, err, errlen);
+	if (rc) {
+		free(sx);
+		return rc;
+	}
+	fm_xport_init(&sx->base, ops, kind, cfg->addr, cfg->timeout_ms);
+	sx->base.can_copy = !!(sx->ctrl.conn.server_flags & FM_HELLO_F_COPY);
+	*out = sx;
+	return 0;
+}
+
+void fm_session_xport_free(struct fm_session_xport *sx)
+{
+	fm_ctrl_close(&sx->ctrl);
+	free(sx);
+}
+
+int fm_session_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id,
+				int (*map)(struct fm_xport *x, uint32_t id, uint64_t npages))
+{
+	struct fm_ctrl *c = &to_sx(x)->ctrl;
+	uint32_t id;
+	int rc = fm_ctrl_space_open(c, npages, &id);
+
+	if (rc)
+		return rc;
+	rc = map ? map(x, id, npages) : 0;
+	if (rc) {
+		fm_ctrl_space_close(c, id);
+		return rc;
+	}
+	*space_id = id;
+	return 0;
+}
+
+int fm_session_xport_space_close(struct fm_xport *x, uint32_t space_id)
+{
+	return fm_ctrl_space_close(&to_sx(x)->ctrl, space_id);
+}
+
+int fm_session_xport_stats(struct fm_xport *x, struct fm_stats *st) { return fm_ctrl_stats(&to_sx(x)->ctrl, st); }
+int fm_session_xport_alive(struct fm_xport *x) { return fm_ctrl_alive(&to_sx(x)->ctrl); }
+void fm_session_xport_hangup(struct fm_xport *x) { fm_ctrl_hangup(&to_sx(x)->ctrl); }

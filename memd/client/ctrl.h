@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include "conn.h"
+#include "ops.h"
 #include "protocol.h"
 
 struct fm_ctrl {
@@ -74,5 +75,38 @@ void fm_ctrl_hangup(struct fm_ctrl *c);
 int fm_ctrl_take_grant(struct fm_ctrl *c);
 /* Pages that left memd (a discard) or were not used after all. */
 void fm_ctrl_return_grant(struct fm_ctrl *c, uint64_t pages);
+
+/*
+ * The start of a transport over one memd session (stream, shm, rdma): what
+ * their tables share is here, once.
+ */
+struct fm_session_xport {
+	struct fm_xport base;
+	struct fm_ctrl ctrl;
+};
+
+/*
+ * Allocate size zeroed bytes (a struct that begins with struct
+ * fm_session_xport), open the control connection to ctrl_addr with cfg's
+ * secret and timeout, and fill in the common part. 0, or -errno with a
+ * sentence in err.
+ */
+int fm_session_xport_new(size_t size, const struct fm_xport_cfg *cfg, const char *ctrl_addr, int kind,
+			 const struct fm_xport_ops *ops, struct fm_session_xport **out, char *err,
+			 size_t errlen);
+void fm_session_xport_free(struct fm_session_xport *sx);
+
+/*
+ * SPACE_OPEN, then map(x, id, npages): the transport's own view of the
+ * space (shm's memfd, rdma's region); a space that cannot be mapped is
+ * closed again.
+ */
+int fm_session_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id,
+				int (*map)(struct fm_xport *x, uint32_t id, uint64_t npages));
+/* The table entries that are the control connection's alone. */
+int fm_session_xport_space_close(struct fm_xport *x, uint32_t space_id);
+int fm_session_xport_stats(struct fm_xport *x, struct fm_stats *st);
+int fm_session_xport_alive(struct fm_xport *x);
+void fm_session_xport_hangup(struct fm_xport *x);
 
 #endif /* FARMEM_CLIENT_CTRL_H */

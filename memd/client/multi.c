@@ -88,6 +88,7 @@ struct slot {
 	atomic_int down;
 	_Atomic uint64_t slow_until; /* ns: prefer others until then */
 	_Atomic uint64_t quiet_until;/* ns: its timeouts were reported; say so again after then */
+	atomic_int said_slow;        /* its late answers were reported */
 	_Atomic uint64_t fail_since; /* ns of the first failure of the current streak; 0 = none */
 	_Atomic uint64_t strike_t0;  /* timeouts counted since then ... */
 	atomic_int strikes;          /* ... STRIKES of them within down_after_ms: lost */
@@ -379,13 +380,19 @@ static void slot_fail(struct fm_multi *m, unsigned s, int rc)
 	}
 }
 
-/* An answer; one that took over half the timeout starts a slow spell all the same. */
+/*
+ * An answer; one that took over half the timeout starts a slow spell all the
+ * same: a server that is slow but never quite times out must not serve
+ * every fault at its pace. Said once per server: on a loaded machine any
+ * server can be late now and then.
+ */
 static void slot_ok(struct fm_multi *m, unsigned s, uint64_t took_ns)
 {
 	if (atomic_load_explicit(&m->s[s].fail_since, memory_order_relaxed))
 		atomic_store(&m->s[s].fail_since, 0);
-	if (took_ns > (uint64_t)m->base.timeout_ms * 500000 && slow_spell(m, s, fm_now_ns()))
-		fm_info("memd at %s took %llu ms to answer, over half the %d ms timeout: other replicas first for now",
+	if (took_ns > (uint64_t)m->base.timeout_ms * 500000 && slow_spell(m, s, fm_now_ns()) &&
+	    !atomic_exchange(&m->s[s].said_slow, 1))
+		fm_warn("memd at %s answers slowly (%llu ms, over half the %d ms timeout): other replicas first while it does",
 			m->s[s].addr, (unsigned long long)(took_ns / 1000000), m->base.timeout_ms);
 }
 

@@ -112,8 +112,7 @@ struct rspace {
 };
 
 struct rdma {
-	struct fm_xport base;
-	struct fm_ctrl ctrl;         /* TCP to ADDR:PORT: session, spaces, quota, COPY */
+	struct fm_session_xport sx;  /* control over TCP to ADDR:PORT: session, spaces, quota, COPY */
 	char host[256];
 	char port[16];
 	pthread_mutex_t lock;        /* the space table's changes */
@@ -155,8 +154,9 @@ static struct rspace *find_rspace(struct rdma *r, uint32_t id)
 	return NULL;
 }
 
-static int space_map(struct rdma *r, uint32_t id, uint64_t npages)
+static int space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
 {
+	struct rdma *r = to_rdma(x);
 	struct fm_space_ref ref = { .space_id = id };
 	struct fm_rdma_map_rep rep;
 	struct rspace *s = NULL;
@@ -164,11 +164,11 @@ static int space_map(struct rdma *r, uint32_t id, uint64_t npages)
 	uint16_t st;
 	int rc;
 
-	rc = fm_ctrl_call(&r->ctrl, FM_OP_RDMA_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, NULL);
+	rc = fm_ctrl_call(&r->sx.ctrl, FM_OP_RDMA_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, NULL);
 	if (rc)
 		return rc;
 	if (st == FM_E_NOSHM) {
-		fm_err("memd at %s has no RDMA listener (start it with --rdma ADDR:PORT)", r->base.addr);
+		fm_err("memd at %s has no RDMA listener (start it with --rdma ADDR:PORT)", r->sx.base.addr);
 		return -EOPNOTSUPP;
 	}
 	if (st || len != sizeof(rep) || rep.npages != npages ||
@@ -200,19 +200,7 @@ static int space_map(struct rdma *r, uint32_t id, uint64_t npages)
 
 static int rdma_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 {
-	struct rdma *r = to_rdma(x);
-	uint32_t id;
-	int rc = fm_ctrl_space_open(&r->ctrl, npages, &id);
-
-	if (rc)
-		return rc;
-	rc = space_map(r, id, npages);
-	if (rc) {
-		fm_ctrl_space_close(&r->ctrl, id);
-		return rc;
-	}
-	*space_id = id;
-	return 0;
+	return fm_session_xport_space_open(x, npages, space_id, space_map);
 }
 
 static int rdma_space_close(struct fm_xport *x, uint32_t space_id)
@@ -226,12 +214,8 @@ static int rdma_space_close(struct fm_xport *x, uint32_t space_id)
 		/* The bitmap stays allocated (a channel may still look at it); the slot is not reused. */
 		pthread_mutex_unlock(&r->lock);
 	}
-	return fm_ctrl_space_close(&r->ctrl, space_id);
+	return fm_session_xport_space_close(x, space_id);
 }
-
-static int rdma_stats(struct fm_xport *x, struct fm_stats *st) { return fm_ctrl_stats(&to_rdma(x)->ctrl, st); }
-static int rdma_alive(struct fm_xport *x) { return fm_ctrl_alive(&to_rdma(x)->ctrl); }
-static void rdma_hangup(struct fm_xport *x) { fm_ctrl_hangup(&to_rdma(x)->ctrl); }
 
 static void rdma_close(struct fm_xport *x)
 {
@@ -239,9 +223,8 @@ static void rdma_close(struct fm_xport *x)
 
 	for (unsigned i = 0; i < r->nsp; i++)
 		free(r->sp[i].present);
-	fm_ctrl_close(&r->ctrl);
 	pthread_mutex_destroy(&r->lock);
-	free(r);
+	fm_session_xport_free(&r->sx);
 }
 
 /* Wait for one rdma_cm event of the wanted type on the channel's own event channel. */
@@ -305,7 +288,7 @@ static int rdma_chan_open(struct fm_xport *x, struct fm_chan **out)
 		.sq_sig_all = 0,
 	};
 	/* memd puts the QP in our session's protection domain, where our regions are. */
-	struct fm_rdma_conn_priv priv = { .magic = FM_RDMA_CONN_MAGIC, .session = r->ctrl.session };
+	struct fm_rdma_conn_priv priv = { .magic = FM_RDMA_CONN_MAGIC, .session = r->sx.ctrl.session };
 	struct rdma_conn_param cp = { .initiator_depth = 16, .responder_resources = 0,
 				      .retry_count = 7, .rnr_retry_count = 7,
 				      .private_data = &priv, .private_data_len = sizeof(priv) };
@@ -504,7 +487,7 @@ static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 	unsigned k = 0;
 
 	/* memd's control connection hung up: it is gone, do not trust it with a page. */
-	if (!fm_ctrl_alive(&r->ctrl))
+	if (!fm_ctrl_alive(&r->sx.ctrl))
 		return -EPIPE;
 	s = find_rspace(r, space);
 	if (!s)
@@ -519,12 +502,12 @@ static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 		bit = (uint8_t)(1u << (p & 7));
 		old = __atomic_load_n(&s->present[p >> 3], __ATOMIC_ACQUIRE);
 		if (!(old & bit)) {
-			if (!fm_ctrl_take_grant(&r->ctrl)) {
+			if (!fm_ctrl_take_grant(&r->sx.ctrl)) {
 				status[i] = FM_E_FULL;
 				continue;
 			}
 			if (__atomic_fetch_or(&s->present[p >> 3], bit, __ATOMIC_ACQ_REL) & bit)
-				fm_ctrl_return_grant(&r->ctrl, 1);  /* another channel won */
+				fm_ctrl_return_grant(&r->sx.ctrl, 1);  /* another channel won */
 		}
 		memcpy(d, data[i], FM_PAGE_SIZE);
 		rc->meta[i] = (struct fm_shm_meta){ .crc = fm_crc32c(d, FM_PAGE_SIZE),
@@ -572,7 +555,7 @@ static int rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range
 				k = 0;
 			}
 		}
-		fm_ctrl_return_grant(&rd->ctrl, freed);
+		fm_ctrl_return_grant(&rd->sx.ctrl, freed);
 	}
 	return k ? post_wait(rc, k) : 0;
 }
@@ -594,7 +577,7 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 	int rc;
 
 	/* A copy makes pages that only memd holds: the same rule as a write. */
-	if (!fm_ctrl_alive(&r->ctrl))
+	if (!fm_ctrl_alive(&r->sx.ctrl))
 		return -EPIPE;
 	ss = find_rspace(r, src);
 	ds = find_rspace(r, dst);
@@ -617,7 +600,7 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 			continue;
 		rch->took[m] = 0;
 		if (!(__atomic_load_n(&ds->present[d >> 3], __ATOMIC_ACQUIRE) & (1u << (d & 7)))) {
-			if (!fm_ctrl_take_grant(&r->ctrl)) {
+			if (!fm_ctrl_take_grant(&r->sx.ctrl)) {
 				status[i] = FM_E_FULL;
 				continue;
 			}
@@ -629,7 +612,7 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 	}
 	if (!m)
 		return 0;
-	rc = fm_ctrl_copy(&r->ctrl, src, rch->csp, dst, rch->cdp, m, rch->cst);
+	rc = fm_ctrl_copy(&r->sx.ctrl, src, rch->csp, dst, rch->cdp, m, rch->cst);
 	for (unsigned j = 0; j < m; j++) {
 		uint64_t d = rch->cdp[j];
 		uint8_t bit = (uint8_t)(1u << (d & 7));
@@ -638,9 +621,9 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 		if (!rch->took[j])
 			continue;
 		if (rc || rch->cst[j] != FM_OK)
-			fm_ctrl_return_grant(&r->ctrl, 1);
+			fm_ctrl_return_grant(&r->sx.ctrl, 1);
 		else if (__atomic_fetch_or(&ds->present[d >> 3], bit, __ATOMIC_ACQ_REL) & bit)
-			fm_ctrl_return_grant(&r->ctrl, 1);  /* another channel won */
+			fm_ctrl_return_grant(&r->sx.ctrl, 1);  /* another channel won */
 	}
 	return rc;
 }
@@ -648,9 +631,9 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 static const struct fm_xport_ops rdma_ops = {
 	.space_open = rdma_space_open,
 	.space_close = rdma_space_close,
-	.stats = rdma_stats,
-	.alive = rdma_alive,
-	.hangup = rdma_hangup,
+	.stats = fm_session_xport_stats,
+	.alive = fm_session_xport_alive,
+	.hangup = fm_session_xport_hangup,
 	.close = rdma_close,
 	.chan_open = rdma_chan_open,
 	.chan_close = rdma_chan_close,
@@ -663,6 +646,7 @@ static const struct fm_xport_ops rdma_ops = {
 int fm_rdma_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)
 {
 	const char *hp = cfg->addr + strlen("rdma://"), *colon = strrchr(hp, ':');
+	struct fm_session_xport *sx;
 	char ctrl_addr[280];
 	struct rdma *r;
 	int rc = verbs_load(err, errlen);
@@ -674,22 +658,16 @@ int fm_rdma_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char 
 		fm_errmsg(err, errlen, "memd address '%s': want rdma://ADDR:PORT", cfg->addr);
 		return -EINVAL;
 	}
-	r = calloc(1, sizeof(*r));
-	if (!r)
-		return -ENOMEM;
-	memcpy(r->host, hp, (size_t)(colon - hp));
-	fm_fmt(r->port, sizeof(r->port), "%s", colon + 1);
 	/* Control over TCP to the same address and port (memd listens for both there). */
 	fm_fmt(ctrl_addr, sizeof(ctrl_addr), "tcp:%s", hp);
-	rc = fm_ctrl_open(&r->ctrl, ctrl_addr, cfg->secret, cfg->secret_len, cfg->timeout_ms, err, errlen);
-	if (rc) {
-		free(r);
+	rc = fm_session_xport_new(sizeof(*r), cfg, ctrl_addr, FM_XPORT_RDMA, &rdma_ops, &sx, err, errlen);
+	if (rc)
 		return rc;
-	}
+	r = (struct rdma *)sx;
+	memcpy(r->host, hp, (size_t)(colon - hp));
+	fm_fmt(r->port, sizeof(r->port), "%s", colon + 1);
 	pthread_mutex_init(&r->lock, NULL);
-	fm_xport_init(&r->base, &rdma_ops, FM_XPORT_RDMA, cfg->addr, cfg->timeout_ms);
-	r->base.can_copy = !!(r->ctrl.conn.server_flags & FM_HELLO_F_COPY);
-	*out = &r->base;
+	*out = &sx->base;
 	return 0;
 }
 

@@ -31,8 +31,7 @@ struct space_map {
 };
 
 struct shm {
-	struct fm_xport base;
-	struct fm_ctrl ctrl;
+	struct fm_session_xport sx;
 	pthread_mutex_t lock;      /* the space table's changes */
 	struct space_map spaces[MAX_SPACES];
 	unsigned nspaces;
@@ -50,8 +49,9 @@ static struct space_map *find_space(struct shm *s, uint32_t id)
 	return NULL;
 }
 
-static int map_space(struct shm *s, uint32_t id, uint64_t npages)
+static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 {
+	struct shm *s = to_shm(x);
 	struct fm_space_ref ref = { .space_id = id };
 	struct fm_shm_map_rep rep;
 	struct space_map *sm = NULL;
@@ -60,7 +60,7 @@ static int map_space(struct shm *s, uint32_t id, uint64_t npages)
 	int fd = -1, rc;
 	void *p;
 
-	rc = fm_ctrl_call(&s->ctrl, FM_OP_SHM_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, &fd);
+	rc = fm_ctrl_call(&s->sx.ctrl, FM_OP_SHM_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, &fd);
 	if (rc)
 		return rc;
 	if (st || len != sizeof(rep) || fd < 0 || rep.npages != npages ||
@@ -106,19 +106,7 @@ fail:
 
 static int shm_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 {
-	struct shm *s = to_shm(x);
-	uint32_t id;
-	int rc = fm_ctrl_space_open(&s->ctrl, npages, &id);
-
-	if (rc)
-		return rc;
-	rc = map_space(s, id, npages);
-	if (rc) {
-		fm_ctrl_space_close(&s->ctrl, id);
-		return rc;
-	}
-	*space_id = id;
-	return 0;
+	return fm_session_xport_space_open(x, npages, space_id, map_space);
 }
 
 static int shm_space_close(struct fm_xport *x, uint32_t space_id)
@@ -134,12 +122,8 @@ static int shm_space_close(struct fm_xport *x, uint32_t space_id)
 		sm->memfd = -1;
 		pthread_mutex_unlock(&s->lock);
 	}
-	return fm_ctrl_space_close(&s->ctrl, space_id);
+	return fm_session_xport_space_close(x, space_id);
 }
-
-static int shm_stats(struct fm_xport *x, struct fm_stats *st) { return fm_ctrl_stats(&to_shm(x)->ctrl, st); }
-static int shm_alive(struct fm_xport *x) { return fm_ctrl_alive(&to_shm(x)->ctrl); }
-static void shm_hangup(struct fm_xport *x) { fm_ctrl_hangup(&to_shm(x)->ctrl); }
 
 static void shm_close(struct fm_xport *x)
 {
@@ -151,9 +135,8 @@ static void shm_close(struct fm_xport *x)
 		if (s->spaces[i].data && s->spaces[i].memfd >= 0)
 			close(s->spaces[i].memfd);
 	}
-	fm_ctrl_close(&s->ctrl);
 	pthread_mutex_destroy(&s->lock);
-	free(s);
+	fm_session_xport_free(&s->sx);
 }
 
 static int shm_chan_open(struct fm_xport *x, struct fm_chan **out)
@@ -200,7 +183,7 @@ static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 	struct space_map *sm;
 
 	/* memd's control connection hung up: it is gone, do not trust it with a page. */
-	if (!fm_ctrl_alive(&s->ctrl))
+	if (!fm_ctrl_alive(&s->sx.ctrl))
 		return -EPIPE;
 	sm = find_space(s, space);
 	if (!sm)
@@ -213,7 +196,7 @@ static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 			return -ERANGE;
 		m = &sm->meta[p];
 		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) &&
-		    !fm_ctrl_take_grant(&s->ctrl)) {
+		    !fm_ctrl_take_grant(&s->sx.ctrl)) {
 			status[i] = FM_E_FULL;
 			continue;
 		}
@@ -243,7 +226,7 @@ static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uin
 	struct space_map *ss, *ds;
 
 	/* A copy makes pages that only memd holds: the same rule as a write. */
-	if (!fm_ctrl_alive(&s->ctrl))
+	if (!fm_ctrl_alive(&s->sx.ctrl))
 		return -EPIPE;
 	ss = find_space(s, src);
 	ds = find_space(s, dst);
@@ -266,7 +249,7 @@ static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uin
 		if (ss == ds && sp == dp)
 			continue;
 		m = &ds->meta[dp];
-		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) && !fm_ctrl_take_grant(&s->ctrl)) {
+		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) && !fm_ctrl_take_grant(&s->sx.ctrl)) {
 			status[i] = FM_E_FULL;
 			continue;
 		}
@@ -296,7 +279,7 @@ static int shm_discard(struct fm_chan *c, uint32_t space, const struct fm_range 
 				freed++;
 		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 			  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
-		fm_ctrl_return_grant(&s->ctrl, freed);
+		fm_ctrl_return_grant(&s->sx.ctrl, freed);
 	}
 	return 0;
 }
@@ -304,9 +287,9 @@ static int shm_discard(struct fm_chan *c, uint32_t space, const struct fm_range 
 static const struct fm_xport_ops shm_ops = {
 	.space_open = shm_space_open,
 	.space_close = shm_space_close,
-	.stats = shm_stats,
-	.alive = shm_alive,
-	.hangup = shm_hangup,
+	.stats = fm_session_xport_stats,
+	.alive = fm_session_xport_alive,
+	.hangup = fm_session_xport_hangup,
 	.close = shm_close,
 	.chan_open = shm_chan_open,
 	.chan_close = shm_chan_close,
@@ -318,26 +301,22 @@ static const struct fm_xport_ops shm_ops = {
 
 int fm_shm_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)
 {
-	struct shm *s = calloc(1, sizeof(*s));
-	int rc;
+	struct fm_session_xport *sx;
+	struct shm *s;
+	int rc = fm_session_xport_new(sizeof(*s), cfg, cfg->addr, FM_XPORT_SHM, &shm_ops, &sx, err, errlen);
 
-	if (!s)
-		return -ENOMEM;
-	rc = fm_ctrl_open(&s->ctrl, cfg->addr, cfg->secret, cfg->secret_len, cfg->timeout_ms, err, errlen);
-	if (rc) {
-		free(s);
+	if (rc)
 		return rc;
-	}
-	if (!s->ctrl.conn.is_unix || !(s->ctrl.conn.server_flags & FM_HELLO_F_SHM)) {
+	s = (struct shm *)sx;
+	if (!sx->ctrl.conn.is_unix || !(sx->ctrl.conn.server_flags & FM_HELLO_F_SHM)) {
 		fm_errmsg(err, errlen, "memd at %s cannot share its store (shm needs a Unix socket to a memd on this host)",
 			  cfg->addr);
-		fm_ctrl_close(&s->ctrl);
-		free(s);
+		fm_session_xport_free(sx);
 		return -EOPNOTSUPP;
 	}
 	pthread_mutex_init(&s->lock, NULL);
-	fm_xport_init(&s->base, &shm_ops, FM_XPORT_SHM, cfg->addr, cfg->timeout_ms);
-	s->base.can_copy = 1;
-	*out = &s->base;
+	/* Slot to slot in the shared store: no request to memd, so no server that predates COPY. */
+	sx->base.can_copy = 1;
+	*out = &sx->base;
 	return 0;
 }

@@ -16,11 +16,6 @@
 #include "ctrl.h"
 #include "fm_util.h"
 
-struct stream {
-	struct fm_xport base;
-	struct fm_ctrl ctrl;
-};
-
 struct stream_chan {
 	struct fm_chan base;
 	struct fm_conn conn;                     /* fd -1: made again on the next call */
@@ -32,32 +27,15 @@ struct stream_chan {
 	struct fm_iov iov[FM_CONN_MAX_IOV];
 };
 
-static struct stream *to_stream(struct fm_xport *x) { return (struct stream *)x; }
+static struct fm_session_xport *to_sx(struct fm_xport *x) { return (struct fm_session_xport *)x; }
 static struct stream_chan *to_chan(struct fm_chan *c) { return (struct stream_chan *)c; }
 
 static int stream_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 {
-	return fm_ctrl_space_open(&to_stream(x)->ctrl, npages, space_id);
+	return fm_session_xport_space_open(x, npages, space_id, NULL);
 }
 
-static int stream_space_close(struct fm_xport *x, uint32_t space_id)
-{
-	return fm_ctrl_space_close(&to_stream(x)->ctrl, space_id);
-}
-
-static int stream_stats(struct fm_xport *x, struct fm_stats *st)
-{
-	return fm_ctrl_stats(&to_stream(x)->ctrl, st);
-}
-
-static int stream_alive(struct fm_xport *x) { return fm_ctrl_alive(&to_stream(x)->ctrl); }
-static void stream_hangup(struct fm_xport *x) { fm_ctrl_hangup(&to_stream(x)->ctrl); }
-
-static void stream_close(struct fm_xport *x)
-{
-	fm_ctrl_close(&to_stream(x)->ctrl);
-	free(x);
-}
+static void stream_close(struct fm_xport *x) { fm_session_xport_free(to_sx(x)); }
 
 static void stream_chan_close(struct fm_chan *c)
 {
@@ -83,7 +61,7 @@ static int stream_chan_open(struct fm_xport *x, struct fm_chan **out)
 		stream_chan_close(&sc->base);
 		return -ENOMEM;
 	}
-	rc = fm_ctrl_join(&to_stream(x)->ctrl, &sc->conn, fm_deadline_in(x->timeout_ms), err, sizeof(err));
+	rc = fm_ctrl_join(&to_sx(x)->ctrl, &sc->conn, fm_deadline_in(x->timeout_ms), err, sizeof(err));
 	if (rc) {
 		if (!x->quiet)
 			fm_err("%s", err);
@@ -107,7 +85,7 @@ static int report(struct stream_chan *sc, int rc)
 static int stream_start(struct fm_chan *c, const struct fm_req *rq, uint64_t deadline)
 {
 	struct stream_chan *sc = to_chan(c);
-	struct stream *s = to_stream(c->x);
+	struct fm_session_xport *s = to_sx(c->x);
 	struct fm_iov *iov = sc->iov;
 	unsigned niov = 2;
 	int rc;
@@ -256,7 +234,7 @@ static int stream_write(struct fm_chan *c, uint32_t space, const uint64_t *pages
 			const void *const *data, uint32_t *status)
 {
 	/* memd's control connection hung up: it is gone, do not trust it with a page. */
-	if (!fm_ctrl_alive(&to_stream(c->x)->ctrl))
+	if (!fm_ctrl_alive(&to_sx(c->x)->ctrl))
 		return -EPIPE;
 	return stream_call(c, &(struct fm_req){ .op = FM_OP_WRITE, .space = space, .n = n, .pages = pages,
 						 .data = data, .status = status });
@@ -266,7 +244,7 @@ static int stream_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, 
 		       const uint64_t *dpages, unsigned n, uint32_t *status)
 {
 	/* A copy makes pages that only memd holds: the same rule as a write. */
-	if (!fm_ctrl_alive(&to_stream(c->x)->ctrl))
+	if (!fm_ctrl_alive(&to_sx(c->x)->ctrl))
 		return -EPIPE;
 	return stream_call(c, &(struct fm_req){ .op = FM_OP_COPY, .space = src, .dst = dst, .n = n,
 						 .pages = spages, .dpages = dpages, .status = status });
@@ -279,10 +257,10 @@ static int stream_discard(struct fm_chan *c, uint32_t space, const struct fm_ran
 
 static const struct fm_xport_ops stream_ops = {
 	.space_open = stream_space_open,
-	.space_close = stream_space_close,
-	.stats = stream_stats,
-	.alive = stream_alive,
-	.hangup = stream_hangup,
+	.space_close = fm_session_xport_space_close,
+	.stats = fm_session_xport_stats,
+	.alive = fm_session_xport_alive,
+	.hangup = fm_session_xport_hangup,
 	.close = stream_close,
 	.chan_open = stream_chan_open,
 	.chan_close = stream_chan_close,
@@ -297,19 +275,12 @@ static const struct fm_xport_ops stream_ops = {
 int fm_stream_connect(const struct fm_xport_cfg *cfg, int child, struct fm_xport **out, char *err,
 		      size_t errlen)
 {
-	struct stream *s = calloc(1, sizeof(*s));
-	int rc;
+	struct fm_session_xport *sx;
+	int rc = fm_session_xport_new(sizeof(*sx), cfg, cfg->addr, FM_XPORT_STREAM, &stream_ops, &sx, err, errlen);
 
-	if (!s)
-		return -ENOMEM;
-	rc = fm_ctrl_open(&s->ctrl, cfg->addr, cfg->secret, cfg->secret_len, cfg->timeout_ms, err, errlen);
-	if (rc) {
-		free(s);
+	if (rc)
 		return rc;
-	}
-	fm_xport_init(&s->base, &stream_ops, FM_XPORT_STREAM, cfg->addr, cfg->timeout_ms);
-	s->base.quiet = s->ctrl.quiet = child;
-	s->base.can_copy = !!(s->ctrl.conn.server_flags & FM_HELLO_F_COPY);
-	*out = &s->base;
+	sx->base.quiet = sx->ctrl.quiet = child;
+	*out = &sx->base;
 	return 0;
 }
