@@ -183,7 +183,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	p->hdr->transport = (uint32_t)fm_xport_kind(p->x);
 	p->st->fault_mode = p->in_thread ? 1 : 2;
 	atomic_store(&p->memd_copy, cfg->memd_copy ? 1 : 0);
-	fm_xport_set_stats(p->x, &p->hdr->stats);
+	fm_xport_set_counters(p->x, FM_MEMD_COUNTERS(&p->hdr->stats)); /* several memds count failovers there */
 	fm_budget_set(p);
 	atomic_store(&p->garbage_quota, INT64_MAX); /* until a collector says when its cycles start */
 
