@@ -327,9 +327,9 @@ static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct reg
 			STAT_ADD(p, minor_faults, 1);
 			STAT_ADD(p, faults, 1);
 			if (gc)
-		STAT_ADD(p, gc_faults, 1);
-	else
-		STAT_ADD(p, app_faults, 1);
+				STAT_ADD(p, gc_faults, 1);
+			else
+				STAT_ADD(p, app_faults, 1);
 			return;
 		}
 		if (s == FM_PG_REMOTE) {
