@@ -269,12 +269,10 @@ test-py: all seeds
 
 test: test-c test-py
 
-demo: all
+demo: all seeds
 	./farmem run --local 25% --summary-json $(B)/demo-summary.json -- $(B)/tests/pagetest --size 512M --rounds 2
 	@echo "summary written to $(B)/demo-summary.json"
-	@echo "== a JVM with a quarter of its heap local: PageRank checks its ranks and prints a digest"
-	./farmem run --local 25% --summary-json $(B)/demo-jvm-summary.json -- java -Xmx768m -cp $(B)/java PageRank --nodes 4000000 --iters 5
-	@echo "summary written to $(B)/demo-jvm-summary.json (the digest is the same without farmem: java -Xmx768m -cp $(B)/java PageRank --nodes 4000000 --iters 5)"
+	@bash tools/demo_jvm.sh $(B)
 
 bench: all
 	$(VENV)/bin/python bench/run_core.py
