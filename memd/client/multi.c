@@ -92,6 +92,7 @@ struct slot {
 	_Atomic uint64_t fail_since; /* ns of the first failure of the current streak; 0 = none */
 	_Atomic uint64_t strike_t0;  /* timeouts counted since then ... */
 	atomic_int strikes;          /* ... STRIKES of them within down_after_ms: lost */
+	atomic_int told;             /* its loss was reported */
 };
 
 struct mspace {
@@ -333,6 +334,7 @@ static void slot_lost(struct fm_multi *m, unsigned s, const char *why)
 			left >= (unsigned)m->R ? "re-replicating them in the background"
 			: left > c.copies ? "re-replicating them to as many copies as there are servers"
 			: "too few to re-replicate, so they keep that many copies until a server joins");
+	atomic_store(&sl->told, 1);
 	kick_bg(m);
 }
 
@@ -538,6 +540,16 @@ static void lost_page_msg(struct fm_multi *m, uint32_t space, uint64_t page, uin
 {
 	char who[512] = "";
 	size_t o = 0;
+	/*
+	 * The reader that finds a page gone may get here while the thread that
+	 * lost the server is still counting what went with it; the program ends
+	 * next, so let that report (which server, why, how much) come out first.
+	 */
+	for (unsigned s = 0; s < MAX_SLOTS; s++)
+		for (unsigned ms = 0; (mask & (1u << s)) && !atomic_load(&m->s[s].told) && ms < 2000; ms++) {
+			struct timespec ts = { 0, 1000000 };
+			nanosleep(&ts, NULL);
+		}
 	for (unsigned s = 0; s < MAX_SLOTS && o < sizeof(who) - 2; s++)
 		if (mask & (1u << s))
 			o += (size_t)fm_fmt(who + o, sizeof(who) - o, "%s%s", o ? ", " : "", m->s[s].addr);
