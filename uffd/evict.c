@@ -108,6 +108,11 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 	uint64_t scanned = 0, total = atomic_load(&p->registered) * 2 + 1;
 
 	pthread_mutex_lock(&p->clock_lock);
+	if (atomic_load(&p->forking)) {
+		/* Every page must stay where the child can inherit it (fork.c). */
+		pthread_mutex_unlock(&p->clock_lock);
+		return 0;
+	}
 	n = pick_garbage(p, v, want);
 	while (n < want && scanned < total) {
 		struct region *r;

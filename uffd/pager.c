@@ -20,6 +20,7 @@
 #include "chanpool.h"
 #include "evict.h"
 #include "fm_util.h"
+#include "fork.h"
 #include "monitor.h"
 #include "shmem.h"
 #include "uffd_ops.h"
@@ -214,6 +215,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		}
 		p->evictor_started = 1;
 	}
+	fm_fork_add(p);
 	report_to_launcher(p);
 	fm_info("pager up: memd %s (%s), faults served %s, %s", cfg->memd,
 		fm_xport_kind(p->x) == FM_XPORT_SHM ? "shared memory" :
@@ -230,6 +232,7 @@ int fm_pager_stop(struct fm_pager *p)
 {
 	if (!p)
 		return 0;
+	fm_fork_remove(p);
 	atomic_store(&p->stopping, 1);
 	if (p->evictor_started) {
 		fm_evictor_kick(p);

@@ -17,6 +17,7 @@
  *   ranges.c    what the program says of its memory: forget, discard, fetch
  *   chanpool.c  memd channels for faulting threads
  *   shmem.c     MAP_SHARED regions of shmem files; move.c: fm_pager_move
+ *   fork.c      fork(): the child gets the paged memory as it was
  */
 #ifndef FARMEM_PAGER_INTERNAL_H
 #define FARMEM_PAGER_INTERNAL_H
@@ -187,6 +188,8 @@ struct fm_pager {
 	atomic_int evict_broken;        /* memd cannot take writes: keep pages local */
 	atomic_uint_fast64_t full_until_ns; /* memd refused a whole batch: no eviction until then */
 	uint8_t *zero_run;              /* ZERO_RUN_PAGES of zeros */
+	atomic_int forking;             /* a fork() is under way: nothing is evicted (fork.c) */
+	int fork_shared;                /* this fork's child gets the paged ranges; under fork.c's lock */
 };
 
 /* The region table's lock. A failure here is a bug in the pager, never the program's. */

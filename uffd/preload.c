@@ -378,9 +378,9 @@ static void fork_child(void)
 	pthread_mutex_unlock(&big_lock);
 	pthread_mutex_unlock(&arena_lock);
 	/*
-	 * The pager's threads do not exist in a forked child, and the paged
-	 * ranges were not inherited (MADV_DONTFORK): a child that touches one
-	 * faults instead of silently reading zeros. exec() gets a fresh shim.
+	 * The pager's threads do not exist in a forked child: the child pages
+	 * nothing. It got the paged ranges as plain memory, every page at home
+	 * (uffd/fork.c), or none of them. exec() gets a fresh shim.
 	 */
 	pager = NULL;
 	atomic_store(&state, 4);
@@ -439,8 +439,7 @@ static void maybe_register(void *p, size_t len)
 		return;
 	len = (len + PAGE - 1) & ~(size_t)(PAGE - 1);
 	in_farmem++;
-	if (fm_pager_register(pg, p, len, 0) == 0)
-		madvise(p, len, MADV_DONTFORK);
+	fm_pager_register(pg, p, len, 0);
 	in_farmem--;
 }
 

@@ -241,6 +241,8 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	}
 	/* Page-table entries per 4 KiB: keep the kernel from making huge pages we then split. */
 	fm_sys_madvise(addr, len, MADV_NOHUGEPAGE);
+	/* A child gets the range only through fork.c, which first brings its pages home. */
+	fm_sys_madvise(addr, len, MADV_DONTFORK);
 	r = &p->regions[slot];
 	*r = (struct region){
 		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,

@@ -150,7 +150,10 @@ struct fm_pager_stats {
 	uint64_t garbage_marked;     /* discarded resident pages kept, write-protected, until room is needed */
 	uint64_t garbage_evicted;    /* garbage pages dropped with no write-back */
 	uint64_t garbage_reused;     /* garbage pages the program wrote again (opened in runs) */
-	uint64_t reserved[6];       /* the block after lat_hist is 32 words; stats end the header */
+	uint64_t forks;              /* fork()s whose child got the paged ranges (uffd/fork.c) */
+	uint64_t fork_pages_fetched; /* pages brought home from memd for them */
+	uint64_t forks_without_paged;/* fork()s whose child did not: too little free memory */
+	uint64_t reserved[3];       /* the block after lat_hist is 32 words; stats end the header */
 };
 
 struct fm_resmap_hdr {

@@ -69,9 +69,11 @@ GC_FIELDS = ("gc_zero_fills",)
 FAULT_PATH_FIELDS = ("fault_mode", "io_prefaults", "io_retries")
 # Discard (issue 18): free heap kept as garbage, dropped first, or written again.
 GARBAGE_FIELDS = ("garbage_marked", "garbage_evicted", "garbage_reused")
+# fork() (issue 19): children that got the paged ranges, pages brought home for them, children that did not.
+FORK_FIELDS = ("forks", "fork_pages_fetched", "forks_without_paged")
 # The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
 TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
-               + FAULT_PATH_FIELDS + GARBAGE_FIELDS)
+               + FAULT_PATH_FIELDS + GARBAGE_FIELDS + FORK_FIELDS)
 
 
 class PagerStats(ctypes.Structure):
@@ -122,6 +124,7 @@ def layout() -> dict:
         "offsetof_swapva_copy_calls": PagerStats.swapva_copy_calls.offset,
         "offsetof_fault_mode": PagerStats.fault_mode.offset,
         "offsetof_garbage_reused": PagerStats.garbage_reused.offset,
+        "offsetof_forks_without_paged": PagerStats.forks_without_paged.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -208,7 +211,7 @@ SUMMED = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
-    + GARBAGE_FIELDS
+    + GARBAGE_FIELDS + FORK_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes.
 GAUGES = {

@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+"""fork() of a paged process (issue 19, uffd/fork.c): the child sees the paged memory exactly as
+it was at the fork, while the parent rewrites it and evicts; a grandchild sees the child's bytes;
+fork+exec works; a raw clone(), which runs no fork handlers, gets no paged range at all (it dies
+of SIGSEGV rather than read a zero). In both fault modes. Programs from Debian that fork (Redis's
+BGSAVE, a multiprocessing pool) are in test_compat.py."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+pytestmark = [pytest.mark.pager, pytest.mark.memd]
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_fork_child_sees_the_memory_as_it_was(built, farmem_cmd, tmp_path, fault):
+    prog = built("build/tests/forktest")
+    built("build/lib/libfarmem_preload.so")
+    summary = tmp_path / "s.json"
+    env = dict(os.environ, FARMEM_FAULT=fault)
+    r = subprocess.run([*farmem_cmd, "run", "--local", "32M", "--summary-json", str(summary), "--",
+                        str(prog), "96"], capture_output=True, text=True, timeout=600, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    for part in ("fork", "exec", "raw clone", "all"):
+        assert f"forktest: {part} ok" in out, out[-3000:]
+    s = json.loads(summary.read_text())
+    # One fork for the child, three for fork+exec; the raw clone is not one of them.
+    assert s["forks"] == 4 and s["forks_without_paged"] == 0, s
+    # Much of the buffer was in memd at each fork and came home first.
+    assert s["fork_pages_fetched"] > 4 * 8000, s
+    assert s["evictions"] > 20000, s

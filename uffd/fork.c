@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * fork(): the child gets the parent's paged memory as it was at the fork.
+ *
+ * The kernel does not carry a userfaultfd registration into a child (without
+ * UFFD_FEATURE_EVENT_FORK): the child's copy of a paged range is plain
+ * memory, where a page that lives in memd would read as zeros. So every
+ * paged range is MADV_DONTFORK between forks (a child made by a raw clone(),
+ * which runs no fork handlers, has no mapping there and dies of SIGSEGV if
+ * it touches one, never reading a wrong byte), and at a fork():
+ *
+ *   prepare  eviction stops, the pages that are leaving settle, and every
+ *            page in memd comes home (over the budget); then the ranges are
+ *            MADV_DOFORK. Only the program's own frees can make a hole now,
+ *            and a freed page reads as zeros in the child too.
+ *   parent   MADV_DONTFORK again, and eviction goes on: the evictor (or,
+ *            without one, the forking thread) brings the parent back under
+ *            its budget.
+ *   child    nothing here: it pages nothing (preload.c leaves it alone); its
+ *            copy shares every page with the parent, copy-on-write, as with
+ *            any fork.
+ *
+ * What it costs: a fork brings everything in memd home first (one read of
+ * each, in batches), and the pages stay in memory until the parent evicts
+ * them or the child lets go. When this machine does not have the room
+ * (MemAvailable), nothing is brought home and the ranges stay DONTFORK: the
+ * child runs without them, as with a raw clone(). vfork() and posix_spawn()
+ * (what the JVM, shells and Python's subprocess use to start programs)
+ * share the parent's memory and cost nothing. docs/compatibility.md.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "budget.h"
+#include "evict.h"
+#include "fm_util.h"
+#include "fork.h"
+#include "pager_internal.h"
+#include "uffd_ops.h"
+#include "wait.h"
+
+#define MAX_FORK_PAGERS 8
+#define FORK_BATCH 64
+
+static pthread_mutex_t fork_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fm_pager *fork_pagers[MAX_FORK_PAGERS];
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+/* Pages the kernel says it can still give, with a margin for everything else. */
+static uint64_t available_pages(void)
+{
+	char buf[4096];
+	ssize_t n;
+	int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+	const char *s;
+
+	if (fd < 0)
+		return UINT64_MAX;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return UINT64_MAX;
+	buf[n] = 0;
+	s = strstr(buf, "MemAvailable:");
+	if (!s)
+		return UINT64_MAX;
+	return strtoull(s + 13, NULL, 10) / 4 * 7 / 8; /* kB to pages, keep an eighth */
+}
+
+static uint64_t count_remote(struct fm_pager *p)
+{
+	uint64_t n = 0;
+
+	for (int k = 0; k < p->nregions; k++) {
+		struct region *r = &p->regions[k];
+		if (!r->live || r->alias)
+			continue;
+		for (uint64_t i = 0; i < r->npages; i++) {
+			unsigned s = fm_pg_state(pg_load(&r->pg[i]));
+			n += s == FM_PG_REMOTE || s == FM_PG_LEAVING;
+		}
+	}
+	return n;
+}
+
+/* Pages idx[0..n) of r, held FILLING (were was[]), come home from memd. */
+static void bring_home(struct fm_pager *p, struct region *r, const uint64_t *idx, const uint8_t *was, unsigned n)
+{
+	const void *src[FORK_BATCH];
+	int rc;
+
+	pthread_mutex_lock(&p->misc_lock);
+	rc = fm_chan_read(p->misc_chan, r->space, idx, n, src);
+	if (rc)
+		fm_fatal("fork: %u pages in memd cannot be read back for the child (%s)", n, strerror(-rc));
+	STAT_ADD(p, remote_reads, n);
+	STAT_ADD(p, remote_read_bytes, (uint64_t)n * PG_SIZE);
+	for (unsigned k = 0; k < n; k++) {
+		uint8_t held = pg_make(FM_PG_FILLING, was[k]);
+		uint64_t skipped;
+		/* Clean and write-protected: memd keeps its copy, a later eviction writes nothing. */
+		fm_uffd_install(p->uffd, r->base + (idx[k] << PG_SHIFT), src[k], 1, 1, !p->in_thread, &skipped);
+		if (skipped) {
+			/* Mapped meanwhile: not by us, so not booked; it is present either way. */
+			fm_release(p, &r->pg[idx[k]], held, was[k]);
+			continue;
+		}
+		fm_release(p, &r->pg[idx[k]], held, pg_make(FM_PG_CLEAN, FM_PGF_HAS_REMOTE));
+		fm_resident_add(p, 1);
+	}
+	pthread_mutex_unlock(&p->misc_lock);
+}
+
+/*
+ * Every page of p that is in memd comes home. Eviction is off, so once a
+ * page is resident it stays: one pass, each page waited for if it is held.
+ */
+static uint64_t all_home(struct fm_pager *p)
+{
+	uint64_t idx[FORK_BATCH], total = 0;
+	uint8_t was[FORK_BATCH];
+
+	for (int k = 0; k < p->nregions; k++) {
+		struct region *r = &p->regions[k];
+		unsigned n = 0;
+		if (!r->live || r->alias)
+			continue;
+		for (uint64_t i = 0; i < r->npages;) {
+			uint8_t b = pg_load(&r->pg[i]);
+			if (pg_is_hold(fm_pg_state(b))) {
+				if (n) {
+					bring_home(p, r, idx, was, n);
+					total += n;
+					n = 0;
+				}
+				fm_settle(p, &r->pg[i]);
+				continue;
+			}
+			if (fm_pg_state(b) != FM_PG_REMOTE) {
+				i++;
+				continue;
+			}
+			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
+				continue; /* a fault took it: look again */
+			idx[n] = i;
+			was[n++] = b;
+			i++;
+			if (n == FORK_BATCH) {
+				bring_home(p, r, idx, was, n);
+				total += n;
+				n = 0;
+			}
+		}
+		if (n) {
+			bring_home(p, r, idx, was, n);
+			total += n;
+		}
+	}
+	return total;
+}
+
+static void set_fork(struct fm_pager *p, int advice)
+{
+	for (int k = 0; k < p->nregions; k++) {
+		struct region *r = &p->regions[k];
+		if (r->live && !r->alias)
+			fm_sys_madvise((void *)r->base, (size_t)(r->end - r->base), advice);
+	}
+}
+
+static void prepare_one(struct fm_pager *p)
+{
+	uint64_t remote, brought;
+
+	atomic_fetch_add(&p->forking, 1);
+	/* A pick that began before it saw the flag has taken its victims by now; they settle below. */
+	pthread_mutex_lock(&p->clock_lock);
+	pthread_mutex_unlock(&p->clock_lock);
+	rlock_rd(p);
+	remote = count_remote(p);
+	if (remote > available_pages()) {
+		p->fork_shared = 0;
+		rlock_un(p);
+		STAT_ADD(p, forks_without_paged, 1);
+		fm_warn("fork: %llu MiB of paged memory is in memd and this machine has too little free memory to "
+			"bring it home first: the child gets none of the paged ranges (touching one kills it)",
+			(unsigned long long)(remote >> 8));
+		return;
+	}
+	brought = all_home(p);
+	set_fork(p, MADV_DOFORK);
+	p->fork_shared = 1;
+	rlock_un(p);
+	STAT_ADD(p, forks, 1);
+	STAT_ADD(p, fork_pages_fetched, brought);
+}
+
+static void parent_one(struct fm_pager *p)
+{
+	if (p->fork_shared) {
+		rlock_rd(p);
+		set_fork(p, MADV_DONTFORK);
+		rlock_un(p);
+	}
+	atomic_fetch_sub(&p->forking, 1);
+	if (p->evictor_started) {
+		fm_evictor_kick(p);
+		return;
+	}
+	/*
+	 * Faulting threads evict only for a page they bring in; a program that
+	 * now only rewrites what is resident would stay over its budget. The
+	 * pages came home clean: most leave without a write.
+	 */
+	pthread_mutex_lock(&p->misc_lock);
+	while (atomic_load(&p->resident) > atomic_load(&p->limit) && !atomic_load(&p->evict_broken) &&
+	       fm_evict_batch(p, p->misc_chan, p->cfg.evict_batch))
+		;
+	pthread_mutex_unlock(&p->misc_lock);
+}
+
+/*
+ * fork_lock is held from prepare to parent (or child): one fork at a time,
+ * and no pager starts or stops halfway through one.
+ */
+static void on_prepare(void)
+{
+	pthread_mutex_lock(&fork_lock);
+	for (int k = 0; k < MAX_FORK_PAGERS; k++)
+		if (fork_pagers[k])
+			prepare_one(fork_pagers[k]);
+}
+
+static void on_parent(void)
+{
+	for (int k = 0; k < MAX_FORK_PAGERS; k++)
+		if (fork_pagers[k])
+			parent_one(fork_pagers[k]);
+	pthread_mutex_unlock(&fork_lock);
+}
+
+static void on_child(void)
+{
+	/*
+	 * The child pages nothing, and its copies of the pagers must never act:
+	 * their uffd and memd connections are the parent's. Its own forks copy
+	 * plain memory.
+	 */
+	memset(fork_pagers, 0, sizeof(fork_pagers));
+	pthread_mutex_init(&fork_lock, NULL);
+}
+
+static void install_handlers(void)
+{
+	pthread_atfork(on_prepare, on_parent, on_child);
+}
+
+void fm_fork_add(struct fm_pager *p)
+{
+	pthread_once(&fork_once, install_handlers);
+	pthread_mutex_lock(&fork_lock);
+	for (int k = 0; k < MAX_FORK_PAGERS; k++)
+		if (!fork_pagers[k]) {
+			fork_pagers[k] = p;
+			break;
+		}
+	pthread_mutex_unlock(&fork_lock);
+}
+
+void fm_fork_remove(struct fm_pager *p)
+{
+	pthread_mutex_lock(&fork_lock);
+	for (int k = 0; k < MAX_FORK_PAGERS; k++)
+		if (fork_pagers[k] == p)
+			fork_pagers[k] = NULL;
+	pthread_mutex_unlock(&fork_lock);
+}
