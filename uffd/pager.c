@@ -147,6 +147,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	pthread_rwlock_init(&p->rlock, NULL);
 	pthread_mutex_init(&p->clock_lock, NULL);
 	pthread_mutex_init(&p->misc_lock, NULL);
+	pthread_mutex_init(&p->reg_lock, NULL);
 	pthread_mutex_init(&p->stream_lock, NULL);
 	p->zero_run = aligned_alloc(PG_SIZE, (size_t)ZERO_RUN_PAGES * PG_SIZE);
 	p->bounce = aligned_alloc(PG_SIZE, (size_t)FM_MAX_BATCH * PG_SIZE);
@@ -237,6 +238,7 @@ int fm_pager_stop(struct fm_pager *p)
 	fm_monitor_stop(p);
 	fm_chan_close(p->ev_chan);
 	fm_chan_close(p->misc_chan);
+	fm_chan_close(p->reg_chan);
 	fm_pool_close(p);
 	/*
 	 * Close the uffd before anything unmaps a registered range: with
