@@ -480,6 +480,39 @@ def test_attached_heap_grows_and_shrinks(farmem_cmd, build, jvm_built, gc):
     assert samples[-1]["evictions"] > 0 and samples[-1]["remote_reads"] > 0
 
 
+def test_heap_committed_between_pauses_is_paged_at_once(farmem_cmd, build, jvm_built):
+    """A humongous array makes G1 expand the heap in the allocating thread, between GC pauses. The
+    expansion is paged before HotSpot writes the array (libjvm's mmap is interposed on): nothing of
+    the heap is ever unpaged, so the budget holds while 300 MiB are written under a 64 MiB budget."""
+    jvm = start_java(["java", "-Xmx512m", "-Xms16m", "-cp", str(build / "java"), "GcChurn", "--live-mb", "16",
+                      "--big-mb", "300", "--seconds", "2", "--wait"])
+    sampler = None
+    try:
+        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "64M", timeout=60)
+        assert r.returncode == 0, r.stderr
+        first = stat_json(farmem_cmd, jvm.pid)
+        sampler = StatSampler(jvm.pid)
+        sampler.start()
+        jvm.stdin.write("go\n")
+        jvm.stdin.flush()
+        line = jvm.stdout.readline()
+        assert line.startswith("gcchurn: big 300 MiB"), line + jvm.stderr.read()
+        heap = stat_json(farmem_cmd, jvm.pid)
+        committed = committed_bytes(jvm.pid, heap["regions"][0])
+        assert heap["registered_bytes"] == committed > first["registered_bytes"] + (200 << 20), (first, heap)
+        assert heap["evictions"] > 0 and heap["peak_resident_bytes"] <= 64 << 20, heap
+        jvm.stdin.write("go\n")
+        jvm.stdin.flush()
+        out, err = finish(jvm)
+    finally:
+        samples = sampler.stop() if sampler else []
+        if jvm.poll() is None:
+            jvm.kill()
+            jvm.wait()
+    assert jvm.returncode == 0 and "gcchurn: ok" in out, out + err
+    assert samples and all(s["peak_resident_bytes"] <= 64 << 20 for s in samples), samples[-1:]
+
+
 def test_attached_jvm_exit_leaves_nothing_behind(farmem_cmd, java_cp):
     shm = shm_files()
     jvm = start_churn(java_cp, 6)

@@ -7,7 +7,7 @@
  * and checks every slot at the end. Exit 0 only if every word is right.
  *
  *   java -Xmx512m -cp build/java GcChurn [--live-mb 200] [--seconds 10 | --steps N]
- *        [--wait] [--grow-mb N] [--shrink-mb N]
+ *        [--wait] [--grow-mb N] [--shrink-mb N] [--big-mb N]
  *
  * Prints "gcchurn: ready" once the live set is built (tests attach after it);
  * with --wait it then waits for a line on stdin before it churns. --grow-mb:
@@ -15,8 +15,11 @@
  * to expand its heap). --shrink-mb: halfway through the run (once grown) the
  * live set drops to N MiB and System.gc() runs, so a JVM whose
  * -XX:MaxHeapFreeRatio allows it gives heap back; with --wait it waits for
- * another line then (a test looks at the shrunk heap). Both print the
- * committed heap (Runtime.totalMemory) when they are done.
+ * another line then (a test looks at the shrunk heap). --big-mb: one array
+ * of N MiB is allocated as the churn starts and checked at the end (a
+ * humongous object: a JVM started small expands its heap for it between GC
+ * pauses); with --wait it waits for another line after that. Each prints the
+ * committed heap (Runtime.totalMemory) when it is done.
  */
 import java.util.SplittableRandom;
 
@@ -43,9 +46,14 @@ public final class GcChurn {
     }
 
     static boolean check(long[][] live, int[] ver, int slot) {
-        long[] a = live[slot];
-        int v = ver[slot];
-        if (a == null || a.length != lenOf(slot, v)) {
+        return check(live, ver, slot, slot);
+    }
+
+    /* Entry `at` of live, made for pattern slot `slot` (the big array's is -1, its length its own). */
+    static boolean check(long[][] live, int[] ver, int at, int slot) {
+        long[] a = live[at];
+        int v = ver[at];
+        if (a == null || (slot >= 0 && a.length != lenOf(slot, v))) {
             System.out.printf("gcchurn: CORRUPT slot %d: length %d, want %d%n", slot,
                               a == null ? -1 : a.length, lenOf(slot, v));
             return false;
@@ -70,7 +78,7 @@ public final class GcChurn {
     }
 
     public static void main(String[] args) throws Exception {
-        long liveMb = 200, steps = -1, growMb = 0, shrinkMb = -1;
+        long liveMb = 200, steps = -1, growMb = 0, shrinkMb = -1, bigMb = 0;
         double seconds = 10;
         boolean wait = false;
         for (int i = 0; i < args.length; i++) {
@@ -81,9 +89,10 @@ public final class GcChurn {
                 case "--wait": wait = true; break;
                 case "--grow-mb": growMb = Long.parseLong(args[++i]); break;
                 case "--shrink-mb": shrinkMb = Long.parseLong(args[++i]); break;
+                case "--big-mb": bigMb = Long.parseLong(args[++i]); break;
                 default:
                     System.err.println("usage: GcChurn [--live-mb N] [--seconds S | --steps N] [--wait] [--grow-mb N] "
-                                       + "[--shrink-mb N]");
+                                       + "[--shrink-mb N] [--big-mb N]");
                     System.exit(2);
             }
         }
@@ -98,6 +107,15 @@ public final class GcChurn {
         if (wait && in.readLine() == null) {
             System.out.println("gcchurn: stdin closed before the start");
             System.exit(2);
+        }
+        long[] big = bigMb > 0 ? make(-1, 0, (int) (bigMb << 17)) : null;
+        if (big != null) {
+            System.out.printf("gcchurn: big %d MiB committed=%d MiB%n", bigMb, committedMb());
+            System.out.flush();
+            if (wait && in.readLine() == null) {
+                System.out.println("gcchurn: stdin closed after the big array");
+                System.exit(2);
+            }
         }
 
         SplittableRandom rnd = new SplittableRandom(42);
@@ -155,6 +173,7 @@ public final class GcChurn {
             }
         }
         for (int s = 0; ok && s < slots; s++) ok = check(live, ver, s);
+        if (ok && big != null) ok = check(new long[][] {big}, new int[] {0}, 0, -1);
         long sum = 0;
         for (int s = 0; s < slots; s++) sum += ver[s];
         System.out.printf("gcchurn: %s steps=%d spot_checks=%d versions=%d sink=%d %.1f s%n", ok ? "ok" : "FAILED",
