@@ -375,21 +375,55 @@ def committed_bytes(pid: int, region: dict) -> int:
     return n
 
 
-def start_java(java_cmd: list, wait_for: str = "gcchurn: ready") -> subprocess.Popen:
-    p = subprocess.Popen(java_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    assert line.startswith(wait_for), line + p.stderr.read() if not line else line
-    return p
+class AttachedJvm:
+    """A JVM running java_cmd (GcChurn: it prints `gcchurn: ready` first) and attached with `--local`:
 
+        with AttachedJvm(farmem_cmd, java_cmd, "25%") as a:
+            a.sample()      # start a StatSampler
+            a.go()          # a line on the JVM's stdin (GcChurn --wait)
+            out, err, samples = a.finish()
 
-def finish(jvm: subprocess.Popen, timeout: int = 180) -> tuple:
-    try:
-        out, err = jvm.communicate(timeout=timeout)
-    finally:
-        if jvm.poll() is None:
-            jvm.kill()
-            jvm.wait()
-    return out, err
+    The JVM is killed on the way out if the test failed before it finished."""
+
+    def __init__(self, farmem_cmd: list, java_cmd: list, local: str):
+        self.farmem_cmd, self.java_cmd, self.local, self.sampler = farmem_cmd, java_cmd, local, None
+
+    def __enter__(self):
+        self.jvm = subprocess.Popen(self.java_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        self.pid = self.jvm.pid
+        try:
+            line = self.jvm.stdout.readline()
+            assert line.startswith("gcchurn: ready"), line or self.jvm.stderr.read()
+            r = farmem(self.farmem_cmd, "attach", str(self.pid), "--local", self.local, timeout=60)
+            assert r.returncode == 0, r.stderr
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def sample(self, old: bytes = b"") -> StatSampler:
+        self.sampler = StatSampler(self.pid, old)
+        self.sampler.start()
+        return self.sampler
+
+    def go(self) -> None:
+        self.jvm.stdin.write("go\n")
+        self.jvm.stdin.flush()
+
+    def finish(self, timeout: int = 180) -> tuple:
+        """The JVM's output once it exited (status 0 and `gcchurn: ok` checked), and the samples."""
+        out, err = self.jvm.communicate(timeout=timeout)
+        samples = self.sampler.stop() if self.sampler else []
+        assert self.jvm.returncode == 0 and "gcchurn: ok" in out, out + err
+        return out, err, samples
+
+    def __exit__(self, *exc):
+        if self.sampler:
+            self.sampler.stop()
+        if self.jvm.poll() is None:
+            self.jvm.kill()
+            self.jvm.wait()
 
 
 @pytest.mark.parametrize("heap, local, limit", [
@@ -399,20 +433,10 @@ def finish(jvm: subprocess.Popen, timeout: int = 180) -> tuple:
 def test_attach_to_a_jvm_started_the_ordinary_way(farmem_cmd, build, jvm_built, heap, local, limit):
     """No -Xms: the heap is committed in part and grows. Attach pages it, brings what it finds under the
     budget at once, and from then on the peak never passes the budget; every word is checked."""
-    jvm = start_java(["java", *heap, "-cp", str(build / "java"), "GcChurn", "--live-mb", "200", "--seconds", "12"])
-    sampler = None
-    try:
-        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", local, timeout=60)
-        assert r.returncode == 0, r.stderr
-        sampler = StatSampler(jvm.pid)
-        sampler.start()
-        out, err = finish(jvm)
-    finally:
-        samples = sampler.stop() if sampler else []
-        if jvm.poll() is None:
-            jvm.kill()
-            jvm.wait()
-    assert jvm.returncode == 0 and "gcchurn: ok" in out, out + err
+    with AttachedJvm(farmem_cmd, ["java", *heap, "-cp", str(build / "java"), "GcChurn", "--live-mb", "200",
+                                  "--seconds", "12"], local) as a:
+        a.sample()
+        _, _, samples = a.finish()
     assert len(samples) > 10, samples
     last = samples[-1]
     assert last["local_limit_bytes"] == limit
@@ -431,23 +455,17 @@ def test_attach_to_a_jvm_started_the_ordinary_way(farmem_cmd, build, jvm_built, 
 def test_attached_heap_grows_and_shrinks(farmem_cmd, build, jvm_built, gc):
     """A JVM attached while its heap is small: the regions it commits afterwards are registered and
     paged (pages there go to memd), and what it uncommits leaves the pager; every word is checked."""
-    jvm = start_java(["java", gc, *GROW_SHRINK, "-cp", str(build / "java"), *GROW_SHRINK_ARGS,
-                      "--seconds", "8", "--wait"])
-    sampler = None
-    try:
-        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "25%", timeout=60)
-        assert r.returncode == 0, r.stderr
-        first = stat_json(farmem_cmd, jvm.pid)
-        at_attach = bytes(st != resmap.PG_UNMANAGED for st in heap_states(jvm.pid))
+    with AttachedJvm(farmem_cmd, ["java", gc, *GROW_SHRINK, "-cp", str(build / "java"), *GROW_SHRINK_ARGS,
+                                  "--seconds", "8", "--wait"], "25%") as a:
+        first = stat_json(farmem_cmd, a.pid)
+        at_attach = bytes(st != resmap.PG_UNMANAGED for st in heap_states(a.pid))
         assert first["registered_bytes"] == sum(at_attach) << 12 < 100 << 20, first
-        sampler = StatSampler(jvm.pid, at_attach)
-        sampler.start()
-        jvm.stdin.write("go\n")
-        jvm.stdin.flush()
+        sampler = a.sample(at_attach)
+        a.go()
         line = ""
         while not line.startswith("gcchurn: shrunk"):
-            line = jvm.stdout.readline()
-            assert line, jvm.stderr.read()
+            line = a.jvm.stdout.readline()
+            assert line, a.jvm.stderr.read()
         # Grown: the heap HotSpot committed after the attach was registered, and its pages went to memd.
         grown = max(s["registered_bytes"] for s in sampler.samples)
         assert grown > first["registered_bytes"] + (250 << 20), (first, grown)
@@ -459,23 +477,16 @@ def test_attached_heap_grows_and_shrinks(farmem_cmd, build, jvm_built, gc):
             assert after * 2 < before, line  # G1 gives heap back at a full GC with these ratios
         deadline = time.monotonic() + 15
         while True:
-            heap = stat_json(farmem_cmd, jvm.pid)
-            committed = committed_bytes(jvm.pid, heap["regions"][0])
+            heap = stat_json(farmem_cmd, a.pid)
+            committed = committed_bytes(a.pid, heap["regions"][0])
             if heap["registered_bytes"] == committed or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert heap["registered_bytes"] == committed, (line, heap["registered_bytes"], committed)
         if gc == "-XX:+UseG1GC":
             assert committed * 2 < grown
-        jvm.stdin.write("go\n")
-        jvm.stdin.flush()
-        out, err = finish(jvm)
-    finally:
-        samples = sampler.stop() if sampler else []
-        if jvm.poll() is None:
-            jvm.kill()
-            jvm.wait()
-    assert jvm.returncode == 0 and "gcchurn: ok" in out, out + err
+        a.go()
+        _, _, samples = a.finish()
     assert all(s["peak_resident_bytes"] <= 128 << 20 for s in samples), samples[-1]
     assert samples[-1]["evictions"] > 0 and samples[-1]["remote_reads"] > 0
 
@@ -484,32 +495,19 @@ def test_heap_committed_between_pauses_is_paged_at_once(farmem_cmd, build, jvm_b
     """A humongous array makes G1 expand the heap in the allocating thread, between GC pauses. The
     expansion is paged before HotSpot writes the array (libjvm's mmap is interposed on): nothing of
     the heap is ever unpaged, so the budget holds while 300 MiB are written under a 64 MiB budget."""
-    jvm = start_java(["java", "-Xmx512m", "-Xms16m", "-cp", str(build / "java"), "GcChurn", "--live-mb", "16",
-                      "--big-mb", "300", "--seconds", "2", "--wait"])
-    sampler = None
-    try:
-        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "64M", timeout=60)
-        assert r.returncode == 0, r.stderr
-        first = stat_json(farmem_cmd, jvm.pid)
-        sampler = StatSampler(jvm.pid)
-        sampler.start()
-        jvm.stdin.write("go\n")
-        jvm.stdin.flush()
-        line = jvm.stdout.readline()
-        assert line.startswith("gcchurn: big 300 MiB"), line + jvm.stderr.read()
-        heap = stat_json(farmem_cmd, jvm.pid)
-        committed = committed_bytes(jvm.pid, heap["regions"][0])
+    with AttachedJvm(farmem_cmd, ["java", "-Xmx512m", "-Xms16m", "-cp", str(build / "java"), "GcChurn",
+                                  "--live-mb", "16", "--big-mb", "300", "--seconds", "2", "--wait"], "64M") as a:
+        first = stat_json(farmem_cmd, a.pid)
+        a.sample()
+        a.go()
+        line = a.jvm.stdout.readline()
+        assert line.startswith("gcchurn: big 300 MiB"), line + a.jvm.stderr.read()
+        heap = stat_json(farmem_cmd, a.pid)
+        committed = committed_bytes(a.pid, heap["regions"][0])
         assert heap["registered_bytes"] == committed > first["registered_bytes"] + (200 << 20), (first, heap)
         assert heap["evictions"] > 0 and heap["peak_resident_bytes"] <= 64 << 20, heap
-        jvm.stdin.write("go\n")
-        jvm.stdin.flush()
-        out, err = finish(jvm)
-    finally:
-        samples = sampler.stop() if sampler else []
-        if jvm.poll() is None:
-            jvm.kill()
-            jvm.wait()
-    assert jvm.returncode == 0 and "gcchurn: ok" in out, out + err
+        a.go()
+        _, _, samples = a.finish()
     assert samples and all(s["peak_resident_bytes"] <= 64 << 20 for s in samples), samples[-1:]
 
 

@@ -62,6 +62,15 @@ static uint64_t bad_pages(const uint8_t *a, uint64_t first, uint64_t n, const ui
 	return bad;
 }
 
+static void done(struct fm_pager *p, uint8_t *a, uint64_t npages, uint32_t *ver, const char *what, const char *fault)
+{
+	if (a != MAP_FAILED)
+		munmap(a, npages * PG);
+	free(ver);
+	fm_pager_stop(p);
+	printf("test_pager_sparse: %s, fault=%s done\n", what, fault);
+}
+
 /* 40 MiB written before registration, 8 MiB of budget: the registering thread evicts the rest. */
 static void adopt_over_budget(const char *sock, const char *fault)
 {
@@ -89,11 +98,7 @@ static void adopt_over_budget(const char *sock, const char *fault)
 	CHECK(h->stats.peak_resident_pages <= h->stats.local_limit_pages);
 	CHECK(fm_pager_unregister(p, a, npages * PG) == 0);
 out:
-	if (a != MAP_FAILED)
-		munmap(a, npages * PG);
-	free(ver);
-	fm_pager_stop(p);
-	printf("test_pager_sparse: adoption over the budget, fault=%s done\n", fault);
+	done(p, a, npages, ver, "adoption over the budget", fault);
 }
 
 /* mmap MAP_FIXED over part of the reservation, as HotSpot commits (rw) and uncommits (none). */
@@ -199,35 +204,16 @@ static void sparse(const char *sock, const char *fault)
 	CHECK(!fm_pager_owns(p, a, npages * PG));
 	CHECK(bad_pages(a, 0, 12288, ver) == 0); /* plain memory now */
 out:
-	if (a != MAP_FAILED)
-		munmap(a, npages * PG);
-	free(ver);
-	fm_pager_stop(p);
-	printf("test_pager_sparse: a sparse region, fault=%s done\n", fault);
+	done(p, a, npages, ver, "a sparse region", fault);
+}
+
+static void both(const char *sock, const char *fault)
+{
+	adopt_over_budget(sock, fault);
+	sparse(sock, fault);
 }
 
 int main(void)
 {
-	char sock[64];
-	pid_t memd;
-	int st;
-
-	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-%d.sock", getpid());
-	memd = unit_start_memd(sock, "256M");
-	if (memd < 0)
-		return 1;
-	for (int f = 0; f < 2; f++) {
-		const char *fault = f ? "thread" : "signal";
-		adopt_over_budget(sock, fault);
-		sparse(sock, fault);
-	}
-	kill(memd, SIGTERM);
-	waitpid(memd, &st, 0);
-	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	if (failures) {
-		fprintf(stderr, "test_pager_sparse: %d checks failed\n", failures);
-		return 1;
-	}
-	printf("test_pager_sparse: ok\n");
-	return 0;
+	return unit_main("test_pager_sparse", both);
 }
