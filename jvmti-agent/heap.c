@@ -61,7 +61,7 @@ static struct fm_pager *following;
 static _Atomic uintptr_t heap_lo, heap_hi;
 static int hooked;           /* hook_libjvm ran (its hooks are never undone) */
 static int maps_hooked;      /* libjvm's mmap comes through here: no need to read the maps at every pause */
-static int maps_unread;      /* the maps have not been read since the first pause after registration */
+static int maps_unread;      /* read the maps at the next pause (the first after registration, or a failed call) */
 static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
 static void *(*real_mmap64)(void *, size_t, int, int, int, off_t);
 static int (*real_munmap)(void *, size_t);
@@ -275,6 +275,9 @@ static void *heap_map(void *(*real)(void *, size_t, int, int, int, off_t), void 
 		fm_pager_unregister(following, (void *)a, n);
 	r = real(addr, len, prot, flags, fd, off);
 	e = errno;
+	/* Failed, the old mapping may still be there, now unpaged: the next pause's look at the maps takes it back. */
+	if (r == MAP_FAILED)
+		maps_unread = 1;
 	if (following && n && r != MAP_FAILED && prot == (PROT_READ | PROT_WRITE) && fd == -1 &&
 	    (flags & (MAP_PRIVATE | MAP_ANONYMOUS)) == (MAP_PRIVATE | MAP_ANONYMOUS)) {
 		long k = fm_pager_commit(following, (void *)a, n);
@@ -311,6 +314,8 @@ static int hook_munmap(void *addr, size_t len)
 		fm_pager_unregister(following, (void *)a, n);
 	r = real_munmap(addr, len);
 	e = errno;
+	if (r)
+		maps_unread = 1;
 	pthread_mutex_unlock(&follow_lock);
 	errno = e;
 	return r;
