@@ -7,6 +7,7 @@
 #   build/lib/libfarmem_agent.so    JVMTI agent that puts a JVM's heap under the pager
 #   build/java/                     Java workloads (tests/java/*.java)
 #   build/java/thirdparty/          third-party jars from Maven Central (tests/java/thirdparty/pom.xml)
+#   build/java/{spark,neo4j}/       the seeds' workloads and their jars (make seeds, tests/java/NAME/pom.xml)
 #   build/tests/*, build/bench/*    C workloads used by the tests and benchmarks
 #   build/tools/farmem-knobs        uffd/knobs.h as compiled, for tools/gen_knobs.py and the tests
 #   build/unit/*                    C unit tests, built with ASan and UBSan
@@ -25,23 +26,33 @@ CC         ?= gcc
 CSTD       := -std=c11 -D_GNU_SOURCE
 WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CFLAGS     ?= -O2 -g
-CFLAGS     += $(CSTD) $(WARN) -fPIC -pthread -Imemd -Iuffd
+CFLAGS     += $(CSTD) $(WARN) -fPIC -pthread
 SANFLAGS   := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDLIBS     := -lisal -lcrypto -lnuma -libverbs -lrdmacm -lpthread
 
-# Shared by every C component.
-COMMON_SRCS := memd/fm_util.c memd/auth.c
+# Shared by every C component: the wire protocol, logging and units, checksums, authentication.
+COMMON_SRCS := $(wildcard memd/common/*.c)
 # The memory server.
-MEMD_SRCS   := memd/memd.c $(wildcard memd/server_*.c)
-# The pager's client side of memd (stream and shm transports).
-CLIENT_SRCS := $(wildcard memd/client_*.c)
+MEMD_SRCS   := $(wildcard memd/server/*.c)
+# The pager's client side of memd: the transports behind memd/client/include/transport.h.
+CLIENT_SRCS := $(wildcard memd/client/*.c)
 # The pager library (everything in uffd/ but the preload shim's entry points).
 PAGER_SRCS  := $(filter-out uffd/preload%.c,$(wildcard uffd/*.c))
 # libswapva: batched page move/swap (kmod-swapva/ holds the module and its ABI header).
 SWAPVA_SRCS := kmod-swapva/libswapva.c
 LIB_SRCS    := $(COMMON_SRCS) $(CLIENT_SRCS) $(PAGER_SRCS) $(SWAPVA_SRCS)
 
-HDRS        := $(wildcard memd/*.h uffd/*.h kmod-swapva/*.h)
+HDRS        := $(wildcard memd/*/*.h memd/client/include/*.h uffd/*.h kmod-swapva/*.h)
+
+# Include paths per component: each sees the headers of what it uses, no more. The pager sees the
+# client's one public header (transport.h), not the transports' own headers or the server's.
+INC_COMMON  := -Imemd/common
+INC_SERVER  := $(INC_COMMON) -Imemd/server -Ikmod-swapva
+INC_CLIENT  := $(INC_COMMON) -Imemd/client -Imemd/client/include
+INC_PAGER   := $(INC_COMMON) -Imemd/client/include -Iuffd
+INC_SWAPVA  := -Ikmod-swapva -Iuffd
+# Test and benchmark programs are white boxes of the server, the pager and the client's interface.
+INC_TESTS   := $(INC_SERVER) -Imemd/client/include -Iuffd
 TEST_PROGS  := $(patsubst tests/progs/%.c,$(B)/tests/%,$(wildcard tests/progs/*.c))
 BENCH_PROGS := $(patsubst bench/progs/%.c,$(B)/bench/%,$(wildcard bench/progs/*.c))
 UNIT_TESTS  := $(patsubst tests/unit/%.c,$(B)/unit/%,$(wildcard tests/unit/test_*.c))
@@ -59,6 +70,7 @@ help:
 	@echo "make all     build the C components and the Python CLI"
 	@echo "make bench   run the benchmarks and print their figures (see bench/RESULTS.md)"
 	@echo "make vm-test boot Debian's 6.1 kernel in qemu (TCG): kmod-swapva and soft-RoCE tests"
+	@echo "make seeds   fetch Spark and Neo4j from Maven Central and build the seeds' workloads (docs/seeds.md)"
 	@echo "make jdk     build the farmem JDK (patched HotSpot, hotspot/build.sh; ~15 min once, cached in ~/.cache)"
 
 all: c venv knobs
@@ -74,13 +86,22 @@ $(B)/.deps-ok: tools/deps.sh
 
 # --- C -------------------------------------------------------------------
 
+$(B)/obj/memd/common/%.o $(B)/asan/memd/common/%.o: INC := $(INC_COMMON)
+$(B)/obj/memd/server/%.o $(B)/asan/memd/server/%.o: INC := $(INC_SERVER)
+$(B)/obj/memd/client/%.o $(B)/asan/memd/client/%.o: INC := $(INC_CLIENT)
+$(B)/obj/uffd/%.o $(B)/asan/uffd/%.o: INC := $(INC_PAGER)
+$(B)/obj/kmod-swapva/%.o $(B)/asan/kmod-swapva/%.o: INC := $(INC_SWAPVA)
+
+# The transports' data path may run in a signal handler (transport.h): keep every frame small.
+$(B)/obj/memd/client/%.o $(B)/obj/memd/common/%.o: XFLAGS := -Wstack-usage=3072
+
 $(B)/obj/%.o: %.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	$(CC) $(CFLAGS) $(INC) $(XFLAGS) -c -o $@ $<
 
 $(B)/asan/%.o: %.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) $(WARN) $(SANFLAGS) -pthread -Imemd -Iuffd -c -o $@ $<
+	$(CC) $(CSTD) $(WARN) $(SANFLAGS) -pthread $(INC) -c -o $@ $<
 
 $(B)/bin/farmem-memd: $(patsubst %.c,$(B)/obj/%.o,$(MEMD_SRCS) $(COMMON_SRCS))
 	@mkdir -p $(dir $@)
@@ -98,7 +119,7 @@ $(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.
 		-Wl,--wrap=pthread_create -o $@ $(filter %.o,$^) \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
-$(B)/obj/jvmti-agent/%.o: CFLAGS += -isystem $(JAVA_HOME)/include -isystem $(JAVA_HOME)/include/linux -Ijvmti-agent -Ikmod-swapva
+$(B)/obj/jvmti-agent/%.o: INC := -isystem $(JAVA_HOME)/include -isystem $(JAVA_HOME)/include/linux -Ijvmti-agent $(INC_COMMON) -Iuffd -Ikmod-swapva
 
 $(B)/lib/libfarmem_agent.so: $(patsubst %.c,$(B)/obj/%.o,$(AGENT_SRCS)) $(B)/lib/libfarmem_pager.a jvmti-agent/agent.map
 	@mkdir -p $(dir $@)
@@ -118,9 +139,53 @@ $(B)/java/thirdparty/.ok: tests/java/thirdparty/pom.xml
 	mvn -q -B -f $< dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(dir $@) -Dmdep.stripVersion=true
 	@touch $@
 
+# The seeds' workloads (issue 18): Apache Spark and Neo4j embedded, each an executable jar in
+# build/java/NAME/ whose manifest names its jars (build/java/NAME/lib, fetched by Maven from
+# tests/java/NAME/pom.xml, cached in ~/.m2) and the --add-opens it needs, so that a plain
+# `java -Xmx.. -jar build/java/NAME/NAME-workload.jar` runs it. Not part of `make all`: about
+# 300 MB of jars that only the seeds' smoke tests and bench/bench_seeds.py use; `make test` builds them.
+SEED_MAIN_spark  := SparkPageRank
+SEED_MAIN_neo4j  := Neo4jWorkload
+# What Spark's own launcher opens on JDK 17 (launcher/.../JavaModuleOptions.java, Spark 3.5).
+SEED_OPENS_spark := java.base/java.lang java.base/java.lang.invoke java.base/java.lang.reflect java.base/java.io \
+                    java.base/java.net java.base/java.nio java.base/java.util java.base/java.util.concurrent \
+                    java.base/java.util.concurrent.atomic java.base/jdk.internal.ref java.base/sun.nio.ch \
+                    java.base/sun.nio.cs java.base/sun.security.action java.base/sun.util.calendar
+# What the Neo4j 5 server's neo4j.conf opens.
+SEED_OPENS_neo4j := java.base/java.nio java.base/java.io java.base/sun.nio.ch
+SEEDS            := $(B)/java/spark/spark-workload.jar $(B)/java/neo4j/neo4j-workload.jar
+# One Maven at a time, also under make -j: Maven 3.8 does not lock its local repository (~/.m2).
+SEED_AFTER_spark := $(B)/java/thirdparty/.ok
+SEED_AFTER_neo4j := $(B)/java/spark/lib/.ok
+
+.PHONY: seeds
+seeds: $(SEEDS)
+
+# A manifest line may not reach 512 bytes: one jar or package per line, continued (a continuation's
+# first space is dropped, the second separates).
+define SEED_RULES
+$(B)/java/$(1)/lib/.ok: tests/java/$(1)/pom.xml | $(B)/.deps-ok $(SEED_AFTER_$(1))
+	rm -rf $$(dir $$@) && mkdir -p $$(dir $$@)
+	mvn -q -B -f $$< dependency:copy-dependencies -DoutputDirectory=$$(CURDIR)/$$(dir $$@) -DincludeTypes=jar
+	@touch $$@
+
+$(B)/java/$(1)/$(1)-workload.jar: $(B)/java/$(1)/lib/.ok $(wildcard tests/java/$(1)/*.java tests/java/$(1)/*.properties) \
+		tests/java/seedgraph/SeedGraph.java
+	rm -rf $(B)/java/$(1)/classes && mkdir -p $(B)/java/$(1)/classes
+	javac -nowarn -d $(B)/java/$(1)/classes -cp '$(B)/java/$(1)/lib/*' $$(filter %.java,$$^)
+	$$(if $$(filter %.properties,$$^),cp $$(filter %.properties,$$^) $(B)/java/$(1)/classes/)
+	{ echo "Main-Class: $(SEED_MAIN_$(1))"; \
+	  set -- $(SEED_OPENS_$(1)); printf 'Add-Opens: %s' "$$$$1"; shift; for p; do printf '\n  %s' "$$$$p"; done; \
+	  set -- $(B)/java/$(1)/lib/*.jar; printf '\nClass-Path: lib/%s' "$$$${1##*/}"; shift; \
+	  for j; do printf '\n  lib/%s' "$$$${j##*/}"; done; echo; } \
+	  > $(B)/java/$(1)/manifest.txt
+	jar --create --file $$@ --manifest $(B)/java/$(1)/manifest.txt -C $(B)/java/$(1)/classes .
+endef
+$(foreach s,spark neo4j,$(eval $(call SEED_RULES,$(s))))
+
 $(B)/tests/%: tests/progs/%.c $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< -lpthread
+	$(CC) $(CFLAGS) -Iuffd -o $@ $< -lpthread
 
 # System calls and io_uring into paged buffers (liburing).
 $(B)/tests/sysio: tests/progs/sysio.c tests/progs/mix.h | $(B)/.deps-ok
@@ -134,21 +199,21 @@ $(B)/tests/jemalloc_prog: tests/progs/jemalloc_prog.c tests/progs/mix.h | $(B)/.
 
 $(B)/bench/swapva_bench: bench/progs/swapva_bench.c $(SWAPVA_SRCS) $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(SWAPVA_SRCS) -lpthread
+	$(CC) $(CFLAGS) $(INC_SWAPVA) -o $@ $< $(SWAPVA_SRCS) -lpthread
 
 # Drives the pager library itself (fm_pager_move against a private memd).
 $(B)/bench/move_remote: bench/progs/move_remote.c tests/unit/memd_spawn.h $(B)/lib/libfarmem_pager.a $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(B)/lib/libfarmem_pager.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(INC_PAGER) -Itests/unit -o $@ $< $(B)/lib/libfarmem_pager.a $(LDLIBS)
 
 $(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< -lpthread
+	$(CC) $(CFLAGS) -Iuffd -o $@ $< -lpthread
 
 # Unit tests link every library source built with the sanitizers.
-$(B)/unit/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(patsubst %.c,$(B)/asan/%.o,$(LIB_SRCS) $(filter-out memd/memd.c,$(MEMD_SRCS)))
+$(B)/unit/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(patsubst %.c,$(B)/asan/%.o,$(LIB_SRCS) $(filter-out memd/server/memd.c,$(MEMD_SRCS)))
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) $(WARN) $(SANFLAGS) -pthread -Imemd -Iuffd -o $@ $(filter-out %.h,$^) $(LDLIBS)
+	$(CC) $(CSTD) $(WARN) $(SANFLAGS) -pthread $(INC_TESTS) -o $@ $(filter-out %.h,$^) $(LDLIBS)
 
 # --- Knobs: uffd/knobs.h makes the CLI's table and the docs' tables (tools/gen_knobs.py) ------
 # The generated files are committed (./farmem runs without make); tests/test_knobs.py fails when
@@ -158,7 +223,7 @@ KNOB_GEN := cli/src/farmem/knob_table.py docs/knobs.md docs/jvm.md
 
 $(B)/tools/farmem-knobs: tools/knobs.c jvmti-agent/options.c jvmti-agent/options.h $(B)/lib/libfarmem_pager.a $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ijvmti-agent -o $@ tools/knobs.c jvmti-agent/options.c $(B)/lib/libfarmem_pager.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(INC_PAGER) -Ijvmti-agent -o $@ tools/knobs.c jvmti-agent/options.c $(B)/lib/libfarmem_pager.a $(LDLIBS)
 
 $(KNOB_GEN) &: $(B)/tools/farmem-knobs tools/gen_knobs.py
 	$(PYTHON) tools/gen_knobs.py --knobs $<
@@ -199,17 +264,15 @@ $(VENV)/.ok: cli/pyproject.toml | $(B)/.deps-ok
 test-c: c
 	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; $$t; done
 
-test-py: all
+test-py: all seeds
 	$(VENV)/bin/pytest -ra tests
 
 test: test-c test-py
 
-demo: all
+demo: all seeds
 	./farmem run --local 25% --summary-json $(B)/demo-summary.json -- $(B)/tests/pagetest --size 512M --rounds 2
 	@echo "summary written to $(B)/demo-summary.json"
-	@echo "== a JVM with a quarter of its heap local: PageRank checks its ranks and prints a digest"
-	./farmem run --local 25% --summary-json $(B)/demo-jvm-summary.json -- java -Xmx768m -cp $(B)/java PageRank --nodes 4000000 --iters 5
-	@echo "summary written to $(B)/demo-jvm-summary.json (the digest is the same without farmem: java -Xmx768m -cp $(B)/java PageRank --nodes 4000000 --iters 5)"
+	@bash tools/demo_jvm.sh $(B)
 
 bench: all
 	$(VENV)/bin/python bench/run_core.py
@@ -227,7 +290,7 @@ distclean: clean
 # --- Fuzzing (issue 8): memd's protocol engine under libFuzzer, ASan and UBSan ------------------
 # `make fuzz` builds the harness and runs it from the committed seed corpus (tests/fuzz/corpus)
 # for FUZZ_RUNS executions or FUZZ_TIME seconds, whichever comes first.
-FUZZ_SRCS := tests/fuzz/fuzz_protocol.c $(filter-out memd/memd.c,$(MEMD_SRCS)) $(COMMON_SRCS)
+FUZZ_SRCS := tests/fuzz/fuzz_protocol.c $(filter-out memd/server/memd.c,$(MEMD_SRCS)) $(COMMON_SRCS)
 FUZZ_RUNS ?= 1000000
 FUZZ_TIME ?= 180
 
@@ -235,7 +298,7 @@ FUZZ_TIME ?= 180
 $(B)/fuzz/fuzz_protocol: $(FUZZ_SRCS) $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	clang $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-		-Imemd -Iuffd -pthread -o $@ $(FUZZ_SRCS) $(LDLIBS)
+		$(INC_SERVER) -pthread -o $@ $(FUZZ_SRCS) $(LDLIBS)
 
 fuzz: $(B)/fuzz/fuzz_protocol
 	@mkdir -p $(B)/fuzz/work

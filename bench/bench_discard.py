@@ -18,7 +18,6 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("farmem") is None:  # not run from .venv: use this checkout's sources
     sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
 from farmem import swap  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
+import gclog as gclog_lib  # noqa: E402
 
 WORKLOADS = {
     "gcchurn": ["GcChurn", "--live-mb", "200", "--steps", "60000"],
@@ -42,7 +44,6 @@ CONFIGS = {  # name -> farmem run flags
 }
 LABEL = {"local": "all local", "swap": "Linux swap (zram)", "d1s1": "farmem discard+sizing",
          "d0s1": "farmem sizing only", "d1s0": "farmem discard only", "d0s0": "farmem neither"}
-PAUSE = re.compile(r"GC\(\d+\) Pause .* (\d+)M->(\d+)M\(")
 
 
 def heap_bytes(text: str) -> int:
@@ -50,16 +51,8 @@ def heap_bytes(text: str) -> int:
 
 
 def allocated_mb(gclog: str) -> float | None:
-    """Sum over pauses of (occupancy before) - (occupancy after the previous pause)."""
-    try:
-        text = open(gclog).read()
-    except OSError:
-        return None
-    total, prev = 0, 0
-    for before, after in PAUSE.findall(text):
-        total += max(0, int(before) - prev)
-        prev = int(after)
-    return float(total) if total else None
+    b = gclog_lib.allocated_bytes(gclog_lib.read(gclog))
+    return b / 2**20 if b else None
 
 
 def run_one(a, config, workload, budget, workdir) -> dict:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -45,11 +46,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-try:
-    from farmem import swap  # the package's own, once it holds it
-except ImportError:
-    sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
-    import swap  # noqa: E402
+if importlib.util.find_spec("farmem") is None:  # not run from .venv: use this checkout's sources
+    sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
+from farmem import swap  # noqa: E402
 
 EVENTS = {
     "ipi_single": "irq_vectors:call_function_single_entry",

@@ -237,6 +237,46 @@ def test_wrong_secret_closes(memd):
     assert memd.stats()["errors"] >= 3
 
 
+def test_foreground_memd_says_where_it_listens_and_who_failed_to_log_in(memd_bin, tmp_path):
+    """At the default log level, a memd in the foreground (no --ready-fd) says where it listens,
+    and a failed login names the client by its address (a local one by its pid), not by an fd."""
+    port = free_port()
+    sock = tmp_path / "fg.sock"
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET + b"\n")
+    log = tmp_path / "fg.log"
+    env = {k: v for k, v in os.environ.items() if k != "FARMEM_SECRET"}
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([str(memd_bin), "--listen", f"127.0.0.1:{port}", "--unix", str(sock),
+                                 "--secret-file", str(secret)], stdout=f, stderr=f, env=env)
+    try:
+        assert until(lambda: log.read_text().count("listening on") == 2), log.read_text()
+        text = log.read_text()
+        assert f"farmem-memd: listening on tcp:127.0.0.1:{port}\n" in text, text
+        assert f"farmem-memd: listening on unix:{sock}\n" in text, text
+        c = mp.Conn(f"tcp:127.0.0.1:{port}")
+        client_port = c.sock.getsockname()[1]
+        c.hello()
+        expect_status(mp.E_AUTH, c.auth, b"not-the-secret")
+        c.close()
+        want = f"farmem-memd: warning: authentication failed from tcp:127.0.0.1:{client_port}\n"
+        assert until(lambda: want in log.read_text()), log.read_text()
+        with pytest.raises(mp.MemdError, match="rejected the secret"):
+            mp.probe(f"unix:{sock}", "wrong")
+        want = f"authentication failed from a local process (unix socket, pid {os.getpid()}, uid {os.getuid()})"
+        assert until(lambda: want in log.read_text()), log.read_text()
+        assert "fd " not in log.read_text()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0, log.read_text()
+
+
+def test_memd_started_with_ready_fd_keeps_quiet(memd):
+    """A program that starts memd with --ready-fd learns it is up from the fd: at the default
+    level memd says nothing of where it listens in that program's output."""
+    assert "listening on" not in memd.log.read_text()
+
+
 def test_op_before_auth_rejected(memd):
     c = memd.raw()
     expect_status(mp.E_AUTH, c.request, mp.STATS)

@@ -41,5 +41,5 @@ def test_move_resident_remote_untouched():
             assert remote > 0 and fetched == 0 and in_memd == remote and reads == 0, runs[k]
         elif k == 3:  # memd_copy=0: read and written back through the pager
             assert remote > 0 and fetched == 0 and in_memd == 0 and reads == remote, runs[k]
-        else:       # memd full: they came local instead
-            assert fetched > 0 and in_memd == 0, runs[k]
+        else:       # memd full: what it had no room for came local; what stayed remote was copied inside memd
+            assert fetched > 0 and in_memd == remote and reads >= fetched, runs[k]

@@ -47,6 +47,7 @@ struct victim {
 	uint64_t i;
 	uint8_t old;        /* its byte before LEAVING */
 	uint8_t keep;       /* write-back refused: stays resident */
+	uint8_t zero;       /* dirty by our books, but all zeros and nothing in memd: no write-back */
 };
 
 void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
@@ -290,6 +291,23 @@ static void protect_dirty(struct fm_pager *p, struct victim *v, unsigned n, int 
 	}
 }
 
+/*
+ * A page filled with zeros ahead of an allocation that never came (fault.c
+ * fills fresh runs) is dirty by our books: it needs no write-back when memd
+ * holds nothing for it and its bytes are still zeros. Write-protected by
+ * now, so nobody writes it while we look; a written page stops the look at
+ * its first non-zero word.
+ */
+static int zero_page(const void *page)
+{
+	const uint64_t *w = page;
+
+	for (unsigned k = 0; k < PG_SIZE / 8; k++)
+		if (w[k])
+			return 0;
+	return 1;
+}
+
 /* Copy the dirty victims out to memd; the ones it refuses are kept. */
 static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct victim *v, unsigned n)
 {
@@ -304,14 +322,21 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 		int rc;
 		/* One request per space. */
 		for (; k < n; k++) {
+			const void *bytes;
 			if (fm_pg_state(v[k].old) != FM_PG_DIRTY)
 				continue;
 			if (r && v[k].r != r)
 				break;
+			/* A shmem page may be in the file but not mapped at addr: read it through the alias. */
+			bytes = v[k].r->alias ? (const void *)(v[k].r->alias + (v[k].i << PG_SHIFT))
+					      : (const void *)v[k].addr;
+			if (!(v[k].old & FM_PGF_HAS_REMOTE) && zero_page(bytes)) {
+				v[k].zero = 1;
+				continue;
+			}
 			r = v[k].r;
 			pages[m] = v[k].i;
-			/* A shmem page may be in the file but not mapped at addr: read it through the alias. */
-			data[m] = r->alias ? (const void *)(r->alias + (v[k].i << PG_SHIFT)) : (const void *)v[k].addr;
+			data[m] = bytes;
 			idx[m++] = k;
 		}
 		if (!m)
@@ -367,7 +392,9 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 			fm_release(p, &r->pg[v[k].i], held, pg_make(FM_PG_DIRTY, (uint8_t)(b | FM_PGF_REF)));
 			continue;
 		}
-		if (fm_pg_state(b) == FM_PG_DIRTY) {
+		if (v[k].zero) {
+			clean++; /* zeros nobody wrote: untouched again */
+		} else if (fm_pg_state(b) == FM_PG_DIRTY) {
 			dirty++;
 			b |= FM_PGF_HAS_REMOTE;
 		} else if (b & FM_PGF_GARBAGE) {

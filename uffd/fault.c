@@ -132,7 +132,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	else
 		STAT_ADD(p, app_faults, 1);
 	if (p->cfg.prefetch)
-		fm_prefetch(p, &f->fc, ridx, r, i, f->write, gc, !f->in_thread);
+		fm_prefetch(p, &f->fc, ridx, r, i, f->write, !remote, gc, !f->in_thread);
 }
 
 /*
@@ -327,9 +327,9 @@ static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct reg
 			STAT_ADD(p, minor_faults, 1);
 			STAT_ADD(p, faults, 1);
 			if (gc)
-		STAT_ADD(p, gc_faults, 1);
-	else
-		STAT_ADD(p, app_faults, 1);
+				STAT_ADD(p, gc_faults, 1);
+			else
+				STAT_ADD(p, app_faults, 1);
 			return;
 		}
 		if (s == FM_PG_REMOTE) {

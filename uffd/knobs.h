@@ -49,9 +49,9 @@ X(local, FM_KT_LOCAL, CFG(local_bytes), "FARMEM_LOCAL", "25%", 1 << 20, 0, "", F
 X(memd, FM_KT_ADDRS, CFG(memd), "FARMEM_MEMD", "", 0, 0, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--memd", "ADDR[,ADDR...]", \
   "memory servers, ',' between them (';' in an agent option). Unset, farmem run and attach start a private one on a Unix socket") \
 X(replicas, FM_KT_UINT, CFG(replicas), "FARMEM_REPLICAS", "1", 1, 8, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--replicas", "R", \
-  "with several memds: copies of every evicted page, placed by rendezvous hashing; a write returns once every copy is acknowledged and reads fail over (memd/client_multi.c)") \
+  "with several memds: copies of every evicted page, placed by rendezvous hashing; a write returns once every copy is acknowledged and reads fail over (memd/client/multi.c)") \
 X(memd_timeout_ms, FM_KT_UINT, CFG(memd_timeout_ms), "FARMEM_MEMD_TIMEOUT_MS", "", 10, 600000, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--memd-timeout", "MS", \
-  "a memd request that takes longer fails over to another replica; a server that keeps timing out is given up on. Unset: 1000 with several memds, else 10000") \
+  "the deadline of every call to memd (connect, send and the whole reply; rdma: the completion), however memd behaves: silent, trickling, or stopped with its connections open. With several memds a request that misses it goes to another replica and a server that keeps timing out is given up on; with one memd (or a page's last copy) a read that misses it stops the program with status 70. Unset: 1000 with several memds, else 10000") \
 X(memd_copy, FM_KT_BOOL, CFG(memd_copy), "FARMEM_MEMD_COPY", "1", 0, 1, "", FM_KS_OPT, "", "", \
   "--gc swapva: memd copies a moved remote page to its new slot itself (COPY, docs/protocol.md); 0 reads it and writes it back through the pager") \
 X(secret, FM_KT_SECRET, CFG(secret), "FARMEM_SECRET", "", 0, 0, "", FM_KS_OPT, "", "", \

@@ -184,8 +184,9 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	p->hdr->transport = (uint32_t)fm_xport_kind(p->x);
 	p->st->fault_mode = p->in_thread ? 1 : 2;
 	atomic_store(&p->memd_copy, cfg->memd_copy ? 1 : 0);
-	fm_xport_set_stats(p->x, &p->hdr->stats);
+	fm_xport_set_counters(p->x, FM_MEMD_COUNTERS(&p->hdr->stats)); /* several memds count failovers there */
 	fm_budget_set(p);
+	atomic_store(&p->garbage_quota, INT64_MAX); /* until a collector says when its cycles start */
 
 	rc = fm_chan_open(p->x, &p->misc_chan);
 	if (!rc)
@@ -263,8 +264,22 @@ int fm_pager_stop(struct fm_pager *p)
 	return 0;
 }
 
+/* Garbage a cycle may make: twice what the last cycle evicted, at least 16 MiB, at most half the budget. */
+static void garbage_quota(struct fm_pager *p)
+{
+	uint64_t ev = __atomic_load_n(&p->st->evictions_clean, __ATOMIC_RELAXED) +
+		      __atomic_load_n(&p->st->evictions_dirty, __ATOMIC_RELAXED);
+	uint64_t q = 2 * (ev - p->evictions_at_gc), lim = atomic_load(&p->limit) / 2;
+
+	p->evictions_at_gc = ev;
+	q = q < 4096 ? 4096 : q;
+	atomic_store(&p->garbage_quota, (int_fast64_t)(q > lim ? lim : q));
+}
+
 void fm_pager_gc_event(struct fm_pager *p, int start)
 {
+	if (start)
+		garbage_quota(p);
 	__atomic_store_n(&p->hdr->gc_active, start ? 1u : 0u, __ATOMIC_RELEASE);
 	if (!start)
 		__atomic_add_fetch(&p->hdr->gc_cycles, 1, __ATOMIC_RELEASE);

@@ -23,6 +23,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
@@ -32,6 +33,23 @@
 #include "pager.h"
 #include "resmap.h"
 #include "transport.h"
+
+/* The transport counts several memds' failovers straight into the residency map's memd_* words. */
+#define FM_MEMD_COUNTERS(st) ((struct fm_xport_counters *)&(st)->memd_failovers)
+#define FM_COUNTER_AT(field, word) \
+	_Static_assert(offsetof(struct fm_pager_stats, memd_##field) == \
+		       offsetof(struct fm_pager_stats, memd_failovers) + offsetof(struct fm_xport_counters, field), \
+		       "memd_" #field " is the transport's " #word " counter")
+FM_COUNTER_AT(failovers, first);
+FM_COUNTER_AT(timeouts, second);
+FM_COUNTER_AT(servers_lost, third);
+FM_COUNTER_AT(servers_live, fourth);
+FM_COUNTER_AT(rereplicated, fifth);
+FM_COUNTER_AT(degraded_writes, sixth);
+_Static_assert(sizeof(struct fm_xport_counters) == 6 * sizeof(uint64_t), "six counters, no more");
+/* Tools mirror the layout (cli/src/farmem/resmap.py): a new counter takes a reserved[] word. */
+_Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 32) * sizeof(uint64_t),
+	       "the counters after lat_hist are a 32-word block: take reserved[] words, keep the size");
 
 struct region {
 	uintptr_t base;
@@ -143,6 +161,14 @@ struct fm_pager {
 	uint64_t hand_idx;
 	struct garbage_hint hints[MAX_HINTS]; /* under clock_lock */
 	unsigned nhints;
+	/*
+	 * Resident pages a discard may still make garbage (write-protect) this
+	 * GC cycle: about what the evictor took last cycle, so that a heap that
+	 * barely presses its budget does not pay to protect free space it will
+	 * mostly reuse (ranges.c).
+	 */
+	atomic_int_fast64_t garbage_quota;
+	uint64_t evictions_at_gc;
 
 	/*
 	 * Ranges unregistered in the last moments: a SIGBUS raised there before

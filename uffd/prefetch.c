@@ -7,6 +7,7 @@
 
 #include "budget.h"
 #include "chanpool.h"
+#include "evict.h"
 #include "pager_internal.h"
 #include "uffd_ops.h"
 #include "wait.h"
@@ -38,7 +39,7 @@ static unsigned count_used(struct region *r, uint64_t first, int64_t stride, uns
  * fill (0: not a run yet) and the stride. Two faults with the same small
  * stride make a run.
  */
-static unsigned follow(struct fm_pager *p, pid_t tid, int ridx, struct region *r, uint64_t idx,
+static unsigned follow(struct fm_pager *p, pid_t tid, int fresh, int ridx, struct region *r, uint64_t idx,
 		       int64_t *stride_out, struct stream **out)
 {
 	struct stream *s;
@@ -46,7 +47,7 @@ static unsigned follow(struct fm_pager *p, pid_t tid, int ridx, struct region *r
 	int64_t stride;
 
 	pthread_mutex_lock(&p->stream_lock);
-	s = &p->streams[(unsigned)tid % NSTREAMS];
+	s = &p->streams[((unsigned)tid * 2 + (unsigned)fresh) % NSTREAMS];
 	if (s->tid != tid || s->region != ridx) {
 		*s = (struct stream){ .tid = tid, .region = ridx, .last = idx };
 		pthread_mutex_unlock(&p->stream_lock);
@@ -73,8 +74,26 @@ static unsigned follow(struct fm_pager *p, pid_t tid, int ridx, struct region *r
 	return ahead;
 }
 
+/*
+ * Room for one more page ahead. An evictor thread keeps resident pages under
+ * the high mark, and prefetch stays under it too; without one, the budget is
+ * full most of the time, so the run's first page makes room itself: one
+ * batch, as a fault at the limit does.
+ */
+static int reserve(struct fm_pager *p, struct fm_borrowed *fc, unsigned claimed)
+{
+	if (p->evictor_started)
+		return fm_budget_reserve(p, atomic_load(&p->high));
+	if (fm_budget_reserve(p, atomic_load(&p->limit)))
+		return 1;
+	if (claimed || atomic_load(&p->evict_broken) ||
+	    !fm_evict_batch(p, fm_borrow(p, fc), p->cfg.evict_batch))
+		return 0;
+	return fm_budget_reserve(p, atomic_load(&p->limit));
+}
+
 void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct region *r, uint64_t idx,
-		 int write, int zero_only, int wake)
+		 int write, int fresh, int zero_only, int wake)
 {
 	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
@@ -83,7 +102,19 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	struct stream *s = NULL;
 	int64_t stride = 0;
 
-	ahead = follow(p, fc->tid, ridx, r, idx, &stride, &s);
+	ahead = follow(p, fc->tid, fresh, ridx, r, idx, &stride, &s);
+	zero_only |= fresh;
+	/*
+	 * A fresh page right after a resident one extends memory in use:
+	 * allocation (a TLAB, a PLAB, a heap growing) goes on from there, so
+	 * the fresh pages after it go in now, one call, even before the thread
+	 * has made a run of faults. Zeros nobody writes leave again with no
+	 * write-back (evict.c).
+	 */
+	if (!ahead && fresh && idx > 0 && fm_pg_is_resident(pg_load(&r->pg[idx - 1]))) {
+		ahead = MAX_AHEAD;
+		stride = 1;
+	}
 	/*
 	 * Claim the pages ahead that are not resident, stopping at the first
 	 * that is. Remote pages: at most `prefetch` of them (each costs a
@@ -99,8 +130,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		b = pg_load(&r->pg[j]);
 		st = fm_pg_state(b);
 		if ((st != FM_PG_REMOTE && st != FM_PG_UNTOUCHED) ||
-		    (st == FM_PG_REMOTE && (zero_only || nr >= p->cfg.prefetch)) ||
-		    !fm_budget_reserve(p, atomic_load(&p->high)))
+		    (st == FM_PG_REMOTE && (zero_only || nr >= p->cfg.prefetch)) || !reserve(p, fc, nw))
 			break;
 		if (!pg_cas(&r->pg[j], &b, pg_make(FM_PG_FILLING, b))) {
 			fm_resident_add(p, -1);
@@ -165,7 +195,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	if (zeros)
 		STAT_ADD(p, zero_fills, zeros);
 	pthread_mutex_lock(&p->stream_lock);
-	if (s->tid == fc->tid) {
+	if (s && s->tid == fc->tid) {
 		s->pf_count = nw;
 		s->pf_next = (uint64_t)((int64_t)idx + stride * (int64_t)(nw + 1));
 	}

@@ -31,6 +31,7 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
 /* Write-protect pages [run, end) of r, held UPDATING, and let them go as garbage. */
 static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint64_t end)
 {
+	atomic_fetch_sub(&p->garbage_quota, (int_fast64_t)(end - run));
 	fm_uffd_wp(p->uffd, r->base + (run << PG_SHIFT), (size_t)(end - run) << PG_SHIFT, 1);
 	for (uint64_t j = run; j < end; j++)
 		pg_release_from(&r->pg[j], FM_PG_UPDATING, pg_make(FM_PG_CLEAN, FM_PGF_GARBAGE));
@@ -47,6 +48,8 @@ static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint
  *
  * Garbage is CLEAN | FM_PGF_GARBAGE, write-protected: the evictor takes it
  * first, with no write-back; a write opens it and its run again (fault.c).
+ * Pressure means resident pages at the low watermark and a cycle's quota of
+ * garbage not used up (pager.c: about what the evictor took last cycle).
  * Without pressure a heap that fits its budget pays nothing: no protection,
  * no fault on reuse. Every remote copy dies, once its page is ours. A run of
  * pages to protect costs one call.
@@ -54,7 +57,7 @@ static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint
 static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint64_t first, uint64_t end,
 			   struct fm_dead *dead)
 {
-	int pressed = fm_budget_pressed(p);
+	int_fast64_t allow = fm_budget_pressed(p) ? atomic_load(&p->garbage_quota) : 0;
 	uint64_t run = UINT64_MAX;
 	long affected = 0;
 
@@ -69,8 +72,8 @@ static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint6
 			else if (st == FM_PG_CLEAN)
 				nb = pg_make(FM_PG_CLEAN, FM_PGF_GARBAGE);
 			else if (st == FM_PG_DIRTY)
-				nb = pressed ? pg_make(FM_PG_UPDATING, b)
-					     : pg_make(FM_PG_DIRTY, (uint8_t)(b & ~FM_PGF_HAS_REMOTE));
+				nb = allow > 0 ? pg_make(FM_PG_UPDATING, b)
+					       : pg_make(FM_PG_DIRTY, (uint8_t)(b & ~FM_PGF_HAS_REMOTE));
 			else
 				break;
 			if (nb == b)
@@ -80,8 +83,10 @@ static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint6
 			/* The page is ours now (or its copy dead to us): only now may the remote copy die. */
 			if (b & FM_PGF_HAS_REMOTE)
 				fm_dead_add(p, dead, r->space, i);
-			if (fm_pg_state(nb) == FM_PG_UPDATING)
+			if (fm_pg_state(nb) == FM_PG_UPDATING) {
 				held = 1;
+				allow--;
+			}
 			else if (nb & FM_PGF_GARBAGE)
 				STAT_ADD(p, garbage_marked, 1);
 			affected++;

@@ -459,6 +459,9 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 			atomic_fetch_sub(&p->registered, r->sparse ? atomic_load(&r->managed) : r->npages);
 			r->live = 0;
 			p->hdr->regions[r->slot].flags = 0;
+		} else {
+			/* fm_pager_fetch_all held the region for this range only: the rest may leave again. */
+			atomic_store(&r->pinned, 0);
 		}
 	}
 	bounds(p);

@@ -104,7 +104,7 @@ struct fm_pager_stats {
 	uint64_t evict_syscalls;     /* write-protect + drop calls made by the evictor */
 	uint64_t direct_evictions;   /* evictions done by a fault handler at the limit */
 	uint64_t lat_hist[FM_LAT_BUCKETS]; /* fault service time, see fm_lat_bucket() */
-	/* Many memd servers (memd/client_multi.c); zero with a single memd. */
+	/* Many memd servers (memd/client/multi.c; struct fm_xport_counters); zero with a single memd. */
 	uint64_t memd_failovers;     /* page reads/writes that went to another replica after a failure */
 	uint64_t memd_timeouts;      /* requests to a memd that did not answer within the timeout */
 	uint64_t memd_servers_lost;  /* memd servers given up on (connection lost, or silent too long) */
@@ -176,15 +176,13 @@ struct fm_resmap_hdr {
 	uint32_t gc_active;          /* 1 between GarbageCollectionStart and Finish */
 	uint32_t epoch_churn_pct;
 	uint32_t nregions;           /* slots in use are flagged FM_REGION_F_LIVE */
-	uint32_t transport;          /* enum fm_transport_kind */
+	uint32_t transport;          /* enum fm_xport_kind (memd/client/include/transport.h) */
 	uint64_t map_capacity;       /* bytes of page-state area */
 	uint64_t map_used;
 	char     memd[128];          /* address of the memory server, for tools */
 	struct fm_resmap_region regions[FM_RESMAP_MAX_REGIONS];
 	struct fm_pager_stats stats;
 };
-
-enum fm_transport_kind { FM_XPORT_NONE = 0, FM_XPORT_STREAM = 1, FM_XPORT_SHM = 2, FM_XPORT_RDMA = 3 };
 
 _Static_assert(sizeof(struct fm_resmap_hdr) <= FM_RESMAP_MAP_OFFSET, "header fits");
 

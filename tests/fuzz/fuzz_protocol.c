@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * libFuzzer harness for memd's protocol engine (memd/server_conn.c): frame
+ * libFuzzer harness for memd's protocol engine (memd/server/conn.c): frame
  * checks, the handshake and every op, driven on byte buffers as the unit test
  * does (tests/unit/test_protocol.c). Built with -fsanitize=fuzzer,address,undefined
  * by `make fuzz`; seed corpus in tests/fuzz/corpus/ (tests/fuzz/make_corpus.py).

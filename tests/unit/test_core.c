@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-/* Unit tests of the pieces every component shares: units, knobs, checksums, histogram, auth. */
+/* Unit tests of the pieces every component shares: units, knobs, checksums, histogram, auth, formatting. */
 #include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +112,66 @@ static void test_auth(void)
 	CHECK(!fm_auth_mac_equal(a, c));
 }
 
+static int hex_is(const uint8_t *mac, const char *hex)
+{
+	char got[2 * FM_MAC_LEN + 1];
+	for (unsigned i = 0; i < FM_MAC_LEN; i++)
+		snprintf(got + 2 * i, 3, "%02x", mac[i]);
+	return strcmp(got, hex) == 0;
+}
+
+/* RFC 4231, test cases 1 and 6 (a key longer than SHA-256's block). */
+static void test_hmac(void)
+{
+	uint8_t key[131], mac[FM_MAC_LEN];
+	const char *long_msg = "Test Using Larger Than Block-Size Key - Hash Key First";
+
+	memset(key, 0x0b, 20);
+	CHECK(fm_hmac_sha256(key, 20, "Hi There", 8, mac) == 0);
+	CHECK(hex_is(mac, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"));
+	memset(key, 0xaa, sizeof(key));
+	CHECK(fm_hmac_sha256(key, sizeof(key), long_msg, strlen(long_msg), mac) == 0);
+	CHECK(hex_is(mac, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"));
+}
+
+/* fm_fmt must print what snprintf prints for every conversion farmem's messages use. */
+static void same_as_snprintf(size_t cap, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void same_as_snprintf(size_t cap, const char *fmt, ...)
+{
+	char want[256], got[256];
+	va_list ap, aq;
+	int nw, ng;
+
+	va_start(ap, fmt);
+	va_copy(aq, ap);
+	nw = vsnprintf(want, cap, fmt, ap);
+	ng = fm_vfmt(got, cap, fmt, aq);
+	va_end(aq);
+	va_end(ap);
+	if (nw != ng || strcmp(want, got)) {
+		fprintf(stderr, "fm_fmt(\"%s\"): \"%s\" (%d), snprintf: \"%s\" (%d)\n", fmt, got, ng, want, nw);
+		failures++;
+	}
+}
+
+static void test_fmt(void)
+{
+	int x = 0;
+
+	same_as_snprintf(256, "plain %% text");
+	same_as_snprintf(256, "%s|%10s|%-10s|%.3s|%c", "memd", "right", "left", "truncated", 'z');
+	same_as_snprintf(256, "%d %d %d %i %+d % d", 0, -7, INT_MIN, INT_MAX, 5, 5);
+	same_as_snprintf(256, "%u %lu %llu %zu", 0u, ULONG_MAX, ULLONG_MAX, (size_t)12345);
+	same_as_snprintf(256, "%x %X %#x %#lx %#llx %016llx %o", 0xbeefu, 0xbeefu, 0u, 0x7f00dead0000ul,
+			 0xffffull, 0x1234ull, 8u);
+	same_as_snprintf(256, "%5d|%-5d|%05d|%05x|%*d|%.*s", 42, 42, -42, 0xab, 6, 9, 2, "abc");
+	same_as_snprintf(256, "%p %p", (void *)&x, (void *)NULL);
+	same_as_snprintf(256, "%hhu %hu %ld %lld", (unsigned char)200, (unsigned short)60000, -1L, -1LL);
+	/* cut short: the return says how long it would have been, the buffer ends in a NUL */
+	same_as_snprintf(8, "lost memd at %s (%d)", "10.99.1.2:7070", 110);
+	same_as_snprintf(1, "%s", "x");
+}
+
 static void test_page_bytes(void)
 {
 	CHECK(fm_pg_is_remote(FM_PG_REMOTE | FM_PGF_HAS_REMOTE));
@@ -127,6 +189,8 @@ int main(void)
 	test_crc();
 	test_hist();
 	test_auth();
+	test_hmac();
+	test_fmt();
 	test_page_bytes();
 	if (failures) {
 		fprintf(stderr, "test_core: %d checks failed\n", failures);

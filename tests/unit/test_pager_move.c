@@ -276,7 +276,7 @@ int main(void)
 	exercise(tcp, "stream tcp", "stream", 1, 0, NULL, 0);
 	exercise(tcp, "stream tcp memd_copy=0", "stream", 0, 0, NULL, 0);
 	/*
-	 * Two memds (memd/client_multi.c): a page's copies are where its source's
+	 * Two memds (memd/client/multi.c): a page's copies are where its source's
 	 * were, not where the hash would put a write (reads follow the record).
 	 */
 	{

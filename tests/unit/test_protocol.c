@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * Unit test of memd's protocol engine (memd/server_conn.c) and page store
- * (memd/server_store.c), built with ASan and UBSan. Connections are driven
+ * Unit test of memd's protocol engine (memd/server/conn.c) and page store
+ * (memd/server/store.c), built with ASan and UBSan. Connections are driven
  * on byte buffers (fd -1): frames go in with memd_conn_feed, replies are
  * taken off the reply queue. One test runs a connection over a socketpair
  * to check real I/O, fd passing and back-pressure.

@@ -71,8 +71,8 @@ cp "$REPO/tests/vm/guest.sh" "$REPO/bench/bench_swapva.py" "$O/"
 for f in bin/farmem-memd lib/libfarmem_preload.so tests/pagetest bench/faultlat; do
 	if [ -e "$REPO/build/$f" ]; then cp "$REPO/build/$f" "$O/"; else log "build/$f missing: run make c"; fi
 done
-gcc $CF -I"$REPO/memd" -I"$REPO/uffd" -o "$O/rdma_peer" "$REPO/tests/vm/rdma_peer.c" \
-	"$REPO"/memd/client_*.c "$REPO/memd/fm_util.c" "$REPO/memd/auth.c" \
+gcc $CF -I"$REPO/memd/common" -I"$REPO/memd/client" -I"$REPO/memd/client/include" -o "$O/rdma_peer" \
+	"$REPO/tests/vm/rdma_peer.c" "$REPO"/memd/client/*.c "$REPO"/memd/common/*.c \
 	-lisal -lcrypto -lnuma -libverbs -lrdmacm || log "rdma_peer build failed"
 
 # the farmem JDK (docs/patched-jdk.md) for the swapvagc group: shared read-only as the 9p tag

@@ -24,7 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "client_rdma.h"
+#include "rdma.h"
 #include "transport.h"
 
 #define PG 4096

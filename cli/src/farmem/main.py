@@ -14,7 +14,7 @@ from farmem import __version__, knob_table
 from farmem.errors import FarmemError
 from farmem.units import parse_bytes, parse_local, parse_percent
 
-LOG_LEVELS = ("error", "warn", "info", "debug")  # fm_log_level_parse() in memd/fm_util.c
+LOG_LEVELS = ("error", "warn", "info", "debug")  # fm_log_level_parse() in memd/common/fm_util.c
 
 
 # --- argument types: each raises ArgumentTypeError with the reason --------------------------

@@ -1,6 +1,6 @@
 """A small pure-Python client of the farmem memd wire protocol, version 1.
 
-The protocol is described in docs/protocol.md (its C form is memd/protocol.h).
+The protocol is described in docs/protocol.md (its C form is memd/common/protocol.h).
 This module is for probes and tests, not for paging: it speaks the stream
 protocol over TCP or a Unix socket, one request at a time unless the caller
 pipelines with send_frame/recv_frame.

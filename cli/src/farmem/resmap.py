@@ -46,7 +46,7 @@ STAT_FIELDS = (
     "local_limit_pages", "registered_pages", "memd_full", "crc_errors", "transport_errors",
     "evict_batches", "evict_syscalls", "direct_evictions",
 )
-# After lat_hist (uffd/resmap.h): several memd servers (memd/client_multi.c).
+# After lat_hist (uffd/resmap.h): several memd servers (memd/client/multi.c).
 MULTI_FIELDS = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",

@@ -1,4 +1,4 @@
-"""Byte sizes and percentages, parsed exactly as the C side parses them (memd/fm_util.c)."""
+"""Byte sizes and percentages, parsed exactly as the C side parses them (memd/common/fm_util.c)."""
 
 import re
 

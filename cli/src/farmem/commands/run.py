@@ -107,7 +107,7 @@ def _run(args) -> int:
         except OSError as e:
             raise FarmemError(f"cannot listen on the control socket in {tmpdir}: {e.strerror or e}")
         control.start()
-        if is_java:  # the JVMTI agent pages the heap; no shim (commands/java.py)
+        if is_java:  # the JVMTI agent pages the heap; no shim (farmem/java.py)
             cmd = java.prepare(args, address, control.path)
             env = java.build_env(os.environ, secret)
         else:

@@ -104,7 +104,8 @@ static const char usage_text[] =
 "  --secret-file FILE   shared secret (file bytes, trailing newline stripped);\n"
 "                       default: the FARMEM_SECRET environment variable\n"
 "  --threads N          event loop threads, 1..64 (default 2)\n"
-"  --ready-fd FD        write \"ready\\n\" to FD and close it once listening\n"
+"  --ready-fd FD        write \"ready\\n\" to FD and close it once listening (and do not\n"
+"                       say where it listens below --log info)\n"
 "  --log LEVEL          error, warn, info or debug (default warn)\n"
 "\n"
 "A secret is required. At least one --listen or --unix is required.\n";
@@ -231,6 +232,21 @@ static int split_hostport(const char *spec, char *host, size_t hlen, char *port,
 	return 0;
 }
 
+/*
+ * Someone who runs memd in the foreground wants to see where it listens; a
+ * program that started it with --ready-fd learns that from the fd, and its
+ * own output stays its own.
+ */
+static bool announce_listening = true;
+
+static void say_listening(const char *name)
+{
+	if (announce_listening)
+		fm_notice("listening on %s", name);
+	else
+		fm_info("listening on %s", name);
+}
+
 static int listen_tcp(const char *spec)
 {
 	char host[256], port[8], name[160], abuf[INET6_ADDRSTRLEN];
@@ -279,7 +295,7 @@ static int listen_tcp(const char *spec)
 			errno = ENOMEM;
 			goto fail;
 		}
-		fm_info("listening on %s", name);
+		say_listening(name);
 		fd = -1;
 		count++;
 	}
@@ -340,7 +356,7 @@ static int listen_unix(const char *path)
 		ret = -ENOMEM;
 		goto fail;
 	}
-	fm_info("listening on %s", name);
+	say_listening(name);
 	return 0;
 fail:
 	close(fd);
@@ -699,6 +715,7 @@ int main(int argc, char **argv)
 			if (fm_parse_u64(optarg, 0, 1 << 20, &v) || fcntl((int)v, F_GETFD) < 0)
 				usage_exit("--ready-fd: '%s' is not an open file descriptor", optarg);
 			ready_fd = (int)v;
+			announce_listening = false;
 			break;
 		case 'L':
 			ret = fm_log_level_parse(optarg);

@@ -7,8 +7,16 @@
 #include <stdint.h>
 #include "protocol.h"
 
-/* Load HMAC-SHA256 (libcrypto, opened on first use): 0, or -1 with why in err. */
+/*
+ * Load SHA-256 (libcrypto, opened on first use): 0, or -1 with why in err.
+ * Call it before the first MAC; after it, the MAC functions are
+ * signal-safe (no allocation, no lock).
+ */
 int fm_auth_init(char *err, size_t errlen);
+
+/* HMAC-SHA256 (RFC 2104). 0, or -1 when libcrypto cannot be loaded. */
+int fm_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
+		   uint8_t out[FM_MAC_LEN]);
 
 /* HMAC-SHA256(secret, "farmem-client-v1" || server_nonce || client_nonce) */
 void fm_auth_client_mac(const void *secret, size_t secret_len,

@@ -19,7 +19,8 @@
  * this client is the only writer of its spaces, so which pages are present is
  * kept in a local bitmap.
  */
-#include "client_rdma.h"
+#include "rdma.h"
+#include "ops.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -35,6 +36,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include "ctrl.h"
 #include "fm_util.h"
 
 /*
@@ -109,15 +111,17 @@ struct rspace {
 	int valid;         /* published last */
 };
 
-struct fm_rdma {
-	char ctrl_addr[280];
+struct rdma {
+	struct fm_session_xport sx;  /* control over TCP to ADDR:PORT: session, spaces, quota, COPY */
 	char host[256];
 	char port[16];
+	pthread_mutex_t lock;        /* the space table's changes */
 	struct rspace sp[64];
 	unsigned nsp;
 };
 
-struct fm_rchan {
+struct rchan {
+	struct fm_chan base;
 	struct rdma_event_channel *ec;
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd;
@@ -130,46 +134,18 @@ struct fm_rchan {
 	struct ibv_send_wr wr[2 * FM_MAX_BATCH];
 	struct ibv_sge sge[2 * FM_MAX_BATCH];
 	int dead;
-	int timeout_ms;
+	/* rdma_copy's scratch */
+	uint64_t csp[FM_MAX_BATCH], cdp[FM_MAX_BATCH];
+	uint32_t cst[FM_MAX_BATCH];
+	unsigned cidx[FM_MAX_BATCH];
+	uint8_t took[FM_MAX_BATCH];
 };
 
-int fm_rdma_init(struct fm_xport *x, const char *addr, char *err, size_t errlen)
-{
-	const char *hp = addr + strlen("rdma://"), *colon = strrchr(hp, ':');
-	struct fm_rdma *r;
-	int rc = verbs_load(err, errlen);
+static struct rdma *to_rdma(struct fm_xport *x) { return (struct rdma *)x; }
+static struct rchan *to_rchan(struct fm_chan *c) { return (struct rchan *)c; }
 
-	if (rc)
-		return rc;
-	if (!colon || colon == hp || (size_t)(colon - hp) >= sizeof(r->host) ||
-	    strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(r->port)) {
-		fm_errmsg(err, errlen, "memd address '%s': want rdma://ADDR:PORT", addr);
-		return -EINVAL;
-	}
-	r = calloc(1, sizeof(*r));
-	if (!r)
-		return -ENOMEM;
-	memcpy(r->host, hp, (size_t)(colon - hp));
-	snprintf(r->port, sizeof(r->port), "%s", colon + 1);
-	snprintf(r->ctrl_addr, sizeof(r->ctrl_addr), "tcp:%s", hp);
-	x->rdma = r;
-	x->cfg.addr = r->ctrl_addr;
-	return 0;
-}
-
-void fm_rdma_free(struct fm_xport *x)
+static struct rspace *find_rspace(struct rdma *r, uint32_t id)
 {
-	if (!x->rdma)
-		return;
-	for (unsigned i = 0; i < x->rdma->nsp; i++)
-		free(x->rdma->sp[i].present);
-	free(x->rdma);
-	x->rdma = NULL;
-}
-
-static struct rspace *find_rspace(struct fm_xport *x, uint32_t id)
-{
-	struct fm_rdma *r = x->rdma;
 	unsigned n = __atomic_load_n(&r->nsp, __ATOMIC_ACQUIRE);
 
 	for (unsigned i = 0; i < n; i++)
@@ -178,28 +154,28 @@ static struct rspace *find_rspace(struct fm_xport *x, uint32_t id)
 	return NULL;
 }
 
-int fm_rdma_space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
+static int space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
 {
+	struct rdma *r = to_rdma(x);
 	struct fm_space_ref ref = { .space_id = id };
 	struct fm_rdma_map_rep rep;
-	struct fm_rdma *r = x->rdma;
 	struct rspace *s = NULL;
 	size_t len;
 	uint16_t st;
 	int rc;
 
-	rc = fm_xport_ctrl_call(x, FM_OP_RDMA_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st);
+	rc = fm_ctrl_call(&r->sx.ctrl, FM_OP_RDMA_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, NULL);
 	if (rc)
 		return rc;
 	if (st == FM_E_NOSHM) {
-		fm_err("memd at %s has no RDMA listener (start it with --rdma ADDR:PORT)", x->addr);
+		fm_err("memd at %s has no RDMA listener (start it with --rdma ADDR:PORT)", r->sx.base.addr);
 		return -EOPNOTSUPP;
 	}
 	if (st || len != sizeof(rep) || rep.npages != npages ||
 	    rep.meta_offset < rep.data_offset + npages * FM_PAGE_SIZE ||
 	    rep.map_len < rep.meta_offset + npages * sizeof(struct fm_shm_meta))
 		return -EPROTO;
-	pthread_mutex_lock(&x->lock);
+	pthread_mutex_lock(&r->lock);
 	for (unsigned i = 0; i < r->nsp; i++)
 		if (!r->sp[i].valid && !r->sp[i].present)
 			s = &r->sp[i];
@@ -218,24 +194,41 @@ int fm_rdma_space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
 				__atomic_store_n(&r->nsp, r->nsp + 1, __ATOMIC_RELEASE);
 		}
 	}
-	pthread_mutex_unlock(&x->lock);
+	pthread_mutex_unlock(&r->lock);
 	return s && s->present ? 0 : -ENOSPC;
 }
 
-void fm_rdma_space_unmap(struct fm_xport *x, uint32_t id)
+static int rdma_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 {
-	struct rspace *s = find_rspace(x, id);
+	return fm_session_xport_space_open(x, npages, space_id, space_map);
+}
 
-	if (!s)
-		return;
-	pthread_mutex_lock(&x->lock);
-	__atomic_store_n(&s->valid, 0, __ATOMIC_RELEASE);
-	/* The bitmap stays allocated (a channel may still look at it); the slot is not reused. */
-	pthread_mutex_unlock(&x->lock);
+static int rdma_space_close(struct fm_xport *x, uint32_t space_id)
+{
+	struct rdma *r = to_rdma(x);
+	struct rspace *s = find_rspace(r, space_id);
+
+	if (s) {
+		pthread_mutex_lock(&r->lock);
+		__atomic_store_n(&s->valid, 0, __ATOMIC_RELEASE);
+		/* The bitmap stays allocated (a channel may still look at it); the slot is not reused. */
+		pthread_mutex_unlock(&r->lock);
+	}
+	return fm_session_xport_space_close(x, space_id);
+}
+
+static void rdma_close(struct fm_xport *x)
+{
+	struct rdma *r = to_rdma(x);
+
+	for (unsigned i = 0; i < r->nsp; i++)
+		free(r->sp[i].present);
+	pthread_mutex_destroy(&r->lock);
+	fm_session_xport_free(&r->sx);
 }
 
 /* Wait for one rdma_cm event of the wanted type on the channel's own event channel. */
-static int cm_wait(struct fm_rchan *rc, enum rdma_cm_event_type want, int timeout_ms)
+static int cm_wait(struct rchan *rc, enum rdma_cm_event_type want, int timeout_ms)
 {
 	struct pollfd p = { .fd = rc->ec->fd, .events = POLLIN };
 	struct rdma_cm_event *ev;
@@ -257,11 +250,34 @@ static int cm_wait(struct fm_rchan *rc, enum rdma_cm_event_type want, int timeou
 	return 0;
 }
 
-int fm_rdma_chan_open(struct fm_chan *c)
+static void rdma_chan_close(struct fm_chan *c)
 {
-	struct fm_xport *x = c->x;
-	struct fm_rdma *r = x->rdma;
-	struct fm_rchan *rc = calloc(1, sizeof(*rc));
+	struct rchan *rc = to_rchan(c);
+
+	if (rc->id && rc->id->qp) {
+		verbs.rdma_disconnect(rc->id);
+		verbs.rdma_destroy_qp(rc->id);
+	}
+	if (rc->mr)
+		verbs.ibv_dereg_mr(rc->mr);
+	if (rc->cq)
+		verbs.ibv_destroy_cq(rc->cq);
+	if (rc->cc)
+		verbs.ibv_destroy_comp_channel(rc->cc);
+	if (rc->pd)
+		verbs.ibv_dealloc_pd(rc->pd);
+	if (rc->id)
+		verbs.rdma_destroy_id(rc->id);
+	if (rc->ec)
+		verbs.rdma_destroy_event_channel(rc->ec);
+	free(rc->buf);
+	free(rc);
+}
+
+static int rdma_chan_open(struct fm_xport *x, struct fm_chan **out)
+{
+	struct rdma *r = to_rdma(x);
+	struct rchan *rc = calloc(1, sizeof(*rc));
 	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *ai = NULL;
 	size_t buflen = (size_t)FM_MAX_BATCH * FM_PAGE_SIZE +
 			(size_t)(FM_MAX_BATCH + RDMA_ZERO_META) * sizeof(struct fm_shm_meta);
@@ -272,20 +288,20 @@ int fm_rdma_chan_open(struct fm_chan *c)
 		.sq_sig_all = 0,
 	};
 	/* memd puts the QP in our session's protection domain, where our regions are. */
-	struct fm_rdma_conn_priv priv = { .magic = FM_RDMA_CONN_MAGIC, .session = x->session };
+	struct fm_rdma_conn_priv priv = { .magic = FM_RDMA_CONN_MAGIC, .session = r->sx.ctrl.session };
 	struct rdma_conn_param cp = { .initiator_depth = 16, .responder_resources = 0,
 				      .retry_count = 7, .rnr_retry_count = 7,
 				      .private_data = &priv, .private_data_len = sizeof(priv) };
 	struct ibv_device_attr da;
-	int ret, tmo;
+	int ret, tmo = x->timeout_ms;
 
 	if (!rc)
 		return -ENOMEM;
-	c->rchan = rc;
-	tmo = rc->timeout_ms = x->cfg.timeout_ms > 0 ? x->cfg.timeout_ms : 10000;
+	rc->base.x = x;
 	ret = getaddrinfo(r->host, r->port, &hints, &ai);
 	if (ret) {
 		fm_err("rdma: %s: %s", r->host, gai_strerror(ret));
+		free(rc);
 		return -EHOSTUNREACH;
 	}
 	rc->ec = verbs.rdma_create_event_channel();
@@ -330,42 +346,16 @@ int fm_rdma_chan_open(struct fm_chan *c)
 	if (ret)
 		goto fail;
 	freeaddrinfo(ai);
+	*out = &rc->base;
 	return 0;
 fail:
-	fm_err("rdma: cannot connect a QP to %s:%s: %s", r->host, r->port, strerror(-ret));
+	fm_err("rdma: cannot connect a QP to %s:%s: %s", r->host, r->port, fm_strerror(ret));
 	freeaddrinfo(ai);
-	fm_rdma_chan_close(c);
+	rdma_chan_close(&rc->base);
 	return ret ? ret : -EIO;
 }
 
-void fm_rdma_chan_close(struct fm_chan *c)
-{
-	struct fm_rchan *rc = c->rchan;
-
-	if (!rc)
-		return;
-	if (rc->id && rc->id->qp) {
-		verbs.rdma_disconnect(rc->id);
-		verbs.rdma_destroy_qp(rc->id);
-	}
-	if (rc->mr)
-		verbs.ibv_dereg_mr(rc->mr);
-	if (rc->cq)
-		verbs.ibv_destroy_cq(rc->cq);
-	if (rc->cc)
-		verbs.ibv_destroy_comp_channel(rc->cc);
-	if (rc->pd)
-		verbs.ibv_dealloc_pd(rc->pd);
-	if (rc->id)
-		verbs.rdma_destroy_id(rc->id);
-	if (rc->ec)
-		verbs.rdma_destroy_event_channel(rc->ec);
-	free(rc->buf);
-	free(rc);
-	c->rchan = NULL;
-}
-
-static void add_wr(struct fm_rchan *rc, unsigned k, enum ibv_wr_opcode op, void *local, uint32_t len,
+static void add_wr(struct rchan *rc, unsigned k, enum ibv_wr_opcode op, void *local, uint32_t len,
 		   uint64_t raddr, uint32_t rkey)
 {
 	rc->sge[k] = (struct ibv_sge){ .addr = (uintptr_t)local, .length = len, .lkey = rc->mr->lkey };
@@ -375,9 +365,16 @@ static void add_wr(struct fm_rchan *rc, unsigned k, enum ibv_wr_opcode op, void 
 		rc->wr[k - 1].next = &rc->wr[k];
 }
 
-/* Post wr[0..n) as one chain, the last signalled, and wait for its completion. */
-static int post_wait(struct fm_rchan *rc, unsigned n)
+/*
+ * Post wr[0..n) as one chain, the last signalled, and wait for its
+ * completion: polling the CQ, then sleeping on the completion channel for
+ * what is left of the call's deadline. A QP that misses the deadline is
+ * given up (dead): its late completions must not be taken for the next
+ * call's.
+ */
+static int post_wait(struct rchan *rc, unsigned n)
 {
+	uint64_t deadline = fm_deadline_in(rc->base.x->timeout_ms);
 	struct ibv_send_wr *bad = NULL;
 	struct ibv_wc wc[16];
 	int got, done = 0, armed = 0, rcode = 0;
@@ -417,13 +414,20 @@ static int post_wait(struct fm_rchan *rc, unsigned n)
 			continue;
 		}
 		{
+			uint64_t now = fm_now_ns();
 			struct pollfd p = { .fd = rc->cc->fd, .events = POLLIN };
 			struct ibv_cq *cq;
 			void *ctx;
+			int r = now < deadline ? poll(&p, 1, (int)((deadline - now + 999999) / 1000000)) : 0;
 
-			if (poll(&p, 1, rc->timeout_ms) <= 0) {
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) {
+				if (fm_now_ns() < deadline)
+					continue;
 				rc->dead = 1;
-				fm_err("rdma: no completion in %d ms: memd lost", rc->timeout_ms);
+				fm_err("rdma: no completion in %d ms: memd at %s lost", rc->base.x->timeout_ms,
+				       rc->base.x->addr);
 				return -ETIMEDOUT;
 			}
 			if (!verbs.ibv_get_cq_event(rc->cc, &cq, &ctx))
@@ -441,11 +445,11 @@ static int post_wait(struct fm_rchan *rc, unsigned n)
 	return rcode;
 }
 
-int fm_rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
-		 const void **src)
+static int rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
+		     const void **src)
 {
-	struct fm_rchan *rc = c->rchan;
-	struct rspace *s = find_rspace(c->x, space);
+	struct rchan *rc = to_rchan(c);
+	struct rspace *s = find_rspace(to_rdma(c->x), space);
 	unsigned k = 0;
 	int ret;
 
@@ -474,14 +478,18 @@ int fm_rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsig
 	return 0;
 }
 
-int fm_rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
-		  const void *const *data, uint32_t *status)
+static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
+		      const void *const *data, uint32_t *status)
 {
-	struct fm_rchan *rc = c->rchan;
-	struct rspace *s = find_rspace(c->x, space);
+	struct rchan *rc = to_rchan(c);
+	struct rdma *r = to_rdma(c->x);
+	struct rspace *s;
 	unsigned k = 0;
-	int ret;
 
+	/* memd's control connection hung up: it is gone, do not trust it with a page. */
+	if (!fm_ctrl_alive(&r->sx.ctrl))
+		return -EPIPE;
+	s = find_rspace(r, space);
 	if (!s)
 		return -ENOENT;
 	for (unsigned i = 0; i < n; i++) {
@@ -494,12 +502,12 @@ int fm_rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsi
 		bit = (uint8_t)(1u << (p & 7));
 		old = __atomic_load_n(&s->present[p >> 3], __ATOMIC_ACQUIRE);
 		if (!(old & bit)) {
-			if (!fm_xport_take_grant(c->x)) {
+			if (!fm_ctrl_take_grant(&r->sx.ctrl)) {
 				status[i] = FM_E_FULL;
 				continue;
 			}
 			if (__atomic_fetch_or(&s->present[p >> 3], bit, __ATOMIC_ACQ_REL) & bit)
-				fm_xport_return_grant(c->x, 1);  /* another channel won */
+				fm_ctrl_return_grant(&r->sx.ctrl, 1);  /* another channel won */
 		}
 		memcpy(d, data[i], FM_PAGE_SIZE);
 		rc->meta[i] = (struct fm_shm_meta){ .crc = fm_crc32c(d, FM_PAGE_SIZE),
@@ -511,16 +519,14 @@ int fm_rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsi
 		       s->meta_addr + p * sizeof(struct fm_shm_meta), s->rkey);
 		status[i] = FM_OK;
 	}
-	if (!k)
-		return 0;
-	ret = post_wait(rc, k);
-	return ret;
+	return k ? post_wait(rc, k) : 0;
 }
 
-int fm_rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
+static int rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
 {
-	struct fm_rchan *rc = c->rchan;
-	struct rspace *s = find_rspace(c->x, space);
+	struct rchan *rc = to_rchan(c);
+	struct rdma *rd = to_rdma(c->x);
+	struct rspace *s = find_rspace(rd, space);
 	unsigned k = 0;
 	int ret;
 
@@ -549,7 +555,7 @@ int fm_rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 				k = 0;
 			}
 		}
-		fm_xport_return_grant(c->x, freed);
+		fm_ctrl_return_grant(&rd->sx.ctrl, freed);
 	}
 	return k ? post_wait(rc, k) : 0;
 }
@@ -561,16 +567,20 @@ int fm_rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
  * destination page new to memd takes a page of the grant first, and only a
  * page memd copied is marked present.
  */
-int fm_rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
-		 const uint64_t *dpages, unsigned n, uint32_t *status)
+static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		     const uint64_t *dpages, unsigned n, uint32_t *status)
 {
-	struct rspace *ss = find_rspace(c->x, src), *ds = find_rspace(c->x, dst);
-	uint64_t sp[FM_MAX_BATCH], dp[FM_MAX_BATCH];
-	uint32_t st[FM_MAX_BATCH];
-	unsigned idx[FM_MAX_BATCH], m = 0;
-	uint8_t took[FM_MAX_BATCH];
+	struct rchan *rch = to_rchan(c);
+	struct rdma *r = to_rdma(c->x);
+	struct rspace *ss, *ds;
+	unsigned m = 0;
 	int rc;
 
+	/* A copy makes pages that only memd holds: the same rule as a write. */
+	if (!fm_ctrl_alive(&r->sx.ctrl))
+		return -EPIPE;
+	ss = find_rspace(r, src);
+	ds = find_rspace(r, dst);
 	if (!ss || !ds)
 		return -ENOENT;
 	for (unsigned i = 0; i < n; i++) {
@@ -588,34 +598,77 @@ int fm_rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32
 		status[i] = FM_OK;
 		if (ss == ds && s == d)
 			continue;
-		took[m] = 0;
+		rch->took[m] = 0;
 		if (!(__atomic_load_n(&ds->present[d >> 3], __ATOMIC_ACQUIRE) & (1u << (d & 7)))) {
-			if (!fm_xport_take_grant(c->x)) {
+			if (!fm_ctrl_take_grant(&r->sx.ctrl)) {
 				status[i] = FM_E_FULL;
 				continue;
 			}
-			took[m] = 1;
+			rch->took[m] = 1;
 		}
-		sp[m] = s;
-		dp[m] = d;
-		idx[m++] = i;
+		rch->csp[m] = s;
+		rch->cdp[m] = d;
+		rch->cidx[m++] = i;
 	}
 	if (!m)
 		return 0;
-	rc = fm_xport_ctrl_copy(c->x, src, sp, dst, dp, m, st);
+	rc = fm_ctrl_copy(&r->sx.ctrl, src, rch->csp, dst, rch->cdp, m, rch->cst);
 	for (unsigned j = 0; j < m; j++) {
-		uint64_t d = dp[j];
+		uint64_t d = rch->cdp[j];
 		uint8_t bit = (uint8_t)(1u << (d & 7));
 
-		status[idx[j]] = rc ? FM_E_INTERNAL : st[j];
-		if (!took[j])
+		status[rch->cidx[j]] = rc ? FM_E_INTERNAL : rch->cst[j];
+		if (!rch->took[j])
 			continue;
-		if (rc || st[j] != FM_OK)
-			fm_xport_return_grant(c->x, 1);
+		if (rc || rch->cst[j] != FM_OK)
+			fm_ctrl_return_grant(&r->sx.ctrl, 1);
 		else if (__atomic_fetch_or(&ds->present[d >> 3], bit, __ATOMIC_ACQ_REL) & bit)
-			fm_xport_return_grant(c->x, 1);  /* another channel won */
+			fm_ctrl_return_grant(&r->sx.ctrl, 1);  /* another channel won */
 	}
 	return rc;
+}
+
+static const struct fm_xport_ops rdma_ops = {
+	.space_open = rdma_space_open,
+	.space_close = rdma_space_close,
+	.stats = fm_session_xport_stats,
+	.alive = fm_session_xport_alive,
+	.hangup = fm_session_xport_hangup,
+	.close = rdma_close,
+	.chan_open = rdma_chan_open,
+	.chan_close = rdma_chan_close,
+	.read = rdma_read,
+	.write = rdma_write,
+	.copy = rdma_copy,
+	.discard = rdma_discard,
+};
+
+int fm_rdma_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)
+{
+	const char *hp = cfg->addr + strlen("rdma://"), *colon = strrchr(hp, ':');
+	struct fm_session_xport *sx;
+	char ctrl_addr[280];
+	struct rdma *r;
+	int rc = verbs_load(err, errlen);
+
+	if (rc)
+		return rc;
+	if (!colon || colon == hp || (size_t)(colon - hp) >= sizeof(r->host) ||
+	    strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(r->port)) {
+		fm_errmsg(err, errlen, "memd address '%s': want rdma://ADDR:PORT", cfg->addr);
+		return -EINVAL;
+	}
+	/* Control over TCP to the same address and port (memd listens for both there). */
+	fm_fmt(ctrl_addr, sizeof(ctrl_addr), "tcp:%s", hp);
+	rc = fm_session_xport_new(sizeof(*r), cfg, ctrl_addr, FM_XPORT_RDMA, &rdma_ops, &sx, err, errlen);
+	if (rc)
+		return rc;
+	r = (struct rdma *)sx;
+	memcpy(r->host, hp, (size_t)(colon - hp));
+	fm_fmt(r->port, sizeof(r->port), "%s", colon + 1);
+	pthread_mutex_init(&r->lock, NULL);
+	*out = &sx->base;
+	return 0;
 }
 
 /*
@@ -625,9 +678,9 @@ int fm_rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32
  */
 int fm_rdma_test_raw_read(struct fm_chan *c, uint64_t raddr, uint32_t rkey, uint32_t len)
 {
-	struct fm_rchan *rc = c->rchan;
+	struct rchan *rc = to_rchan(c);
 
-	if (!rc || len > FM_PAGE_SIZE)
+	if (c->x->kind != FM_XPORT_RDMA || len > FM_PAGE_SIZE)
 		return -EINVAL;
 	add_wr(rc, 0, IBV_WR_RDMA_READ, rc->buf, len, raddr, rkey);
 	return post_wait(rc, 1);
@@ -637,7 +690,7 @@ int fm_rdma_test_raw_read(struct fm_chan *c, uint64_t raddr, uint32_t rkey, uint
 int fm_rdma_test_region(struct fm_xport *x, uint32_t space, uint64_t *data_addr, uint64_t *npages,
 			uint32_t *rkey)
 {
-	struct rspace *s = find_rspace(x, space);
+	struct rspace *s = x->kind == FM_XPORT_RDMA ? find_rspace(to_rdma(x), space) : NULL;
 
 	if (!s)
 		return -ENOENT;

@@ -28,7 +28,7 @@
 #include <linux/falloc.h>
 
 #include "fm_util.h"
-#include "../kmod-swapva/swapva.h"
+#include "swapva.h"
 
 struct memd_space {
 	struct memd_space *next;       /* session's list, under st->lock */

@@ -3,6 +3,7 @@
 #ifndef FARMEM_UTIL_H
 #define FARMEM_UTIL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -13,11 +14,30 @@ enum fm_log_level { FM_LOG_ERROR = 0, FM_LOG_WARN = 1, FM_LOG_INFO = 2, FM_LOG_D
 extern int fm_log_level;
 extern const char *fm_log_prefix;
 
+/*
+ * One line to stderr, in one write(2). Signal-safe: it formats with
+ * fm_vfmt, not printf, and takes no lock.
+ */
 void fm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* What someone watching wants to see, at the default level (warn), with no level word. */
+void fm_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define fm_err(...)   fm_log(FM_LOG_ERROR, __VA_ARGS__)
 #define fm_warn(...)  fm_log(FM_LOG_WARN, __VA_ARGS__)
 #define fm_info(...)  fm_log(FM_LOG_INFO, __VA_ARGS__)
 #define fm_debug(...) do { if (fm_log_level >= FM_LOG_DEBUG) fm_log(FM_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+/*
+ * snprintf for a signal handler: no allocation, no locale, no lock. The
+ * flags "-0# +", width, precision, hh h l ll z j t and d i u x X o p s c %;
+ * nothing else (no floating point). Returns the length it would have
+ * written, as snprintf does.
+ */
+int fm_vfmt(char *buf, size_t len, const char *fmt, va_list ap);
+int fm_fmt(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* fm_fmt into err when err is not NULL (a sentence for the user); returns 0. */
+int fm_errmsg(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* strerror's English text, signal-safe (no translation). */
+const char *fm_strerror(int err);
 
 /* "error" | "warn" | "info" | "debug" -> level, or -1. */
 int fm_log_level_parse(const char *s);
@@ -35,6 +55,12 @@ static inline uint64_t fm_now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The fm_now_ns() deadline timeout_ms from now. */
+static inline uint64_t fm_deadline_in(int timeout_ms)
+{
+	return fm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
 }
 
 /* crc32c (Castagnoli), the standard definition: crc32c("123456789") == 0xe3069283. */

@@ -3,48 +3,97 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
 
 /*
  * libcrypto is opened on first use, not linked: the preload shim goes into
  * every process `farmem run` starts, and most of them never talk to memd,
  * while loading and relocating libcrypto costs every exec about half a
  * millisecond.
+ *
+ * HMAC is built here from SHA-256's init/update/final on a context on the
+ * stack, not with libcrypto's HMAC(): that one allocates and takes the
+ * provider store's locks, and a client may have to authenticate a new
+ * connection inside a signal handler (a transport's data path, see
+ * transport.h), where neither is allowed.
  */
 static struct {
-	__typeof__(HMAC) *hmac;
-	__typeof__(EVP_sha256) *sha256;
+	__typeof__(SHA256_Init) *init;
+	__typeof__(SHA256_Update) *update;
+	__typeof__(SHA256_Final) *final;
 	char err[200];
 } crypto;
 static pthread_once_t crypto_once = PTHREAD_ONCE_INIT;
+static atomic_int crypto_ready;
 
 static void crypto_open(void)
 {
 	void *h = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
 
 	if (h) {
-		crypto.hmac = (__typeof__(HMAC) *)dlsym(h, "HMAC");
-		crypto.sha256 = (__typeof__(EVP_sha256) *)dlsym(h, "EVP_sha256");
+		crypto.init = (__typeof__(SHA256_Init) *)dlsym(h, "SHA256_Init");
+		crypto.update = (__typeof__(SHA256_Update) *)dlsym(h, "SHA256_Update");
+		crypto.final = (__typeof__(SHA256_Final) *)dlsym(h, "SHA256_Final");
 	}
-	if (!crypto.hmac || !crypto.sha256) {
+	if (!crypto.init || !crypto.update || !crypto.final) {
 		const char *why = dlerror();
-		snprintf(crypto.err, sizeof(crypto.err), "cannot load HMAC-SHA256 from libcrypto.so.3 "
+		snprintf(crypto.err, sizeof(crypto.err), "cannot load SHA-256 from libcrypto.so.3 "
 			 "(memd authentication; Debian: libssl3): %s", why ? why : "symbol missing");
-		crypto.hmac = NULL;
+		return;
 	}
+	atomic_store(&crypto_ready, 1);
 }
 
 int fm_auth_init(char *err, size_t errlen)
 {
+	if (atomic_load(&crypto_ready))
+		return 0;
 	pthread_once(&crypto_once, crypto_open);
-	if (crypto.hmac)
+	if (atomic_load(&crypto_ready))
 		return 0;
 	if (err && errlen)
 		snprintf(err, errlen, "%s", crypto.err);
 	return -1;
+}
+
+/* RFC 2104 over SHA-256 (block 64 bytes). */
+int fm_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
+		   uint8_t out[FM_MAC_LEN])
+{
+	uint8_t k[64] = { 0 }, pad[64], inner[32];
+	SHA256_CTX c;
+
+	/* After the first call (at connect) this is one atomic load: signal-safe. */
+	if (fm_auth_init(NULL, 0))
+		return -1;
+	if (key_len > sizeof(k)) {
+		crypto.init(&c);
+		crypto.update(&c, key, key_len);
+		crypto.final(k, &c);
+	} else {
+		memcpy(k, key, key_len);
+	}
+	for (size_t i = 0; i < sizeof(pad); i++)
+		pad[i] = k[i] ^ 0x36;
+	crypto.init(&c);
+	crypto.update(&c, pad, sizeof(pad));
+	crypto.update(&c, msg, msg_len);
+	crypto.final(inner, &c);
+	for (size_t i = 0; i < sizeof(pad); i++)
+		pad[i] = k[i] ^ 0x5c;
+	crypto.init(&c);
+	crypto.update(&c, pad, sizeof(pad));
+	crypto.update(&c, inner, sizeof(inner));
+	crypto.final(out, &c);
+	explicit_bzero(k, sizeof(k));
+	explicit_bzero(pad, sizeof(pad));
+	explicit_bzero(inner, sizeof(inner));
+	explicit_bzero(&c, sizeof(c));
+	return 0;
 }
 
 static void mac3(const void *secret, size_t secret_len, const char *label,
@@ -52,15 +101,13 @@ static void mac3(const void *secret, size_t secret_len, const char *label,
 		 uint8_t out[FM_MAC_LEN])
 {
 	uint8_t msg[16 + 2 * FM_NONCE_LEN];
-	unsigned int outlen = FM_MAC_LEN;
 
 	memcpy(msg, label, 16);
 	memcpy(msg + 16, a, FM_NONCE_LEN);
 	memcpy(msg + 16 + FM_NONCE_LEN, b, FM_NONCE_LEN);
 	/* Without libcrypto (fm_auth_init said why) no MAC matches: all zeros never verifies. */
-	memset(out, 0, FM_MAC_LEN);
-	if (fm_auth_init(NULL, 0) == 0)
-		crypto.hmac(crypto.sha256(), secret, (int)secret_len, msg, sizeof(msg), out, &outlen);
+	if (fm_hmac_sha256(secret, secret_len, msg, sizeof(msg), out))
+		memset(out, 0, FM_MAC_LEN);
 }
 
 void fm_auth_client_mac(const void *secret, size_t secret_len,

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -310,6 +312,35 @@ static int op_hello(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 	return 0;
 }
 
+/* Who is at the other end of fd, for the log: an address, or a local process by its pid. */
+static void peer_name(int fd, char *buf, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char host[INET6_ADDRSTRLEN] = "?";
+
+	if (fd < 0 || getpeername(fd, (struct sockaddr *)&ss, &sl) < 0) {
+		snprintf(buf, len, "a client with no socket");
+		return;
+	}
+	if (ss.ss_family == AF_INET) {
+		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+		inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+		snprintf(buf, len, "tcp:%s:%u", host, ntohs(a->sin_port));
+	} else if (ss.ss_family == AF_INET6) {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+		inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+		snprintf(buf, len, "tcp:[%s]:%u", host, ntohs(a->sin6_port));
+	} else {
+		struct ucred cr;
+		socklen_t cl = sizeof(cr);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+			snprintf(buf, len, "a local process (unix socket, pid %d, uid %u)", (int)cr.pid, cr.uid);
+		else
+			snprintf(buf, len, "a local process (unix socket)");
+	}
+}
+
 static int op_auth(struct memd_conn *c, const struct memd_hdr *h, const uint8_t *pl)
 {
 	struct fm_auth_req req;
@@ -321,7 +352,9 @@ static int op_auth(struct memd_conn *c, const struct memd_hdr *h, const uint8_t 
 	fm_auth_client_mac(c->secret, c->secret_len, c->snonce, c->cnonce, want);
 	if (!fm_auth_mac_equal(want, req.mac)) {
 		c->closing = true;
-		fm_info("fd %d: authentication failed", c->fd);
+		char who[160];
+		peer_name(c->fd, who, sizeof(who));
+		fm_warn("authentication failed from %s", who);
 		return reply_err(c, h, FM_E_AUTH, "authentication failed");
 	}
 	fm_auth_server_mac(c->secret, c->secret_len, c->snonce, c->cnonce, rep.mac);

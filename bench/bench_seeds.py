@@ -1,0 +1,458 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The seeds' workloads at far memory (issue 18): Spark, Neo4j, H2 and GcChurn, each all local,
+under Linux swap, under farmem with stock G1 and under farmem with MemLiner marking, at 50% and
+25% of the heap local, interleaved in one sitting.
+
+Workloads (every one checks its own answers and prints an ok line; docs/seeds.md):
+
+  spark    Apache Spark 3.5 in local[2] mode: PageRank over a generated graph (build/java/spark)
+  neo4j    Neo4j 5 embedded: a generated graph, point, two-hop and whole-graph Cypher (build/java/neo4j)
+  h2       the H2 database in memory through JDBC (tests/java/H2Workload.java)
+  gcchurn  a random GC-heavy heap of long[] (tests/java/GcChurn.java)
+
+Configurations, per workload and budget (PCT of -Xmx local):
+
+  local     java alone, -Xms = -Xmx: the reference (ratio 1.00)
+  kswap     `farmem run --mode kswap --local BYTES`: Linux swap (zram) under a memory cgroup of PCT of
+            the heap plus the workload's non-heap allowance (metaspace, code, GC structures, threads,
+            Neo4j's page cache: the memory farmem leaves unpaged), so both page the same heap. The
+            allowance is measured: the most the JVM held resident outside its heap in the all-local
+            runs (/proc/PID/smaps every second; the heap's range from its exit log); --overhead
+            sets it, and the presets below serve when no all-local run succeeded
+  farmem    `farmem run --local PCT%`: the pager, the system's JDK 17 (stock G1)
+  memliner  `farmem run --gc memliner --local PCT%`: the farmem JDK (`make jdk`), MemLiner marking
+
+Every run logs -Xlog:gc,gc+heap+exit to a file: bytes allocated (occupancy before each pause minus
+after the previous one, bench/lib/gclog.py) and pause time come from it. The table shows the
+median over --repeats of wall time, its ratio to all-local, the pager's fault split (GC threads,
+of which zero fills, and application threads), remote reads and writes, and paged MB per GB
+allocated (farmem: bytes read from and written to memd; kswap: pages swapped in and out, x 4 KiB).
+Configurations rotate every repeat, so slow drift of the machine spreads over all of them.
+
+    .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
+        [--configs local,kswap,farmem,memliner] [--repeats 3] [--size bench|smoke] [--heap SIZE]
+        [--overhead SIZE] [--args NAME=FLAGS] [--out bench/RESULTS.md] [--json raw.json]
+
+Needs `make all seeds` (done here) and, for memliner, `make jdk` (not done here: ~15 min the first
+time); kswap needs root and zram. --size smoke runs each workload at its smoke-test size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
+import gclog  # noqa: E402
+
+if importlib.util.find_spec("farmem") is None:  # run by a Python without the CLI: use its sources
+    sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
+from farmem import swap  # noqa: E402
+from farmem.gcmode import farmem_jdk_home  # noqa: E402
+
+JAVA = os.path.join(ROOT, "build", "java")
+SPARK_JAR = os.path.join(JAVA, "spark", "spark-workload.jar")
+NEO4J_JAR = os.path.join(JAVA, "neo4j", "neo4j-workload.jar")
+H2_CP = os.pathsep.join([JAVA, os.path.join(JAVA, "thirdparty", "h2.jar")])
+MIB = 1 << 20
+
+
+@dataclasses.dataclass
+class Workload:
+    heap: str          # -Xmx
+    prog: list         # what java runs: -jar JAR, or -cp CP CLASS
+    args: list         # the program's flags (its size)
+    ok: str            # the line a run that checked its answers prints
+    overhead: int      # non-heap allowance of the kswap cgroup, bytes
+
+
+SPARK = ["-jar", SPARK_JAR]
+NEO4J = ["-jar", NEO4J_JAR]
+H2 = ["-cp", H2_CP, "H2Workload"]
+CHURN = ["-cp", JAVA, "GcChurn"]
+# Sizes: "bench" for the timing runs (all-local 25-95 s each beside a HotSpot build), "smoke" as
+# tests/test_seeds.py runs Spark and Neo4j (a check of the driver). The preset non-heap allowances
+# (used only without an all-local run) are what NMT reported committed outside the heap at the
+# bench sizes, rounded up (GC structures grow with the heap; Neo4j's adds its 64 MiB page cache,
+# which NMT does not see).
+SIZES = {
+    "bench": {
+        "spark": Workload("1g", SPARK, ["--nodes", "600000", "--iters", "5"], "spark: ok", 256 * MIB),
+        "neo4j": Workload("1g", NEO4J, ["--nodes", "150000", "--rounds", "3000"], "neo4j: ok", 384 * MIB),
+        "h2": Workload("512m", H2, ["--rows", "400000", "--rounds", "1000"], "h2: ok", 96 * MIB),
+        # issue 18's GC-heavy heap "as a new user would": 600 MB live in -Xmx1g
+        "gcchurn": Workload("1g", CHURN, ["--live-mb", "600", "--steps", "600000"], "gcchurn: ok", 128 * MIB),
+    },
+    "smoke": {
+        "spark": Workload("512m", SPARK, ["--nodes", "100000", "--iters", "3"], "spark: ok", 256 * MIB),
+        "neo4j": Workload("256m", NEO4J, ["--nodes", "10000", "--rounds", "100", "--batch", "5000"],
+                          "neo4j: ok", 384 * MIB),
+        "h2": Workload("256m", H2, ["--rows", "50000", "--rounds", "100"], "h2: ok", 96 * MIB),
+        "gcchurn": Workload("256m", CHURN, ["--live-mb", "64", "--steps", "20000"], "gcchurn: ok", 64 * MIB),
+    },
+}
+LABEL = {"local": "all local", "kswap": "Linux swap (kswap, zram)", "farmem": "farmem, stock G1",
+         "memliner": "farmem --gc memliner"}
+FIGURES = ("gc_faults", "gc_zero_fills", "app_faults", "remote_reads", "remote_writes", "evictions",
+           "remote_read_bytes", "remote_write_bytes", "cgroup_limit_bytes", "peak_resident_bytes")
+# Issue 18's targets: (workload, config, budget) -> the largest ratio to all-local.
+TARGETS = {("spark", 25): 1.5, ("spark", 50): 1.15, ("gcchurn", 50): 2.0, ("gcchurn", 25): 3.0}
+SWAP_TARGET = 3.0  # every workload this many times faster than Linux swap at the same limit
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def size_bytes(text: str) -> int:
+    return swap.parse_size(text)
+
+
+class RssSampler(threading.Thread):
+    """Every second while a JVM runs (a read of a large JVM's smaps costs about 25 ms of CPU, so
+    more often would slow the reference run): the resident bytes of each of its mappings.
+    Afterwards, with the heap's range from its log, the most it held outside the heap: what a
+    memory cgroup must allow beyond the heap's share for Linux swap to page the same heap."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.stop, self.samples = pid, threading.Event(), []
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0 if self.samples else 0.2):
+            sample, start, end = [], 0, 0
+            try:
+                with open(f"/proc/{self.pid}/smaps") as f:
+                    for line in f:
+                        head = line.split(" ", 1)[0]
+                        if "-" in head and line[0] in "0123456789abcdef":
+                            lo, hi = head.split("-")
+                            start, end = int(lo, 16), int(hi, 16)
+                        elif line.startswith("Rss:") and line.split()[1] != "0":
+                            sample.append((start, end, int(line.split()[1]) << 10))
+            except (OSError, ValueError):
+                return
+            self.samples.append(sample)
+
+    def outside(self, heap: tuple[int, int]) -> int | None:
+        """Peak resident bytes of the mappings that do not overlap the heap."""
+        lo, hi = heap
+        peaks = [sum(rss for a, b, rss in s if b <= lo or a >= hi) for s in self.samples]
+        return max(peaks) if peaks else None
+
+
+class Bench:
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.workloads = {w: dataclasses.replace(SIZES[a.size][w]) for w in a.workloads}
+        if a.heap:
+            for w in self.workloads.values():
+                w.heap = a.heap
+        for name, args in a.args.items():
+            self.workloads[name].args = shlex.split(args)
+        self.workdir = tempfile.mkdtemp(prefix="fm-seeds-")
+        self.farmem = os.path.join(ROOT, "farmem")
+        self.jdk = None
+        self.unavailable: dict[str, str] = {}
+        self.records: list[dict] = []
+        self.non_heap: dict[str, int] = {}  # per workload, measured in its all-local runs
+
+    def check_available(self) -> None:
+        if "kswap" in self.a.configs and os.geteuid() != 0:
+            self.unavailable["kswap"] = "Linux swap under a cgroup needs root"
+        if "memliner" in self.a.configs:
+            home = farmem_jdk_home()
+            if home is None or not os.access(os.path.join(home, "bin", "java"), os.X_OK):
+                self.unavailable["memliner"] = "the farmem JDK is not built for this checkout: make jdk"
+            else:
+                self.jdk = str(home)
+
+    def allowance(self, name: str) -> int:
+        """Non-heap bytes the kswap cgroup allows: measured in the all-local runs (the first run of
+        each workload is one), else the preset."""
+        if self.a.overhead:
+            return size_bytes(self.a.overhead)
+        return self.non_heap.get(name, self.workloads[name].overhead)
+
+    def kswap_limit(self, name: str, pct: int) -> int:
+        return size_bytes(self.workloads[name].heap) * pct // 100 + self.allowance(name)
+
+    def command(self, name: str, config: str, pct: int, tag: str) -> tuple[list, str, str | None]:
+        """(argv, gc log path, summary path or None) of one run."""
+        w = self.workloads[name]
+        gcl = os.path.join(self.workdir, f"gc-{tag}.log")
+        tmp = os.path.join(self.workdir, "tmp")  # Spark's shuffle files, Neo4j's store
+        os.makedirs(tmp, exist_ok=True)
+        java = ["java", f"-Xmx{w.heap}", f"-Xms{w.heap}", f"-Xlog:gc,gc+heap+exit:file={gcl}",
+                f"-Djava.io.tmpdir={tmp}", *w.prog, *w.args]
+        if config == "local":
+            return java, gcl, None
+        summary = os.path.join(self.workdir, f"s-{tag}.json")
+        run = [self.farmem, "run", "--summary-json", summary]
+        if config == "kswap":
+            run += ["--mode", "kswap", "--local", str(self.kswap_limit(name, pct))]
+        else:
+            run += ["--local", f"{pct}%"] + (["--gc", "memliner"] if config == "memliner" else [])
+        return run + ["--", *java], gcl, summary
+
+    def run_one(self, name: str, config: str, pct: int, rep: int) -> dict:
+        rec: dict = {"workload": name, "config": config, "pct": pct, "repeat": rep, "ok": False}
+        if config in self.unavailable:
+            rec["error"] = self.unavailable[config]
+            return rec
+        tag = f"{name}-{config}-{pct}-{rep}"
+        argv, gcl, summary = self.command(name, config, pct, tag)
+        rec["argv"] = argv
+        env = dict(os.environ, FARMEM_JDK=self.jdk) if self.jdk else None
+        t0 = time.monotonic()
+        # A session of its own: a run that times out is killed with its JVM, not just farmem run.
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                             start_new_session=True)
+        sampler = RssSampler(p.pid) if config == "local" else None  # local's argv is the JVM itself
+        if sampler:
+            sampler.start()
+        try:
+            out, err = p.communicate(timeout=self.a.timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)  # farmem run then stops its memd and cleans up
+            try:
+                out, _ = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                out, _ = p.communicate()
+            rc, err = None, f"timed out after {self.a.timeout:.0f} s"
+        rec["wall_s"] = round(time.monotonic() - t0, 3)
+        rec["status"] = rc
+        if sampler:
+            sampler.stop.set()
+            sampler.join()
+        verdict = [ln for ln in out.splitlines() if ln.startswith(self.workloads[name].ok)]
+        if rc == 0 and verdict:
+            rec["ok"] = True
+            rec["verdict"] = verdict[-1]
+        else:
+            tail = (out + "\n" + err).strip().splitlines()[-4:]
+            rec["error"] = (f"exit {rc}: " if rc is not None else "") + " / ".join(tail)
+            if rc in (137, -9):
+                rec["error"] = "killed (SIGKILL: out of memory?): " + rec["error"]
+        text = gclog.read(gcl)
+        rec["alloc_bytes"] = gclog.allocated_bytes(text)
+        rec["pause_s"] = round(gclog.pause_seconds(text), 3)
+        heap = gclog.heap_range(text)
+        if sampler and rec["ok"] and heap and sampler.outside(heap):
+            rec["non_heap_bytes"] = sampler.outside(heap)
+            self.non_heap[name] = max(self.non_heap.get(name, 0), rec["non_heap_bytes"])
+        if config == "kswap":
+            rec["non_heap_allowance"] = self.allowance(name)
+        if summary and os.path.exists(summary):
+            with open(summary) as f:
+                s = json.load(f)
+            rec.update({k: s[k] for k in FIGURES if k in s})
+            if config == "kswap":  # a swapped page crosses to zram once each way
+                rec["remote_writes"] = s.get("evictions", 0)
+                rec["paged_bytes"] = (s.get("remote_reads", 0) + s.get("evictions", 0)) * 4096
+            else:
+                rec["paged_bytes"] = s.get("remote_read_bytes", 0) + s.get("remote_write_bytes", 0)
+        for f in (gcl, summary):
+            if f and os.path.exists(f):
+                os.unlink(f)
+        return rec
+
+    def plan(self) -> list[tuple[str, int]]:
+        out = [("local", 100)] if "local" in self.a.configs else []
+        for pct in self.a.budgets:
+            out += [(c, pct) for c in self.a.configs if c != "local"]
+        return out
+
+    def run(self) -> None:
+        self.check_available()
+        plan = self.plan()
+        total = self.a.repeats * len(self.workloads) * len(plan)
+        n = 0
+        for rep in range(self.a.repeats):
+            for name in self.workloads:
+                k = rep % len(plan)
+                for config, pct in plan[k:] + plan[:k]:
+                    n += 1
+                    rec = self.run_one(name, config, pct, rep)
+                    self.records.append(rec)
+                    what = f"[{n}/{total}] {name:7} {config:8} {pct:3}% #{rep + 1}"
+                    if rec["ok"]:
+                        log(f"{what}: {rec['wall_s']:.1f} s, {rec['verdict']}")
+                    else:
+                        log(f"{what}: FAILED: {rec['error']}")
+
+    # -- report -------------------------------------------------------------------------------------
+
+    def medians(self, name: str, config: str, pct: int) -> dict:
+        recs = [r for r in self.records if (r["workload"], r["config"], r["pct"]) == (name, config, pct)]
+        ok = [r for r in recs if r["ok"]]
+        m: dict = {"runs": len(ok), "tried": len(recs)}
+        if not ok:
+            m["error"] = recs[-1].get("error", "not run") if recs else "not run"
+            return m
+        for key in ("wall_s", "pause_s", "alloc_bytes", "paged_bytes", *FIGURES):
+            vals = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
+            if vals:
+                m[key] = statistics.median(vals)
+        return m
+
+    def report(self, started: str, load0: str) -> str:
+        a = self.a
+        cmd = shlex.join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT)
+                          else sys.executable] + sys.argv)
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+        mem = next((int(ln.split()[1]) for ln in open("/proc/meminfo") if ln.startswith("MemTotal")), 0)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
+        load1 = " ".join(open("/proc/loadavg").read().split()[:3])
+        out = [f"## The seeds' workloads at far memory (bench/bench_seeds.py, issue 18), {started}", "",
+               f"- command: `{cmd}`",
+               f"- machine: {os.cpu_count()} CPUs ({cpu}), {mem / (1 << 20):.0f} GiB, kernel {platform.release()}, "
+               f"load average {load0} at start, {load1} at end" + (f", commit {commit}" if commit else ""),
+               f"- JDKs: stock {java[1] if len(java) > 1 else '?'}; farmem JDK "
+               f"{self.jdk or 'not built (' + self.unavailable.get('memliner', 'not asked for') + ')'}",
+               f"- median of {a.repeats} interleaved repeat(s); local = share of -Xmx; Linux swap's cgroup "
+               "limit = that share of the heap + the workload's non-heap allowance below (measured: the most "
+               "the JVM held resident outside its heap in the all-local runs, from /proc/PID/smaps every second)",
+               "- paged MB / GB alloc: farmem, bytes read from and written to memd; kswap, pages swapped in "
+               "and out x 4 KiB; per GB the program allocated (-Xlog:gc occupancy)"]
+        out.append("- workloads:")
+        for name, w in self.workloads.items():
+            args = " ".join(os.path.relpath(x, ROOT) if x.startswith(ROOT) else x for x in w.prog + w.args)
+            how = ("--overhead" if self.a.overhead else "measured" if name in self.non_heap else "preset")
+            out.append(f"  - {name}: `java -Xmx{w.heap} {args}`, non-heap allowance "
+                       f"{self.allowance(name) / MIB:.0f} MiB ({how})")
+        out += ["", "| workload | config | local | runs | wall s | × all-local | GC faults | GC zero fills "
+                "| app faults | remote reads | remote writes | paged MB / GB alloc | GC faults / GB alloc "
+                "| GC pause s | alloc GB |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name in self.workloads:
+            base = self.medians(name, "local", 100).get("wall_s")
+            for config, pct in self.plan():
+                m = self.medians(name, config, pct)
+                head = f"| {name} | {LABEL[config]} | {pct}% | {m['runs']}/{m['tried']}"
+                if not m["runs"]:
+                    err = m["error"].replace("|", "/")
+                    out.append(f"{head} | failed: {err[:160]} |  |  |  |  |  |  |  |  |  |  |")
+                    continue
+                gb = m.get("alloc_bytes", 0) / (1 << 30)
+
+                def num(key, fmt="{:.0f}"):
+                    return fmt.format(m[key]) if key in m and config != "local" else ""
+
+                ratio = f"{m['wall_s'] / base:.2f}×" if base else "n/a"
+                paged = f"{m['paged_bytes'] / MIB / gb:.0f}" if "paged_bytes" in m and gb else ""
+                gcpg = f"{m['gc_faults'] / gb:.0f}" if m.get("gc_faults") and gb else ""
+                out.append(f"{head} | {m['wall_s']:.1f} | {ratio} | {num('gc_faults')} | {num('gc_zero_fills')} "
+                           f"| {num('app_faults')} | {num('remote_reads')} | {num('remote_writes')} | {paged} "
+                           f"| {gcpg} | {m.get('pause_s', 0):.2f} | {gb:.2f} |")
+        out += ["", "Under Linux swap the fault columns come from kswap mode's eBPF tracer (farmem-trace): GC and "
+                "app faults are major faults by thread, remote reads swap-ins, remote writes pages swapped out.", ""]
+        out += self.targets()
+        return "\n".join(out) + "\n"
+
+    def targets(self) -> list[str]:
+        lines = ["Targets (issue 18):", ""]
+
+        def verdict(ok: bool) -> str:
+            return "met" if ok else "NOT met"
+
+        for name in self.workloads:
+            base = self.medians(name, "local", 100).get("wall_s")
+            for pct in self.a.budgets:
+                for config in ("farmem", "memliner"):
+                    if config not in self.a.configs:
+                        continue
+                    m = self.medians(name, config, pct)
+                    sw = self.medians(name, "kswap", pct).get("wall_s")
+                    if not (base and m.get("wall_s")):
+                        continue
+                    ratio = m["wall_s"] / base
+                    parts = [f"{ratio:.2f}× all-local"]
+                    want = TARGETS.get((name, pct))
+                    if want:
+                        parts[0] += f" (target ≤ {want}×: {verdict(ratio <= want)})"
+                    if sw:
+                        speed = sw / m["wall_s"]
+                        parts.append(f"{speed:.2f}× faster than Linux swap (target ≥ {SWAP_TARGET}×: "
+                                     f"{verdict(speed >= SWAP_TARGET)})")
+                    elif "kswap" in self.a.configs:
+                        parts.append("Linux swap failed at this limit")
+                    lines.append(f"- {name} at {pct}%, {LABEL[config]}: " + "; ".join(parts))
+        return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="spark,neo4j,h2,gcchurn")
+    ap.add_argument("--configs", default="local,kswap,farmem,memliner")
+    ap.add_argument("--budgets", default="50,25", help="percent of -Xmx local (default 50,25)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--size", choices=sorted(SIZES), default="bench",
+                    help="bench (default) or smoke: the sizes of tests/test_seeds.py")
+    ap.add_argument("--heap", help="-Xmx of every workload (default: each workload's own)")
+    ap.add_argument("--overhead", help="non-heap allowance of the kswap cgroup for every workload "
+                                       "(default: measured in the all-local runs)")
+    ap.add_argument("--args", action="append", default=[], metavar="NAME=FLAGS",
+                    help='a workload\'s own flags instead of the preset, e.g. --args "gcchurn=--live-mb 200 --steps 150000"')
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
+    ap.add_argument("--out", help="append the markdown section to this file (e.g. bench/RESULTS.md)")
+    ap.add_argument("--json", dest="json_out", help="write every run's record here")
+    a = ap.parse_args()
+    a.workloads = [w for w in a.workloads.split(",") if w]
+    a.configs = [c for c in a.configs.split(",") if c]
+    a.budgets = [int(b) for b in a.budgets.split(",") if b]
+    a.args = dict(x.split("=", 1) for x in a.args if "=" in x)
+    bad = [w for w in a.workloads if w not in SIZES["bench"]] + [c for c in a.configs if c not in LABEL] + \
+        [w for w in a.args if w not in a.workloads]
+    if bad or not a.workloads or not a.configs or a.repeats < 1 or any(not 0 < b < 100 for b in a.budgets):
+        ap.error(f"bad --workloads/--configs/--budgets/--repeats {' '.join(bad)}")
+    r = subprocess.run(["make", "-s", "all", "seeds"], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"bench_seeds: make all seeds failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    # kswap splits faults by thread and counts swap-ins only with its eBPF tracer; without it the
+    # runs still work, with those columns at 0.
+    if "kswap" in a.configs and subprocess.run(["make", "-s", "build/bin/farmem-trace"], cwd=ROOT,
+                                               capture_output=True).returncode:
+        log("bench_seeds: farmem-trace does not build: kswap's fault split and swap-ins will read 0")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load0 = " ".join(open("/proc/loadavg").read().split()[:3])
+    b = Bench(a)
+    try:
+        b.run()
+    finally:
+        subprocess.run(["rm", "-rf", b.workdir])
+    text = b.report(started, load0)
+    print(text)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write("\n" + text)
+        log(f"bench_seeds: appended to {a.out}")
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(b.records, f, indent=1)
+    # A configuration this machine lacks (no root, no farmem JDK) is said in the table, not a failure.
+    return 0 if all(r["ok"] or r["config"] in b.unavailable for r in b.records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

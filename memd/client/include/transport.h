@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The pager's side of memd: one interface over every transport
+ * (memd/client/, one file each, behind one table of operations):
+ *
+ *  - stream: the two-sided request/response protocol over TCP or a Unix
+ *    socket (docs/protocol.md); every read and write is a round trip.
+ *  - shm:    one-sided access to a same-host memd's store, a memfd passed over
+ *    the Unix socket after authentication; the socket carries only space
+ *    management and quota.
+ *  - rdma:   one-sided verbs into registered spaces; space management, quota
+ *    and COPY go over a TCP control connection.
+ *  - several memds ("A,B,C"): one stream transport per server behind this
+ *    same interface, pages placed by rendezvous hashing and written to
+ *    cfg.replicas of them.
+ *
+ * The fault path calls fm_chan_read/fm_chan_write and never learns which
+ * one it has. A channel belongs to one thread at a time; the transport itself
+ * (space management) is thread-safe.
+ *
+ * Deadlines. Every call returns within the transport's timeout
+ * (cfg.timeout_ms), however memd behaves (silent, trickling, stopped with its
+ * connections open): -ETIMEDOUT then. With several memds a page's read or
+ * write that times out goes to the next replica, so a call takes at most the
+ * timeout for each replica it tries; a server that keeps timing out is given
+ * up on. With one copy left nowhere else, the call fails.
+ *
+ * Signal safety. fm_chan_read, fm_chan_write, fm_chan_copy and
+ * fm_chan_discard may run in a signal handler (the faulting thread's
+ * SIGBUS), one channel per thread at a time. On every path, failures
+ * included, they
+ *  - allocate nothing and call no stdio: messages are formatted by
+ *    fm_vfmt and written with one write(2) (fm_log);
+ *  - take no lock that their own thread could hold already: the few locks
+ *    they may take (a control connection's, to refill the quota grant or to
+ *    send rdma's COPY; the space table of several memds, when a server is
+ *    lost) are held elsewhere only over the transport's own memory, never
+ *    while paged memory is touched, so a SIGBUS never interrupts their
+ *    holder;
+ *  - keep their scratch in the channel, not on the stack (a few KiB of
+ *    stack per call);
+ *  - make a connection again (several memds, after a failure) without the
+ *    resolver or an allocation: addresses are resolved at fm_xport_connect,
+ *    and the handshake's HMAC runs on the stack.
+ * Per-call cost is what the transport needs: an shm read is a pointer into
+ * the shared store and a checksum check, no system call.
+ * fm_xport_* and fm_chan_open/close are not signal-safe.
+ */
+#ifndef FARMEM_TRANSPORT_H
+#define FARMEM_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "protocol.h"
+
+struct fm_xport;
+struct fm_chan;
+
+enum fm_xport_pref { FM_PREF_AUTO = 0, FM_PREF_STREAM = 1, FM_PREF_SHM = 2 };
+
+/* What a transport is; the residency map's header records it (uffd/resmap.h, cli resmap.py). */
+enum fm_xport_kind { FM_XPORT_NONE = 0, FM_XPORT_STREAM = 1, FM_XPORT_SHM = 2, FM_XPORT_RDMA = 3 };
+
+struct fm_xport_cfg {
+	const char *addr;      /* "unix:/path", "tcp:HOST:PORT", "HOST:PORT", "rdma://ADDR:PORT", or "A,B,..." */
+	const void *secret;    /* shared secret (the token's bytes) */
+	size_t secret_len;
+	int pref;              /* enum fm_xport_pref */
+	int timeout_ms;        /* every call's deadline; 0 = 10 s (1 s with several memds) */
+	int replicas;          /* several memds: copies of every page; 0 = 1 */
+};
+
+/*
+ * What several memds count (zero with one memd). The same six words, in
+ * this order, as the memd_* block of the pager's statistics (uffd/resmap.h),
+ * so that the pager can hand that block to fm_xport_set_counters.
+ */
+struct fm_xport_counters {
+	uint64_t failovers;       /* page reads/writes that went to another replica after a failure */
+	uint64_t timeouts;        /* requests to a memd that did not answer within the timeout */
+	uint64_t servers_lost;    /* memd servers given up on (connection lost, or silent too long) */
+	uint64_t servers_live;    /* gauge: memd servers in use */
+	uint64_t rereplicated;    /* pages copied to another memd to restore R replicas */
+	uint64_t degraded_writes; /* pages acknowledged by fewer than R replicas */
+};
+
+/*
+ * Connect, authenticate, create a session. On failure returns -errno and
+ * writes a sentence for the user into err.
+ */
+int fm_xport_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out,
+		     char *err, size_t errlen);
+void fm_xport_close(struct fm_xport *x);
+int fm_xport_kind(const struct fm_xport *x);  /* enum fm_xport_kind */
+const char *fm_xport_addr(const struct fm_xport *x);
+
+/*
+ * From now on count into *c (updated with atomic adds, so readers in other
+ * processes see them move), starting from what was counted so far.
+ */
+void fm_xport_set_counters(struct fm_xport *x, struct fm_xport_counters *c);
+
+int fm_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id);
+int fm_xport_space_close(struct fm_xport *x, uint32_t space_id);
+int fm_xport_stats(struct fm_xport *x, struct fm_stats *st);
+
+/* A channel for the calling thread. */
+int fm_chan_open(struct fm_xport *x, struct fm_chan **out);
+void fm_chan_close(struct fm_chan *c);
+
+/*
+ * Read n (<= FM_MAX_BATCH) pages. On success src[i] points at page i's
+ * bytes, checksum verified, valid until the next call on this channel.
+ * Returns 0, -EIO (checksum), -ENOENT (memd has no such page), -ETIMEDOUT,
+ * -EHOSTDOWN (every server that held it is lost) or -errno.
+ */
+int fm_chan_read(struct fm_chan *c, uint32_t space, const uint64_t *pages,
+		 unsigned n, const void **src);
+
+/*
+ * Write n (<= FM_MAX_BATCH) pages and return only when memd holds their
+ * bytes. status[i] is FM_OK or FM_E_FULL (memd refused it: keep it local).
+ * Returns 0 when every status is valid, or -errno when none is.
+ */
+int fm_chan_write(struct fm_chan *c, uint32_t space, const uint64_t *pages,
+		  unsigned n, const void *const *data, uint32_t *status);
+
+/*
+ * Copy n (<= FM_MAX_BATCH) pages inside memd, in order: page spages[i] of
+ * space src to page dpages[i] of space dst, stored bytes and checksum,
+ * without bringing them here. stream and rdma: one COPY request (rdma on the
+ * control connection); shm: slot to slot in the shared store; several
+ * memds: COPY to every live server holding the source. status[i] is FM_OK
+ * (memd holds the source's bytes at the destination) or, with the
+ * destination unchanged, FM_E_ABSENT (no such source page), FM_E_FULL (no
+ * room), FM_E_RANGE or FM_E_INTERNAL (no server holding the source copied
+ * it): the caller moves those pages another way. Returns 0 when every
+ * status is valid, -EOPNOTSUPP when memd cannot copy (one that predates
+ * COPY: read and write instead), or -errno when none is.
+ */
+int fm_chan_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		 const uint64_t *dpages, unsigned n, uint32_t *status);
+
+/* Tell memd that these pages are dead: their next read is FM_E_ABSENT. */
+int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
+		    unsigned n);
+
+#endif /* FARMEM_TRANSPORT_H */

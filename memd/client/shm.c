@@ -1,0 +1,322 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The shm transport: a same-host memd passes each space's store (a memfd:
+ * page data, then an fm_shm_meta {crc, flags} per page) over the Unix
+ * socket, and pages move with plain loads and stores into it. A read is a
+ * pointer into the store and a checksum check, no system call. The control
+ * connection carries space management and the quota grant only.
+ */
+#include "ops.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "ctrl.h"
+#include "fm_util.h"
+
+#define MAX_SPACES 64
+
+struct space_map {
+	uint32_t id;
+	uint64_t npages;
+	uint8_t *data;             /* published last: find_space keys on it without a lock */
+	struct fm_shm_meta *meta;
+	size_t map_len;
+	int memfd;
+};
+
+struct shm {
+	struct fm_session_xport sx;
+	pthread_mutex_t lock;      /* the space table's changes */
+	struct space_map spaces[MAX_SPACES];
+	unsigned nspaces;
+};
+
+static struct shm *to_shm(struct fm_xport *x) { return (struct shm *)x; }
+
+static struct space_map *find_space(struct shm *s, uint32_t id)
+{
+	unsigned n = __atomic_load_n(&s->nspaces, __ATOMIC_ACQUIRE);
+
+	for (unsigned i = 0; i < n; i++)
+		if (s->spaces[i].id == id && __atomic_load_n(&s->spaces[i].data, __ATOMIC_ACQUIRE))
+			return &s->spaces[i];
+	return NULL;
+}
+
+static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
+{
+	struct shm *s = to_shm(x);
+	struct fm_space_ref ref = { .space_id = id };
+	struct fm_shm_map_rep rep;
+	struct space_map *sm = NULL;
+	size_t len;
+	uint16_t st;
+	int fd = -1, rc;
+	void *p;
+
+	rc = fm_ctrl_call(&s->sx.ctrl, FM_OP_SHM_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, &fd);
+	if (rc)
+		return rc;
+	if (st || len != sizeof(rep) || fd < 0 || rep.npages != npages ||
+	    rep.data_offset % FM_PAGE_SIZE || rep.meta_offset % FM_PAGE_SIZE ||
+	    rep.meta_offset < rep.data_offset + npages * FM_PAGE_SIZE ||
+	    rep.map_len < rep.meta_offset + npages * sizeof(struct fm_shm_meta)) {
+		rc = -EPROTO;
+		goto fail;
+	}
+	p = fm_sys_mmap(NULL, rep.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		rc = -errno;
+		goto fail;
+	}
+	pthread_mutex_lock(&s->lock);
+	for (unsigned i = 0; i < s->nspaces; i++)
+		if (!s->spaces[i].data)
+			sm = &s->spaces[i];
+	if (!sm && s->nspaces < MAX_SPACES)
+		sm = &s->spaces[s->nspaces];
+	if (sm) {
+		sm->id = id;
+		sm->npages = npages;
+		sm->memfd = fd;
+		sm->map_len = rep.map_len;
+		sm->meta = (struct fm_shm_meta *)((uint8_t *)p + rep.meta_offset);
+		__atomic_store_n(&sm->data, (uint8_t *)p + rep.data_offset, __ATOMIC_RELEASE);
+		if (sm == &s->spaces[s->nspaces])
+			__atomic_store_n(&s->nspaces, s->nspaces + 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (!sm) {
+		fm_sys_munmap(p, rep.map_len);
+		rc = -ENOSPC;
+		goto fail;
+	}
+	return 0;
+fail:
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
+static int shm_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
+{
+	return fm_session_xport_space_open(x, npages, space_id, map_space);
+}
+
+static int shm_space_close(struct fm_xport *x, uint32_t space_id)
+{
+	struct shm *s = to_shm(x);
+	struct space_map *sm = find_space(s, space_id);
+
+	if (sm) {
+		pthread_mutex_lock(&s->lock);
+		fm_sys_munmap(sm->data, sm->map_len);
+		close(sm->memfd);
+		__atomic_store_n(&sm->data, NULL, __ATOMIC_RELEASE);
+		sm->memfd = -1;
+		pthread_mutex_unlock(&s->lock);
+	}
+	return fm_session_xport_space_close(x, space_id);
+}
+
+static void shm_close(struct fm_xport *x)
+{
+	struct shm *s = to_shm(x);
+
+	for (unsigned i = 0; i < s->nspaces; i++) {
+		if (s->spaces[i].data)
+			fm_sys_munmap(s->spaces[i].data, s->spaces[i].map_len);
+		if (s->spaces[i].data && s->spaces[i].memfd >= 0)
+			close(s->spaces[i].memfd);
+	}
+	pthread_mutex_destroy(&s->lock);
+	fm_session_xport_free(&s->sx);
+}
+
+static int shm_chan_open(struct fm_xport *x, struct fm_chan **out)
+{
+	struct fm_chan *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	c->x = x;
+	*out = c;
+	return 0;
+}
+
+static void shm_chan_close(struct fm_chan *c) { free(c); }
+
+static int shm_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n, const void **src)
+{
+	struct space_map *sm = find_space(to_shm(c->x), space);
+
+	if (!sm)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t p = pages[i];
+		const uint8_t *d;
+		uint32_t crc;
+
+		if (p >= sm->npages)
+			return -ERANGE;
+		if (!(__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT))
+			return -ENOENT;
+		crc = sm->meta[p].crc;
+		d = sm->data + p * FM_PAGE_SIZE;
+		if (fm_crc32c(d, FM_PAGE_SIZE) != crc)
+			return -EIO;
+		src[i] = d;
+	}
+	return 0;
+}
+
+static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
+		     const void *const *data, uint32_t *status)
+{
+	struct shm *s = to_shm(c->x);
+	struct space_map *sm;
+
+	/* memd's control connection hung up: it is gone, do not trust it with a page. */
+	if (!fm_ctrl_alive(&s->sx.ctrl))
+		return -EPIPE;
+	sm = find_space(s, space);
+	if (!sm)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t p = pages[i];
+		struct fm_shm_meta *m;
+
+		if (p >= sm->npages)
+			return -ERANGE;
+		m = &sm->meta[p];
+		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) &&
+		    !fm_ctrl_take_grant(&s->sx.ctrl)) {
+			status[i] = FM_E_FULL;
+			continue;
+		}
+		/*
+		 * Data and checksum first, then the flag with release order: a
+		 * reader that acquires FM_SHM_PRESENT sees both. The store is in
+		 * the memfd's page cache when this returns, so the pager may drop
+		 * its own copy as soon as we come back.
+		 */
+		memcpy(sm->data + p * FM_PAGE_SIZE, data[i], FM_PAGE_SIZE);
+		m->crc = fm_crc32c(sm->data + p * FM_PAGE_SIZE, FM_PAGE_SIZE);
+		__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
+		status[i] = FM_OK;
+	}
+	return 0;
+}
+
+/*
+ * The same copy as memd's, done here in the shared store, slot to slot with
+ * no bounce. A destination page new to the store takes a page of the grant,
+ * as a write does.
+ */
+static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
+		    const uint64_t *dpages, unsigned n, uint32_t *status)
+{
+	struct shm *s = to_shm(c->x);
+	struct space_map *ss, *ds;
+
+	/* A copy makes pages that only memd holds: the same rule as a write. */
+	if (!fm_ctrl_alive(&s->sx.ctrl))
+		return -EPIPE;
+	ss = find_space(s, src);
+	ds = find_space(s, dst);
+	if (!ss || !ds)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t sp = spages[i], dp = dpages[i];
+		struct fm_shm_meta *m;
+		uint32_t crc;
+
+		if (sp >= ss->npages || dp >= ds->npages) {
+			status[i] = FM_E_RANGE;
+			continue;
+		}
+		if (!(__atomic_load_n(&ss->meta[sp].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
+			status[i] = FM_E_ABSENT;
+			continue;
+		}
+		status[i] = FM_OK;
+		if (ss == ds && sp == dp)
+			continue;
+		m = &ds->meta[dp];
+		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) && !fm_ctrl_take_grant(&s->sx.ctrl)) {
+			status[i] = FM_E_FULL;
+			continue;
+		}
+		/* The acquire above published the source's crc and bytes; the flag goes last, as in a write. */
+		crc = ss->meta[sp].crc;
+		memcpy(ds->data + dp * FM_PAGE_SIZE, ss->data + sp * FM_PAGE_SIZE, FM_PAGE_SIZE);
+		m->crc = crc;
+		__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
+	}
+	return 0;
+}
+
+static int shm_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
+{
+	struct shm *s = to_shm(c->x);
+	struct space_map *sm = find_space(s, space);
+
+	if (!sm)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t freed = 0;
+
+		if (r[i].first >= sm->npages || r[i].npages > sm->npages - r[i].first)
+			return -ERANGE;
+		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++)
+			if (__atomic_exchange_n(&sm->meta[p].flags, 0, __ATOMIC_ACQ_REL) & FM_SHM_PRESENT)
+				freed++;
+		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
+		fm_ctrl_return_grant(&s->sx.ctrl, freed);
+	}
+	return 0;
+}
+
+static const struct fm_xport_ops shm_ops = {
+	.space_open = shm_space_open,
+	.space_close = shm_space_close,
+	.stats = fm_session_xport_stats,
+	.alive = fm_session_xport_alive,
+	.hangup = fm_session_xport_hangup,
+	.close = shm_close,
+	.chan_open = shm_chan_open,
+	.chan_close = shm_chan_close,
+	.read = shm_read,
+	.write = shm_write,
+	.copy = shm_copy,
+	.discard = shm_discard,
+};
+
+int fm_shm_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)
+{
+	struct fm_session_xport *sx;
+	struct shm *s;
+	int rc = fm_session_xport_new(sizeof(*s), cfg, cfg->addr, FM_XPORT_SHM, &shm_ops, &sx, err, errlen);
+
+	if (rc)
+		return rc;
+	s = (struct shm *)sx;
+	if (!sx->ctrl.conn.is_unix || !(sx->ctrl.conn.server_flags & FM_HELLO_F_SHM)) {
+		fm_errmsg(err, errlen, "memd at %s cannot share its store (shm needs a Unix socket to a memd on this host)",
+			  cfg->addr);
+		fm_session_xport_free(sx);
+		return -EOPNOTSUPP;
+	}
+	pthread_mutex_init(&s->lock, NULL);
+	/* Slot to slot in the shared store: no request to memd, so no server that predates COPY. */
+	sx->base.can_copy = 1;
+	*out = &sx->base;
+	return 0;
+}

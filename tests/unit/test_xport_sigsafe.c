@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The transports' data path in a signal handler (transport.h, "Signal
+ * safety"): the pager resolves a fault in the faulting thread's SIGBUS
+ * handler, which interrupts the program wherever it is, inside malloc or
+ * stdio included. Here a thread that does nothing but allocate, free and
+ * format into a FILE is interrupted thousands of times, and its handler
+ * writes a page, reads it back and discards pages through each transport:
+ * shm, stream, and two memds with R=2, one of them killed halfway so that
+ * failover, the loss message and its accounting run in the handler too; then
+ * the stream transport's memd goes as well, for its error path. A data path
+ * that allocated, used stdio or took a lock its own thread could hold would,
+ * sooner or later, deadlock here: a handler that does not return within
+ * HANDLER_WAIT_S fails the test.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fm_util.h"
+#include "transport.h"
+#include "unit.h"
+
+#define NPAGES 64
+#define ROUNDS 1500
+#define HANDLER_WAIT_S 20
+
+struct target {
+	const char *name;
+	struct fm_xport *x;
+	struct fm_chan *c;
+	uint32_t space;
+	int expect_ok;              /* 0 once its memd is gone: calls must fail, not hang */
+};
+
+static struct target *cur;
+static atomic_uint handled, bad;
+static uint32_t version[NPAGES];
+static uint8_t page[4096] __attribute__((aligned(4096)));
+static atomic_int stop;
+
+/* Everything here must be signal-safe: no CHECK (it prints), only counters. */
+static void on_signal(int sig)
+{
+	static unsigned n;
+	uint64_t p = n % NPAGES;
+	const void *data = page, *src;
+	uint32_t st;
+	int rc;
+
+	n++;
+	write_page(page, 0, version[p] + 1);
+	rc = fm_chan_write(cur->c, cur->space, &p, 1, &data, &st);
+	if (cur->expect_ok) {
+		if (rc || st != FM_OK)
+			atomic_fetch_add(&bad, 1);
+		else
+			version[p]++;
+		rc = fm_chan_read(cur->c, cur->space, &p, 1, &src);
+		if (rc || !page_ok(src, 0, version[p]))
+			atomic_fetch_add(&bad, 1);
+		if (n % 8 == 0) {
+			struct fm_range r = { .first = (p + 1) % NPAGES, .npages = 1 };
+			if (fm_chan_discard(cur->c, cur->space, &r, 1))
+				atomic_fetch_add(&bad, 1);
+			version[r.first] = 0;
+		}
+	} else {
+		const void *s2;
+		(void)fm_chan_read(cur->c, cur->space, &p, 1, &s2);
+	}
+	atomic_fetch_add(&handled, 1);
+}
+
+/* The program the handler interrupts: allocation and stdio, nothing else. */
+static void *churn(void *arg)
+{
+	FILE *f = fopen("/dev/null", "w");
+	unsigned k = 0;
+
+	while (!atomic_load(&stop)) {
+		size_t len = 16 + (k * 7919) % 70000;
+		char *b = malloc(len), *c = calloc(1, 64);
+		char line[128];
+		if (b)
+			b[len - 1] = (char)k;
+		snprintf(line, sizeof(line), "%u %s %f", k, "churn", k / 3.0);
+		fputs(line, f);
+		fprintf(f, "%zu\n", len);
+		free(c);
+		free(b);
+		k++;
+	}
+	fclose(f);
+	return NULL;
+}
+
+/* Interrupt the churning thread rounds times, one signal at a time; a handler that blocks ends the test. */
+static int hammer(pthread_t t, struct target *tg, unsigned rounds)
+{
+	cur = tg;
+	for (unsigned i = 0; i < rounds; i++) {
+		unsigned before = atomic_load(&handled);
+		time_t t0 = time(NULL);
+		pthread_kill(t, SIGUSR1);
+		while (atomic_load(&handled) == before) {
+			struct timespec ts = { 0, 100000 };
+			if (time(NULL) - t0 > HANDLER_WAIT_S) {
+				fprintf(stderr, "%s: a handler did not return in %d s: the data path blocked in a signal handler\n",
+					tg->name, HANDLER_WAIT_S);
+				_exit(1);  /* the blocked thread cannot be joined; the memds die with us */
+			}
+			nanosleep(&ts, NULL);
+		}
+	}
+	return 0;
+}
+
+static int setup(struct target *tg, const char *name, const char *addr, int pref, int replicas)
+{
+	struct fm_xport_cfg cfg = { .addr = addr, .secret = UNIT_MEMD_SECRET,
+				    .secret_len = strlen(UNIT_MEMD_SECRET), .pref = pref,
+				    .timeout_ms = 500, .replicas = replicas };
+	char err[256] = "";
+
+	tg->name = name;
+	tg->expect_ok = 1;
+	if (fm_xport_connect(&cfg, &tg->x, err, sizeof(err)) || fm_xport_space_open(tg->x, NPAGES, &tg->space) ||
+	    fm_chan_open(tg->x, &tg->c)) {
+		fprintf(stderr, "%s: cannot set up: %s\n", name, err);
+		return -1;
+	}
+	memset(version, 0, sizeof(version));
+	return 0;
+}
+
+static void teardown(struct target *tg)
+{
+	fm_chan_close(tg->c);
+	fm_xport_close(tg->x);
+}
+
+int main(void)
+{
+	struct sigaction sa = { .sa_handler = on_signal };
+	char sock_a[64], sock_b[72], unix_a[80], tcp_a[64], tcp_b[64], two[160];
+	struct target shm, stream, multi;
+	pid_t a, b;
+	pthread_t t;
+
+	fm_log_level = FM_LOG_ERROR;  /* the losses below are meant; their messages still run */
+	snprintf(sock_a, sizeof(sock_a), "/tmp/farmem-unit-sigsafe-%d.sock", getpid());
+	snprintf(sock_b, sizeof(sock_b), "%s.2", sock_a);
+	snprintf(unix_a, sizeof(unix_a), "unix:%s", sock_a);
+	a = unit_start_memd_ex(sock_a, "64M", tcp_a, sizeof(tcp_a));
+	b = unit_start_memd_ex(sock_b, "64M", tcp_b, sizeof(tcp_b));
+	if (a < 0 || b < 0)
+		return 1;
+	snprintf(two, sizeof(two), "%s,%s", tcp_a, tcp_b);
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR1, &sa, NULL);
+	if (pthread_create(&t, NULL, churn, NULL))
+		return 1;
+
+	CHECK(setup(&shm, "shm", unix_a, FM_PREF_SHM, 0) == 0);
+	CHECK(fm_xport_kind(shm.x) == FM_XPORT_SHM);
+	CHECK(hammer(t, &shm, ROUNDS) == 0);
+	teardown(&shm);
+
+	CHECK(setup(&multi, "several memds", two, FM_PREF_AUTO, 2) == 0);
+	CHECK(hammer(t, &multi, ROUNDS / 2) == 0);
+	kill(b, SIGKILL);
+	waitpid(b, NULL, 0);
+	CHECK(hammer(t, &multi, ROUNDS / 2) == 0);  /* failover and the loss, in the handler */
+	teardown(&multi);
+
+	CHECK(setup(&stream, "stream", tcp_a, FM_PREF_STREAM, 0) == 0);
+	CHECK(fm_xport_kind(stream.x) == FM_XPORT_STREAM);
+	CHECK(hammer(t, &stream, ROUNDS) == 0);
+	kill(a, SIGKILL);
+	waitpid(a, NULL, 0);
+	stream.expect_ok = 0;
+	CHECK(hammer(t, &stream, 50) == 0);  /* memd gone: errors, reconnects, messages */
+	teardown(&stream);
+
+	atomic_store(&stop, 1);
+	pthread_join(t, NULL);
+	CHECK(atomic_load(&bad) == 0);
+	if (failures) {
+		fprintf(stderr, "test_xport_sigsafe: %d checks failed (%u bad data-path results)\n", failures,
+			atomic_load(&bad));
+		return 1;
+	}
+	unlink(sock_a);
+	unlink(sock_b);
+	printf("test_xport_sigsafe: ok (%u handlers, each a write, a read and every 8th a discard)\n",
+	       atomic_load(&handled));
+	return 0;
+}
