@@ -451,9 +451,10 @@ uint64_t fm_evict_to_budget(struct fm_pager *p)
 		if (!n)
 			break; /* memd full, or every page busy: the faults that follow evict as usual */
 		total += n;
+		/* Batch by batch: a GC cycle's garbage quota leaves these out (pager.c). */
+		STAT_ADD(p, adopt_evictions, n);
 	}
 	pthread_mutex_unlock(&p->reg_lock);
-	STAT_ADD(p, adopt_evictions, total);
 	return total;
 }
 

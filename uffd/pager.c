@@ -264,12 +264,19 @@ int fm_pager_stop(struct fm_pager *p)
 	return 0;
 }
 
-/* Garbage a cycle may make: twice what the last cycle evicted, at least 16 MiB, at most half the budget. */
+/*
+ * Garbage a cycle may make: twice what the last cycle evicted, at least 16 MiB, at most half the budget.
+ * What a registration evicted to bring the pages it found under the budget (a heap at attach) says
+ * nothing of a cycle's pressure: it is left out. Its counter trails the batch's by a moment, so a
+ * count that went back is taken as none.
+ */
 static void garbage_quota(struct fm_pager *p)
 {
 	uint64_t ev = __atomic_load_n(&p->st->evictions_clean, __ATOMIC_RELAXED) +
-		      __atomic_load_n(&p->st->evictions_dirty, __ATOMIC_RELAXED);
-	uint64_t q = 2 * (ev - p->evictions_at_gc), lim = atomic_load(&p->limit) / 2;
+		      __atomic_load_n(&p->st->evictions_dirty, __ATOMIC_RELAXED) -
+		      __atomic_load_n(&p->st->adopt_evictions, __ATOMIC_RELAXED);
+	uint64_t q = ev > p->evictions_at_gc ? 2 * (ev - p->evictions_at_gc) : 0;
+	uint64_t lim = atomic_load(&p->limit) / 2;
 
 	p->evictions_at_gc = ev;
 	q = q < 4096 ? 4096 : q;
