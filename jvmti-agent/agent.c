@@ -10,9 +10,10 @@
  * uffd/knobs.h lists the keys, docs/jvm.md is their table.
  *
  * This file is the agent's life cycle: Agent_OnLoad checks the options and
- * the JVM's configuration (GC, heap commitment; heap.c) from its flags and
- * starts the pager; VMInit, the first moment the heap exists, registers the
- * heap's mappings. Agent_OnAttach does both at once; the option detach brings
+ * the JVM's configuration (GC, heap file; heap.c) from its flags and starts
+ * the pager; VMInit, the first moment the heap exists, puts the heap under
+ * the pager, which from then on follows it as HotSpot commits and uncommits
+ * it (heap.c). Agent_OnAttach does both at once; the option detach brings
  * every page home and stops the pager. The GC events feed the pager and
  * discard the collector's free space (gcfree.c); GC threads are told apart by
  * name (gcthreads.c).
@@ -231,6 +232,7 @@ static void JNICALL on_gc_finish(jvmtiEnv *env)
 	struct fm_pager *p;
 	atomic_fetch_add(&gc_users, 1);
 	if ((p = atomic_load(&live))) {
+		fm_heap_follow(p);
 		if (atomic_load_explicit(&discard_on, memory_order_relaxed)) {
 			char why[300];
 			nfree_ranges = 0;

@@ -1,32 +1,77 @@
 // SPDX-License-Identifier: Apache-2.0
-/* The Java heap (heap.h): what HotSpot says about it, and its mappings under the pager. */
+/*
+ * The Java heap (heap.h): what HotSpot says about it, and its mappings under
+ * the pager.
+ *
+ * An anonymous heap is one sparse region over the reserved range (pager.h,
+ * FM_REG_SPARSE): HotSpot reserves the range PROT_NONE, commits parts with
+ * mmap(MAP_FIXED, PROT_READ | PROT_WRITE) and uncommits them with
+ * mmap(MAP_FIXED, PROT_NONE); -Xms below -Xmx, G1 growing and shrinking the
+ * heap, Parallel resizing its generations. Each such call replaces the
+ * mapping, and with it the userfaultfd registration. The agent interposes on
+ * libjvm's mmap and munmap (got.h): before HotSpot replaces a paged part the
+ * pager lets it go, after HotSpot commits a part the pager takes it, both
+ * before the call returns to HotSpot. So the pager never meets a mapping
+ * replaced behind its back (an unmap event, during which every userfaultfd
+ * ioctl fails with EAGAIN), and no page of the heap is ever unpaged memory
+ * the budget does not see. One region whatever the heap does, so the
+ * pager's 64 region slots never run short.
+ *
+ * The maps are also read at registration, and anything committed that the
+ * pager does not page yet is committed with it; again at the end of the
+ * first GC pause after that (a call that was inside mmap at the moment the
+ * hooks went in), and at the end of every pause if libjvm could not be
+ * hooked. Reading them costs some 0.2 ms: not for every pause when the hooks
+ * see every change.
+ */
 #include "heap.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
 
 #include "fm_util.h"
+#include "got.h"
 #include "pager.h"
 #include "vmstructs.h"
 
 #define MAX_HEAP_VMAS 64
 
+/* The shared-memory heap's mappings, each a region of its own (a heap in a file does not grow). */
 static struct { uintptr_t addr; size_t len; uint32_t flags; } vmas[MAX_HEAP_VMAS];
 static int nvmas;
 /* -XX:AllocateHeapAt on tmpfs: the heap file's device (the file itself is unlinked at once). */
 static int heap_on_shm;
 static dev_t heap_shm_dev;
 
+/*
+ * An anonymous heap: its reservation, and the pager that pages it. follow_lock
+ * is held across every change to what the pager pages of it, including
+ * HotSpot's own mmap calls through the hooks, so a commit never races an
+ * uncommit of the same range.
+ */
+static pthread_mutex_t follow_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fm_pager *following;
+static _Atomic uintptr_t heap_lo, heap_hi;
+static int hooked;           /* hook_libjvm ran (its hooks are never undone) */
+static int maps_hooked;      /* libjvm's mmap comes through here: no need to read the maps at every pause */
+static int maps_unread;      /* read the maps at the next pause (the first after registration, or a failed call) */
+static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
+static void *(*real_mmap64)(void *, size_t, int, int, int, off_t);
+static int (*real_munmap)(void *, size_t);
+
 #define TMPFS_MAGIC_ 0x01021994 /* <linux/magic.h> */
 
 int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen)
 {
 	const void *a;
-	uint64_t xms = 0, xmx = 0;
+	uint64_t xmx = 0;
 	int rc = fm_vms_init(err, errlen);
 
 	if (rc)
@@ -55,27 +100,20 @@ int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen)
 		heap_on_shm = 1;
 		heap_shm_dev = st.st_dev;
 	}
-	if (!fm_vms_flag_addr("InitialHeapSize", &a))
-		xms = *(const uint64_t *)a;
 	if (!fm_vms_flag_addr("MaxHeapSize", &a))
 		xmx = *(const uint64_t *)a;
-	if (xms && xmx && xms != xmx) {
-		snprintf(err, errlen, "the heap must be committed in full: give -Xms equal to -Xmx "
-			 "(here -Xms is %llu MiB, -Xmx %llu MiB)", (unsigned long long)(xms >> 20),
-			 (unsigned long long)(xmx >> 20));
-		return -ENOTSUP;
-	}
+	/* -Xms below -Xmx is served: the pager follows the heap as HotSpot commits and uncommits it. */
 	*heap_bytes = xmx;
 	return 0;
 }
 
 /*
- * The heap's anonymous private mappings, per /proc/self/maps. File-backed
- * pieces inside the range (the CDS archive's heap regions, classes.jsa) are
- * left alone; an uncommitted piece means a heap we cannot serve. With
- * -XX:AllocateHeapAt on tmpfs the heap is instead a shared mapping of an
- * unlinked file on that file system ("/dev/shm/#2 (deleted)"), recognised by
- * its device and paged in minor-fault mode; any other shared piece is refused.
+ * A heap in shared memory (-XX:AllocateHeapAt on tmpfs): its mappings, per
+ * /proc/self/maps. The heap is a shared mapping of an unlinked file on that
+ * file system ("/dev/shm/#2 (deleted)"), mapped in full whatever -Xms says,
+ * recognised by its device and paged in minor-fault mode; any other shared
+ * piece is refused. File-backed pieces inside the range (the CDS archive's
+ * heap regions, classes.jsa) are left alone.
  */
 static int find_heap_vmas(uintptr_t start, uint64_t bytes, char *err, size_t errlen)
 {
@@ -126,8 +164,8 @@ static int find_heap_vmas(uintptr_t start, uint64_t bytes, char *err, size_t err
 			}
 			continue; /* CDS archive piece: file-backed, not ours */
 		} else if (strncmp(perms, "rw", 2) || perms[3] != 'p') {
-			snprintf(err, errlen, "part of the heap (%#lx-%#lx, %s) is not committed memory: "
-				 "start the JVM with -Xms equal to -Xmx", lo, hi, perms);
+			snprintf(err, errlen, "part of the shared-memory heap (%#lx-%#lx, %s) is not "
+				 "committed memory", lo, hi, perms);
 			rc = -ENOTSUP;
 			break;
 		}
@@ -155,14 +193,216 @@ static int find_heap_vmas(uintptr_t start, uint64_t bytes, char *err, size_t err
 	return rc;
 }
 
+/* --- an anonymous heap, followed as it is committed --------------------------------------- */
+
+/* 1 if [a, a+len) reaches into the reserved heap. */
+static int touches_heap(uintptr_t a, size_t len)
+{
+	uintptr_t lo = atomic_load_explicit(&heap_lo, memory_order_acquire);
+
+	return lo && a < atomic_load_explicit(&heap_hi, memory_order_acquire) && a + len > lo;
+}
+
+/* [a, a+len) clipped to the reserved heap, page-aligned outward as the kernel would. */
+static void clip(uintptr_t *a, size_t *len)
+{
+	uintptr_t s = *a & ~(uintptr_t)4095, e = (*a + *len + 4095) & ~(uintptr_t)4095;
+	uintptr_t lo = atomic_load(&heap_lo), hi = atomic_load(&heap_hi);
+
+	s = s < lo ? lo : s;
+	e = e > hi ? hi : e;
+	*a = s;
+	*len = e > s ? e - s : 0;
+}
+
+/*
+ * Commit with the pager every anonymous private read-write mapping of the
+ * reserved heap that it does not page yet (file-backed pieces, the CDS
+ * archive's, and PROT_NONE ones stay unmanaged). Caller holds follow_lock.
+ * Returns the pages newly paged.
+ */
+static long commit_mapped(struct fm_pager *p)
+{
+	uintptr_t start = atomic_load(&heap_lo), end = atomic_load(&heap_hi);
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	long added = 0;
+
+	if (!f) {
+		fm_warn("cannot read /proc/self/maps to follow the heap: %s", strerror(errno));
+		return 0;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi, ino;
+		char perms[8], path[64] = "";
+		long n;
+		if (sscanf(line, "%lx-%lx %7s %*s %*s %lu %63s", &lo, &hi, perms, &ino, path) < 4)
+			continue;
+		if (hi <= start || lo >= end || ino || (path[0] && strncmp(path, "[anon:", 6)) ||
+		    strncmp(perms, "rw-p", 4))
+			continue;
+		lo = lo < start ? start : lo;
+		hi = hi > end ? end : hi;
+		n = fm_pager_commit(p, (void *)lo, hi - lo);
+		if (n < 0)
+			fm_warn("cannot page the committed heap %#lx+%lu KiB: %s", lo, (hi - lo) >> 10, strerror((int)-n));
+		else
+			added += n;
+	}
+	fclose(f);
+	return added;
+}
+
+/*
+ * HotSpot maps over part of the heap (MAP_FIXED: a commit, an uncommit), or
+ * unmaps it. The pager lets the paged part go first, so the kernel never
+ * replaces a registered mapping behind its back; a new read-write mapping is
+ * paged before HotSpot sees it.
+ */
+static void *heap_map(void *(*real)(void *, size_t, int, int, int, off_t), void *addr, size_t len, int prot,
+		      int flags, int fd, off_t off)
+{
+	uintptr_t a = (uintptr_t)addr;
+	size_t n = len;
+	void *r;
+	int e;
+
+	if (!(flags & MAP_FIXED) || !touches_heap(a, len))
+		return real(addr, len, prot, flags, fd, off);
+	clip(&a, &n);
+	pthread_mutex_lock(&follow_lock);
+	if (following && n)
+		fm_pager_unregister(following, (void *)a, n);
+	r = real(addr, len, prot, flags, fd, off);
+	e = errno;
+	/* Failed, the old mapping may still be there, now unpaged: the next pause's look at the maps takes it back. */
+	if (r == MAP_FAILED)
+		maps_unread = 1;
+	if (following && n && r != MAP_FAILED && prot == (PROT_READ | PROT_WRITE) && fd == -1 &&
+	    (flags & (MAP_PRIVATE | MAP_ANONYMOUS)) == (MAP_PRIVATE | MAP_ANONYMOUS)) {
+		long k = fm_pager_commit(following, (void *)a, n);
+		if (k < 0)
+			fm_warn("cannot page the heap HotSpot committed at %#lx+%zu KiB: %s", (unsigned long)a,
+				n >> 10, strerror((int)-k));
+	}
+	pthread_mutex_unlock(&follow_lock);
+	errno = e;
+	return r;
+}
+
+static void *hook_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return heap_map(real_mmap, addr, len, prot, flags, fd, off);
+}
+
+static void *hook_mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return heap_map(real_mmap64, addr, len, prot, flags, fd, off);
+}
+
+static int hook_munmap(void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr;
+	size_t n = len;
+	int r, e;
+
+	if (!touches_heap(a, len))
+		return real_munmap(addr, len);
+	clip(&a, &n);
+	pthread_mutex_lock(&follow_lock);
+	if (following && n)
+		fm_pager_unregister(following, (void *)a, n);
+	r = real_munmap(addr, len);
+	e = errno;
+	if (r)
+		maps_unread = 1;
+	pthread_mutex_unlock(&follow_lock);
+	errno = e;
+	return r;
+}
+
+/* Send libjvm's mmap, mmap64 and munmap through the hooks (once per process). Caller holds follow_lock. */
+static void hook_libjvm(void)
+{
+	int maps = 0, unmaps;
+
+	if (hooked)
+		return;
+	maps += fm_got_interpose("libjvm.so", "mmap", (void *)hook_mmap, (void **)&real_mmap) > 0;
+	maps += fm_got_interpose("libjvm.so", "mmap64", (void *)hook_mmap64, (void **)&real_mmap64) > 0;
+	unmaps = fm_got_interpose("libjvm.so", "munmap", (void *)hook_munmap, (void **)&real_munmap) > 0;
+	hooked = 1;
+	maps_hooked = maps > 0;
+	if (!maps)
+		fm_warn("libjvm.so's mmap could not be interposed on: the heap is followed at the end of GC "
+			"pauses only, and a part HotSpot uncommits leaves the pager by an unmap event");
+	else
+		fm_debug("interposed on libjvm.so's mmap%s", unmaps ? " and munmap" : "");
+}
+
+static int register_sparse(struct fm_pager *p, uintptr_t start, uint64_t bytes, char *err, size_t errlen)
+{
+	long added;
+	int rc;
+
+	pthread_mutex_lock(&follow_lock);
+	rc = fm_pager_register(p, (void *)start, bytes, FM_REG_HEAP | FM_REG_SPARSE);
+	if (rc) {
+		pthread_mutex_unlock(&follow_lock);
+		snprintf(err, errlen, "cannot page the heap %#lx+%llu MiB: %s", (unsigned long)start,
+			 (unsigned long long)(bytes >> 20), strerror(-rc));
+		return rc;
+	}
+	atomic_store(&heap_lo, start);
+	atomic_store(&heap_hi, start + bytes);
+	following = p;
+	/* Hooks first, then the maps: a commit after the read comes through a hook, which waits for the lock. */
+	hook_libjvm();
+	added = commit_mapped(p);
+	maps_unread = 1;
+	pthread_mutex_unlock(&follow_lock);
+	if (!added) {
+		fm_heap_unregister(p);
+		snprintf(err, errlen, "no committed anonymous memory found in the heap range %#lx+%llu MiB",
+			 (unsigned long)start, (unsigned long long)(bytes >> 20));
+		return -ENOENT;
+	}
+	fm_info("paging the Java heap %#lx+%llu MiB as HotSpot commits it (%llu MiB committed now)",
+		(unsigned long)start, (unsigned long long)(bytes >> 20), (unsigned long long)((uint64_t)added >> 8));
+	return 0;
+}
+
+void fm_heap_follow(struct fm_pager *p)
+{
+	long added;
+
+	pthread_mutex_lock(&follow_lock);
+	added = following == p && (maps_unread || !maps_hooked) ? commit_mapped(p) : 0;
+	maps_unread = 0;
+	pthread_mutex_unlock(&follow_lock);
+	if (added)
+		fm_info("found %ld committed heap pages the pager did not page yet: paged now", added);
+}
+
+/* --- registration ------------------------------------------------------------------------------ */
+
 int fm_heap_register(struct fm_pager *p, uintptr_t *heap_start, uint64_t *heap_bytes, char *err, size_t errlen)
 {
 	uintptr_t start;
 	uint64_t bytes;
 	int rc = fm_vms_heap(&start, &bytes, err, errlen);
 
-	if (!rc)
-		rc = find_heap_vmas(start, bytes, err, errlen);
+	if (rc)
+		return rc;
+	if (!heap_on_shm) {
+		rc = register_sparse(p, start, bytes, err, errlen);
+		if (!rc) {
+			*heap_start = start;
+			*heap_bytes = bytes;
+		}
+		return rc;
+	}
+	rc = find_heap_vmas(start, bytes, err, errlen);
 	if (rc)
 		return rc;
 	for (int i = 0; i < nvmas; i++) {
@@ -172,12 +412,12 @@ int fm_heap_register(struct fm_pager *p, uintptr_t *heap_start, uint64_t *heap_b
 				 (unsigned long)vmas[i].addr, vmas[i].len >> 20, strerror(-rc));
 			for (int j = 0; j < i; j++)
 				fm_pager_unregister(p, (void *)vmas[j].addr, vmas[j].len);
+			nvmas = 0;
 			return rc;
 		}
 	}
-	fm_info("paging the Java heap %#lx+%llu MiB in %d mappings%s", (unsigned long)start,
-		(unsigned long long)(bytes >> 20), nvmas,
-		heap_on_shm ? " (shared memory: minor-fault mode)" : "");
+	fm_info("paging the Java heap %#lx+%llu MiB in %d mappings (shared memory: minor-fault mode)",
+		(unsigned long)start, (unsigned long long)(bytes >> 20), nvmas);
 	*heap_start = start;
 	*heap_bytes = bytes;
 	return 0;
@@ -185,6 +425,13 @@ int fm_heap_register(struct fm_pager *p, uintptr_t *heap_start, uint64_t *heap_b
 
 void fm_heap_unregister(struct fm_pager *p)
 {
+	pthread_mutex_lock(&follow_lock);
+	if (following == p) {
+		uintptr_t lo = atomic_load(&heap_lo);
+		fm_pager_unregister(p, (void *)lo, atomic_load(&heap_hi) - lo);
+		following = NULL;
+	}
+	pthread_mutex_unlock(&follow_lock);
 	for (int i = 0; i < nvmas; i++)
 		fm_pager_unregister(p, (void *)vmas[i].addr, vmas[i].len);
 	nvmas = 0;
@@ -192,6 +439,12 @@ void fm_heap_unregister(struct fm_pager *p)
 
 void fm_heap_fetch_all(struct fm_pager *p)
 {
+	pthread_mutex_lock(&follow_lock);
+	if (following == p) {
+		uintptr_t lo = atomic_load(&heap_lo);
+		fm_pager_fetch_all(p, (void *)lo, atomic_load(&heap_hi) - lo);
+	}
+	pthread_mutex_unlock(&follow_lock);
 	for (int i = 0; i < nvmas; i++)
 		fm_pager_fetch_all(p, (void *)vmas[i].addr, vmas[i].len);
 }

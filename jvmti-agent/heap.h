@@ -13,20 +13,31 @@
 struct fm_pager;
 
 /*
- * From the JVM's flags, before the heap exists: refuse a collector, heap file
- * or heap sizing the pager cannot serve (-ENOTSUP with err). *heap_bytes:
- * -Xmx, 0 if unknown.
+ * From the JVM's flags, before the heap exists: refuse a collector or heap
+ * file the pager cannot serve (-ENOTSUP with err). *heap_bytes: -Xmx (the
+ * reserved heap, of which a percentage budget is a share), 0 if unknown.
  */
 int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen);
 
 /*
- * Once the heap exists (VMInit, or on attach): register each of its anonymous
- * (or, with AllocateHeapAt on tmpfs, shared-memory) mappings with p, all or
- * nothing. [*start, *start + *bytes) is the reserved heap.
+ * Once the heap exists (VMInit, or on attach): put it under p, all or
+ * nothing. An anonymous heap is paged as HotSpot commits it (heap.c says
+ * how): what is committed now, and from then on every part HotSpot commits
+ * or uncommits, as it does so. A heap in shared memory (AllocateHeapAt on
+ * tmpfs) is mapped in full: each of its mappings is registered.
+ * [*start, *start + *bytes) is the reserved heap.
  */
 int fm_heap_register(struct fm_pager *p, uintptr_t *start, uint64_t *bytes, char *err, size_t errlen);
 
-/* Unregister what fm_heap_register registered. */
+/*
+ * At the end of a GC pause: page any committed part of the heap the pager
+ * does not page yet. The hooks on libjvm's mmap see every commit as it
+ * happens, so this reads the maps only at the first pause after
+ * registration, or at every pause when libjvm could not be hooked.
+ */
+void fm_heap_follow(struct fm_pager *p);
+
+/* Unregister what fm_heap_register registered, and stop following the heap. */
 void fm_heap_unregister(struct fm_pager *p);
 
 /* Bring every page of the registered heap home and pin it there (fm_pager_fetch_all). */

@@ -293,6 +293,7 @@ FAKE_PAGER = textwrap.dedent("""
     st.faults, st.remote_reads, st.remote_writes, st.zero_fills = 1000, 300, 200, 700
     st.evictions_clean, st.evictions_dirty = 50, 150
     st.local_limit_pages, st.peak_resident_pages, st.registered_pages = 1024, 1000, 4096
+    st.adopt_peak_pages, st.adopt_evictions = 2048, 1100       # found over the limit at registration
     st.lat_hist[resmap.lat_bucket(5000)] = 98
     st.lat_hist[resmap.lat_bucket(200000)] = 2
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -332,6 +333,10 @@ def test_summary_from_the_control_socket(tmp_path, farmem_cmd):
     assert s["fault_p50_us"] == round(resmap.lat_bucket_floor(resmap.lat_bucket(5000)) / 1000, 2)
     assert s["fault_p99_us"] == round(resmap.lat_bucket_floor(resmap.lat_bucket(200000)) / 1000, 2)
     assert "farmem: 1234 faults" in r.stderr
+    # The excursion registration found is said beside the peak, which counts from after it.
+    assert s["adopt_peak_bytes"] == 2048 * 4096 and s["adopt_evictions"] == 1100
+    assert "peak resident 3.9 MiB (8.0 MiB resident when registered, over the limit: 1100 pages evicted at once)" \
+        in r.stderr, r.stderr
     assert "control socket: ignored a connection" in r.stderr
 
 
@@ -491,8 +496,10 @@ FAKE_MAPPED = textwrap.dedent("""
     h.pid, h.swap_epoch, h.gc_cycles, h.nregions, h.transport = os.getpid(), 7, 3, 2, 1
     h.memd = b"unix:/tmp/x.sock"
     h.stats.faults, h.stats.registered_pages, h.stats.resident_pages = 42, 8, 4
+    h.stats.local_limit_pages, h.stats.peak_resident_pages, h.stats.adopt_peak_pages = 4, 4, 6
+    h.stats.adopt_evictions = 2
     r = h.regions[0]
-    r.base, r.npages, r.map_offset, r.flags = 0x7f0000000000, 8, resmap.MAP_OFFSET, 1 | 2
+    r.base, r.npages, r.map_offset, r.flags = 0x7f0000000000, 8, resmap.MAP_OFFSET, 1 | 2 | 8
     h.regions[1].npages = 99                     # a slot not flagged live: not a region
     mm[resmap.MAP_OFFSET:resmap.MAP_OFFSET + 8] = bytes([2, 4 | 0x10, 6 | 0x08, 1, 0, 3, 5, 7])
     print("ready", flush=True)
@@ -516,13 +523,15 @@ def test_stat_reads_a_residency_map(tmp_path, capsys):
         assert s["registered_bytes"] == 8 * 4096
         assert len(s["regions"]) == 1
         region = s["regions"][0]
-        assert (region["base"], region["npages"], region["flags"]) == (0x7F0000000000, 8, ["heap"])
+        assert (region["base"], region["npages"], region["flags"]) == (0x7F0000000000, 8, ["heap", "sparse"])
+        assert (s["adopt_peak_bytes"], s["adopt_evictions"]) == (6 * 4096, 2)
         # clean, dirty, remote, filling, untouched, updating, leaving, unmanaged
         assert (region["resident"], region["remote"], region["dirty"]) == (4, 2, 1)
         assert (region["untouched"], region["unmanaged"], region["filling"]) == (1, 1, 1)
 
         status, out, _ = cli(capsys, "stat", proc.pid)
         assert status == 0 and out.startswith(f"pid {proc.pid}: 1 regions") and "region 0x7f0000000000" in out
+        assert "(peak 16.0 KiB; 24.0 KiB resident when registered, over the limit: 2 pages evicted at once)" in out
     finally:
         proc.stdin.close()
         proc.wait(10)

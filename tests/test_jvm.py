@@ -6,6 +6,7 @@ into build/java by `make c`. The whole file takes about two minutes on two CPUs.
 """
 
 import json
+import mmap
 import os
 import re
 import signal
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from farmem import procmap, resmap
 
 pytestmark = [pytest.mark.memd, pytest.mark.pager]
 
@@ -139,6 +142,37 @@ def test_shared_memory_heap_at_25_percent(farmem_cmd, java_cp, tmp_path, private
     assert not left
 
 
+# A JVM started small that grows its heap to hold 300 MiB of live data, then drops to 20 MiB and runs
+# System.gc(): with these ratios G1 gives most of the heap back (the workload prints the committed heap).
+GROW_SHRINK = ["-Xmx512m", "-Xms16m", "-XX:MaxHeapFreeRatio=30", "-XX:MinHeapFreeRatio=10"]
+GROW_SHRINK_ARGS = ["GcChurn", "--live-mb", "16", "--grow-mb", "300", "--shrink-mb", "20"]
+
+
+def shrunk_figures(out: str) -> tuple:
+    """The committed heap (MiB) after and before the workload's shrink, from its own line."""
+    m = re.search(r"^gcchurn: shrunk slots=\d+ committed=(\d+) MiB \(was (\d+) MiB\)", out, re.M)
+    assert m, out
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_run_pages_a_heap_that_grows_and_shrinks(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """-Xms below -Xmx is kept (farmem run adds -Xms only when there is none), and the heap is paged as
+    G1 commits it and uncommits it: every word checked, the budget held."""
+    summary = tmp_path / "s.json"
+    r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--", "java", *GROW_SHRINK,
+               "-cp", str(build / "java"), *GROW_SHRINK_ARGS, "--seconds", "10",
+               timeout=240, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gcchurn: ok" in r.stdout
+    assert "adding -Xms" not in r.stderr
+    after, before = shrunk_figures(r.stdout)
+    assert after * 2 < before, r.stdout  # the heap really shrank
+    s = json.loads(summary.read_text())
+    assert s["local_limit_bytes"] == 128 << 20 and s["peak_resident_bytes"] <= 128 << 20, s
+    assert s["remote_reads"] > 0 and s["evictions"] > 0 and s["discards"] > 0, s
+    assert not memds_using(private_tmp)
+
+
 def test_heap_file_off_tmpfs_is_refused(farmem_cmd, jvm_built, private_tmp, build):
     """A heap on a DAX/NVDIMM or disk file system cannot be paged: refused before the JVM starts."""
     from farmem.java import fs_type
@@ -181,7 +215,6 @@ def test_h2_database_at_25_percent(farmem_cmd, build, built, jvm_built, tmp_path
 @pytest.mark.parametrize("jvm_args, message", [
     (["-XX:+UseZGC", HEAP], "ZGC is not supported"),
     (["-XX:+UseShenandoahGC", HEAP], "Shenandoah is not supported"),
-    (["-Xmx32m", "-Xms16m"], "differs from -Xmx"),
     ([], "needs -Xmx"),
     (["-XX:AllocateHeapAt=/nonexistent-farmem-dir", HEAP], "no such directory"),
 ])
@@ -287,6 +320,195 @@ def test_attach_pages_a_running_jvm_and_detach_brings_it_home(farmem_cmd, java_c
     assert jvm.returncode == 0, out + err
     assert "gcchurn: ok" in out
     assert "detached: every heap page is local" in err
+
+
+class StatSampler(threading.Thread):
+    """The figures `farmem stat PID --json` shows, read every few tenths of a second while the JVM runs,
+    every sample kept. With `old` (the heap's page indices paged at attach, as a byte mask), also the
+    most pages seen remote in memd among those the JVM committed later."""
+
+    def __init__(self, pid: int, old: bytes = b""):
+        super().__init__(daemon=True)
+        self.pid, self.old, self.samples, self.remote_new, self.done = pid, old, [], 0, threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.2):
+            try:
+                self.samples.append(procmap.stat_figures(self.pid, procmap.read_map(self.pid)))
+                if self.old:
+                    states = heap_states(self.pid)
+                    self.remote_new = max(self.remote_new, sum(
+                        1 for st, old in zip(states, self.old) if st == resmap.PG_REMOTE and not old))
+            except Exception:  # the JVM exited, or its map is not there yet
+                pass
+
+    def stop(self) -> list:
+        self.done.set()
+        self.join()
+        return self.samples
+
+
+def heap_states(pid: int) -> bytes:
+    """The page states (low three bits of each byte) of the JVM's sparse heap region."""
+    fd = os.open(procmap.find_maps(pid)[0], os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ) as mm:
+            hdr = resmap.ResmapHdr.from_buffer_copy(mm, 0)
+            for r in hdr.regions[:hdr.nregions]:
+                if r.flags & resmap.REGION_F_LIVE and r.flags & resmap.REGION_F_SPARSE:
+                    return mm[r.map_offset:r.map_offset + r.npages].translate(resmap._STATE_TABLE)
+    finally:
+        os.close(fd)
+    raise AssertionError(f"pid {pid} has no sparse heap region")
+
+
+def committed_bytes(pid: int, region: dict) -> int:
+    """Bytes of anonymous private read-write memory in a region's range, per /proc/PID/maps: what HotSpot
+    has committed of its heap (its reserved rest is PROT_NONE, the CDS archive's pieces are a file)."""
+    lo, hi, n = region["base"], region["base"] + region["bytes"], 0
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split()
+            a, b = (int(x, 16) for x in fields[0].split("-"))
+            if fields[1] == "rw-p" and fields[4] == "0" and len(fields) == 5:
+                n += max(0, min(b, hi) - max(a, lo))
+    return n
+
+
+class AttachedJvm:
+    """A JVM running java_cmd (GcChurn: it prints `gcchurn: ready` first) and attached with `--local`:
+
+        with AttachedJvm(farmem_cmd, java_cmd, "25%") as a:
+            a.sample()      # start a StatSampler
+            a.go()          # a line on the JVM's stdin (GcChurn --wait)
+            out, err, samples = a.finish()
+
+    The JVM is killed on the way out if the test failed before it finished."""
+
+    def __init__(self, farmem_cmd: list, java_cmd: list, local: str):
+        self.farmem_cmd, self.java_cmd, self.local, self.sampler = farmem_cmd, java_cmd, local, None
+
+    def __enter__(self):
+        self.jvm = subprocess.Popen(self.java_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        self.pid = self.jvm.pid
+        try:
+            line = self.jvm.stdout.readline()
+            assert line.startswith("gcchurn: ready"), line or self.jvm.stderr.read()
+            r = farmem(self.farmem_cmd, "attach", str(self.pid), "--local", self.local, timeout=60)
+            assert r.returncode == 0, r.stderr
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def sample(self, old: bytes = b"") -> StatSampler:
+        self.sampler = StatSampler(self.pid, old)
+        self.sampler.start()
+        return self.sampler
+
+    def go(self) -> None:
+        self.jvm.stdin.write("go\n")
+        self.jvm.stdin.flush()
+
+    def finish(self, timeout: int = 180) -> tuple:
+        """The JVM's output once it exited (status 0 and `gcchurn: ok` checked), and the samples."""
+        out, err = self.jvm.communicate(timeout=timeout)
+        samples = self.sampler.stop() if self.sampler else []
+        assert self.jvm.returncode == 0 and "gcchurn: ok" in out, out + err
+        return out, err, samples
+
+    def __exit__(self, *exc):
+        if self.sampler:
+            self.sampler.stop()
+        if self.jvm.poll() is None:
+            self.jvm.kill()
+            self.jvm.wait()
+
+
+@pytest.mark.parametrize("heap, local, limit", [
+    (["-Xmx512m"], "50%", 256 << 20),  # the issue's case: -Xmx only, the budget a share of it
+    ([], "128M", 128 << 20),           # no heap flags at all: HotSpot's own sizes
+], ids=["xmx-only", "no-flags"])
+def test_attach_to_a_jvm_started_the_ordinary_way(farmem_cmd, build, jvm_built, heap, local, limit):
+    """No -Xms: the heap is committed in part and grows. Attach pages it, brings what it finds under the
+    budget at once, and from then on the peak never passes the budget; every word is checked."""
+    with AttachedJvm(farmem_cmd, ["java", *heap, "-cp", str(build / "java"), "GcChurn", "--live-mb", "200",
+                                  "--seconds", "12"], local) as a:
+        a.sample()
+        _, _, samples = a.finish()
+    assert len(samples) > 10, samples
+    last = samples[-1]
+    assert last["local_limit_bytes"] == limit
+    assert [r["flags"] for r in last["regions"]] == [["heap", "sparse"]]
+    assert last["evictions"] > 0 and last["remote_reads"] > 0 and last["gc_cycles"] > 0, last
+    # What attach found resident is said, and none of it counts as a peak: the pager evicted it first.
+    assert last["adopt_peak_bytes"] > 0
+    if last["adopt_peak_bytes"] > limit:
+        assert last["adopt_evictions"] > 0
+    over = [(s["peak_resident_bytes"], s["resident_bytes"]) for s in samples
+            if max(s["peak_resident_bytes"], s["resident_bytes"]) > limit]
+    assert not over, over
+
+
+@pytest.mark.parametrize("gc", ["-XX:+UseG1GC", "-XX:+UseParallelGC"])
+def test_attached_heap_grows_and_shrinks(farmem_cmd, build, jvm_built, gc):
+    """A JVM attached while its heap is small: the regions it commits afterwards are registered and
+    paged (pages there go to memd), and what it uncommits leaves the pager; every word is checked."""
+    with AttachedJvm(farmem_cmd, ["java", gc, *GROW_SHRINK, "-cp", str(build / "java"), *GROW_SHRINK_ARGS,
+                                  "--seconds", "8", "--wait"], "25%") as a:
+        first = stat_json(farmem_cmd, a.pid)
+        at_attach = bytes(st != resmap.PG_UNMANAGED for st in heap_states(a.pid))
+        assert first["registered_bytes"] == sum(at_attach) << 12 < 100 << 20, first
+        sampler = a.sample(at_attach)
+        a.go()
+        line = ""
+        while not line.startswith("gcchurn: shrunk"):
+            line = a.jvm.stdout.readline()
+            assert line, a.jvm.stderr.read()
+        # Grown: the heap HotSpot committed after the attach was registered, and its pages went to memd.
+        grown = max(s["registered_bytes"] for s in sampler.samples)
+        assert grown > first["registered_bytes"] + (250 << 20), (first, grown)
+        assert sampler.remote_new > 0
+        # Shrunk (the JVM waits): the pager pages exactly what is committed now, as the kernel shows it;
+        # G1 uncommits in the background, shortly after the pause.
+        after, before = shrunk_figures(line)
+        if gc == "-XX:+UseG1GC":
+            assert after * 2 < before, line  # G1 gives heap back at a full GC with these ratios
+        deadline = time.monotonic() + 15
+        while True:
+            heap = stat_json(farmem_cmd, a.pid)
+            committed = committed_bytes(a.pid, heap["regions"][0])
+            if heap["registered_bytes"] == committed or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert heap["registered_bytes"] == committed, (line, heap["registered_bytes"], committed)
+        if gc == "-XX:+UseG1GC":
+            assert committed * 2 < grown
+        a.go()
+        _, _, samples = a.finish()
+    assert all(s["peak_resident_bytes"] <= 128 << 20 for s in samples), samples[-1]
+    assert samples[-1]["evictions"] > 0 and samples[-1]["remote_reads"] > 0
+
+
+def test_heap_committed_between_pauses_is_paged_at_once(farmem_cmd, build, jvm_built):
+    """A humongous array makes G1 expand the heap in the allocating thread, between GC pauses. The
+    expansion is paged before HotSpot writes the array (libjvm's mmap is interposed on): nothing of
+    the heap is ever unpaged, so the budget holds while 300 MiB are written under a 64 MiB budget."""
+    with AttachedJvm(farmem_cmd, ["java", "-Xmx512m", "-Xms16m", "-cp", str(build / "java"), "GcChurn",
+                                  "--live-mb", "16", "--big-mb", "300", "--seconds", "2", "--wait"], "64M") as a:
+        first = stat_json(farmem_cmd, a.pid)
+        a.sample()
+        a.go()
+        line = a.jvm.stdout.readline()
+        assert line.startswith("gcchurn: big 300 MiB"), line + a.jvm.stderr.read()
+        heap = stat_json(farmem_cmd, a.pid)
+        committed = committed_bytes(a.pid, heap["regions"][0])
+        assert heap["registered_bytes"] == committed > first["registered_bytes"] + (200 << 20), (first, heap)
+        assert heap["evictions"] > 0 and heap["peak_resident_bytes"] <= 64 << 20, heap
+        a.go()
+        _, _, samples = a.finish()
+    assert samples and all(s["peak_resident_bytes"] <= 64 << 20 for s in samples), samples[-1:]
 
 
 def test_attached_jvm_exit_leaves_nothing_behind(farmem_cmd, java_cp):

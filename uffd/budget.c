@@ -43,6 +43,22 @@ static void changed(struct fm_pager *p, uint64_t now, int grew)
 		fm_evictor_kick(p);
 }
 
+void fm_resident_adopt(struct fm_pager *p, uint64_t n)
+{
+	uint64_t now = atomic_fetch_add(&p->resident, n) + n;
+	uint64_t seen = __atomic_load_n(&p->st->adopt_peak_pages, __ATOMIC_RELAXED);
+
+	__atomic_store_n(&p->st->resident_pages, now, __ATOMIC_RELAXED);
+	while (now > seen && !__atomic_compare_exchange_n(&p->st->adopt_peak_pages, &seen, now, 0,
+							  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+void fm_resident_settled(struct fm_pager *p)
+{
+	changed(p, atomic_load(&p->resident), 1);
+}
+
 void fm_resident_add(struct fm_pager *p, int64_t delta)
 {
 	uint64_t now = atomic_fetch_add(&p->resident, (uint64_t)delta) + (uint64_t)delta;

@@ -17,6 +17,14 @@ void fm_budget_set(struct fm_pager *p);
 int fm_budget_reserve(struct fm_pager *p, uint64_t cap);
 /* Resident pages came (delta > 0) or went. */
 void fm_resident_add(struct fm_pager *p, int64_t delta);
+/*
+ * n pages a registration found present join the resident count, which may
+ * pass the budget: the peak leaves them out (adopt_peak_pages records them)
+ * until fm_resident_settled, once the registering thread has evicted what
+ * did not fit.
+ */
+void fm_resident_adopt(struct fm_pager *p, uint64_t n);
+void fm_resident_settled(struct fm_pager *p);
 /* MemLiner's swap epoch: pages in plus out since the last one. */
 void fm_churn(struct fm_pager *p, uint64_t pages);
 /* Resident at or over the low watermark: eviction is near, and garbage worth marking. */

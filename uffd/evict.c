@@ -105,8 +105,16 @@ static unsigned pick_garbage(struct fm_pager *p, struct victim *v, unsigned want
 static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 {
 	unsigned n;
-	uint64_t scanned = 0, total = atomic_load(&p->registered) * 2 + 1;
+	uint64_t scanned = 0, total = 1;
 
+	/*
+	 * Two sweeps of every index the hand visits, so a referenced page gets
+	 * its second chance: a sparse region's hand passes its unpaged pages
+	 * too, so the bound is the regions' size, not the pages registered.
+	 */
+	for (int k = 0; k < p->nregions; k++)
+		if (p->regions[k].live)
+			total += p->regions[k].npages * 2;
 	pthread_mutex_lock(&p->clock_lock);
 	if (atomic_load(&p->forking)) {
 		/* Every page must stay where the child can inherit it (fork.c). */
@@ -424,6 +432,35 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 		fm_churn(p, dropped);
 	}
 	return dropped;
+}
+
+uint64_t fm_evict_to_budget(struct fm_pager *p)
+{
+	uint64_t total = 0, res;
+	int rc;
+
+	if (atomic_load(&p->resident) <= atomic_load(&p->limit))
+		return 0;
+	pthread_mutex_lock(&p->reg_lock);
+	if (!p->reg_chan && (rc = fm_chan_open(p->x, &p->reg_chan))) {
+		p->reg_chan = NULL;
+		pthread_mutex_unlock(&p->reg_lock);
+		fm_warn("cannot open a channel to memd to bring registered pages under the budget: %s; "
+			"faults will evict them", strerror(-rc));
+		return 0;
+	}
+	while (!atomic_load(&p->evict_broken) && (res = atomic_load(&p->resident)) > atomic_load(&p->limit)) {
+		uint64_t over = res - atomic_load(&p->limit);
+		unsigned n = fm_evict_batch(p, p->reg_chan, over < p->cfg.evict_batch ? (unsigned)over
+										: p->cfg.evict_batch);
+		if (!n)
+			break; /* memd full, or every page busy: the faults that follow evict as usual */
+		total += n;
+		/* Batch by batch: a GC cycle's garbage quota leaves these out (pager.c). */
+		STAT_ADD(p, adopt_evictions, n);
+	}
+	pthread_mutex_unlock(&p->reg_lock);
+	return total;
 }
 
 void *fm_evictor_main(void *arg)

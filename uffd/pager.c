@@ -148,6 +148,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	pthread_rwlock_init(&p->rlock, NULL);
 	pthread_mutex_init(&p->clock_lock, NULL);
 	pthread_mutex_init(&p->misc_lock, NULL);
+	pthread_mutex_init(&p->reg_lock, NULL);
 	pthread_mutex_init(&p->stream_lock, NULL);
 	p->zero_run = aligned_alloc(PG_SIZE, (size_t)ZERO_RUN_PAGES * PG_SIZE);
 	p->bounce = aligned_alloc(PG_SIZE, (size_t)FM_MAX_BATCH * PG_SIZE);
@@ -241,6 +242,7 @@ int fm_pager_stop(struct fm_pager *p)
 	fm_monitor_stop(p);
 	fm_chan_close(p->ev_chan);
 	fm_chan_close(p->misc_chan);
+	fm_chan_close(p->reg_chan);
 	fm_pool_close(p);
 	/*
 	 * Close the uffd before anything unmaps a registered range: with
@@ -265,12 +267,19 @@ int fm_pager_stop(struct fm_pager *p)
 	return 0;
 }
 
-/* Garbage a cycle may make: twice what the last cycle evicted, at least 16 MiB, at most half the budget. */
+/*
+ * Garbage a cycle may make: twice what the last cycle evicted, at least 16 MiB, at most half the budget.
+ * What a registration evicted to bring the pages it found under the budget (a heap at attach) says
+ * nothing of a cycle's pressure: it is left out. Its counter trails the batch's by a moment, so a
+ * count that went back is taken as none.
+ */
 static void garbage_quota(struct fm_pager *p)
 {
 	uint64_t ev = __atomic_load_n(&p->st->evictions_clean, __ATOMIC_RELAXED) +
-		      __atomic_load_n(&p->st->evictions_dirty, __ATOMIC_RELAXED);
-	uint64_t q = 2 * (ev - p->evictions_at_gc), lim = atomic_load(&p->limit) / 2;
+		      __atomic_load_n(&p->st->evictions_dirty, __ATOMIC_RELAXED) -
+		      __atomic_load_n(&p->st->adopt_evictions, __ATOMIC_RELAXED);
+	uint64_t q = ev > p->evictions_at_gc ? 2 * (ev - p->evictions_at_gc) : 0;
+	uint64_t lim = atomic_load(&p->limit) / 2;
 
 	p->evictions_at_gc = ev;
 	q = q < 4096 ? 4096 : q;

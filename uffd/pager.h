@@ -65,10 +65,18 @@ int fm_pager_stop(struct fm_pager *p);
 
 #define FM_REG_HEAP 2u  /* FM_REGION_F_HEAP */
 #define FM_REG_SHMEM 4u /* FM_REGION_F_SHMEM: a MAP_SHARED mapping of a shmem file */
+#define FM_REG_SPARSE 8u /* FM_REGION_F_SPARSE: a reserved range, paged as it is committed */
 
 /*
  * Put [addr, addr+len) (page-aligned, anonymous private) under the pager.
- * Pages already present stay resident and count as dirty.
+ * Pages already present stay resident and count as dirty; if they are more
+ * than the budget holds, the calling thread evicts down to the budget before
+ * it returns (the stats' adopt_peak_pages and adopt_evictions say so).
+ *
+ * With FM_REG_SPARSE the range is address space reserved for memory that
+ * comes and goes (a JVM heap that grows and shrinks): one region, nothing of
+ * it paged (UNMANAGED) until fm_pager_commit puts parts of it under the
+ * pager. fm_pager_unregister of a part lets that part go again.
  *
  * With FM_REG_SHMEM the range is a shared mapping of a tmpfs file or memfd
  * (a JVM heap made with -XX:AllocateHeapAt=/dev/shm), paged in minor-fault
@@ -79,6 +87,19 @@ int fm_pager_stop(struct fm_pager *p);
  * kernel lacks minor faults or write-protection for shmem.
  */
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags);
+/*
+ * [addr, addr+len), inside a region registered FM_REG_SPARSE, is memory now
+ * (anonymous private, read-write: the program committed it). Its pages that
+ * are not paged yet are registered: present ones as resident (and evicted
+ * down to the budget, as at registration), the others untouched. Pages
+ * already paged are left as they are, so calling it again for a range costs
+ * a look at its state bytes. Returns the pages it put under the pager, or
+ * -ENOENT (no sparse region holds the range), -EINVAL, or the error of
+ * UFFDIO_REGISTER. Before the program replaces a paged part (mmap over it,
+ * munmap), fm_pager_unregister it: a mapping replaced behind the pager's
+ * back is only learnt of by an unmap event.
+ */
+long fm_pager_commit(struct fm_pager *p, void *addr, size_t len);
 /*
  * The program is about to unmap or remap [addr, addr+len): forget its
  * pages (local and remote) and unregister it. The caller then unmaps.

@@ -60,6 +60,12 @@ struct region {
 	uint32_t space;        /* memd space of its remote pages */
 	int slot;              /* index in hdr->regions */
 	int live;
+	/*
+	 * FM_REG_SPARSE: a reserved range whose parts become memory and stop
+	 * being memory while it lives (fm_pager_commit); the rest is UNMANAGED.
+	 */
+	int sparse;
+	atomic_uint_fast64_t managed; /* its pages that are not UNMANAGED */
 	atomic_int pinned;     /* being brought home for an mremap: the evictor skips it */
 	/*
 	 * FM_REG_SHMEM only: a second mapping of the same file pages that the
@@ -178,6 +184,13 @@ struct fm_pager {
 
 	pthread_mutex_t misc_lock;      /* misc_chan, for calls from program threads */
 	struct fm_chan *misc_chan;
+	/*
+	 * A registration's own channel, opened at the first that finds more
+	 * pages present than the budget holds: it evicts them in the
+	 * registering thread (evict.h, fm_evict_to_budget).
+	 */
+	pthread_mutex_t reg_lock;
+	struct fm_chan *reg_chan;
 
 	pthread_mutex_t stream_lock;
 	struct stream streams[NSTREAMS];

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "budget.h"
+#include "evict.h"
 #include "fm_util.h"
 #include "pager_internal.h"
 #include "shmem.h"
@@ -124,6 +125,7 @@ void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint
 {
 	struct fm_dead dead = { .n = 0 };
 	int64_t res = 0;
+	uint64_t let_go = 0;
 
 	for (uint64_t i = first; i < first + n;) {
 		uint8_t b = fm_settle(p, &r->pg[i]);
@@ -134,6 +136,7 @@ void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint
 				res--;
 			if (b & FM_PGF_HAS_REMOTE)
 				fm_dead_add(p, &dead, r->space, i);
+			let_go += to == FM_PG_UNMANAGED;
 		}
 		i++;
 	}
@@ -141,6 +144,12 @@ void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint
 	STAT_ADD(p, discards, (uint64_t)-res);
 	if (res)
 		fm_resident_add(p, res);
+	/* A sparse region's uncommitted part is no longer registered memory (a partial munmap elsewhere stays counted). */
+	if (let_go && r->sparse) {
+		atomic_fetch_sub(&r->managed, let_go);
+		atomic_fetch_sub(&p->registered, let_go);
+		fm_budget_set(p);
+	}
 }
 
 int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
@@ -157,18 +166,21 @@ int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
 	return hit;
 }
 
-/* Mark the pages that are already present: they are resident and, for all we know, dirty. */
-static uint64_t adopt_present(struct region *r)
+/*
+ * Mark pages [first, first+npg) that are already present: they are resident
+ * and, for all we know, dirty. The others stay as the caller set them.
+ */
+static uint64_t adopt_present(struct region *r, uint64_t first, uint64_t npg)
 {
 	struct page_region vec[256];
-	uint64_t n = 0, start = r->base;
+	uint64_t n = 0, start = r->base + (first << PG_SHIFT), end = start + (npg << PG_SHIFT);
 	int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 
 	if (pagemap < 0)
 		return 0;
-	while (start < r->end) {
+	while (start < end) {
 		struct pm_scan_arg a = {
-			.size = sizeof(a), .start = start, .end = r->end,
+			.size = sizeof(a), .start = start, .end = end,
 			.vec = (uintptr_t)vec, .vec_len = 256,
 			.category_mask = PAGE_IS_PRESENT, .return_mask = PAGE_IS_PRESENT,
 		};
@@ -179,9 +191,9 @@ static uint64_t adopt_present(struct region *r)
 			 * every page as present would make the evictor copy out pages
 			 * never touched, and fault on them itself (a deadlock).
 			 */
-			for (uint64_t i = (start - r->base) >> PG_SHIFT; i < r->npages; i += 4096) {
+			for (uint64_t i = (start - r->base) >> PG_SHIFT; i < first + npg; i += 4096) {
 				unsigned char vv[4096];
-				uint64_t m = r->npages - i < 4096 ? r->npages - i : 4096;
+				uint64_t m = first + npg - i < 4096 ? first + npg - i : 4096;
 				int ok = mincore((void *)(r->base + (i << PG_SHIFT)), m << PG_SHIFT, vv) == 0;
 				for (uint64_t j = 0; j < m; j++) {
 					if (ok && !(vv[j] & 1))
@@ -205,16 +217,51 @@ static uint64_t adopt_present(struct region *r)
 	return n;
 }
 
+/*
+ * Pages present at a registration joined the books as resident: if they pass
+ * the budget, evict down to it now, in this thread. Left to the faults that
+ * follow, the excess would stay until the first fault at the limit (a JVM's
+ * heap at attach: most of it, for as long as the program touches only
+ * resident pages).
+ */
+static void settle_adopted(struct fm_pager *p, uint64_t present)
+{
+	if (!present)
+		return;
+	fm_resident_adopt(p, present);
+	fm_evict_to_budget(p);
+	fm_resident_settled(p);
+}
+
+/* UFFDIO_REGISTER [a, a+len) for paging; a range the uffd cannot page is let go again. */
+static int uffd_register(struct fm_pager *p, uintptr_t a, size_t len, int minor)
+{
+	uint64_t ioctls = 0;
+	int rc = fm_uffd_register(p->uffd, a, len, 1, 1, minor, &ioctls);
+
+	if (rc || !fm_uffd_can_page(ioctls, minor)) {
+		if (!rc)
+			fm_uffd_unregister(p->uffd, a, len);
+		if (rc)
+			fm_warn("UFFDIO_REGISTER of %#lx+%zu failed: %s", (unsigned long)a, len, strerror(-rc));
+		else
+			fm_warn("%#lx+%zu cannot be paged (no copy, continue or write-protect on this mapping)",
+				(unsigned long)a, len);
+		return rc ? rc : -ENOTSUP;
+	}
+	return 0;
+}
+
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
 {
 	uintptr_t a = (uintptr_t)addr;
-	int minor = !!(flags & FM_REG_SHMEM);
+	int minor = !!(flags & FM_REG_SHMEM), sparse = !!(flags & FM_REG_SPARSE);
 	struct region *r = NULL;
-	uint64_t npages = len >> PG_SHIFT, present, ioctls = 0;
+	uint64_t npages = len >> PG_SHIFT, present = 0;
 	uint32_t space;
 	int slot = -1, rc;
 
-	if (!len || (a | len) & (PG_SIZE - 1))
+	if (!len || (a | len) & (PG_SIZE - 1) || (minor && sparse))
 		return -EINVAL;
 	if (minor && !p->shmem_ok) {
 		fm_warn("cannot page the shared-memory mapping %p+%zu MiB: this kernel's userfaultfd lacks "
@@ -239,15 +286,20 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		fm_warn("memd refused a space of %llu pages: %s", (unsigned long long)npages, strerror(-rc));
 		return rc;
 	}
+	r = &p->regions[slot];
+	*r = (struct region){
+		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,
+		.pg = p->map + p->hdr->map_used, .sparse = sparse,
+	};
+	if (sparse) {
+		/* Nothing of it is paged yet: fm_pager_commit registers its parts as they become memory. */
+		memset(r->pg, FM_PG_UNMANAGED, npages);
+		goto books;
+	}
 	/* Page-table entries per 4 KiB: keep the kernel from making huge pages we then split. */
 	fm_sys_madvise(addr, len, MADV_NOHUGEPAGE);
 	/* A child gets the range only through fork.c, which first brings its pages home. */
 	fm_sys_madvise(addr, len, MADV_DONTFORK);
-	r = &p->regions[slot];
-	*r = (struct region){
-		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,
-		.pg = p->map + p->hdr->map_used,
-	};
 	/* Before UFFDIO_REGISTER: a mapping made from a registered one would inherit its uffd. */
 	if (minor && (rc = fm_shmem_alias(r))) {
 		rlock_un(p);
@@ -265,29 +317,25 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		atomic_store(&p->lo, a);
 	if (a + len > atomic_load(&p->hi))
 		atomic_store(&p->hi, a + len);
-	rc = fm_uffd_register(p->uffd, a, len, 1, 1, minor, &ioctls);
-	if (rc || !fm_uffd_can_page(ioctls, minor)) {
-		if (!rc)
-			fm_uffd_unregister(p->uffd, a, len);
+	rc = uffd_register(p, a, len, minor);
+	if (rc) {
 		bounds(p);
 		fm_shmem_release(r);
 		rlock_un(p);
 		fm_xport_space_close(p->x, space);
-		if (rc)
-			fm_warn("UFFDIO_REGISTER of %p+%zu failed: %s", addr, len, strerror(-rc));
-		else
-			fm_warn("%p+%zu cannot be paged (no copy, continue or write-protect on this mapping)",
-				addr, len);
-		return rc ? rc : -ENOTSUP;
+		return rc;
 	}
 	memset(r->pg, 0, npages);
-	present = adopt_present(r);
+	present = adopt_present(r, 0, npages);
 	if (r->alias)
 		present += fm_shmem_adopt(p, r);
+	atomic_store(&r->managed, npages);
+	atomic_fetch_add(&p->registered, npages);
+books:
 	p->hdr->regions[slot] = (struct fm_resmap_region){
 		.base = a, .npages = npages, .map_offset = FM_RESMAP_MAP_OFFSET + p->hdr->map_used,
 		.space_id = space,
-		.flags = FM_REGION_F_LIVE | (flags & (FM_REG_HEAP | FM_REG_SHMEM)),
+		.flags = FM_REGION_F_LIVE | (flags & (FM_REG_HEAP | FM_REG_SHMEM | FM_REG_SPARSE)),
 	};
 	p->hdr->map_used += (npages + 63) & ~63ull;
 	if (slot >= p->nregions)
@@ -295,13 +343,101 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	__atomic_store_n(&p->hdr->nregions, (uint32_t)p->nregions, __ATOMIC_RELEASE);
 	r->live = 1;
 	bounds(p);
-	atomic_fetch_add(&p->registered, npages);
 	fm_budget_set(p);
 	rlock_un(p);
-	fm_resident_add(p, (int64_t)present);
-	fm_info("paging %p+%zu MiB (%llu pages present), budget %llu pages",
-		addr, len >> 20, (unsigned long long)present, (unsigned long long)atomic_load(&p->limit));
+	settle_adopted(p, present);
+	fm_info("paging %p+%zu MiB%s (%llu pages present), budget %llu pages", addr, len >> 20,
+		sparse ? " as it is committed" : "", (unsigned long long)present,
+		(unsigned long long)atomic_load(&p->limit));
 	return 0;
+}
+
+/* The sparse region that holds all of [a, e), or NULL. Caller holds rlock. */
+static struct region *sparse_holding(struct fm_pager *p, uintptr_t a, uintptr_t e)
+{
+	for (int i = 0; i < p->nregions; i++) {
+		struct region *r = &p->regions[i];
+		if (r->live && r->sparse && a >= r->base && e <= r->end)
+			return r;
+	}
+	return NULL;
+}
+
+/* The end of the run of pages from i on that are (want 1) or are not (want 0) UNMANAGED, before end. */
+static uint64_t run_end(const struct region *r, uint64_t i, uint64_t end, int want)
+{
+	while (i < end && (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_UNMANAGED) == want)
+		i++;
+	return i;
+}
+
+long fm_pager_commit(struct fm_pager *p, void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr;
+	struct region *r;
+	uint64_t first, end, present = 0;
+	long added = 0;
+	int rc = 0;
+
+	if (!len || (a | len) & (PG_SIZE - 1))
+		return -EINVAL;
+	rlock_wr(p);
+	r = sparse_holding(p, a, a + len);
+	if (!r) {
+		rlock_un(p);
+		return -ENOENT;
+	}
+	first = (a - r->base) >> PG_SHIFT;
+	end = first + (len >> PG_SHIFT);
+	/*
+	 * Under the write lock no fault, eviction or unmap event is inside the
+	 * region, so its unmanaged bytes can be set like a new region's. A
+	 * thread that touches a page once it is registered waits for the lock
+	 * in its fault, then finds it untouched (or adopted).
+	 */
+	for (uint64_t i = run_end(r, first, end, 0); i < end && !rc;) {
+		uint64_t stop = run_end(r, i, end, 1);
+		uintptr_t s = r->base + (i << PG_SHIFT);
+		size_t n = (size_t)(stop - i) << PG_SHIFT;
+
+		fm_sys_madvise((void *)s, n, MADV_NOHUGEPAGE);
+		fm_sys_madvise((void *)s, n, MADV_DONTFORK); /* as at registration (fork.c) */
+		rc = uffd_register(p, s, n, 0);
+		if (!rc) {
+			memset(r->pg + i, 0, stop - i);
+			present += adopt_present(r, i, stop - i);
+			atomic_fetch_add(&r->managed, stop - i);
+			added += (long)(stop - i);
+		}
+		i = run_end(r, stop, end, 0);
+	}
+	if (added) {
+		atomic_fetch_add(&p->registered, (uint64_t)added);
+		fm_budget_set(p);
+	}
+	rlock_un(p);
+	settle_adopted(p, present);
+	if (added)
+		fm_debug("committed %#lx+%zu KiB: %ld pages paged now (%llu present)", (unsigned long)a, len >> 10,
+			 added, (unsigned long long)present);
+	return rc && !added ? rc : added;
+}
+
+/* UFFDIO_UNREGISTER the overlap o; in a sparse region, only its runs of paged pages (the rest may be no mapping of ours). */
+static void uffd_let_go(struct fm_pager *p, const struct fm_overlap *o)
+{
+	struct region *r = o->r;
+	uint64_t end = o->first + o->n;
+
+	for (uint64_t i = r->sparse ? run_end(r, o->first, end, 1) : o->first; i < end;) {
+		uint64_t stop = r->sparse ? run_end(r, i, end, 0) : end;
+		uintptr_t s = r->base + (i << PG_SHIFT);
+		int rc = fm_uffd_unregister(p->uffd, s, (size_t)(stop - i) << PG_SHIFT);
+		if (rc)
+			fm_warn("UFFDIO_UNREGISTER of %#lx+%lu failed: %s", (unsigned long)s,
+				(unsigned long)((stop - i) << PG_SHIFT), strerror(-rc));
+		i = r->sparse ? run_end(r, stop, end, 1) : end;
+	}
 }
 
 int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
@@ -314,18 +450,16 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 	while (fm_overlap_next(p, a, e, &o)) {
 		struct region *r = o.r;
 		uintptr_t s = r->base + (o.first << PG_SHIFT);
-		int rc;
+		int whole = o.n == r->npages;
 
-		fm_region_forget(p, r, o.first, o.n, o.n == r->npages ? FM_PG_UNTOUCHED : FM_PG_UNMANAGED);
-		rc = fm_uffd_unregister(p->uffd, s, (size_t)o.n << PG_SHIFT);
+		/* Before the books change: they say which runs of a sparse region are registered. */
+		uffd_let_go(p, &o);
+		fm_region_forget(p, r, o.first, o.n, whole ? FM_PG_UNTOUCHED : FM_PG_UNMANAGED);
 		fm_region_gone(p, s, s + ((uintptr_t)o.n << PG_SHIFT));
-		if (rc)
-			fm_warn("UFFDIO_UNREGISTER of %#lx+%lu failed: %s", (unsigned long)s,
-				(unsigned long)(o.n << PG_SHIFT), strerror(-rc));
-		if (o.n == r->npages) {
+		if (whole) {
 			fm_xport_space_close(p->x, r->space);
 			fm_shmem_release(r);
-			atomic_fetch_sub(&p->registered, r->npages);
+			atomic_fetch_sub(&p->registered, r->sparse ? atomic_load(&r->managed) : r->npages);
 			r->live = 0;
 			p->hdr->regions[r->slot].flags = 0;
 		} else {

@@ -67,6 +67,7 @@ static inline int fm_pg_is_resident(uint8_t b)
 #define FM_REGION_F_LIVE   1u /* slot in use */
 #define FM_REGION_F_HEAP   2u /* the Java heap */
 #define FM_REGION_F_SHMEM  4u /* shared-memory backed (minor-fault mode) */
+#define FM_REGION_F_SPARSE 8u /* a reserved range: only its committed parts are paged, the rest is UNMANAGED */
 
 struct fm_resmap_region {
 	uint64_t base;        /* first byte of the region */
@@ -150,10 +151,19 @@ struct fm_pager_stats {
 	uint64_t garbage_marked;     /* discarded resident pages kept, write-protected, until room is needed */
 	uint64_t garbage_evicted;    /* garbage pages dropped with no write-back */
 	uint64_t garbage_reused;     /* garbage pages the program wrote again (opened in runs) */
+	/*
+	 * Registration (issue 20): a range registered (or a heap part committed)
+	 * with pages already present adopts them as resident, which can be more
+	 * than the budget (a running JVM at attach). The pager evicts down to the
+	 * budget right then, in the registering thread; peak_resident_pages
+	 * counts from there, and these say what it found.
+	 */
+	uint64_t adopt_peak_pages;   /* gauge: the most resident pages right after an adoption, before that eviction */
+	uint64_t adopt_evictions;    /* pages evicted at registration to bring adopted pages under the budget */
 	uint64_t forks;              /* fork()s whose child got the paged ranges (uffd/fork.c) */
 	uint64_t fork_pages_fetched; /* pages brought home from memd for them */
 	uint64_t forks_without_paged;/* fork()s whose child did not: too little free memory */
-	uint64_t reserved[3];       /* the block after lat_hist is 32 words; stats end the header */
+	uint64_t reserved[1];       /* the block after lat_hist is 32 words; stats end the header */
 };
 
 struct fm_resmap_hdr {

@@ -7,8 +7,19 @@
  * and checks every slot at the end. Exit 0 only if every word is right.
  *
  *   java -Xmx512m -cp build/java GcChurn [--live-mb 200] [--seconds 10 | --steps N]
+ *        [--wait] [--grow-mb N] [--shrink-mb N] [--big-mb N]
  *
- * Prints "gcchurn: ready" once the live set is built (tests attach after it).
+ * Prints "gcchurn: ready" once the live set is built (tests attach after it);
+ * with --wait it then waits for a line on stdin before it churns. --grow-mb:
+ * the live set grows to N MiB as the churn starts (a JVM started small has
+ * to expand its heap). --shrink-mb: halfway through the run (once grown) the
+ * live set drops to N MiB and System.gc() runs, so a JVM whose
+ * -XX:MaxHeapFreeRatio allows it gives heap back; with --wait it waits for
+ * another line then (a test looks at the shrunk heap). --big-mb: one array
+ * of N MiB is allocated as the churn starts and checked at the end (a
+ * humongous object: a JVM started small expands its heap for it between GC
+ * pauses); with --wait it waits for another line after that. Each prints the
+ * committed heap (Runtime.totalMemory) when it is done.
  */
 import java.util.SplittableRandom;
 
@@ -35,9 +46,14 @@ public final class GcChurn {
     }
 
     static boolean check(long[][] live, int[] ver, int slot) {
-        long[] a = live[slot];
-        int v = ver[slot];
-        if (a == null || a.length != lenOf(slot, v)) {
+        return check(live, ver, slot, slot);
+    }
+
+    /* Entry `at` of live, made for pattern slot `slot` (the big array's is -1, its length its own). */
+    static boolean check(long[][] live, int[] ver, int at, int slot) {
+        long[] a = live[at];
+        int v = ver[at];
+        if (a == null || (slot >= 0 && a.length != lenOf(slot, v))) {
             System.out.printf("gcchurn: CORRUPT slot %d: length %d, want %d%n", slot,
                               a == null ? -1 : a.length, lenOf(slot, v));
             return false;
@@ -53,30 +69,92 @@ public final class GcChurn {
         return true;
     }
 
+    static int slotsFor(long mb) {
+        return (int) (mb * 1024 * 1024 / (17 * 1024 + 16));
+    }
+
+    static long committedMb() {
+        return Runtime.getRuntime().totalMemory() >> 20;
+    }
+
     public static void main(String[] args) throws Exception {
-        long liveMb = 200, steps = -1;
+        long liveMb = 200, steps = -1, growMb = 0, shrinkMb = -1, bigMb = 0;
         double seconds = 10;
+        boolean wait = false;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--live-mb": liveMb = Long.parseLong(args[++i]); break;
                 case "--seconds": seconds = Double.parseDouble(args[++i]); break;
                 case "--steps": steps = Long.parseLong(args[++i]); break;
-                default: System.err.println("usage: GcChurn [--live-mb N] [--seconds S | --steps N]"); System.exit(2);
+                case "--wait": wait = true; break;
+                case "--grow-mb": growMb = Long.parseLong(args[++i]); break;
+                case "--shrink-mb": shrinkMb = Long.parseLong(args[++i]); break;
+                case "--big-mb": bigMb = Long.parseLong(args[++i]); break;
+                default:
+                    System.err.println("usage: GcChurn [--live-mb N] [--seconds S | --steps N] [--wait] [--grow-mb N] "
+                                       + "[--shrink-mb N] [--big-mb N]");
+                    System.exit(2);
             }
         }
-        int slots = (int) (liveMb * 1024 * 1024 / (17 * 1024 + 16));
-        long[][] live = new long[slots][];
-        int[] ver = new int[slots];
+        // Slots [0, slots) are live; the table has room for the grown set.
+        int slots = slotsFor(liveMb), target = Math.max(slots, slotsFor(growMb));
+        long[][] live = new long[target][];
+        int[] ver = new int[target];
         for (int s = 0; s < slots; s++) live[s] = make(s, 0, lenOf(s, 0));
-        System.out.printf("gcchurn: ready slots=%d live=%d MiB%n", slots, liveMb);
+        System.out.printf("gcchurn: ready slots=%d live=%d MiB committed=%d MiB%n", slots, liveMb, committedMb());
         System.out.flush();
+        java.io.BufferedReader in = new java.io.BufferedReader(new java.io.InputStreamReader(System.in));
+        if (wait && in.readLine() == null) {
+            System.out.println("gcchurn: stdin closed before the start");
+            System.exit(2);
+        }
+        long[] big = bigMb > 0 ? make(-1, 0, (int) (bigMb << 17)) : null;
+        if (big != null) {
+            System.out.printf("gcchurn: big %d MiB committed=%d MiB%n", bigMb, committedMb());
+            System.out.flush();
+            if (wait && in.readLine() == null) {
+                System.out.println("gcchurn: stdin closed after the big array");
+                System.exit(2);
+            }
+        }
 
         SplittableRandom rnd = new SplittableRandom(42);
         long t0 = System.nanoTime(), deadline = t0 + (long) (seconds * 1e9);
+        long shrinkAt = shrinkMb >= 0 ? t0 + (long) (seconds * 0.5e9) : Long.MAX_VALUE;
         long done = 0, checked = 0, sink = 0;
-        boolean ok = true;
+        boolean ok = true, grown = slots == target;
         while (ok && (steps >= 0 ? done < steps : System.nanoTime() < deadline)) {
+            if (!grown && slots == target) {
+                grown = true;
+                System.out.printf("gcchurn: grown slots=%d committed=%d MiB%n", slots, committedMb());
+                System.out.flush();
+            }
+            if (grown && System.nanoTime() >= shrinkAt) {
+                // Slots past the new size die: a full GC finds the heap mostly free.
+                int to = Math.min(slots, slotsFor(shrinkMb));
+                long before = committedMb();
+                for (int s = to; s < slots; s++) live[s] = null;
+                slots = target = to;
+                System.gc();
+                System.gc();
+                System.out.printf("gcchurn: shrunk slots=%d committed=%d MiB (was %d MiB)%n", slots, committedMb(),
+                                  before);
+                System.out.flush();
+                shrinkAt = Long.MAX_VALUE;
+                long w0 = System.nanoTime();
+                if (wait && in.readLine() == null) {
+                    System.out.println("gcchurn: stdin closed after the shrink");
+                    System.exit(2);
+                }
+                deadline += System.nanoTime() - w0; // the churn's second half runs in full
+
+            }
             for (int k = 0; k < 256; k++, done++) {
+                if (slots < target) {
+                    live[slots] = make(slots, 0, lenOf(slots, 0));
+                    ver[slots] = 0;
+                    slots++;
+                }
                 int s = rnd.nextInt(slots);
                 int v = ver[s] + 1;
                 live[s] = make(s, v, lenOf(s, v));
@@ -95,6 +173,7 @@ public final class GcChurn {
             }
         }
         for (int s = 0; ok && s < slots; s++) ok = check(live, ver, s);
+        if (ok && big != null) ok = check(new long[][] {big}, new int[] {0}, 0, -1);
         long sum = 0;
         for (int s = 0; s < slots; s++) sum += ver[s];
         System.out.printf("gcchurn: %s steps=%d spot_checks=%d versions=%d sink=%d %.1f s%n", ok ? "ok" : "FAILED",

@@ -29,6 +29,7 @@ int main(void)
 	printf("  \"offsetof_swapva_copy_calls\": %zu,\n", offsetof(struct fm_pager_stats, swapva_copy_calls));
 	printf("  \"offsetof_fault_mode\": %zu,\n", offsetof(struct fm_pager_stats, fault_mode));
 	printf("  \"offsetof_garbage_reused\": %zu,\n", offsetof(struct fm_pager_stats, garbage_reused));
+	printf("  \"offsetof_adopt_evictions\": %zu,\n", offsetof(struct fm_pager_stats, adopt_evictions));
 	printf("  \"offsetof_forks_without_paged\": %zu,\n", offsetof(struct fm_pager_stats, forks_without_paged));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));

@@ -127,28 +127,13 @@ out:
 	printf("test_pager_inproc: %s transport, fault=%s done\n", transport, fault);
 }
 
+static void both_transports(const char *sock, const char *fault)
+{
+	exercise(sock, "shm", fault);
+	exercise(sock, "stream", fault);
+}
+
 int main(void)
 {
-	char sock[64];
-	pid_t memd;
-	int st;
-
-	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-%d.sock", getpid());
-	memd = unit_start_memd(sock, "256M");
-	if (memd < 0)
-		return 1;
-	for (int f = 0; f < 2; f++) {
-		const char *fault = f ? "thread" : "signal";
-		exercise(sock, "shm", fault);
-		exercise(sock, "stream", fault);
-	}
-	kill(memd, SIGTERM);
-	waitpid(memd, &st, 0);
-	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	if (failures) {
-		fprintf(stderr, "test_pager_inproc: %d checks failed\n", failures);
-		return 1;
-	}
-	printf("test_pager_inproc: ok\n");
-	return 0;
+	return unit_main("test_pager_inproc", both_transports);
 }

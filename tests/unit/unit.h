@@ -7,9 +7,11 @@
 #ifndef FARMEM_UNIT_H
 #define FARMEM_UNIT_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "memd_spawn.h"
 
@@ -42,6 +44,34 @@ static inline int page_ok(const uint8_t *base, uint64_t p, uint32_t v)
 		if (w[k] != (v ? page_word(p, v, k) : 0))
 			return 0;
 	return 1;
+}
+
+/*
+ * A test's main: a private memd (256 MiB), each(sock, fault) with faults served
+ * in the faulting thread, then by handler threads, memd stopped and checked.
+ * Returns the exit status, having said "NAME: ok" or how many checks failed.
+ */
+static inline int unit_main(const char *name, void (*each)(const char *sock, const char *fault))
+{
+	char sock[64];
+	pid_t memd;
+	int st;
+
+	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-%d.sock", getpid());
+	memd = unit_start_memd(sock, "256M");
+	if (memd < 0)
+		return 1;
+	each(sock, "signal");
+	each(sock, "thread");
+	kill(memd, SIGTERM);
+	waitpid(memd, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	if (failures) {
+		fprintf(stderr, "%s: %d checks failed\n", name, failures);
+		return 1;
+	}
+	printf("%s: ok\n", name);
+	return 0;
 }
 
 #endif /* FARMEM_UNIT_H */

@@ -142,18 +142,19 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
     if jvm.large_pages:
         raise FarmemError("-XX:+UseLargePages is not supported: the pager pages 4 KiB pages; drop the flag")
     if jvm.xmx is None:
-        raise FarmemError("farmem run -- java needs -Xmx: the local budget is a share of the heap, and the "
-                          "heap is registered whole (e.g. java -Xmx2g ...)")
+        raise FarmemError("farmem run -- java needs -Xmx: the local budget is a share of the heap's maximum, "
+                          "and -Xms is set from it (e.g. java -Xmx2g ...)")
     for flag, name in _UNTESTED_GCS.items():
         if jvm.gc_flags.get(flag):
             say(f"farmem: warning: the {name} collector is untested with farmem (G1 and Parallel are)")
     if jvm.xms is None:
+        # Committed in full, the heap costs no more than the budget (untouched pages are no memory under
+        # the pager) and never resizes: the agent follows a heap that does (docs/jvm.md), but each resize
+        # is a GC's worth of work for the JVM and a registration for the pager. An -Xms given is kept.
         argv.insert(1, f"-Xms{jvm.xmx_text}")
         end += 1
-        say(f"farmem: adding -Xms{jvm.xmx_text} (equal to -Xmx): farmem pages a heap that is committed in full")
-    elif jvm.xms != jvm.xmx:
-        raise FarmemError(f"-Xms ({fmt_bytes(jvm.xms)}) differs from -Xmx ({fmt_bytes(jvm.xmx)}): farmem pages "
-                          "a heap that is committed in full; drop -Xms or make it equal to -Xmx")
+        say(f"farmem: adding -Xms{jvm.xmx_text} (equal to -Xmx): a heap committed in full costs only the local "
+            "budget under farmem and never has to grow; give -Xms to size it yourself")
     local = str(args.local)
     if not local.endswith("%"):
         from farmem.units import parse_bytes

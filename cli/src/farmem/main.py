@@ -260,7 +260,8 @@ examples:
   farmem stat 4242 --json              its figures
   farmem detach 4242                   bring every page home, stop the pager and its memd
 
-The JVM must be HotSpot (JDK 17+), started with -Xms equal to -Xmx, with G1 or Parallel.
+The JVM must be HotSpot (JDK 17+) with G1 or Parallel, its heap sized as it was started (any -Xms,
+-Xmx or none): the heap is paged as HotSpot grows and shrinks it, and a percentage is of -Xmx.
 Without --memd, a private memd is started that stops with `farmem detach` or with the JVM.
 """
 

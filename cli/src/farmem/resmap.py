@@ -22,7 +22,7 @@ PG_UNTOUCHED, PG_FILLING, PG_CLEAN, PG_UPDATING, PG_DIRTY, PG_LEAVING, PG_REMOTE
 PG_STATE_MASK = 0x07
 PAGE_STATE_NAMES = ("untouched", "filling", "clean", "updating", "dirty", "leaving", "remote", "unmanaged")
 
-REGION_F_LIVE, REGION_F_HEAP, REGION_F_SHMEM = 1, 2, 4
+REGION_F_LIVE, REGION_F_HEAP, REGION_F_SHMEM, REGION_F_SPARSE = 1, 2, 4, 8
 TRANSPORTS = {0: "none", 1: "stream", 2: "shm", 3: "rdma"}
 
 u32, u64 = ctypes.c_uint32, ctypes.c_uint64
@@ -69,11 +69,14 @@ GC_FIELDS = ("gc_zero_fills",)
 FAULT_PATH_FIELDS = ("fault_mode", "io_prefaults", "io_retries")
 # Discard (issue 18): free heap kept as garbage, dropped first, or written again.
 GARBAGE_FIELDS = ("garbage_marked", "garbage_evicted", "garbage_reused")
+# Registration (issue 20): the most resident pages right after an adoption of present pages (a JVM
+# at attach), before the registering thread evicted down to the budget, and the pages it evicted.
+ADOPT_FIELDS = ("adopt_peak_pages", "adopt_evictions")
 # fork() (issue 19): children that got the paged ranges, pages brought home for them, children that did not.
 FORK_FIELDS = ("forks", "fork_pages_fetched", "forks_without_paged")
 # The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
 TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
-               + FAULT_PATH_FIELDS + GARBAGE_FIELDS + FORK_FIELDS)
+               + FAULT_PATH_FIELDS + GARBAGE_FIELDS + ADOPT_FIELDS + FORK_FIELDS)
 
 
 class PagerStats(ctypes.Structure):
@@ -124,6 +127,7 @@ def layout() -> dict:
         "offsetof_swapva_copy_calls": PagerStats.swapva_copy_calls.offset,
         "offsetof_fault_mode": PagerStats.fault_mode.offset,
         "offsetof_garbage_reused": PagerStats.garbage_reused.offset,
+        "offsetof_adopt_evictions": PagerStats.adopt_evictions.offset,
         "offsetof_forks_without_paged": PagerStats.forks_without_paged.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
@@ -211,7 +215,7 @@ SUMMED = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
-    + GARBAGE_FIELDS + FORK_FIELDS
+    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes.
 GAUGES = {
@@ -219,6 +223,7 @@ GAUGES = {
     "peak_resident_pages": "peak_resident_bytes",
     "resident_pages": "resident_bytes",
     "registered_pages": "registered_bytes",
+    "adopt_peak_pages": "adopt_peak_bytes",
 }
 
 
@@ -251,6 +256,17 @@ def figures(hdrs) -> dict:
     return out
 
 
+def adopt_note(s: dict) -> str:
+    """What registration found over the budget (a JVM at attach: its heap as it was) and brought under
+    it at once, for the summary and `farmem stat`; empty when it found nothing over the budget."""
+    found, limit = s.get("adopt_peak_bytes", 0), s.get("local_limit_bytes", 0)
+    if not limit or found <= limit:
+        return ""
+    from farmem.units import fmt_bytes
+    return (f"{fmt_bytes(found)} resident when registered, over the limit: {s.get('adopt_evictions', 0)} pages "
+            f"evicted at once")
+
+
 _STATE_TABLE = bytes(b & PG_STATE_MASK for b in range(256))
 _CHUNK = 8 << 20
 
@@ -276,7 +292,8 @@ def _regions(hdr: ResmapHdr, mm, size: int) -> list:
         r = hdr.regions[i]
         if not r.flags & REGION_F_LIVE:
             continue
-        kinds = [name for bit, name in ((REGION_F_HEAP, "heap"), (REGION_F_SHMEM, "shmem")) if r.flags & bit]
+        kinds = [name for bit, name in ((REGION_F_HEAP, "heap"), (REGION_F_SHMEM, "shmem"), (REGION_F_SPARSE, "sparse"))
+                 if r.flags & bit]
         entry = {"slot": i, "base": r.base, "npages": r.npages, "bytes": r.npages << hdr.page_shift,
                  "space_id": r.space_id, "flags": kinds}
         entry.update(page_counts(mm, r.map_offset, r.npages, size))

@@ -267,8 +267,9 @@ def summary_lines(s: dict) -> list:
     procs = f"{s['processes']} process" + ("es" if s["processes"] != 1 else "")
     # registered_bytes is a gauge: 0 once the program has unmapped its memory, so say it only if not.
     registered = f", registered {fmt_bytes(s['registered_bytes'])}" if s["registered_bytes"] else ""
+    adopted = resmap.adopt_note(s)
     second = (f"farmem: local limit {fmt_bytes(s['local_limit_bytes'])}, peak resident "
-              f"{fmt_bytes(s['peak_resident_bytes'])}{registered}; "
+              f"{fmt_bytes(s['peak_resident_bytes'])}{' (' + adopted + ')' if adopted else ''}{registered}; "
               f"transport {s['transport']}, faults served {FAULT_MODE_WORDS.get(s.get('fault_mode'), s.get('fault_mode'))}, "
               f"{procs}; " + ("; ".join(problems) + "; " if problems else "") + tail)
     lines = [first, second]

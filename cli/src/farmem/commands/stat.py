@@ -4,15 +4,17 @@
 import json
 import sys
 
-from farmem import procmap
+from farmem import procmap, resmap
 from farmem.units import fmt_bytes
 
 
 def render(s: dict) -> list:
+    adopted = resmap.adopt_note(s)
     lines = [
         f"pid {s['pid']}: {len(s['regions'])} regions, {fmt_bytes(s['registered_bytes'])} registered, "
         f"local limit {fmt_bytes(s['local_limit_bytes'])}, resident {fmt_bytes(s['resident_bytes'])} "
-        f"(peak {fmt_bytes(s['peak_resident_bytes'])}), transport {s['transport']}, memd {s['memd'] or '-'}",
+        f"(peak {fmt_bytes(s['peak_resident_bytes'])}{'; ' + adopted if adopted else ''}), "
+        f"transport {s['transport']}, memd {s['memd'] or '-'}",
         f"faults {s['faults']} ({s['zero_fills']} zero-fill, {s['wp_faults']} write-protect, "
         f"{s['gc_faults']} by GC), fault p50 {s['fault_p50_us']:.2f} us, p99 {s['fault_p99_us']:.2f} us",
         f"remote reads {s['remote_reads']}, writes {s['remote_writes']}, evictions {s['evictions']} "

@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * Registration with pages present, and sparse regions (issue 20), under ASan
+ * and UBSan against a real memd:
+ *
+ *  - a range registered with more pages present than the budget holds is
+ *    brought under the budget before fm_pager_register returns; the peak
+ *    counts from there, adopt_peak_pages says what was found;
+ *  - what it evicted there does not raise the first GC cycle's garbage quota;
+ *  - a reserved range (PROT_NONE, as HotSpot reserves its heap) registered
+ *    FM_REG_SPARSE is paged as it is committed (mmap MAP_FIXED over it, then
+ *    fm_pager_commit), grows, shrinks (fm_pager_unregister of a part, then
+ *    mmap PROT_NONE over it, as HotSpot uncommits) and grows again, with
+ *    every byte checked and the budget held throughout.
+ *
+ * Run from the repository root (it starts build/bin/farmem-memd).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pager.h"
+#include "resmap.h"
+#include "unit.h"
+
+#define PG 4096ul
+#define MIB (1ul << 20)
+#define BUDGET_PAGES (8 * MIB / PG)
+
+static struct fm_pager *start_with(const char *sock, const char *fault, const char *local, const char *evict_threads)
+{
+	struct fm_pager_cfg cfg;
+	struct fm_pager *p = NULL;
+	char err[512], addr[128];
+
+	fm_pager_cfg_defaults(&cfg);
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "local", local, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "fault", fault, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "evict_threads", evict_threads, err, sizeof(err)) == 0);
+	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
+		fprintf(stderr, "fm_pager_start (fault=%s): %s\n", fault, err);
+		failures++;
+		return NULL;
+	}
+	return p;
+}
+
+static struct fm_pager *start(const char *sock, const char *fault)
+{
+	return start_with(sock, fault, "8M", "auto");
+}
+
+static uint64_t bad_pages(const uint8_t *a, uint64_t first, uint64_t n, const uint32_t *ver)
+{
+	uint64_t bad = 0;
+
+	for (uint64_t i = first; i < first + n; i++)
+		bad += !page_ok(a, i, ver[i]);
+	return bad;
+}
+
+static void done(struct fm_pager *p, uint8_t *a, uint64_t npages, uint32_t *ver, const char *what, const char *fault)
+{
+	if (a != MAP_FAILED)
+		munmap(a, npages * PG);
+	free(ver);
+	fm_pager_stop(p);
+	printf("test_pager_sparse: %s, fault=%s done\n", what, fault);
+}
+
+/* 40 MiB written before registration, 8 MiB of budget: the registering thread evicts the rest. */
+static void adopt_over_budget(const char *sock, const char *fault)
+{
+	const uint64_t npages = 48 * MIB / PG, written = 40 * MIB / PG;
+	struct fm_pager *p = start(sock, fault);
+	struct fm_resmap_hdr *h;
+	uint32_t *ver = calloc(npages, sizeof(*ver));
+	uint8_t *a = mmap(NULL, npages * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	CHECK(a != MAP_FAILED && ver);
+	if (!p || a == MAP_FAILED || !ver)
+		goto out;
+	h = fm_pager_map(p);
+	for (uint64_t i = 0; i < written; i++)
+		write_page(a, i, ver[i] = 1);
+	CHECK(fm_pager_register(p, a, npages * PG, 0) == 0);
+	/* Before any fault: the budget already holds. */
+	CHECK(h->stats.resident_pages <= BUDGET_PAGES);
+	CHECK(h->stats.peak_resident_pages <= BUDGET_PAGES);
+	CHECK(h->stats.adopt_peak_pages >= written);
+	CHECK(h->stats.adopt_evictions >= written - BUDGET_PAGES);
+	CHECK(h->stats.evictions_dirty >= written - BUDGET_PAGES && h->stats.faults == 0);
+	CHECK(bad_pages(a, 0, npages, ver) == 0);
+	CHECK(h->stats.remote_reads > 0);
+	CHECK(h->stats.peak_resident_pages <= h->stats.local_limit_pages);
+	CHECK(fm_pager_unregister(p, a, npages * PG) == 0);
+out:
+	done(p, a, npages, ver, "adoption over the budget", fault);
+}
+
+/*
+ * A GC cycle may make about twice what the evictor took in the last one into
+ * garbage (pager.c): what a registration evicted to bring a heap it found
+ * under the budget (attach) is no cycle's pressure. 104 MiB written, 64 MiB of
+ * budget: 40 MiB evicted at registration, which counted would have let the
+ * first cycle protect half the budget (8192 pages), not the least (4096).
+ * No evictor thread: resident pages stay at the budget, under pressure.
+ */
+static void quota_after_adoption(const char *sock, const char *fault)
+{
+	const uint64_t npages = 128 * MIB / PG, written = 104 * MIB / PG, budget = 64 * MIB / PG;
+	struct fm_pager *p = start_with(sock, fault, "64M", "0");
+	struct fm_resmap_hdr *h;
+	uint32_t *ver = calloc(npages, sizeof(*ver));
+	uint8_t *a = mmap(NULL, npages * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	CHECK(a != MAP_FAILED && ver);
+	if (!p || a == MAP_FAILED || !ver)
+		goto out;
+	h = fm_pager_map(p);
+	for (uint64_t i = 0; i < written; i++)
+		write_page(a, i, ver[i] = 1);
+	CHECK(fm_pager_register(p, a, npages * PG, FM_REG_HEAP) == 0);
+	CHECK(h->stats.adopt_evictions >= written - budget);
+	CHECK(h->stats.resident_pages <= budget && h->stats.resident_pages >= budget * 9 / 10);
+	CHECK(h->stats.faults == 0);
+	fm_pager_gc_event(p, 1);
+	CHECK(fm_pager_discard(p, a, npages * PG) > 0);
+	fm_pager_gc_event(p, 0);
+	CHECK(h->stats.garbage_marked == 4096);
+	CHECK(fm_pager_unregister(p, a, npages * PG) == 0);
+out:
+	done(p, a, npages, ver, "the first GC cycle's garbage after adoption", fault);
+}
+
+/* mmap MAP_FIXED over part of the reservation, as HotSpot commits (rw) and uncommits (none). */
+static int remap(uint8_t *a, uint64_t first, uint64_t n, int rw)
+{
+	void *m = mmap(a + first * PG, n * PG, rw ? PROT_READ | PROT_WRITE : PROT_NONE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (rw ? 0 : MAP_NORESERVE), -1, 0);
+	return m == (void *)(a + first * PG) ? 0 : -1;
+}
+
+static uint64_t region_unmanaged(struct fm_resmap_hdr *h, const uint8_t *a)
+{
+	for (uint32_t r = 0; r < h->nregions; r++) {
+		const uint8_t *pg = (const uint8_t *)h + h->regions[r].map_offset;
+		uint64_t n = 0;
+		if (!(h->regions[r].flags & FM_REGION_F_LIVE) || h->regions[r].base != (uintptr_t)a)
+			continue;
+		for (uint64_t i = 0; i < h->regions[r].npages; i++)
+			n += fm_pg_state(pg[i]) == FM_PG_UNMANAGED;
+		return n;
+	}
+	return UINT64_MAX;
+}
+
+static void sparse(const char *sock, const char *fault)
+{
+	const uint64_t npages = 64 * MIB / PG;
+	struct fm_pager *p = start(sock, fault);
+	struct fm_resmap_hdr *h;
+	uint32_t *ver = calloc(npages, sizeof(*ver));
+	uint8_t *a = mmap(NULL, npages * PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	uint64_t evicted, remote_reads;
+	unsigned seed = 7;
+	char tmpl[] = "/tmp/farmem-sparse-XXXXXX";
+	int fd;
+
+	CHECK(a != MAP_FAILED && ver);
+	if (!p || a == MAP_FAILED || !ver)
+		goto out;
+	h = fm_pager_map(p);
+	/* A file mapped inside the reservation (HotSpot's CDS heap pieces): never the pager's. */
+	fd = mkstemp(tmpl);
+	CHECK(fd >= 0 && ftruncate(fd, 1 * MIB) == 0);
+	unlink(tmpl);
+	CHECK(mmap(a + 60 * MIB, 1 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0) == a + 60 * MIB);
+	close(fd);
+
+	CHECK(fm_pager_register(p, a, npages * PG, FM_REG_HEAP | FM_REG_SPARSE) == 0);
+	CHECK(region_unmanaged(h, a) == npages);
+	CHECK(fm_pager_commit(p, a, npages * PG + PG) == -ENOENT);
+	CHECK(fm_pager_commit(p, a + 60 * MIB + 8 * MIB, PG) == -ENOENT); /* past the region */
+
+	/* Commit 8 MiB with 4 MiB written before the pager hears of it: those are adopted. */
+	CHECK(remap(a, 0, 2048, 1) == 0);
+	for (uint64_t i = 0; i < 1024; i++)
+		write_page(a, i, ver[i] = 1);
+	CHECK(fm_pager_commit(p, a, 2048 * PG) == 2048);
+	CHECK(fm_pager_commit(p, a, 2048 * PG) == 0); /* again: nothing new */
+	CHECK(h->stats.registered_pages == 2048 && h->stats.resident_pages == 1024);
+	CHECK(region_unmanaged(h, a) == npages - 2048);
+
+	/* Grow by 24 MiB (G1 expands upward from what is committed) and use all 32 MiB. */
+	CHECK(remap(a, 2048, 6144, 1) == 0);
+	CHECK(fm_pager_commit(p, a, 8192 * PG) == 6144);
+	CHECK(h->stats.registered_pages == 8192);
+	for (uint64_t i = 0; i < 8192; i++)
+		write_page(a, i, ver[i] = 2);
+	for (unsigned n = 0; n < 8192; n++) {
+		uint64_t i = (uint64_t)rand_r(&seed) % 8192;
+		write_page(a, i, ++ver[i]);
+	}
+	CHECK(bad_pages(a, 0, 8192, ver) == 0);
+	CHECK(h->stats.evictions_dirty > 0 && h->stats.remote_reads > 0);
+
+	/* Shrink: the top 16 MiB leave the pager, then become PROT_NONE again. */
+	CHECK(fm_pager_unregister(p, a + 4096 * PG, 4096 * PG) == 0);
+	CHECK(remap(a, 4096, 4096, 0) == 0);
+	CHECK(h->stats.registered_pages == 4096);
+	CHECK(region_unmanaged(h, a) == npages - 4096);
+	CHECK(h->stats.resident_pages <= BUDGET_PAGES);
+	CHECK(bad_pages(a, 0, 4096, ver) == 0);
+
+	/* Grow again over what was let go: it reads as zeros, and is paged like the rest. */
+	CHECK(remap(a, 4096, 8192, 1) == 0);
+	CHECK(fm_pager_commit(p, a, 12288 * PG) == 8192);
+	CHECK(h->stats.registered_pages == 12288);
+	for (uint64_t i = 4096; i < 12288; i++)
+		ver[i] = 0;
+	CHECK(bad_pages(a, 4096, 8192, ver) == 0);
+	evicted = h->stats.evictions_dirty;
+	remote_reads = h->stats.remote_reads;
+	for (uint64_t i = 4096; i < 12288; i++)
+		write_page(a, i, ver[i] = 3);
+	CHECK(bad_pages(a, 0, 12288, ver) == 0);
+	CHECK(h->stats.evictions_dirty > evicted && h->stats.remote_reads > remote_reads);
+	CHECK(h->stats.peak_resident_pages <= h->stats.local_limit_pages);
+	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
+
+	/* Everything home, then the whole reservation goes (around the file piece). */
+	CHECK(fm_pager_fetch_all(p, a, npages * PG) == 0);
+	CHECK(bad_pages(a, 0, 12288, ver) == 0);
+	CHECK(fm_pager_unregister(p, a, npages * PG) == 0);
+	CHECK(!fm_pager_owns(p, a, npages * PG));
+	CHECK(bad_pages(a, 0, 12288, ver) == 0); /* plain memory now */
+out:
+	done(p, a, npages, ver, "a sparse region", fault);
+}
+
+static void both(const char *sock, const char *fault)
+{
+	adopt_over_budget(sock, fault);
+	quota_after_adoption(sock, fault);
+	sparse(sock, fault);
+}
+
+int main(void)
+{
+	return unit_main("test_pager_sparse", both);
+}
