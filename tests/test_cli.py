@@ -593,7 +593,12 @@ def documented_statuses() -> list:
 def _sigint_while_farmem_waits(farmem_cmd, tmp_path, _wait_paging):
     proc = subprocess.Popen([*farmem_cmd, "top", "--once", "--no-bpf", "60"], env=clean_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # Python is up and in the interval's sleep
+    # Once Python is up and in the interval's sleep (a loaded machine may take longer than a fixed wait).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        if "nanosleep" in Path(f"/proc/{proc.pid}/wchan").read_text():
+            break
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     rc = proc.wait(30)
     assert "interrupted" in proc.stderr.read()

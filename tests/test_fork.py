@@ -29,6 +29,7 @@ def test_fork_child_sees_the_memory_as_it_was(built, farmem_cmd, tmp_path, fault
     s = json.loads(summary.read_text())
     # One fork for the child, three for fork+exec; the raw clone is not one of them.
     assert s["forks"] == 4 and s["forks_without_paged"] == 0, s
-    # Much of the buffer was in memd at each fork and came home first.
-    assert s["fork_pages_fetched"] > 4 * 8000, s
+    # At the first fork most of the 96 MiB (24576 pages, 8192 local) was in memd and came home
+    # first; how much the later ones find depends on how far the parent got back under its budget.
+    assert s["fork_pages_fetched"] > 12000, s
     assert s["evictions"] > 20000, s

@@ -354,7 +354,9 @@ def test_sigstop_one_of_two_memds_r2_every_byte_checks_out(hosts, farmem_cmd, bu
     assert f"memd at {hs[1].memd} did not answer within 300 ms" in err
     s = stats(summary)
     assert s["memd_timeouts"] > 0, s
-    assert s["memd_failovers"] > 0, s
+    # The run went on past the stopped server: reads retried on the other one, or (when the
+    # timeouts that gave it up came from writes) writes that reached only the other one.
+    assert s["memd_failovers"] + s["memd_degraded_writes"] > 0, s
     assert s["memd_servers_lost"] == 1, s
 
 
