@@ -85,9 +85,22 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 	 */
 	{
 		uint64_t discards = h->stats.discards;
+		const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
+		uint64_t reused = h->stats.garbage_reused;
 		CHECK(fm_pager_discard(p, a + 200 * PG, 400 * PG) > 0);
 		CHECK(h->stats.discards > discards);
 		CHECK(h->stats.garbage_marked > 0);
+		/*
+		 * A write to a page that is still garbage opens it again. From the
+		 * end of the range: eviction takes garbage from its start, and
+		 * every fault at the limit evicts a batch.
+		 */
+		for (uint64_t i = 599; i >= 200 && h->stats.garbage_reused == reused; i--) {
+			uint8_t b = __atomic_load_n(&map[i], __ATOMIC_ACQUIRE);
+			if (fm_pg_state(b) == FM_PG_CLEAN && (b & FM_PGF_GARBAGE))
+				write_page(a, i, ver[i] = 5);
+		}
+		CHECK(h->stats.garbage_reused > reused);
 		for (uint64_t i = 200; i < 600; i += 2)
 			write_page(a, i, ++ver[i]);
 		for (uint64_t i = 201; i < 600; i += 2)
@@ -98,7 +111,6 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 		}
 		for (uint64_t i = 201; i < 600; i += 2)
 			write_page(a, i, ver[i] = 7); /* a write after a discard, page resident or not */
-		CHECK(h->stats.garbage_reused > 0);
 	}
 	/* Forget a range as MADV_DONTNEED would: it reads back as zeros afterwards. */
 	CHECK(fm_pager_forget(p, a + 100 * PG, 50 * PG) == 0);
