@@ -591,8 +591,11 @@ def documented_statuses() -> list:
 
 
 def _sigint_while_farmem_waits(farmem_cmd, tmp_path, _wait_paging):
+    # SIGINT as a terminal sends it: a test run started in the background (`cmd &` in a script)
+    # ignores SIGINT, the child inherits that, and Python then leaves it ignored.
     proc = subprocess.Popen([*farmem_cmd, "top", "--once", "--no-bpf", "60"], env=clean_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Once Python is up and in the interval's sleep (a loaded machine may take longer than a fixed wait).
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and proc.poll() is None:
