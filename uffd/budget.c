@@ -27,17 +27,21 @@ void fm_budget_set(struct fm_pager *p)
 	}
 }
 
+/* A gauge of the most there ever was: *word becomes now if now is more. */
+static void raise_peak(uint64_t *word, uint64_t now)
+{
+	uint64_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
+
+	while (now > seen && !__atomic_compare_exchange_n(word, &seen, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
 static void changed(struct fm_pager *p, uint64_t now, int grew)
 {
-	uint64_t peak;
-
 	__atomic_store_n(&p->st->resident_pages, now, __ATOMIC_RELAXED);
 	if (!grew)
 		return;
-	peak = __atomic_load_n(&p->st->peak_resident_pages, __ATOMIC_RELAXED);
-	while (now > peak && !__atomic_compare_exchange_n(&p->st->peak_resident_pages, &peak, now, 0,
-							  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
+	raise_peak(&p->st->peak_resident_pages, now);
 	/* The evictor thread keeps ahead of faults when there is one; else faults evict themselves. */
 	if (p->evictor_started && now > atomic_load(&p->high))
 		fm_evictor_kick(p);
@@ -46,12 +50,9 @@ static void changed(struct fm_pager *p, uint64_t now, int grew)
 void fm_resident_adopt(struct fm_pager *p, uint64_t n)
 {
 	uint64_t now = atomic_fetch_add(&p->resident, n) + n;
-	uint64_t seen = __atomic_load_n(&p->st->adopt_peak_pages, __ATOMIC_RELAXED);
 
 	__atomic_store_n(&p->st->resident_pages, now, __ATOMIC_RELAXED);
-	while (now > seen && !__atomic_compare_exchange_n(&p->st->adopt_peak_pages, &seen, now, 0,
-							  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
+	raise_peak(&p->st->adopt_peak_pages, now);
 }
 
 void fm_resident_settled(struct fm_pager *p)

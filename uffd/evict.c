@@ -434,7 +434,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 	return dropped;
 }
 
-uint64_t fm_evict_to_budget(struct fm_pager *p)
+uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted)
 {
 	uint64_t total = 0, res;
 	int rc;
@@ -445,7 +445,7 @@ uint64_t fm_evict_to_budget(struct fm_pager *p)
 	if (!p->reg_chan && (rc = fm_chan_open(p->x, &p->reg_chan))) {
 		p->reg_chan = NULL;
 		pthread_mutex_unlock(&p->reg_lock);
-		fm_warn("cannot open a channel to memd to bring registered pages under the budget: %s; "
+		fm_warn("cannot open a channel to memd to bring resident pages under the budget: %s; "
 			"faults will evict them", strerror(-rc));
 		return 0;
 	}
@@ -457,7 +457,8 @@ uint64_t fm_evict_to_budget(struct fm_pager *p)
 			break; /* memd full, or every page busy: the faults that follow evict as usual */
 		total += n;
 		/* Batch by batch: a GC cycle's garbage quota leaves these out (pager.c). */
-		STAT_ADD(p, adopt_evictions, n);
+		if (adopted)
+			STAT_ADD(p, adopt_evictions, n);
 	}
 	pthread_mutex_unlock(&p->reg_lock);
 	return total;

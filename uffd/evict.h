@@ -19,10 +19,11 @@ struct fm_chan;
 unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want);
 /*
  * Evict in the calling thread until resident pages are within the budget
- * (pages a registration adopted may pass it). Not for a fault handler: it
- * takes a lock and a channel of its own. Returns pages dropped.
+ * (pages a registration adopted, or a fork brought home, may pass it).
+ * adopted: count them as adopt_evictions. Not for a fault handler: it takes
+ * a lock and a channel of its own. Returns pages dropped.
  */
-uint64_t fm_evict_to_budget(struct fm_pager *p);
+uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted);
 void *fm_evictor_main(void *arg);
 /* Pages [first, first+n) of region ridx are garbage the program discarded: look there first. */
 void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n);

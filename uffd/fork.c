@@ -42,11 +42,9 @@
 #include "fm_util.h"
 #include "fork.h"
 #include "pager_internal.h"
-#include "uffd_ops.h"
-#include "wait.h"
+#include "region.h"
 
 #define MAX_FORK_PAGERS 8
-#define FORK_BATCH 64
 
 static pthread_mutex_t fork_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fm_pager *fork_pagers[MAX_FORK_PAGERS];
@@ -89,78 +87,18 @@ static uint64_t count_remote(struct fm_pager *p)
 	return n;
 }
 
-/* Pages idx[0..n) of r, held FILLING (were was[]), come home from memd. */
-static void bring_home(struct fm_pager *p, struct region *r, const uint64_t *idx, const uint8_t *was, unsigned n)
-{
-	const void *src[FORK_BATCH];
-	int rc;
-
-	pthread_mutex_lock(&p->misc_lock);
-	rc = fm_chan_read(p->misc_chan, r->space, idx, n, src);
-	if (rc)
-		fm_fatal("fork: %u pages in memd cannot be read back for the child (%s)", n, strerror(-rc));
-	STAT_ADD(p, remote_reads, n);
-	STAT_ADD(p, remote_read_bytes, (uint64_t)n * PG_SIZE);
-	for (unsigned k = 0; k < n; k++) {
-		uint8_t held = pg_make(FM_PG_FILLING, was[k]);
-		uint64_t skipped;
-		/* Clean and write-protected: memd keeps its copy, a later eviction writes nothing. */
-		fm_uffd_install(p->uffd, r->base + (idx[k] << PG_SHIFT), src[k], 1, 1, !p->in_thread, &skipped);
-		if (skipped) {
-			/* Mapped meanwhile: not by us, so not booked; it is present either way. */
-			fm_release(p, &r->pg[idx[k]], held, was[k]);
-			continue;
-		}
-		fm_release(p, &r->pg[idx[k]], held, pg_make(FM_PG_CLEAN, FM_PGF_HAS_REMOTE));
-		fm_resident_add(p, 1);
-	}
-	pthread_mutex_unlock(&p->misc_lock);
-}
-
 /*
  * Every page of p that is in memd comes home. Eviction is off, so once a
- * page is resident it stays: one pass, each page waited for if it is held.
+ * page is resident it stays.
  */
 static uint64_t all_home(struct fm_pager *p)
 {
-	uint64_t idx[FORK_BATCH], total = 0;
-	uint8_t was[FORK_BATCH];
+	uint64_t total = 0;
 
 	for (int k = 0; k < p->nregions; k++) {
 		struct region *r = &p->regions[k];
-		unsigned n = 0;
-		if (!r->live || r->alias)
-			continue;
-		for (uint64_t i = 0; i < r->npages;) {
-			uint8_t b = pg_load(&r->pg[i]);
-			if (pg_is_hold(fm_pg_state(b))) {
-				if (n) {
-					bring_home(p, r, idx, was, n);
-					total += n;
-					n = 0;
-				}
-				fm_settle(p, &r->pg[i]);
-				continue;
-			}
-			if (fm_pg_state(b) != FM_PG_REMOTE) {
-				i++;
-				continue;
-			}
-			if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
-				continue; /* a fault took it: look again */
-			idx[n] = i;
-			was[n++] = b;
-			i++;
-			if (n == FORK_BATCH) {
-				bring_home(p, r, idx, was, n);
-				total += n;
-				n = 0;
-			}
-		}
-		if (n) {
-			bring_home(p, r, idx, was, n);
-			total += n;
-		}
+		if (r->live && !r->alias)
+			total += fm_region_home(p, r, 0, r->npages);
 	}
 	return total;
 }
@@ -218,11 +156,7 @@ static void parent_one(struct fm_pager *p)
 	 * now only rewrites what is resident would stay over its budget. The
 	 * pages came home clean: most leave without a write.
 	 */
-	pthread_mutex_lock(&p->misc_lock);
-	while (atomic_load(&p->resident) > atomic_load(&p->limit) && !atomic_load(&p->evict_broken) &&
-	       fm_evict_batch(p, p->misc_chan, p->cfg.evict_batch))
-		;
-	pthread_mutex_unlock(&p->misc_lock);
+	fm_evict_to_budget(p, 0);
 }
 
 /*

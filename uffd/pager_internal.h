@@ -185,9 +185,10 @@ struct fm_pager {
 	pthread_mutex_t misc_lock;      /* misc_chan, for calls from program threads */
 	struct fm_chan *misc_chan;
 	/*
-	 * A registration's own channel, opened at the first that finds more
-	 * pages present than the budget holds: it evicts them in the
-	 * registering thread (evict.h, fm_evict_to_budget).
+	 * The channel of fm_evict_to_budget (evict.h), opened at its first
+	 * use: a registration that finds more pages present than the budget
+	 * holds, or a fork that brought everything home, evicts in the calling
+	 * thread.
 	 */
 	pthread_mutex_t reg_lock;
 	struct fm_chan *reg_chan;

@@ -119,6 +119,78 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
 	return affected;
 }
 
+#define HOME_BATCH 64
+
+/* Pages idx[0..n) of r, held FILLING (were was[]), come home from memd, clean and write-protected. */
+static void home_batch(struct fm_pager *p, struct region *r, const uint64_t *idx, const uint8_t *was, unsigned n)
+{
+	const void *src[HOME_BATCH];
+	int rc;
+
+	pthread_mutex_lock(&p->misc_lock);
+	rc = fm_chan_read(p->misc_chan, r->space, idx, n, src);
+	if (rc) {
+		STAT_ADD(p, transport_errors, 1);
+		if (rc == -EIO)
+			STAT_ADD(p, crc_errors, 1);
+		fm_fatal("%u pages from %#lx on are in memd but cannot be read back (%s%s)", n,
+			 (unsigned long)(r->base + (idx[0] << PG_SHIFT)), strerror(-rc),
+			 rc == -EIO ? ": checksum mismatch" : "");
+	}
+	STAT_ADD(p, remote_reads, n);
+	STAT_ADD(p, remote_read_bytes, (uint64_t)n * PG_SIZE);
+	for (unsigned k = 0; k < n; k++) {
+		uint8_t held = pg_make(FM_PG_FILLING, was[k]);
+		uint64_t skipped;
+		/* Clean: memd keeps its copy, so a later eviction writes nothing. */
+		fm_uffd_install(p->uffd, r->base + (idx[k] << PG_SHIFT), src[k], 1, 1, !p->in_thread, &skipped);
+		if (skipped) {
+			/* Mapped meanwhile, not by us: not booked as ours; its own fault sorts it out. */
+			fm_release(p, &r->pg[idx[k]], held, was[k]);
+			continue;
+		}
+		fm_release(p, &r->pg[idx[k]], held, pg_make(FM_PG_CLEAN, FM_PGF_HAS_REMOTE));
+		fm_resident_add(p, 1);
+	}
+	pthread_mutex_unlock(&p->misc_lock);
+}
+
+uint64_t fm_region_home(struct fm_pager *p, struct region *r, uint64_t first, uint64_t end)
+{
+	uint64_t idx[HOME_BATCH], total = 0;
+	uint8_t was[HOME_BATCH];
+	unsigned n = 0;
+
+	for (uint64_t i = first; i < end;) {
+		uint8_t b = pg_load(&r->pg[i]);
+		if (pg_is_hold(fm_pg_state(b))) {
+			/* Its owner may be waiting for a page we hold: ours go first. */
+			if (n)
+				home_batch(p, r, idx, was, n);
+			total += n;
+			n = 0;
+			fm_settle(p, &r->pg[i]);
+			continue;
+		}
+		if (fm_pg_state(b) != FM_PG_REMOTE) {
+			i++;
+			continue;
+		}
+		if (!pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
+			continue; /* a fault took it: look again */
+		idx[n] = i++;
+		was[n++] = b;
+		if (n == HOME_BATCH) {
+			home_batch(p, r, idx, was, n);
+			total += n;
+			n = 0;
+		}
+	}
+	if (n)
+		home_batch(p, r, idx, was, n);
+	return total + n;
+}
+
 int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len)
 {
 	struct fm_overlap o = { 0 };
@@ -127,36 +199,9 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len)
 
 	rlock_rd(p);
 	while (fm_overlap_next(p, a, e, &o)) {
-		struct region *r = o.r;
 		/* Until the caller unregisters it, nothing of it may leave again. */
-		atomic_store(&r->pinned, 1);
-		for (uint64_t i = o.first; i < o.first + o.n;) {
-			uint8_t b = fm_settle(p, &r->pg[i]), held = pg_make(FM_PG_FILLING, b);
-			const void *src;
-			uint64_t skipped;
-			int rc;
-
-			if (fm_pg_state(b) != FM_PG_REMOTE) {
-				i++;
-				continue;
-			}
-			if (!pg_cas(&r->pg[i], &b, held))
-				continue; /* changed under us: look again */
-			pthread_mutex_lock(&p->misc_lock);
-			rc = fm_chan_read(p->misc_chan, r->space, &i, 1, &src);
-			if (rc)
-				fm_fatal("page %#lx is in memd but cannot be read back (%s)",
-					 (unsigned long)(r->base + (i << PG_SHIFT)), strerror(-rc));
-			STAT_ADD(p, remote_reads, 1);
-			STAT_ADD(p, remote_read_bytes, PG_SIZE);
-			fm_uffd_install(p->uffd, r->base + (i << PG_SHIFT), src, 1, 0, !p->in_thread, &skipped);
-			pthread_mutex_unlock(&p->misc_lock);
-			fm_release(p, &r->pg[i], held,
-				   skipped ? b : pg_make(FM_PG_DIRTY, (uint8_t)(b & FM_PGF_HAS_REMOTE)));
-			if (!skipped)
-				fm_resident_add(p, 1);
-			i++;
-		}
+		atomic_store(&o.r->pinned, 1);
+		fm_region_home(p, o.r, o.first, o.first + o.n);
 	}
 	rlock_un(p);
 	return 0;

@@ -229,15 +229,23 @@ static void settle_adopted(struct fm_pager *p, uint64_t present)
 	if (!present)
 		return;
 	fm_resident_adopt(p, present);
-	fm_evict_to_budget(p);
+	fm_evict_to_budget(p, 1);
 	fm_resident_settled(p);
 }
 
-/* UFFDIO_REGISTER [a, a+len) for paging; a range the uffd cannot page is let go again. */
+/*
+ * UFFDIO_REGISTER [a, a+len) for paging; a range the uffd cannot page is let
+ * go again. Page-table entries per 4 KiB (no huge pages for us to split),
+ * and no child gets the range but through fork.c, which brings it home first.
+ */
 static int uffd_register(struct fm_pager *p, uintptr_t a, size_t len, int minor)
 {
 	uint64_t ioctls = 0;
-	int rc = fm_uffd_register(p->uffd, a, len, 1, 1, minor, &ioctls);
+	int rc;
+
+	fm_sys_madvise((void *)a, len, MADV_NOHUGEPAGE);
+	fm_sys_madvise((void *)a, len, MADV_DONTFORK);
+	rc = fm_uffd_register(p->uffd, a, len, 1, 1, minor, &ioctls);
 
 	if (rc || !fm_uffd_can_page(ioctls, minor)) {
 		if (!rc)
@@ -296,10 +304,6 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		memset(r->pg, FM_PG_UNMANAGED, npages);
 		goto books;
 	}
-	/* Page-table entries per 4 KiB: keep the kernel from making huge pages we then split. */
-	fm_sys_madvise(addr, len, MADV_NOHUGEPAGE);
-	/* A child gets the range only through fork.c, which first brings its pages home. */
-	fm_sys_madvise(addr, len, MADV_DONTFORK);
 	/* Before UFFDIO_REGISTER: a mapping made from a registered one would inherit its uffd. */
 	if (minor && (rc = fm_shmem_alias(r))) {
 		rlock_un(p);
@@ -400,8 +404,6 @@ long fm_pager_commit(struct fm_pager *p, void *addr, size_t len)
 		uintptr_t s = r->base + (i << PG_SHIFT);
 		size_t n = (size_t)(stop - i) << PG_SHIFT;
 
-		fm_sys_madvise((void *)s, n, MADV_NOHUGEPAGE);
-		fm_sys_madvise((void *)s, n, MADV_DONTFORK); /* as at registration (fork.c) */
 		rc = uffd_register(p, s, n, 0);
 		if (!rc) {
 			memset(r->pg + i, 0, stop - i);

@@ -58,6 +58,15 @@ void fm_dead_flush(struct fm_pager *p, struct fm_dead *d);
 void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, unsigned to);
 
 /*
+ * Every page of [first, end) of r that is in memd comes home, read in
+ * batches and installed clean (memd keeps its copy); a page in a hold is
+ * waited for, then looked at again. Returns the pages brought. Only pages
+ * that nothing evicts meanwhile stay home (a pinned region, a fork).
+ * Caller holds rlock. In ranges.c.
+ */
+uint64_t fm_region_home(struct fm_pager *p, struct region *r, uint64_t first, uint64_t end);
+
+/*
  * [s, e) stopped being paged just now. A SIGBUS there in the next moments
  * was raised before, and its thread retries (fm_region_gone_recently).
  */
