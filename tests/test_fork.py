@@ -19,7 +19,7 @@ def test_fork_child_sees_the_memory_as_it_was(built, farmem_cmd, tmp_path, fault
     prog = built("build/tests/forktest")
     built("build/lib/libfarmem_preload.so")
     summary = tmp_path / "s.json"
-    env = dict(os.environ, FARMEM_FAULT=fault)
+    env = dict(os.environ, FARMEM_FAULT=fault, FARMEM_LOG="info")
     r = subprocess.run([*farmem_cmd, "run", "--local", "32M", "--summary-json", str(summary), "--",
                         str(prog), "96"], capture_output=True, text=True, timeout=600, env=env)
     out = r.stdout + r.stderr
@@ -33,3 +33,10 @@ def test_fork_child_sees_the_memory_as_it_was(built, farmem_cmd, tmp_path, fault
     # first; how much the later ones find depends on how far the parent got back under its budget.
     assert s["fork_pages_fetched"] > 12000, s
     assert s["evictions"] > 20000, s
+    if fault == "signal":
+        # Eviction captured dirty pages (uffd/capture.h) until the fork shared them with the child:
+        # a write then goes to a copy, not to the page a capture holds, so it write-protects again.
+        assert s["evictions_captured"] > 0, s
+        assert "write-protects dirty pages from now on: a fork shares" in out, out[-3000:]
+    else:
+        assert s["evictions_captured"] == 0, s

@@ -10,7 +10,10 @@
  * Never lose a write: a dirty page is write-protected before it is copied
  * out, memd acknowledges the copy, and only then is the page dropped. A
  * writer that faults meanwhile waits for the page to settle (fault.c) until it
- * is remote, then faults it back in.
+ * is remote, then faults it back in. In SIGBUS mode a batch's dirty pages
+ * are captured instead (capture.h): spliced into a pipe, dropped, read back
+ * from the pipe, written to memd; a write before the drop is in what the pipe
+ * holds, a write after it waits as above. Pages memd refuses go back in.
  *
  * Garbage first: pages the program discarded and has not written since
  * (CLEAN | FM_PGF_GARBAGE, write-protected) leave before anything else, with
@@ -48,6 +51,9 @@ struct victim {
 	uint8_t old;        /* its byte before LEAVING */
 	uint8_t keep;       /* write-back refused: stays resident */
 	uint8_t zero;       /* dirty by our books, but all zeros and nothing in memd: no write-back */
+	uint8_t same;       /* installed writable on a guess, and memd's copy is still its bytes: clean */
+	uint8_t compared;   /* installed on a guess, looked at: it was written */
+	const void *bytes;  /* captured: its bytes, read from the pipe after the drop */
 };
 
 void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
@@ -313,6 +319,24 @@ static int zero_page(const void *page)
 	return 1;
 }
 
+/*
+ * A page installed writable on a guess (FM_PGF_REWRITE) that memd still
+ * holds byte for byte was not written: it leaves clean, and the guess ends.
+ * Only where looking costs no round trip (shm: memd's store is mapped here,
+ * and only this page's eviction writes its slot); elsewhere it is written
+ * back, and the guess ends all the same (evict.c's release).
+ */
+static int guess_held(struct fm_pager *p, struct fm_chan *chan, struct region *r, uint64_t i, const void *bytes,
+		      uint8_t *compared)
+{
+	const void *held;
+
+	if (fm_xport_kind(p->x) != FM_XPORT_SHM || fm_chan_read(chan, r->space, &i, 1, &held))
+		return 0;
+	*compared = 1;
+	return !memcmp(held, bytes, PG_SIZE);
+}
+
 /* Copy the dirty victims out to memd; the ones it refuses are kept. */
 static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct victim *v, unsigned n)
 {
@@ -333,10 +357,15 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 			if (r && v[k].r != r)
 				break;
 			/* A shmem page may be in the file but not mapped at addr: read it through the alias. */
-			bytes = v[k].r->alias ? (const void *)(v[k].r->alias + (v[k].i << PG_SHIFT))
-					      : (const void *)v[k].addr;
+			bytes = v[k].bytes ? v[k].bytes
+				: v[k].r->alias ? (const void *)(v[k].r->alias + (v[k].i << PG_SHIFT))
+						: (const void *)v[k].addr;
 			if (!(v[k].old & FM_PGF_HAS_REMOTE) && zero_page(bytes)) {
 				v[k].zero = 1;
+				continue;
+			}
+			if ((v[k].old & FM_PGF_REWRITE) && guess_held(p, chan, v[k].r, v[k].i, bytes, &v[k].compared)) {
+				v[k].same = 1;
 				continue;
 			}
 			r = v[k].r;
@@ -370,10 +399,67 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 	return written;
 }
 
+/*
+ * Splice the dirty victims into c: 0, or -1 to write-protect as before (none
+ * dirty, a shmem one, whose drop punches the file, or a page not mapped).
+ */
+static int capture_dirty(struct fm_pager *p, struct fm_capture *c, struct victim *v, unsigned n, unsigned *nd)
+{
+	struct iovec iov[FM_EVICT_MAX];
+	unsigned niov = 0;
+
+	*nd = 0;
+	for (unsigned k = 0; k < n; k++) {
+		if (fm_pg_state(v[k].old) != FM_PG_DIRTY)
+			continue;
+		if (v[k].r->alias)
+			return -1;
+		if (niov && (uintptr_t)iov[niov - 1].iov_base + iov[niov - 1].iov_len == v[k].addr)
+			iov[niov - 1].iov_len += PG_SIZE;
+		else
+			iov[niov++] = (struct iovec){ (void *)v[k].addr, PG_SIZE };
+		(*nd)++;
+	}
+	if (!*nd)
+		return -1;
+	STAT_ADD(p, evict_syscalls, 1);
+	return fm_capture_splice(c, iov, niov, *nd);
+}
+
+/* After the drop: the dirty victims' bytes, from the pipe. */
+static void capture_collect(struct fm_pager *p, struct fm_capture *c, struct victim *v, unsigned n, unsigned nd)
+{
+	unsigned j = 0;
+
+	fm_capture_collect(c, nd);
+	STAT_ADD(p, evict_syscalls, 1);
+	for (unsigned k = 0; k < n; k++)
+		if (fm_pg_state(v[k].old) == FM_PG_DIRTY)
+			v[k].bytes = c->bytes + (size_t)j++ * PG_SIZE;
+}
+
+/*
+ * Captured pages memd refused were dropped already: they go back in,
+ * writable, from what the pipe held. Nothing else can have been installed
+ * there meanwhile (the page is LEAVING), unless the program unmapped it, and
+ * then its bytes are dead anyway.
+ */
+static void capture_restore(struct fm_pager *p, struct victim *v, unsigned n)
+{
+	for (unsigned k = 0; k < n; k++) {
+		uint64_t skipped;
+		if (!v[k].keep || !v[k].bytes)
+			continue;
+		fm_uffd_install(p->uffd, v[k].addr, v[k].bytes, 1, 0, !p->in_thread, &skipped);
+		STAT_ADD(p, evict_syscalls, 1);
+	}
+}
+
 unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 {
 	struct victim v[FM_EVICT_MAX];
-	unsigned n, dropped = 0, clean = 0, dirty = 0, garbage = 0;
+	struct fm_capture *cap;
+	unsigned n, nd, dropped = 0, clean = 0, dirty = 0, garbage = 0;
 
 	if (fm_now_ns() < atomic_load(&p->full_until_ns))
 		return 0;
@@ -385,11 +471,25 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 		rlock_un(p);
 		return 0;
 	}
-	protect_dirty(p, v, n, 1);
-	write_back(p, chan, v, n);
-	/* Pages memd refused are opened again (the writers retry) and stay resident. */
-	protect_dirty(p, v, n, 0);
-	drop(p, v, n);
+	cap = fm_capture_take(p);
+	if (cap && capture_dirty(p, cap, v, n, &nd)) {
+		fm_capture_give(cap);
+		cap = NULL;
+	}
+	if (cap) {
+		drop(p, v, n);
+		capture_collect(p, cap, v, n, nd);
+		STAT_ADD(p, evictions_captured, nd);
+		write_back(p, chan, v, n);
+		capture_restore(p, v, n);
+		fm_capture_give(cap);
+	} else {
+		protect_dirty(p, v, n, 1);
+		write_back(p, chan, v, n);
+		/* Pages memd refused are opened again (the writers retry) and stay resident. */
+		protect_dirty(p, v, n, 0);
+		drop(p, v, n);
+	}
 	for (unsigned k = 0; k < n; k++) {
 		uint8_t b = v[k].old, held = pg_make(FM_PG_LEAVING, b), nb;
 		struct region *r = v[k].r;
@@ -399,8 +499,13 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 		}
 		if (v[k].zero) {
 			clean++; /* zeros nobody wrote: untouched again */
+		} else if (v[k].same) {
+			clean++;
+			b &= (uint8_t)~FM_PGF_REWRITE;
 		} else if (fm_pg_state(b) == FM_PG_DIRTY) {
 			dirty++;
+			/* Seen written this stay (not only guessed to be): the next read installs it writable. */
+			b = (uint8_t)(!(b & FM_PGF_REWRITE) || v[k].compared ? b | FM_PGF_REWRITE : b & ~FM_PGF_REWRITE);
 			b |= FM_PGF_HAS_REMOTE;
 		} else if (b & FM_PGF_GARBAGE) {
 			garbage++;
@@ -408,7 +513,8 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 			clean++;
 		}
 		/* A clean page memd never had held only zeros (or garbage): it is untouched again. */
-		nb = (b & FM_PGF_HAS_REMOTE) ? pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE) : pg_make(FM_PG_UNTOUCHED, 0);
+		nb = (b & FM_PGF_HAS_REMOTE) ? pg_make(FM_PG_REMOTE, (uint8_t)(FM_PGF_HAS_REMOTE | (b & FM_PGF_REWRITE)))
+					     : pg_make(FM_PG_UNTOUCHED, 0);
 		pg_release(&r->pg[v[k].i], held, nb);
 		dropped++;
 	}

@@ -88,7 +88,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 {
 	uintptr_t addr = r->base + (i << PG_SHIFT);
 	uint8_t held = pg_make(FM_PG_FILLING, b), fl;
-	int remote = fm_pg_state(b) == FM_PG_REMOTE, gc = is_gc(p, f->fc.tid);
+	int remote = fm_pg_state(b) == FM_PG_REMOTE, gc = is_gc(p, f->fc.tid), wr;
 	uint64_t t_xport = 0, t_copy, skipped;
 	const void *src;
 
@@ -100,9 +100,14 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	} else {
 		src = p->zero_run;
 	}
-	/* A read installs the page write-protected: it stays clean (no write-back) until written. */
+	/*
+	 * A read installs the page write-protected: it stays clean (no
+	 * write-back) until written. Unless it was written in its last stay:
+	 * then it goes in writable, a guess that costs a write-back if wrong.
+	 */
+	wr = f->write || (remote && (b & FM_PGF_REWRITE));
 	t_copy = fm_now_ns();
-	fm_uffd_install(p->uffd, addr, src, 1, !f->write, !f->in_thread, &skipped);
+	fm_uffd_install(p->uffd, addr, src, 1, !wr, !f->in_thread, &skipped);
 	if (skipped) {
 		/*
 		 * There already (a stale fault) or an unmap is under way behind
@@ -124,8 +129,9 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 		if (gc)
 			STAT_ADD(p, gc_zero_fills, 1);
 	}
-	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && !f->write ? FM_PGF_GC : FM_PGF_REF));
-	fm_release(p, &r->pg[i], held, pg_make(f->write ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
+	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && !f->write ? FM_PGF_GC : FM_PGF_REF) |
+		       (wr && !f->write ? FM_PGF_REWRITE : 0));
+	fm_release(p, &r->pg[i], held, pg_make(wr ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
 	STAT_ADD(p, faults, 1);
 	if (gc)
 		STAT_ADD(p, gc_faults, 1);

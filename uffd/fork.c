@@ -134,6 +134,7 @@ static void prepare_one(struct fm_pager *p)
 	brought = all_home(p);
 	set_fork(p, MADV_DOFORK);
 	p->fork_shared = 1;
+	fm_pager_no_capture(p, "a fork shares the paged pages with a child");
 	rlock_un(p);
 	STAT_ADD(p, forks, 1);
 	STAT_ADD(p, fork_pages_fetched, brought);

@@ -72,6 +72,8 @@ X(evict_low, FM_KT_PCT, CFG(evict_low), "FARMEM_EVICT_LOW", "90", 5, 99, "", FM_
   "share of the budget the evictor evicts down to (low water mark); below evict_high") \
 X(evict_batch, FM_KT_UINT, CFG(evict_batch), "FARMEM_EVICT_BATCH", "64", 1, 64, "", FM_KS_OPT, "", "", \
   "pages per eviction batch: one write to memd, one drop call, one TLB shootdown. A batch lives on the evicting thread's stack (in a SIGBUS handler with fault=signal)") \
+X(evict_capture, FM_KT_BOOL, CFG(evict_capture), "FARMEM_EVICT_CAPTURE", "1", 0, 1, "", FM_KS_OPT, "", "", \
+  "fault=signal: eviction takes dirty pages' bytes through a pipe (vmsplice) across their drop instead of write-protecting them first: one TLB shootdown per batch, not one per run of dirty pages (uffd/capture.h); 0 write-protects") \
 X(prefetch, FM_KT_UINT, CFG(prefetch), "FARMEM_PREFETCH", "8", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--prefetch", "PAGES", \
   "pages fetched ahead of a sequential or strided run of one thread's faults; 0 turns prefetch off (UMap's UMAP_READ_AHEAD)") \
 X(epoch_pct, FM_KT_PCT, CFG(epoch_pct), "FARMEM_EPOCH_PCT", "5", 1, 100, "", FM_KS_OPT, "", "", \

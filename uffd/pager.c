@@ -194,6 +194,8 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		rc = fm_chan_open(p->x, &p->ev_chan);
 	if (!rc && p->in_thread)
 		rc = fm_pool_open(p, pool_size());
+	if (!rc && p->in_thread && cfg->evict_capture)
+		fm_captures_open(p, pool_size() + 2); /* the pool's threads, the evictor, fm_evict_to_budget */
 	if (rc) {
 		snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
 		goto fail;
@@ -244,6 +246,7 @@ int fm_pager_stop(struct fm_pager *p)
 	fm_chan_close(p->misc_chan);
 	fm_chan_close(p->reg_chan);
 	fm_pool_close(p);
+	fm_captures_close(p);
 	/*
 	 * Close the uffd before anything unmaps a registered range: with
 	 * EVENT_UNMAP, that munmap waits until someone reads its event, and the

@@ -33,6 +33,7 @@ struct fm_pager_cfg {
 	unsigned evict_high;
 	unsigned evict_low;
 	unsigned evict_batch;
+	int evict_capture;
 	unsigned prefetch;
 	unsigned epoch_pct;
 	uint64_t threshold;
@@ -116,6 +117,8 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
  * contents are now zero. Forget remote copies; call it before the madvise.
  */
 int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
+/* Pages may be shared copy-on-write from now on (KSM asked for): eviction write-protects (capture.h). */
+void fm_pager_no_capture(struct fm_pager *p, const char *why);
 /*
  * The program freed [addr, addr+len) but keeps it mapped (a collector's free
  * regions): its contents no longer matter, and read as garbage (not zeros)

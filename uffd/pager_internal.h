@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "capture.h"
 #include "fatal.h"
 #include "page.h"
 #include "pager.h"
@@ -109,6 +110,7 @@ struct chan_slot {
 #define MAX_HINTS 256
 #define MAX_POOL 64
 #define ZERO_RUN_PAGES 64
+#define MAX_CAPTURES 16
 
 struct fm_pager {
 	struct fm_pager_cfg cfg;
@@ -151,6 +153,15 @@ struct fm_pager {
 	unsigned npool;
 	atomic_uint pool_seq;           /* futex word: a slot was given back */
 	atomic_uint pool_waiters;
+
+	struct fm_capture captures[MAX_CAPTURES]; /* SIGBUS mode: eviction without write-protect (capture.h) */
+	unsigned ncaptures;
+	/*
+	 * Set once pages may be shared copy-on-write (a fork that shared the
+	 * paged ranges, KSM): a write then goes to a new page, not to the one a
+	 * capture holds, so eviction write-protects again.
+	 */
+	atomic_int capture_off;
 
 	pthread_t evictor;
 	int evictor_started;

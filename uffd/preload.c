@@ -520,6 +520,8 @@ EXPORT int madvise(void *addr, size_t len, int advice)
 	     advice == MADV_DONTNEED_LOCKED) &&
 	    fm_pager_owns(pager, addr, len))
 		fm_pager_forget(pager, addr, len);
+	if (pager && atomic_load(&state) == 2 && !in_farmem && advice == MADV_MERGEABLE)
+		fm_pager_no_capture(pager, "the program asked KSM to merge paged memory (MADV_MERGEABLE)");
 	r = syscall(SYS_madvise, addr, len, advice);
 	if (r) {
 		errno = (int)-r;

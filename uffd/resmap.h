@@ -47,6 +47,15 @@ enum fm_page_state {
 #define FM_PGF_PREFETCH    0x40u /* installed by prefetch, use not yet seen */
 #define FM_PGF_GARBAGE     0x80u /* CLEAN only: the program discarded it (its bytes are dead) and has not
                                    * written it since (it is write-protected): it leaves first, unwritten */
+/*
+ * GARBAGE's bit, in states where GARBAGE cannot be. REMOTE: the page was
+ * written in its last stay, so a read installs it writable (DIRTY) and its
+ * write costs no write-protect fault (whose unprotect is a TLB shootdown
+ * when another CPU runs the program). DIRTY: installed writable on that
+ * guess, no write seen; its eviction does not carry the guess on, so a page
+ * that stops being written is installed write-protected again.
+ */
+#define FM_PGF_REWRITE     0x80u
 
 static inline unsigned fm_pg_state(uint8_t b) { return b & FM_PG_STATE_MASK; }
 
@@ -163,7 +172,8 @@ struct fm_pager_stats {
 	uint64_t forks;              /* fork()s whose child got the paged ranges (uffd/fork.c) */
 	uint64_t fork_pages_fetched; /* pages brought home from memd for them */
 	uint64_t forks_without_paged;/* fork()s whose child did not: too little free memory */
-	uint64_t reserved[1];       /* the block after lat_hist is 32 words; stats end the header */
+	/* The block after lat_hist is 32 words, and this is its last: a new counter needs a new version. */
+	uint64_t evictions_captured; /* dirty pages evicted through a capture (capture.h), not write-protected */
 };
 
 struct fm_resmap_hdr {

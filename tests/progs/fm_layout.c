@@ -31,6 +31,7 @@ int main(void)
 	printf("  \"offsetof_garbage_reused\": %zu,\n", offsetof(struct fm_pager_stats, garbage_reused));
 	printf("  \"offsetof_adopt_evictions\": %zu,\n", offsetof(struct fm_pager_stats, adopt_evictions));
 	printf("  \"offsetof_forks_without_paged\": %zu,\n", offsetof(struct fm_pager_stats, forks_without_paged));
+	printf("  \"offsetof_evictions_captured\": %zu,\n", offsetof(struct fm_pager_stats, evictions_captured));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

@@ -27,6 +27,59 @@
 #define NPAGES (REGION / PG)
 
 
+static uint8_t page_byte(struct fm_resmap_hdr *h, uint64_t i)
+{
+	const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
+
+	return __atomic_load_n(&map[i], __ATOMIC_ACQUIRE);
+}
+
+/* Read other pages until page i is remote (reads alone: nothing else gets written). */
+static int push_out(struct fm_resmap_hdr *h, const uint8_t *a, uint64_t i, unsigned *seed)
+{
+	volatile uint8_t sink = 0;
+
+	for (unsigned n = 0; n < 4 * NPAGES && fm_pg_state(page_byte(h, i)) != FM_PG_REMOTE; n++)
+		sink += a[(1000 + (uint64_t)rand_r(seed) % (NPAGES - 1000)) * PG];
+	(void)sink;
+	return fm_pg_state(page_byte(h, i)) == FM_PG_REMOTE;
+}
+
+/*
+ * The rewrite guess (evict.c, fault.c): a page written in its last stay is
+ * installed writable by a read, so its next write costs no write-protect
+ * fault. A guessed page that was not written ends the guess; one that was
+ * keeps it where memd's copy can be looked at (shm), and ends it elsewhere.
+ */
+static void rewrite_guess(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *a, uint32_t *ver, int shm,
+			  unsigned *seed)
+{
+	uint64_t g = NPAGES, w = NPAGES, wp;
+
+	(void)p;
+	for (uint64_t i = 1000; i < NPAGES && (g == NPAGES || w == NPAGES); i++) {
+		uint8_t b = page_byte(h, i);
+		if (fm_pg_state(b) != FM_PG_REMOTE || !(b & FM_PGF_REWRITE))
+			continue;
+		if (g == NPAGES)
+			g = i;
+		else
+			w = i;
+	}
+	CHECK(g < NPAGES && w < NPAGES);
+	if (g == NPAGES || w == NPAGES)
+		return;
+	CHECK(page_ok(a, g, ver[g]) && page_ok(a, w, ver[w]));
+	CHECK(fm_pg_state(page_byte(h, g)) == FM_PG_DIRTY && (page_byte(h, g) & FM_PGF_REWRITE));
+	wp = h->stats.wp_faults;
+	write_page(a, w, ++ver[w]);
+	CHECK(h->stats.wp_faults == wp); /* installed writable: the write did not fault */
+	CHECK(push_out(h, a, g, seed) && push_out(h, a, w, seed));
+	CHECK(!(page_byte(h, g) & FM_PGF_REWRITE));
+	CHECK(!!(page_byte(h, w) & FM_PGF_REWRITE) == shm);
+	CHECK(page_ok(a, g, ver[g]) && page_ok(a, w, ver[w]));
+}
+
 static void exercise(const char *sock, const char *transport, const char *fault)
 {
 	struct fm_pager_cfg cfg;
@@ -77,6 +130,20 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 		write_page(a, i, ++ver[i]);
 	}
 	/*
+	 * In SIGBUS mode dirty pages leave through a capture (capture.h) until
+	 * pages may be shared copy-on-write; then eviction write-protects.
+	 */
+	{
+		uint64_t captured = h->stats.evictions_captured, dirty = h->stats.evictions_dirty;
+		CHECK(strcmp(fault, "signal") ? captured == 0 : captured > 0);
+		fm_pager_no_capture(p, "the unit test asks");
+		for (unsigned n = 0; n < NPAGES; n++) {
+			uint64_t i = (uint64_t)rand_r(&seed) % NPAGES;
+			write_page(a, i, ++ver[i]);
+		}
+		CHECK(h->stats.evictions_captured == captured && h->stats.evictions_dirty > dirty);
+	}
+	/*
 	 * Discard a range as a collector does with freed regions: its contents
 	 * stop mattering, and what is written afterwards must survive eviction.
 	 * Under this budget the discarded pages stay as garbage: the evictor
@@ -112,6 +179,7 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 		for (uint64_t i = 201; i < 600; i += 2)
 			write_page(a, i, ver[i] = 7); /* a write after a discard, page resident or not */
 	}
+	rewrite_guess(p, h, a, ver, strcmp(transport, "shm") == 0, &seed);
 	/* Forget a range as MADV_DONTNEED would: it reads back as zeros afterwards. */
 	CHECK(fm_pager_forget(p, a + 100 * PG, 50 * PG) == 0);
 	CHECK(madvise(a + 100 * PG, 50 * PG, MADV_DONTNEED) == 0);

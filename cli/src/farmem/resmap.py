@@ -74,9 +74,11 @@ GARBAGE_FIELDS = ("garbage_marked", "garbage_evicted", "garbage_reused")
 ADOPT_FIELDS = ("adopt_peak_pages", "adopt_evictions")
 # fork() (issue 19): children that got the paged ranges, pages brought home for them, children that did not.
 FORK_FIELDS = ("forks", "fork_pages_fetched", "forks_without_paged")
+# Eviction (issue 16): dirty pages whose bytes a pipe held across their drop (uffd/capture.h).
+EVICT_FIELDS = ("evictions_captured",)
 # The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
 TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
-               + FAULT_PATH_FIELDS + GARBAGE_FIELDS + ADOPT_FIELDS + FORK_FIELDS)
+               + FAULT_PATH_FIELDS + GARBAGE_FIELDS + ADOPT_FIELDS + FORK_FIELDS + EVICT_FIELDS)
 
 
 class PagerStats(ctypes.Structure):
@@ -129,6 +131,7 @@ def layout() -> dict:
         "offsetof_garbage_reused": PagerStats.garbage_reused.offset,
         "offsetof_adopt_evictions": PagerStats.adopt_evictions.offset,
         "offsetof_forks_without_paged": PagerStats.forks_without_paged.offset,
+        "offsetof_evictions_captured": PagerStats.evictions_captured.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -215,7 +218,7 @@ SUMMED = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
-    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS
+    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes.
 GAUGES = {
