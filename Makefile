@@ -252,11 +252,20 @@ $(B)/bin/farmem-trace: bpf/farmem_trace.c bpf/farmem_trace.h $(BPF_OUT)/farmem_t
 
 # --- Python ----------------------------------------------------------------
 
-venv: $(VENV)/.ok
+venv: $(VENV)/.ok $(B)/.pyc-ok
 
 $(VENV)/.ok: cli/pyproject.toml | $(B)/.deps-ok
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e 'cli[test]'
+	@touch $@
+
+# The CLI's bytecode, written here once: `farmem run` is in front of every program it starts,
+# and compiling its modules at each start (PYTHONDONTWRITEBYTECODE, a read-only checkout) cost
+# more than the rest of its start-up.
+CLI_PY := $(shell find cli/src/farmem -name '*.py')
+$(B)/.pyc-ok: $(CLI_PY) | $(VENV)/.ok
+	$(VENV)/bin/python -m compileall -q cli/src/farmem
+	@mkdir -p $(dir $@)
 	@touch $@
 
 # --- Tests, demo, benchmarks ------------------------------------------------
