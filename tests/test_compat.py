@@ -72,6 +72,13 @@ def test_syscalls_into_evicted_buffers(shim, built, tmp_path, farmem_cmd):
     assert "io_uring READ_FIXED: registration refused (Operation not supported)" in lines, r.stdout
     assert "io_uring buffer registration refused: the buffer is paged by farmem" in r.stderr
     assert_paged(s, "sysio")
+    # fault=auto: a process with liburing loaded takes handler threads (io_uring's kernel side
+    # cannot take a SIGBUS), whoever started it: here a shell, whose own process has no liburing.
+    assert s["fault_mode"] == "thread", s
+    r, s = farmem_run(farmem_cmd, tmp_path / "s2.json", "--local", "25%", "--threshold", "8M", "--",
+                      "sh", "-c", f"{prog} --dir {tmp_path} --size 32 --expect-evicted 90", timeout=300)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "sysio ok", r.stdout + r.stderr
+    assert s["fault_mode"] == "thread", s
 
 
 def test_memory_locking_is_refused_not_run_on(shim, tmp_path, farmem_cmd):

@@ -23,6 +23,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -393,6 +394,19 @@ __attribute__((constructor)) static void preload_init(void)
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
+static int liburing_seen(struct dl_phdr_info *info, size_t size, void *data)
+{
+	(void)size;
+	(void)data;
+	return info->dlpi_name && strstr(info->dlpi_name, "liburing") != NULL;
+}
+
+/* The program, or a library it was linked with, uses liburing (loaded by the time anything is paged). */
+static int links_liburing(void)
+{
+	return dl_iterate_phdr(liburing_seen, NULL);
+}
+
 static struct fm_pager *get_pager(void)
 {
 	char err[512];
@@ -407,6 +421,15 @@ static struct fm_pager *get_pager(void)
 		int rc;
 		atomic_store(&state, 1);
 		in_farmem++;
+		if (cfg.fault_mode == FM_FAULT_AUTO && links_liburing()) {
+			/*
+			 * io_uring's kernel side touches buffers after the submitting
+			 * call returned: no cover can make them resident in time, so
+			 * the kernel must be able to wait for a page (docs/pager.md).
+			 */
+			cfg.fault_mode = FM_FAULT_THREAD;
+			fm_info("liburing is loaded: faults are served by handler threads");
+		}
 		rc = fm_pager_start(&cfg, &pager, err, sizeof(err));
 		in_farmem--;
 		if (rc) {

@@ -184,23 +184,8 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     env["FARMEM_LOCAL"] = args.local
     env["FARMEM_CONTROL"] = control_path
     env.update(knobs.env_vars(args))
-    if getattr(args, "fault", None) in (None, "auto") and "FARMEM_FAULT" not in base and uses_io_uring(args.cmd):
-        # io_uring's kernel side touches buffers after the submitting call returns: no cover can
-        # make them resident in time, so the kernel must be able to wait for a page (docs/pager.md).
-        env["FARMEM_FAULT"] = "thread"
+    # fault=auto: each process's shim takes handler threads if it has liburing loaded (uffd/preload.c).
     return env
-
-
-def uses_io_uring(cmd: list) -> bool:
-    """True when CMD's program is dynamically linked with liburing."""
-    exe = shutil.which(cmd[0]) if cmd else None
-    if not exe:
-        return False
-    try:
-        out = subprocess.run(["ldd", exe], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "liburing" in out
 
 
 def run_child(cmd: list, env: dict) -> tuple:
