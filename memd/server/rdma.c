@@ -67,7 +67,7 @@ static struct ibv_pd *slot_pd(void **slot)
 	return pd;
 }
 
-int memd_rdma_reg(void **pd_slot, void *addr, size_t len, void **mr_out, uint32_t *rkey)
+static int rdma_reg(void **pd_slot, void *addr, size_t len, void **mr_out, uint32_t *rkey)
 {
 	struct ibv_pd *pd;
 	struct ibv_mr *mr;
@@ -93,7 +93,7 @@ int memd_rdma_reg(void **pd_slot, void *addr, size_t len, void **mr_out, uint32_
 	return 0;
 }
 
-void memd_rdma_dereg(void *mr)
+static void rdma_dereg(void *mr)
 {
 	int e = ibv_dereg_mr(mr);
 
@@ -103,13 +103,15 @@ void memd_rdma_dereg(void *mr)
 		fm_debug("rdma: a closed space's region is deregistered");
 }
 
-void memd_rdma_pd_free(void *pd)
+static void rdma_pd_free(void *pd)
 {
 	int e = ibv_dealloc_pd(pd);
 
 	if (e)
 		fm_warn("rdma: freeing an ended session's protection domain failed: %s", strerror(e));
 }
+
+static const struct memd_rdma_ops rdma_ops = { .reg = rdma_reg, .dereg = rdma_dereg, .pd_free = rdma_pd_free };
 
 static void drop_conn(struct rdma_cm_id *id, const char *why)
 {
@@ -308,6 +310,7 @@ int memd_rdma_start(const char *spec, struct memd_store *st)
 		goto fail;
 	}
 	R.running = 1;
+	st->rdma = &rdma_ops; /* for good: sessions that end after a stop still free their regions */
 	rc = -pthread_create(&R.th, NULL, rdma_main, NULL);
 	if (rc) {
 		R.running = 0;

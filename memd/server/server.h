@@ -47,6 +47,24 @@ struct memd_store {
 	uint64_t nspaces;
 	/* Counters, updated with atomics. */
 	uint64_t connections, reads, writes, discards, errors, full_rejects;
+	/* The RDMA listener's registrations, set when it starts (rdma.c); NULL without one. */
+	const struct memd_rdma_ops *rdma;
+};
+
+/*
+ * What the store asks of an RDMA listener: it calls these through the
+ * store, so the store needs no RDMA code and rdma.c alone knows verbs.
+ */
+struct memd_rdma_ops {
+	/*
+	 * Register [addr, addr+len) in the protection domain in *pd_slot (a
+	 * session's; allocated on first use).
+	 */
+	int (*reg)(void **pd_slot, void *addr, size_t len, void **mr, uint32_t *rkey);
+	/* Deregister (unpin): QPs that still use its rkey fail, on their own. */
+	void (*dereg)(void *mr);
+	/* The session ended: its QPs and regions are gone; free its domain. */
+	void (*pd_free)(void *pd);
 };
 
 int memd_store_init(struct memd_store *st, uint64_t capacity_pages,
@@ -210,15 +228,6 @@ bool memd_conn_done(const struct memd_conn *c);
 int memd_rdma_start(const char *spec, struct memd_store *st);
 /* Tears down every QP (each holds a session reference) before the store goes. */
 void memd_rdma_stop(void);
-/*
- * Register [addr, addr+len) in the protection domain in *pd_slot (a
- * session's; allocated on first use). -EOPNOTSUPP without a listener.
- */
-int memd_rdma_reg(void **pd_slot, void *addr, size_t len, void **mr, uint32_t *rkey);
-/* Deregister (unpin): QPs that still use its rkey fail, on their own. */
-void memd_rdma_dereg(void *mr);
-/* The session ended: its QPs and regions are gone; free its domain. */
-void memd_rdma_pd_free(void *pd);
 /* The protection domain slot of a session (server_rdma.c). */
 void **memd_session_rdma_pd(struct memd_session *s);
 

@@ -320,7 +320,7 @@ static void space_kill(struct memd_store *st, struct memd_space *sp)
 	}
 	/* Unpinned now, not when the last reference goes: a QP still using the rkey fails. */
 	if (sp->rdma_mr) {
-		memd_rdma_dereg(sp->rdma_mr);
+		st->rdma->dereg(sp->rdma_mr);
 		sp->rdma_mr = NULL;
 	}
 	pthread_rwlock_unlock(&sp->rw);
@@ -378,7 +378,7 @@ void memd_session_put(struct memd_store *st, struct memd_session *s)
 	pthread_mutex_unlock(&st->lock);
 	/* Its QPs held references, so they are gone; its regions went with its spaces. */
 	if (s->rdma_pd)
-		memd_rdma_pd_free(s->rdma_pd);
+		st->rdma->pd_free(s->rdma_pd);
 	fm_debug("session %016llx ended", (unsigned long long)s->id);
 	free(s);
 }
@@ -967,8 +967,12 @@ int memd_space_rdma(struct memd_store *st, struct memd_space *sp, struct fm_rdma
 		goto out;
 	}
 	if (!sp->rdma_mr) {
+		if (!st->rdma) {
+			ret = -EOPNOTSUPP; /* no listener */
+			goto out;
+		}
 		/* The session's domain: another session's QPs cannot use this rkey. */
-		ret = memd_rdma_reg(memd_session_rdma_pd(sp->sess), sp->map, sp->map_len,
+		ret = st->rdma->reg(memd_session_rdma_pd(sp->sess), sp->map, sp->map_len,
 				    &sp->rdma_mr, &sp->rdma_rkey);
 		if (ret)
 			goto out;
