@@ -102,10 +102,11 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	}
 	/*
 	 * A read installs the page write-protected: it stays clean (no
-	 * write-back) until written. Unless it was written in its last stay:
+	 * write-back) until written. Unless it was written in its last stay,
+	 * or a collector reads old data (gc_writable: prefetch.h says why):
 	 * then it goes in writable, a guess that costs a write-back if wrong.
 	 */
-	wr = f->write || (remote && (b & FM_PGF_REWRITE));
+	wr = f->write || (remote && ((b & FM_PGF_REWRITE) || (gc && p->cfg.gc_writable)));
 	t_copy = fm_now_ns();
 	fm_uffd_install(p->uffd, addr, src, 1, !wr, !f->in_thread, &skipped);
 	if (skipped) {
