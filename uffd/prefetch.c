@@ -98,8 +98,8 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
 	unsigned nw = 0, nr = 0, got = 0, zeros = 0, ahead, remote_max;
-	/* What a GC thread fetched ahead leaves first unless the program uses it (evict.c). */
-	uint8_t cold = gc && !write ? FM_PGF_GC : FM_PGF_REF;
+	/* What a GC thread fetched ahead leaves first (evict.c, gc_aware). */
+	uint8_t cold = gc ? FM_PGF_GC : FM_PGF_REF;
 	/*
 	 * A collector writing old pages in a row (a compaction's destination)
 	 * writes the pages ahead too, and with gc_writable so does one reading

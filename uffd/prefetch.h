@@ -28,8 +28,8 @@ struct region;
  * `gc_window` for GC threads (gc: is_gc_thread said so). A collector's run
  * is a pause walking the heap (a full GC compacts every old region in
  * address order, and pays a fault, a read and an install per page without
- * this); what it fetches ahead to read goes in cold (FM_PGF_GC: the clock
- * takes it at once), so it does not push the program's pages out for long.
+ * this); what it fetches ahead goes in cold (FM_PGF_GC: the clock takes it
+ * at once), so it does not push the program's pages out for long.
  * Its writes' runs and, with gc_writable, its reads' too are installed
  * writable and booked DIRTY: a compaction writes the pages it read soon
  * after, and a write-protect fault on each would cost a fault and a TLB
