@@ -102,10 +102,11 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	}
 	/*
 	 * A read installs the page write-protected: it stays clean (no
-	 * write-back) until written. Unless it was written in its last stay:
+	 * write-back) until written. Unless it was written in its last stay,
+	 * or a collector reads old data (gc_writable: prefetch.h says why):
 	 * then it goes in writable, a guess that costs a write-back if wrong.
 	 */
-	wr = f->write || (remote && (b & FM_PGF_REWRITE));
+	wr = f->write || (remote && ((b & FM_PGF_REWRITE) || (gc && p->cfg.gc_writable)));
 	t_copy = fm_now_ns();
 	fm_uffd_install(p->uffd, addr, src, 1, !wr, !f->in_thread, &skipped);
 	if (skipped) {
@@ -129,7 +130,12 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 		if (gc)
 			STAT_ADD(p, gc_zero_fills, 1);
 	}
-	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && !f->write ? FM_PGF_GC : FM_PGF_REF) |
+	/*
+	 * What only a collector touched leaves first (gc_aware): what it read,
+	 * and old data it wrote (a compaction's destination is no hotter than
+	 * its source). Fresh pages it writes are the survivors it evacuates.
+	 */
+	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && (!f->write || remote) ? FM_PGF_GC : FM_PGF_REF) |
 		       (wr && !f->write ? FM_PGF_REWRITE : 0));
 	fm_release(p, &r->pg[i], held, pg_make(wr ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
 	STAT_ADD(p, faults, 1);

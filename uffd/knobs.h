@@ -76,6 +76,10 @@ X(evict_capture, FM_KT_BOOL, CFG(evict_capture), "FARMEM_EVICT_CAPTURE", "1", 0,
   "fault=signal: eviction takes dirty pages' bytes through a pipe (vmsplice) across their drop instead of write-protecting them first: one TLB shootdown per batch, not one per run of dirty pages (uffd/capture.h); 0 write-protects") \
 X(prefetch, FM_KT_UINT, CFG(prefetch), "FARMEM_PREFETCH", "8", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--prefetch", "PAGES", \
   "pages fetched ahead of a sequential or strided run of one thread's faults; 0 turns prefetch off (UMap's UMAP_READ_AHEAD)") \
+X(gc_window, FM_KT_UINT, CFG(gc_window), "FARMEM_GC_WINDOW", "64", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--gc-window", "PAGES", \
+  "JVM: remote pages fetched ahead of a GC thread's sequential or strided run of faults (a full GC's compaction), installed cold (they leave first unless written); 0: GC threads fetch only the page they fault on") \
+X(gc_writable, FM_KT_BOOL, CFG(gc_writable), "FARMEM_GC_WRITABLE", "1", 0, 1, "", FM_KS_OPT, "", "", \
+  "JVM: a GC thread's read of a remote page installs it writable, booked dirty: a collector in a pause mostly writes what it reads soon after (a compaction moves objects onto pages it read), and a write-protect fault costs a TLB shootdown; the price is a write-back of pages it only read") \
 X(epoch_pct, FM_KT_PCT, CFG(epoch_pct), "FARMEM_EPOCH_PCT", "5", 1, 100, "", FM_KS_OPT, "", "", \
   "pages filled plus evicted, as a share of all registered pages, that start a new swap epoch (MemLiner's N%)") \
 X(gc_aware, FM_KT_BOOL, CFG(gc_aware), "FARMEM_GC_AWARE", "1", 0, 1, "", FM_KS_OPT, "", "", \

@@ -35,6 +35,8 @@ struct fm_pager_cfg {
 	unsigned evict_batch;
 	int evict_capture;
 	unsigned prefetch;
+	unsigned gc_window;
+	int gc_writable;
 	unsigned epoch_pct;
 	uint64_t threshold;
 	int xport_pref;          /* transport: enum fm_xport_pref */

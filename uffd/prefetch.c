@@ -39,7 +39,7 @@ static unsigned count_used(struct region *r, uint64_t first, int64_t stride, uns
  * fill (0: not a run yet) and the stride. Two faults with the same small
  * stride make a run.
  */
-static unsigned follow(struct fm_pager *p, pid_t tid, int fresh, int ridx, struct region *r, uint64_t idx,
+static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, struct region *r, uint64_t idx,
 		       int64_t *stride_out, struct stream **out)
 {
 	struct stream *s;
@@ -47,7 +47,7 @@ static unsigned follow(struct fm_pager *p, pid_t tid, int fresh, int ridx, struc
 	int64_t stride;
 
 	pthread_mutex_lock(&p->stream_lock);
-	s = &p->streams[((unsigned)tid * 2 + (unsigned)fresh) % NSTREAMS];
+	s = &p->streams[((unsigned)tid * 4 + kind) % NSTREAMS];
 	if (s->tid != tid || s->region != ridx) {
 		*s = (struct stream){ .tid = tid, .region = ridx, .last = idx };
 		pthread_mutex_unlock(&p->stream_lock);
@@ -93,17 +93,34 @@ static int reserve(struct fm_pager *p, struct fm_borrowed *fc, unsigned claimed)
 }
 
 void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct region *r, uint64_t idx,
-		 int write, int fresh, int zero_only, int wake)
+		 int write, int fresh, int gc, int wake)
 {
 	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
-	unsigned nw = 0, nr = 0, got = 0, zeros = 0, ahead;
+	unsigned nw = 0, nr = 0, got = 0, zeros = 0, ahead, remote_max;
+	/* What a GC thread fetched ahead leaves first (evict.c, gc_aware). */
+	uint8_t cold = gc ? FM_PGF_GC : FM_PGF_REF;
+	/*
+	 * A collector writing old pages in a row (a compaction's destination)
+	 * writes the pages ahead too, and with gc_writable so does one reading
+	 * them (prefetch.h): they go in writable, booked DIRTY, rather than
+	 * protected, each to cost a write-protect fault and an unprotect (a TLB
+	 * shootdown) a moment later. A guess (FM_PGF_REWRITE): on shm one left
+	 * unwritten leaves clean (evict.c).
+	 */
+	int open_remote = gc && (write || p->cfg.gc_writable);
 	const void *src[MAX_AHEAD];
 	struct stream *s = NULL;
 	int64_t stride = 0;
 
-	ahead = follow(p, fc->tid, fresh, ridx, r, idx, &stride, &s);
-	zero_only |= fresh;
+	/*
+	 * A collector's writes and reads of old data are two runs as well: a
+	 * compaction reads objects at one place and writes them at another, a
+	 * little lower, page after page.
+	 */
+	ahead = follow(p, fc->tid, (unsigned)fresh | (unsigned)(gc && write) << 1, ridx, r, idx, &stride, &s);
+	/* Remote pages ahead: none of a fresh run; a GC thread's as many as gc_window allows. */
+	remote_max = fresh ? 0 : gc ? p->cfg.gc_window : p->cfg.prefetch;
 	/*
 	 * A fresh page right after a resident one extends memory in use:
 	 * allocation (a TLAB, a PLAB, a heap growing) goes on from there, so
@@ -130,7 +147,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		b = pg_load(&r->pg[j]);
 		st = fm_pg_state(b);
 		if ((st != FM_PG_REMOTE && st != FM_PG_UNTOUCHED) ||
-		    (st == FM_PG_REMOTE && (zero_only || nr >= p->cfg.prefetch)) || !reserve(p, fc, nw))
+		    (st == FM_PG_REMOTE && nr >= remote_max) || !reserve(p, fc, nw))
 			break;
 		if (!pg_cas(&r->pg[j], &b, pg_make(FM_PG_FILLING, b))) {
 			fm_resident_add(p, -1);
@@ -163,8 +180,8 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT))
 				  : fm_pg_state(was[k + n]) == FM_PG_UNTOUCHED && n < ZERO_RUN_PAGES))
 			n++;
-		fm_uffd_install(p->uffd, r->base + (want[k] << PG_SHIFT), from, n, is_remote || !write, wake,
-				&skipped);
+		fm_uffd_install(p->uffd, r->base + (want[k] << PG_SHIFT), from, n,
+				is_remote ? !open_remote : !write, wake, &skipped);
 		for (unsigned q = 0; q < n; q++) {
 			uint8_t b = was[k + q], held = pg_make(FM_PG_FILLING, b);
 			/*
@@ -178,7 +195,9 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 				fm_resident_add(p, -1);
 			} else {
 				fm_release(p, &r->pg[want[k + q]], held, is_remote
-				 ? pg_make(FM_PG_CLEAN, (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | FM_PGF_REF))
+				 ? pg_make(open_remote ? FM_PG_DIRTY : FM_PG_CLEAN,
+					   (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | cold |
+						     (open_remote ? FM_PGF_REWRITE : 0)))
 				 : pg_make(write ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
 			}
 		}

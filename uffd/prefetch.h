@@ -16,15 +16,28 @@ struct region;
 
 /*
  * After a fault on page idx of region r (slot ridx) by fc->tid: record it,
- * and if it continues a run, fill the run ahead. A thread has two runs: its
- * faults on fresh pages (fresh: the fault was a zero-fill) and on remote
+ * and if it continues a run, fill the run ahead. A thread has several runs:
+ * its faults on fresh pages (fresh: the fault was a zero-fill) and on remote
  * ones, which interleave (a collector copies objects it reads here and there
  * into fresh pages in a row; a program allocates while it reads old data),
- * and each alone is a run. A fresh run fills only untouched pages; so does
- * zero_only (GC threads: fetching ahead of their tracing evicts what the
- * program uses, MemLiner §1.3). wake: handler-thread mode. Caller holds rlock.
+ * and each alone is a run; a GC thread's writes to old pages are a run of
+ * their own too (a full GC's compaction reads a page and writes a lower one,
+ * in turn). A fresh run fills only untouched pages.
+ *
+ * Remote pages ahead: up to `prefetch` for the program's threads, up to
+ * `gc_window` for GC threads (gc: is_gc_thread said so). A collector's run
+ * is a pause walking the heap (a full GC compacts every old region in
+ * address order, and pays a fault, a read and an install per page without
+ * this); what it fetches ahead goes in cold (FM_PGF_GC: the clock takes it
+ * at once), so it does not push the program's pages out for long.
+ * Its writes' runs and, with gc_writable, its reads' too are installed
+ * writable and booked DIRTY: a compaction writes the pages it read soon
+ * after, and a write-protect fault on each would cost a fault and a TLB
+ * shootdown (the unprotect); the price is a write-back of what it only read,
+ * and that the program's later writes to such a page are not seen (it stays
+ * cold). wake: handler-thread mode. Caller holds rlock.
  */
 void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct region *r, uint64_t idx,
-		 int write, int fresh, int zero_only, int wake);
+		 int write, int fresh, int gc, int wake);
 
 #endif
