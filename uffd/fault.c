@@ -156,14 +156,19 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
  * our look and the copy, which would then map zeros, writable, over a page
  * memd holds while the books say REMOTE.
  */
-static void missing_but_resident(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i,
-				 uint8_t b)
+static int missing_but_resident(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i,
+				uint8_t b)
 {
 	uint8_t held = pg_make(FM_PG_UPDATING, b);
 	uint64_t skipped;
 
+	/*
+	 * It changed: look again. Returning would do in SIGBUS mode (the access
+	 * runs again), but a thread asleep in the kernel waits for a wake that
+	 * only an install or an unprotect of its page gives.
+	 */
 	if (!pg_cas(&r->pg[i], &b, held))
-		return; /* it changed: the thread faults again if it must */
+		return 0;
 	fm_uffd_install(p->uffd, r->base + (i << PG_SHIFT), p->zero_run, 1, 0, !f->in_thread, &skipped);
 	if (skipped) {
 		fm_release(p, &r->pg[i], held, b);
@@ -171,6 +176,7 @@ static void missing_but_resident(struct fm_pager *p, struct fm_fault *f, struct 
 		fm_release(p, &r->pg[i], held, pg_make(FM_PG_DIRTY, FM_PGF_REF));
 		STAT_ADD(p, zero_fills, 1);
 	}
+	return 1;
 }
 
 static void missing(struct fm_pager *p, struct fm_fault *f, struct region *r, int ridx, uint64_t i)
@@ -203,7 +209,8 @@ static void missing(struct fm_pager *p, struct fm_fault *f, struct region *r, in
 				fm_uffd_wake(p->uffd, r->base + (i << PG_SHIFT), PG_SIZE);
 			return;
 		default:
-			missing_but_resident(p, f, r, i, b);
+			if (!missing_but_resident(p, f, r, i, b))
+				continue;
 			return;
 		}
 	}
@@ -214,7 +221,7 @@ static void missing(struct fm_pager *p, struct fm_fault *f, struct region *r, in
  * opens the rest of its run with it: the program is allocating there, and
  * every page it opens is live from now on (dirty).
  */
-static void open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i, uint8_t b)
+static int open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i, uint8_t b)
 {
 	uintptr_t addr = r->base + (i << PG_SHIFT);
 	uint8_t fl = (uint8_t)((b | FM_PGF_REF) & ~(FM_PGF_PREFETCH | FM_PGF_GARBAGE));
@@ -224,7 +231,7 @@ static void open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r,
 	if (!is_gc(p, f->fc.tid))
 		fl &= (uint8_t)~FM_PGF_GC;
 	if (!pg_cas(&r->pg[i], &b, held))
-		return;
+		return 0;
 	if (b & FM_PGF_PREFETCH)
 		STAT_ADD(p, prefetch_used, 1);
 	if (b & FM_PGF_GARBAGE) {
@@ -244,6 +251,7 @@ static void open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r,
 		pg_release_from(&r->pg[i + k], FM_PG_UPDATING, pg_make(FM_PG_DIRTY, FM_PGF_REF));
 	fm_release(p, &r->pg[i], held, pg_make(FM_PG_DIRTY, fl));
 	STAT_ADD(p, wp_faults, 1);
+	return 1;
 }
 
 static void write_protected(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i)
@@ -254,11 +262,15 @@ static void write_protected(struct fm_pager *p, struct fm_fault *f, struct regio
 		uint8_t b = pg_load(&r->pg[i]), held;
 		unsigned s = fm_pg_state(b);
 
+		/*
+		 * Lost a race for it (the evictor took it, say): look again. A
+		 * thread asleep in the kernel on a page that then leaves is woken
+		 * by nothing but us.
+		 */
 		if (s == FM_PG_CLEAN) {
-			open_clean(p, f, r, i, b);
-			if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_CLEAN)
-				continue; /* lost a race for it */
-			return;
+			if (open_clean(p, f, r, i, b))
+				return;
+			continue;
 		}
 		if (pg_is_hold(s)) {
 			/* The evictor has it (the write waits until memd holds it, then faults it back), or a handler. */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "memd_spawn.h"
 
@@ -46,6 +47,18 @@ static inline int page_ok(const uint8_t *base, uint64_t p, uint32_t v)
 	return 1;
 }
 
+static const char *unit_name;
+
+static void unit_timed_out(int sig)
+{
+	static const char msg[] = ": timed out (a thread asleep on a fault nobody answered?)\n";
+
+	(void)sig;
+	if (write(2, unit_name, strlen(unit_name)) < 0 || write(2, msg, sizeof(msg) - 1) < 0)
+		_exit(3);
+	_exit(3);
+}
+
 /*
  * A test's main: a private memd (256 MiB), each(sock, fault) with faults served
  * in the faulting thread, then by handler threads, memd stopped and checked.
@@ -57,6 +70,10 @@ static inline int unit_main(const char *name, void (*each)(const char *sock, con
 	pid_t memd;
 	int st;
 
+	/* A lost wakeup hangs a test, not the whole run: fail it after ten minutes. */
+	unit_name = name;
+	signal(SIGALRM, unit_timed_out);
+	alarm(600);
 	snprintf(sock, sizeof(sock), "/tmp/farmem-unit-%d.sock", getpid());
 	memd = unit_start_memd(sock, "256M");
 	if (memd < 0)
