@@ -400,9 +400,12 @@ static void fork_parent(void)
 /*
  * The child's own pager: same configuration as the parent's (cfg is the
  * parent's copy), its own uffd, memd session and spaces, registering the
- * ranges the child got. Registration adopts their pages as resident and
- * evicts down to the budget, here, not in the program's thread: a child that
- * calls exec() at once never waits for it (exec ends this thread).
+ * ranges the child got. Registration adopts their pages as resident; then
+ * the hooks may go on (a BGSAVE child writes its snapshot at once) while
+ * this thread evicts down to the budget. Here, not in the fork handler: a
+ * child that calls exec() at once does not wait for any of it (exec ends
+ * this thread). Settling in the handler cost a fork+exec of a 256 MiB
+ * process at 32 MiB local 0.23 s more; this thread, about 2 ms.
  */
 static void *child_pager_main(void *arg)
 {
@@ -422,7 +425,7 @@ static void *child_pager_main(void *arg)
 		/* Its pages are shared with the parent copy-on-write: a capture would hold the shared one. */
 		fm_pager_no_capture(p, "this child of a fork shares its pages with the parent");
 		for (int k = 0; k < ninherit; k++)
-			if (fm_pager_register(p, (void *)inherit[k].base, inherit[k].len, 0))
+			if (fm_pager_register(p, (void *)inherit[k].base, inherit[k].len, FM_REG_NO_SETTLE))
 				fm_warn("fork: the child %d keeps %#lx+%zu MiB in local memory, unpaged", (int)getpid(),
 					(unsigned long)inherit[k].base, inherit[k].len >> 20);
 		pager = p;
@@ -430,6 +433,8 @@ static void *child_pager_main(void *arg)
 	}
 	atomic_store_explicit(&child_starting, 0, memory_order_release);
 	pthread_mutex_unlock(&start_lock);
+	if (!rc)
+		fm_pager_settle(p);
 	return NULL;
 }
 
