@@ -374,8 +374,9 @@ static int hooks_on(void)
 
 /*
  * Whatever would act on paged memory waits while a forked child's pager is
- * starting: the ranges it got are being registered and evicted, and the
- * shim's books (pager, state) say nothing of them until it is done.
+ * starting: the ranges it got are being registered, and the shim's books
+ * (pager, state) say nothing of them until they are. The eviction that
+ * follows (fm_pager_settle) is not waited for: it is the pager's own.
  */
 static void child_wait(void)
 {
