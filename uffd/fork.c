@@ -16,9 +16,13 @@
  *   parent   MADV_DONTFORK again, and eviction goes on: the evictor (or,
  *            without one, the forking thread) brings the parent back under
  *            its budget.
- *   child    nothing here: it pages nothing (preload.c leaves it alone); its
- *            copy shares every page with the parent, copy-on-write, as with
- *            any fork.
+ *   child    the parent's pagers are forgotten (their uffd and memd sessions
+ *            are the parent's) and fm_fork_child hands the ranges the child
+ *            got to its caller: the preload shim starts a pager of the
+ *            child's own on them (preload.c), which adopts the pages as
+ *            resident and evicts down to the child's budget. Until it has,
+ *            the child's copy shares every page with the parent,
+ *            copy-on-write, as with any fork.
  *
  * What it costs: a fork brings everything in memd home first (one read of
  * each, in batches), and the pages stay in memory until the parent evicts
@@ -41,6 +45,7 @@
 #include "evict.h"
 #include "fm_util.h"
 #include "fork.h"
+#include "monitor.h"
 #include "pager_internal.h"
 #include "region.h"
 
@@ -49,6 +54,8 @@
 static pthread_mutex_t fork_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fm_pager *fork_pagers[MAX_FORK_PAGERS];
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void (*before_prepare)(void);
+static pid_t reset_in; /* the process whose copy of the list fm_fork_child has cleared */
 
 /* Pages the kernel says it can still give, with a margin for everything else. */
 static uint64_t available_pages(void)
@@ -166,6 +173,11 @@ static void parent_one(struct fm_pager *p)
  */
 static void on_prepare(void)
 {
+	void (*before)(void) = before_prepare;
+
+	/* Before fork_lock: what it waits for may need the lock (a pager starting, fm_fork_add). */
+	if (before)
+		before();
 	pthread_mutex_lock(&fork_lock);
 	for (int k = 0; k < MAX_FORK_PAGERS; k++)
 		if (fork_pagers[k])
@@ -180,15 +192,75 @@ static void on_parent(void)
 	pthread_mutex_unlock(&fork_lock);
 }
 
-static void on_child(void)
+/* The runs of pages of p that the child got (none are UNMANAGED), appended to out. */
+static int child_runs(struct fm_pager *p, struct fm_fork_range *out, int n, int max)
+{
+	for (int k = 0; k < p->nregions; k++) {
+		struct region *r = &p->regions[k];
+		if (!r->live || r->alias || r->sparse)
+			continue;
+		for (uint64_t i = 0; i < r->npages;) {
+			uint64_t j = i;
+			while (j < r->npages && fm_pg_state(pg_load(&r->pg[j])) != FM_PG_UNMANAGED)
+				j++;
+			if (j > i) {
+				if (n == max) {
+					fm_warn("fork: more than %d paged ranges: the child pages only the first ones", max);
+					return n;
+				}
+				out[n].base = r->base + (i << PG_SHIFT);
+				out[n].len = (size_t)(j - i) << PG_SHIFT;
+				n++;
+			}
+			i = j + 1;
+		}
+	}
+	return n;
+}
+
+static void child_reset(struct fm_fork_range *out, int *n, int max)
 {
 	/*
-	 * The child pages nothing, and its copies of the pagers must never act:
-	 * their uffd and memd connections are the parent's. Its own forks copy
-	 * plain memory.
+	 * The child's copies of the pagers must never act: their uffd and memd
+	 * sessions are the parent's (an ioctl on the parent's uffd would write
+	 * the parent's memory). Only their books are read, here, with no other
+	 * thread left to change them. The SIGBUS handler forgets them too.
 	 */
+	for (int k = 0; k < MAX_FORK_PAGERS; k++) {
+		struct fm_pager *p = fork_pagers[k];
+		if (!p)
+			continue;
+		if (p->fork_shared && out)
+			*n = child_runs(p, out, *n, max);
+		/* Only the parent's pager may hold its uffd: its munmaps wait for a reader of that uffd's events. */
+		if (p->uffd >= 0)
+			close(p->uffd);
+	}
 	memset(fork_pagers, 0, sizeof(fork_pagers));
 	pthread_mutex_init(&fork_lock, NULL);
+	fm_monitor_child_reset();
+	reset_in = getpid();
+}
+
+int fm_fork_child(struct fm_fork_range *out, int max)
+{
+	int n = 0;
+
+	if (reset_in != getpid())
+		child_reset(out, &n, max);
+	return n;
+}
+
+static void on_child(void)
+{
+	/* The preload shim has done it from its own child handler, which runs first; a program that embeds the pager has not. */
+	if (reset_in != getpid())
+		child_reset(NULL, NULL, 0);
+}
+
+void fm_fork_before_prepare(void (*fn)(void))
+{
+	before_prepare = fn;
 }
 
 static void install_handlers(void)

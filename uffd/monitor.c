@@ -148,6 +148,14 @@ static void sigbus_remove(struct fm_pager *p)
 		sched_yield();
 }
 
+void fm_monitor_child_reset(void)
+{
+	for (int k = 0; k < MAX_SIG_PAGERS; k++)
+		atomic_store(&sig_pagers[k], NULL);
+	atomic_store(&sig_inside, 0);
+	pthread_mutex_init(&sig_lock, NULL);
+}
+
 int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old)
 {
 	int ours;

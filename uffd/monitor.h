@@ -31,6 +31,13 @@ void fm_monitor_stop(struct fm_pager *p);
  * (if set) gets the previous one. Returns 1 when the pager's handler is in
  * place (the caller must not install act itself), 0 when it is not.
  */
+/*
+ * In a forked child: the pagers the SIGBUS handler knew are the parent's
+ * (their uffds and memd sessions are not the child's): forget them. The
+ * handler stays installed, chaining to the program's disposition.
+ */
+void fm_monitor_child_reset(void);
+
 int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old);
 
 #endif

@@ -69,6 +69,7 @@ int fm_pager_stop(struct fm_pager *p);
 #define FM_REG_HEAP 2u  /* FM_REGION_F_HEAP */
 #define FM_REG_SHMEM 4u /* FM_REGION_F_SHMEM: a MAP_SHARED mapping of a shmem file */
 #define FM_REG_SPARSE 8u /* FM_REGION_F_SPARSE: a reserved range, paged as it is committed */
+#define FM_REG_NO_SETTLE 16u /* pages present join the books, but the caller evicts down to the budget: fm_pager_settle */
 
 /*
  * Put [addr, addr+len) (page-aligned, anonymous private) under the pager.
@@ -103,6 +104,12 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
  * back is only learnt of by an unmap event.
  */
 long fm_pager_commit(struct fm_pager *p, void *addr, size_t len);
+/*
+ * Evict down to the budget what registrations with FM_REG_NO_SETTLE found
+ * present, in the calling thread (a forked child's pager: its registrations
+ * end the wait of the program's hooks, this does not).
+ */
+void fm_pager_settle(struct fm_pager *p);
 /*
  * The program is about to unmap or remap [addr, addr+len): forget its
  * pages (local and remote) and unregister it. The caller then unmaps.

@@ -233,6 +233,12 @@ static void settle_adopted(struct fm_pager *p, uint64_t present)
 	fm_resident_settled(p);
 }
 
+void fm_pager_settle(struct fm_pager *p)
+{
+	fm_evict_to_budget(p, 1);
+	fm_resident_settled(p);
+}
+
 /*
  * UFFDIO_REGISTER [a, a+len) for paging; a range the uffd cannot page is let
  * go again. Page-table entries per 4 KiB (no huge pages for us to split),
@@ -349,7 +355,10 @@ books:
 	bounds(p);
 	fm_budget_set(p);
 	rlock_un(p);
-	settle_adopted(p, present);
+	if (flags & FM_REG_NO_SETTLE)
+		fm_resident_adopt(p, present);
+	else
+		settle_adopted(p, present);
 	fm_info("paging %p+%zu MiB%s (%llu pages present), budget %llu pages", addr, len >> 20,
 		sparse ? " as it is committed" : "", (unsigned long long)present,
 		(unsigned long long)atomic_load(&p->limit));

@@ -10,7 +10,13 @@
  *   - The child reads every page (tag, or zeros), writes all of it, and
  *     forks a grandchild that reads the child's bytes; the parent rewrites
  *     the buffer meanwhile and checks its own bytes after.
+ *   - With a budget given (the second argument, MiB: farmem run's --local),
+ *     the child pages on its own: what it holds of the paged buffer
+ *     (mincore) comes down to the budget after the fork, and stays there
+ *     while it writes all of the buffer, which is more than the budget.
  *   - fork+exec of /bin/true, several times: works, pages nothing.
+ *   - A child that cannot start a pager of its own (no file descriptor
+ *     left: RLIMIT_NOFILE at the fork) runs on unpaged, every byte right.
  *   - A child made by a raw clone(), which runs no fork handlers, and reads
  *     a paged page: it must die (SIGSEGV), never read a wrong byte.
  *
@@ -25,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,7 +40,7 @@
 
 static size_t npages;
 static uint8_t *buf, *churn;
-static size_t nchurn;
+static size_t nchurn, budget_pages;
 static atomic_int stop_churn;
 
 static uint64_t word(uint64_t tag, uint64_t page, unsigned k)
@@ -105,6 +112,43 @@ static int fail(const char *what, size_t bad, size_t first)
 	return 1;
 }
 
+/* Pages of buf present in this process's page tables (churn is below farmem's threshold: not paged). */
+static size_t present(void)
+{
+	static unsigned char v[1 << 16];
+	size_t n = 0;
+
+	for (size_t i = 0; i < npages; i += sizeof(v)) {
+		size_t m = npages - i < sizeof(v) ? npages - i : sizeof(v);
+		if (mincore(buf + i * PG, m * PG, v))
+			return SIZE_MAX;
+		for (size_t j = 0; j < m; j++)
+			n += v[j] & 1;
+	}
+	return n;
+}
+
+/*
+ * The child's own pager brings what it holds down to its budget (in a thread
+ * of its own, soon after the fork): wait for it, 30 s at most.
+ */
+static int under_budget(const char *who, const char *when)
+{
+	size_t have = present();
+
+	for (int k = 0; k < 3000 && have > budget_pages; k++) {
+		usleep(10000);
+		have = present();
+	}
+	printf("forktest: %s holds %zu pages of the paged buffer %s (budget %zu)\n", who, have, when, budget_pages);
+	if (have > budget_pages) {
+		printf("forktest: %s budget FAILED: %zu pages present %s, over its budget of %zu\n", who, have, when,
+		       budget_pages);
+		return 0;
+	}
+	return 1;
+}
+
 static int child(void)
 {
 	size_t first = 0, bad = check(1, &first);
@@ -113,13 +157,25 @@ static int child(void)
 
 	if (bad)
 		return fail("child (the parent's bytes at fork)", bad, first);
+	if (budget_pages && !under_budget("child", "after the fork"))
+		return 1;
 	write_all(2);
+	bad = check(2, &first);
+	if (bad)
+		return fail("child (its own bytes, written over its budget)", bad, first);
+	if (budget_pages && !under_budget("child", "after writing all of it"))
+		return 1;
+	fflush(stdout); /* or the grandchild prints it again */
 	g = fork();
 	if (g < 0)
 		return 1;
 	if (g == 0) {
 		bad = check(2, &first);
-		_exit(bad ? fail("grandchild", bad, first) : 0);
+		st = bad ? fail("grandchild", bad, first) : 0;
+		if (!st && budget_pages && !under_budget("grandchild", "after the fork"))
+			st = 1;
+		fflush(stdout);
+		_exit(st);
 	}
 	if (waitpid(g, &st, 0) != g || !WIFEXITED(st) || WEXITSTATUS(st)) {
 		printf("forktest: grandchild FAILED: status %#x\n", st);
@@ -132,11 +188,13 @@ static int child(void)
 int main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 0) : 128, first = 0, bad;
+	size_t local_mib = argc > 2 ? strtoul(argv[2], NULL, 0) : 0;
 	pthread_t th[2];
 	pid_t pid;
 	int st;
 
 	npages = (mib << 20) / PG;
+	budget_pages = (local_mib << 20) / PG;
 	nchurn = npages / 2;
 	buf = mmap(NULL, npages * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	churn = mmap(NULL, nchurn * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -158,8 +216,11 @@ int main(int argc, char **argv)
 		perror("fork");
 		return 1;
 	}
-	if (pid == 0)
-		_exit(child());
+	if (pid == 0) {
+		int rc = child();
+		fflush(stdout); /* _exit would drop what a pipe's buffer holds */
+		_exit(rc);
+	}
 	write_all(3);
 	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) {
 		printf("forktest: child FAILED: status %#x\n", st);
@@ -183,6 +244,37 @@ int main(int argc, char **argv)
 		}
 	}
 	printf("forktest: exec ok\n");
+
+	/* No descriptor left for the child's pager: it must run on with the memory it got, unpaged. */
+	{
+		struct rlimit was, none;
+		int lowest = dup(0);
+
+		if (lowest < 0 || close(lowest) || getrlimit(RLIMIT_NOFILE, &was))
+			return 1;
+		none = was;
+		none.rlim_cur = (rlim_t)lowest;
+		fflush(stdout);
+		if (setrlimit(RLIMIT_NOFILE, &none))
+			return 1;
+		pid = fork();
+		if (pid == 0) {
+			bad = check(3, &first);
+			if (!bad) {
+				write_all(4);
+				bad = check(4, &first);
+			}
+			st = bad ? fail("child without a pager", bad, first) : 0;
+			fflush(stdout);
+			_exit(st);
+		}
+		setrlimit(RLIMIT_NOFILE, &was);
+		if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) {
+			printf("forktest: child without a pager FAILED: status %#x\n", st);
+			return 1;
+		}
+	}
+	printf("forktest: nofd ok\n");
 
 	/* A raw clone() runs no fork handlers: the paged ranges are not in its child at all. */
 	pid = (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
