@@ -127,13 +127,13 @@ void fm_uffd_install(int uffd, uintptr_t dst, const void *src, unsigned n, int w
 	*skipped = 0;
 	if (!rc)
 		return;
-	if (rc != -EEXIST && rc != -EAGAIN)
+	if (rc != -EEXIST && rc != -EAGAIN && rc != -ENOENT)
 		fm_fatal("UFFDIO_COPY of %u pages at %#lx failed: %s", n, (unsigned long)dst, strerror(-rc));
 	/* The rest one by one: a page the kernel skips is not ours, the ones after it may be. */
 	for (k = (unsigned)(done / PG); k < n; k++) {
 		uintptr_t d = dst + (uintptr_t)k * PG;
 		rc = fm_uffd_copy(uffd, d, (const uint8_t *)src + (size_t)k * PG, PG, wp, wake, NULL);
-		if (rc == -EEXIST || rc == -EAGAIN) {
+		if (rc == -EEXIST || rc == -EAGAIN || rc == -ENOENT) {
 			*skipped |= 1ull << k;
 			if (wake)
 				fm_uffd_wake(uffd, d, PG);

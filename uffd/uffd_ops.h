@@ -7,10 +7,13 @@
  * Install rules (fm_uffd_install): the kernel stops at the first page that is
  * already mapped (EEXIST for the first page, a short copy and EAGAIN for a
  * later one), and refuses with EAGAIN while an unmap or remap of a registered
- * range is under way (an event the pager has not read yet). Neither is an
- * error: such a page holds bytes we did not put there, or nothing at all, so
- * the caller must not book it as installed; it is reported in *skipped and
- * its thread faults again.
+ * range is under way (an event the pager has not read yet), and with ENOENT
+ * once the range is no longer a registered mapping (a JVM that uncommitted
+ * part of its heap, replacing the mapping, while a run of pages for it was
+ * being fetched). None is an error: such a page holds bytes we did not put
+ * there, or nothing at all, so the caller must not book it as installed; it
+ * is reported in *skipped and its thread faults again, into whatever is
+ * mapped there then. What the caller fetched stays in memd.
  */
 #ifndef FARMEM_UFFD_OPS_H
 #define FARMEM_UFFD_OPS_H
