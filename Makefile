@@ -206,7 +206,7 @@ $(B)/bench/move_remote: bench/progs/move_remote.c tests/unit/memd_spawn.h $(B)/l
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_PAGER) -Itests/unit -o $@ $< $(B)/lib/libfarmem_pager.a $(LDLIBS)
 
-$(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h | $(B)/.deps-ok
+$(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h uffd/resmap_self.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuffd -o $@ $< -lpthread
 

@@ -55,7 +55,7 @@
 #include <unistd.h>
 
 #include "measure.h"
-#include "resmap.h"
+#include "resmap_self.h"
 #define PROG "faultlat"
 
 static void usage(FILE *f)
@@ -75,43 +75,6 @@ static void usage(FILE *f)
 		"  --fault-threshold-us US   accesses slower than this count as faults (default 1.0)\n"
 		"  --split            under the farmem pager: split the remote faults' time into\n"
 		"                     kernel, handler, transport and copy (the pager's residency map)\n");
-}
-
-/* The pager's residency map of this very process (the preload shim made it), or NULL. */
-static const struct fm_resmap_hdr *own_resmap(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	const struct fm_resmap_hdr *h = NULL;
-
-	if (!d)
-		return NULL;
-	while (!h && (e = readdir(d))) {
-		char path[300], link[256];
-		ssize_t n;
-		int fd;
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		n = readlink(path, link, sizeof(link) - 1);
-		if (n <= 0)
-			continue;
-		link[n] = 0;
-		if (strncmp(link, "/memfd:farmem-map", 17))
-			continue;
-		fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
-			continue;
-		void *m = mmap(NULL, FM_RESMAP_MAP_OFFSET, PROT_READ, MAP_SHARED, fd, 0);
-		close(fd);
-		if (m == MAP_FAILED)
-			continue;
-		h = m;
-		if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != FM_RESMAP_MAGIC) {
-			munmap(m, FM_RESMAP_MAP_OFFSET);
-			h = NULL;
-		}
-	}
-	closedir(d);
-	return h;
 }
 
 struct split_snap { uint64_t faults, handler_ns, transport_ns, copy_ns; };
@@ -205,7 +168,7 @@ int main(int argc, char **argv)
 	const struct fm_resmap_hdr *rm = NULL;
 	struct split_snap sp0 = { 0 }, sp1 = { 0 };
 	if (split) {
-		rm = own_resmap();
+		rm = fm_resmap_self();
 		if (!rm) {
 			fprintf(stderr, PROG ": --split: no farmem residency map in this process "
 				"(run it under the pager: LD_PRELOAD=libfarmem_preload.so or farmem run)\n");

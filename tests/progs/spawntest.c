@@ -44,7 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "resmap.h"
+#include "resmap_self.h"
 
 #define PG 4096ul
 #define MAX_TIMES 1000
@@ -80,49 +80,6 @@ static size_t check(size_t *first)
 			if (buf[i * (PG / 8) + k] != word(i, k) && !bad++)
 				*first = i;
 	return bad;
-}
-
-/*
- * This process's own residency map: a memfd named farmem-map among its fds,
- * whose header names this pid (the pager starts at the first big mapping,
- * so look after the buffer is mapped).
- */
-static const struct fm_resmap_hdr *find_map(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	const struct fm_resmap_hdr *found = NULL;
-	char path[300], link[256]; /* d_name is up to 255 bytes */
-
-	if (!d)
-		return NULL;
-	while (!found && (e = readdir(d))) {
-		ssize_t n;
-		void *m;
-		int fd;
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		n = readlink(path, link, sizeof(link) - 1);
-		if (n <= 0)
-			continue;
-		link[n] = 0;
-		if (strncmp(link, "/memfd:farmem-map", 17))
-			continue;
-		fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
-			continue;
-		m = mmap(NULL, sizeof(struct fm_resmap_hdr), PROT_READ, MAP_SHARED, fd, 0);
-		close(fd);
-		if (m == MAP_FAILED)
-			continue;
-		found = m;
-		if (found->magic != FM_RESMAP_MAGIC || found->pid != (uint64_t)getpid()) {
-			munmap(m, sizeof(struct fm_resmap_hdr));
-			found = NULL;
-		}
-	}
-	closedir(d);
-	return found;
 }
 
 /* The pager writes its counters while we read them: one relaxed load each. */
@@ -358,7 +315,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	fill();
-	hdr = find_map();
+	hdr = fm_resmap_self();
 	printf("spawntest: %zu pages, %s\n", npages, hdr ? "paged" : "not under farmem");
 	bad = check(&first);
 	if (bad) {
