@@ -22,6 +22,8 @@ Configurations, per workload and budget (PCT of -Xmx local):
             sets it, and the presets below serve when no all-local run succeeded
   farmem    `farmem run --local PCT%`: the pager, the system's JDK 17 (stock G1)
   memliner  `farmem run --gc memliner --local PCT%`: the farmem JDK (`make jdk`), MemLiner marking
+  fjdk      `farmem run --gc farmem --local PCT%`: the farmem JDK, everything it does for far memory
+            (MemLiner marking, and full GCs that move objects on remote pages inside memd's store)
 
 Every run logs -Xlog:gc,gc+heap+exit to a file: bytes allocated (occupancy before each pause minus
 after the previous one, bench/lib/gclog.py) and pause time come from it. The table shows the
@@ -31,10 +33,10 @@ allocated (farmem: bytes read from and written to memd; kswap: pages swapped in 
 Configurations rotate every repeat, so slow drift of the machine spreads over all of them.
 
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
-        [--configs local,kswap,farmem,memliner] [--repeats 3] [--size bench|smoke] [--heap SIZE]
+        [--configs local,kswap,farmem,memliner,fjdk] [--repeats 3] [--size bench|smoke] [--heap SIZE]
         [--overhead SIZE] [--args NAME=FLAGS] [--out bench/RESULTS.md] [--json raw.json]
 
-Needs `make all seeds` (done here) and, for memliner, `make jdk` (not done here: ~15 min the first
+Needs `make all seeds` (done here) and, for memliner and fjdk, `make jdk` (not done here: ~15 min the first
 time); kswap needs root and zram. --size smoke runs each workload at its smoke-test size.
 """
 
@@ -107,9 +109,11 @@ SIZES = {
     },
 }
 LABEL = {"local": "all local", "kswap": "Linux swap (kswap, zram)", "farmem": "farmem, stock G1",
-         "memliner": "farmem --gc memliner"}
-FIGURES = ("gc_faults", "gc_zero_fills", "app_faults", "remote_reads", "remote_writes", "evictions",
-           "remote_read_bytes", "remote_write_bytes", "cgroup_limit_bytes", "peak_resident_bytes")
+         "memliner": "farmem --gc memliner", "fjdk": "farmem --gc farmem"}
+PATCHED = ("memliner", "fjdk")  # the configurations that run the farmem JDK
+FIGURES = ("gc_faults", "gc_zero_fills", "gc_conc_faults", "app_faults", "remote_reads", "remote_writes",
+           "evictions", "remote_read_bytes", "remote_write_bytes", "cgroup_limit_bytes", "peak_resident_bytes",
+           "compact_moves", "compact_bytes")
 # Issue 18's targets: (workload, config, budget) -> the largest ratio to all-local.
 TARGETS = {("spark", 25): 1.5, ("spark", 50): 1.15, ("gcchurn", 50): 2.0, ("gcchurn", 25): 3.0}
 SWAP_TARGET = 3.0  # every workload this many times faster than Linux swap at the same limit
@@ -175,10 +179,11 @@ class Bench:
     def check_available(self) -> None:
         if "kswap" in self.a.configs and os.geteuid() != 0:
             self.unavailable["kswap"] = "Linux swap under a cgroup needs root"
-        if "memliner" in self.a.configs:
+        if any(c in self.a.configs for c in PATCHED):
             home = farmem_jdk_home()
             if home is None or not os.access(os.path.join(home, "bin", "java"), os.X_OK):
-                self.unavailable["memliner"] = "the farmem JDK is not built for this checkout: make jdk"
+                for c in PATCHED:
+                    self.unavailable[c] = "the farmem JDK is not built for this checkout: make jdk"
             else:
                 self.jdk = str(home)
 
@@ -207,7 +212,8 @@ class Bench:
         if config == "kswap":
             run += ["--mode", "kswap", "--local", str(self.kswap_limit(name, pct))]
         else:
-            run += ["--local", f"{pct}%"] + (["--gc", "memliner"] if config == "memliner" else [])
+            gc = {"memliner": "memliner", "fjdk": "farmem"}.get(config)
+            run += ["--local", f"{pct}%"] + (["--gc", gc] if gc else [])
         return run + ["--", *java], gcl, summary
 
     def run_one(self, name: str, config: str, pct: int, rep: int) -> dict:
@@ -340,10 +346,10 @@ class Bench:
             how = ("--overhead" if self.a.overhead else "measured" if name in self.non_heap else "preset")
             out.append(f"  - {name}: `java -Xmx{w.heap} {args}`, non-heap allowance "
                        f"{self.allowance(name) / MIB:.0f} MiB ({how})")
-        out += ["", "| workload | config | local | runs | wall s | × all-local | GC faults | GC zero fills "
-                "| app faults | remote reads | remote writes | paged MB / GB alloc | GC faults / GB alloc "
-                "| GC pause s | alloc GB |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += ["", "| workload | config | local | runs | wall s | × all-local | GC faults: pause workers "
+                "| of them zero fills | GC faults: concurrent (marking) | app faults | remote reads | remote writes "
+                "| paged MB / GB alloc | GC faults / GB alloc | moved in memd MB | GC pause s | alloc GB |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name in self.workloads:
             base = self.medians(name, "local", 100).get("wall_s")
             for config, pct in self.plan():
@@ -351,7 +357,7 @@ class Bench:
                 head = f"| {name} | {LABEL[config]} | {pct}% | {m['runs']}/{m['tried']}"
                 if not m["runs"]:
                     err = m["error"].replace("|", "/")
-                    out.append(f"{head} | failed: {err[:160]} |  |  |  |  |  |  |  |  |  |  |")
+                    out.append(f"{head} | failed: {err[:160]} |  |  |  |  |  |  |  |  |  |  |  |  |")
                     continue
                 gb = m.get("alloc_bytes", 0) / (1 << 30)
 
@@ -361,11 +367,19 @@ class Bench:
                 ratio = f"{m['wall_s'] / base:.2f}×" if base else "n/a"
                 paged = f"{m['paged_bytes'] / MIB / gb:.0f}" if "paged_bytes" in m and gb else ""
                 gcpg = f"{m['gc_faults'] / gb:.0f}" if m.get("gc_faults") and gb else ""
-                out.append(f"{head} | {m['wall_s']:.1f} | {ratio} | {num('gc_faults')} | {num('gc_zero_fills')} "
+                pause = (f"{m['gc_faults'] - m.get('gc_conc_faults', 0):.0f}"
+                         if "gc_faults" in m and config != "local" else "")
+                conc = num("gc_conc_faults") if config not in ("local", "kswap") else ""
+                inmemd = f"{m['compact_bytes'] / MIB:.0f}" if m.get("compact_bytes") else ""
+                out.append(f"{head} | {m['wall_s']:.1f} | {ratio} | {pause} | {num('gc_zero_fills')} | {conc} "
                            f"| {num('app_faults')} | {num('remote_reads')} | {num('remote_writes')} | {paged} "
-                           f"| {gcpg} | {m.get('pause_s', 0):.2f} | {gb:.2f} |")
+                           f"| {gcpg} | {inmemd} | {m.get('pause_s', 0):.2f} | {gb:.2f} |")
         out += ["", "Under Linux swap the fault columns come from kswap mode's eBPF tracer (farmem-trace): GC and "
-                "app faults are major faults by thread, remote reads swap-ins, remote writes pages swapped out.", ""]
+                "app faults are major faults by thread (all GC threads under pause workers), remote reads swap-ins, "
+                "remote writes pages swapped out. Under farmem, pause workers are HotSpot's `GC Thread#` and "
+                "`VM Thread`, concurrent ones `G1 Conc#`, `G1 Main Marker`, `G1 Refine#` and `G1 Service` "
+                "(jvmti-agent/gcthreads.c); moved in memd = bytes a full GC's compaction moved inside memd's "
+                "store (`--gc farmem`, uffd/compact.c).", ""]
         out += self.targets()
         return "\n".join(out) + "\n"
 
@@ -378,7 +392,7 @@ class Bench:
         for name in self.workloads:
             base = self.medians(name, "local", 100).get("wall_s")
             for pct in self.a.budgets:
-                for config in ("farmem", "memliner"):
+                for config in ("farmem", *PATCHED):
                     if config not in self.a.configs:
                         continue
                     m = self.medians(name, config, pct)
@@ -404,7 +418,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="spark,neo4j,h2,gcchurn")
-    ap.add_argument("--configs", default="local,kswap,farmem,memliner")
+    ap.add_argument("--configs", default="local,kswap,farmem,memliner,fjdk")
     ap.add_argument("--budgets", default="50,25", help="percent of -Xmx local (default 50,25)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--size", choices=sorted(SIZES), default="bench",

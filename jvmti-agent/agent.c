@@ -35,6 +35,7 @@
 #include "options.h"
 #include "pager.h"
 #include "resmap.h"
+#include "gc_calls.h"
 #include "swapva_move.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -251,7 +252,7 @@ static void JNICALL on_gc_finish(jvmtiEnv *env)
 
 static struct fm_pager *pending; /* started at OnLoad, heap registered at VMInit */
 
-/* farmem_swapva_move runs in GC workers: held like a GC callback (swapva_move.h). */
+/* What a farmem JDK calls runs in GC workers: held like a GC callback (pager_ref.h). */
 static struct fm_pager *pager_enter(void)
 {
 	atomic_fetch_add(&gc_users, 1);
@@ -272,7 +273,7 @@ static int pager_expected(void)
 	return yes;
 }
 
-static const struct fm_swapva_hooks swapva_hooks = { pager_enter, pager_leave, pager_expected };
+static const struct fm_pager_ref pager_ref = { pager_enter, pager_leave, pager_expected };
 
 static void JNICALL on_vm_init(jvmtiEnv *env, JNIEnv *jni, jthread thread)
 {
@@ -348,7 +349,8 @@ EXPORT jint JNICALL Agent_OnLoad(JavaVM *vm, char *options, void *reserved)
 		say("error", msg);
 		return JNI_ERR;
 	}
-	fm_swapva_export(&swapva_hooks); /* for a farmem JDK's -XX:+UseFarmemSwapVA */
+	fm_swapva_export(&pager_ref); /* for a farmem JDK's -XX:+UseFarmemSwapVA */
+	fm_gc_calls_export(&pager_ref); /* and its far-memory collector (gc_calls.h) */
 	if (opts.detach) {
 		say("error", "detach is for a running JVM (farmem detach PID); the JVM does not start");
 		return JNI_ERR;
@@ -392,6 +394,8 @@ EXPORT jint JNICALL Agent_OnAttach(JavaVM *vm, char *options, void *reserved)
 		say("error", msg);
 		return JNI_ERR;
 	}
+	fm_swapva_export(&pager_ref);
+	fm_gc_calls_export(&pager_ref);
 	if (o.detach) {
 		snprintf(opts.msgfile, sizeof(opts.msgfile), "%s", o.msgfile);
 		rc = detach(err, sizeof(err));

@@ -2,6 +2,8 @@
 /* GC threads by name (gcthreads.h). */
 #include "gcthreads.h"
 
+#include "pager.h"
+
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -15,19 +17,20 @@
  * "G1 Refine#N", "G1 Service", "VM Thread" (runs the pauses' serial parts).
  * Older JDKs said "ParGC Thread#N" and "G1 Young RemSet".
  */
-static const char *const gc_names[] = {
-	"GC Thread#", "G1 Conc#", "G1 Main Marker", "G1 Refine#", "G1 Service", "VM Thread",
-	"ParGC Thread#", "G1 Young RemSet", "GC Thread",
-};
+static const char *const pause_names[] = { "GC Thread#", "VM Thread", "ParGC Thread#", "GC Thread" };
+static const char *const conc_names[] = { "G1 Conc#", "G1 Main Marker", "G1 Refine#", "G1 Service", "G1 Young RemSet" };
 
 #define TID_SLOTS 4096 /* power of two */
-static _Atomic uint64_t tid_cache[TID_SLOTS]; /* tid << 1 | is_gc; 0 = empty */
+static _Atomic uint64_t tid_cache[TID_SLOTS]; /* tid << 2 | kind; 0 = empty */
 
-static int name_is_gc(const char *n)
+static int gc_kind(const char *n)
 {
-	for (size_t i = 0; i < sizeof(gc_names) / sizeof(gc_names[0]); i++)
-		if (!strncmp(n, gc_names[i], strlen(gc_names[i])))
-			return 1;
+	for (size_t i = 0; i < sizeof(pause_names) / sizeof(pause_names[0]); i++)
+		if (!strncmp(n, pause_names[i], strlen(pause_names[i])))
+			return FM_GC_PAUSE;
+	for (size_t i = 0; i < sizeof(conc_names) / sizeof(conc_names[0]); i++)
+		if (!strncmp(n, conc_names[i], strlen(conc_names[i])))
+			return FM_GC_CONC;
 	return 0;
 }
 
@@ -48,8 +51,8 @@ int fm_agent_is_gc_thread(pid_t tid)
 		uint64_t e = atomic_load_explicit(&tid_cache[(h + k) & (TID_SLOTS - 1)], memory_order_relaxed);
 		if (!e)
 			break;
-		if ((pid_t)(e >> 1) == tid)
-			return (int)(e & 1);
+		if ((pid_t)(e >> 2) == tid)
+			return (int)(e & 3);
 	}
 	/* comm is read under the task lock only: safe while the thread sits in a fault. */
 	snprintf(path, sizeof(path), "/proc/self/task/%d/comm", (int)tid);
@@ -61,11 +64,11 @@ int fm_agent_is_gc_thread(pid_t tid)
 	if (n <= 0)
 		return 0;
 	name[n] = '\0';
-	gc = name_is_gc(name);
+	gc = gc_kind(name);
 	for (unsigned k = 0; k < 16; k++) {
 		uint64_t zero = 0;
 		if (atomic_compare_exchange_strong(&tid_cache[(h + k) & (TID_SLOTS - 1)], &zero,
-						   ((uint64_t)tid << 1) | (uint64_t)gc))
+						   ((uint64_t)tid << 2) | (uint64_t)gc))
 			break;
 	}
 	return gc;

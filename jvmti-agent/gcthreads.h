@@ -9,7 +9,11 @@
 
 #include <sys/types.h>
 
-/* 1 if thread tid of this process is a GC thread. Safe in a fault handler; cached by tid. */
+/*
+ * Whether thread tid of this process is a GC thread: 0, FM_GC_PAUSE (the pause
+ * workers, the VM thread) or FM_GC_CONC (marking, refinement, G1's service
+ * thread); uffd/pager.h. Safe in a fault handler; cached by tid.
+ */
 int fm_agent_is_gc_thread(pid_t tid);
 
 #endif

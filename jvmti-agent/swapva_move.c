@@ -32,7 +32,7 @@ static int not_expected(void)
 }
 
 /* No pager until fm_swapva_export, which Agent_OnLoad calls before the JVM can call us. */
-static struct fm_swapva_hooks hooks = { no_pager, no_leave, not_expected };
+static struct fm_pager_ref hooks = { no_pager, no_leave, not_expected };
 static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct swapva_ctx *lib;    /* libswapva, when no pager runs: describe and break-even */
 static int lib_failed;
@@ -156,7 +156,7 @@ void fm_swapva_report(void)
 	pthread_mutex_unlock(&lib_lock);
 }
 
-void fm_swapva_export(const struct fm_swapva_hooks *h)
+void fm_swapva_export(const struct fm_pager_ref *h)
 {
 	Dl_info info;
 

@@ -19,25 +19,13 @@
 
 #include <stddef.h>
 
-struct fm_pager;
-
-/*
- * How the moves reach the agent's pager: agent.c passes these, so that this
- * file never calls back into it.
- */
-struct fm_swapva_hooks {
-	/* The running pager, held against a detach until leave. May be NULL. */
-	struct fm_pager *(*enter)(void);
-	void (*leave)(void);
-	/* 1 if a pager runs, or is started and waits for VMInit to register the heap. */
-	int (*expected)(void);
-};
+#include "pager_ref.h"
 
 /*
  * Take the hooks, and make the three functions visible to dlsym(RTLD_DEFAULT):
  * the JVM loads agents RTLD_LOCAL.
  */
-void fm_swapva_export(const struct fm_swapva_hooks *hooks);
+void fm_swapva_export(const struct fm_pager_ref *ref);
 /*
  * At JVM exit, when libswapva moved pages (no pager): one stderr line with the pages each
  * backend moved, so a run can show that the module (or UFFDIO_MOVE) did the work, not memmove.

@@ -287,7 +287,7 @@ FAKE_PAGER = textwrap.dedent("""
     os.ftruncate(fd, size)
     mm = mmap.mmap(fd, size)
     h = resmap.ResmapHdr.from_buffer(mm)
-    h.magic, h.version, h.page_shift, h.hdr_size = resmap.MAGIC, 1, 12, resmap.MAP_OFFSET
+    h.magic, h.version, h.page_shift, h.hdr_size = resmap.MAGIC, resmap.VERSION, 12, resmap.MAP_OFFSET
     h.pid, h.transport = os.getpid(), 2
     st = h.stats
     st.faults, st.remote_reads, st.remote_writes, st.zero_fills = 1000, 300, 200, 700
@@ -492,7 +492,7 @@ FAKE_MAPPED = textwrap.dedent("""
     os.ftruncate(fd, size)
     mm = mmap.mmap(fd, size)
     h = resmap.ResmapHdr.from_buffer(mm)
-    h.magic, h.version, h.page_shift, h.hdr_size = resmap.MAGIC, 1, 12, resmap.MAP_OFFSET
+    h.magic, h.version, h.page_shift, h.hdr_size = resmap.MAGIC, resmap.VERSION, 12, resmap.MAP_OFFSET
     h.pid, h.swap_epoch, h.gc_cycles, h.nregions, h.transport = os.getpid(), 7, 3, 2, 1
     h.memd = b"unix:/tmp/x.sock"
     h.stats.faults, h.stats.registered_pages, h.stats.resident_pages = 42, 8, 4

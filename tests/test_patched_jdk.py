@@ -292,3 +292,116 @@ def test_largearrays_swapva_tight_heap_serial_compaction(farmem_jdk, farmem_cmd,
     assert r.stdout.count("until the heap was full") == 2
     assert "Prepare Serial Compaction" in r.stdout, "no full GC went serial:\n" + r.stdout[-3000:]
     assert any(int(m.group(1)) > 0 for m in SWAPVA_LINE.finditer(r.stdout))
+
+
+# --- In place (-XX:+UseFarmemRemoteCompaction, FarmemHeadersInPlace, --gc farmem) -----------------
+
+COMPACT_LINE = re.compile(r"remote compaction: (\d+) objects moved where their pages lie \((\d+) KiB, (\d+) calls, "
+                          r"[\d.]+ ms; (\d+) headers read there\), (\d+) copied here after the pager declined, "
+                          r"(\d+) copied here all resident")
+IN_PLACE_LINE = re.compile(r"in place: phase 1 marked (\d+) primitive arrays, phase 2 sized (\d+) and forwarded "
+                           r"(\d+) objects, phase 3 skipped (\d+) and read (\d+) forwarding pointers, where their "
+                           r"pages lie; concurrent marking since: (\d+) primitive arrays")
+
+
+def tight_churn(seconds):
+    """A heap too small for its live set's churn: G1 falls back to full GCs every second or two."""
+    return ["-Xmx256m", "-cp", "build/java", "GcChurn", "--live-mb", "150", "--seconds", str(seconds)]
+
+
+def test_in_place_flags(farmem_jdk):
+    r = run([farmem_jdk / "bin" / "java", "-XX:+UseFarmemRemoteCompaction", "-XX:+PrintFlagsFinal", "-version"])
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"\bUseFarmemRemoteCompaction\s+= true", r.stdout)
+    assert re.search(r"\bFarmemCompactBatch\s+= 64\b", r.stdout)
+    assert re.search(r"\bFarmemHeadersInPlace\s+= true", r.stdout)
+    r = run([farmem_jdk / "bin" / "java", "-XX:+UseParallelGC", "-XX:+UseFarmemRemoteCompaction", "-version"])
+    assert r.returncode == 1
+    assert "-XX:+UseFarmemRemoteCompaction works with the G1 collector only" in r.stdout + r.stderr
+    r = run([farmem_jdk / "bin" / "java", "-XX:FarmemCompactBatch=0", "-version"])
+    assert r.returncode != 0 and "FarmemCompactBatch" in r.stdout + r.stderr
+
+
+def test_in_place_without_farmem_is_stock(farmem_jdk, build, jvm_built):
+    """No agent, so no pager to work in: the JVM says so once and collects as usual."""
+    r = run([farmem_jdk / "bin" / "java", "-XX:+UseFarmemRemoteCompaction", "-XX:+UseFarmemMemLiner",
+             "-Xlog:gc+farmem", *tight_churn(4)],
+            cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "gcchurn: ok" in r.stdout
+    assert "farmem's collector calls not found" in r.stdout
+    assert not COMPACT_LINE.search(r.stdout)
+
+
+def test_gcchurn_gc_farmem_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_built, tmp_path):
+    """The acceptance run of --gc farmem: a heap that churns its live set through full GCs, at 25%
+    local, G1 verifying the heap before and after every pause (a wrong header written in memd, a
+    move done out of order, or a forwarding pointer read wrong is a failed verification or a
+    corrupt word), GcChurn checking every word of its live set and allocating right after each
+    pause. The log and the summary show each phase's work done where the pages lie."""
+    import json
+    summary = tmp_path / "s.json"
+    r = run(farmem_cmd + ["run", "--gc", "farmem", "--local", "25%", "--summary-json", summary, "--", "java",
+                          *VERIFY, "-Xlog:gc+farmem", "-Xlog:gc", *tight_churn(10)], timeout=900, cwd=REPO)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout and "hs_err" not in out
+    compact = [tuple(int(x) for x in m.groups()) for m in COMPACT_LINE.finditer(r.stdout)]
+    in_place = [tuple(int(x) for x in m.groups()) for m in IN_PLACE_LINE.finditer(r.stdout)]
+    assert compact and len(compact) == len(in_place), r.stdout[-4000:]
+    moved, kib, calls, headers, declined, local = (sum(c[i] for c in compact) for i in range(6))
+    assert moved > 1000 and kib > 10 * 1024 and calls > 0, compact
+    marked, sized, forwarded, skipped, forwardees, conc = (sum(c[i] for c in in_place) for i in range(6))
+    assert marked > 0 and sized > 0 and forwarded > 0 and skipped > 0 and forwardees > 0, in_place
+    s = json.loads(summary.read_text())
+    assert s["compact_moves"] >= moved and s["compact_bytes"] >= kib * 1024, s
+    assert s["compact_pages"] > 0 and s["crc_errors"] == 0, s
+    assert s["gc_conc_faults"] <= s["gc_faults"], s
+
+
+def test_gc_farmem_marks_primitive_arrays_in_place(farmem_jdk, farmem_cmd, build, jvm_built):
+    """Concurrent marking (MemLiner's map) marks primitive arrays on remote pages from their
+    headers read in memd: a heap with room for its live set, so G1 marks concurrently and mixes
+    instead of collecting in full; the one System.gc() at the end reports what marking did."""
+    r = run(farmem_cmd + ["run", "--gc", "farmem", "--local", "64M", "--", "java", "-Xmx384m", *VERIFY,
+                          "-XX:InitiatingHeapOccupancyPercent=20", "-Xlog:gc+farmem", "-cp", build / "java",
+                          "GcChurn", "--live-mb", "100", "--seconds", "6", "--shrink-mb", "100"], timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout and "hs_err" not in out
+    conc = [int(m.group(6)) for m in IN_PLACE_LINE.finditer(r.stdout)]
+    assert conc and sum(conc) > 0, r.stdout[-4000:]
+
+
+def test_gc_farmem_over_stream_copies_as_usual(farmem_jdk, farmem_cmd, build, jvm_built):
+    """A memd whose store is not mapped here (stream transport): the pager says so at the first
+    move, and the full GC copies as G1 does, heap verified (--shrink-mb: System.gc() halfway, so a
+    full GC comes however slowly the stream transport and the verification run)."""
+    r = run(farmem_cmd + ["run", "--gc", "farmem", "--transport", "stream", "--local", "25%", "--", "java",
+                          *VERIFY, "-Xlog:gc+farmem", *tight_churn(4), "--shrink-mb", "100"], timeout=900, cwd=REPO)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout and "hs_err" not in out
+    assert "the pager has no store to work in" in r.stdout, r.stdout[-3000:]
+
+
+def test_largearrays_gc_farmem_with_swapva_serial_compaction(farmem_jdk, farmem_cmd, build, jvm_built):
+    """In place and SwapVA together on a full heap whose full GCs go serial (the re-prepare path),
+    every array checked and G1 verifying the heap around every GC."""
+    r = run(farmem_cmd + ["run", "--gc", "farmem", "--local", "25%", "--", "java", "-Xmx216m",
+                          "-XX:G1HeapRegionSize=8m", "-XX:+UseFarmemSwapVA", *VERIFY, "-Xlog:gc+phases=debug",
+                          "-Xlog:gc+farmem", "-cp", build / "java", "LargeArrays", "--arrays", "100", "--rounds", "2",
+                          "--free-pct", "20", "--seed", "3", "--squeeze"], timeout=900)
+    out = r.stdout + r.stderr
+    assert "largearrays: FAILED" not in out and "fatal error" not in out and "hs_err" not in out, out[-3000:]
+    assert r.returncode == 0, out[-3000:]
+    assert "largearrays: ok rounds=2" in r.stdout
+    assert "Prepare Serial Compaction" in r.stdout, "no full GC went serial:\n" + r.stdout[-3000:]
+    assert COMPACT_LINE.search(r.stdout) and SWAPVA_LINE.search(r.stdout), r.stdout[-3000:]
+
+
+def test_cli_refuses_gc_farmem_with_parallel(farmem_jdk, farmem_cmd, build, jvm_built):
+    r = run(farmem_cmd + ["run", "--gc", "farmem", "--", "java", "-Xmx256m", "-XX:+UseParallelGC",
+                          "-cp", build / "java", "GcChurn", "--seconds", "1"])
+    assert r.returncode == 1
+    assert "--gc farmem changes G1's marking and full-GC compaction: drop -XX:+UseParallelGC" in r.stderr

@@ -388,8 +388,10 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 				continue;
 			}
 			v[idx[j]].keep = 1;
-			if (!rc)
+			if (!rc) {
 				STAT_ADD(p, memd_full, 1);
+				atomic_store(&p->kept_give_back, 1); /* memory memd keeps for free space is wanted */
+			}
 		}
 	}
 	if (written) {

@@ -30,9 +30,21 @@
 /* A written garbage page opens this many pages of its run at once (allocation streams on). */
 #define GARBAGE_RUN_PAGES 512
 
+/* 0, FM_GC_PAUSE or FM_GC_CONC (pager.h). */
 static int is_gc(struct fm_pager *p, pid_t tid)
 {
-	return p->cfg.is_gc_thread && tid > 0 && p->cfg.is_gc_thread(tid);
+	return p->cfg.is_gc_thread && tid > 0 ? p->cfg.is_gc_thread(tid) : 0;
+}
+
+static void count_fault(struct fm_pager *p, int gc)
+{
+	STAT_ADD(p, faults, 1);
+	if (gc)
+		STAT_ADD(p, gc_faults, 1);
+	else
+		STAT_ADD(p, app_faults, 1);
+	if (gc == FM_GC_CONC)
+		STAT_ADD(p, gc_conc_faults, 1);
 }
 
 /* Fetch page i of r from memd; a page memd cannot give back stops the program. */
@@ -138,11 +150,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && (!f->write || remote) ? FM_PGF_GC : FM_PGF_REF) |
 		       (wr && !f->write ? FM_PGF_REWRITE : 0));
 	fm_release(p, &r->pg[i], held, pg_make(wr ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
-	STAT_ADD(p, faults, 1);
-	if (gc)
-		STAT_ADD(p, gc_faults, 1);
-	else
-		STAT_ADD(p, app_faults, 1);
+	count_fault(p, gc);
 	if (p->cfg.prefetch)
 		fm_prefetch(p, &f->fc, ridx, r, i, f->write, !remote, gc, !f->in_thread);
 }
@@ -349,11 +357,7 @@ static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct reg
 			if (s == FM_PG_UNTOUCHED)
 				fm_resident_add(p, 1);
 			STAT_ADD(p, minor_faults, 1);
-			STAT_ADD(p, faults, 1);
-			if (gc)
-				STAT_ADD(p, gc_faults, 1);
-			else
-				STAT_ADD(p, app_faults, 1);
+			count_fault(p, gc);
 			return;
 		}
 		if (s == FM_PG_REMOTE) {

@@ -46,9 +46,15 @@ struct fm_pager_cfg {
 	unsigned replicas;
 	unsigned memd_timeout_ms;/* 0: unset, the pager picks by the number of memds */
 	unsigned memd_copy;
-	/* Called with the faulting thread's id; returns 1 for GC threads (the agent sets it). */
+	/*
+	 * Called with the faulting thread's id (the agent sets it): 0 for the
+	 * program's threads, FM_GC_PAUSE for a collector's pause workers,
+	 * FM_GC_CONC for its concurrent threads (marking, refinement).
+	 */
 	int (*is_gc_thread)(pid_t tid);
 };
+
+enum { FM_GC_PAUSE = 1, FM_GC_CONC = 2 };
 
 /* Defaults, then FARMEM_* from the environment. Returns 0, or -EINVAL with err set. */
 int fm_pager_cfg_from_env(struct fm_pager_cfg *cfg, char *err, size_t errlen);
@@ -153,6 +159,46 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
  * moved when it fails.
  */
 int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len);
+
+/*
+ * A collector's object move: len bytes from src to dst, as memmove; then, with
+ * set_first_word, the first word at dst becomes first_word (a moved object's
+ * header gets its mark word back).
+ */
+struct fm_byte_move {
+	uintptr_t src, dst;
+	size_t len;
+	uint64_t first_word;
+	int set_first_word;
+};
+/*
+ * Do the moves m[0..n), in order, where their pages lie (uffd/compact.c): a
+ * resident page through the heap, a page only memd holds in memd's store,
+ * never fetched (shm: a same-host memd's store is mapped here). Stops at the
+ * first move it cannot do that way (a page another thread holds, a clean
+ * page it would write, memd full, a transport with no store here) and
+ * returns how many it did; the caller does the next one itself, with faults
+ * as usual, and may hand the rest back. Every page of one move lies in one
+ * registered region. Call it only while no other thread uses those pages
+ * (a GC pause). -EINVAL: an empty or wrapping move; -EOPNOTSUPP: memd's
+ * store is not mapped here (a transport other than shm), nothing done.
+ */
+long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsigned n);
+/*
+ * Read len bytes at addr (inside one page) from wherever the page lies,
+ * without bringing it here: a collector reads the header of an object it is
+ * about to move that way. 0, -EBUSY (another thread holds the page: read it
+ * as usual), -EOPNOTSUPP (no store here) or -EINVAL.
+ */
+int fm_pager_read_words(struct fm_pager *p, const void *addr, void *out, size_t len);
+/*
+ * Write len bytes at addr (inside one page) where the page lies: a collector
+ * stores a forwarding pointer in the header of an object on a page memd
+ * holds, without bringing the page here. A resident page must be writable
+ * (dirty). 0, -EBUSY (the page is busy, or clean: write it as usual),
+ * -EOPNOTSUPP, -ENOSPC (memd full, for a page it does not hold yet) or -EINVAL.
+ */
+int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_t len);
 
 /*
  * A system call is about to read (write=0) or write (write=1) the program's

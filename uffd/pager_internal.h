@@ -49,9 +49,9 @@ FM_COUNTER_AT(servers_live, fourth);
 FM_COUNTER_AT(rereplicated, fifth);
 FM_COUNTER_AT(degraded_writes, sixth);
 _Static_assert(sizeof(struct fm_xport_counters) == 6 * sizeof(uint64_t), "six counters, no more");
-/* Tools mirror the layout (cli/src/farmem/resmap.py): a new counter takes a reserved[] word. */
-_Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 32) * sizeof(uint64_t),
-	       "the counters after lat_hist are a 32-word block: take reserved[] words, keep the size");
+/* Tools mirror the layout (cli/src/farmem/resmap.py): a new counter takes a reserved2[] word. */
+_Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 64) * sizeof(uint64_t),
+	       "the counters after lat_hist are two 32-word blocks: take reserved2[] words, keep the size");
 
 struct region {
 	uintptr_t base;
@@ -111,6 +111,7 @@ struct chan_slot {
 #define MAX_POOL 64
 #define ZERO_RUN_PAGES 64
 #define MAX_CAPTURES 16
+#define MAX_KEPT 512
 
 struct fm_pager {
 	struct fm_pager_cfg cfg;
@@ -192,6 +193,17 @@ struct fm_pager {
 
 	struct pin pins[MAX_PINS];
 	atomic_int npins;
+
+	/*
+	 * Free space whose memory memd keeps for a while (struct fm_dead's
+	 * keep, region.c): the oldest ranges, under misc_lock, given back once
+	 * kept_pages passes a bound.
+	 */
+	struct fm_range kept[MAX_KEPT];
+	uint32_t kept_space[MAX_KEPT];
+	unsigned kept_head, nkept;
+	uint64_t kept_pages;
+	atomic_int kept_give_back;      /* memd refused a page: give all of it back at the next discard */
 
 	pthread_mutex_t misc_lock;      /* misc_chan, for calls from program threads */
 	struct fm_chan *misc_chan;

@@ -106,7 +106,7 @@ static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint6
 long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
 {
 	struct fm_overlap o = { 0 };
-	struct fm_dead dead = { .n = 0 };
+	struct fm_dead dead = { .n = 0, .keep = 1 }; /* free space: written again soon */
 	long affected = 0;
 
 	rlock_rd(p);

@@ -99,12 +99,111 @@ static void bounds(struct fm_pager *p)
 	atomic_store(&p->hi, hi);
 }
 
+/* The region whose remote pages are in memd space `space`. Caller holds rlock. */
+static struct region *region_of_space(struct fm_pager *p, uint32_t space)
+{
+	for (int i = 0; i < p->nregions; i++)
+		if (p->regions[i].live && p->regions[i].space == space)
+			return &p->regions[i];
+	return NULL;
+}
+
+/*
+ * Give memd back the memory of kept range k's slots that are still dead.
+ * A slot is written only by whoever holds its page (an eviction, a
+ * collector's move), so each page is held while its slot goes: a page that
+ * got a copy in memd again since, or that someone holds, keeps its slot.
+ * Caller holds rlock and misc_lock.
+ */
+static void release_kept(struct fm_pager *p, uint32_t space, struct fm_range k)
+{
+	struct region *r = region_of_space(p, space);
+	uint8_t was[512];
+
+	if (!r || k.first + k.npages > r->npages)
+		return; /* gone with its space */
+	for (uint64_t i = k.first; i < k.first + k.npages;) {
+		uint64_t run = i;
+		unsigned n = 0;
+		while (i < k.first + k.npages && n < 512) {
+			uint8_t b = pg_load(&r->pg[i]);
+			unsigned s = fm_pg_state(b), hold;
+			if ((b & FM_PGF_HAS_REMOTE) || (s != FM_PG_UNTOUCHED && s != FM_PG_CLEAN && s != FM_PG_DIRTY))
+				break;
+			hold = s == FM_PG_UNTOUCHED ? FM_PG_FILLING : FM_PG_UPDATING;
+			if (!pg_cas(&r->pg[i], &b, pg_make(hold, b)))
+				break;
+			was[n++] = b;
+			i++;
+		}
+		if (n) {
+			struct fm_range rg = { .first = run, .npages = n };
+			if (fm_chan_release(p->misc_chan, space, &rg, 1))
+				STAT_ADD(p, transport_errors, 1);
+			for (unsigned j = 0; j < n; j++)
+				pg_release_from(&r->pg[run + j], fm_pg_state(was[j]) == FM_PG_UNTOUCHED
+							   ? FM_PG_FILLING : FM_PG_UPDATING, was[j]);
+			if (!p->in_thread)
+				fm_uffd_wake(p->uffd, r->base + (run << PG_SHIFT), (size_t)n << PG_SHIFT);
+		} else {
+			i++;
+		}
+	}
+}
+
+/*
+ * How much free space memd keeps for reuse: half of what is registered, at
+ * least 16 MiB (memd never holds more for a region than its size, kept or
+ * not, and must be able to hold all of it anyway). Past it the oldest ranges
+ * go back, down to half of that; all of it once memd has refused a page.
+ */
+static void keep(struct fm_pager *p, uint32_t space, const struct fm_range *rg, unsigned n)
+{
+	uint64_t bound = atomic_load(&p->registered) / 2, released = 0;
+
+	if (bound < 4096)
+		bound = 4096;
+	if (atomic_exchange(&p->kept_give_back, 0))
+		bound = 0;
+	for (unsigned k = 0; k < n; k++) {
+		if (p->nkept == MAX_KEPT) {
+			unsigned o = p->kept_head;
+			release_kept(p, p->kept_space[o], p->kept[o]);
+			p->kept_pages -= p->kept[o].npages;
+			released += p->kept[o].npages;
+			p->kept_head = (o + 1) % MAX_KEPT;
+			p->nkept--;
+		}
+		unsigned t = (p->kept_head + p->nkept++) % MAX_KEPT;
+		p->kept[t] = rg[k];
+		p->kept_space[t] = space;
+		p->kept_pages += rg[k].npages;
+	}
+	while (p->kept_pages > bound && p->nkept) {
+		unsigned o = p->kept_head;
+		release_kept(p, p->kept_space[o], p->kept[o]);
+		p->kept_pages -= p->kept[o].npages;
+		released += p->kept[o].npages;
+		p->kept_head = (o + 1) % MAX_KEPT;
+		p->nkept--;
+		if (bound && p->kept_pages <= bound / 2)
+			break;
+	}
+	STAT_ADD(p, discard_released, released);
+	p->st->discard_kept = p->kept_pages;
+}
+
 void fm_dead_flush(struct fm_pager *p, struct fm_dead *d)
 {
+	int kept = 0;
+
 	if (!d->n)
 		return;
 	pthread_mutex_lock(&p->misc_lock);
-	fm_chan_discard(p->misc_chan, d->space, d->rg, d->n);
+	if (!d->keep)
+		fm_chan_discard(p->misc_chan, d->space, d->rg, d->n);
+	else if (!fm_chan_forget(p->misc_chan, d->space, d->rg, d->n, &kept) && kept)
+		keep(p, d->space, d->rg, d->n);
 	pthread_mutex_unlock(&p->misc_lock);
 	d->n = 0;
 }

@@ -46,6 +46,12 @@ struct fm_dead {
 	struct fm_range rg[64];
 	unsigned n;
 	uint32_t space;
+	/*
+	 * The pages are free space about to be written again (a collector's
+	 * discard): memd keeps their memory for a while (fm_chan_forget), up to
+	 * a bound, and the oldest is given back first (region.c).
+	 */
+	int keep;
 };
 void fm_dead_add(struct fm_pager *p, struct fm_dead *d, uint32_t space, uint64_t i);
 void fm_dead_flush(struct fm_pager *p, struct fm_dead *d);

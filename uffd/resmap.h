@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #define FM_RESMAP_MAGIC        0x50414d52u /* "RMAP" */
-#define FM_RESMAP_VERSION      1
+#define FM_RESMAP_VERSION      2
 #define FM_RESMAP_MAX_REGIONS  64
 #define FM_RESMAP_MAP_OFFSET   (64u * 1024u)
 #define FM_LAT_BUCKETS         256 /* 8 per power of two of nanoseconds */
@@ -172,8 +172,27 @@ struct fm_pager_stats {
 	uint64_t forks;              /* fork()s whose child got the paged ranges (uffd/fork.c) */
 	uint64_t fork_pages_fetched; /* pages brought home from memd for them */
 	uint64_t forks_without_paged;/* fork()s whose child did not: too little free memory */
-	/* The block after lat_hist is 32 words, and this is its last: a new counter needs a new version. */
+	/* The block after lat_hist is 32 words, and this is its last. */
 	uint64_t evictions_captured; /* dirty pages evicted through a capture (capture.h), not write-protected */
+	/*
+	 * Version 2: a second block of 32 words. The JVM at far memory (issue 18).
+	 * gc_conc_faults: of gc_faults, those of the collector's concurrent threads
+	 * (marking, refinement); the rest were taken by the pause workers.
+	 */
+	uint64_t gc_conc_faults;
+	/* A collector's object moves done where the pages lie (uffd/compact.c, a full GC's compaction). */
+	uint64_t compact_moves;      /* moves done in place: some of their pages only in memd's store */
+	uint64_t compact_bytes;      /* bytes those moves carried */
+	uint64_t compact_pages;      /* memd pages changed in its store, never brought here */
+	uint64_t compact_declined;   /* moves handed back to the collector (a page busy, memd full, no store here) */
+	/*
+	 * Discarded free space whose memory memd keeps for the slots' next
+	 * writes (transport.h, fm_chan_forget; shm): a gauge, and the pages given
+	 * back since (the oldest, past a quarter of the registered pages).
+	 */
+	uint64_t discard_kept;
+	uint64_t discard_released;
+	uint64_t reserved2[25];
 };
 
 struct fm_resmap_hdr {

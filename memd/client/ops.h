@@ -57,6 +57,12 @@ struct fm_xport_ops {
 	int (*copy)(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32_t dst,
 		    const uint64_t *dpages, unsigned n, uint32_t *status);
 	int (*discard)(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
+	/* transport.h's fm_chan_forget and fm_chan_release: NULL where discard frees memd's memory itself. */
+	int (*forget)(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
+	int (*release)(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
+	/* In place (transport.h): NULL where memd's store is not mapped here. */
+	int (*page_open)(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes);
+	int (*page_seal)(struct fm_chan *c, uint32_t space, uint64_t page);
 	/*
 	 * Split operations, so that a caller with requests for several
 	 * transports sends them all before it waits for any reply (several

@@ -262,7 +262,8 @@ static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uin
 	return 0;
 }
 
-static int shm_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
+/* The ranges' pages leave memd; punch: their memory goes back to the system now. */
+static int forget_ranges(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n, int punch)
 {
 	struct shm *s = to_shm(c->x);
 	struct space_map *sm = find_space(s, space);
@@ -277,10 +278,94 @@ static int shm_discard(struct fm_chan *c, uint32_t space, const struct fm_range 
 		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++)
 			if (__atomic_exchange_n(&sm->meta[p].flags, 0, __ATOMIC_ACQ_REL) & FM_SHM_PRESENT)
 				freed++;
-		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-			  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
+		if (punch)
+			fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
 		fm_ctrl_return_grant(&s->sx.ctrl, freed);
 	}
+	return 0;
+}
+
+static int shm_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
+{
+	return forget_ranges(c, space, r, n, 1);
+}
+
+/*
+ * The memory stays in the store: a later write to the slot reuses it instead
+ * of faulting a fresh page into the memfd (transport.h, fm_chan_forget).
+ */
+static int shm_forget(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
+{
+	return forget_ranges(c, space, r, n, 0);
+}
+
+/* The caller holds the pages, so no write to these slots races the punch. */
+static int shm_release(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
+{
+	struct space_map *sm = find_space(to_shm(c->x), space);
+
+	if (!sm)
+		return -ENOENT;
+	for (unsigned i = 0; i < n; i++) {
+		if (r[i].first >= sm->npages || r[i].npages > sm->npages - r[i].first)
+			return -ERANGE;
+		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++)
+			if (__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)
+				return -EBUSY; /* a caller's bug: a page memd holds */
+		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
+	}
+	return 0;
+}
+
+/*
+ * In place: the caller holds the page, and memd never touches a mapped
+ * space's pages, so nobody else writes the slot meanwhile. A page made here
+ * stays unpublished (no FM_SHM_PRESENT) until it is sealed.
+ */
+static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes)
+{
+	struct shm *s = to_shm(c->x);
+	struct space_map *sm;
+	uint8_t *d;
+
+	sm = find_space(s, space);
+	if (!sm)
+		return -ENOENT;
+	if (page >= sm->npages)
+		return -ERANGE;
+	d = sm->data + page * FM_PAGE_SIZE;
+	if (__atomic_load_n(&sm->meta[page].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) {
+		if (fm_crc32c(d, FM_PAGE_SIZE) != sm->meta[page].crc)
+			return -EIO;
+	} else {
+		if (!create)
+			return -ENOENT;
+		/* A page memd never held: as a write, memd must still be there (a poll, so not for every page). */
+		if (!fm_ctrl_alive(&s->sx.ctrl))
+			return -EPIPE;
+		if (!fm_ctrl_take_grant(&s->sx.ctrl))
+			return -ENOSPC;
+		memset(d, 0, FM_PAGE_SIZE);
+	}
+	*bytes = d;
+	return 0;
+}
+
+static int shm_page_seal(struct fm_chan *c, uint32_t space, uint64_t page)
+{
+	struct space_map *sm = find_space(to_shm(c->x), space);
+	struct fm_shm_meta *m;
+
+	if (!sm)
+		return -ENOENT;
+	if (page >= sm->npages)
+		return -ERANGE;
+	m = &sm->meta[page];
+	/* As a write: checksum first, then the flag with release order. */
+	m->crc = fm_crc32c(sm->data + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
+	__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
 	return 0;
 }
 
@@ -297,6 +382,10 @@ static const struct fm_xport_ops shm_ops = {
 	.write = shm_write,
 	.copy = shm_copy,
 	.discard = shm_discard,
+	.forget = shm_forget,
+	.release = shm_release,
+	.page_open = shm_page_open,
+	.page_seal = shm_page_seal,
 };
 
 int fm_shm_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)

@@ -112,3 +112,32 @@ int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 		return -EINVAL;
 	return c->x->ops->discard(c, space, r, n);
 }
+
+int fm_chan_forget(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n, int *kept)
+{
+	if (n == 0 || n > FM_MAX_RANGES)
+		return -EINVAL;
+	*kept = c->x->ops->forget != NULL;
+	return *kept ? c->x->ops->forget(c, space, r, n) : c->x->ops->discard(c, space, r, n);
+}
+
+int fm_chan_release(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
+{
+	if (n == 0 || n > FM_MAX_RANGES)
+		return -EINVAL;
+	return c->x->ops->release ? c->x->ops->release(c, space, r, n) : 0;
+}
+
+int fm_chan_page_open(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes)
+{
+	if (!c->x->ops->page_open)
+		return -EOPNOTSUPP;
+	return c->x->ops->page_open(c, space, page, create, bytes);
+}
+
+int fm_chan_page_seal(struct fm_chan *c, uint32_t space, uint64_t page)
+{
+	if (!c->x->ops->page_seal)
+		return -EOPNOTSUPP;
+	return c->x->ops->page_seal(c, space, page);
+}

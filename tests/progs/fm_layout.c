@@ -32,6 +32,8 @@ int main(void)
 	printf("  \"offsetof_adopt_evictions\": %zu,\n", offsetof(struct fm_pager_stats, adopt_evictions));
 	printf("  \"offsetof_forks_without_paged\": %zu,\n", offsetof(struct fm_pager_stats, forks_without_paged));
 	printf("  \"offsetof_evictions_captured\": %zu,\n", offsetof(struct fm_pager_stats, evictions_captured));
+	printf("  \"offsetof_gc_conc_faults\": %zu,\n", offsetof(struct fm_pager_stats, gc_conc_faults));
+	printf("  \"offsetof_discard_released\": %zu,\n", offsetof(struct fm_pager_stats, discard_released));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

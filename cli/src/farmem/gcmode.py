@@ -1,4 +1,4 @@
-"""`farmem run --gc memliner|swapva|memliner+swapva -- java ...`: run the farmem JDK (hotspot/,
+"""`farmem run --gc farmem|memliner|swapva|memliner+swapva -- java ...`: run the farmem JDK (hotspot/,
 docs/patched-jdk.md).
 
 The farmem JDK is Debian's OpenJDK 17 with a patched HotSpot, built by `make jdk`
@@ -7,7 +7,10 @@ build script and hotspot/patches/. `--gc memliner` swaps the command's `java` fo
 adds -XX:+UseFarmemMemLiner: G1's concurrent marking then postpones objects on pages the pager
 has sent to memd (MemLiner). `--gc swapva` adds -XX:+UseFarmemSwapVA: G1's full GC moves the
 whole pages of large objects through the pager (fm_pager_move) instead of copying them (SVAGC's
-SwapVA). `memliner+swapva` does both. $FARMEM_JDK names another farmem JDK home.
+SwapVA). `memliner+swapva` does both. `--gc farmem` is what the farmem JDK does for far memory:
+MemLiner marking and -XX:+UseFarmemRemoteCompaction (G1's full GC hands objects on pages that are
+in memd to the pager, which moves them inside memd's store instead of bringing them here).
+$FARMEM_JDK names another farmem JDK home.
 """
 
 import os
@@ -18,12 +21,14 @@ from farmem import paths
 from farmem.errors import FarmemError
 
 GC_FLAGS = {
+    "farmem": ["-XX:+UseFarmemMemLiner", "-XX:+UseFarmemRemoteCompaction"],
     "memliner": ["-XX:+UseFarmemMemLiner"],
     "swapva": ["-XX:+UseFarmemSwapVA"],
     "memliner+swapva": ["-XX:+UseFarmemMemLiner", "-XX:+UseFarmemSwapVA"],
 }
 # What each mode changes in G1, for the refusal of another collector.
-_CHANGES = {"memliner": "G1's marking", "swapva": "G1's full-GC compaction",
+_CHANGES = {"farmem": "G1's marking and full-GC compaction", "memliner": "G1's marking",
+            "swapva": "G1's full-GC compaction",
             "memliner+swapva": "G1's marking and full-GC compaction"}
 _OTHER_GCS = ("UseParallelGC", "UseSerialGC", "UseZGC", "UseShenandoahGC", "UseEpsilonGC")
 

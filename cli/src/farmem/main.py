@@ -177,10 +177,12 @@ def _add_run(sub) -> None:
                        epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_knob_flags(p, "run")
     p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run figures as JSON")
-    p.add_argument("--gc", choices=("stock", "memliner", "swapva", "memliner+swapva"), default=None,
-                   help="java: run the farmem JDK (`make jdk`; docs/patched-jdk.md): memliner = MemLiner "
-                        "marking (G1 postpones objects on remote pages), swapva = G1's full GC moves the pages "
-                        "of large objects instead of copying them, memliner+swapva = both")
+    p.add_argument("--gc", choices=("stock", "farmem", "memliner", "swapva", "memliner+swapva"), default=None,
+                   help="java: run the farmem JDK (`make jdk`; docs/patched-jdk.md): farmem = everything it does "
+                        "for far memory (MemLiner marking, and full GCs that move objects on remote pages inside "
+                        "memd), memliner = MemLiner marking only (G1 postpones objects on remote pages), swapva = "
+                        "G1's full GC moves the pages of large objects instead of copying them, memliner+swapva = "
+                        "both")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the program and its arguments")
     p.set_defaults(func=run.cmd_run, validate=run.validate, parser=p)
     from farmem.commands import run_kswap

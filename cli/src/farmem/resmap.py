@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 MAGIC = 0x50414D52  # "RMAP"
-VERSION = 1
+VERSION = 2
 MAX_REGIONS = 64
 MAP_OFFSET = 64 * 1024
 LAT_BUCKETS = 256
@@ -79,6 +79,11 @@ EVICT_FIELDS = ("evictions_captured",)
 # The block after lat_hist is 32 words (uffd/resmap.h): these, then reserved.
 TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS
                + FAULT_PATH_FIELDS + GARBAGE_FIELDS + ADOPT_FIELDS + FORK_FIELDS + EVICT_FIELDS)
+# Version 2's second block of 32 words (the JVM at far memory, issue 18): the concurrent GC threads'
+# share of gc_faults, a collector's object moves done in memd's store (uffd/compact.c), and the
+# discarded free space whose memory memd keeps for reuse (a gauge) and gives back.
+JVM_FIELDS = ("gc_conc_faults", "compact_moves", "compact_bytes", "compact_pages", "compact_declined",
+              "discard_kept", "discard_released")
 
 
 class PagerStats(ctypes.Structure):
@@ -86,6 +91,8 @@ class PagerStats(ctypes.Structure):
         ("lat_hist", u64 * LAT_BUCKETS),
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
+    ] + [(name, u64) for name in JVM_FIELDS] + [
+        ("reserved2", u64 * (32 - len(JVM_FIELDS))),
     ]
 
 
@@ -132,6 +139,8 @@ def layout() -> dict:
         "offsetof_adopt_evictions": PagerStats.adopt_evictions.offset,
         "offsetof_forks_without_paged": PagerStats.forks_without_paged.offset,
         "offsetof_evictions_captured": PagerStats.evictions_captured.offset,
+        "offsetof_gc_conc_faults": PagerStats.gc_conc_faults.offset,
+        "offsetof_discard_released": PagerStats.discard_released.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -218,7 +227,7 @@ SUMMED = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
-    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS
+    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes.
 GAUGES = {

@@ -145,4 +145,30 @@ int fm_chan_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uint32
 int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 		    unsigned n);
 
+/*
+ * The same, but the memory that held them stays where memd keeps pages, for
+ * pages about to be written again (a collector's free space): shm, whose
+ * store is a memfd a fresh page would fault into (a page allocated and
+ * zeroed for each write after a discard: GcChurn spent 5% of its CPU
+ * there). *kept says whether it stayed; with other transports memd frees
+ * it at once, as a discard. The caller gives it back with fm_chan_release,
+ * holding the pages (no write to those slots may race the release).
+ */
+int fm_chan_forget(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n, int *kept);
+int fm_chan_release(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
+
+/*
+ * A page's bytes where memd keeps them, to change them there (a collector's
+ * object moves done inside memd, uffd/compact.c): shm only, whose store is
+ * mapped here; -EOPNOTSUPP elsewhere. *bytes points at the page in the store
+ * until fm_chan_page_seal. A page memd holds is checked first (-EIO:
+ * checksum); with create, a page memd does not hold is made, zeros, and
+ * charged to the quota grant (-ENOSPC: none left); without it, -ENOENT. The
+ * caller holds the page: nobody else reads or writes it until it is sealed.
+ */
+int fm_chan_page_open(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes);
+
+/* The opened page's bytes are final: its checksum again, and memd holds it. */
+int fm_chan_page_seal(struct fm_chan *c, uint32_t space, uint64_t page);
+
 #endif /* FARMEM_TRANSPORT_H */

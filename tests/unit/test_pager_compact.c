@@ -1,0 +1,388 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * fm_pager_move_bytes and fm_pager_read_words (uffd/compact.c) against a
+ * real memd, with ASan and UBSan: a full GC's compaction done where the pages
+ * lie. A 16 MiB region holds "objects" of 16 bytes to 40 KiB on pages that
+ * are resident (dirty and clean), remote and untouched; they slide down the
+ * region in address order as G1's phase 4 slides them, in batches, while a
+ * second thread writes other memory at the budget so that eviction runs all
+ * the time. Every move the pager declines is done here, as the collector
+ * does. The same moves done with memmove on a shadow copy must give the same
+ * bytes, read back through the pager page by page (remote pages come back
+ * from memd with their checksums checked), and the counters must show that
+ * most moves were done in memd's store without bringing their pages here.
+ * A header read from (or a word written to) a remote page must leave the page
+ * remote. Discarded free space keeps its memory in memd's store for the next
+ * writes, up to a bound, and reads back right. Bad input is
+ * refused with nothing changed, and a stream transport says -EOPNOTSUPP.
+ * Both fault modes. Run from the repository root.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "pager.h"
+#include "resmap.h"
+#include "unit.h"
+
+#define PG 4096ul
+#define REGION (16ul << 20)
+#define HEAP (12ul << 20)      /* the compacted part; [HEAP, REGION) is written to press the budget */
+#define MAXOBJ 4000
+
+struct obj {
+	uintptr_t src, dst;
+	size_t len;
+};
+
+static uint64_t rnd_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void)
+{
+	rnd_state ^= rnd_state << 13;
+	rnd_state ^= rnd_state >> 7;
+	rnd_state ^= rnd_state << 17;
+	return rnd_state;
+}
+
+static unsigned state_at(struct fm_resmap_hdr *h, uint64_t page)
+{
+	const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
+	return map[page] & FM_PG_STATE_MASK;
+}
+
+struct presser {
+	uint8_t *a;
+	atomic_int stop;
+	atomic_ulong rounds;
+};
+
+/* Writes [HEAP, REGION) round after round: each fault at the budget evicts a batch. */
+static void *press(void *arg)
+{
+	struct presser *ps = arg;
+	unsigned round = 0;
+
+	while (!atomic_load(&ps->stop)) {
+		for (uint64_t i = HEAP; i < REGION && !atomic_load(&ps->stop); i += PG)
+			ps->a[i + (round * 64) % PG] = (uint8_t)round;
+		round++;
+		atomic_fetch_add(&ps->rounds, 1);
+	}
+	return NULL;
+}
+
+static void each(const char *sock, const char *fault)
+{
+	struct fm_pager_cfg cfg;
+	struct fm_pager *p = NULL;
+	struct fm_resmap_hdr *h;
+	struct obj *o = calloc(MAXOBJ, sizeof(*o));
+	uint8_t *a, *shadow = malloc(REGION);
+	char err[512], addr[96];
+	unsigned nobj = 0, nrem = 0, nres = 0, nunt = 0;
+	uint64_t bad = 0, declined_here = 0;
+	struct presser ps = { 0 };
+	pthread_t th;
+
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	fm_pager_cfg_defaults(&cfg);
+	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "local", "2M", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "transport", "shm", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "fault", fault, err, sizeof(err)) == 0);
+	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
+		fprintf(stderr, "fm_pager_start (%s): %s\n", fault, err);
+		failures++;
+		return;
+	}
+	h = fm_pager_map(p);
+	a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(a != MAP_FAILED && o && shadow);
+	if (a == MAP_FAILED || !o || !shadow)
+		goto out;
+	CHECK(fm_pager_register(p, a, REGION, FM_REG_HEAP) == 0);
+	memset(shadow, 0, REGION);
+
+	/*
+	 * Objects: random lengths (8-byte words), gaps between them (the dead),
+	 * every tenth page left untouched. Written in address order, so with a
+	 * 2 MiB budget most of the heap is remote by the end, the last part
+	 * resident.
+	 */
+	for (uintptr_t at = 0; nobj < MAXOBJ;) {
+		size_t len = 16 + 8 * (rnd() % (rnd() % 4 ? 512 : 5120));
+		at += 8 * (rnd() % 512);
+		if (((at + len) / PG) % 10 == 9)
+			at = ((at + len) / PG + 1) * PG; /* leave that page untouched */
+		if (at + len > HEAP)
+			break;
+		o[nobj].src = at;
+		o[nobj].len = len;
+		for (size_t k = 0; k < len; k += 8) {
+			uint64_t w = ((uint64_t)nobj << 32) ^ k ^ 0xa5a5a5a5ull;
+			memcpy(a + at + k, &w, 8);
+			memcpy(shadow + at + k, &w, 8);
+		}
+		at += len;
+		nobj++;
+	}
+	for (uint64_t i = 0; i < HEAP / PG; i++) {
+		unsigned s = state_at(h, i);
+		nrem += s == FM_PG_REMOTE;
+		nunt += s == FM_PG_UNTOUCHED;
+		nres += s == FM_PG_CLEAN || s == FM_PG_DIRTY;
+	}
+	fprintf(stderr, "test_pager_compact (%s): %u objects; heap pages resident %u, remote %u, untouched %u\n",
+		fault, nobj, nres, nrem, nunt);
+	CHECK(nrem > 1000 && nres > 100 && nunt > 50);
+
+	/* Bad input: refused, nothing changed. */
+	{
+		struct fm_byte_move m[2] = {
+			{ .src = (uintptr_t)a + o[0].src, .dst = (uintptr_t)a, .len = 0 },
+			{ .src = (uintptr_t)a + o[0].src, .dst = (uintptr_t)a, .len = 4, .set_first_word = 1 },
+		};
+		uint64_t w;
+		CHECK(fm_pager_move_bytes(p, &m[0], 1) == -EINVAL);
+		CHECK(fm_pager_move_bytes(p, &m[1], 1) == -EINVAL);
+		CHECK(fm_pager_read_words(p, a + PG - 8, &w, 16) == -EINVAL);
+		CHECK(fm_pager_read_words(p, a, &w, 0) == -EINVAL);
+		CHECK(fm_pager_move_bytes(p, m, 0) == 0);
+	}
+
+	/* A header read where it lies: the page stays remote. */
+	{
+		unsigned done = 0;
+		for (unsigned k = 0; k < nobj && done < 20; k++) {
+			uint64_t pg = o[k].src / PG, w[3];
+			if (state_at(h, pg) != FM_PG_REMOTE || (o[k].src % PG) > PG - sizeof(w) || o[k].len < sizeof(w))
+				continue;
+			CHECK(fm_pager_read_words(p, a + o[k].src, w, sizeof(w)) == 0);
+			CHECK(memcmp(w, shadow + o[k].src, sizeof(w)) == 0);
+			CHECK(state_at(h, pg) == FM_PG_REMOTE);
+			done++;
+		}
+		CHECK(done == 20);
+	}
+
+	/* A header word written where it lies: the page stays remote, the shadow agrees. */
+	{
+		unsigned done = 0;
+		for (unsigned k = nobj; k-- > 0 && done < 20;) {
+			uint64_t pg = o[k].src / PG, w = 0x7700000000000001ull | ((uint64_t)k << 8);
+			if (state_at(h, pg) != FM_PG_REMOTE || (o[k].src % PG) > PG - 8)
+				continue;
+			CHECK(fm_pager_write_words(p, a + o[k].src, &w, 8) == 0);
+			memcpy(shadow + o[k].src, &w, 8);
+			CHECK(state_at(h, pg) == FM_PG_REMOTE);
+			done++;
+		}
+		CHECK(done == 20);
+	}
+
+	/* Compaction: each object slides down to the running top, in order. */
+	{
+		uintptr_t top = 0;
+		for (unsigned k = 0; k < nobj; k++) {
+			o[k].dst = top;
+			top += o[k].len;
+		}
+	}
+	ps.a = a;
+	CHECK(pthread_create(&th, NULL, press, &ps) == 0);
+	uint64_t moves0 = h->stats.compact_moves, pages0 = h->stats.compact_pages;
+	for (unsigned k = 0; k < nobj;) {
+		struct fm_byte_move m[64];
+		unsigned n = 1 + (unsigned)(rnd() % 64), sent = 0;
+		long done;
+		if (n > nobj - k)
+			n = nobj - k;
+		for (unsigned j = 0; j < n; j++) {
+			uint64_t first = ((uint64_t)(k + j) << 40) | 0x1;
+			m[j] = (struct fm_byte_move){ .src = (uintptr_t)a + o[k + j].src, .dst = (uintptr_t)a + o[k + j].dst,
+						      .len = o[k + j].len, .first_word = first, .set_first_word = 1 };
+			memmove(shadow + o[k + j].dst, shadow + o[k + j].src, o[k + j].len);
+			memcpy(shadow + o[k + j].dst, &first, 8);
+		}
+		while (sent < n) {
+			done = fm_pager_move_bytes(p, m + sent, n - sent);
+			CHECK(done >= 0);
+			if (done < 0)
+				break;
+			sent += (unsigned)done;
+			if (sent < n) {
+				/* Declined: the collector copies it, with faults as usual. */
+				memmove((void *)m[sent].dst, (const void *)m[sent].src, m[sent].len);
+				memcpy((void *)m[sent].dst, &m[sent].first_word, 8);
+				declined_here++;
+				sent++;
+			}
+		}
+		k += n;
+	}
+	atomic_store(&ps.stop, 1);
+	pthread_join(th, NULL);
+	fprintf(stderr, "test_pager_compact (%s): moved in place %llu (store pages %llu), declined %llu; "
+		"%lu press rounds\n", fault, (unsigned long long)(h->stats.compact_moves - moves0),
+		(unsigned long long)(h->stats.compact_pages - pages0), (unsigned long long)declined_here,
+		atomic_load(&ps.rounds));
+	CHECK(h->stats.compact_moves - moves0 > nobj / 2);
+	CHECK(h->stats.compact_pages - pages0 > 500);
+	CHECK(h->stats.compact_moves - moves0 + declined_here == nobj);
+
+	/* Every byte of the heap as the shadow says, read through the pager. */
+	bad = 0;
+	for (uint64_t i = 0; i < HEAP; i += PG)
+		bad += memcmp(a + i, shadow + i, PG) != 0;
+	CHECK(bad == 0);
+	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
+
+	/*
+	 * The compacted heap's free space, discarded: memd keeps the memory of
+	 * its slots (shm) for their next writes, which find the right bytes on
+	 * the way back; past half the region the oldest goes back.
+	 */
+	{
+		uintptr_t top = o[nobj - 1].dst + o[nobj - 1].len, from = (top + PG - 1) & ~(PG - 1);
+		uint64_t released0 = h->stats.discard_released;
+		CHECK(fm_pager_discard(p, a + from, HEAP - from) > 0);
+		CHECK(h->stats.discard_kept > 0);
+		for (uint64_t i = from; i < HEAP; i += PG)
+			write_page(a, i / PG, 7);
+		for (uint64_t i = HEAP; i < REGION; i += PG)
+			a[i] = 9; /* pushes the free space's new bytes out to memd */
+		bad = 0;
+		for (uint64_t i = from; i < HEAP; i += PG)
+			bad += !page_ok(a, i / PG, 7);
+		CHECK(bad == 0);
+		for (int round = 0; round < 3; round++) {
+			for (uint64_t i = 0; i < REGION; i += PG)
+				a[i] = (uint8_t)round; /* every page remote or resident, written */
+			CHECK(fm_pager_discard(p, a, REGION) > 0);
+		}
+		CHECK(h->stats.discard_kept <= 4096); /* the bound: half the region, at least 16 MiB */
+		CHECK(h->stats.discard_released > released0);
+		fprintf(stderr, "test_pager_compact (%s): free space kept in memd %llu pages, given back %llu\n", fault,
+			(unsigned long long)h->stats.discard_kept,
+			(unsigned long long)(h->stats.discard_released - released0));
+	}
+	CHECK(fm_pager_unregister(p, a, REGION) == 0);
+	munmap(a, REGION);
+out:
+	fm_pager_stop(p);
+	free(o);
+	free(shadow);
+}
+
+/*
+ * Pages the pager cannot use in place end a call there: a clean page (read,
+ * never written: write-protected) as a destination. Written, it is used
+ * through the heap. A header on a resident page is read from the heap.
+ */
+static void small(const char *sock)
+{
+	struct fm_pager_cfg cfg;
+	struct fm_pager *p = NULL;
+	struct fm_resmap_hdr *h;
+	char err[512], addr[96];
+	uint8_t *a;
+	uint64_t w = 0, first = 0x1234567800000001ull;
+
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	fm_pager_cfg_defaults(&cfg);
+	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "transport", "shm", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "0", err, sizeof(err)) == 0);
+	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
+		fprintf(stderr, "fm_pager_start (small): %s\n", err);
+		failures++;
+		return;
+	}
+	h = fm_pager_map(p);
+	a = mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(a != MAP_FAILED && fm_pager_register(p, a, 4 * PG, FM_REG_HEAP) == 0);
+	memset(a + 2 * PG, 0x5a, 128);
+	CHECK(a[0] == 0 && state_at(h, 0) == FM_PG_CLEAN && state_at(h, 2) == FM_PG_DIRTY);
+	{
+		struct fm_byte_move m = { .src = (uintptr_t)a + 2 * PG, .dst = (uintptr_t)a, .len = 128,
+					  .first_word = first, .set_first_word = 1 };
+		uint64_t declined = h->stats.compact_declined;
+		CHECK(fm_pager_move_bytes(p, &m, 1) == 0);
+		CHECK(h->stats.compact_declined == declined + 1);
+		CHECK(a[8] == 0 && state_at(h, 0) == FM_PG_CLEAN && state_at(h, 2) == FM_PG_DIRTY);
+		a[PG - 1] = 1; /* dirty now */
+		CHECK(fm_pager_move_bytes(p, &m, 1) == 1);
+		CHECK(memcmp(a, &first, 8) == 0 && a[8] == 0x5a && a[127] == 0x5a && a[128] == 0);
+		CHECK(fm_pager_read_words(p, a + 2 * PG + 8, &w, 8) == 0 && w == 0x5a5a5a5a5a5a5a5aull);
+		CHECK(state_at(h, 0) == FM_PG_DIRTY && state_at(h, 2) == FM_PG_DIRTY);
+		/* A word written through the heap on a dirty page; a clean page says busy. */
+		w = 0x1111111111111111ull;
+		CHECK(fm_pager_write_words(p, a + 16, &w, 8) == 0 && a[16] == 0x11 && a[23] == 0x11);
+		CHECK(((volatile uint8_t *)a)[3 * PG] == 0); /* read: clean */
+		CHECK(state_at(h, 3) == FM_PG_CLEAN && fm_pager_write_words(p, a + 3 * PG, &w, 8) == -EBUSY);
+		CHECK(fm_pager_write_words(p, a + PG - 4, &w, 8) == -EINVAL);
+	}
+	CHECK(fm_pager_unregister(p, a, 4 * PG) == 0);
+	munmap(a, 4 * PG);
+	fm_pager_stop(p);
+}
+
+/* A stream transport has no store here: nothing is done, and it says so. */
+static void stream(const char *sock)
+{
+	struct fm_pager_cfg cfg;
+	struct fm_pager *p = NULL;
+	char err[512], addr[96];
+	uint8_t *a;
+
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	fm_pager_cfg_defaults(&cfg);
+	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "transport", "stream", err, sizeof(err)) == 0);
+	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
+		fprintf(stderr, "fm_pager_start (stream): %s\n", err);
+		failures++;
+		return;
+	}
+	a = mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(a != MAP_FAILED && fm_pager_register(p, a, 4 * PG, FM_REG_HEAP) == 0);
+	a[2 * PG] = 7;
+	{
+		struct fm_byte_move m = { .src = (uintptr_t)a + 2 * PG, .dst = (uintptr_t)a, .len = 64 };
+		uint64_t w;
+		CHECK(fm_pager_move_bytes(p, &m, 1) == -EOPNOTSUPP);
+		CHECK(fm_pager_read_words(p, a + 2 * PG, &w, 8) == -EOPNOTSUPP);
+		CHECK(a[0] == 0 && a[2 * PG] == 7);
+	}
+	CHECK(fm_pager_unregister(p, a, 4 * PG) == 0);
+	munmap(a, 4 * PG);
+	fm_pager_stop(p);
+}
+
+static const char *stream_sock;
+
+static void each_and_stream(const char *sock, const char *fault)
+{
+	each(sock, fault);
+	if (!stream_sock) {
+		stream_sock = sock;
+		small(sock);
+		stream(sock);
+	}
+}
+
+int main(void)
+{
+	return unit_main("test_pager_compact", each_and_stream);
+}
