@@ -23,7 +23,8 @@ Configurations, per workload and budget (PCT of -Xmx local):
   farmem    `farmem run --local PCT%`: the pager, the system's JDK 17 (stock G1)
   memliner  `farmem run --gc memliner --local PCT%`: the farmem JDK (`make jdk`), MemLiner marking
   fjdk      `farmem run --gc farmem --local PCT%`: the farmem JDK, everything it does for far memory
-            (MemLiner marking, and full GCs that move objects on remote pages inside memd's store)
+            (MemLiner marking; a full GC's moves and headers, and promotions of primitive arrays
+            under pressure, done in memd's store)
 
 Every run logs -Xlog:gc,gc+heap+exit to a file: bytes allocated (occupancy before each pause minus
 after the previous one, bench/lib/gclog.py) and pause time come from it. The table shows the

@@ -17,6 +17,7 @@ struct farmem_heap_view {
 	uint64_t base, npages;
 	const volatile uint8_t *states;
 	uint32_t page_shift, pad;
+	const volatile uint64_t *resident, *limit, *evict_batches;
 };
 
 /* The JVM's layout of a move is the pager's. */
@@ -51,7 +52,10 @@ EXPORT int farmem_heap_view(struct farmem_heap_view *v)
 			continue;
 		*v = (struct farmem_heap_view){ .base = r->base, .npages = r->npages,
 						.states = (const uint8_t *)h + r->map_offset,
-						.page_shift = h->page_shift };
+						.page_shift = h->page_shift,
+						.resident = &h->stats.resident_pages,
+						.limit = &h->stats.local_limit_pages,
+						.evict_batches = &h->stats.evict_batches };
 		return 0; /* held until farmem_heap_view_end */
 	}
 	ref.leave();

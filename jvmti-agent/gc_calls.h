@@ -5,11 +5,15 @@
  * finds these by name with dlsym(RTLD_DEFAULT, ...) at each full GC, so
  * their names, signatures and the layouts below are a stable interface:
  *
- *   struct farmem_heap_view { uint64_t base, npages; const volatile uint8_t *states; uint32_t page_shift, pad; };
+ *   struct farmem_heap_view { uint64_t base, npages; const volatile uint8_t *states;
+ *                             uint32_t page_shift, pad;
+ *                             const volatile uint64_t *resident, *limit, *evict_batches; };
  *   int farmem_heap_view(struct farmem_heap_view *v);
  *       0: v describes the heap's pages (one residency byte each,
- *       uffd/resmap.h) and the pager is held (a detach waits) until
- *       farmem_heap_view_end; -ENOENT: no pager pages this heap (nothing held).
+ *       uffd/resmap.h), the pager's resident pages and budget (gauges) and
+ *       its eviction batches (a counter: it is paging when that moves),
+ *       and the pager is held (a detach waits) until farmem_heap_view_end;
+ *       -ENOENT: no pager pages this heap (nothing held).
  *   void farmem_heap_view_end(void);
  *   struct farmem_byte_move { uint64_t src, dst, len, first_word; uint32_t set_first_word, pad; };
  *   long farmem_move_bytes(const struct farmem_byte_move *m, unsigned n);

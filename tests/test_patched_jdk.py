@@ -294,11 +294,13 @@ def test_largearrays_swapva_tight_heap_serial_compaction(farmem_jdk, farmem_cmd,
     assert any(int(m.group(1)) > 0 for m in SWAPVA_LINE.finditer(r.stdout))
 
 
-# --- In place (-XX:+UseFarmemRemoteCompaction, FarmemHeadersInPlace, --gc farmem) -----------------
+# --- In place (-XX:+UseFarmemInPlace, FarmemHeadersInPlace, --gc farmem) -----------------
 
 COMPACT_LINE = re.compile(r"remote compaction: (\d+) objects moved where their pages lie \((\d+) KiB, (\d+) calls, "
                           r"[\d.]+ ms; (\d+) headers read there\), (\d+) copied here after the pager declined, "
                           r"(\d+) copied here all resident")
+PROMOTE_LINE = re.compile(r"promotion in place since the last full GC: (\d+) primitive arrays \((\d+) KiB\) copied "
+                          r"into memd in (\d+) pauses, (\d+) copied here after the pager declined")
 IN_PLACE_LINE = re.compile(r"in place: phase 1 marked (\d+) primitive arrays, phase 2 sized (\d+) and forwarded "
                            r"(\d+) objects, phase 3 skipped (\d+) and read (\d+) forwarding pointers, where their "
                            r"pages lie; concurrent marking since: (\d+) primitive arrays")
@@ -310,21 +312,23 @@ def tight_churn(seconds):
 
 
 def test_in_place_flags(farmem_jdk):
-    r = run([farmem_jdk / "bin" / "java", "-XX:+UseFarmemRemoteCompaction", "-XX:+PrintFlagsFinal", "-version"])
+    r = run([farmem_jdk / "bin" / "java", "-XX:+UseFarmemInPlace", "-XX:+PrintFlagsFinal", "-version"])
     assert r.returncode == 0, r.stderr
-    assert re.search(r"\bUseFarmemRemoteCompaction\s+= true", r.stdout)
+    assert re.search(r"\bUseFarmemInPlace\s+= true", r.stdout)
     assert re.search(r"\bFarmemCompactBatch\s+= 64\b", r.stdout)
     assert re.search(r"\bFarmemHeadersInPlace\s+= true", r.stdout)
-    r = run([farmem_jdk / "bin" / "java", "-XX:+UseParallelGC", "-XX:+UseFarmemRemoteCompaction", "-version"])
+    r = run([farmem_jdk / "bin" / "java", "-XX:+UseParallelGC", "-XX:+UseFarmemInPlace", "-version"])
     assert r.returncode == 1
-    assert "-XX:+UseFarmemRemoteCompaction works with the G1 collector only" in r.stdout + r.stderr
+    assert "-XX:+UseFarmemInPlace works with the G1 collector only" in r.stdout + r.stderr
+    r = run([farmem_jdk / "bin" / "java", "-XX:+PrintFlagsFinal", "-version"])
+    assert re.search(r"\bFarmemPromoteInPlace\s+= true", r.stdout)
     r = run([farmem_jdk / "bin" / "java", "-XX:FarmemCompactBatch=0", "-version"])
     assert r.returncode != 0 and "FarmemCompactBatch" in r.stdout + r.stderr
 
 
 def test_in_place_without_farmem_is_stock(farmem_jdk, build, jvm_built):
     """No agent, so no pager to work in: the JVM says so once and collects as usual."""
-    r = run([farmem_jdk / "bin" / "java", "-XX:+UseFarmemRemoteCompaction", "-XX:+UseFarmemMemLiner",
+    r = run([farmem_jdk / "bin" / "java", "-XX:+UseFarmemInPlace", "-XX:+UseFarmemMemLiner",
              "-Xlog:gc+farmem", *tight_churn(4)],
             cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -353,6 +357,8 @@ def test_gcchurn_gc_farmem_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_
     assert moved > 1000 and kib > 10 * 1024 and calls > 0, compact
     marked, sized, forwarded, skipped, forwardees, conc = (sum(c[i] for c in in_place) for i in range(6))
     assert marked > 0 and sized > 0 and forwarded > 0 and skipped > 0 and forwardees > 0, in_place
+    promoted = [tuple(int(x) for x in m.groups()) for m in PROMOTE_LINE.finditer(r.stdout)]
+    assert promoted and sum(p[0] for p in promoted) > 0 and sum(p[2] for p in promoted) > 0, promoted
     s = json.loads(summary.read_text())
     assert s["compact_moves"] >= moved and s["compact_bytes"] >= kib * 1024, s
     assert s["compact_pages"] > 0 and s["crc_errors"] == 0, s
@@ -371,6 +377,19 @@ def test_gc_farmem_marks_primitive_arrays_in_place(farmem_jdk, farmem_cmd, build
     assert "gcchurn: ok" in r.stdout and "hs_err" not in out
     conc = [int(m.group(6)) for m in IN_PLACE_LINE.finditer(r.stdout)]
     assert conc and sum(conc) > 0, r.stdout[-4000:]
+
+
+def test_gc_farmem_heap_that_fits_promotes_here(farmem_jdk, farmem_cmd, build, jvm_built):
+    """A heap whose live set fits the budget: no pressure, so promotions stay here (a program that
+    fits pays nothing); the System.gc()s of --shrink-mb report it."""
+    r = run(farmem_cmd + ["run", "--gc", "farmem", "--local", "100%", "--", "java", "-Xmx256m", "-Xlog:gc+farmem",
+                          "-cp", build / "java", "GcChurn", "--live-mb", "60", "--seconds", "3", "--shrink-mb", "40"],
+            timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout
+    promoted = [tuple(int(x) for x in m.groups()) for m in PROMOTE_LINE.finditer(r.stdout)]
+    assert promoted and all(p[0] == 0 and p[2] == 0 for p in promoted), r.stdout[-3000:]
 
 
 def test_gc_farmem_over_stream_copies_as_usual(farmem_jdk, farmem_cmd, build, jvm_built):

@@ -61,7 +61,8 @@ void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
 	pthread_mutex_lock(&p->clock_lock);
 	/* Full: the clock finds the rest (garbage is never referenced, so it goes at the first pass). */
 	if (p->nhints < MAX_HINTS)
-		p->hints[p->nhints++] = (struct garbage_hint){ .region = ridx, .first = first, .n = n };
+		p->hints[(p->hint_head + p->nhints++) % MAX_HINTS] =
+			(struct garbage_hint){ .region = ridx, .first = first, .n = n };
 	pthread_mutex_unlock(&p->clock_lock);
 }
 
@@ -78,15 +79,22 @@ static int is_garbage(uint8_t b)
 	return fm_pg_state(b) == FM_PG_CLEAN && (b & FM_PGF_GARBAGE);
 }
 
-/* Garbage from the hints, the newest first. Caller holds clock_lock. */
+/*
+ * Garbage from the hints, the oldest first: what was freed last is what a
+ * collector allocates into next (G1 takes the young regions it frees back
+ * first), and evicting it would make that allocation a zero fill, while
+ * free space that stayed free since an older cycle was not wanted. Caller
+ * holds clock_lock.
+ */
 static unsigned pick_garbage(struct fm_pager *p, struct victim *v, unsigned want)
 {
 	unsigned n = 0;
 
 	while (n < want && p->nhints) {
-		struct garbage_hint *h = &p->hints[p->nhints - 1];
+		struct garbage_hint *h = &p->hints[p->hint_head];
 		struct region *r = &p->regions[h->region];
 		if (!r->live || h->first + h->n > r->npages || atomic_load(&r->pinned)) {
+			p->hint_head = (p->hint_head + 1) % MAX_HINTS;
 			p->nhints--;
 			continue;
 		}
@@ -97,8 +105,10 @@ static unsigned pick_garbage(struct fm_pager *p, struct victim *v, unsigned want
 			if (is_garbage(b) && take(r, i, b, &v[n]))
 				n++;
 		}
-		if (!h->n)
+		if (!h->n) {
+			p->hint_head = (p->hint_head + 1) % MAX_HINTS;
 			p->nhints--;
+		}
 	}
 	return n;
 }

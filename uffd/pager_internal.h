@@ -172,8 +172,8 @@ struct fm_pager {
 	pthread_mutex_t clock_lock;     /* the evictor's hand, shared with direct eviction */
 	int hand_region;
 	uint64_t hand_idx;
-	struct garbage_hint hints[MAX_HINTS]; /* under clock_lock */
-	unsigned nhints;
+	struct garbage_hint hints[MAX_HINTS]; /* under clock_lock: a ring, the oldest at hint_head */
+	unsigned hint_head, nhints;
 	/*
 	 * Resident pages a discard may still make garbage (write-protect) this
 	 * GC cycle: about what the evictor took last cycle, so that a heap that

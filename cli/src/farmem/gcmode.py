@@ -8,8 +8,9 @@ adds -XX:+UseFarmemMemLiner: G1's concurrent marking then postpones objects on p
 has sent to memd (MemLiner). `--gc swapva` adds -XX:+UseFarmemSwapVA: G1's full GC moves the
 whole pages of large objects through the pager (fm_pager_move) instead of copying them (SVAGC's
 SwapVA). `memliner+swapva` does both. `--gc farmem` is what the farmem JDK does for far memory:
-MemLiner marking and -XX:+UseFarmemRemoteCompaction (G1's full GC hands objects on pages that are
-in memd to the pager, which moves them inside memd's store instead of bringing them here).
+MemLiner marking and -XX:+UseFarmemInPlace (what G1 would do on pages that are in memd, the pager
+does there: a full GC's moves and header reads and writes, promotions of primitive arrays while
+local memory is full).
 $FARMEM_JDK names another farmem JDK home.
 """
 
@@ -21,7 +22,7 @@ from farmem import paths
 from farmem.errors import FarmemError
 
 GC_FLAGS = {
-    "farmem": ["-XX:+UseFarmemMemLiner", "-XX:+UseFarmemRemoteCompaction"],
+    "farmem": ["-XX:+UseFarmemMemLiner", "-XX:+UseFarmemInPlace"],
     "memliner": ["-XX:+UseFarmemMemLiner"],
     "swapva": ["-XX:+UseFarmemSwapVA"],
     "memliner+swapva": ["-XX:+UseFarmemMemLiner", "-XX:+UseFarmemSwapVA"],
