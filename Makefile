@@ -206,6 +206,11 @@ $(B)/bench/move_remote: bench/progs/move_remote.c tests/unit/memd_spawn.h $(B)/l
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_PAGER) -Itests/unit -o $@ $< $(B)/lib/libfarmem_pager.a $(LDLIBS)
 
+# The checksum on cold pages, with the project's own fm_crc32c (ISA-L).
+$(B)/bench/crc_cold: bench/progs/crc_cold.c memd/common/fm_util.h | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(INC_COMMON) -o $@ $< -lisal
+
 $(B)/bench/%: bench/progs/%.c $(wildcard bench/progs/*.h) uffd/resmap.h uffd/resmap_self.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuffd -o $@ $< -lpthread
