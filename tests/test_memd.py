@@ -297,13 +297,13 @@ def test_wrong_version(memd):
     assert "1" in e.message
     expect_closed(c)
     c = memd.raw()
-    # a range that includes 1 gets 1; TCP: no SHM flag, COPY announced
-    assert c.hello(0, 5) == (1, mp.HELLO_F_COPY)
+    # a range that includes 1 gets 1; TCP: no SHM flag, COPY and EDIT announced
+    assert c.hello(0, 5) == (1, mp.HELLO_F_COPY | mp.HELLO_F_EDIT)
 
 
 def test_unknown_op_keeps_connection(memd):
     c = memd.connect()
-    for op in (0, 15, 500, mp.ERROR):  # 13 is RDMA_MAP, 14 COPY
+    for op in (0, 16, 500, mp.ERROR):  # 13 is RDMA_MAP, 14 COPY, 15 EDIT
         expect_status(mp.E_OP, c.request, op, b"abc")
     assert c.space_open(4) >= 1
     assert memd.stats()["errors"] >= 4
@@ -520,6 +520,35 @@ def test_copy(memd):
     expect_status(mp.E_TOOBIG, c.request, mp.COPY, ref + bytes(16 * 257), 257)
     assert c.copy(a, b, [(0, 0)] * mp.MAX_BATCH) == [mp.OK] * mp.MAX_BATCH
     c.send_frame(mp.COPY, ref + bytes(15), 1)
+    r = c.recv_frame()
+    assert (r.op, r.status) == (mp.ERROR, mp.E_PROTO)
+    expect_closed(c)
+
+
+def test_edit(start_memd):
+    """EDIT over TCP: MOVE, PUT and GET in one request, in order, the pages' crc made again; a
+    refused request (a page read that memd does not hold, no room, a bad entry) changes nothing."""
+    m = start_memd("--capacity", "16k")  # four pages
+    c = m.connect(unix=False)
+    sp = c.space_open(8)
+    p0, p1 = page_bytes("ed", 0), page_bytes("ed", 1)
+    assert c.write(sp, [(0, p0), (1, p1)]) == [mp.OK] * 2
+    got = c.edit(sp, [(mp.EDIT_MOVE, 100, 4096 + 50, 3 * 4096 + 8), (mp.EDIT_PUT, b"12345678", 3 * 4096),
+                      (mp.EDIT_GET, 16, 3 * 4096), (mp.EDIT_MOVE, 4086, 10, 0)])
+    want3 = b"12345678" + p1[50:150] + bytes(4096 - 108)
+    assert got == want3[:16]
+    pages = c.read(sp, [0, 3])
+    assert pages[0][2] == p0[10:] + p0[4086:] and pages[1][2] == want3
+    assert all(st == mp.OK and crc == mp.crc32c(d) for st, crc, d in pages)
+    assert m.stats()["used_pages"] == 3
+    # Refused, all of it: the PUT before a read of an absent page does not happen either.
+    expect_status(mp.E_ABSENT, c.edit, sp, [(mp.EDIT_PUT, b"x" * 8, 0), (mp.EDIT_GET, 8, 5 * 4096)])
+    expect_status(mp.E_FULL, c.edit, sp, [(mp.EDIT_PUT, b"y", 5 * 4096), (mp.EDIT_PUT, b"z", 6 * 4096)])
+    expect_status(mp.E_RANGE, c.edit, sp, [(mp.EDIT_MOVE, 16, 4090, 0)])  # across two pages
+    expect_status(mp.E_RANGE, c.edit, sp, [(mp.EDIT_GET, 8, 8 * 4096)])   # outside the space
+    assert c.read(sp, [0])[0][2] == p0[10:] + p0[4086:] and m.stats()["used_pages"] == 3
+    # Fewer bytes than its entries: the frame is malformed, the connection closes.
+    c.send_frame(mp.EDIT, mp.SPACE_REF.pack(sp, 0) + bytes(10), 1)
     r = c.recv_frame()
     assert (r.op, r.status) == (mp.ERROR, mp.E_PROTO)
     expect_closed(c)

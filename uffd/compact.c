@@ -23,6 +23,7 @@
  * holds the moved bytes before the pages are let go: nothing is lost.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -263,6 +264,316 @@ static void move(struct call *c, const struct fm_byte_move *m)
 		memcpy(at(c, m->dst), &m->first_word, sizeof(m->first_word));
 }
 
+/* --- over the wire: memd's EDIT ------------------------------------------------------ */
+
+/*
+ * With a memd whose store is not mapped here (stream: TCP or a Unix socket),
+ * the same moves go to memd as EDIT requests (protocol.h): MOVE for a piece
+ * from a page memd holds to another, PUT for one from a resident page, GET
+ * for one to a resident page. memd applies a request all or nothing; the
+ * pieces between resident pages, and what GETs bring, are applied here only
+ * once memd said yes, so a refused request leaves every byte as it was and
+ * the collector copies that move itself. That order is sound because no
+ * piece reads bytes an earlier piece of the request writes (a compaction's
+ * destinations never reach a later source; a promotion's destination is
+ * fresh): a move whose source would is sent in the next request.
+ */
+#define EDIT_PUT_MAX (512u << 10)
+#define EDIT_GET_MAX (512u << 10)
+#define EDIT_LOCAL_MAX 1024u
+
+struct local_op {
+	uint8_t *dst;
+	const uint8_t *src;    /* a resident page's bytes, or NULL: get_off into the reply, or zeros */
+	uint32_t len;
+	uint32_t get_off;      /* with src NULL: offset into the GET bytes, or UINT32_MAX for zeros */
+};
+
+struct edit_batch {
+	struct fm_edit_ent e[FM_MAX_EDITS];
+	unsigned ne;
+	uint8_t *put;          /* EDIT_PUT_MAX */
+	size_t put_len, get_len;
+	struct local_op lo[EDIT_LOCAL_MAX];
+	unsigned nlo;
+	uintptr_t dst_lo[FM_MAX_EDITS], dst_hi[FM_MAX_EDITS]; /* the batch's moves' destinations */
+	unsigned nmoves;
+	unsigned store_pages;
+};
+
+static int store_page(const struct held *e)
+{
+	return e->kind == HELD_STORE;
+}
+
+/* Room in the batch (and the call's held pages) for move m, counted generously: two entries, two local ops a page. */
+static int batch_has_room(const struct call *c, const struct edit_batch *b, const struct fm_byte_move *m)
+{
+	size_t pages = (m->len >> PG_SHIFT) + 2;
+
+	return c->n + 2 * pages <= HELD_MAX &&
+	       b->ne + 2 * pages + 1 <= FM_MAX_EDITS && b->nlo + 2 * pages + 1 <= EDIT_LOCAL_MAX &&
+	       b->put_len + m->len + 8 <= EDIT_PUT_MAX && b->get_len + m->len <= EDIT_GET_MAX &&
+	       b->store_pages + 2 * pages <= FM_MAX_EDIT_PAGES;
+}
+
+/* Does move m read bytes a move already in the batch writes? Then it waits for the next request. */
+static int reads_batch(const struct edit_batch *b, const struct fm_byte_move *m)
+{
+	for (unsigned k = 0; k < b->nmoves; k++)
+		if (m->src < b->dst_hi[k] && b->dst_lo[k] < m->src + m->len)
+			return 1;
+	return 0;
+}
+
+static uint64_t space_off(const struct call *c, uintptr_t a)
+{
+	return (uint64_t)(a - c->r->base);
+}
+
+/* One piece: n bytes from s to d, each inside one page. */
+static void add_piece(struct call *c, struct edit_batch *b, uintptr_t s, uintptr_t d, uint32_t n)
+{
+	struct held *hs = find_held(c, (s - c->r->base) >> PG_SHIFT), *hd = find_held(c, (d - c->r->base) >> PG_SHIFT);
+	int s_untouched = store_page(hs) && fm_pg_state(hs->old) == FM_PG_UNTOUCHED;
+
+	if (!store_page(hd)) {
+		struct local_op *o = &b->lo[b->nlo++];
+		*o = (struct local_op){ .dst = (uint8_t *)d, .len = n, .get_off = UINT32_MAX };
+		if (!store_page(hs)) {
+			o->src = (const uint8_t *)s;
+		} else if (!s_untouched) {
+			o->get_off = (uint32_t)b->get_len;
+			b->e[b->ne++] = (struct fm_edit_ent){ .kind = FM_EDIT_GET, .len = n, .src = space_off(c, s) };
+			b->get_len += n;
+		}
+		return;
+	}
+	hd->write = 1;
+	if (store_page(hs) && !s_untouched) {
+		b->e[b->ne++] = (struct fm_edit_ent){ .kind = FM_EDIT_MOVE, .len = n, .src = space_off(c, s),
+						      .dst = space_off(c, d) };
+		return;
+	}
+	/* From a resident page (its bytes now: nothing in the batch writes them), or zeros. */
+	if (store_page(hs))
+		memset(b->put + b->put_len, 0, n);
+	else
+		memcpy(b->put + b->put_len, (const void *)s, n);
+	b->e[b->ne++] = (struct fm_edit_ent){ .kind = FM_EDIT_PUT, .len = n, .dst = space_off(c, d) };
+	b->put_len += n;
+}
+
+static void add_move(struct call *c, struct edit_batch *b, const struct fm_byte_move *m)
+{
+	size_t done = 0;
+	int down = m->dst <= m->src;
+
+	while (done < m->len) {
+		size_t left = m->len - done, n;
+		uintptr_t s, d;
+		if (down) {
+			s = m->src + done;
+			d = m->dst + done;
+			n = PG_SIZE - (s & (PG_SIZE - 1));
+			if (PG_SIZE - (d & (PG_SIZE - 1)) < n)
+				n = PG_SIZE - (d & (PG_SIZE - 1));
+		} else {
+			uintptr_t se = m->src + left, de = m->dst + left;
+			n = ((se - 1) & (PG_SIZE - 1)) + 1;
+			if (((de - 1) & (PG_SIZE - 1)) + 1 < n)
+				n = ((de - 1) & (PG_SIZE - 1)) + 1;
+			if (n > left)
+				n = left;
+			s = se - n;
+			d = de - n;
+		}
+		if (n > left)
+			n = left;
+		add_piece(c, b, s, d, (uint32_t)n);
+		done += n;
+	}
+	if (m->set_first_word) {
+		struct held *hd = find_held(c, (m->dst - c->r->base) >> PG_SHIFT);
+		if (store_page(hd)) {
+			memcpy(b->put + b->put_len, &m->first_word, sizeof(m->first_word));
+			b->e[b->ne++] = (struct fm_edit_ent){ .kind = FM_EDIT_PUT, .len = sizeof(m->first_word),
+							      .dst = space_off(c, m->dst) };
+			b->put_len += sizeof(m->first_word);
+		} else {
+			b->lo[b->nlo++] = (struct local_op){ .dst = (uint8_t *)m->dst, .src = (const uint8_t *)&m->first_word,
+							     .len = sizeof(m->first_word) };
+		}
+	}
+	b->dst_lo[b->nmoves] = m->dst;
+	b->dst_hi[b->nmoves++] = m->dst + m->len;
+}
+
+/* Hold a move's pages for the edit path (nothing opened). On failure nothing of it is held. */
+static int take_move_edit(struct call *c, const struct fm_byte_move *m, unsigned *new_store)
+{
+	uint64_t s0 = (m->src - c->r->base) >> PG_SHIFT, s1 = (m->src + m->len - 1 - c->r->base) >> PG_SHIFT;
+	uint64_t d0 = (m->dst - c->r->base) >> PG_SHIFT, d1 = (m->dst + m->len - 1 - c->r->base) >> PG_SHIFT;
+	unsigned from = c->n;
+	int rc = 0;
+
+	for (uint64_t i = s0; !rc && i <= s1; i++)
+		rc = hold(c, i, 0);
+	for (uint64_t i = d0; !rc && i <= d1; i++)
+		rc = hold(c, i, 1);
+	if (rc) {
+		for (unsigned k = from; k < c->n; k++)
+			pg_release_from(&c->r->pg[c->h[k].i], c->h[k].kind == HELD_LOCAL ? FM_PG_UPDATING : FM_PG_FILLING,
+					c->h[k].old);
+		c->n = from;
+		unindex_from(c, from);
+		return rc;
+	}
+	for (unsigned k = from; k < c->n; k++)
+		*new_store += store_page(&c->h[k]);
+	return 0;
+}
+
+/* Let every held page go: a store page written now remote with memd's new bytes, the others as they were. */
+static void release_edit(struct call *c, int applied)
+{
+	struct fm_pager *p = c->p;
+
+	for (unsigned k = 0; k < c->n; k++) {
+		struct held *e = &c->h[k];
+		uint8_t *b = &c->r->pg[e->i];
+		if (e->kind == HELD_LOCAL)
+			pg_release_from(b, FM_PG_UPDATING, e->old);
+		else if (applied && e->write)
+			pg_release_from(b, FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
+		else
+			pg_release_from(b, FM_PG_FILLING, e->old);
+		if (!p->in_thread && e->kind == HELD_STORE)
+			fm_uffd_wake(p->uffd, c->r->base + (e->i << PG_SHIFT), PG_SIZE);
+	}
+	c->n = 0;
+	memset(c->where, 0, sizeof(c->where));
+}
+
+/*
+ * Send the batch; on success apply its local part. 0, or the transport's
+ * refusal (-ENOSPC, -EOPNOTSUPP, -EPIPE): nothing changed anywhere. Anything
+ * else is fatal: a page memd cannot give back, or a request whose fate is
+ * unknown (sent, never answered), after which no byte of these pages can be
+ * trusted.
+ */
+static int send_batch(struct call *c, struct edit_batch *b)
+{
+	struct fm_pager *p = c->p;
+	const uint8_t *get = NULL;
+	int rc = 0;
+
+	if (b->ne) {
+		rc = fm_chan_edit(chan(c), c->r->space, b->e, b->ne, b->put, b->put_len, b->get_len,
+				  (const void **)&get);
+		if (rc == -ENOSPC || rc == -EOPNOTSUPP || rc == -EPIPE)
+			return rc;
+		if (rc) {
+			STAT_ADD(p, transport_errors, 1);
+			if (rc == -EIO)
+				STAT_ADD(p, crc_errors, 1);
+			fm_fatal("memd at %s could not do a collector's moves in its store (%s%s): the heap's pages "
+				 "there cannot be trusted", fm_xport_addr(p->x), strerror(-rc),
+				 rc == -EIO ? ": checksum mismatch" : "");
+		}
+		STAT_ADD(p, remote_read_bytes, b->get_len);
+		STAT_ADD(p, remote_write_bytes, b->put_len);
+	}
+	for (unsigned k = 0; k < b->nlo; k++) {
+		struct local_op *o = &b->lo[k];
+		if (o->src)
+			memmove(o->dst, o->src, o->len);
+		else if (o->get_off != UINT32_MAX)
+			memcpy(o->dst, get + o->get_off, o->len);
+		else
+			memset(o->dst, 0, o->len);
+	}
+	return 0;
+}
+
+static long move_bytes_edit(struct fm_pager *p, const struct fm_byte_move *m, unsigned n)
+{
+	struct call *c = calloc(1, sizeof(*c));
+	struct edit_batch *b = calloc(1, sizeof(*b));
+	unsigned done = 0, sent = 0;
+	uint64_t bytes = 0, pages = 0;
+	long ret = 0;
+	int ridx;
+
+	if (b)
+		b->put = malloc(EDIT_PUT_MAX);
+	if (!c || !b || !b->put) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	c->p = p;
+	c->fc.tid = gettid();
+	rlock_rd(p);
+	c->r = fm_region_find(p, m[0].src, &ridx);
+	for (;;) {
+		const struct fm_byte_move *x = done < n ? &m[done] : NULL;
+		unsigned new_store = 0;
+		int stop = 0, rc;
+
+		if (x) {
+			if (!c->r || c->r->alias || x->src < c->r->base || x->src + x->len > c->r->end ||
+			    x->dst < c->r->base || x->dst + x->len > c->r->end)
+				stop = 1;
+			else if (b->nmoves && (reads_batch(b, x) || !batch_has_room(c, b, x)))
+				; /* send what is queued first, then this one */
+			else if (!batch_has_room(c, b, x) || take_move_edit(c, x, &new_store))
+				stop = 1; /* too large alone, or a page busy: the collector's */
+			else {
+				b->store_pages += new_store;
+				add_move(c, b, x);
+				done++;
+				continue;
+			}
+		}
+		if (b->nmoves) {
+			for (unsigned k = 0; k < c->n; k++)
+				pages += store_page(&c->h[k]) && c->h[k].write;
+			rc = send_batch(c, b);
+			release_edit(c, !rc);
+			if (rc) {
+				if (rc == -EOPNOTSUPP && !sent) {
+					atomic_store(&p->edit_off, 1);
+					ret = -EOPNOTSUPP;
+				}
+				break;
+			}
+			for (unsigned k = sent; k < done; k++)
+				bytes += m[k].len;
+			sent = done;
+			b->ne = b->nlo = b->nmoves = b->store_pages = 0;
+			b->put_len = b->get_len = 0;
+		}
+		if (!x || stop)
+			break;
+	}
+	rlock_un(p);
+	chan_done(c);
+	fm_settled(p);
+	STAT_ADD(p, compact_moves, sent);
+	STAT_ADD(p, compact_bytes, bytes);
+	STAT_ADD(p, compact_pages, pages);
+	if (sent < n)
+		STAT_ADD(p, compact_declined, 1);
+	if (!ret)
+		ret = sent;
+out:
+	if (b)
+		free(b->put);
+	free(b);
+	free(c);
+	return ret;
+}
+
 long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsigned n)
 {
 	struct call c = { .p = p };
@@ -277,7 +588,7 @@ long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsig
 		    (m[k].set_first_word && m[k].len < sizeof(m[k].first_word)))
 			return -EINVAL;
 	if (fm_xport_kind(p->x) != FM_XPORT_SHM)
-		return -EOPNOTSUPP;
+		return atomic_load(&p->edit_off) ? -EOPNOTSUPP : move_bytes_edit(p, m, n);
 	c.fc.tid = gettid();
 	rlock_rd(p);
 	c.r = fm_region_find(p, m[0].src, &ridx);
@@ -311,6 +622,60 @@ long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsig
 	return done;
 }
 
+/*
+ * One word or a few of one page, read or written where the page lies over
+ * the wire: a GET or a PUT of one entry, the page held meanwhile.
+ */
+static int words_edit(struct fm_pager *p, uintptr_t a, void *buf, size_t len, int write)
+{
+	struct call c = { .p = p };
+	struct fm_edit_ent e;
+	const void *get;
+	int ridx, rc = -EBUSY;
+
+	if (atomic_load(&p->edit_off))
+		return -EOPNOTSUPP;
+	c.fc.tid = gettid();
+	rlock_rd(p);
+	c.r = fm_region_find(p, a, &ridx);
+	if (c.r && !c.r->alias && !hold(&c, (a - c.r->base) >> PG_SHIFT, write)) {
+		struct held *h = &c.h[0];
+		if (h->kind == HELD_LOCAL) {
+			if (write)
+				memcpy((void *)a, buf, len);
+			else
+				memcpy(buf, (const void *)a, len);
+			rc = 0;
+		} else if (!write && fm_pg_state(h->old) == FM_PG_UNTOUCHED) {
+			memset(buf, 0, len); /* nothing in memd: zeros */
+			rc = 0;
+		} else {
+			e = (struct fm_edit_ent){ .kind = write ? FM_EDIT_PUT : FM_EDIT_GET, .len = (uint32_t)len };
+			if (write)
+				e.dst = a - c.r->base;
+			else
+				e.src = a - c.r->base;
+			rc = fm_chan_edit(chan(&c), c.r->space, &e, 1, write ? buf : NULL, write ? len : 0,
+					  write ? 0 : len, &get);
+			if (!rc && !write)
+				memcpy(buf, get, len);
+			if (rc == -EOPNOTSUPP)
+				atomic_store(&p->edit_off, 1);
+			if (rc && rc != -ENOSPC && rc != -EOPNOTSUPP && rc != -EPIPE) {
+				STAT_ADD(p, transport_errors, 1);
+				fm_fatal("memd at %s could not %s a collector's header word in its store (%s)",
+					 fm_xport_addr(p->x), write ? "write" : "read", strerror(-rc));
+			}
+		}
+		h->write = (uint8_t)(write && !rc);
+		release_edit(&c, 1);
+	}
+	rlock_un(p);
+	chan_done(&c);
+	fm_settled(p);
+	return rc;
+}
+
 int fm_pager_read_words(struct fm_pager *p, const void *addr, void *out, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr;
@@ -320,7 +685,7 @@ int fm_pager_read_words(struct fm_pager *p, const void *addr, void *out, size_t 
 	if (!len || (a & (PG_SIZE - 1)) + len > PG_SIZE)
 		return -EINVAL;
 	if (fm_xport_kind(p->x) != FM_XPORT_SHM)
-		return -EOPNOTSUPP;
+		return words_edit(p, a, out, len, 0);
 	c.fc.tid = gettid();
 	rlock_rd(p);
 	c.r = fm_region_find(p, a, &ridx);
@@ -356,7 +721,7 @@ int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_
 	if (!len || (a & (PG_SIZE - 1)) + len > PG_SIZE)
 		return -EINVAL;
 	if (fm_xport_kind(p->x) != FM_XPORT_SHM)
-		return -EOPNOTSUPP;
+		return words_edit(p, a, (void *)data, len, 1);
 	c.fc.tid = gettid();
 	rlock_rd(p);
 	c.r = fm_region_find(p, a, &ridx);

@@ -174,21 +174,24 @@ struct fm_byte_move {
 /*
  * Do the moves m[0..n), in order, where their pages lie (uffd/compact.c): a
  * resident page through the heap, a page only memd holds in memd's store,
- * never fetched (shm: a same-host memd's store is mapped here). Stops at the
- * first move it cannot do that way (a page another thread holds, a clean
- * page it would write, memd full, a transport with no store here) and
+ * never fetched (shm: a same-host memd's store is mapped here; stream: memd
+ * does it, EDIT requests). Stops at the first move it cannot do that way (a
+ * page another thread holds, a clean page it would write, memd full) and
  * returns how many it did; the caller does the next one itself, with faults
  * as usual, and may hand the rest back. Every page of one move lies in one
- * registered region. Call it only while no other thread uses those pages
- * (a GC pause). -EINVAL: an empty or wrapping move; -EOPNOTSUPP: memd's
- * store is not mapped here (a transport other than shm), nothing done.
+ * registered region, and no move reads bytes an earlier move of the call
+ * writes (a compaction's destinations never reach a later source; over the
+ * wire such a move only costs a request of its own). Call it only while no
+ * other thread uses those pages (a GC pause). -EINVAL: an empty or wrapping
+ * move; -EOPNOTSUPP: this transport cannot (rdma, several memds, a memd
+ * that predates EDIT), nothing done.
  */
 long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsigned n);
 /*
  * Read len bytes at addr (inside one page) from wherever the page lies,
  * without bringing it here: a collector reads the header of an object it is
  * about to move that way. 0, -EBUSY (another thread holds the page: read it
- * as usual), -EOPNOTSUPP (no store here) or -EINVAL.
+ * as usual), -EOPNOTSUPP (as fm_pager_move_bytes) or -EINVAL.
  */
 int fm_pager_read_words(struct fm_pager *p, const void *addr, void *out, size_t len);
 /*

@@ -204,6 +204,7 @@ struct fm_pager {
 	unsigned kept_head, nkept;
 	uint64_t kept_pages;
 	atomic_int kept_give_back;      /* memd refused a page: give all of it back at the next discard */
+	atomic_int edit_off;            /* memd (or the transport) cannot EDIT: a collector's moves are its own */
 
 	pthread_mutex_t misc_lock;      /* misc_chan, for calls from program threads */
 	struct fm_chan *misc_chan;

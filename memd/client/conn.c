@@ -373,6 +373,43 @@ int fm_conn_copy_recv(struct fm_conn *c, unsigned n, uint32_t *status, uint64_t 
 	return 0;
 }
 
+int fm_conn_edit_send(struct fm_conn *c, const struct fm_space_ref *ref, const struct fm_edit_ent *e, unsigned n,
+		      const void *put, size_t put_len, uint64_t deadline)
+{
+	if (c->fd >= 0 && !(c->server_flags & FM_HELLO_F_EDIT))
+		return -EOPNOTSUPP;
+	return fm_conn_send(c, FM_OP_EDIT, n,
+			    (struct fm_iov[]){ { ref, sizeof(*ref) }, { e, n * sizeof(e[0]) }, { put, put_len } }, 3,
+			    deadline);
+}
+
+int fm_conn_edit_recv(struct fm_conn *c, void *get, size_t get_len, uint64_t deadline)
+{
+	struct fm_iov rep = { get, get_len };
+	size_t len;
+	uint16_t st;
+	int rc = fm_conn_recv(c, &rep, 1, &len, &st, NULL, deadline);
+
+	if (rc)
+		return rc;
+	switch (st) {
+	case FM_OK:
+		return len == get_len ? 0 : -EPROTO;
+	case FM_E_OP:
+		return -EOPNOTSUPP;
+	case FM_E_FULL:
+		return -ENOSPC;
+	case FM_E_CRC:
+		return -EIO;
+	case FM_E_ABSENT:
+		return -ENOENT;
+	case FM_E_NOSPACE:
+		return -ESRCH;
+	default:
+		return -EPROTO;
+	}
+}
+
 int fm_conn_open(struct fm_conn *c, const struct fm_peer *p, uint64_t deadline, char *err, size_t errlen)
 {
 	struct fm_hello_req hreq = { .min_version = FM_PROTO_VERSION, .max_version = FM_PROTO_VERSION };

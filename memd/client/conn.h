@@ -93,4 +93,9 @@ int fm_conn_copy_send(struct fm_conn *c, uint32_t src, const uint64_t *spages, u
 		      const uint64_t *dpages, unsigned n, struct fm_copy_ent *ents, uint64_t deadline);
 int fm_conn_copy_recv(struct fm_conn *c, unsigned n, uint32_t *status, uint64_t deadline);
 
+/* One EDIT request (fm_chan_edit): the GET bytes land in get (get_len of them expected). */
+int fm_conn_edit_send(struct fm_conn *c, const struct fm_space_ref *ref, const struct fm_edit_ent *e, unsigned n,
+		      const void *put, size_t put_len, uint64_t deadline);
+int fm_conn_edit_recv(struct fm_conn *c, void *get, size_t get_len, uint64_t deadline);
+
 #endif /* FARMEM_CLIENT_CONN_H */

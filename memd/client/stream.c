@@ -250,6 +250,35 @@ static int stream_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, 
 						 .pages = spages, .dpages = dpages, .status = status });
 }
 
+/* The reply lands in the channel's READ buffer: GETs are at most FM_MAX_BATCH pages. */
+static int stream_edit(struct fm_chan *c, uint32_t space, const struct fm_edit_ent *e, unsigned n,
+		       const void *put, size_t put_len, size_t get_len, const void **get)
+{
+	struct stream_chan *sc = to_chan(c);
+	uint64_t deadline = fm_deadline_in(c->x->timeout_ms);
+	int rc;
+
+	/* An edit makes pages that only memd holds: the same rule as a write. */
+	if (!fm_ctrl_alive(&to_sx(c->x)->ctrl))
+		return -EPIPE;
+	if (get_len > (size_t)FM_MAX_BATCH * FM_PAGE_SIZE)
+		return -E2BIG;
+	if (sc->conn.fd < 0) {
+		if (atomic_load(&to_sx(c->x)->ctrl.dead))
+			return -EPIPE;
+		rc = fm_ctrl_join(&to_sx(c->x)->ctrl, &sc->conn, deadline, NULL, 0);
+		if (rc)
+			return report(sc, rc);
+	}
+	sc->ref = (struct fm_space_ref){ .space_id = space };
+	rc = fm_conn_edit_send(&sc->conn, &sc->ref, e, n, put, put_len, deadline);
+	if (!rc)
+		rc = fm_conn_edit_recv(&sc->conn, sc->buf, get_len, deadline);
+	if (!rc)
+		*get = sc->buf;
+	return rc == -ETIMEDOUT ? report(sc, rc) : rc;
+}
+
 static int stream_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
 {
 	return stream_call(c, &(struct fm_req){ .op = FM_OP_DISCARD, .space = space, .n = n, .ranges = r });
@@ -268,6 +297,7 @@ static const struct fm_xport_ops stream_ops = {
 	.write = stream_write,
 	.copy = stream_copy,
 	.discard = stream_discard,
+	.edit = stream_edit,
 	.start = stream_start,
 	.finish = stream_finish,
 };

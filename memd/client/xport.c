@@ -128,6 +128,16 @@ int fm_chan_release(struct fm_chan *c, uint32_t space, const struct fm_range *r,
 	return c->x->ops->release ? c->x->ops->release(c, space, r, n) : 0;
 }
 
+int fm_chan_edit(struct fm_chan *c, uint32_t space, const struct fm_edit_ent *e, unsigned n,
+		 const void *put, size_t put_len, size_t get_len, const void **get)
+{
+	if (n == 0 || n > FM_MAX_EDITS)
+		return -EINVAL;
+	if (!c->x->ops->edit)
+		return -EOPNOTSUPP;
+	return c->x->ops->edit(c, space, e, n, put, put_len, get_len, get);
+}
+
 int fm_chan_page_open(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes)
 {
 	if (!c->x->ops->page_open)

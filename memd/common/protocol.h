@@ -24,6 +24,8 @@
 /* Bounds that memd enforces on every request (docs/protocol.md, "Limits"). */
 #define FM_MAX_BATCH        256u        /* pages per READ, WRITE or COPY */
 #define FM_MAX_RANGES       1024u       /* ranges per DISCARD */
+#define FM_MAX_EDITS        512u        /* entries per EDIT */
+#define FM_MAX_EDIT_PAGES   256u        /* distinct pages one EDIT touches */
 #define FM_MAX_SPACE_PAGES  (1ull << 36) /* 256 TiB of 4 KiB pages */
 #define FM_MAX_PAYLOAD      (FM_MAX_BATCH * (FM_PAGE_SIZE + 16u) + 64u)
 
@@ -45,6 +47,8 @@ enum fm_op {
 	FM_OP_RDMA_MAP     = 13, /* C: fm_space_ref; S: fm_rdma_map_rep (memd --rdma only) */
 	FM_OP_COPY         = 14, /* C: fm_copy_req + fm_copy_ent[count]; S: u32 status[count]
 	                          * (only to a memd that sets FM_HELLO_F_COPY) */
+	FM_OP_EDIT         = 15, /* C: fm_space_ref + fm_edit_ent[count] + the PUT entries' bytes;
+	                          * S: the GET entries' bytes (only to a memd that sets FM_HELLO_F_EDIT) */
 	FM_OP_ERROR        = 0x7fff, /* S only: status in header, UTF-8 message as payload */
 };
 
@@ -82,6 +86,8 @@ struct fm_hdr {
  * FM_E_OP); the protocol version stays 1.
  */
 #define FM_HELLO_F_COPY 2u
+/* server: knows EDIT (the same rule as COPY). */
+#define FM_HELLO_F_EDIT 4u
 
 struct fm_hello_req {
 	uint16_t min_version;
@@ -150,6 +156,28 @@ struct fm_copy_req {
 struct fm_copy_ent {
 	uint64_t src_page;
 	uint64_t dst_page;
+} __attribute__((packed));
+
+/*
+ * EDIT: byte-granular changes to one space's pages where memd keeps them,
+ * applied in order: a collector's object moves (uffd/compact.c) without their
+ * pages crossing the wire. MOVE copies len bytes from src to dst (memmove),
+ * PUT stores len bytes that follow the entries (in entry order), GET returns
+ * len bytes (the reply, in entry order). src and dst are byte offsets in the
+ * space; each side of an entry lies inside one page (len 1..4096). A page
+ * written that memd does not hold is zeros first and takes a page of the
+ * session's quota; a page read that it does not hold is FM_E_ABSENT. All or
+ * nothing: every entry and the checksum of every page it touches are checked
+ * first; the pages written get new checksums.
+ */
+enum fm_edit_kind { FM_EDIT_MOVE = 1, FM_EDIT_PUT = 2, FM_EDIT_GET = 3 };
+
+struct fm_edit_ent {
+	uint16_t kind;     /* enum fm_edit_kind */
+	uint16_t reserved;
+	uint32_t len;
+	uint64_t src;      /* MOVE, GET */
+	uint64_t dst;      /* MOVE, PUT */
 } __attribute__((packed));
 
 struct fm_range {
@@ -224,5 +252,6 @@ _Static_assert(sizeof(struct fm_hello_req) == 40, "hello req");
 _Static_assert(sizeof(struct fm_write_ent) == 16, "write entry");
 _Static_assert(sizeof(struct fm_shm_meta) == 8, "shm meta");
 _Static_assert(sizeof(struct fm_copy_req) == 8 && sizeof(struct fm_copy_ent) == 16, "copy");
+_Static_assert(sizeof(struct fm_edit_ent) == 24, "edit");
 
 #endif /* FARMEM_PROTOCOL_H */

@@ -36,6 +36,7 @@ struct op_shape {
 	uint32_t item;      /* payload bytes per counted item; 0: count must be 0 */
 	uint32_t max_count;
 	const char *name;
+	bool tail;          /* bytes may follow the items (EDIT's PUT data): the op checks how many */
 };
 
 static const struct op_shape op_shapes[] = {
@@ -57,6 +58,8 @@ static const struct op_shape op_shapes[] = {
 	[FM_OP_RDMA_MAP]     = { sizeof(struct fm_space_ref), 0, 0, "RDMA_MAP" },
 	[FM_OP_COPY]         = { sizeof(struct fm_copy_req), sizeof(struct fm_copy_ent),
 				 FM_MAX_BATCH, "COPY" },
+	[FM_OP_EDIT]         = { sizeof(struct fm_space_ref), sizeof(struct fm_edit_ent),
+				 FM_MAX_EDITS, "EDIT", true },
 };
 
 static const struct op_shape *shape_of(uint16_t op)
@@ -134,10 +137,10 @@ int memd_frame_check(const uint8_t raw[sizeof(struct fm_hdr)], int state,
 		return verdict(MEMD_V_CLOSE, FM_E_PROTO, status, msg, msglen,
 			       "%s with count %u (must be 0)", sh->name, h->count);
 	want = sh->fixed + (uint64_t)sh->item * h->count;
-	if (h->len != want)
+	if (sh->tail ? h->len < want : h->len != want)
 		return verdict(MEMD_V_CLOSE, FM_E_PROTO, status, msg, msglen,
-			       "%s with count %u needs %llu payload bytes, not %u", sh->name,
-			       h->count, (unsigned long long)want, h->len);
+			       "%s with count %u needs %s%llu payload bytes, not %u", sh->name,
+			       h->count, sh->tail ? "at least " : "", (unsigned long long)want, h->len);
 	/* A HELLO or AUTH after the handshake is a protocol violation too. */
 	if (state == MEMD_C_READY && (h->op == FM_OP_HELLO || h->op == FM_OP_AUTH))
 		return verdict(MEMD_V_CLOSE, FM_E_STATE, status, msg, msglen,
@@ -302,7 +305,7 @@ static int op_hello(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 	}
 	memset(&rep, 0, sizeof(rep));
 	rep.version = FM_PROTO_VERSION;
-	rep.flags = (c->is_unix ? FM_HELLO_F_SHM : 0) | FM_HELLO_F_COPY;
+	rep.flags = (c->is_unix ? FM_HELLO_F_SHM : 0) | FM_HELLO_F_COPY | FM_HELLO_F_EDIT;
 	memcpy(rep.server_nonce, c->snonce, FM_NONCE_LEN);
 	p = reply(c, h, 0, sizeof(rep), -1);
 	if (!p)
@@ -580,6 +583,60 @@ static int op_copy(struct memd_conn *c, const struct memd_hdr *h, const uint8_t 
 	return ret;
 }
 
+/* EDIT: the reply is the GET entries' bytes, so its room is reserved from their lengths first. */
+static int op_edit(struct memd_conn *c, const struct memd_hdr *h, const uint8_t *pl)
+{
+	struct fm_space_ref ref;
+	const uint8_t *ents = pl + sizeof(ref);
+	size_t items = (size_t)h->count * sizeof(struct fm_edit_ent), gets = 0;
+	const uint8_t *put = ents + items;
+	size_t put_len = h->len - sizeof(ref) - items;
+	struct memd_space *sp;
+	uint8_t *p;
+	long got;
+
+	memcpy(&ref, pl, sizeof(ref));
+	for (uint32_t i = 0; i < h->count; i++) {
+		struct fm_edit_ent e;
+		memcpy(&e, ents + (size_t)i * sizeof(e), sizeof(e));
+		if (e.kind == FM_EDIT_GET && e.len <= FM_PAGE_SIZE)
+			gets += e.len;
+	}
+	if (gets > FM_MAX_PAYLOAD)
+		return reply_err(c, h, FM_E_TOOBIG, "EDIT would return %zu bytes, more than %u", gets,
+				 (unsigned)FM_MAX_PAYLOAD);
+	sp = memd_space_get(c->st, c->sess, ref.space_id);
+	if (!sp)
+		return nospace(c, h, ref.space_id);
+	p = reply(c, h, 0, gets, -1);
+	if (!p) {
+		memd_space_put(c->st, sp);
+		return -ENOMEM;
+	}
+	got = memd_space_edit(c->st, sp, (const struct fm_edit_ent *)ents, h->count, put, put_len, p, gets);
+	memd_space_put(c->st, sp);
+	if (got >= 0 && (size_t)got == gets)
+		return 0;
+	tx_unreserve(c, HDR_LEN + gets);
+	switch (got) {
+	case -FM_E_RANGE:
+		return reply_err(c, h, FM_E_RANGE, "EDIT: an entry's kind or length is bad, a side leaves its page "
+				 "or space %u, or the PUT bytes are not %zu", ref.space_id, put_len);
+	case -FM_E_TOOBIG:
+		return reply_err(c, h, FM_E_TOOBIG, "EDIT touches more than %u pages", (unsigned)FM_MAX_EDIT_PAGES);
+	case -FM_E_ABSENT:
+		return reply_err(c, h, FM_E_ABSENT, "EDIT reads a page memd does not hold");
+	case -FM_E_CRC:
+		return reply_err(c, h, FM_E_CRC, "EDIT touches a page whose bytes fail its checksum");
+	case -FM_E_FULL:
+		return reply_err(c, h, FM_E_FULL, "no room for the pages EDIT would make");
+	case -FM_E_NOSPACE:
+		return nospace(c, h, ref.space_id);
+	default:
+		return reply_err(c, h, FM_E_INTERNAL, "EDIT failed (%ld)", got);
+	}
+}
+
 static int op_stats(struct memd_conn *c, const struct memd_hdr *h)
 {
 	struct fm_stats s;
@@ -631,6 +688,8 @@ static int dispatch(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		return op_quota(c, h, pl);
 	case FM_OP_COPY:
 		return op_copy(c, h, pl);
+	case FM_OP_EDIT:
+		return op_edit(c, h, pl);
 	default:
 		return op_space(c, h, pl);
 	}

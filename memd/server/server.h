@@ -120,6 +120,18 @@ int memd_space_write(struct memd_store *st, struct memd_space *sp,
  */
 int memd_space_copy(struct memd_store *st, struct memd_space *src, struct memd_space *dst,
 		    const struct fm_copy_ent *ents, uint32_t n, uint8_t *status);
+/*
+ * EDIT (protocol.h): entries in order on one space's pages, all or nothing.
+ * put holds the PUT entries' bytes in order (put_len of them, which must be
+ * exactly their sum), get receives the GET entries' bytes (get_cap of room).
+ * Returns the GET bytes written, or a negative protocol status: -FM_E_RANGE
+ * (a bad entry), -FM_E_TOOBIG (more than FM_MAX_EDIT_PAGES pages, or the
+ * GETs overflow get_cap), -FM_E_ABSENT (a page read that memd does not
+ * hold), -FM_E_CRC (a touched page's bytes fail its checksum), -FM_E_FULL
+ * (no room for new pages), -FM_E_NOSPACE (closed meanwhile). n <= FM_MAX_EDITS.
+ */
+long memd_space_edit(struct memd_store *st, struct memd_space *sp, const struct fm_edit_ent *ents, uint32_t n,
+		     const uint8_t *put, size_t put_len, uint8_t *get, size_t get_cap);
 /* -ERANGE (nothing discarded) if any range leaves the space. */
 int memd_space_discard(struct memd_store *st, struct memd_space *sp,
 		       const struct fm_range *r, uint32_t n);

@@ -850,6 +850,165 @@ int memd_space_copy(struct memd_store *st, struct memd_space *src, struct memd_s
 	return 0;
 }
 
+/* ---- EDIT ------------------------------------------------------------ */
+
+struct edit_page {
+	uint64_t page;
+	bool present;      /* at the start */
+	bool written;
+	bool available;    /* readable now: present, or written by an earlier entry */
+};
+
+struct edit_pages {
+	struct edit_page p[FM_MAX_EDIT_PAGES];
+	uint16_t slot[2 * FM_MAX_EDIT_PAGES];  /* page -> 1 + index, open addressing; 0 empty */
+	unsigned n;
+};
+
+/* The request's entry for page, made if new; NULL past FM_MAX_EDIT_PAGES. */
+static struct edit_page *edit_page(struct edit_pages *ep, struct memd_space *sp, uint64_t page)
+{
+	unsigned s = (unsigned)(page * 0x9e3779b97f4a7c15ull >> 55) & (2 * FM_MAX_EDIT_PAGES - 1);
+
+	for (;; s = (s + 1) & (2 * FM_MAX_EDIT_PAGES - 1)) {
+		unsigned k = ep->slot[s];
+		if (!k)
+			break;
+		if (ep->p[k - 1].page == page)
+			return &ep->p[k - 1];
+	}
+	if (ep->n == FM_MAX_EDIT_PAGES)
+		return NULL;
+	ep->p[ep->n] = (struct edit_page){ .page = page, .present = page_present(sp, page) };
+	ep->p[ep->n].available = ep->p[ep->n].present;
+	ep->slot[s] = (uint16_t)(++ep->n);
+	return &ep->p[ep->n - 1];
+}
+
+/* One side of an entry: inside the space and inside one page. */
+static bool edit_side_ok(const struct memd_space *sp, uint64_t off, uint32_t len)
+{
+	return off / FM_PAGE_SIZE < sp->npages && (off % FM_PAGE_SIZE) + len <= FM_PAGE_SIZE;
+}
+
+long memd_space_edit(struct memd_store *st, struct memd_space *sp, const struct fm_edit_ent *ents, uint32_t n,
+		     const uint8_t *put, size_t put_len, uint8_t *get, size_t get_cap)
+{
+	struct edit_pages *ep = calloc(1, sizeof(*ep));
+	uint64_t want = 0, held = 0, ok = 0;
+	size_t puts = 0, gets = 0;
+	long ret = 0;
+	bool counted;
+
+	if (!ep)
+		return -FM_E_INTERNAL;
+	pthread_rwlock_rdlock(&sp->rw);
+	if (sp->dead) {
+		ret = -FM_E_NOSPACE;
+		goto out;
+	}
+	counted = !sp->mapped;
+
+	/* Check every entry, in order, as if applying it: what it reads must be there by then. */
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_edit_ent e;
+		struct edit_page *s = NULL, *d = NULL;
+
+		memcpy(&e, &ents[i], sizeof(e));
+		if (e.len == 0 || e.len > FM_PAGE_SIZE || e.reserved ||
+		    (e.kind != FM_EDIT_MOVE && e.kind != FM_EDIT_PUT && e.kind != FM_EDIT_GET) ||
+		    (e.kind != FM_EDIT_PUT && !edit_side_ok(sp, e.src, e.len)) ||
+		    (e.kind != FM_EDIT_GET && !edit_side_ok(sp, e.dst, e.len))) {
+			ret = -FM_E_RANGE;
+			goto out;
+		}
+		if (e.kind == FM_EDIT_PUT)
+			puts += e.len;
+		if (e.kind == FM_EDIT_GET)
+			gets += e.len;
+		if ((e.kind != FM_EDIT_PUT && !(s = edit_page(ep, sp, e.src / FM_PAGE_SIZE))) ||
+		    (e.kind != FM_EDIT_GET && !(d = edit_page(ep, sp, e.dst / FM_PAGE_SIZE)))) {
+			ret = -FM_E_TOOBIG;
+			goto out;
+		}
+		if (s && !s->available) {
+			ret = -FM_E_ABSENT;
+			goto out;
+		}
+		if (d) {
+			d->written = d->available = true;
+		}
+	}
+	if (puts != put_len) {
+		ret = -FM_E_RANGE;
+		goto out;
+	}
+	if (gets > get_cap) {
+		ret = -FM_E_TOOBIG;
+		goto out;
+	}
+	/* Every page it holds is checked before anything changes: a damaged page is never built on. */
+	for (unsigned k = 0; k < ep->n; k++) {
+		struct edit_page *p = &ep->p[k];
+		if (p->present && fm_crc32c(sp->map + p->page * FM_PAGE_SIZE, FM_PAGE_SIZE) !=
+				      __atomic_load_n(&meta_of(sp, p->page)->crc, __ATOMIC_RELAXED)) {
+			ret = -FM_E_CRC;
+			goto out;
+		}
+		if (p->written && !p->present)
+			want++;
+	}
+	if (counted && want) {
+		held = reserve(st, sp->sess, want);
+		if (held < want) {
+			unreserve(st, sp->sess, held);
+			held = 0;
+			ret = -FM_E_FULL;
+			goto out;
+		}
+	}
+	for (unsigned k = 0; k < ep->n; k++) {
+		struct edit_page *p = &ep->p[k];
+		if (p->written && !p->present) {
+			known_set(sp, p->page / MEMD_META_PER_PAGE);
+			memset(sp->map + p->page * FM_PAGE_SIZE, 0, FM_PAGE_SIZE);
+		}
+	}
+	puts = gets = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_edit_ent e;
+
+		memcpy(&e, &ents[i], sizeof(e));
+		if (e.kind == FM_EDIT_MOVE) {
+			memmove(sp->map + e.dst, sp->map + e.src, e.len);
+		} else if (e.kind == FM_EDIT_PUT) {
+			memcpy(sp->map + e.dst, put + puts, e.len);
+			puts += e.len;
+		} else {
+			memcpy(get + gets, sp->map + e.src, e.len);
+			gets += e.len;
+		}
+	}
+	for (unsigned k = 0; k < ep->n; k++) {
+		struct edit_page *p = &ep->p[k];
+		if (!p->written)
+			continue;
+		/* A page new to the space takes a page of what was held for it. */
+		publish(st, sp, meta_of(sp, p->page), fm_crc32c(sp->map + p->page * FM_PAGE_SIZE, FM_PAGE_SIZE),
+			counted && !p->present, &held);
+		ok++;
+	}
+	ret = (long)gets;
+out:
+	if (held)
+		unreserve(st, sp->sess, held);
+	pthread_rwlock_unlock(&sp->rw);
+	free(ep);
+	if (ok)
+		__atomic_fetch_add(&st->writes, ok, __ATOMIC_RELAXED);
+	return ret;
+}
+
 /* Clear the present pages of [first, end) that lie in existing meta pages. */
 static uint64_t clear_range(struct memd_space *sp, uint64_t first, uint64_t end)
 {

@@ -64,6 +64,16 @@ def seeds():
     yield "copy_range", b"\x01" + copy(1, 1, [(1 << 40, 0), (0, (1 << 64) - 1), (15, 16)])
     yield "copy_foreign", b"\x01" + copy(1, 7, [(0, 0)]) + copy(9, 1, [(0, 0)], req=2)
     yield "copy_badcount", b"\x01" + copy(1, 1, [(0, 1)], count=2) + copy(1, 1, [], count=300, req=2)
+    # EDIT (op 15): MOVE/PUT/GET in order over written pages, a new page, then bad entries and lengths.
+    def edit(ents, put=b"", count=None, req=1, space=1):
+        body = ref(space) + b"".join(struct.pack("<HHIQQ", k, 0, n, a, b) for k, n, a, b in ents) + put
+        return frame(15, body, count=len(ents) if count is None else count, req=req)
+    yield "edit", b"\x01" + frame(8, ref(1) + ents + p0 + p1, count=2) + \
+        edit([(1, 100, 50, 4096 * 5 + 8), (2, 8, 0, 4096 * 7), (3, 16, 4096 * 7, 0), (1, 4086, 10, 0)],
+             put=bytes(range(8)), req=2) + frame(7, ref(1) + struct.pack("<2Q", 5, 7), count=2, req=3)
+    yield "edit_bad", b"\x01" + edit([(9, 8, 0, 8)]) + edit([(1, 0, 0, 8)], req=2) + \
+        edit([(1, 16, 4090, 0)], req=3) + edit([(3, 8, 1 << 40, 0)], req=4) + edit([(2, 8, 0, 0)], put=b"abc", req=5) + \
+        edit([(3, 8, 4096 * 3, 0)], req=6) + edit([], count=600, req=7) + edit([(1, 8, 0, 8)], space=9, req=8)
 
 
 if __name__ == "__main__":

@@ -325,7 +325,7 @@ static void test_frame_check(void)
 		{ FM_PROTO_MAGIC, FM_OP_HELLO, 0, 40, MEMD_C_AUTH, MEMD_V_CLOSE, FM_E_STATE },
 		{ FM_PROTO_MAGIC, FM_OP_HELLO, 0, 40, MEMD_C_READY, MEMD_V_CLOSE, FM_E_STATE },
 		{ FM_PROTO_MAGIC, 0, 0, 0, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
-		{ FM_PROTO_MAGIC, 15, 0, 100, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
+		{ FM_PROTO_MAGIC, 16, 0, 100, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 256, 8 + 256 * 16, MEMD_C_READY, MEMD_V_OK, 0 },
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 0, 8, MEMD_C_READY, MEMD_V_OK, 0 },
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 257, 8 + 257 * 16, MEMD_C_READY, MEMD_V_ERR, FM_E_TOOBIG },
@@ -333,6 +333,12 @@ static void test_frame_check(void)
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 2, 8 + 16, MEMD_C_READY, MEMD_V_CLOSE, FM_E_PROTO },
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 1, 8 + 16 + 1, MEMD_C_READY, MEMD_V_CLOSE, FM_E_PROTO },
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 1, 24, MEMD_C_AUTH, MEMD_V_CLOSE, FM_E_AUTH },
+		/* EDIT: bytes may follow its entries (PUT data), never fewer than the entries */
+		{ FM_PROTO_MAGIC, FM_OP_EDIT, 2, 8 + 2 * 24, MEMD_C_READY, MEMD_V_OK, 0 },
+		{ FM_PROTO_MAGIC, FM_OP_EDIT, 2, 8 + 2 * 24 + 100, MEMD_C_READY, MEMD_V_OK, 0 },
+		{ FM_PROTO_MAGIC, FM_OP_EDIT, 2, 8 + 24, MEMD_C_READY, MEMD_V_CLOSE, FM_E_PROTO },
+		{ FM_PROTO_MAGIC, FM_OP_EDIT, FM_MAX_EDITS + 1, 8 + (FM_MAX_EDITS + 1) * 24, MEMD_C_READY,
+		  MEMD_V_ERR, FM_E_TOOBIG },
 		{ FM_PROTO_MAGIC, FM_OP_RDMA_MAP, 0, 8, MEMD_C_READY, MEMD_V_OK, 0 },
 		{ FM_PROTO_MAGIC, FM_OP_ERROR, 0, 0, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
 		{ FM_PROTO_MAGIC, FM_OP_READ, 256, 8 + 256 * 8, MEMD_C_READY, MEMD_V_OK, 0 },
@@ -783,6 +789,162 @@ static void test_copy(void)
 	memd_store_fini(&st);
 }
 
+/* EDIT request: entries, then PUT bytes. Returns the reply (OK or an error). */
+static struct rep edit_call(struct memd_conn *c, uint32_t space, const struct fm_edit_ent *e, unsigned n,
+			    const void *put, size_t put_len)
+{
+	size_t len = 8 + n * sizeof(*e) + put_len;
+	uint8_t *pl = calloc(1, len);
+	struct fm_space_ref ref = { space, 0 };
+	struct rep r;
+
+	memcpy(pl, &ref, sizeof(ref));
+	memcpy(pl + 8, e, n * sizeof(*e));
+	if (put_len)
+		memcpy(pl + 8 + n * sizeof(*e), put, put_len);
+	r = call(c, FM_OP_EDIT, n, pl, (uint32_t)len);
+	free(pl);
+	return r;
+}
+
+static void expect_edit_error(struct memd_conn *c, uint32_t space, const struct fm_edit_ent *e, unsigned n,
+			      const void *put, size_t put_len, uint16_t status, const char *what)
+{
+	struct rep r = edit_call(c, space, e, n, put, put_len);
+
+	CHECK(r.h.op == FM_OP_ERROR && r.h.status == status, "%s: op %u status %u, want error %u (%s)", what,
+	      r.h.op, r.h.status, status, r.h.op == FM_OP_ERROR ? (char *)r.payload : "");
+	CHECK(!c->closing, "%s: an EDIT error keeps the connection", what);
+	rep_free(&r);
+}
+
+/*
+ * EDIT: MOVE, PUT and GET in order, all or nothing; bad entries, a page read
+ * that memd does not hold, a damaged page and a full memd change nothing.
+ */
+static void test_edit(void)
+{
+	struct memd_store st;
+	struct memd_conn a;
+	uint64_t w[2] = { 0, 1 }, all[4] = { 0, 1, 2, 3 };
+	uint32_t s[4], sa;
+	uint8_t want[4][FM_PAGE_SIZE], got[FM_PAGE_SIZE];
+	struct fm_stats before;
+
+	CHECK(memd_store_init(&st, 4, 4) == 0, "init");
+	conn_open(&a, &st, true);
+	new_session(&a);
+	sa = space_open(&a, 8);
+	write_pages(&a, sa, w, 2, 3, NULL, s);
+	CHECK(s[0] == FM_OK && s[1] == FM_OK, "written");
+	fill_page(want[0], 0, 3);
+	fill_page(want[1], 1, 3);
+	memset(want[2], 0, FM_PAGE_SIZE);
+	{
+		/*
+		 * Page 2 is new (zeros, then 100 bytes from page 1 and 8 PUT bytes); page 0's
+		 * bytes 10.. slide down by 10 within the page; GET returns page 2's first 16 bytes
+		 * after both, so it sees them.
+		 */
+		const uint64_t word = 0x1122334455667788ull;
+		struct fm_edit_ent e[4] = {
+			{ .kind = FM_EDIT_MOVE, .len = 100, .src = 1 * 4096 + 50, .dst = 2 * 4096 + 8 },
+			{ .kind = FM_EDIT_PUT, .len = 8, .dst = 2 * 4096 },
+			{ .kind = FM_EDIT_MOVE, .len = 4086, .src = 10, .dst = 0 },
+			{ .kind = FM_EDIT_GET, .len = 16, .src = 2 * 4096 },
+		};
+		struct rep r = edit_call(&a, sa, e, 4, &word, 8);
+		CHECK(r.h.op == FM_OP_EDIT && r.h.status == FM_OK && r.h.len == 16, "edit ok: op %u status %u len %u",
+		      r.h.op, r.h.status, r.h.len);
+		memmove(want[2] + 8, want[1] + 50, 100);
+		memcpy(want[2], &word, 8);
+		memmove(want[0], want[0] + 10, 4086);
+		CHECK(r.payload && memcmp(r.payload, want[2], 16) == 0, "GET sees the earlier entries");
+		rep_free(&r);
+		CHECK(st.used == 3, "the new page is stored: used %llu", (unsigned long long)st.used);
+	}
+	/* READ checks data and crc against fill_page: compare by hand instead. */
+	for (unsigned k = 0; k < 3; k++) {
+		struct rep r;
+		uint8_t pl[16];
+		struct fm_space_ref ref = { sa, 0 };
+		struct fm_page_status ps;
+		memcpy(pl, &ref, 8);
+		memcpy(pl + 8, &all[k], 8);
+		r = expect_ok(&a, FM_OP_READ, 1, pl, 16);
+		memcpy(&ps, r.payload, sizeof(ps));
+		memcpy(got, r.payload + 8, FM_PAGE_SIZE);
+		CHECK(ps.status == FM_OK && ps.crc == fm_crc32c(got, FM_PAGE_SIZE) && memcmp(got, want[k], FM_PAGE_SIZE) == 0,
+		      "page %u after the edit", k);
+		rep_free(&r);
+	}
+	before = stats(&a);
+	{
+		struct fm_edit_ent bad[] = {
+			{ .kind = 9, .len = 8, .src = 0, .dst = 8 },                    /* unknown kind */
+			{ .kind = FM_EDIT_MOVE, .len = 0, .src = 0, .dst = 8 },         /* empty */
+			{ .kind = FM_EDIT_MOVE, .len = 4097, .src = 0, .dst = 4096 },   /* more than a page */
+			{ .kind = FM_EDIT_MOVE, .len = 16, .src = 4090, .dst = 0 },     /* source across two pages */
+			{ .kind = FM_EDIT_GET, .len = 8, .src = 8 * 4096 },             /* outside the space */
+			{ .kind = FM_EDIT_MOVE, .len = 8, .src = 0, .dst = 8 * 4096 - 4 }, /* destination leaves it */
+			{ .kind = FM_EDIT_MOVE, .reserved = 1, .len = 8, .src = 0, .dst = 8 },
+		};
+		uint64_t junk = 0;
+		for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++)
+			expect_edit_error(&a, sa, &bad[k], 1, NULL, 0, FM_E_RANGE, "a bad entry");
+		/* PUT bytes that do not add up */
+		struct fm_edit_ent put = { .kind = FM_EDIT_PUT, .len = 8, .dst = 16 };
+		expect_edit_error(&a, sa, &put, 1, &junk, 4, FM_E_RANGE, "too few PUT bytes");
+		struct fm_edit_ent put2[2] = { { .kind = FM_EDIT_PUT, .len = 8, .dst = 16 },
+					       { .kind = FM_EDIT_GET, .len = 8, .src = 5 * 4096 } };
+		/* a page memd does not hold, read: nothing happens, not even the PUT before it */
+		expect_edit_error(&a, sa, put2, 2, &junk, 8, FM_E_ABSENT, "a read of an absent page");
+		expect_edit_error(&a, sa + 100, &put, 1, &junk, 8, FM_E_NOSPACE, "no such space");
+	}
+	{
+		/* Four pages of quota, three used: two new pages are one too many (and nothing changes). */
+		uint64_t one = 1;
+		struct fm_edit_ent e[2] = { { .kind = FM_EDIT_PUT, .len = 8, .dst = 4 * 4096 },
+					    { .kind = FM_EDIT_PUT, .len = 8, .dst = 5 * 4096 } };
+		uint64_t two[2] = { 1, 2 };
+		expect_edit_error(&a, sa, e, 2, two, 16, FM_E_FULL, "full");
+		(void)one;
+	}
+	{
+		struct fm_stats after = stats(&a);
+		CHECK(after.writes == before.writes && st.used == 3, "refused edits changed nothing");
+	}
+	{
+		/* A page damaged in memd's memory (flipped through the store, mapped) is never built on. */
+		struct fm_space_ref ref = { sa, 0 };
+		struct fm_shm_map_rep mr;
+		struct fm_edit_ent e = { .kind = FM_EDIT_MOVE, .len = 8, .src = 0, .dst = 4096 + 8 };
+		struct rep r = expect_ok(&a, FM_OP_SHM_MAP, 0, &ref, sizeof(ref));
+		uint8_t *map;
+		memcpy(&mr, r.payload, sizeof(mr));
+		map = mmap(NULL, mr.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0);
+		CHECK(map != MAP_FAILED, "mmap");
+		map[100] ^= 0xff;
+		expect_edit_error(&a, sa, &e, 1, NULL, 0, FM_E_CRC, "a damaged page");
+		map[100] ^= 0xff;
+		munmap(map, mr.map_len);
+		rep_free(&r);
+	}
+	for (unsigned k = 0; k < 3; k++) {
+		struct rep r;
+		uint8_t pl[16];
+		struct fm_space_ref ref = { sa, 0 };
+		memcpy(pl, &ref, 8);
+		memcpy(pl + 8, &all[k], 8);
+		r = expect_ok(&a, FM_OP_READ, 1, pl, 16);
+		CHECK(memcmp(r.payload + 8, want[k], FM_PAGE_SIZE) == 0, "page %u unchanged by the refused edits", k);
+		rep_free(&r);
+	}
+	drop_queue(&a);
+	memd_conn_fini(&a);
+	memd_store_fini(&st);
+}
+
 static void test_pipelining_and_partial(struct memd_store *st)
 {
 	struct memd_conn c;
@@ -1044,6 +1206,7 @@ int main(void)
 	test_capacity_and_isolation();
 	test_shm();
 	test_copy();
+	test_edit();
 	test_pipelining_and_partial(&st);
 	test_socket(&st);
 	test_fuzz(&st);

@@ -38,12 +38,13 @@ MAX_SPACE_PAGES = 1 << 36
 MAX_PAYLOAD = MAX_BATCH * (PAGE_SIZE + 16) + 64
 HELLO_F_SHM = 1
 HELLO_F_COPY = 2   # memd knows COPY (an optional op of version 1)
+HELLO_F_EDIT = 4   # memd knows EDIT (byte-granular changes in its store, another optional op)
 SHM_PRESENT = 1
 
 # Ops
 HELLO, AUTH, SESSION_NEW, SESSION_JOIN = 1, 2, 3, 4
 SPACE_OPEN, SPACE_CLOSE, READ, WRITE, DISCARD = 5, 6, 7, 8, 9
-STATS, SHM_MAP, QUOTA, RDMA_MAP, COPY = 10, 11, 12, 13, 14
+STATS, SHM_MAP, QUOTA, RDMA_MAP, COPY, EDIT = 10, 11, 12, 13, 14, 15
 ERROR = 0x7FFF
 
 # Status codes (header status of FM_OP_ERROR replies, and per-page statuses)
@@ -68,6 +69,8 @@ WRITE_ENT = struct.Struct("<QII")
 RANGE = struct.Struct("<QQ")
 COPY_REQ = struct.Struct("<II")            # src_space dst_space
 COPY_ENT = struct.Struct("<QQ")            # src_page dst_page
+EDIT_ENT = struct.Struct("<HHIQQ")         # kind reserved len src dst
+EDIT_MOVE, EDIT_PUT, EDIT_GET = 1, 2, 3
 QUOTA_REQ = struct.Struct("<q")
 QUOTA_REP = struct.Struct("<Q")
 SHM_MAP_REP = struct.Struct("<QQQQ")
@@ -378,6 +381,21 @@ class Conn:
         payload = COPY_REQ.pack(src, dst) + b"".join(COPY_ENT.pack(s, d) for s, d in pairs)
         rep = self.request(COPY, payload, len(pairs))
         return list(struct.unpack(f"<{len(pairs)}I", rep.payload))
+
+    def edit(self, space, entries):
+        """entries: [(EDIT_MOVE, len, src, dst) | (EDIT_PUT, bytes, dst) | (EDIT_GET, len, src)], byte
+        offsets in the space, applied in order by memd, all or nothing -> the GET entries' bytes."""
+        ents, put = [], []
+        for e in entries:
+            if e[0] == EDIT_MOVE:
+                ents.append(EDIT_ENT.pack(EDIT_MOVE, 0, e[1], e[2], e[3]))
+            elif e[0] == EDIT_PUT:
+                ents.append(EDIT_ENT.pack(EDIT_PUT, 0, len(e[1]), 0, e[2]))
+                put.append(e[1])
+            else:
+                ents.append(EDIT_ENT.pack(EDIT_GET, 0, e[1], e[2], 0))
+        rep = self.request(EDIT, SPACE_REF.pack(space, 0) + b"".join(ents) + b"".join(put), len(ents))
+        return rep.payload
 
     def discard(self, space, ranges):
         """ranges: [(first, npages)]."""

@@ -158,6 +158,20 @@ int fm_chan_forget(struct fm_chan *c, uint32_t space, const struct fm_range *r, 
 int fm_chan_release(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
 
 /*
+ * EDIT (protocol.h): byte-granular changes to pages memd holds, done there,
+ * entries e[0..n) in order, all or nothing (n <= FM_MAX_EDITS, at most
+ * FM_MAX_EDIT_PAGES pages): a collector's object moves over the wire without
+ * the pages. put: the PUT entries' bytes, concatenated (put_len); on success
+ * *get points at the GET entries' bytes, concatenated (get_len, at most
+ * FM_MAX_BATCH pages), valid until the channel's next call. 0, -EOPNOTSUPP
+ * (memd predates EDIT, or the transport cannot ask: rdma, several memds),
+ * -ENOSPC (memd full: nothing changed), -EIO (a page's checksum), -ENOENT (a
+ * page read that memd does not hold), or -errno.
+ */
+int fm_chan_edit(struct fm_chan *c, uint32_t space, const struct fm_edit_ent *e, unsigned n,
+		 const void *put, size_t put_len, size_t get_len, const void **get);
+
+/*
  * A page's bytes where memd keeps them, to change them there (a collector's
  * object moves done inside memd, uffd/compact.c): shm only, whose store is
  * mapped here; -EOPNOTSUPP elsewhere. *bytes points at the page in the store
