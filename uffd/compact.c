@@ -76,6 +76,12 @@ static void chan_done(struct call *c)
 	c->own = NULL;
 }
 
+/* memd said no (full, no such op, gone): nothing changed, and the collector does the work itself. */
+static int refused(int rc)
+{
+	return rc == -ENOSPC || rc == -EOPNOTSUPP || rc == -EPIPE;
+}
+
 static struct held *find_held(struct call *c, uint64_t i)
 {
 	for (unsigned s = (unsigned)i & (2 * HELD_MAX - 1);; s = (s + 1) & (2 * HELD_MAX - 1)) {
@@ -177,7 +183,7 @@ static int open_store(struct call *c, unsigned from)
 			continue;
 		rc = fm_chan_page_open(chan(c), c->r->space, e->i,
 				       fm_pg_state(e->old) == FM_PG_UNTOUCHED, &e->bytes);
-		if (rc == -ENOSPC || rc == -EOPNOTSUPP || rc == -EPIPE)
+		if (refused(rc))
 			return rc;
 		if (rc) {
 			STAT_ADD(p, transport_errors, 1);
@@ -191,18 +197,26 @@ static int open_store(struct call *c, unsigned from)
 	return 0;
 }
 
-/* Hold and open every page of move m; on failure nothing of it is held. */
-static int take_move(struct call *c, const struct fm_byte_move *m)
+/* Hold the pages move m reads, then those it writes; stops at the first that cannot be held. */
+static int hold_move(struct call *c, const struct fm_byte_move *m)
 {
 	uint64_t s0 = (m->src - c->r->base) >> PG_SHIFT, s1 = (m->src + m->len - 1 - c->r->base) >> PG_SHIFT;
 	uint64_t d0 = (m->dst - c->r->base) >> PG_SHIFT, d1 = (m->dst + m->len - 1 - c->r->base) >> PG_SHIFT;
-	unsigned from = c->n;
 	int rc = 0;
 
 	for (uint64_t i = s0; !rc && i <= s1; i++)
 		rc = hold(c, i, 0);
 	for (uint64_t i = d0; !rc && i <= d1; i++)
 		rc = hold(c, i, 1);
+	return rc;
+}
+
+/* Hold and open every page of move m; on failure nothing of it is held. */
+static int take_move(struct call *c, const struct fm_byte_move *m)
+{
+	unsigned from = c->n;
+	int rc = hold_move(c, m);
+
 	if (!rc)
 		rc = open_store(c, from);
 	if (rc) {
@@ -229,36 +243,41 @@ static uint8_t *at(struct call *c, uintptr_t a)
 	return e->bytes + (a & (PG_SIZE - 1));
 }
 
-/* memmove's semantics, piece by piece: no piece crosses a page of either side. */
+/*
+ * The piece of move m that starts `done` bytes in, in memmove's order: down
+ * (dst below src) from the start, up (overlapping from below) from the end.
+ * No piece crosses a page of either side. Returns its length.
+ */
+static size_t next_piece(const struct fm_byte_move *m, size_t done, uintptr_t *s, uintptr_t *d)
+{
+	size_t left = m->len - done, n;
+
+	if (m->dst <= m->src) {
+		*s = m->src + done;
+		*d = m->dst + done;
+		n = PG_SIZE - (*s & (PG_SIZE - 1));
+		if (PG_SIZE - (*d & (PG_SIZE - 1)) < n)
+			n = PG_SIZE - (*d & (PG_SIZE - 1));
+		return n < left ? n : left;
+	}
+	uintptr_t se = m->src + left, de = m->dst + left;
+	n = ((se - 1) & (PG_SIZE - 1)) + 1;
+	if (((de - 1) & (PG_SIZE - 1)) + 1 < n)
+		n = ((de - 1) & (PG_SIZE - 1)) + 1;
+	if (n > left)
+		n = left;
+	*s = se - n;
+	*d = de - n;
+	return n;
+}
+
+/* memmove's semantics, piece by piece. */
 static void move(struct call *c, const struct fm_byte_move *m)
 {
-	size_t done = 0;
-	int down = m->dst <= m->src;
-
-	while (done < m->len) {
-		/* Down: from the start, as memmove does; up (overlapping from below): from the end. */
-		size_t left = m->len - done, n;
+	for (size_t done = 0, n; done < m->len; done += n) {
 		uintptr_t s, d;
-		if (down) {
-			s = m->src + done;
-			d = m->dst + done;
-			n = PG_SIZE - (s & (PG_SIZE - 1));
-			if (PG_SIZE - (d & (PG_SIZE - 1)) < n)
-				n = PG_SIZE - (d & (PG_SIZE - 1));
-		} else {
-			uintptr_t se = m->src + left, de = m->dst + left;
-			n = ((se - 1) & (PG_SIZE - 1)) + 1;
-			if (((de - 1) & (PG_SIZE - 1)) + 1 < n)
-				n = ((de - 1) & (PG_SIZE - 1)) + 1;
-			if (n > left)
-				n = left;
-			s = se - n;
-			d = de - n;
-		}
-		if (n > left)
-			n = left;
+		n = next_piece(m, done, &s, &d);
 		memmove(at(c, d), at(c, s), n);
-		done += n;
 	}
 	if (m->set_first_word)
 		memcpy(at(c, m->dst), &m->first_word, sizeof(m->first_word));
@@ -366,32 +385,10 @@ static void add_piece(struct call *c, struct edit_batch *b, uintptr_t s, uintptr
 
 static void add_move(struct call *c, struct edit_batch *b, const struct fm_byte_move *m)
 {
-	size_t done = 0;
-	int down = m->dst <= m->src;
-
-	while (done < m->len) {
-		size_t left = m->len - done, n;
+	for (size_t done = 0, n; done < m->len; done += n) {
 		uintptr_t s, d;
-		if (down) {
-			s = m->src + done;
-			d = m->dst + done;
-			n = PG_SIZE - (s & (PG_SIZE - 1));
-			if (PG_SIZE - (d & (PG_SIZE - 1)) < n)
-				n = PG_SIZE - (d & (PG_SIZE - 1));
-		} else {
-			uintptr_t se = m->src + left, de = m->dst + left;
-			n = ((se - 1) & (PG_SIZE - 1)) + 1;
-			if (((de - 1) & (PG_SIZE - 1)) + 1 < n)
-				n = ((de - 1) & (PG_SIZE - 1)) + 1;
-			if (n > left)
-				n = left;
-			s = se - n;
-			d = de - n;
-		}
-		if (n > left)
-			n = left;
+		n = next_piece(m, done, &s, &d);
 		add_piece(c, b, s, d, (uint32_t)n);
-		done += n;
 	}
 	if (m->set_first_word) {
 		struct held *hd = find_held(c, (m->dst - c->r->base) >> PG_SHIFT);
@@ -412,15 +409,9 @@ static void add_move(struct call *c, struct edit_batch *b, const struct fm_byte_
 /* Hold a move's pages for the edit path (nothing opened). On failure nothing of it is held. */
 static int take_move_edit(struct call *c, const struct fm_byte_move *m, unsigned *new_store)
 {
-	uint64_t s0 = (m->src - c->r->base) >> PG_SHIFT, s1 = (m->src + m->len - 1 - c->r->base) >> PG_SHIFT;
-	uint64_t d0 = (m->dst - c->r->base) >> PG_SHIFT, d1 = (m->dst + m->len - 1 - c->r->base) >> PG_SHIFT;
 	unsigned from = c->n;
-	int rc = 0;
+	int rc = hold_move(c, m);
 
-	for (uint64_t i = s0; !rc && i <= s1; i++)
-		rc = hold(c, i, 0);
-	for (uint64_t i = d0; !rc && i <= d1; i++)
-		rc = hold(c, i, 1);
 	if (rc) {
 		for (unsigned k = from; k < c->n; k++)
 			pg_release_from(&c->r->pg[c->h[k].i], c->h[k].kind == HELD_LOCAL ? FM_PG_UPDATING : FM_PG_FILLING,
@@ -471,7 +462,7 @@ static int send_batch(struct call *c, struct edit_batch *b)
 	if (b->ne) {
 		rc = fm_chan_edit(chan(c), c->r->space, b->e, b->ne, b->put, b->put_len, b->get_len,
 				  (const void **)&get);
-		if (rc == -ENOSPC || rc == -EOPNOTSUPP || rc == -EPIPE)
+		if (refused(rc))
 			return rc;
 		if (rc) {
 			STAT_ADD(p, transport_errors, 1);
@@ -661,7 +652,7 @@ static int words_edit(struct fm_pager *p, uintptr_t a, void *buf, size_t len, in
 				memcpy(buf, get, len);
 			if (rc == -EOPNOTSUPP)
 				atomic_store(&p->edit_off, 1);
-			if (rc && rc != -ENOSPC && rc != -EOPNOTSUPP && rc != -EPIPE) {
+			if (rc && !refused(rc)) {
 				STAT_ADD(p, transport_errors, 1);
 				fm_fatal("memd at %s could not %s a collector's header word in its store (%s)",
 					 fm_xport_addr(p->x), write ? "write" : "read", strerror(-rc));
@@ -676,31 +667,35 @@ static int words_edit(struct fm_pager *p, uintptr_t a, void *buf, size_t len, in
 	return rc;
 }
 
-int fm_pager_read_words(struct fm_pager *p, const void *addr, void *out, size_t len)
+/* The same with memd's store mapped here (shm): the page opened in place, sealed if written. */
+static int words_shm(struct fm_pager *p, uintptr_t a, void *buf, size_t len, int write)
 {
-	uintptr_t a = (uintptr_t)addr;
 	struct call c = { .p = p };
 	int ridx, rc = -EBUSY;
 
-	if (!len || (a & (PG_SIZE - 1)) + len > PG_SIZE)
-		return -EINVAL;
-	if (fm_xport_kind(p->x) != FM_XPORT_SHM)
-		return words_edit(p, a, out, len, 0);
 	c.fc.tid = gettid();
 	rlock_rd(p);
 	c.r = fm_region_find(p, a, &ridx);
-	if (c.r && !c.r->alias && !hold(&c, (a - c.r->base) >> PG_SHIFT, 0)) {
+	if (c.r && !c.r->alias && !hold(&c, (a - c.r->base) >> PG_SHIFT, write)) {
 		struct held *e = &c.h[0];
-		if (e->kind == HELD_STORE && fm_pg_state(e->old) == FM_PG_UNTOUCHED) {
-			memset(out, 0, len); /* never written, or only zeros: nothing in memd to open */
+		if (!write && e->kind == HELD_STORE && fm_pg_state(e->old) == FM_PG_UNTOUCHED) {
+			memset(buf, 0, len); /* never written, or only zeros: nothing in memd to open */
 			rc = 0;
 		} else if (e->kind == HELD_LOCAL || !(rc = open_store(&c, 0))) {
-			memcpy(out, at(&c, a), len);
+			if (write)
+				memcpy(at(&c, a), buf, len);
+			else
+				memcpy(buf, at(&c, a), len);
 			rc = 0;
+			if (write && e->kind == HELD_STORE && fm_chan_page_seal(chan(&c), c.r->space, e->i))
+				fm_fatal("memd's store went away under a collector's write at %#lx", (unsigned long)a);
+			STAT_ADD(p, compact_pages, write && e->kind == HELD_STORE);
 		}
-		/* Released as it was: nothing changed, so no seal. */
+		/* A read leaves the page as it was: nothing changed, so no seal. */
 		if (e->kind == HELD_LOCAL)
 			pg_release_from(&c.r->pg[e->i], FM_PG_UPDATING, e->old);
+		else if (write && (!rc || e->bytes))
+			pg_release_from(&c.r->pg[e->i], FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
 		else
 			pg_release_from(&c.r->pg[e->i], FM_PG_FILLING, e->old);
 		if (!p->in_thread && e->kind == HELD_STORE)
@@ -712,39 +707,21 @@ int fm_pager_read_words(struct fm_pager *p, const void *addr, void *out, size_t 
 	return rc;
 }
 
-int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_t len)
+static int words(struct fm_pager *p, uintptr_t a, void *buf, size_t len, int write)
 {
-	uintptr_t a = (uintptr_t)addr;
-	struct call c = { .p = p };
-	int ridx, rc = -EBUSY;
-
 	if (!len || (a & (PG_SIZE - 1)) + len > PG_SIZE)
 		return -EINVAL;
 	if (fm_xport_kind(p->x) != FM_XPORT_SHM)
-		return words_edit(p, a, (void *)data, len, 1);
-	c.fc.tid = gettid();
-	rlock_rd(p);
-	c.r = fm_region_find(p, a, &ridx);
-	if (c.r && !c.r->alias && !hold(&c, (a - c.r->base) >> PG_SHIFT, 1)) {
-		struct held *e = &c.h[0];
-		if (e->kind == HELD_LOCAL || !(rc = open_store(&c, 0))) {
-			memcpy(at(&c, a), data, len);
-			rc = 0;
-			if (e->kind == HELD_STORE && fm_chan_page_seal(chan(&c), c.r->space, e->i))
-				fm_fatal("memd's store went away under a collector's write at %#lx", (unsigned long)a);
-			STAT_ADD(p, compact_pages, e->kind == HELD_STORE);
-		}
-		if (e->kind == HELD_LOCAL)
-			pg_release_from(&c.r->pg[e->i], FM_PG_UPDATING, e->old);
-		else if (!rc || e->bytes)
-			pg_release_from(&c.r->pg[e->i], FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
-		else
-			pg_release_from(&c.r->pg[e->i], FM_PG_FILLING, e->old);
-		if (!p->in_thread && e->kind == HELD_STORE)
-			fm_uffd_wake(p->uffd, a & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE);
-	}
-	rlock_un(p);
-	chan_done(&c);
-	fm_settled(p);
-	return rc;
+		return words_edit(p, a, buf, len, write);
+	return words_shm(p, a, buf, len, write);
+}
+
+int fm_pager_read_words(struct fm_pager *p, const void *addr, void *out, size_t len)
+{
+	return words(p, (uintptr_t)addr, out, len, 0);
+}
+
+int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_t len)
+{
+	return words(p, (uintptr_t)addr, (void *)data, len, 1);
 }

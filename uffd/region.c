@@ -151,6 +151,19 @@ static void release_kept(struct fm_pager *p, uint32_t space, struct fm_range k)
 	}
 }
 
+/* Gives memd back the oldest range it keeps; returns its pages. */
+static uint64_t release_oldest(struct fm_pager *p)
+{
+	unsigned o = p->kept_head;
+	uint64_t n = p->kept[o].npages;
+
+	release_kept(p, p->kept_space[o], p->kept[o]);
+	p->kept_pages -= n;
+	p->kept_head = (o + 1) % MAX_KEPT;
+	p->nkept--;
+	return n;
+}
+
 /*
  * How much free space memd keeps for reuse: half of what is registered, at
  * least 16 MiB (memd never holds more for a region than its size, kept or
@@ -166,26 +179,15 @@ static void keep(struct fm_pager *p, uint32_t space, const struct fm_range *rg, 
 	if (atomic_exchange(&p->kept_give_back, 0))
 		bound = 0;
 	for (unsigned k = 0; k < n; k++) {
-		if (p->nkept == MAX_KEPT) {
-			unsigned o = p->kept_head;
-			release_kept(p, p->kept_space[o], p->kept[o]);
-			p->kept_pages -= p->kept[o].npages;
-			released += p->kept[o].npages;
-			p->kept_head = (o + 1) % MAX_KEPT;
-			p->nkept--;
-		}
+		if (p->nkept == MAX_KEPT)
+			released += release_oldest(p);
 		unsigned t = (p->kept_head + p->nkept++) % MAX_KEPT;
 		p->kept[t] = rg[k];
 		p->kept_space[t] = space;
 		p->kept_pages += rg[k].npages;
 	}
 	while (p->kept_pages > bound && p->nkept) {
-		unsigned o = p->kept_head;
-		release_kept(p, p->kept_space[o], p->kept[o]);
-		p->kept_pages -= p->kept[o].npages;
-		released += p->kept[o].npages;
-		p->kept_head = (o + 1) % MAX_KEPT;
-		p->nkept--;
+		released += release_oldest(p);
 		if (bound && p->kept_pages <= bound / 2)
 			break;
 	}
