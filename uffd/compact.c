@@ -591,10 +591,15 @@ long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsig
 		move(&c, x);
 		bytes += x->len;
 	}
-	/* memd holds the moved bytes before anyone may use the pages again. */
+	/*
+	 * memd holds the moved bytes before anyone may use the pages again. A
+	 * page memd held that moves only read still matches its checksum: no
+	 * seal, which would read it all again for the same sum. One it did not
+	 * hold (opened as zeros) is sealed so that it is there from now on.
+	 */
 	for (unsigned k = 0; k < c.n; k++) {
 		struct held *e = &c.h[k];
-		if (e->kind != HELD_STORE)
+		if (e->kind != HELD_STORE || (!e->write && fm_pg_state(e->old) != FM_PG_UNTOUCHED))
 			continue;
 		if (fm_chan_page_seal(chan(&c), c.r->space, e->i))
 			fm_fatal("memd's store went away under a collector's move at %#lx",
