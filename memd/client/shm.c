@@ -312,7 +312,7 @@ static int shm_release(struct fm_chan *c, uint32_t space, const struct fm_range 
 			return -ERANGE;
 		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++)
 			if (__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)
-				return -EBUSY; /* a caller's bug: a page memd holds */
+				return -EBUSY; /* a page memd holds: its forget has not come yet */
 		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 			  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
 	}
