@@ -58,8 +58,9 @@ void fm_dead_flush(struct fm_pager *p, struct fm_dead *d);
 
 /*
  * Pages [first, first+n) of r leave the books: each waits until it settles,
- * then becomes `to` (UNTOUCHED or UNMANAGED); remote copies die. Local
- * copies are the caller's to drop. Caller holds rlock.
+ * then becomes `to` (UNTOUCHED or UNMANAGED); remote copies die, and a page
+ * that stays ours is held until memd has forgotten its copy. Local copies
+ * are the caller's to drop. Caller holds rlock.
  */
 void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, unsigned to);
 
