@@ -138,15 +138,7 @@ static void release_kept(struct fm_pager *p, uint32_t space, struct fm_range k)
 		}
 		if (n) {
 			struct fm_range rg = { .first = run, .npages = n };
-			/*
-			 * -EBUSY: memd holds a page of it again, written since it
-			 * was kept and discarded again by the call that runs this
-			 * (its forget is still queued in that call's fm_dead):
-			 * nothing is given back now, and that forget keeps the
-			 * range again.
-			 */
-			int rc = fm_chan_release(p->misc_chan, space, &rg, 1);
-			if (rc && rc != -EBUSY)
+			if (fm_chan_release(p->misc_chan, space, &rg, 1))
 				STAT_ADD(p, transport_errors, 1);
 			for (unsigned j = 0; j < n; j++)
 				pg_release_from(&r->pg[run + j], fm_pg_state(was[j]) == FM_PG_UNTOUCHED

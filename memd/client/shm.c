@@ -300,7 +300,19 @@ static int shm_forget(struct fm_chan *c, uint32_t space, const struct fm_range *
 	return forget_ranges(c, space, r, n, 0);
 }
 
-/* The caller holds the pages, so no write to these slots races the punch. */
+static void punch(struct space_map *sm, uint64_t first, uint64_t end)
+{
+	if (end > first)
+		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(first * FM_PAGE_SIZE),
+			  (off_t)((end - first) * FM_PAGE_SIZE));
+}
+
+/*
+ * The caller holds the pages, so no write to these slots races the punch. A
+ * slot memd holds keeps its memory: the page was written to memd again
+ * after it was kept, and the forget that kills that copy is still on its way
+ * (the caller batches forgets); that forget keeps the slot again.
+ */
 static int shm_release(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
 {
 	struct space_map *sm = find_space(to_shm(c->x), space);
@@ -308,13 +320,16 @@ static int shm_release(struct fm_chan *c, uint32_t space, const struct fm_range 
 	if (!sm)
 		return -ENOENT;
 	for (unsigned i = 0; i < n; i++) {
+		uint64_t run, end = r[i].first + r[i].npages;
 		if (r[i].first >= sm->npages || r[i].npages > sm->npages - r[i].first)
 			return -ERANGE;
-		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++)
-			if (__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)
-				return -EBUSY; /* a page memd holds: its forget has not come yet */
-		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-			  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
+		run = r[i].first;
+		for (uint64_t p = r[i].first; p < end; p++)
+			if (__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) {
+				punch(sm, run, p);
+				run = p + 1;
+			}
+		punch(sm, run, end);
 	}
 	return 0;
 }

@@ -147,6 +147,34 @@ static void teardown(struct target *tg)
 	fm_xport_close(tg->x);
 }
 
+/*
+ * shm's kept free space: a release gives back the slots memd does not hold and
+ * leaves one written again since it was kept (its forget still to come) with
+ * its bytes.
+ */
+static void release_keeps_written(struct target *tg)
+{
+	uint64_t pages[8];
+	const void *data[8], *src;
+	uint32_t st[8];
+	struct fm_range all = { .first = 8, .npages = 8 };
+	uint64_t again = 11;
+	int kept = 0;
+
+	for (unsigned k = 0; k < 8; k++) {
+		pages[k] = 8 + k;
+		data[k] = page;
+	}
+	write_page(page, 0, 41);
+	CHECK(fm_chan_write(tg->c, tg->space, pages, 8, data, st) == 0);
+	CHECK(fm_chan_forget(tg->c, tg->space, &all, 1, &kept) == 0 && kept);
+	write_page(page, 0, 42);
+	CHECK(fm_chan_write(tg->c, tg->space, &again, 1, data, st) == 0 && st[0] == FM_OK);
+	CHECK(fm_chan_release(tg->c, tg->space, &all, 1) == 0);
+	CHECK(fm_chan_read(tg->c, tg->space, &again, 1, &src) == 0 && page_ok(src, 0, 42));
+	CHECK(fm_chan_read(tg->c, tg->space, &pages[0], 1, &src) == -ENOENT);
+}
+
 int main(void)
 {
 	struct sigaction sa = { .sa_handler = on_signal };
@@ -172,6 +200,7 @@ int main(void)
 	CHECK(setup(&shm, "shm", unix_a, FM_PREF_SHM, 0) == 0);
 	CHECK(fm_xport_kind(shm.x) == FM_XPORT_SHM);
 	CHECK(hammer(t, &shm, ROUNDS) == 0);
+	release_keeps_written(&shm);
 	teardown(&shm);
 
 	CHECK(setup(&multi, "several memds", two, FM_PREF_AUTO, 2) == 0);

@@ -152,7 +152,8 @@ int fm_chan_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r,
  * zeroed for each write after a discard: GcChurn spent 5% of its CPU
  * there). *kept says whether it stayed; with other transports memd frees
  * it at once, as a discard. The caller gives it back with fm_chan_release,
- * holding the pages (no write to those slots may race the release).
+ * holding the pages (no write to those slots may race the release); a slot
+ * memd holds a copy in again keeps its memory.
  */
 int fm_chan_forget(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n, int *kept);
 int fm_chan_release(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
