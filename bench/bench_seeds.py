@@ -35,7 +35,11 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
 
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
         [--configs local,kswap,farmem,memliner,fjdk] [--repeats 3] [--size bench|smoke] [--heap SIZE]
-        [--overhead SIZE] [--args NAME=FLAGS] [--out bench/RESULTS.md] [--json raw.json]
+        [--overhead SIZE] [--args NAME=FLAGS] [--variant NAME=CONFIG:JVMFLAGS]
+        [--out bench/RESULTS.md] [--json raw.json]
+
+--variant adds a configuration to compare in the same sitting: CONFIG with more JVM flags, e.g.
+--variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0" --configs local,fjdk,slide.
 
 Needs `make all seeds` (done here) and, for memliner and fjdk, `make jdk` (not done here: ~15 min the first
 time); kswap needs root and zram. --size smoke runs each workload at its smoke-test size.
@@ -112,6 +116,11 @@ SIZES = {
 LABEL = {"local": "all local", "kswap": "Linux swap (kswap, zram)", "farmem": "farmem, stock G1",
          "memliner": "farmem --gc memliner", "fjdk": "farmem --gc farmem"}
 PATCHED = ("memliner", "fjdk")  # the configurations that run the farmem JDK
+VARIANTS: dict[str, tuple[str, list[str]]] = {}  # --variant: name -> (configuration, its more JVM flags)
+
+
+def base_config(config: str) -> str:
+    return VARIANTS[config][0] if config in VARIANTS else config
 FIGURES = ("gc_faults", "gc_zero_fills", "gc_conc_faults", "app_faults", "remote_reads", "remote_writes",
            "evictions", "remote_read_bytes", "remote_write_bytes", "cgroup_limit_bytes", "peak_resident_bytes",
            "compact_moves", "compact_bytes")
@@ -180,11 +189,12 @@ class Bench:
     def check_available(self) -> None:
         if "kswap" in self.a.configs and os.geteuid() != 0:
             self.unavailable["kswap"] = "Linux swap under a cgroup needs root"
-        if any(c in self.a.configs for c in PATCHED):
+        if any(base_config(c) in PATCHED for c in self.a.configs):
             home = farmem_jdk_home()
             if home is None or not os.access(os.path.join(home, "bin", "java"), os.X_OK):
-                for c in PATCHED:
-                    self.unavailable[c] = "the farmem JDK is not built for this checkout: make jdk"
+                for c in self.a.configs:
+                    if base_config(c) in PATCHED:
+                        self.unavailable[c] = "the farmem JDK is not built for this checkout: make jdk"
             else:
                 self.jdk = str(home)
 
@@ -201,11 +211,13 @@ class Bench:
     def command(self, name: str, config: str, pct: int, tag: str) -> tuple[list, str, str | None]:
         """(argv, gc log path, summary path or None) of one run."""
         w = self.workloads[name]
+        more = VARIANTS[config][1] if config in VARIANTS else []
+        config = base_config(config)
         gcl = os.path.join(self.workdir, f"gc-{tag}.log")
         tmp = os.path.join(self.workdir, "tmp")  # Spark's shuffle files, Neo4j's store
         os.makedirs(tmp, exist_ok=True)
         java = ["java", f"-Xmx{w.heap}", f"-Xms{w.heap}", f"-Xlog:gc,gc+heap+exit:file={gcl}",
-                f"-Djava.io.tmpdir={tmp}", *w.prog, *w.args]
+                f"-Djava.io.tmpdir={tmp}", *more, *w.prog, *w.args]
         if config == "local":
             return java, gcl, None
         summary = os.path.join(self.workdir, f"s-{tag}.json")
@@ -230,7 +242,7 @@ class Bench:
         # A session of its own: a run that times out is killed with its JVM, not just farmem run.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
                              start_new_session=True)
-        sampler = RssSampler(p.pid) if config == "local" else None  # local's argv is the JVM itself
+        sampler = RssSampler(p.pid) if base_config(config) == "local" else None  # local's argv is the JVM itself
         if sampler:
             sampler.start()
         try:
@@ -265,13 +277,13 @@ class Bench:
         if sampler and rec["ok"] and heap and sampler.outside(heap):
             rec["non_heap_bytes"] = sampler.outside(heap)
             self.non_heap[name] = max(self.non_heap.get(name, 0), rec["non_heap_bytes"])
-        if config == "kswap":
+        if base_config(config) == "kswap":
             rec["non_heap_allowance"] = self.allowance(name)
         if summary and os.path.exists(summary):
             with open(summary) as f:
                 s = json.load(f)
             rec.update({k: s[k] for k in FIGURES if k in s})
-            if config == "kswap":  # a swapped page crosses to zram once each way
+            if base_config(config) == "kswap":  # a swapped page crosses to zram once each way
                 rec["remote_writes"] = s.get("evictions", 0)
                 rec["paged_bytes"] = (s.get("remote_reads", 0) + s.get("evictions", 0)) * 4096
             else:
@@ -370,7 +382,7 @@ class Bench:
                 gcpg = f"{m['gc_faults'] / gb:.0f}" if m.get("gc_faults") and gb else ""
                 pause = (f"{m['gc_faults'] - m.get('gc_conc_faults', 0):.0f}"
                          if "gc_faults" in m and config != "local" else "")
-                conc = num("gc_conc_faults") if config not in ("local", "kswap") else ""
+                conc = num("gc_conc_faults") if base_config(config) not in ("local", "kswap") else ""
                 inmemd = f"{m['compact_bytes'] / MIB:.0f}" if m.get("compact_bytes") else ""
                 out.append(f"{head} | {m['wall_s']:.1f} | {ratio} | {pause} | {num('gc_zero_fills')} | {conc} "
                            f"| {num('app_faults')} | {num('remote_reads')} | {num('remote_writes')} | {paged} "
@@ -429,12 +441,23 @@ def main() -> int:
                                        "(default: measured in the all-local runs)")
     ap.add_argument("--args", action="append", default=[], metavar="NAME=FLAGS",
                     help='a workload\'s own flags instead of the preset, e.g. --args "gcchurn=--live-mb 200 --steps 150000"')
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG:JVMFLAGS",
+                    help='another configuration: CONFIG with more JVM flags, e.g. '
+                         '--variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0"; name it in --configs')
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
     ap.add_argument("--out", help="append the markdown section to this file (e.g. bench/RESULTS.md)")
     ap.add_argument("--json", dest="json_out", help="write every run's record here")
     a = ap.parse_args()
     a.workloads = [w for w in a.workloads.split(",") if w]
     a.configs = [c for c in a.configs.split(",") if c]
+    for v in a.variant:
+        name, _, rest = v.partition("=")
+        base, _, flags = rest.partition(":")
+        if not name or name in LABEL or base not in LABEL or base == "local" or not flags.strip():
+            ap.error(f"bad --variant {v!r}: NAME=CONFIG:JVMFLAGS, a new name, CONFIG one of "
+                     f"{','.join(c for c in LABEL if c != 'local')}")
+        VARIANTS[name] = (base, shlex.split(flags))
+        LABEL[name] = f"{LABEL[base]}, {flags.strip()}"
     a.budgets = [int(b) for b in a.budgets.split(",") if b]
     a.args = dict(x.split("=", 1) for x in a.args if "=" in x)
     bad = [w for w in a.workloads if w not in SIZES["bench"]] + [c for c in a.configs if c not in LABEL] + \

@@ -304,6 +304,7 @@ PROMOTE_LINE = re.compile(r"promotion in place since the last full GC: (\d+) pri
 IN_PLACE_LINE = re.compile(r"in place: phase 1 marked (\d+) primitive arrays, phase 2 sized (\d+) and forwarded "
                            r"(\d+) objects, phase 3 skipped (\d+) and read (\d+) forwarding pointers, where their "
                            r"pages lie; concurrent marking since: (\d+) primitive arrays")
+LEFT_LINE = re.compile(r"left in place: (\d+) regions mostly in memd with at most (\d+)% garbage \((\d+) KiB live\)")
 
 
 def tight_churn(seconds):
@@ -322,8 +323,11 @@ def test_in_place_flags(farmem_jdk):
     assert "-XX:+UseFarmemInPlace works with the G1 collector only" in r.stdout + r.stderr
     r = run([farmem_jdk / "bin" / "java", "-XX:+PrintFlagsFinal", "-version"])
     assert re.search(r"\bFarmemPromoteInPlace\s+= true", r.stdout)
+    assert re.search(r"\bFarmemRemoteDeadRatio\s+= 40\b", r.stdout)
     r = run([farmem_jdk / "bin" / "java", "-XX:FarmemCompactBatch=0", "-version"])
     assert r.returncode != 0 and "FarmemCompactBatch" in r.stdout + r.stderr
+    r = run([farmem_jdk / "bin" / "java", "-XX:FarmemRemoteDeadRatio=101", "-version"])
+    assert r.returncode != 0 and "FarmemRemoteDeadRatio" in r.stdout + r.stderr
 
 
 def test_in_place_without_farmem_is_stock(farmem_jdk, build, jvm_built):
@@ -359,6 +363,9 @@ def test_gcchurn_gc_farmem_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_
     assert marked > 0 and sized > 0 and forwarded > 0 and skipped > 0 and forwardees > 0, in_place
     promoted = [tuple(int(x) for x in m.groups()) for m in PROMOTE_LINE.finditer(r.stdout)]
     assert promoted and sum(p[0] for p in promoted) > 0 and sum(p[2] for p in promoted) > 0, promoted
+    # regions mostly in memd and mostly live stayed where they lie, the heap verified around them
+    left = [tuple(int(x) for x in m.groups()) for m in LEFT_LINE.finditer(r.stdout)]
+    assert len(left) == len(compact) and sum(x[0] for x in left) > 0 and all(x[1] == 40 for x in left), left
     s = json.loads(summary.read_text())
     assert s["compact_moves"] >= moved and s["compact_bytes"] >= kib * 1024, s
     assert s["compact_pages"] > 0 and s["crc_errors"] == 0, s
@@ -396,11 +403,13 @@ def test_gc_farmem_over_the_wire_verified(farmem_jdk, farmem_cmd, build, jvm_bui
     """memd's store not mapped here (the stream transport, as a memd on another host would be):
     the moves and header words go to memd as EDIT requests, the heap verified around every GC and
     every word checked (--shrink-mb: System.gc() halfway, so a full GC comes however slowly the
-    stream transport and the verification run)."""
+    stream transport and the verification run). -XX:FarmemRemoteDeadRatio=0: every region slides,
+    as in stock G1, none is left in place."""
     import json
     summary = tmp_path / "s.json"
     r = run(farmem_cmd + ["run", "--gc", "farmem", "--transport", "stream", "--local", "25%", "--summary-json",
-                          summary, "--", "java", *VERIFY, "-Xlog:gc+farmem", *tight_churn(4), "--shrink-mb", "100"],
+                          summary, "--", "java", *VERIFY, "-XX:FarmemRemoteDeadRatio=0", "-Xlog:gc+farmem", *tight_churn(4),
+                          "--shrink-mb", "100"],
             timeout=900, cwd=REPO)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-5000:]
@@ -408,6 +417,8 @@ def test_gc_farmem_over_the_wire_verified(farmem_jdk, farmem_cmd, build, jvm_bui
     assert "no store to work in" not in r.stdout, r.stdout[-3000:]
     compact = [tuple(int(x) for x in m.groups()) for m in COMPACT_LINE.finditer(r.stdout)]
     assert compact and sum(c[0] for c in compact) > 0, r.stdout[-3000:]
+    left = [tuple(int(x) for x in m.groups()) for m in LEFT_LINE.finditer(r.stdout)]
+    assert left and all(x[0] == 0 and x[1] == 0 for x in left), left
     s = json.loads(summary.read_text())
     assert s["transport"] == "stream" and s["compact_moves"] > 0 and s["compact_pages"] > 0, s
 
