@@ -24,7 +24,8 @@ Configurations, per workload and budget (PCT of -Xmx local):
   memliner  `farmem run --gc memliner --local PCT%`: the farmem JDK (`make jdk`), MemLiner marking
   fjdk      `farmem run --gc farmem --local PCT%`: the farmem JDK, everything it does for far memory
             (MemLiner marking; a full GC's moves and headers, and promotions of primitive arrays
-            under pressure, done in memd's store)
+            under pressure, done in memd's store; regions mostly in memd and mostly live left
+            where they lie by full GCs and mixed collections)
 
 Every run logs -Xlog:gc,gc+heap+exit to a file: bytes allocated (occupancy before each pause minus
 after the previous one, bench/lib/gclog.py) and pause time come from it. The table shows the

@@ -304,7 +304,8 @@ PROMOTE_LINE = re.compile(r"promotion in place since the last full GC: (\d+) pri
 IN_PLACE_LINE = re.compile(r"in place: phase 1 marked (\d+) primitive arrays, phase 2 sized (\d+) and forwarded "
                            r"(\d+) objects, phase 3 skipped (\d+) and read (\d+) forwarding pointers, where their "
                            r"pages lie; concurrent marking since: (\d+) primitive arrays")
-LEFT_LINE = re.compile(r"left in place: (\d+) regions mostly in memd with at most (\d+)% garbage \((\d+) KiB live\)")
+LEFT_LINE = re.compile(r"left in place: (\d+) regions mostly in memd with at most (\d+)% garbage \((\d+) KiB live\); "
+                       r"left out of mixed collections since the last full GC: (\d+) regions")
 
 
 def tight_churn(seconds):
@@ -375,7 +376,8 @@ def test_gcchurn_gc_farmem_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_
 def test_gc_farmem_marks_primitive_arrays_in_place(farmem_jdk, farmem_cmd, build, jvm_built):
     """Concurrent marking (MemLiner's map) marks primitive arrays on remote pages from their
     headers read in memd: a heap with room for its live set, so G1 marks concurrently and mixes
-    instead of collecting in full; the one System.gc() at the end reports what marking did."""
+    instead of collecting in full (regions mostly in memd and mostly live are left out of the
+    mixed collections); the one System.gc() at the end reports what marking did."""
     r = run(farmem_cmd + ["run", "--gc", "farmem", "--local", "64M", "--", "java", "-Xmx384m", *VERIFY,
                           "-XX:InitiatingHeapOccupancyPercent=20", "-Xlog:gc+farmem", "-cp", build / "java",
                           "GcChurn", "--live-mb", "100", "--seconds", "6", "--shrink-mb", "100"], timeout=900)
@@ -384,6 +386,9 @@ def test_gc_farmem_marks_primitive_arrays_in_place(farmem_jdk, farmem_cmd, build
     assert "gcchurn: ok" in r.stdout and "hs_err" not in out
     conc = [int(m.group(6)) for m in IN_PLACE_LINE.finditer(r.stdout)]
     assert conc and sum(conc) > 0, r.stdout[-4000:]
+    # regions mostly in memd and mostly live were left out of the mixed collections, the heap verified
+    left = [tuple(int(x) for x in m.groups()) for m in LEFT_LINE.finditer(r.stdout)]
+    assert left and sum(x[3] for x in left) > 0, r.stdout[-4000:]
 
 
 def test_gc_farmem_heap_that_fits_promotes_here(farmem_jdk, farmem_cmd, build, jvm_built):
@@ -418,7 +423,7 @@ def test_gc_farmem_over_the_wire_verified(farmem_jdk, farmem_cmd, build, jvm_bui
     compact = [tuple(int(x) for x in m.groups()) for m in COMPACT_LINE.finditer(r.stdout)]
     assert compact and sum(c[0] for c in compact) > 0, r.stdout[-3000:]
     left = [tuple(int(x) for x in m.groups()) for m in LEFT_LINE.finditer(r.stdout)]
-    assert left and all(x[0] == 0 and x[1] == 0 for x in left), left
+    assert left and all(x[0] == 0 and x[1] == 0 and x[3] == 0 for x in left), left
     s = json.loads(summary.read_text())
     assert s["transport"] == "stream" and s["compact_moves"] > 0 and s["compact_pages"] > 0, s
 
