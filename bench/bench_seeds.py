@@ -40,7 +40,9 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
         [--out bench/RESULTS.md] [--json raw.json]
 
 --variant adds a configuration to compare in the same sitting: CONFIG with more JVM flags, e.g.
---variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0" --configs local,fjdk,slide.
+--variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0" --configs local,fjdk,slide; CONFIG@JDK runs
+another farmem JDK home (an older build in ~/.cache/farmem-jdk17), e.g.
+--variant "before=fjdk@$HOME/.cache/farmem-jdk17/17.0.19+10-8d790dbb4cd5/jdk:".
 
 Needs `make all seeds` (done here) and, for memliner and fjdk, `make jdk` (not done here: ~15 min the first
 time); kswap needs root and zram. --size smoke runs each workload at its smoke-test size.
@@ -117,7 +119,7 @@ SIZES = {
 LABEL = {"local": "all local", "kswap": "Linux swap (kswap, zram)", "farmem": "farmem, stock G1",
          "memliner": "farmem --gc memliner", "fjdk": "farmem --gc farmem"}
 PATCHED = ("memliner", "fjdk")  # the configurations that run the farmem JDK
-VARIANTS: dict[str, tuple[str, list[str]]] = {}  # --variant: name -> (configuration, its more JVM flags)
+VARIANTS: dict[str, tuple[str, list[str], str | None]] = {}  # --variant: name -> (configuration, more JVM flags, JDK)
 
 
 def base_config(config: str) -> str:
@@ -238,7 +240,8 @@ class Bench:
         tag = f"{name}-{config}-{pct}-{rep}"
         argv, gcl, summary = self.command(name, config, pct, tag)
         rec["argv"] = argv
-        env = dict(os.environ, FARMEM_JDK=self.jdk) if self.jdk else None
+        jdk = VARIANTS[config][2] if config in VARIANTS and VARIANTS[config][2] else self.jdk
+        env = dict(os.environ, FARMEM_JDK=jdk) if jdk else None
         t0 = time.monotonic()
         # A session of its own: a run that times out is killed with its JVM, not just farmem run.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
@@ -442,9 +445,9 @@ def main() -> int:
                                        "(default: measured in the all-local runs)")
     ap.add_argument("--args", action="append", default=[], metavar="NAME=FLAGS",
                     help='a workload\'s own flags instead of the preset, e.g. --args "gcchurn=--live-mb 200 --steps 150000"')
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG:JVMFLAGS",
-                    help='another configuration: CONFIG with more JVM flags, e.g. '
-                         '--variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0"; name it in --configs')
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG[@JDK]:JVMFLAGS",
+                    help='another configuration: CONFIG with more JVM flags, or with another farmem JDK '
+                         'home, e.g. --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0"; name it in --configs')
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
     ap.add_argument("--out", help="append the markdown section to this file (e.g. bench/RESULTS.md)")
     ap.add_argument("--json", dest="json_out", help="write every run's record here")
@@ -454,11 +457,13 @@ def main() -> int:
     for v in a.variant:
         name, _, rest = v.partition("=")
         base, _, flags = rest.partition(":")
-        if not name or name in LABEL or base not in LABEL or base == "local" or not flags.strip():
-            ap.error(f"bad --variant {v!r}: NAME=CONFIG:JVMFLAGS, a new name, CONFIG one of "
-                     f"{','.join(c for c in LABEL if c != 'local')}")
-        VARIANTS[name] = (base, shlex.split(flags))
-        LABEL[name] = f"{LABEL[base]}, {flags.strip()}"
+        base, _, jdk = base.partition("@")
+        if (not name or name in LABEL or base not in LABEL or base == "local" or not (flags.strip() or jdk)
+                or (jdk and (base not in PATCHED or not os.access(os.path.join(jdk, "bin", "java"), os.X_OK)))):
+            ap.error(f"bad --variant {v!r}: NAME=CONFIG[@JDK]:JVMFLAGS, a new name, CONFIG one of "
+                     f"{','.join(c for c in LABEL if c != 'local')}, JDK a farmem JDK home for memliner or fjdk")
+        VARIANTS[name] = (base, shlex.split(flags), jdk or None)
+        LABEL[name] = f"{LABEL[base]}" + (f", {flags.strip()}" if flags.strip() else "") + (f", JDK {jdk}" if jdk else "")
     a.budgets = [int(b) for b in a.budgets.split(",") if b]
     a.args = dict(x.split("=", 1) for x in a.args if "=" in x)
     bad = [w for w in a.workloads if w not in SIZES["bench"]] + [c for c in a.configs if c not in LABEL] + \
