@@ -428,6 +428,39 @@ def test_gc_farmem_over_the_wire_verified(farmem_jdk, farmem_cmd, build, jvm_bui
     assert s["transport"] == "stream" and s["compact_moves"] > 0 and s["compact_pages"] > 0, s
 
 
+def test_gc_farmem_several_memds_leaves_regions_verified(farmem_jdk, farmem_cmd, build, jvm_built, tmp_path):
+    """Several memds (memd/client/multi.c): no store to work in, so G1 moves objects and reads
+    headers as usual, but its full GCs still leave regions mostly in memd where they lie (the
+    pager's view says where they are); the heap verified around every GC, every word checked."""
+    import time
+    secret = tmp_path / "secret"
+    secret.write_text("several-memds-test-secret\n")
+    socks = [tmp_path / f"memd{i}.sock" for i in range(2)]
+    memds = [subprocess.Popen([build / "bin" / "farmem-memd", "--unix", sock, "--secret-file", secret,
+                               "--capacity", "512M"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for sock in socks]
+    try:
+        deadline = time.monotonic() + 20
+        while not all(sock.exists() for sock in socks):
+            assert all(m.poll() is None for m in memds) and time.monotonic() < deadline, "a memd never listened"
+            time.sleep(0.02)
+        r = run(farmem_cmd + ["run", "--gc", "farmem", "--memd", ",".join(f"unix:{sock}" for sock in socks),
+                              "--secret-file", secret, "--local", "25%", "--", "java", *VERIFY, "-Xlog:gc+farmem",
+                              *tight_churn(15)], timeout=900, cwd=REPO)
+    finally:
+        for m in memds:
+            m.terminate()
+            m.wait(10)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout and "hs_err" not in out
+    assert "no store to work in" in r.stdout, r.stdout[-3000:]
+    left = [tuple(int(x) for x in m.groups()) for m in LEFT_LINE.finditer(r.stdout)]
+    assert left and sum(x[0] for x in left) > 0, r.stdout[-4000:]
+    compact = [tuple(int(x) for x in m.groups()) for m in COMPACT_LINE.finditer(r.stdout)]
+    assert compact and all(c[0] == 0 for c in compact), compact
+
+
 def test_largearrays_gc_farmem_with_swapva_serial_compaction(farmem_jdk, farmem_cmd, build, jvm_built):
     """In place and SwapVA together on a full heap whose full GCs go serial (the re-prepare path),
     every array checked and G1 verifying the heap around every GC."""
