@@ -120,16 +120,16 @@ LABEL = {"local": "all local", "kswap": "Linux swap (kswap, zram)", "farmem": "f
          "memliner": "farmem --gc memliner", "fjdk": "farmem --gc farmem"}
 PATCHED = ("memliner", "fjdk")  # the configurations that run the farmem JDK
 VARIANTS: dict[str, tuple[str, list[str], str | None]] = {}  # --variant: name -> (configuration, more JVM flags, JDK)
-
-
-def base_config(config: str) -> str:
-    return VARIANTS[config][0] if config in VARIANTS else config
 FIGURES = ("gc_faults", "gc_zero_fills", "gc_conc_faults", "app_faults", "remote_reads", "remote_writes",
            "evictions", "remote_read_bytes", "remote_write_bytes", "cgroup_limit_bytes", "peak_resident_bytes",
            "compact_moves", "compact_bytes")
 # Issue 18's targets: (workload, config, budget) -> the largest ratio to all-local.
 TARGETS = {("spark", 25): 1.5, ("spark", 50): 1.15, ("gcchurn", 50): 2.0, ("gcchurn", 25): 3.0}
 SWAP_TARGET = 3.0  # every workload this many times faster than Linux swap at the same limit
+
+
+def base_config(config: str) -> str:
+    return VARIANTS[config][0] if config in VARIANTS else config
 
 
 def log(msg: str) -> None:
@@ -196,7 +196,7 @@ class Bench:
             home = farmem_jdk_home()
             if home is None or not os.access(os.path.join(home, "bin", "java"), os.X_OK):
                 for c in self.a.configs:
-                    if base_config(c) in PATCHED:
+                    if base_config(c) in PATCHED and not (c in VARIANTS and VARIANTS[c][2]):
                         self.unavailable[c] = "the farmem JDK is not built for this checkout: make jdk"
             else:
                 self.jdk = str(home)
@@ -246,7 +246,7 @@ class Bench:
         # A session of its own: a run that times out is killed with its JVM, not just farmem run.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
                              start_new_session=True)
-        sampler = RssSampler(p.pid) if base_config(config) == "local" else None  # local's argv is the JVM itself
+        sampler = RssSampler(p.pid) if config == "local" else None  # local's argv is the JVM itself
         if sampler:
             sampler.start()
         try:
