@@ -44,6 +44,7 @@ struct held {
 	uint8_t old;        /* its byte before the hold */
 	uint8_t kind;       /* enum held_kind */
 	uint8_t write;      /* some move writes it */
+	uint8_t whole;      /* the move it was opened for overwrites it whole: opened unread, unzeroed */
 	uint8_t *bytes;     /* where its bytes are: the heap page, or the store's */
 };
 
@@ -182,7 +183,9 @@ static int open_store(struct call *c, unsigned from)
 		if (e->kind != HELD_STORE || e->bytes)
 			continue;
 		rc = fm_chan_page_open(chan(c), c->r->space, e->i,
-				       fm_pg_state(e->old) == FM_PG_UNTOUCHED, &e->bytes);
+				       (fm_pg_state(e->old) == FM_PG_UNTOUCHED ? FM_PAGE_CREATE : 0) |
+					       (e->whole ? FM_PAGE_OVERWRITE : 0),
+				       &e->bytes);
 		if (refused(rc))
 			return rc;
 		if (rc) {
@@ -211,21 +214,57 @@ static int hold_move(struct call *c, const struct fm_byte_move *m)
 	return rc;
 }
 
+/*
+ * The store pages newly held for move m that it writes whole, and reads
+ * nothing of: their old bytes are dead, so they are opened without a
+ * checksum's read or zeroing. A later move of the call that reads one reads
+ * what m wrote.
+ */
+static void mark_whole(struct call *c, unsigned from, const struct fm_byte_move *m)
+{
+	uintptr_t s0 = m->src & ~(uintptr_t)(PG_SIZE - 1), s1 = m->src + m->len;
+
+	for (unsigned k = from; k < c->n; k++) {
+		struct held *e = &c->h[k];
+		uintptr_t a = c->r->base + (e->i << PG_SHIFT);
+		e->whole = e->kind == HELD_STORE && e->write && m->dst <= a && m->dst + m->len >= a + PG_SIZE &&
+			   (a + PG_SIZE <= s0 || a >= s1);
+	}
+}
+
+/*
+ * A page opened whole for a move that is not done after all: its old bytes
+ * stand. One memd held is left as it was (not written, so not sealed); one it
+ * did not is a new page of zeros, as an open would have made it.
+ */
+static void unwhole(struct held *e)
+{
+	if (!e->whole)
+		return;
+	e->whole = 0;
+	e->write = 0;
+	if (fm_pg_state(e->old) == FM_PG_UNTOUCHED)
+		memset(e->bytes, 0, PG_SIZE);
+}
+
 /* Hold and open every page of move m; on failure nothing of it is held. */
 static int take_move(struct call *c, const struct fm_byte_move *m)
 {
 	unsigned from = c->n;
 	int rc = hold_move(c, m);
 
-	if (!rc)
+	if (!rc) {
+		mark_whole(c, from, m);
 		rc = open_store(c, from);
+	}
 	if (rc) {
 		/* A store page opened for this move stays held until the end: it may be a new one, sealed as zeros. */
 		unsigned keep = from;
 		for (unsigned k = from; k < c->n; k++)
-			if (c->h[k].kind == HELD_STORE && c->h[k].bytes)
+			if (c->h[k].kind == HELD_STORE && c->h[k].bytes) {
+				unwhole(&c->h[k]);
 				c->h[keep++] = c->h[k];
-			else if (c->h[k].kind == HELD_LOCAL)
+			} else if (c->h[k].kind == HELD_LOCAL)
 				pg_release_from(&c->r->pg[c->h[k].i], FM_PG_UPDATING, c->h[k].old);
 			else
 				pg_release_from(&c->r->pg[c->h[k].i], FM_PG_FILLING, c->h[k].old);

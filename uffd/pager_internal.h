@@ -196,13 +196,13 @@ struct fm_pager {
 
 	/*
 	 * Free space whose memory memd keeps for a while (struct fm_dead's
-	 * keep, region.c): the oldest ranges, under misc_lock, given back once
-	 * kept_pages passes a bound.
+	 * keep, region.c): the ranges in the order they were kept, under
+	 * misc_lock, the oldest given back first once the transport's count
+	 * (fm_xport_kept_pages) passes a bound.
 	 */
 	struct fm_range kept[MAX_KEPT];
 	uint32_t kept_space[MAX_KEPT];
 	unsigned kept_head, nkept;
-	uint64_t kept_pages;
 	atomic_int kept_give_back;      /* memd refused a page: give all of it back at the next discard */
 	atomic_int edit_off;            /* memd (or the transport) cannot EDIT: a collector's moves are its own */
 

@@ -151,48 +151,60 @@ static void release_kept(struct fm_pager *p, uint32_t space, struct fm_range k)
 	}
 }
 
-/* Gives memd back the oldest range it keeps; returns its pages. */
-static uint64_t release_oldest(struct fm_pager *p)
+/* The oldest kept range leaves the list; with give_back, its slots' memory goes back to the system too. */
+static void pop_oldest(struct fm_pager *p, int give_back)
 {
 	unsigned o = p->kept_head;
-	uint64_t n = p->kept[o].npages;
 
-	release_kept(p, p->kept_space[o], p->kept[o]);
-	p->kept_pages -= n;
+	if (give_back)
+		release_kept(p, p->kept_space[o], p->kept[o]);
 	p->kept_head = (o + 1) % MAX_KEPT;
 	p->nkept--;
-	return n;
+}
+
+/* Every slot of every region that memd keeps without a page in it: memd refused a page, and wants its memory. */
+static void release_everything(struct fm_pager *p)
+{
+	while (p->nkept)
+		pop_oldest(p, 1);
+	for (int i = 0; i < p->nregions && fm_xport_kept_pages(p->x); i++)
+		if (p->regions[i].live && !p->regions[i].alias)
+			release_kept(p, p->regions[i].space, (struct fm_range){ 0, p->regions[i].npages });
 }
 
 /*
  * How much free space memd keeps for reuse: half of what is registered, at
- * least 16 MiB (memd never holds more for a region than its size, kept or
- * not, and must be able to hold all of it anyway). Past it the oldest ranges
- * go back, down to half of that; all of it once memd has refused a page.
+ * least 16 MiB, counted exactly by the transport (a slot kept, written again
+ * and kept again is one slot; memd never holds more for a region than its
+ * size, kept or not). Past it the oldest ranges go back, down to half of
+ * that; all of it once memd has refused a page. The list only orders what
+ * goes first: a range that falls off its end while the store is under the
+ * bound keeps its memory, reclaimed by a later discard of its pages or a
+ * give-back.
  */
 static void keep(struct fm_pager *p, uint32_t space, const struct fm_range *rg, unsigned n)
 {
-	uint64_t bound = atomic_load(&p->registered) / 2, released = 0;
+	uint64_t bound = atomic_load(&p->registered) / 2, before = fm_xport_kept_pages(p->x), after;
+	int give_back = atomic_exchange(&p->kept_give_back, 0);
 
 	if (bound < 4096)
 		bound = 4096;
-	if (atomic_exchange(&p->kept_give_back, 0))
-		bound = 0;
 	for (unsigned k = 0; k < n; k++) {
 		if (p->nkept == MAX_KEPT)
-			released += release_oldest(p);
+			pop_oldest(p, give_back || fm_xport_kept_pages(p->x) > bound);
 		unsigned t = (p->kept_head + p->nkept++) % MAX_KEPT;
 		p->kept[t] = rg[k];
 		p->kept_space[t] = space;
-		p->kept_pages += rg[k].npages;
 	}
-	while (p->kept_pages > bound && p->nkept) {
-		released += release_oldest(p);
-		if (bound && p->kept_pages <= bound / 2)
-			break;
-	}
-	STAT_ADD(p, discard_released, released);
-	p->st->discard_kept = p->kept_pages;
+	if (give_back)
+		release_everything(p);
+	else if (fm_xport_kept_pages(p->x) > bound)
+		while (p->nkept && fm_xport_kept_pages(p->x) > bound / 2)
+			pop_oldest(p, 1);
+	after = fm_xport_kept_pages(p->x);
+	if (after < before)
+		STAT_ADD(p, discard_released, before - after);
+	p->st->discard_kept = after;
 }
 
 void fm_dead_flush(struct fm_pager *p, struct fm_dead *d)

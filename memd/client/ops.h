@@ -60,11 +60,12 @@ struct fm_xport_ops {
 	/* transport.h's fm_chan_forget and fm_chan_release: NULL where discard frees memd's memory itself. */
 	int (*forget)(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
 	int (*release)(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
+	uint64_t (*kept_pages)(struct fm_xport *x);
 	/* transport.h's fm_chan_edit: NULL where memd cannot be asked (rdma, several memds). */
 	int (*edit)(struct fm_chan *c, uint32_t space, const struct fm_edit_ent *e, unsigned n,
 		    const void *put, size_t put_len, size_t get_len, const void **get);
 	/* In place (transport.h): NULL where memd's store is not mapped here. */
-	int (*page_open)(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes);
+	int (*page_open)(struct fm_chan *c, uint32_t space, uint64_t page, unsigned flags, uint8_t **bytes);
 	int (*page_seal)(struct fm_chan *c, uint32_t space, uint64_t page);
 	/*
 	 * Split operations, so that a caller with requests for several

@@ -28,6 +28,13 @@ struct space_map {
 	struct fm_shm_meta *meta;
 	size_t map_len;
 	int memfd;
+	/*
+	 * mem[p]: slot p has memory in the memfd (written since it was last
+	 * punched). kept: slots with memory that memd holds no page in. Both
+	 * change under the caller's hold on the page (transport.h).
+	 */
+	uint8_t *mem;
+	uint64_t kept;
 };
 
 struct shm {
@@ -35,6 +42,7 @@ struct shm {
 	pthread_mutex_t lock;      /* the space table's changes */
 	struct space_map spaces[MAX_SPACES];
 	unsigned nspaces;
+	uint64_t alive_ns;         /* when a poll last found memd's control connection up */
 };
 
 static struct shm *to_shm(struct fm_xport *x) { return (struct shm *)x; }
@@ -49,6 +57,20 @@ static struct space_map *find_space(struct shm *s, uint32_t id)
 	return NULL;
 }
 
+/* Slot p, which memd holds no page in, is written: memory it kept is in use again. */
+static void slot_filled(struct space_map *sm, uint64_t p)
+{
+	if (__atomic_exchange_n(&sm->mem[p], 1, __ATOMIC_RELAXED))
+		__atomic_fetch_sub(&sm->kept, 1, __ATOMIC_RELAXED);
+}
+
+/* Slot p's memory goes back to the system (a hole is punched there next). */
+static void slot_punched(struct space_map *sm, uint64_t p, int was_present)
+{
+	if (__atomic_exchange_n(&sm->mem[p], 0, __ATOMIC_RELAXED) && !was_present)
+		__atomic_fetch_sub(&sm->kept, 1, __ATOMIC_RELAXED);
+}
+
 static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 {
 	struct shm *s = to_shm(x);
@@ -58,6 +80,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 	size_t len;
 	uint16_t st;
 	int fd = -1, rc;
+	uint8_t *mem;
 	void *p;
 
 	rc = fm_ctrl_call(&s->sx.ctrl, FM_OP_SHM_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, &fd);
@@ -75,6 +98,12 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 		rc = -errno;
 		goto fail;
 	}
+	mem = calloc(npages ? npages : 1, 1);
+	if (!mem) {
+		fm_sys_munmap(p, rep.map_len);
+		rc = -ENOMEM;
+		goto fail;
+	}
 	pthread_mutex_lock(&s->lock);
 	for (unsigned i = 0; i < s->nspaces; i++)
 		if (!s->spaces[i].data)
@@ -87,6 +116,8 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 		sm->memfd = fd;
 		sm->map_len = rep.map_len;
 		sm->meta = (struct fm_shm_meta *)((uint8_t *)p + rep.meta_offset);
+		sm->mem = mem;
+		sm->kept = 0;
 		__atomic_store_n(&sm->data, (uint8_t *)p + rep.data_offset, __ATOMIC_RELEASE);
 		if (sm == &s->spaces[s->nspaces])
 			__atomic_store_n(&s->nspaces, s->nspaces + 1, __ATOMIC_RELEASE);
@@ -94,6 +125,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 	pthread_mutex_unlock(&s->lock);
 	if (!sm) {
 		fm_sys_munmap(p, rep.map_len);
+		free(mem);
 		rc = -ENOSPC;
 		goto fail;
 	}
@@ -120,6 +152,8 @@ static int shm_space_close(struct fm_xport *x, uint32_t space_id)
 		close(sm->memfd);
 		__atomic_store_n(&sm->data, NULL, __ATOMIC_RELEASE);
 		sm->memfd = -1;
+		free(sm->mem);
+		sm->mem = NULL;
 		pthread_mutex_unlock(&s->lock);
 	}
 	return fm_session_xport_space_close(x, space_id);
@@ -134,6 +168,7 @@ static void shm_close(struct fm_xport *x)
 			fm_sys_munmap(s->spaces[i].data, s->spaces[i].map_len);
 		if (s->spaces[i].data && s->spaces[i].memfd >= 0)
 			close(s->spaces[i].memfd);
+		free(s->spaces[i].mem);
 	}
 	pthread_mutex_destroy(&s->lock);
 	fm_session_xport_free(&s->sx);
@@ -195,10 +230,12 @@ static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 		if (p >= sm->npages)
 			return -ERANGE;
 		m = &sm->meta[p];
-		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) &&
-		    !fm_ctrl_take_grant(&s->sx.ctrl)) {
-			status[i] = FM_E_FULL;
-			continue;
+		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
+			if (!fm_ctrl_take_grant(&s->sx.ctrl)) {
+				status[i] = FM_E_FULL;
+				continue;
+			}
+			slot_filled(sm, p);
 		}
 		/*
 		 * Data and checksum first, then the flag with release order: a
@@ -249,9 +286,12 @@ static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uin
 		if (ss == ds && sp == dp)
 			continue;
 		m = &ds->meta[dp];
-		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) && !fm_ctrl_take_grant(&s->sx.ctrl)) {
-			status[i] = FM_E_FULL;
-			continue;
+		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
+			if (!fm_ctrl_take_grant(&s->sx.ctrl)) {
+				status[i] = FM_E_FULL;
+				continue;
+			}
+			slot_filled(ds, dp);
 		}
 		/* The acquire above published the source's crc and bytes; the flag goes last, as in a write. */
 		crc = ss->meta[sp].crc;
@@ -275,9 +315,14 @@ static int forget_ranges(struct fm_chan *c, uint32_t space, const struct fm_rang
 
 		if (r[i].first >= sm->npages || r[i].npages > sm->npages - r[i].first)
 			return -ERANGE;
-		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++)
-			if (__atomic_exchange_n(&sm->meta[p].flags, 0, __ATOMIC_ACQ_REL) & FM_SHM_PRESENT)
-				freed++;
+		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++) {
+			int was = !!(__atomic_exchange_n(&sm->meta[p].flags, 0, __ATOMIC_ACQ_REL) & FM_SHM_PRESENT);
+			freed += (uint64_t)was;
+			if (punch)
+				slot_punched(sm, p, was);
+			else if (was && __atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED))
+				__atomic_fetch_add(&sm->kept, 1, __ATOMIC_RELAXED);
+		}
 		if (punch)
 			fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 				  (off_t)(r[i].first * FM_PAGE_SIZE), (off_t)(r[i].npages * FM_PAGE_SIZE));
@@ -302,6 +347,8 @@ static int shm_forget(struct fm_chan *c, uint32_t space, const struct fm_range *
 
 static void punch(struct space_map *sm, uint64_t first, uint64_t end)
 {
+	for (uint64_t p = first; p < end; p++)
+		slot_punched(sm, p, 0);
 	if (end > first)
 		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(first * FM_PAGE_SIZE),
 			  (off_t)((end - first) * FM_PAGE_SIZE));
@@ -324,8 +371,10 @@ static int shm_release(struct fm_chan *c, uint32_t space, const struct fm_range 
 		if (r[i].first >= sm->npages || r[i].npages > sm->npages - r[i].first)
 			return -ERANGE;
 		run = r[i].first;
+		/* Runs of slots with memory and no page: a hole is punched only where there is something. */
 		for (uint64_t p = r[i].first; p < end; p++)
-			if (__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) {
+			if ((__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) ||
+			    !__atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED)) {
 				punch(sm, run, p);
 				run = p + 1;
 			}
@@ -335,11 +384,34 @@ static int shm_release(struct fm_chan *c, uint32_t space, const struct fm_range 
 }
 
 /*
+ * A page new to the store is as a write: memd must still be there. The poll
+ * is a system call, and a collector's call opens hundreds of new pages: one
+ * poll a millisecond answers for the pages opened meanwhile (a memd that died
+ * within it is found by the next poll, or the next write's).
+ */
+#define ALIVE_POLL_NS 1000000ull
+
+static int alive_lately(struct shm *s)
+{
+	uint64_t now = fm_now_ns(), last = __atomic_load_n(&s->alive_ns, __ATOMIC_RELAXED);
+
+	if (now - last < ALIVE_POLL_NS)
+		return 1;
+	if (!fm_ctrl_alive(&s->sx.ctrl))
+		return 0;
+	__atomic_store_n(&s->alive_ns, now, __ATOMIC_RELAXED);
+	return 1;
+}
+
+/*
  * In place: the caller holds the page, and memd never touches a mapped
  * space's pages, so nobody else writes the slot meanwhile. A page made here
- * stays unpublished (no FM_SHM_PRESENT) until it is sealed.
+ * stays unpublished (no FM_SHM_PRESENT) until it is sealed. A page the
+ * caller overwrites whole is neither checked nor zeroed: its old bytes are
+ * dead, and reading a cold page for its checksum or clearing it was a third
+ * of what opening cost a collector's promotion.
  */
-static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes)
+static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsigned flags, uint8_t **bytes)
 {
 	struct shm *s = to_shm(c->x);
 	struct space_map *sm;
@@ -352,17 +424,18 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, int c
 		return -ERANGE;
 	d = sm->data + page * FM_PAGE_SIZE;
 	if (__atomic_load_n(&sm->meta[page].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) {
-		if (fm_crc32c(d, FM_PAGE_SIZE) != sm->meta[page].crc)
+		if (!(flags & FM_PAGE_OVERWRITE) && fm_crc32c(d, FM_PAGE_SIZE) != sm->meta[page].crc)
 			return -EIO;
 	} else {
-		if (!create)
+		if (!(flags & FM_PAGE_CREATE))
 			return -ENOENT;
-		/* A page memd never held: as a write, memd must still be there (a poll, so not for every page). */
-		if (!fm_ctrl_alive(&s->sx.ctrl))
+		if (!alive_lately(s))
 			return -EPIPE;
 		if (!fm_ctrl_take_grant(&s->sx.ctrl))
 			return -ENOSPC;
-		memset(d, 0, FM_PAGE_SIZE);
+		slot_filled(sm, page);
+		if (!(flags & FM_PAGE_OVERWRITE))
+			memset(d, 0, FM_PAGE_SIZE);
 	}
 	*bytes = d;
 	return 0;
@@ -384,6 +457,20 @@ static int shm_page_seal(struct fm_chan *c, uint32_t space, uint64_t page)
 	return 0;
 }
 
+static uint64_t shm_kept_pages(struct fm_xport *x)
+{
+	struct shm *s = to_shm(x);
+	unsigned n = __atomic_load_n(&s->nspaces, __ATOMIC_ACQUIRE);
+	uint64_t kept = 0;
+
+	pthread_mutex_lock(&s->lock);
+	for (unsigned i = 0; i < n; i++)
+		if (s->spaces[i].data)
+			kept += __atomic_load_n(&s->spaces[i].kept, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&s->lock);
+	return kept;
+}
+
 static const struct fm_xport_ops shm_ops = {
 	.space_open = shm_space_open,
 	.space_close = shm_space_close,
@@ -399,6 +486,7 @@ static const struct fm_xport_ops shm_ops = {
 	.discard = shm_discard,
 	.forget = shm_forget,
 	.release = shm_release,
+	.kept_pages = shm_kept_pages,
 	.page_open = shm_page_open,
 	.page_seal = shm_page_seal,
 };

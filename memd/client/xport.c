@@ -72,6 +72,11 @@ int fm_xport_stats(struct fm_xport *x, struct fm_stats *st)
 	return x->ops->stats(x, st);
 }
 
+uint64_t fm_xport_kept_pages(struct fm_xport *x)
+{
+	return x->ops->kept_pages ? x->ops->kept_pages(x) : 0;
+}
+
 int fm_chan_open(struct fm_xport *x, struct fm_chan **out)
 {
 	return x->ops->chan_open(x, out);
@@ -138,11 +143,11 @@ int fm_chan_edit(struct fm_chan *c, uint32_t space, const struct fm_edit_ent *e,
 	return c->x->ops->edit(c, space, e, n, put, put_len, get_len, get);
 }
 
-int fm_chan_page_open(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes)
+int fm_chan_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsigned flags, uint8_t **bytes)
 {
 	if (!c->x->ops->page_open)
 		return -EOPNOTSUPP;
-	return c->x->ops->page_open(c, space, page, create, bytes);
+	return c->x->ops->page_open(c, space, page, flags, bytes);
 }
 
 int fm_chan_page_seal(struct fm_chan *c, uint32_t space, uint64_t page)

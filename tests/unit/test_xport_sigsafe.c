@@ -165,14 +165,52 @@ static void release_keeps_written(struct target *tg)
 		pages[k] = 8 + k;
 		data[k] = page;
 	}
+	uint64_t kept0 = fm_xport_kept_pages(tg->x);
 	write_page(page, 0, 41);
 	CHECK(fm_chan_write(tg->c, tg->space, pages, 8, data, st) == 0);
+	CHECK(fm_xport_kept_pages(tg->x) == kept0);
 	CHECK(fm_chan_forget(tg->c, tg->space, &all, 1, &kept) == 0 && kept);
+	CHECK(fm_xport_kept_pages(tg->x) == kept0 + 8);
+	/* Forgetting what is forgotten already keeps nothing more: the count is of slots. */
+	CHECK(fm_chan_forget(tg->c, tg->space, &all, 1, &kept) == 0);
+	CHECK(fm_xport_kept_pages(tg->x) == kept0 + 8);
 	write_page(page, 0, 42);
 	CHECK(fm_chan_write(tg->c, tg->space, &again, 1, data, st) == 0 && st[0] == FM_OK);
+	CHECK(fm_xport_kept_pages(tg->x) == kept0 + 7);
 	CHECK(fm_chan_release(tg->c, tg->space, &all, 1) == 0);
+	CHECK(fm_xport_kept_pages(tg->x) == kept0);
 	CHECK(fm_chan_read(tg->c, tg->space, &again, 1, &src) == 0 && page_ok(src, 0, 42));
 	CHECK(fm_chan_read(tg->c, tg->space, &pages[0], 1, &src) == -ENOENT);
+}
+
+/*
+ * shm's pages opened in place: a page opened to be overwritten whole is
+ * neither checked nor zeroed (its old bytes are dead), one opened to be
+ * changed is checked, and a new one is zeros.
+ */
+static void open_in_place(struct target *tg)
+{
+	uint64_t pg = 20, fresh = 21;
+	const void *data[1] = { page }, *src;
+	uint32_t st[1];
+	struct fm_range both = { .first = 20, .npages = 2 };
+	uint8_t *b;
+
+	CHECK(fm_chan_discard(tg->c, tg->space, &both, 1) == 0); /* the hammer's copies */
+	write_page(page, 0, 51);
+	CHECK(fm_chan_write(tg->c, tg->space, &pg, 1, data, st) == 0 && st[0] == FM_OK);
+	CHECK(fm_chan_page_open(tg->c, tg->space, pg, 0, &b) == 0 && page_ok(b, 0, 51));
+	b[100] ^= 1; /* damaged behind the checksum's back */
+	CHECK(fm_chan_page_open(tg->c, tg->space, pg, 0, &b) == -EIO);
+	CHECK(fm_chan_page_open(tg->c, tg->space, pg, FM_PAGE_OVERWRITE, &b) == 0);
+	write_page(b, 0, 52);
+	CHECK(fm_chan_page_seal(tg->c, tg->space, pg) == 0);
+	CHECK(fm_chan_read(tg->c, tg->space, &pg, 1, &src) == 0 && page_ok(src, 0, 52));
+	CHECK(fm_chan_page_open(tg->c, tg->space, fresh, 0, &b) == -ENOENT);
+	CHECK(fm_chan_page_open(tg->c, tg->space, fresh, FM_PAGE_CREATE, &b) == 0);
+	CHECK(b[0] == 0 && b[4095] == 0);
+	CHECK(fm_chan_page_seal(tg->c, tg->space, fresh) == 0);
+	CHECK(fm_chan_read(tg->c, tg->space, &fresh, 1, &src) == 0 && ((const uint8_t *)src)[17] == 0);
 }
 
 int main(void)
@@ -201,6 +239,7 @@ int main(void)
 	CHECK(fm_xport_kind(shm.x) == FM_XPORT_SHM);
 	CHECK(hammer(t, &shm, ROUNDS) == 0);
 	release_keeps_written(&shm);
+	open_in_place(&shm);
 	teardown(&shm);
 
 	CHECK(setup(&multi, "several memds", two, FM_PREF_AUTO, 2) == 0);

@@ -104,6 +104,14 @@ int fm_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id)
 int fm_xport_space_close(struct fm_xport *x, uint32_t space_id);
 int fm_xport_stats(struct fm_xport *x, struct fm_stats *st);
 
+/*
+ * Pages of memory that memd's store keeps for the caller without holding a
+ * page in them: slots fm_chan_forget kept and nothing has written again
+ * since, not yet given back by fm_chan_release or a discard. Exact, and
+ * cheap (a sum of counters). 0 where forget keeps nothing.
+ */
+uint64_t fm_xport_kept_pages(struct fm_xport *x);
+
 /* A channel for the calling thread. */
 int fm_chan_open(struct fm_xport *x, struct fm_chan **out);
 void fm_chan_close(struct fm_chan *c);
@@ -177,11 +185,16 @@ int fm_chan_edit(struct fm_chan *c, uint32_t space, const struct fm_edit_ent *e,
  * object moves done inside memd, uffd/compact.c): shm only, whose store is
  * mapped here; -EOPNOTSUPP elsewhere. *bytes points at the page in the store
  * until fm_chan_page_seal. A page memd holds is checked first (-EIO:
- * checksum); with create, a page memd does not hold is made, zeros, and
- * charged to the quota grant (-ENOSPC: none left); without it, -ENOENT. The
- * caller holds the page: nobody else reads or writes it until it is sealed.
+ * checksum); with FM_PAGE_CREATE, a page memd does not hold is made, zeros,
+ * and charged to the quota grant (-ENOSPC: none left); without it, -ENOENT.
+ * FM_PAGE_OVERWRITE: the caller writes every byte of the page before it
+ * seals it (an object move covering it), so its old bytes are neither checked
+ * nor zeroed; reading them is the caller's bug. The caller holds the page:
+ * nobody else reads or writes it until it is sealed.
  */
-int fm_chan_page_open(struct fm_chan *c, uint32_t space, uint64_t page, int create, uint8_t **bytes);
+#define FM_PAGE_CREATE 1u
+#define FM_PAGE_OVERWRITE 2u
+int fm_chan_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsigned flags, uint8_t **bytes);
 
 /* The opened page's bytes are final: its checksum again, and memd holds it. */
 int fm_chan_page_seal(struct fm_chan *c, uint32_t space, uint64_t page);
