@@ -1,8 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "chanpool.h"
 
+#include <unistd.h>
+
 #include "pager_internal.h"
 #include "wait.h"
+
+/* Initial-exec TLS: static TLS even in the dlopen'ed agent (as libjvm's own), so a signal handler reading it never allocates. */
+static __thread pid_t my_tid __attribute__((tls_model("initial-exec")));
+
+pid_t fm_thread_id(void)
+{
+	if (!my_tid)
+		my_tid = gettid();
+	return my_tid;
+}
 
 int fm_pool_open(struct fm_pager *p, unsigned n)
 {

@@ -24,6 +24,14 @@ struct fm_borrowed {
 	struct chan_slot *slot;
 	pid_t tid;
 };
+/*
+ * The calling thread's id, asked of the kernel once per thread (a collector
+ * asks for every header it reads where the page lies). A forked child's first
+ * thread keeps its parent's value; it only names the thread for the channel
+ * pool, prefetch streams and GC books.
+ */
+pid_t fm_thread_id(void);
+
 struct fm_chan *fm_borrow(struct fm_pager *p, struct fm_borrowed *b);
 void fm_give_back(struct fm_pager *p, struct fm_borrowed *b);
 

@@ -58,6 +58,17 @@ struct call {
 	uint16_t where[2 * HELD_MAX]; /* page index -> 1 + its place in h, open addressing; 0 empty */
 };
 
+/* All but h[], which only n says is in use: a header read's call zeroed 14 KiB for one page. */
+static void call_init(struct call *c, struct fm_pager *p)
+{
+	c->p = p;
+	c->r = NULL;
+	c->fc = (struct fm_borrowed){ .tid = fm_thread_id() };
+	c->own = NULL;
+	c->n = 0;
+	memset(c->where, 0, sizeof(c->where));
+}
+
 static struct fm_chan *chan(struct call *c)
 {
 	int rc;
@@ -542,7 +553,7 @@ static long move_bytes_edit(struct fm_pager *p, const struct fm_byte_move *m, un
 		goto out;
 	}
 	c->p = p;
-	c->fc.tid = gettid();
+	c->fc.tid = fm_thread_id();
 	rlock_rd(p);
 	c->r = fm_region_find(p, m[0].src, &ridx);
 	for (;;) {
@@ -606,7 +617,7 @@ out:
 
 long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsigned n)
 {
-	struct call c = { .p = p };
+	struct call c;
 	unsigned done = 0;
 	uint64_t bytes = 0, pages = 0;
 	int ridx;
@@ -619,7 +630,7 @@ long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsig
 			return -EINVAL;
 	if (fm_xport_kind(p->x) != FM_XPORT_SHM)
 		return atomic_load(&p->edit_off) ? -EOPNOTSUPP : move_bytes_edit(p, m, n);
-	c.fc.tid = gettid();
+	call_init(&c, p);
 	rlock_rd(p);
 	c.r = fm_region_find(p, m[0].src, &ridx);
 	for (; done < n; done++) {
@@ -663,14 +674,14 @@ long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsig
  */
 static int words_edit(struct fm_pager *p, uintptr_t a, void *buf, size_t len, int write)
 {
-	struct call c = { .p = p };
+	struct call c;
 	struct fm_edit_ent e;
 	const void *get;
 	int ridx, rc = -EBUSY;
 
 	if (atomic_load(&p->edit_off))
 		return -EOPNOTSUPP;
-	c.fc.tid = gettid();
+	call_init(&c, p);
 	rlock_rd(p);
 	c.r = fm_region_find(p, a, &ridx);
 	if (c.r && !c.r->alias && !hold(&c, (a - c.r->base) >> PG_SHIFT, write)) {
@@ -714,10 +725,10 @@ static int words_edit(struct fm_pager *p, uintptr_t a, void *buf, size_t len, in
 /* The same with memd's store mapped here (shm): the page opened in place, sealed if written. */
 static int words_shm(struct fm_pager *p, uintptr_t a, void *buf, size_t len, int write)
 {
-	struct call c = { .p = p };
+	struct call c;
 	int ridx, rc = -EBUSY;
 
-	c.fc.tid = gettid();
+	call_init(&c, p);
 	rlock_rd(p);
 	c.r = fm_region_find(p, a, &ridx);
 	if (c.r && !c.r->alias && !hold(&c, (a - c.r->base) >> PG_SHIFT, write)) {

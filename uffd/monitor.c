@@ -26,20 +26,6 @@
 extern int __sigaction(int sig, const struct sigaction *act, struct sigaction *old);
 
 static _Atomic(struct fm_pager *) sig_pagers[MAX_SIG_PAGERS];
-/*
- * The faulting thread's id, asked of the kernel once per thread. Initial-exec
- * TLS: static TLS even in the dlopen'ed agent (as libjvm's own), so reading it
- * in a signal handler never allocates. A forked child's first thread keeps its
- * parent's value; it only names the thread for prefetch streams and GC books.
- */
-static __thread pid_t my_tid __attribute__((tls_model("initial-exec")));
-
-static pid_t fault_tid(void)
-{
-	if (!my_tid)
-		my_tid = gettid();
-	return my_tid;
-}
 static pthread_mutex_t sig_lock = PTHREAD_MUTEX_INITIALIZER;
 static int sig_installed;
 static atomic_int sig_inside;          /* threads inside on_sigbus: a pager is freed only when none is */
@@ -82,7 +68,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *ucv)
 			if (!p || !fm_region_maybe(p, a, a + 1))
 				continue;
 			f.t0 = fm_now_ns();
-			f.fc.tid = fault_tid();
+			f.fc.tid = fm_thread_id();
 #if defined(__x86_64__)
 			{
 				/* The page-fault error code: bit 0, the page was present (so a write to a protected one); bit 1, a write. */
