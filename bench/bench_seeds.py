@@ -36,13 +36,16 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
 
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
         [--configs local,kswap,farmem,memliner,fjdk] [--repeats 3] [--size bench|smoke] [--heap SIZE]
-        [--overhead SIZE] [--args NAME=FLAGS] [--variant NAME=CONFIG:JVMFLAGS]
+        [--overhead SIZE] [--args NAME=FLAGS] [--variant NAME=CONFIG:JVMFLAGS] [--build NAME=DIR]
         [--out bench/RESULTS.md] [--json raw.json]
 
 --variant adds a configuration to compare in the same sitting: CONFIG with more JVM flags, e.g.
 --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0" --configs local,fjdk,slide; CONFIG@JDK runs
 another farmem JDK home (an older build in ~/.cache/farmem-jdk17), e.g.
---variant "before=fjdk@$HOME/.cache/farmem-jdk17/17.0.19+10-8d790dbb4cd5/jdk:".
+--variant "before=fjdk@$HOME/.cache/farmem-jdk17/17.0.19+10-8d790dbb4cd5/jdk:". --build NAME=DIR runs
+variant NAME with the farmem libraries and memd of another build directory (FARMEM_BUILD), e.g. a
+worktree of the commit before: git worktree add /tmp/before HEAD~1 && make -C /tmp/before c, then
+--variant "before=fjdk:" --build before=/tmp/before/build.
 
 Needs `make all seeds` (done here) and, for memliner and fjdk, `make jdk` (not done here: ~15 min the first
 time); kswap needs root and zram. --size smoke runs each workload at its smoke-test size.
@@ -120,6 +123,7 @@ LABEL = {"local": "all local", "kswap": "Linux swap (kswap, zram)", "farmem": "f
          "memliner": "farmem --gc memliner", "fjdk": "farmem --gc farmem"}
 PATCHED = ("memliner", "fjdk")  # the configurations that run the farmem JDK
 VARIANTS: dict[str, tuple[str, list[str], str | None]] = {}  # --variant: name -> (configuration, more JVM flags, JDK)
+BUILDS: dict[str, str] = {}  # --build: variant name -> FARMEM_BUILD
 FIGURES = ("gc_faults", "gc_zero_fills", "gc_conc_faults", "app_faults", "remote_reads", "remote_writes",
            "evictions", "remote_read_bytes", "remote_write_bytes", "cgroup_limit_bytes", "peak_resident_bytes",
            "compact_moves", "compact_bytes")
@@ -241,7 +245,7 @@ class Bench:
         argv, gcl, summary = self.command(name, config, pct, tag)
         rec["argv"] = argv
         jdk = VARIANTS[config][2] if config in VARIANTS and VARIANTS[config][2] else self.jdk
-        env = dict(os.environ, FARMEM_JDK=jdk) if jdk else None
+        env = dict(os.environ, **({"FARMEM_JDK": jdk} if jdk else {}), **({"FARMEM_BUILD": BUILDS[config]} if config in BUILDS else {}))
         t0 = time.monotonic()
         # A session of its own: a run that times out is killed with its JVM, not just farmem run.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
@@ -448,22 +452,35 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG[@JDK]:JVMFLAGS",
                     help='another configuration: CONFIG with more JVM flags, or with another farmem JDK '
                          'home, e.g. --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0"; name it in --configs')
+    ap.add_argument("--build", action="append", default=[], metavar="NAME=DIR",
+                    help="run variant NAME with the farmem build in DIR (FARMEM_BUILD: its lib/ and bin/), "
+                         "e.g. another worktree's build/")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
     ap.add_argument("--out", help="append the markdown section to this file (e.g. bench/RESULTS.md)")
     ap.add_argument("--json", dest="json_out", help="write every run's record here")
     a = ap.parse_args()
     a.workloads = [w for w in a.workloads.split(",") if w]
     a.configs = [c for c in a.configs.split(",") if c]
+    for b in a.build:
+        name, _, d = b.partition("=")
+        if not name or not all(os.path.isfile(os.path.join(d, f)) for f in
+                                ("lib/libfarmem_preload.so", "lib/libfarmem_agent.so", "bin/farmem-memd")):
+            ap.error(f"bad --build {b!r}: NAME=DIR, DIR a build directory with lib/libfarmem_preload.so, "
+                     "lib/libfarmem_agent.so and bin/farmem-memd")
+        BUILDS[name] = os.path.abspath(d)
     for v in a.variant:
         name, _, rest = v.partition("=")
         base, _, flags = rest.partition(":")
         base, _, jdk = base.partition("@")
-        if (not name or name in LABEL or base not in LABEL or base == "local" or not (flags.strip() or jdk)
+        if (not name or name in LABEL or base not in LABEL or base == "local" or not (flags.strip() or jdk or name in BUILDS)
                 or (jdk and (base not in PATCHED or not os.access(os.path.join(jdk, "bin", "java"), os.X_OK)))):
             ap.error(f"bad --variant {v!r}: NAME=CONFIG[@JDK]:JVMFLAGS, a new name, CONFIG one of "
                      f"{','.join(c for c in LABEL if c != 'local')}, JDK a farmem JDK home for memliner or fjdk")
         VARIANTS[name] = (base, shlex.split(flags), jdk or None)
-        LABEL[name] = f"{LABEL[base]}" + (f", {flags.strip()}" if flags.strip() else "") + (f", JDK {jdk}" if jdk else "")
+        LABEL[name] = f"{LABEL[base]}" + (f", {flags.strip()}" if flags.strip() else "") + (f", JDK {jdk}" if jdk else "") + \
+            (f", build {BUILDS[name]}" if name in BUILDS else "")
+    if [n for n in BUILDS if n not in VARIANTS]:
+        ap.error(f"--build names no --variant: {','.join(n for n in BUILDS if n not in VARIANTS)}")
     a.budgets = [int(b) for b in a.budgets.split(",") if b]
     a.args = dict(x.split("=", 1) for x in a.args if "=" in x)
     bad = [w for w in a.workloads if w not in SIZES["bench"]] + [c for c in a.configs if c not in LABEL] + \

@@ -114,14 +114,16 @@ def test_gclog_reads_allocation_and_pauses(jvm_built, tmp_path):
 
 def test_bench_seeds_driver(jvm_built, tmp_path):
     """The driver end to end on its smallest workload: all-local, farmem (and Linux swap where this
-    machine has it) at 25%, the markdown table appended to --out, every run's record in --json."""
+    machine has it) at 25%, a variant run with a build directory given, the markdown table appended
+    to --out, every run's record in --json."""
     configs = "local,farmem,memliner"
     if os.geteuid() == 0 and (os.path.isdir("/sys/block/zram0") or os.path.isdir("/sys/class/zram-control")):
         configs += ",kswap"
     out, raw = tmp_path / "results.md", tmp_path / "raw.json"
     r = subprocess.run([os.path.join(REPO, ".venv", "bin", "python"), os.path.join(REPO, "bench", "bench_seeds.py"),
                         "--size", "smoke", "--workloads", "gcchurn", "--budgets", "25", "--repeats", "1",
-                        "--configs", configs, "--out", str(out), "--json", str(raw)],
+                        "--configs", configs + ",again", "--variant", "again=farmem:",
+                        "--build", f"again={os.path.join(REPO, 'build')}", "--out", str(out), "--json", str(raw)],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     text = out.read_text()
@@ -129,6 +131,9 @@ def test_bench_seeds_driver(jvm_built, tmp_path):
     assert "| gcchurn | all local | 100% | 1/1 |" in text and "| gcchurn | farmem, stock G1 | 25% | 1/1 |" in text
     recs = {x["config"]: x for x in json.loads(raw.read_text())}
     assert recs["local"]["ok"] and recs["farmem"]["ok"], recs
+    # a variant with a build directory of its own (here this checkout's): FARMEM_BUILD reaches farmem run
+    assert recs["again"]["ok"] and recs["again"]["remote_reads"] > 0, recs["again"]
+    assert f"| gcchurn | farmem, stock G1, build {os.path.join(REPO, 'build')} | 25% | 1/1 |" in text
     f = recs["farmem"]
     assert f["alloc_bytes"] > 0 and f["gc_faults"] > 0 and f["paged_bytes"] > 0 and f["remote_reads"] > 0, f
     # the farmem JDK is built by `make jdk`, not here: without it the row says why, and that is no failure
