@@ -396,7 +396,7 @@ static int alive_lately(struct shm *s)
 	uint64_t now = fm_now_ns(), last = __atomic_load_n(&s->alive_ns, __ATOMIC_RELAXED);
 
 	if (now - last < ALIVE_POLL_NS)
-		return 1;
+		return !atomic_load(&s->sx.ctrl.dead); /* given up on (a hangup): at once */
 	if (!fm_ctrl_alive(&s->sx.ctrl))
 		return 0;
 	__atomic_store_n(&s->alive_ns, now, __ATOMIC_RELAXED);
