@@ -159,6 +159,10 @@ def cmd_run_kswap(args) -> int:
                     child.wait()
                 if tracer:
                     tracer.stop()
+                    # Its last line totals the run to the end; the monitor's last look may predate the last faults.
+                    final = tracer.proc_stats(child.pid)
+                    if final:
+                        mon.update_counters(getattr(monitor, "limit", limit), final)
             elapsed = time.monotonic() - t0
             s = resmap.figures([mon.hdr])
             summary = {"mode": "kswap", "exit_status": status, "elapsed_s": round(elapsed, 3),
