@@ -79,14 +79,34 @@ static void *press(void *arg)
 	return NULL;
 }
 
-static void scenario(const char *addr, const char *transport, const char *fault)
+/* A pager on memd at addr with a local budget and the settings in more (key, value, ..., NULL); NULL, counted as a failure, if it does not start. */
+static struct fm_pager *start_pager(const char *what, const char *addr, const char *local, const char *const *more)
 {
 	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
+	char err[512];
+
+	fm_pager_cfg_defaults(&cfg);
+	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "local", local, err, sizeof(err)) == 0);
+	for (; more && more[0]; more += 2)
+		CHECK(fm_pager_cfg_set(&cfg, more[0], more[1], err, sizeof(err)) == 0);
+	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
+		fprintf(stderr, "fm_pager_start (%s): %s\n", what, err);
+		failures++;
+		return NULL;
+	}
+	return p;
+}
+
+static void scenario(const char *addr, const char *transport, const char *fault)
+{
+	struct fm_pager *p;
 	struct fm_resmap_hdr *h;
 	struct obj *o = calloc(MAXOBJ, sizeof(*o));
 	uint8_t *a, *shadow = malloc(REGION);
-	char err[512], label[96];
+	char label[96];
 	unsigned nobj = 0, nrem = 0, nres = 0, nunt = 0;
 	uint64_t bad = 0, declined_here = 0;
 	struct presser ps = { 0 };
@@ -95,15 +115,11 @@ static void scenario(const char *addr, const char *transport, const char *fault)
 
 	snprintf(label, sizeof(label), "%s %s, %s", transport, addr, fault);
 	fault = label; /* the messages below name the whole case */
-	fm_pager_cfg_defaults(&cfg);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "2M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "fault", strrchr(label, ' ') + 1, err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (%s): %s\n", fault, err);
-		failures++;
+	p = start_pager(fault, addr, "2M",
+			(const char *const[]){ "transport", transport, "fault", strrchr(label, ' ') + 1, NULL });
+	if (!p) {
+		free(o);
+		free(shadow);
 		return;
 	}
 	h = fm_pager_map(p);
@@ -297,24 +313,14 @@ out:
  */
 static void small(const char *addr, const char *transport)
 {
-	struct fm_pager_cfg cfg;
-	struct fm_pager *p = NULL;
+	struct fm_pager *p = start_pager("small", addr, "1M",
+					 (const char *const[]){ "transport", transport, "prefetch", "0", NULL });
 	struct fm_resmap_hdr *h;
-	char err[512];
 	uint8_t *a;
 	uint64_t w = 0, first = 0x1234567800000001ull;
 
-	fm_pager_cfg_defaults(&cfg);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "0", err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (small): %s\n", err);
-		failures++;
+	if (!p)
 		return;
-	}
 	h = fm_pager_map(p);
 	a = mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(a != MAP_FAILED && fm_pager_register(p, a, 4 * PG, FM_REG_HEAP) == 0);
@@ -352,23 +358,13 @@ static void small(const char *addr, const char *transport)
 static void give_back(const char *addr)
 {
 	const size_t region = 16ul << 20, first = 6ul << 20;
-	struct fm_pager_cfg cfg;
-	struct fm_pager *p = NULL;
+	struct fm_pager *p = start_pager("give back", addr, "1M", (const char *const[]){ "transport", "shm", NULL });
 	struct fm_resmap_hdr *h;
-	char err[512];
 	uint64_t bad = 0, released0;
 	uint8_t *a;
 
-	fm_pager_cfg_defaults(&cfg);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "transport", "shm", err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (give back): %s\n", err);
-		failures++;
+	if (!p)
 		return;
-	}
 	h = fm_pager_map(p);
 	a = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(a != MAP_FAILED && fm_pager_register(p, a, region, FM_REG_HEAP) == 0);
@@ -401,21 +397,14 @@ static void give_back(const char *addr)
 /* Several memds (replicated): no EDIT through them, nothing is done, and it says so. */
 static void no_edit(const char *sock, const char *sock2)
 {
-	struct fm_pager_cfg cfg;
-	struct fm_pager *p = NULL;
-	char err[512], addr[200];
+	struct fm_pager *p;
+	char addr[200];
 	uint8_t *a;
 
 	snprintf(addr, sizeof(addr), "unix:%s,unix:%s", sock, sock2);
-	fm_pager_cfg_defaults(&cfg);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (two memds): %s\n", err);
-		failures++;
+	p = start_pager("two memds", addr, "1M", NULL);
+	if (!p)
 		return;
-	}
 	a = mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(a != MAP_FAILED && fm_pager_register(p, a, 4 * PG, FM_REG_HEAP) == 0);
 	a[2 * PG] = 7;
