@@ -36,7 +36,7 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
 
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
         [--configs local,kswap,farmem,memliner,fjdk] [--repeats 3] [--size bench|smoke] [--heap SIZE]
-        [--overhead SIZE] [--args NAME=FLAGS] [--variant NAME=CONFIG:JVMFLAGS] [--build NAME=DIR]
+        [--overhead SIZE] [--args NAME=FLAGS] [--variant NAME=CONFIG[@JDK]:JVMFLAGS] [--build NAME=DIR]
         [--out bench/RESULTS.md] [--json raw.json]
 
 --variant adds a configuration to compare in the same sitting: CONFIG with more JVM flags, e.g.
