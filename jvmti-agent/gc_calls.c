@@ -39,6 +39,12 @@ static int not_expected(void) { return 0; }
 
 /* No pager until fm_gc_calls_export, which the agent calls before the JVM can call us. */
 static struct fm_pager_ref ref = { no_pager, no_leave, not_expected };
+/*
+ * The pager a view holds, from farmem_heap_view to farmem_heap_view_end: the
+ * collector takes it at a pause's start and gives it back at its end, from
+ * the VM thread, one at a time.
+ */
+static struct fm_pager *viewing;
 
 EXPORT int farmem_heap_view(struct farmem_heap_view *v)
 {
@@ -56,6 +62,8 @@ EXPORT int farmem_heap_view(struct farmem_heap_view *v)
 						.resident = &h->stats.resident_pages,
 						.limit = &h->stats.local_limit_pages,
 						.evict_batches = &h->stats.evict_batches };
+		viewing = p;
+		fm_pager_pause(p, 1);
 		return 0; /* held until farmem_heap_view_end */
 	}
 	ref.leave();
@@ -64,6 +72,9 @@ EXPORT int farmem_heap_view(struct farmem_heap_view *v)
 
 EXPORT void farmem_heap_view_end(void)
 {
+	if (viewing)
+		fm_pager_pause(viewing, 0);
+	viewing = NULL;
 	ref.leave();
 }
 

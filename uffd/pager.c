@@ -298,5 +298,10 @@ void fm_pager_gc_event(struct fm_pager *p, int start)
 		__atomic_add_fetch(&p->hdr->gc_cycles, 1, __ATOMIC_RELEASE);
 }
 
+void fm_pager_pause(struct fm_pager *p, int begin)
+{
+	fm_xport_pause(p->x, begin);
+}
+
 int fm_pager_map_fd(const struct fm_pager *p) { return p->map_fd; }
 struct fm_resmap_hdr *fm_pager_map(const struct fm_pager *p) { return p->hdr; }

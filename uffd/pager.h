@@ -221,6 +221,12 @@ int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len);
 
 /* GC cycle boundaries, from the agent. */
 void fm_pager_gc_event(struct fm_pager *p, int start);
+/*
+ * A collector's pause begins (begin=1) or ends: until it ends only its
+ * workers touch the heap, and a page in memd's store checked once is not
+ * checked again (fm_xport_pause, transport.h). Pauses may nest.
+ */
+void fm_pager_pause(struct fm_pager *p, int begin);
 
 /* The residency map memfd (for the launcher and for farmem stat). */
 int fm_pager_map_fd(const struct fm_pager *p);

@@ -61,6 +61,7 @@ struct fm_xport_ops {
 	int (*forget)(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
 	int (*release)(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n);
 	uint64_t (*kept_pages)(struct fm_xport *x);
+	void (*pause)(struct fm_xport *x, int begin);  /* NULL where reads are checked elsewhere */
 	/* transport.h's fm_chan_edit: NULL where memd cannot be asked (rdma, several memds). */
 	int (*edit)(struct fm_chan *c, uint32_t space, const struct fm_edit_ent *e, unsigned n,
 		    const void *put, size_t put_len, size_t get_len, const void **get);

@@ -35,6 +35,8 @@ struct space_map {
 	 */
 	uint8_t *mem;
 	uint64_t kept;
+	/* checked[p]: the pause in which slot p's bytes last matched its checksum (fm_xport_pause). */
+	uint32_t *checked;
 };
 
 struct shm {
@@ -43,6 +45,9 @@ struct shm {
 	struct space_map spaces[MAX_SPACES];
 	unsigned nspaces;
 	uint64_t alive_ns;         /* when a poll last found memd's control connection up */
+	unsigned pauses;           /* fm_xport_pause nesting, under lock */
+	uint32_t pause_id;         /* the pause under way, 0 when none: read without the lock */
+	uint32_t last_pause_id;
 };
 
 static struct shm *to_shm(struct fm_xport *x) { return (struct shm *)x; }
@@ -55,6 +60,29 @@ static struct space_map *find_space(struct shm *s, uint32_t id)
 		if (s->spaces[i].id == id && __atomic_load_n(&s->spaces[i].data, __ATOMIC_ACQUIRE))
 			return &s->spaces[i];
 	return NULL;
+}
+
+/*
+ * Slot p's bytes match its checksum: checked already in this pause (nothing
+ * but the pause's workers wrote the store since, each through a write or a
+ * seal that checksums what it wrote), or checked now.
+ */
+static int intact(struct shm *s, struct space_map *sm, uint64_t p)
+{
+	uint32_t now = __atomic_load_n(&s->pause_id, __ATOMIC_RELAXED);
+
+	if (now && __atomic_load_n(&sm->checked[p], __ATOMIC_RELAXED) == now)
+		return 1;
+	if (fm_crc32c(sm->data + p * FM_PAGE_SIZE, FM_PAGE_SIZE) != sm->meta[p].crc)
+		return 0;
+	__atomic_store_n(&sm->checked[p], now, __ATOMIC_RELAXED);
+	return 1;
+}
+
+/* Slot p's checksum was just computed from the bytes it holds. */
+static void summed(struct shm *s, struct space_map *sm, uint64_t p)
+{
+	__atomic_store_n(&sm->checked[p], __atomic_load_n(&s->pause_id, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
 /* Slot p, which memd holds no page in, is written: memory it kept is in use again. */
@@ -81,6 +109,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 	uint16_t st;
 	int fd = -1, rc;
 	uint8_t *mem;
+	uint32_t *checked;
 	void *p;
 
 	rc = fm_ctrl_call(&s->sx.ctrl, FM_OP_SHM_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, &fd);
@@ -99,7 +128,10 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 		goto fail;
 	}
 	mem = calloc(npages ? npages : 1, 1);
-	if (!mem) {
+	checked = calloc(npages ? npages : 1, sizeof(*checked));
+	if (!mem || !checked) {
+		free(mem);
+		free(checked);
 		fm_sys_munmap(p, rep.map_len);
 		rc = -ENOMEM;
 		goto fail;
@@ -118,6 +150,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 		sm->meta = (struct fm_shm_meta *)((uint8_t *)p + rep.meta_offset);
 		sm->mem = mem;
 		sm->kept = 0;
+		sm->checked = checked;
 		__atomic_store_n(&sm->data, (uint8_t *)p + rep.data_offset, __ATOMIC_RELEASE);
 		if (sm == &s->spaces[s->nspaces])
 			__atomic_store_n(&s->nspaces, s->nspaces + 1, __ATOMIC_RELEASE);
@@ -126,6 +159,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 	if (!sm) {
 		fm_sys_munmap(p, rep.map_len);
 		free(mem);
+		free(checked);
 		rc = -ENOSPC;
 		goto fail;
 	}
@@ -154,6 +188,8 @@ static int shm_space_close(struct fm_xport *x, uint32_t space_id)
 		sm->memfd = -1;
 		free(sm->mem);
 		sm->mem = NULL;
+		free(sm->checked);
+		sm->checked = NULL;
 		pthread_mutex_unlock(&s->lock);
 	}
 	return fm_session_xport_space_close(x, space_id);
@@ -169,6 +205,7 @@ static void shm_close(struct fm_xport *x)
 		if (s->spaces[i].data && s->spaces[i].memfd >= 0)
 			close(s->spaces[i].memfd);
 		free(s->spaces[i].mem);
+		free(s->spaces[i].checked);
 	}
 	pthread_mutex_destroy(&s->lock);
 	fm_session_xport_free(&s->sx);
@@ -189,24 +226,21 @@ static void shm_chan_close(struct fm_chan *c) { free(c); }
 
 static int shm_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n, const void **src)
 {
-	struct space_map *sm = find_space(to_shm(c->x), space);
+	struct shm *s = to_shm(c->x);
+	struct space_map *sm = find_space(s, space);
 
 	if (!sm)
 		return -ENOENT;
 	for (unsigned i = 0; i < n; i++) {
 		uint64_t p = pages[i];
-		const uint8_t *d;
-		uint32_t crc;
 
 		if (p >= sm->npages)
 			return -ERANGE;
 		if (!(__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT))
 			return -ENOENT;
-		crc = sm->meta[p].crc;
-		d = sm->data + p * FM_PAGE_SIZE;
-		if (fm_crc32c(d, FM_PAGE_SIZE) != crc)
+		if (!intact(s, sm, p))
 			return -EIO;
-		src[i] = d;
+		src[i] = sm->data + p * FM_PAGE_SIZE;
 	}
 	return 0;
 }
@@ -245,6 +279,7 @@ static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 		 */
 		memcpy(sm->data + p * FM_PAGE_SIZE, data[i], FM_PAGE_SIZE);
 		m->crc = fm_crc32c(sm->data + p * FM_PAGE_SIZE, FM_PAGE_SIZE);
+		summed(s, sm, p);
 		__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
 		status[i] = FM_OK;
 	}
@@ -297,6 +332,7 @@ static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uin
 		crc = ss->meta[sp].crc;
 		memcpy(ds->data + dp * FM_PAGE_SIZE, ss->data + sp * FM_PAGE_SIZE, FM_PAGE_SIZE);
 		m->crc = crc;
+		__atomic_store_n(&ds->checked[dp], 0, __ATOMIC_RELAXED); /* the source's bytes, never checked here */
 		__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
 	}
 	return 0;
@@ -424,7 +460,7 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsig
 		return -ERANGE;
 	d = sm->data + page * FM_PAGE_SIZE;
 	if (__atomic_load_n(&sm->meta[page].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) {
-		if (!(flags & FM_PAGE_OVERWRITE) && fm_crc32c(d, FM_PAGE_SIZE) != sm->meta[page].crc)
+		if (!(flags & FM_PAGE_OVERWRITE) && !intact(s, sm, page))
 			return -EIO;
 	} else {
 		if (!(flags & FM_PAGE_CREATE))
@@ -443,7 +479,8 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsig
 
 static int shm_page_seal(struct fm_chan *c, uint32_t space, uint64_t page)
 {
-	struct space_map *sm = find_space(to_shm(c->x), space);
+	struct shm *s = to_shm(c->x);
+	struct space_map *sm = find_space(s, space);
 	struct fm_shm_meta *m;
 
 	if (!sm)
@@ -453,6 +490,7 @@ static int shm_page_seal(struct fm_chan *c, uint32_t space, uint64_t page)
 	m = &sm->meta[page];
 	/* As a write: checksum first, then the flag with release order. */
 	m->crc = fm_crc32c(sm->data + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
+	summed(s, sm, page);
 	__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
 	return 0;
 }
@@ -471,6 +509,27 @@ static uint64_t shm_kept_pages(struct fm_xport *x)
 	return kept;
 }
 
+/* A pause's checks last until it ends: the next one starts with every slot unchecked. */
+static void shm_pause(struct fm_xport *x, int begin)
+{
+	struct shm *s = to_shm(x);
+
+	pthread_mutex_lock(&s->lock);
+	if (begin && s->pauses++ == 0) {
+		if (++s->last_pause_id == 0) {
+			/* 2^32 pauses on, ids come round again: no old mark may pass for this pause's. */
+			for (unsigned i = 0; i < s->nspaces; i++)
+				if (s->spaces[i].checked)
+					memset(s->spaces[i].checked, 0, s->spaces[i].npages * sizeof(uint32_t));
+			s->last_pause_id = 1;
+		}
+		__atomic_store_n(&s->pause_id, s->last_pause_id, __ATOMIC_RELAXED);
+	} else if (!begin && s->pauses && --s->pauses == 0) {
+		__atomic_store_n(&s->pause_id, 0, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
 static const struct fm_xport_ops shm_ops = {
 	.space_open = shm_space_open,
 	.space_close = shm_space_close,
@@ -487,6 +546,7 @@ static const struct fm_xport_ops shm_ops = {
 	.forget = shm_forget,
 	.release = shm_release,
 	.kept_pages = shm_kept_pages,
+	.pause = shm_pause,
 	.page_open = shm_page_open,
 	.page_seal = shm_page_seal,
 };

@@ -77,6 +77,12 @@ uint64_t fm_xport_kept_pages(struct fm_xport *x)
 	return x->ops->kept_pages ? x->ops->kept_pages(x) : 0;
 }
 
+void fm_xport_pause(struct fm_xport *x, int begin)
+{
+	if (x->ops->pause)
+		x->ops->pause(x, begin);
+}
+
 int fm_chan_open(struct fm_xport *x, struct fm_chan **out)
 {
 	return x->ops->chan_open(x, out);

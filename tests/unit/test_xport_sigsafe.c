@@ -213,6 +213,57 @@ static void open_in_place(struct target *tg)
 	CHECK(fm_chan_read(tg->c, tg->space, &fresh, 1, &src) == 0 && ((const uint8_t *)src)[17] == 0);
 }
 
+/*
+ * shm's checks in a pause (fm_xport_pause): a page checked once in a pause is
+ * not checked again until it ends, so bytes damaged after that check pass
+ * within the pause and are found by the first read after it, and by the
+ * first read of the next pause; a copy's destination is checked at its
+ * first read.
+ */
+static void checked_once_a_pause(struct target *tg)
+{
+	uint64_t pg = 30, dst = 31;
+	const void *data[1] = { page }, *src;
+	uint32_t st[1];
+	struct fm_range both = { .first = 30, .npages = 2 };
+	uint8_t *b;
+
+	CHECK(fm_chan_discard(tg->c, tg->space, &both, 1) == 0); /* the hammer's copies */
+	write_page(page, 0, 61);
+	CHECK(fm_chan_write(tg->c, tg->space, &pg, 1, data, st) == 0 && st[0] == FM_OK);
+	/* The store's bytes, to damage: an open to overwrite neither checks nor marks them. */
+	CHECK(fm_chan_page_open(tg->c, tg->space, pg, FM_PAGE_OVERWRITE, &b) == 0);
+
+	b[100] ^= 1;
+	CHECK(fm_chan_read(tg->c, tg->space, &pg, 1, &src) == -EIO); /* outside a pause: every read */
+	b[100] ^= 1;
+
+	fm_xport_pause(tg->x, 1);
+	CHECK(fm_chan_read(tg->c, tg->space, &pg, 1, &src) == 0 && page_ok(src, 0, 61));
+	b[100] ^= 1;
+	CHECK(fm_chan_read(tg->c, tg->space, &pg, 1, &src) == 0);  /* checked in this pause already */
+	CHECK(fm_chan_page_open(tg->c, tg->space, pg, 0, &b) == 0);
+	fm_xport_pause(tg->x, 1);
+	fm_xport_pause(tg->x, 0);                                   /* nested: still the same pause */
+	CHECK(fm_chan_read(tg->c, tg->space, &pg, 1, &src) == 0);
+	fm_xport_pause(tg->x, 0);
+	CHECK(fm_chan_read(tg->c, tg->space, &pg, 1, &src) == -EIO); /* found once the pause ends */
+	fm_xport_pause(tg->x, 1);
+	CHECK(fm_chan_read(tg->c, tg->space, &pg, 1, &src) == -EIO); /* and at the next one's first read */
+	CHECK(fm_chan_page_open(tg->c, tg->space, pg, 0, &b) == -EIO);
+	b[100] ^= 1;
+	CHECK(fm_chan_read(tg->c, tg->space, &pg, 1, &src) == 0 && page_ok(src, 0, 61));
+
+	/* A copy's destination holds bytes nobody checked there: its first read checks them. */
+	CHECK(fm_chan_copy(tg->c, tg->space, &pg, tg->space, &dst, 1, st) == 0 && st[0] == FM_OK);
+	CHECK(fm_chan_page_open(tg->c, tg->space, dst, FM_PAGE_OVERWRITE, &b) == 0);
+	b[200] ^= 1;
+	CHECK(fm_chan_read(tg->c, tg->space, &dst, 1, &src) == -EIO);
+	b[200] ^= 1;
+	CHECK(fm_chan_read(tg->c, tg->space, &dst, 1, &src) == 0 && page_ok(src, 0, 61));
+	fm_xport_pause(tg->x, 0);
+}
+
 int main(void)
 {
 	struct sigaction sa = { .sa_handler = on_signal };
@@ -240,6 +291,7 @@ int main(void)
 	CHECK(hammer(t, &shm, ROUNDS) == 0);
 	release_keeps_written(&shm);
 	open_in_place(&shm);
+	checked_once_a_pause(&shm);
 	teardown(&shm);
 
 	CHECK(setup(&multi, "several memds", two, FM_PREF_AUTO, 2) == 0);

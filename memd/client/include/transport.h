@@ -112,6 +112,21 @@ int fm_xport_stats(struct fm_xport *x, struct fm_stats *st);
  */
 uint64_t fm_xport_kept_pages(struct fm_xport *x);
 
+/*
+ * The program's threads are stopped (begin=1) or run again (begin=0): a
+ * collector's pause, when nothing but the caller's pause workers touches
+ * the pages. Within it a store page whose checksum was checked, or
+ * computed by a write, is not checked again until the pause ends: a full
+ * GC reads the same cold page's header in each of its four phases, and in
+ * shm a read hashes the whole page for the 24 bytes it wants. Each pause
+ * starts with every page unchecked, so a stray write into the store is
+ * still found, at the latest at the next pause's first read of the page.
+ * Pauses may nest (counted). Only shm has such a window: in the other
+ * transports each read brings the page's bytes here and checks them as
+ * they arrive.
+ */
+void fm_xport_pause(struct fm_xport *x, int begin);
+
 /* A channel for the calling thread. */
 int fm_chan_open(struct fm_xport *x, struct fm_chan **out);
 void fm_chan_close(struct fm_chan *c);
