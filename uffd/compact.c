@@ -11,16 +11,18 @@
  * memd holds in memd's store (fm_chan_page_open: shm, whose store is mapped
  * here), so a remote object moved to a remote destination never comes here.
  *
- * Every page a call touches is held first, by compare-and-swap, for the
- * whole call: REMOTE and UNTOUCHED pages as FILLING (their store slot is
- * changed, and they stay remote), DIRTY ones as UPDATING (written through
- * the heap; the evictor keeps off), CLEAN ones as UPDATING if only read. A
+ * Every page a move touches is held first, by compare-and-swap, until no
+ * next move of the call uses it: REMOTE and UNTOUCHED pages as FILLING
+ * (their store slot is changed, and they stay remote), DIRTY ones as
+ * UPDATING (written through the heap; the evictor keeps off), CLEAN ones as
+ * UPDATING if only read. A
  * page in any other state (someone else holds it; a clean page to be
  * written, which would need an unprotect; unmanaged) ends the call there:
  * the collector copies that object itself, faulting as usual. A store page
- * is checked against its checksum when opened and sealed with a new one at
- * the end, so a page memd damaged is found here as on any read, and memd
- * holds the moved bytes before the pages are let go: nothing is lost.
+ * is checked against its checksum when opened and sealed with a new one
+ * before it is let go, so a page memd damaged is found here as on any read,
+ * and memd holds the moved bytes before anyone else can use the page:
+ * nothing is lost.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -161,24 +163,21 @@ static int hold(struct call *c, uint64_t i, int write)
 	return 0;
 }
 
-/* Let go of held pages [from, c->n): store pages (all open by now) stay remote, their bytes sealed in memd. */
-static void release_from(struct call *c, unsigned from)
+/* Let go of a held page: a store page (open by now) stays remote, its bytes sealed in memd. */
+static void let_go(struct call *c, const struct held *e)
 {
 	struct fm_pager *p = c->p;
+	uint8_t *b = &c->r->pg[e->i];
 
-	for (unsigned k = from; k < c->n; k++) {
-		struct held *e = &c->h[k];
-		uint8_t *b = &c->r->pg[e->i];
-		if (e->kind == HELD_LOCAL)
-			pg_release_from(b, FM_PG_UPDATING, e->old);
-		else
-			pg_release_from(b, FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
-		/* A handler thread's fault on a page we held waits in the kernel for a wake. */
-		if (!p->in_thread && e->kind == HELD_STORE)
-			fm_uffd_wake(p->uffd, c->r->base + (e->i << PG_SHIFT), PG_SIZE);
-	}
-	c->n = from;
+	if (e->kind == HELD_LOCAL)
+		pg_release_from(b, FM_PG_UPDATING, e->old);
+	else
+		pg_release_from(b, FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
+	/* A handler thread's fault on a page we held waits in the kernel for a wake. */
+	if (!p->in_thread && e->kind == HELD_STORE)
+		fm_uffd_wake(p->uffd, c->r->base + (e->i << PG_SHIFT), PG_SIZE);
 }
+
 
 /*
  * The store pages held since `from` that are not open yet, opened. A page memd
@@ -615,6 +614,59 @@ out:
 	return ret;
 }
 
+/*
+ * memd holds the moved bytes before anyone may use the page again. A page
+ * memd held that moves only read still matches its checksum: no seal, which
+ * would read it all again for the same sum. One it did not hold (opened as
+ * zeros) is sealed so that it is there from now on. Returns 1 if sealed.
+ */
+static int seal(struct call *c, const struct held *e)
+{
+	if (e->kind != HELD_STORE || (!e->write && fm_pg_state(e->old) != FM_PG_UNTOUCHED))
+		return 0;
+	if (fm_chan_page_seal(chan(c), c->r->space, e->i))
+		fm_fatal("memd's store went away under a collector's move at %#lx",
+			 (unsigned long)(c->r->base + (e->i << PG_SHIFT)));
+	return 1;
+}
+
+/* 1 if move m (inside the call's region) reads or writes page i. */
+static int uses(const struct call *c, const struct fm_byte_move *m, uint64_t i)
+{
+	uintptr_t a = c->r->base + (i << PG_SHIFT);
+
+	return (m->src < a + PG_SIZE && m->src + m->len > a) || (m->dst < a + PG_SIZE && m->dst + m->len > a);
+}
+
+/*
+ * After a move, the pages the next one does not use are sealed and let go.
+ * Held to the end of the call, a promotion's last page, which the next
+ * object allocated after it shares, kept the worker that copies that object
+ * waiting for the whole call (hundreds of pages of moves) instead of one
+ * move. A page a later move uses again is held again then.
+ */
+static uint64_t let_go_unused(struct call *c, const struct fm_byte_move *next)
+{
+	unsigned keep = 0;
+	uint64_t sealed = 0;
+
+	for (unsigned k = 0; k < c->n; k++) {
+		struct held *e = &c->h[k];
+		if (next && uses(c, next, e->i)) {
+			c->h[keep++] = *e;
+			continue;
+		}
+		sealed += (uint64_t)seal(c, e);
+		let_go(c, e);
+	}
+	if (keep < c->n) {
+		c->n = keep;
+		unindex_from(c, keep);
+		fm_settled(c->p);
+	}
+	return sealed;
+}
+
 long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsigned n)
 {
 	struct call c;
@@ -640,23 +692,14 @@ long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsig
 			break;
 		move(&c, x);
 		bytes += x->len;
+		/* The next move, if it lies in the region: one outside it ends the call anyway. */
+		x = done + 1 < n ? &m[done + 1] : NULL;
+		if (x && (x->src < c.r->base || x->src + x->len > c.r->end || x->dst < c.r->base ||
+			  x->dst + x->len > c.r->end))
+			x = NULL;
+		pages += let_go_unused(&c, x);
 	}
-	/*
-	 * memd holds the moved bytes before anyone may use the pages again. A
-	 * page memd held that moves only read still matches its checksum: no
-	 * seal, which would read it all again for the same sum. One it did not
-	 * hold (opened as zeros) is sealed so that it is there from now on.
-	 */
-	for (unsigned k = 0; k < c.n; k++) {
-		struct held *e = &c.h[k];
-		if (e->kind != HELD_STORE || (!e->write && fm_pg_state(e->old) != FM_PG_UNTOUCHED))
-			continue;
-		if (fm_chan_page_seal(chan(&c), c.r->space, e->i))
-			fm_fatal("memd's store went away under a collector's move at %#lx",
-				 (unsigned long)(c.r->base + (e->i << PG_SHIFT)));
-		pages++;
-	}
-	release_from(&c, 0);
+	pages += let_go_unused(&c, NULL);
 	rlock_un(p);
 	chan_done(&c);
 	fm_settled(p);

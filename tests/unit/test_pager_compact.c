@@ -351,6 +351,52 @@ static void small(const char *addr, const char *transport)
 }
 
 /*
+ * A page is let go as soon as the next move does not use it, sealed first:
+ * a page a later move of the same call writes again is held, checked and
+ * sealed again, and both moves' bytes are there. (Held to the end of the
+ * call, a promotion's last page kept the worker that allocated next to it
+ * waiting for the whole call.)
+ */
+static void let_go_between_moves(const char *addr)
+{
+	struct fm_pager *p = start_pager("let go", addr, "1M",
+					 (const char *const[]){ "transport", "shm", "prefetch", "0", NULL });
+	struct fm_resmap_hdr *h;
+	uint8_t *a;
+	uint64_t sealed0;
+
+	if (!p)
+		return;
+	h = fm_pager_map(p);
+	a = mmap(NULL, 8 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(a != MAP_FAILED && fm_pager_register(p, a, 8 * PG, FM_REG_HEAP) == 0);
+	for (unsigned k = 0; k < 192; k++)
+		a[5 * PG + k] = (uint8_t)(k + 1);
+	{
+		/* Pages 1 and 2 untouched: made in memd's store. Page 1 is used by moves 0 and 2, not 1. */
+		struct fm_byte_move m[3] = {
+			{ .src = (uintptr_t)a + 5 * PG, .dst = (uintptr_t)a + PG, .len = 64 },
+			{ .src = (uintptr_t)a + 5 * PG + 64, .dst = (uintptr_t)a + 2 * PG, .len = 64 },
+			{ .src = (uintptr_t)a + 5 * PG + 128, .dst = (uintptr_t)a + PG + 2048, .len = 64 },
+		};
+		sealed0 = h->stats.compact_pages;
+		CHECK(fm_pager_move_bytes(p, m, 3) == 3);
+		CHECK(h->stats.compact_pages == sealed0 + 3); /* page 1 sealed after move 0, and again after move 2 */
+		CHECK(state_at(h, 1) == FM_PG_REMOTE && state_at(h, 2) == FM_PG_REMOTE);
+		CHECK(state_at(h, 5) == FM_PG_DIRTY);
+	}
+	for (unsigned k = 0; k < 64; k++) {
+		CHECK(a[PG + k] == k + 1);
+		CHECK(a[2 * PG + k] == k + 65);
+		CHECK(a[PG + 2048 + k] == k + 129);
+	}
+	CHECK(a[PG + 64] == 0 && a[PG + 2047] == 0 && a[PG + 2112] == 0 && a[2 * PG + 64] == 0);
+	CHECK(fm_pager_unregister(p, a, 8 * PG) == 0);
+	munmap(a, 8 * PG);
+	fm_pager_stop(p);
+}
+
+/*
  * memd refuses a page (full): the free space it keeps goes back, all of it,
  * at the next discard, also the ranges that fell off the pager's list; and
  * nothing is lost on the way.
@@ -446,6 +492,7 @@ int main(void)
 	scenario(tcp, "stream", "thread");
 	small(unix_addr, "shm");
 	small(tcp, "stream");
+	let_go_between_moves(unix_addr);
 	snprintf(sock2, sizeof(sock2), "/tmp/farmem-unit-compact2-%d.sock", getpid());
 	memd2 = unit_start_memd(sock2, "64M");
 	if (memd2 > 0) {
