@@ -183,6 +183,18 @@ static void release_keeps_written(struct target *tg)
 	CHECK(fm_chan_read(tg->c, tg->space, &pages[0], 1, &src) == -ENOENT);
 }
 
+/* Pages pg and pg + 1 emptied of the hammer's copies, then pg written with version v. */
+static void two_pages(struct target *tg, uint64_t pg, uint32_t v)
+{
+	const void *data[1] = { page };
+	uint32_t st[1];
+	struct fm_range both = { .first = pg, .npages = 2 };
+
+	CHECK(fm_chan_discard(tg->c, tg->space, &both, 1) == 0);
+	write_page(page, 0, v);
+	CHECK(fm_chan_write(tg->c, tg->space, &pg, 1, data, st) == 0 && st[0] == FM_OK);
+}
+
 /*
  * shm's pages opened in place: a page opened to be overwritten whole is
  * neither checked nor zeroed (its old bytes are dead), one opened to be
@@ -191,14 +203,10 @@ static void release_keeps_written(struct target *tg)
 static void open_in_place(struct target *tg)
 {
 	uint64_t pg = 20, fresh = 21;
-	const void *data[1] = { page }, *src;
-	uint32_t st[1];
-	struct fm_range both = { .first = 20, .npages = 2 };
+	const void *src;
 	uint8_t *b;
 
-	CHECK(fm_chan_discard(tg->c, tg->space, &both, 1) == 0); /* the hammer's copies */
-	write_page(page, 0, 51);
-	CHECK(fm_chan_write(tg->c, tg->space, &pg, 1, data, st) == 0 && st[0] == FM_OK);
+	two_pages(tg, pg, 51);
 	CHECK(fm_chan_page_open(tg->c, tg->space, pg, 0, &b) == 0 && page_ok(b, 0, 51));
 	b[100] ^= 1; /* damaged behind the checksum's back */
 	CHECK(fm_chan_page_open(tg->c, tg->space, pg, 0, &b) == -EIO);
@@ -223,14 +231,11 @@ static void open_in_place(struct target *tg)
 static void checked_once_a_pause(struct target *tg)
 {
 	uint64_t pg = 30, dst = 31;
-	const void *data[1] = { page }, *src;
+	const void *src;
 	uint32_t st[1];
-	struct fm_range both = { .first = 30, .npages = 2 };
 	uint8_t *b;
 
-	CHECK(fm_chan_discard(tg->c, tg->space, &both, 1) == 0); /* the hammer's copies */
-	write_page(page, 0, 61);
-	CHECK(fm_chan_write(tg->c, tg->space, &pg, 1, data, st) == 0 && st[0] == FM_OK);
+	two_pages(tg, pg, 61);
 	/* The store's bytes, to damage: an open to overwrite neither checks nor marks them. */
 	CHECK(fm_chan_page_open(tg->c, tg->space, pg, FM_PAGE_OVERWRITE, &b) == 0);
 
