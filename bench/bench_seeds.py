@@ -18,8 +18,9 @@ Configurations, per workload and budget (PCT of -Xmx local):
             the heap plus the workload's non-heap allowance (metaspace, code, GC structures, threads,
             Neo4j's page cache: the memory farmem leaves unpaged), so both page the same heap. The
             allowance is measured: the most the JVM held resident outside its heap in the all-local
-            runs (/proc/PID/smaps every second; the heap's range from its exit log); --overhead
-            sets it, and the presets below serve when no all-local run succeeded
+            runs (/proc/PID/smaps every second, every 0.1 s in the first; the heap's range from its
+            exit log); --overhead sets it, and the presets below serve when no all-local run
+            succeeded
   farmem    `farmem run --local PCT%`: the pager, the system's JDK 17 (stock G1)
   memliner  `farmem run --gc memliner --local PCT%`: the farmem JDK (`make jdk`), MemLiner marking
   fjdk      `farmem run --gc farmem --local PCT%`: the farmem JDK, everything it does for far memory
@@ -145,8 +146,11 @@ def size_bytes(text: str) -> int:
 
 
 class RssSampler(threading.Thread):
-    """Every second while a JVM runs (a read of a large JVM's smaps costs about 25 ms of CPU, so
-    more often would slow the reference run): the resident bytes of each of its mappings.
+    """Every second while a JVM runs, every tenth of a second in its first second (a read of a
+    large JVM's smaps costs about 25 ms of CPU, so more often would slow the reference run; a
+    young JVM's is small, and a smoke run of 0.4 s sampled once at 0.2 s saw its non-heap memory
+    before it had grown: Linux swap's cgroup, sized from it, killed GcChurn): the resident bytes
+    of each of its mappings.
     Afterwards, with the heap's range from its log, the most it held outside the heap: what a
     memory cgroup must allow beyond the heap's share for Linux swap to page the same heap."""
 
@@ -155,7 +159,7 @@ class RssSampler(threading.Thread):
         self.pid, self.stop, self.samples = pid, threading.Event(), []
 
     def run(self) -> None:
-        while not self.stop.wait(1.0 if self.samples else 0.2):
+        while not self.stop.wait(1.0 if len(self.samples) >= 10 else 0.1):
             sample, start, end = [], 0, 0
             try:
                 with open(f"/proc/{self.pid}/smaps") as f:
@@ -358,7 +362,8 @@ class Bench:
                f"{self.jdk or 'not built (' + self.unavailable.get('memliner', 'not asked for') + ')'}",
                f"- median of {a.repeats} interleaved repeat(s); local = share of -Xmx; Linux swap's cgroup "
                "limit = that share of the heap + the workload's non-heap allowance below (measured: the most "
-               "the JVM held resident outside its heap in the all-local runs, from /proc/PID/smaps every second)",
+               "the JVM held resident outside its heap in the all-local runs, from /proc/PID/smaps every second, "
+               "every 0.1 s in the first)",
                "- paged MB / GB alloc: farmem, bytes read from and written to memd; kswap, pages swapped in "
                "and out x 4 KiB; per GB the program allocated (-Xlog:gc occupancy)"]
         out.append("- workloads:")
