@@ -11,18 +11,17 @@
  * memd holds in memd's store (fm_chan_page_open: shm, whose store is mapped
  * here), so a remote object moved to a remote destination never comes here.
  *
- * Every page a move touches is held first, by compare-and-swap, until no
- * next move of the call uses it: REMOTE and UNTOUCHED pages as FILLING
- * (their store slot is changed, and they stay remote), DIRTY ones as
+ * Every page a move touches is held first, by compare-and-swap, until the
+ * next move of the call does not use it: REMOTE and UNTOUCHED pages as
+ * FILLING (their store slot is changed, and they stay remote), DIRTY ones as
  * UPDATING (written through the heap; the evictor keeps off), CLEAN ones as
- * UPDATING if only read. A
- * page in any other state (someone else holds it; a clean page to be
- * written, which would need an unprotect; unmanaged) ends the call there:
- * the collector copies that object itself, faulting as usual. A store page
- * is checked against its checksum when opened and sealed with a new one
- * before it is let go, so a page memd damaged is found here as on any read,
- * and memd holds the moved bytes before anyone else can use the page:
- * nothing is lost.
+ * UPDATING if only read. A page in any other state (someone else holds it; a
+ * clean page to be written, which would need an unprotect; unmanaged) ends
+ * the call there: the collector copies that object itself, faulting as
+ * usual. A store page is checked against its checksum when opened and
+ * sealed with a new one before it is let go, so a page memd damaged is found
+ * here as on any read, and memd holds the moved bytes before anyone else can
+ * use the page: nothing is lost.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -177,7 +176,6 @@ static void let_go(struct call *c, const struct held *e)
 	if (!p->in_thread && e->kind == HELD_STORE)
 		fm_uffd_wake(p->uffd, c->r->base + (e->i << PG_SHIFT), PG_SIZE);
 }
-
 
 /*
  * The store pages held since `from` that are not open yet, opened. A page memd
