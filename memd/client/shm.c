@@ -75,14 +75,19 @@ static int intact(struct shm *s, struct space_map *sm, uint64_t p)
 		return 1;
 	if (fm_crc32c(sm->data + p * FM_PAGE_SIZE, FM_PAGE_SIZE) != sm->meta[p].crc)
 		return 0;
-	__atomic_store_n(&sm->checked[p], now, __ATOMIC_RELAXED);
+	/* Outside a pause nothing is marked: no later pause has this one's id, so a fault pays no store. */
+	if (now)
+		__atomic_store_n(&sm->checked[p], now, __ATOMIC_RELAXED);
 	return 1;
 }
 
 /* Slot p's checksum was just computed from the bytes it holds. */
 static void summed(struct shm *s, struct space_map *sm, uint64_t p)
 {
-	__atomic_store_n(&sm->checked[p], __atomic_load_n(&s->pause_id, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+	uint32_t now = __atomic_load_n(&s->pause_id, __ATOMIC_RELAXED);
+
+	if (now)
+		__atomic_store_n(&sm->checked[p], now, __ATOMIC_RELAXED);
 }
 
 /* Slot p, which memd holds no page in, is written: memory it kept is in use again. */
@@ -332,7 +337,8 @@ static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uin
 		crc = ss->meta[sp].crc;
 		memcpy(ds->data + dp * FM_PAGE_SIZE, ss->data + sp * FM_PAGE_SIZE, FM_PAGE_SIZE);
 		m->crc = crc;
-		__atomic_store_n(&ds->checked[dp], 0, __ATOMIC_RELAXED); /* the source's bytes, never checked here */
+		/* The source's bytes, not checked here: a mark from earlier in this pause must not stand. */
+		__atomic_store_n(&ds->checked[dp], 0, __ATOMIC_RELAXED);
 		__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);
 	}
 	return 0;
