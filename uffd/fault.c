@@ -203,11 +203,15 @@ static void missing(struct fm_pager *p, struct fm_fault *f, struct region *r, in
 			}
 			fill(p, f, r, ridx, i, b);
 			return;
+		/*
+		 * Another thread holds it. Not every FILLING hold ends in an
+		 * install that wakes a thread asleep in the kernel: a stale
+		 * write-protect fault on a page that left, a compaction's remote
+		 * page and a move's source go back unfilled. So wait, and look
+		 * again: a page filled meanwhile is a stale fault, whose wake
+		 * missing_but_resident gives.
+		 */
 		case FM_PG_FILLING:
-			/* Another thread installs it; the install wakes a thread asleep in the kernel. */
-			if (!f->in_thread)
-				return;
-			/* fall through */
 		case FM_PG_LEAVING:
 		case FM_PG_UPDATING:
 			wait_settle(p, f, &r->pg[i]);
@@ -379,8 +383,7 @@ static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct reg
 			return;
 		}
 		if (pg_is_hold(s)) {
-			if (s == FM_PG_FILLING && !f->in_thread)
-				return; /* the other thread's fill wakes us */
+			/* Every hold, FILLING too: as in missing(), not every one ends in a wake. */
 			wait_settle(p, f, &r->pg[i]);
 			continue;
 		}
