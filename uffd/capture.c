@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "evict.h"
@@ -117,10 +118,23 @@ int fm_capture_splice(struct fm_capture *c, const struct iovec *iov, unsigned ni
 	return -1;
 }
 
-void fm_capture_collect(struct fm_capture *c, unsigned npages)
+void fm_capture_collect(struct fm_capture *c, struct iovec *left, unsigned niov)
 {
-	int rc = read_full(c->rd, c->bytes, (size_t)npages * PG_SIZE);
+	unsigned first = 0;
 
-	if (rc)
-		fm_fatal("cannot read %u evicted pages back from their pipe: %s", npages, strerror(-rc));
+	while (first < niov) {
+		ssize_t k = readv(c->rd, left + first, (int)(niov - first));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			fm_fatal("cannot read evicted pages back from their pipe: %s",
+				 k < 0 ? strerror(errno) : "it ran dry");
+		/* A short read stops anywhere: step over what it filled. */
+		while (first < niov && (size_t)k >= left[first].iov_len)
+			k -= (ssize_t)left[first++].iov_len;
+		if (first < niov) {
+			left[first].iov_base = (uint8_t *)left[first].iov_base + k;
+			left[first].iov_len -= (size_t)k;
+		}
+	}
 }

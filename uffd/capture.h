@@ -42,7 +42,11 @@ void fm_capture_give(struct fm_capture *c);
  */
 int fm_capture_splice(struct fm_capture *c, const struct iovec *iov, unsigned niov, unsigned npages);
 
-/* Read the npages spliced pages into c->bytes, in splice order. Fatal if the pipe fails: the pages are gone. */
-void fm_capture_collect(struct fm_capture *c, unsigned npages);
+/*
+ * Read the spliced pages, in splice order, to where iov says: c->bytes, or a
+ * page's own slot in memd's store (evict.c); iov is used up. Fatal if the
+ * pipe fails: the pages are gone.
+ */
+void fm_capture_collect(struct fm_capture *c, struct iovec *iov, unsigned niov);
 
 #endif

@@ -438,16 +438,38 @@ static int capture_dirty(struct fm_pager *p, struct fm_capture *c, struct victim
 	return fm_capture_splice(c, iov, niov, *nd);
 }
 
-/* After the drop: the dirty victims' bytes, from the pipe. */
-static void capture_collect(struct fm_pager *p, struct fm_capture *c, struct victim *v, unsigned n, unsigned nd)
+/*
+ * After the drop: the dirty victims' bytes, from the pipe. A page memd holds
+ * goes straight into its slot when memd's store is mapped here (shm), and
+ * the write then only checksums it there: one copy of the page instead of
+ * two. Not a page whose bytes write_back looks at before it writes (a zero
+ * page new to memd, a rewrite guess compared with memd's copy), and not once
+ * memd is given up: capture_restore then reinstalls from the slot, which
+ * only this eviction writes while the page is LEAVING.
+ */
+static void capture_collect(struct fm_pager *p, struct fm_chan *chan, struct fm_capture *c, struct victim *v,
+			    unsigned n)
 {
-	unsigned j = 0;
+	struct iovec iov[FM_EVICT_MAX];
+	int in_place = fm_xport_kind(p->x) == FM_XPORT_SHM && !atomic_load(&p->evict_broken);
+	unsigned j = 0, niov = 0;
 
-	fm_capture_collect(c, nd);
+	for (unsigned k = 0; k < n; k++) {
+		uint8_t *to;
+		if (fm_pg_state(v[k].old) != FM_PG_DIRTY)
+			continue;
+		to = c->bytes + (size_t)j++ * PG_SIZE;
+		if (in_place && (v[k].old & FM_PGF_HAS_REMOTE) && !(v[k].old & FM_PGF_REWRITE) &&
+		    fm_chan_page_open(chan, v[k].r->space, v[k].i, FM_PAGE_OVERWRITE, &to) == 0)
+			STAT_ADD(p, evictions_in_place, 1);
+		v[k].bytes = to;
+		if (niov && (uint8_t *)iov[niov - 1].iov_base + iov[niov - 1].iov_len == to)
+			iov[niov - 1].iov_len += PG_SIZE;
+		else
+			iov[niov++] = (struct iovec){ to, PG_SIZE };
+	}
+	fm_capture_collect(c, iov, niov);
 	STAT_ADD(p, evict_syscalls, 1);
-	for (unsigned k = 0; k < n; k++)
-		if (fm_pg_state(v[k].old) == FM_PG_DIRTY)
-			v[k].bytes = c->bytes + (size_t)j++ * PG_SIZE;
 }
 
 /*
@@ -490,7 +512,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 	}
 	if (cap) {
 		drop(p, v, n);
-		capture_collect(p, cap, v, n, nd);
+		capture_collect(p, chan, cap, v, n);
 		STAT_ADD(p, evictions_captured, nd);
 		write_back(p, chan, v, n);
 		capture_restore(p, v, n);

@@ -192,7 +192,9 @@ struct fm_pager_stats {
 	 */
 	uint64_t discard_kept;
 	uint64_t discard_released;
-	uint64_t reserved2[25];
+	/* Of evictions_captured, pages read from the pipe straight into their slot in memd's store (shm). */
+	uint64_t evictions_in_place;
+	uint64_t reserved2[24];
 };
 
 struct fm_resmap_hdr {

@@ -280,9 +280,11 @@ static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 		 * Data and checksum first, then the flag with release order: a
 		 * reader that acquires FM_SHM_PRESENT sees both. The store is in
 		 * the memfd's page cache when this returns, so the pager may drop
-		 * its own copy as soon as we come back.
+		 * its own copy as soon as we come back. Bytes put in the slot
+		 * already (transport.h) are only summed.
 		 */
-		memcpy(sm->data + p * FM_PAGE_SIZE, data[i], FM_PAGE_SIZE);
+		if (data[i] != sm->data + p * FM_PAGE_SIZE)
+			memcpy(sm->data + p * FM_PAGE_SIZE, data[i], FM_PAGE_SIZE);
 		m->crc = fm_crc32c(sm->data + p * FM_PAGE_SIZE, FM_PAGE_SIZE);
 		summed(s, sm, p);
 		__atomic_store_n(&m->flags, FM_SHM_PRESENT, __ATOMIC_RELEASE);

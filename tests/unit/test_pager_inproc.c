@@ -159,7 +159,11 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 	 */
 	{
 		uint64_t captured = h->stats.evictions_captured, dirty = h->stats.evictions_dirty;
+		uint64_t in_place = h->stats.evictions_in_place;
 		CHECK(strcmp(fault, "signal") ? captured == 0 : captured > 0);
+		/* Rewritten pages memd holds go from the pipe straight into their slot (shm only). */
+		CHECK(in_place <= captured);
+		CHECK(strcmp(transport, "shm") || strcmp(fault, "signal") ? in_place == 0 : in_place > 0);
 		fm_pager_no_capture(p, "the unit test asks");
 		for (unsigned n = 0; n < NPAGES; n++) {
 			uint64_t i = (uint64_t)rand_r(&seed) % NPAGES;

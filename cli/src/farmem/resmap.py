@@ -81,9 +81,10 @@ TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAP
                + FAULT_PATH_FIELDS + GARBAGE_FIELDS + ADOPT_FIELDS + FORK_FIELDS + EVICT_FIELDS)
 # Version 2's second block of 32 words (the JVM at far memory, issue 18): the concurrent GC threads'
 # share of gc_faults, a collector's object moves done in memd's store (uffd/compact.c), and the
-# discarded free space whose memory memd keeps for reuse (a gauge) and gives back.
+# discarded free space whose memory memd keeps for reuse (a gauge) and gives back; of the captured
+# evictions, those read straight into their slot in memd's store (shm).
 JVM_FIELDS = ("gc_conc_faults", "compact_moves", "compact_bytes", "compact_pages", "compact_declined",
-              "discard_kept", "discard_released")
+              "discard_kept", "discard_released", "evictions_in_place")
 
 
 class PagerStats(ctypes.Structure):
@@ -141,6 +142,7 @@ def layout() -> dict:
         "offsetof_evictions_captured": PagerStats.evictions_captured.offset,
         "offsetof_gc_conc_faults": PagerStats.gc_conc_faults.offset,
         "offsetof_discard_released": PagerStats.discard_released.offset,
+        "offsetof_evictions_in_place": PagerStats.evictions_in_place.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }

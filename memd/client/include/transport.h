@@ -143,7 +143,10 @@ int fm_chan_read(struct fm_chan *c, uint32_t space, const uint64_t *pages,
 /*
  * Write n (<= FM_MAX_BATCH) pages and return only when memd holds their
  * bytes. status[i] is FM_OK or FM_E_FULL (memd refused it: keep it local).
- * Returns 0 when every status is valid, or -errno when none is.
+ * Returns 0 when every status is valid, or -errno when none is. In shm,
+ * data[i] may be the page's own slot (fm_chan_page_open with
+ * FM_PAGE_OVERWRITE, caller holding the page): its bytes are then checksummed
+ * and published where they are, with no copy.
  */
 int fm_chan_write(struct fm_chan *c, uint32_t space, const uint64_t *pages,
 		  unsigned n, const void *const *data, uint32_t *status);
