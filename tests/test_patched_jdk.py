@@ -432,7 +432,9 @@ def test_gc_farmem_several_memds_leaves_regions_verified(farmem_jdk, farmem_cmd,
     """Several memds (memd/client/multi.c): no store to work in, so G1 moves objects and reads
     headers as usual, and leaves no region in place either (without a store, a full GC faults the
     heap in, and the garbage of regions left in place brings the next one sooner); the heap
-    verified around every GC, every word checked."""
+    verified around every GC, every word checked. --shrink-mb: System.gc() halfway, so a full GC
+    comes however slowly two memds and the verification run (a slow host once did 15 s of churn
+    with young pauses of 1-2 s each and no full GC)."""
     import time
     secret = tmp_path / "secret"
     secret.write_text("several-memds-test-secret\n")
@@ -447,7 +449,7 @@ def test_gc_farmem_several_memds_leaves_regions_verified(farmem_jdk, farmem_cmd,
             time.sleep(0.02)
         r = run(farmem_cmd + ["run", "--gc", "farmem", "--memd", ",".join(f"unix:{sock}" for sock in socks),
                               "--secret-file", secret, "--local", "25%", "--", "java", *VERIFY, "-Xlog:gc+farmem",
-                              "-Xlog:gc", *tight_churn(15)], timeout=900, cwd=REPO)
+                              "-Xlog:gc", *tight_churn(15), "--shrink-mb", "100"], timeout=900, cwd=REPO)
     finally:
         for m in memds:
             m.terminate()
