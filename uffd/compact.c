@@ -165,16 +165,12 @@ static int hold(struct call *c, uint64_t i, int write)
 /* Let go of a held page: a store page (open by now) stays remote, its bytes sealed in memd. */
 static void let_go(struct call *c, const struct held *e)
 {
-	struct fm_pager *p = c->p;
 	uint8_t *b = &c->r->pg[e->i];
 
 	if (e->kind == HELD_LOCAL)
 		pg_release_from(b, FM_PG_UPDATING, e->old);
 	else
 		pg_release_from(b, FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
-	/* A handler thread's fault on a page we held waits in the kernel for a wake. */
-	if (!p->in_thread && e->kind == HELD_STORE)
-		fm_uffd_wake(p->uffd, c->r->base + (e->i << PG_SHIFT), PG_SIZE);
 }
 
 /*
@@ -475,8 +471,6 @@ static int take_move_edit(struct call *c, const struct fm_byte_move *m, unsigned
 /* Let every held page go: a store page written now remote with memd's new bytes, the others as they were. */
 static void release_edit(struct call *c, int applied)
 {
-	struct fm_pager *p = c->p;
-
 	for (unsigned k = 0; k < c->n; k++) {
 		struct held *e = &c->h[k];
 		uint8_t *b = &c->r->pg[e->i];
@@ -486,8 +480,6 @@ static void release_edit(struct call *c, int applied)
 			pg_release_from(b, FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
 		else
 			pg_release_from(b, FM_PG_FILLING, e->old);
-		if (!p->in_thread && e->kind == HELD_STORE)
-			fm_uffd_wake(p->uffd, c->r->base + (e->i << PG_SHIFT), PG_SIZE);
 	}
 	c->n = 0;
 	memset(c->where, 0, sizeof(c->where));
@@ -794,8 +786,6 @@ static int words_shm(struct fm_pager *p, uintptr_t a, void *buf, size_t len, int
 			pg_release_from(&c.r->pg[e->i], FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
 		else
 			pg_release_from(&c.r->pg[e->i], FM_PG_FILLING, e->old);
-		if (!p->in_thread && e->kind == HELD_STORE)
-			fm_uffd_wake(p->uffd, a & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE);
 	}
 	rlock_un(p);
 	chan_done(&c);

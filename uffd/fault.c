@@ -207,9 +207,10 @@ static void missing(struct fm_pager *p, struct fm_fault *f, struct region *r, in
 		 * Another thread holds it. Not every FILLING hold ends in an
 		 * install that wakes a thread asleep in the kernel: a stale
 		 * write-protect fault on a page that left, a compaction's remote
-		 * page and a move's source go back unfilled. So wait, and look
-		 * again: a page filled meanwhile is a stale fault, whose wake
-		 * missing_but_resident gives.
+		 * page, a move's source, a kept slot given back go back unfilled.
+		 * So wait, and look again (holders owe a handler nothing but
+		 * fm_settled): a page filled meanwhile is a stale fault, whose
+		 * wake missing_but_resident gives.
 		 */
 		case FM_PG_FILLING:
 		case FM_PG_LEAVING:

@@ -315,11 +315,7 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 	}
 	if (res)
 		fm_resident_add(p, res);
-	/* A thread that faulted on a page while we held it waits: in the kernel, or to settle. */
-	if (!p->in_thread) {
-		fm_uffd_wake(p->uffd, dst0, (size_t)n << PG_SHIFT);
-		fm_uffd_wake(p->uffd, src0, (size_t)n << PG_SHIFT);
-	}
+	/* A fault on a page we held waits to settle (fault.c), a handler thread's too: it serves the page then. */
 	fm_settled(p);
 }
 

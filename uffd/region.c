@@ -143,8 +143,8 @@ static void release_kept(struct fm_pager *p, uint32_t space, struct fm_range k)
 			for (unsigned j = 0; j < n; j++)
 				pg_release_from(&r->pg[run + j], fm_pg_state(was[j]) == FM_PG_UNTOUCHED
 							   ? FM_PG_FILLING : FM_PG_UPDATING, was[j]);
-			if (!p->in_thread)
-				fm_uffd_wake(p->uffd, r->base + (run << PG_SHIFT), (size_t)n << PG_SHIFT);
+			/* A fault on a page we held waits to settle (fault.c), a handler thread's too. */
+			fm_settled(p);
 		} else {
 			i++;
 		}
