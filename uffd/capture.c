@@ -86,20 +86,6 @@ void fm_capture_give(struct fm_capture *c)
 	atomic_store(&c->busy, 0);
 }
 
-static int read_full(int fd, uint8_t *to, size_t len)
-{
-	while (len) {
-		ssize_t k = read(fd, to, len);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return k < 0 ? -errno : -EIO;
-		to += k;
-		len -= (size_t)k;
-	}
-	return 0;
-}
-
 int fm_capture_splice(struct fm_capture *c, const struct iovec *iov, unsigned niov, unsigned npages)
 {
 	size_t want = (size_t)npages * PG_SIZE, got = 0;
@@ -113,8 +99,11 @@ int fm_capture_splice(struct fm_capture *c, const struct iovec *iov, unsigned ni
 		got = (size_t)k;
 	if (got == want)
 		return 0;
-	if (got && read_full(c->rd, c->bytes, got))
-		fm_fatal("cannot empty an eviction pipe: %s", strerror(errno));
+	if (got) {
+		struct iovec spilled = { .iov_base = c->bytes, .iov_len = got };
+
+		fm_capture_collect(c, &spilled, 1);
+	}
 	return -1;
 }
 

@@ -24,6 +24,7 @@
 #include "pager.h"
 #include "resmap.h"
 #include "unit.h"
+#include "unit_pager.h"
 #include "wait.h"
 
 #define PG 4096ul
@@ -89,24 +90,17 @@ static void held_then_let_go(struct fm_pager *p, struct fm_resmap_hdr *h, const 
 
 static void exercise(const char *sock, const char *fault)
 {
-	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
 	struct fm_resmap_hdr *h;
-	char err[512], addr[128], what[64];
+	char addr[128], what[64];
 	uint8_t *a;
 	volatile uint8_t sink = 0;
 
-	fm_pager_cfg_defaults(&cfg);
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "2M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "fault", fault, err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (fault=%s): %s\n", fault, err);
-		failures++;
+	snprintf(what, sizeof(what), "fault=%s", fault);
+	p = unit_pager(what, addr, "2M", (const char *const[]){ "fault", fault, NULL });
+	if (!p)
 		return;
-	}
 	h = fm_pager_map(p);
 	a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(a != MAP_FAILED);

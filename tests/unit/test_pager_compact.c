@@ -32,6 +32,7 @@
 #include "pager.h"
 #include "resmap.h"
 #include "unit.h"
+#include "unit_pager.h"
 
 #define PG 4096ul
 #define REGION (40ul << 20)   /* past 32 MiB: half of it is over keep's 16 MiB floor */
@@ -79,27 +80,6 @@ static void *press(void *arg)
 	return NULL;
 }
 
-/* A pager on memd at addr with a local budget and the settings in more (key, value, ..., NULL); NULL, counted as a failure, if it does not start. */
-static struct fm_pager *start_pager(const char *what, const char *addr, const char *local, const char *const *more)
-{
-	struct fm_pager_cfg cfg;
-	struct fm_pager *p = NULL;
-	char err[512];
-
-	fm_pager_cfg_defaults(&cfg);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", local, err, sizeof(err)) == 0);
-	for (; more && more[0]; more += 2)
-		CHECK(fm_pager_cfg_set(&cfg, more[0], more[1], err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (%s): %s\n", what, err);
-		failures++;
-		return NULL;
-	}
-	return p;
-}
-
 static void scenario(const char *addr, const char *transport, const char *fault)
 {
 	struct fm_pager *p;
@@ -115,7 +95,7 @@ static void scenario(const char *addr, const char *transport, const char *fault)
 
 	snprintf(label, sizeof(label), "%s %s, %s", transport, addr, fault);
 	fault = label; /* the messages below name the whole case */
-	p = start_pager(fault, addr, "2M",
+	p = unit_pager(fault, addr, "2M",
 			(const char *const[]){ "transport", transport, "fault", strrchr(label, ' ') + 1, NULL });
 	if (!p) {
 		free(o);
@@ -313,7 +293,7 @@ out:
  */
 static void small(const char *addr, const char *transport)
 {
-	struct fm_pager *p = start_pager("small", addr, "1M",
+	struct fm_pager *p = unit_pager("small", addr, "1M",
 					 (const char *const[]){ "transport", transport, "prefetch", "0", NULL });
 	struct fm_resmap_hdr *h;
 	uint8_t *a;
@@ -359,7 +339,7 @@ static void small(const char *addr, const char *transport)
  */
 static void let_go_between_moves(const char *addr)
 {
-	struct fm_pager *p = start_pager("let go", addr, "1M",
+	struct fm_pager *p = unit_pager("let go", addr, "1M",
 					 (const char *const[]){ "transport", "shm", "prefetch", "0", NULL });
 	struct fm_resmap_hdr *h;
 	uint8_t *a;
@@ -404,7 +384,7 @@ static void let_go_between_moves(const char *addr)
 static void give_back(const char *addr)
 {
 	const size_t region = 16ul << 20, first = 6ul << 20;
-	struct fm_pager *p = start_pager("give back", addr, "1M", (const char *const[]){ "transport", "shm", NULL });
+	struct fm_pager *p = unit_pager("give back", addr, "1M", (const char *const[]){ "transport", "shm", NULL });
 	struct fm_resmap_hdr *h;
 	uint64_t bad = 0, released0;
 	uint8_t *a;
@@ -448,7 +428,7 @@ static void no_edit(const char *sock, const char *sock2)
 	uint8_t *a;
 
 	snprintf(addr, sizeof(addr), "unix:%s,unix:%s", sock, sock2);
-	p = start_pager("two memds", addr, "1M", NULL);
+	p = unit_pager("two memds", addr, "1M", NULL);
 	if (!p)
 		return;
 	a = mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

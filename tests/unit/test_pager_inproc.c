@@ -21,6 +21,7 @@
 #include "resmap.h"
 #include "transport.h"
 #include "unit.h"
+#include "unit_pager.h"
 
 #define PG 4096ul
 #define REGION (48ul << 20)
@@ -106,28 +107,20 @@ static void rewrite_guess(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *
 
 static void exercise(const char *sock, const char *transport, const char *fault)
 {
-	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
 	struct fm_resmap_hdr *h;
-	char err[512], addr[128];
+	char addr[128], what[64];
 	uint32_t *ver;
 	uint8_t *a;
 	unsigned seed = 12345;
 	uint64_t bad = 0;
 
-	fm_pager_cfg_defaults(&cfg);
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "8M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "fill_threads", "2", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "fault", fault, err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (%s, fault=%s): %s\n", transport, fault, err);
-		failures++;
+	snprintf(what, sizeof(what), "%s, fault=%s", transport, fault);
+	p = unit_pager(what, addr, "8M",
+		       (const char *const[]){ "transport", transport, "fill_threads", "2", "fault", fault, NULL });
+	if (!p)
 		return;
-	}
 	h = fm_pager_map(p);
 	CHECK(h->magic == FM_RESMAP_MAGIC && h->version == FM_RESMAP_VERSION);
 	CHECK(h->transport == (uint32_t)(strcmp(transport, "shm") ? FM_XPORT_STREAM : FM_XPORT_SHM));

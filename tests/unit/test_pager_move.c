@@ -27,6 +27,7 @@
 #include "resmap.h"
 #include "transport.h"
 #include "unit.h"
+#include "unit_pager.h"
 
 #define PG 4096ul
 #define REGION (16ul << 20)
@@ -94,29 +95,18 @@ static void push_out(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *a, ui
 static void exercise(const char *addr, const char *label, const char *transport, int copy, int full,
 		     const char *replicas, pid_t lose)
 {
-	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
 	struct fm_resmap_hdr *h;
-	char err[512];
 	uint64_t tag[N];
 	uint8_t *a;
 	unsigned nres = 0, nrem = 0, nunt = 0;
 	uint64_t bad = 0;
 
-	fm_pager_cfg_defaults(&cfg);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "memd_copy", copy ? "1" : "0", err, sizeof(err)) == 0);
-	if (replicas)
-		CHECK(fm_pager_cfg_set(&cfg, "replicas", replicas, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "0", err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (%s): %s\n", label, err);
-		failures++;
+	p = unit_pager(label, addr, "1M",
+		       (const char *const[]){ "memd_copy", copy ? "1" : "0", "transport", transport, "prefetch", "0",
+					      replicas ? "replicas" : NULL, replicas, NULL });
+	if (!p)
 		return;
-	}
 	h = fm_pager_map(p);
 	a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(a != MAP_FAILED);

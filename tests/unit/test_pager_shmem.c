@@ -31,6 +31,7 @@
 #include "resmap.h"
 #include "transport.h"
 #include "unit.h"
+#include "unit_pager.h"
 
 #define PG 4096ul
 #define REGION (48ul << 20)
@@ -176,27 +177,21 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
 	struct fm_resmap_hdr *h;
-	char err[512], addr[128];
+	char addr[128], what[64];
 	uint32_t *ver;
 	uint8_t *a;
 	unsigned seed = 4321;
 	uint64_t limit_pages = LOCAL / PG, high, n;
 
-	fm_pager_cfg_defaults(&cfg);
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "8M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "transport", transport, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "fill_threads", "2", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "fault", fault, err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (%s, fault=%s): %s\n", transport, fault, err);
-		failures++;
+	snprintf(what, sizeof(what), "%s, fault=%s", transport, fault);
+	p = unit_pager(what, addr, "8M",
+		       (const char *const[]){ "transport", transport, "fill_threads", "2", "fault", fault, NULL });
+	if (!p)
 		return;
-	}
 	h = fm_pager_map(p);
 	/* An evictor thread keeps resident pages under the high mark; faulting threads evict at the limit. */
+	fm_pager_cfg_defaults(&cfg);
 	high = strcmp(fault, "thread") ? limit_pages : limit_pages * cfg.evict_high / 100;
 	a = map_heap_file();
 	ver = calloc(NPAGES, sizeof(*ver));

@@ -23,6 +23,7 @@
 #include "pager.h"
 #include "resmap.h"
 #include "unit.h"
+#include "unit_pager.h"
 
 #define PG 4096ul
 #define NPAGES 4096ul
@@ -111,9 +112,8 @@ static void push_out(uint64_t watch, uint64_t from)
 
 int main(void)
 {
-	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
-	char err[512], addr[128], sock[64], path[] = "/dev/shm/farmem-unit-pf-XXXXXX";
+	char addr[128], sock[64], path[] = "/dev/shm/farmem-unit-pf-XXXXXX";
 	pid_t memd;
 	int st;
 
@@ -121,16 +121,10 @@ int main(void)
 	memd = unit_start_memd(sock, "256M");
 	if (memd < 0)
 		return 1;
-	fm_pager_cfg_defaults(&cfg);
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "4M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "8", err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start: %s\n", err);
+	p = unit_pager("prefetch 8", addr, "4M", (const char *const[]){ "prefetch", "8", NULL });
+	if (!p)
 		return 1;
-	}
 	h = fm_pager_map(p);
 	fd = mkstemp(path);
 	CHECK(fd >= 0 && unlink(path) == 0 && ftruncate(fd, (off_t)REGION) == 0);

@@ -29,6 +29,7 @@
 #include "pager.h"
 #include "resmap.h"
 #include "unit.h"
+#include "unit_pager.h"
 
 #define PG 4096ul
 #define MIB (1ul << 20)
@@ -36,23 +37,12 @@
 
 static struct fm_pager *start_with(const char *sock, const char *fault, const char *local, const char *evict_threads)
 {
-	struct fm_pager_cfg cfg;
-	struct fm_pager *p = NULL;
-	char err[512], addr[128];
+	char addr[128], what[64];
 
-	fm_pager_cfg_defaults(&cfg);
 	snprintf(addr, sizeof(addr), "unix:%s", sock);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", local, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "fault", fault, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "evict_threads", evict_threads, err, sizeof(err)) == 0);
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (fault=%s): %s\n", fault, err);
-		failures++;
-		return NULL;
-	}
-	return p;
+	snprintf(what, sizeof(what), "fault=%s", fault);
+	return unit_pager(what, addr, local,
+			  (const char *const[]){ "fault", fault, "evict_threads", evict_threads, NULL });
 }
 
 static struct fm_pager *start(const char *sock, const char *fault)

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A pager for a unit test: on one memd (or several), with the unit secret. */
+#ifndef FARMEM_UNIT_PAGER_H
+#define FARMEM_UNIT_PAGER_H
+
+#include <stdio.h>
+
+#include "pager.h"
+#include "unit.h"
+
+/*
+ * A pager on memd at addr ("unix:PATH", or a list) with a local budget and the
+ * settings in more (key, value, ..., NULL); NULL, counted as a failure, if it
+ * does not start. what names the case in the failure's message.
+ */
+static inline struct fm_pager *unit_pager(const char *what, const char *addr, const char *local,
+					  const char *const *more)
+{
+	struct fm_pager_cfg cfg;
+	struct fm_pager *p = NULL;
+	char err[512];
+
+	fm_pager_cfg_defaults(&cfg);
+	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "local", local, err, sizeof(err)) == 0);
+	for (; more && more[0]; more += 2)
+		CHECK(fm_pager_cfg_set(&cfg, more[0], more[1], err, sizeof(err)) == 0);
+	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
+		fprintf(stderr, "fm_pager_start (%s): %s\n", what, err);
+		failures++;
+		return NULL;
+	}
+	return p;
+}
+
+#endif
