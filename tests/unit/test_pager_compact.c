@@ -17,6 +17,8 @@
  * refused with nothing changed, and a stream transport says -EOPNOTSUPP.
  * Both fault modes; memd's store mapped here (shm) and over the wire (memd's
  * EDIT, on a Unix socket and over TCP); several memds, which cannot EDIT.
+ * A move memd stops (full) after a page it opened to overwrite leaves that
+ * page as it was.
  * Run from the repository root.
  */
 #include <errno.h>
@@ -420,6 +422,66 @@ static void give_back(const char *addr)
 	fm_pager_stop(p);
 }
 
+/*
+ * A move stopped at its second destination page (memd full) after its first,
+ * a page of free space memd kept, was opened to be overwritten whole: that
+ * page was not cleared on opening, and still holds the bytes it had before the
+ * discard. Not moved after all, it must read as the zeros a discard left.
+ */
+static void stopped_after_whole(const char *addr)
+{
+	const size_t region = 16ul << 20;
+	const uint64_t P = 0, Q = 1, X0 = 8, X1 = 64, S = region / PG - 2;
+	struct fm_pager *p = unit_pager("stopped after whole", addr, "1M",
+					 (const char *const[]){ "transport", "shm", "prefetch", "0", NULL });
+	struct fm_resmap_hdr *h;
+	uint64_t x, filled, bad = 0;
+	uint8_t *a;
+
+	if (!p)
+		return;
+	h = fm_pager_map(p);
+	a = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(a != MAP_FAILED && fm_pager_register(p, a, region, FM_REG_HEAP) == 0);
+	/* P in memd; then memd (8 MiB) fills and refuses pages. [X0, X1) and Q stay untouched. */
+	write_page(a, P, 5);
+	for (filled = X1; filled < S && !h->stats.memd_full; filled++)
+		write_page(a, filled, 6);
+	CHECK(h->stats.memd_full > 0 && state_at(h, P) == FM_PG_REMOTE);
+	write_page(a, S, 7);
+	write_page(a, S + 1, 7);
+	CHECK(state_at(h, S) == FM_PG_DIRTY && state_at(h, S + 1) == FM_PG_DIRTY);
+	/*
+	 * The refusals asked for the free space memd keeps: a discard gives it
+	 * back, this one, so that P's below keeps its slot's bytes.
+	 */
+	CHECK(state_at(h, X1) == FM_PG_REMOTE && fm_pager_discard(p, a + X1 * PG, PG) == 1);
+	/* Use up what memd gave and the pager has not spent: one-page moves into new pages until refused. */
+	for (x = X0; x < X1; x++) {
+		struct fm_byte_move m = { .src = (uintptr_t)a + S * PG, .dst = (uintptr_t)a + x * PG, .len = PG };
+		if (fm_pager_move_bytes(p, &m, 1) == 0)
+			break;
+	}
+	CHECK(x < X1 && state_at(h, x) == FM_PG_UNTOUCHED);
+	/* P's copy dies; its slot keeps its bytes, and its page of quota is the only one there is. */
+	CHECK(fm_pager_discard(p, a + P * PG, PG) == 1 && state_at(h, P) == FM_PG_UNTOUCHED);
+	{
+		struct fm_byte_move m = { .src = (uintptr_t)a + S * PG, .dst = (uintptr_t)a + P * PG, .len = 2 * PG };
+		CHECK(fm_pager_move_bytes(p, &m, 1) == 0);
+	}
+	CHECK(state_at(h, Q) == FM_PG_UNTOUCHED);
+	CHECK(page_ok(a, P, 0) && page_ok(a, Q, 0) && page_ok(a, S, 7) && page_ok(a, S + 1, 7));
+	for (uint64_t i = X0; i < x; i++)
+		bad += memcmp(a + i * PG, a + S * PG, PG) != 0;
+	for (uint64_t i = X1 + 1; i < S; i++)
+		bad += !page_ok(a, i, i < filled ? 6 : 0);
+	CHECK(bad == 0);
+	CHECK(h->stats.crc_errors == 0);
+	CHECK(fm_pager_unregister(p, a, region) == 0);
+	munmap(a, region);
+	fm_pager_stop(p);
+}
+
 /* Several memds (replicated): no EDIT through them, nothing is done, and it says so. */
 static void no_edit(const char *sock, const char *sock2)
 {
@@ -487,6 +549,16 @@ int main(void)
 		char unix2[80];
 		snprintf(unix2, sizeof(unix2), "unix:%s", sock2);
 		give_back(unix2);
+		kill(memd2, SIGTERM);
+		waitpid(memd2, &st, 0);
+	} else {
+		failures++;
+	}
+	memd2 = unit_start_memd(sock2, "8M");
+	if (memd2 > 0) {
+		char unix2[80];
+		snprintf(unix2, sizeof(unix2), "unix:%s", sock2);
+		stopped_after_whole(unix2);
 		kill(memd2, SIGTERM);
 		waitpid(memd2, &st, 0);
 	} else {
