@@ -44,6 +44,54 @@
 
 #define FULL_BACKOFF_NS (50ull * 1000 * 1000)
 
+/*
+ * The clock sees a page's use only when it faults (REF): a page read all the
+ * time goes at the hand's second pass like any other, and comes straight
+ * back. Linux keeps such a page on its active list when it refaults within
+ * the reach of its memory. So here: a page's heat byte (beside its state
+ * byte, ours alone) holds, while it is remote, when it left, in units of a
+ * sixteenth of the budget's evictions (HEAT_LEFT | units, 7 bits); a page
+ * that comes back within one budget of evictions is in use, and the hand
+ * passes it HEAT_PASSES more times before it goes. A resident page's byte
+ * below HEAT_LEFT is the passes it has left. The byte is advice: whatever
+ * it holds, no page is kept or lost by it.
+ */
+#define HEAT_LEFT 0x80u
+#define HEAT_SPAN 16u /* units: one budget */
+#define HEAT_PASSES 3u
+
+/* Relaxed: the clock reads a resident page's byte while its filler or evictor may be done with it. */
+static uint8_t heat_get(const struct region *r, uint64_t i)
+{
+	return __atomic_load_n(&r->heat[i], __ATOMIC_RELAXED);
+}
+
+static void heat_set(struct region *r, uint64_t i, uint8_t v)
+{
+	__atomic_store_n(&r->heat[i], v, __ATOMIC_RELAXED);
+}
+
+static uint8_t heat_now(struct fm_pager *p)
+{
+	uint64_t unit = atomic_load(&p->limit) / HEAT_SPAN;
+
+	return (uint8_t)((atomic_load(&p->evicted) / (unit ? unit : 1)) & 0x7f);
+}
+
+void fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote)
+{
+	uint8_t h;
+	int soon;
+
+	if (!r->heat)
+		return;
+	h = heat_get(r, i);
+	soon = remote && (h & HEAT_LEFT) && ((heat_now(p) - h) & 0x7f) <= HEAT_SPAN;
+	heat_set(r, i, soon ? HEAT_PASSES : 0);
+	if (soon)
+		STAT_ADD(p, refaults_soon, 1);
+}
+
 struct victim {
 	uintptr_t addr;
 	struct region *r;
@@ -166,6 +214,13 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 			uint8_t nb = (uint8_t)(b & ~FM_PGF_REF);
 			pg_cas(&r->pg[i], &b, nb);
 			continue;
+		}
+		if (r->heat && !is_garbage(b) && !(b & FM_PGF_GC)) {
+			uint8_t h = heat_get(r, i);
+			if (h && h < HEAT_LEFT) {
+				heat_set(r, i, (uint8_t)(h - 1));
+				continue;
+			}
 		}
 		if (take(r, i, b, &v[n]))
 			n++;
@@ -494,6 +549,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 	struct victim v[FM_EVICT_MAX];
 	struct fm_capture *cap;
 	unsigned n, nd, dropped = 0, clean = 0, dirty = 0, garbage = 0;
+	uint8_t now;
 
 	if (fm_now_ns() < atomic_load(&p->full_until_ns))
 		return 0;
@@ -524,6 +580,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 		protect_dirty(p, v, n, 0);
 		drop(p, v, n);
 	}
+	now = heat_now(p);
 	for (unsigned k = 0; k < n; k++) {
 		uint8_t b = v[k].old, held = pg_make(FM_PG_LEAVING, b), nb;
 		struct region *r = v[k].r;
@@ -549,6 +606,8 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 		/* A clean page memd never had held only zeros (or garbage): it is untouched again. */
 		nb = (b & FM_PGF_HAS_REMOTE) ? pg_make(FM_PG_REMOTE, (uint8_t)(FM_PGF_HAS_REMOTE | (b & FM_PGF_REWRITE)))
 					     : pg_make(FM_PG_UNTOUCHED, 0);
+		if (r->heat)
+			heat_set(r, v[k].i, fm_pg_state(nb) == FM_PG_REMOTE ? (uint8_t)(HEAT_LEFT | now) : 0);
 		pg_release(&r->pg[v[k].i], held, nb);
 		dropped++;
 	}
@@ -568,6 +627,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 	if (garbage)
 		STAT_ADD(p, garbage_evicted, garbage);
 	if (dropped) {
+		atomic_fetch_add(&p->evicted, dropped);
 		fm_resident_add(p, -(int64_t)dropped);
 		fm_churn(p, dropped);
 	}

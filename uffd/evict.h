@@ -11,6 +11,7 @@
 
 struct fm_pager;
 struct fm_chan;
+struct region;
 
 /* The most pages one batch takes: its books live on the evicting thread's stack. */
 #define FM_EVICT_MAX 64
@@ -25,6 +26,11 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
  */
 uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted);
 void *fm_evictor_main(void *arg);
+/*
+ * Page i of r was filled (remote: from memd) under a FILLING hold: a page
+ * back soon after it left is one the clock should keep longer (evict.c).
+ */
+void fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote);
 /* Pages [first, first+n) of region ridx are garbage the program discarded: look there first. */
 void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n);
 

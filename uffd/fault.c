@@ -149,6 +149,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	 */
 	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && (!f->write || remote) ? FM_PGF_GC : FM_PGF_REF) |
 		       (wr && !f->write ? FM_PGF_REWRITE : 0));
+	fm_heat_filled(p, r, i, remote);
 	fm_release(p, &r->pg[i], held, pg_make(wr ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
 	count_fault(p, gc);
 	if (p->cfg.prefetch)

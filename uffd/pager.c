@@ -43,6 +43,11 @@ static int map_create(struct fm_pager *p)
 		return -errno;
 	}
 	p->map = (uint8_t *)p->hdr + FM_RESMAP_MAP_OFFSET;
+	/* Only what regions use is ever touched; without it eviction is a plain clock. */
+	p->heat = fm_sys_mmap(NULL, MAP_CAPACITY, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+			      -1, 0);
+	if (p->heat == MAP_FAILED)
+		p->heat = NULL;
 	p->st = &p->hdr->stats;
 	p->hdr->page_shift = PG_SHIFT;
 	p->hdr->hdr_size = FM_RESMAP_MAP_OFFSET;
@@ -262,6 +267,8 @@ int fm_pager_stop(struct fm_pager *p)
 		close(p->pidfd);
 	if (p->hdr)
 		fm_sys_munmap(p->hdr, p->map_len);
+	if (p->heat)
+		fm_sys_munmap(p->heat, MAP_CAPACITY);
 	if (p->map_fd >= 0)
 		close(p->map_fd);
 	free(p->zero_run);

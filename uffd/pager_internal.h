@@ -58,6 +58,7 @@ struct region {
 	uintptr_t end;
 	uint64_t npages;
 	uint8_t *pg;           /* its state bytes in the residency map */
+	uint8_t *heat;         /* beside them, the evictor's own (evict.h: fm_heat_*), or NULL */
 	uint32_t space;        /* memd space of its remote pages */
 	int slot;              /* index in hdr->regions */
 	int live;
@@ -126,6 +127,8 @@ struct fm_pager {
 	int map_fd;
 	struct fm_resmap_hdr *hdr;
 	uint8_t *map;
+	uint8_t *heat;                  /* a byte per state byte, at the same offset (evict.h) */
+	atomic_uint_fast64_t evicted;   /* pages dropped so far: the refault clock */
 	size_t map_len;
 	struct fm_pager_stats *st;
 

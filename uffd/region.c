@@ -451,6 +451,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	*r = (struct region){
 		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,
 		.pg = p->map + p->hdr->map_used, .sparse = sparse,
+		.heat = p->heat ? p->heat + p->hdr->map_used : NULL,
 	};
 	if (sparse) {
 		/* Nothing of it is paged yet: fm_pager_commit registers its parts as they become memory. */

@@ -194,7 +194,9 @@ struct fm_pager_stats {
 	uint64_t discard_released;
 	/* Of evictions_captured, pages read from the pipe straight into their slot in memd's store (shm). */
 	uint64_t evictions_in_place;
-	uint64_t reserved2[24];
+	/* Remote pages faulted back within one budget of evictions after they left: the clock keeps them longer. */
+	uint64_t refaults_soon;
+	uint64_t reserved2[23];
 };
 
 struct fm_resmap_hdr {

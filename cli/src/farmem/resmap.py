@@ -82,9 +82,10 @@ TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAP
 # Version 2's second block of 32 words (the JVM at far memory, issue 18): the concurrent GC threads'
 # share of gc_faults, a collector's object moves done in memd's store (uffd/compact.c), and the
 # discarded free space whose memory memd keeps for reuse (a gauge) and gives back; of the captured
-# evictions, those read straight into their slot in memd's store (shm).
+# evictions, those read straight into their slot in memd's store (shm); remote pages faulted back
+# soon after they left (the clock keeps them longer).
 JVM_FIELDS = ("gc_conc_faults", "compact_moves", "compact_bytes", "compact_pages", "compact_declined",
-              "discard_kept", "discard_released", "evictions_in_place")
+              "discard_kept", "discard_released", "evictions_in_place", "refaults_soon")
 
 
 class PagerStats(ctypes.Structure):
@@ -143,6 +144,7 @@ def layout() -> dict:
         "offsetof_gc_conc_faults": PagerStats.gc_conc_faults.offset,
         "offsetof_discard_released": PagerStats.discard_released.offset,
         "offsetof_evictions_in_place": PagerStats.evictions_in_place.offset,
+        "offsetof_refaults_soon": PagerStats.refaults_soon.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
