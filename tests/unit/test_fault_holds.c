@@ -102,11 +102,9 @@ static void exercise(const char *sock, const char *fault)
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	CHECK(a != MAP_FAILED);
-	if (a == MAP_FAILED)
+	a = unit_region(p, REGION, 0);
+	if (!a)
 		goto out;
-	CHECK(fm_pager_register(p, a, REGION, 0) == 0);
 
 	/* A page never touched, held and let go untouched (a stale write-protect fault's hold). */
 	snprintf(what, sizeof(what), "fault=%s, untouched", fault);

@@ -304,8 +304,11 @@ static void small(const char *addr, const char *transport)
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	a = mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	CHECK(a != MAP_FAILED && fm_pager_register(p, a, 4 * PG, FM_REG_HEAP) == 0);
+	a = unit_region(p, 4 * PG, FM_REG_HEAP);
+	if (!a) {
+		fm_pager_stop(p);
+		return;
+	}
 	memset(a + 2 * PG, 0x5a, 128);
 	CHECK(a[0] == 0 && state_at(h, 0) == FM_PG_CLEAN && state_at(h, 2) == FM_PG_DIRTY);
 	{
@@ -350,8 +353,11 @@ static void let_go_between_moves(const char *addr)
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	a = mmap(NULL, 8 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	CHECK(a != MAP_FAILED && fm_pager_register(p, a, 8 * PG, FM_REG_HEAP) == 0);
+	a = unit_region(p, 8 * PG, FM_REG_HEAP);
+	if (!a) {
+		fm_pager_stop(p);
+		return;
+	}
 	for (unsigned k = 0; k < 192; k++)
 		a[5 * PG + k] = (uint8_t)(k + 1);
 	{
@@ -394,8 +400,11 @@ static void give_back(const char *addr)
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	a = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	CHECK(a != MAP_FAILED && fm_pager_register(p, a, region, FM_REG_HEAP) == 0);
+	a = unit_region(p, region, FM_REG_HEAP);
+	if (!a) {
+		fm_pager_stop(p);
+		return;
+	}
 	for (uint64_t i = 0; i < first / PG; i++)
 		write_page(a, i, 3);
 	/* Every other page alone: more ranges than the pager lists, so the oldest fall off, their memory kept. */
@@ -441,8 +450,11 @@ static void stopped_after_whole(const char *addr)
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	a = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	CHECK(a != MAP_FAILED && fm_pager_register(p, a, region, FM_REG_HEAP) == 0);
+	a = unit_region(p, region, FM_REG_HEAP);
+	if (!a) {
+		fm_pager_stop(p);
+		return;
+	}
 	/* P in memd; then memd (8 MiB) fills and refuses pages. [X0, X1) and Q stay untouched. */
 	write_page(a, P, 5);
 	for (filled = X1; filled < S && !h->stats.memd_full; filled++)
@@ -493,8 +505,11 @@ static void no_edit(const char *sock, const char *sock2)
 	p = unit_pager("two memds", addr, "1M", NULL);
 	if (!p)
 		return;
-	a = mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	CHECK(a != MAP_FAILED && fm_pager_register(p, a, 4 * PG, FM_REG_HEAP) == 0);
+	a = unit_region(p, 4 * PG, FM_REG_HEAP);
+	if (!a) {
+		fm_pager_stop(p);
+		return;
+	}
 	a[2 * PG] = 7;
 	{
 		struct fm_byte_move m = { .src = (uintptr_t)a + 2 * PG, .dst = (uintptr_t)a, .len = 64 };
@@ -511,6 +526,23 @@ static void no_edit(const char *sock, const char *sock2)
 	CHECK(fm_pager_unregister(p, a, 4 * PG) == 0);
 	munmap(a, 4 * PG);
 	fm_pager_stop(p);
+}
+
+/* fn on a memd of its own that holds 8 MiB, at sock, stopped after. */
+static void on_small_memd(const char *sock, void (*fn)(const char *addr))
+{
+	char addr[80];
+	pid_t memd = unit_start_memd(sock, "8M");
+	int st;
+
+	if (memd <= 0) {
+		failures++;
+		return;
+	}
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	fn(addr);
+	kill(memd, SIGTERM);
+	waitpid(memd, &st, 0);
 }
 
 int main(void)
@@ -544,26 +576,8 @@ int main(void)
 	} else {
 		failures++;
 	}
-	memd2 = unit_start_memd(sock2, "8M");
-	if (memd2 > 0) {
-		char unix2[80];
-		snprintf(unix2, sizeof(unix2), "unix:%s", sock2);
-		give_back(unix2);
-		kill(memd2, SIGTERM);
-		waitpid(memd2, &st, 0);
-	} else {
-		failures++;
-	}
-	memd2 = unit_start_memd(sock2, "8M");
-	if (memd2 > 0) {
-		char unix2[80];
-		snprintf(unix2, sizeof(unix2), "unix:%s", sock2);
-		stopped_after_whole(unix2);
-		kill(memd2, SIGTERM);
-		waitpid(memd2, &st, 0);
-	} else {
-		failures++;
-	}
+	on_small_memd(sock2, give_back);
+	on_small_memd(sock2, stopped_after_whole);
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);

@@ -108,11 +108,9 @@ static void exercise(const char *addr, const char *label, const char *transport,
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	CHECK(a != MAP_FAILED);
-	if (a == MAP_FAILED)
+	a = unit_region(p, REGION, FM_REG_HEAP);
+	if (!a)
 		goto out;
-	CHECK(fm_pager_register(p, a, REGION, FM_REG_HEAP) == 0);
 
 	/* Bad input first: nothing may change. */
 	CHECK(fm_pager_move(p, a + DST * PG + 8, a + SRC * PG, PG) == -EINVAL);

@@ -3,7 +3,9 @@
 #ifndef FARMEM_UNIT_PAGER_H
 #define FARMEM_UNIT_PAGER_H
 
+#include <stdint.h>
 #include <stdio.h>
+#include <sys/mman.h>
 
 #include "pager.h"
 #include "unit.h"
@@ -32,6 +34,18 @@ static inline struct fm_pager *unit_pager(const char *what, const char *addr, co
 		return NULL;
 	}
 	return p;
+}
+
+/* len bytes of fresh anonymous memory, registered with p (flags: FM_REG_*); NULL, counted, if not. */
+static inline uint8_t *unit_region(struct fm_pager *p, size_t len, uint32_t flags)
+{
+	uint8_t *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	CHECK(a != MAP_FAILED);
+	if (a == MAP_FAILED)
+		return NULL;
+	CHECK(fm_pager_register(p, a, len, flags) == 0);
+	return a;
 }
 
 #endif
