@@ -53,12 +53,17 @@
  * sixteenth of the budget's evictions (HEAT_LEFT | units, 7 bits); a page
  * that comes back within one budget of evictions is in use, and the hand
  * passes it HEAT_PASSES more times before it goes. A resident page's byte
- * below HEAT_LEFT is the passes it has left. The byte is advice: whatever
- * it holds, no page is kept or lost by it.
+ * below HEAT_LEFT is the passes it has left. At most three quarters of the
+ * budget is kept so (HEAT_KEPT, counted by the hand at each turn): with
+ * every page kept, the hand would turn round and round in one batch, and a
+ * page just filled would go with it. The byte is advice: whatever it holds,
+ * no page is kept or lost by it.
  */
 #define HEAT_LEFT 0x80u
 #define HEAT_SPAN 16u /* units: one budget */
 #define HEAT_PASSES 3u
+/* At most three quarters of the budget kept so; the rest turns over as a plain clock. */
+#define HEAT_KEPT(limit) ((limit) / 4 * 3)
 
 /* Relaxed: the clock reads a resident page's byte while its filler or evictor may be done with it. */
 static uint8_t heat_get(const struct region *r, uint64_t i)
@@ -87,9 +92,14 @@ void fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote
 		return;
 	h = heat_get(r, i);
 	soon = remote && (h & HEAT_LEFT) && ((heat_now(p) - h) & 0x7f) <= HEAT_SPAN;
-	heat_set(r, i, soon ? HEAT_PASSES : 0);
 	if (soon)
 		STAT_ADD(p, refaults_soon, 1);
+	if (soon && atomic_load(&p->hot) < HEAT_KEPT(atomic_load(&p->limit))) {
+		atomic_fetch_add(&p->hot, 1);
+		heat_set(r, i, HEAT_PASSES);
+	} else {
+		heat_set(r, i, 0);
+	}
 }
 
 struct victim {
@@ -189,12 +199,14 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 	while (n < want && scanned < total) {
 		struct region *r;
 		uint64_t i;
-		uint8_t b;
+		uint8_t b, h;
 		unsigned s;
 
 		if (p->hand_region >= p->nregions) {
 			p->hand_region = 0;
 			p->hand_idx = 0;
+			atomic_store(&p->hot, p->hot_seen);
+			p->hot_seen = 0;
 		}
 		r = &p->regions[p->hand_region];
 		if (!r->live || atomic_load(&r->pinned) || p->hand_idx >= r->npages) {
@@ -210,17 +222,19 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 		s = fm_pg_state(b);
 		if (s != FM_PG_CLEAN && s != FM_PG_DIRTY)
 			continue;
+		h = r->heat && !is_garbage(b) && !(b & FM_PGF_GC) ? heat_get(r, i) : 0;
+		if (h >= HEAT_LEFT)
+			h = 0;
 		if ((b & FM_PGF_REF) && !is_garbage(b) && !(p->cfg.gc_aware && (b & FM_PGF_GC))) {
 			uint8_t nb = (uint8_t)(b & ~FM_PGF_REF);
 			pg_cas(&r->pg[i], &b, nb);
+			p->hot_seen += h > 0;
 			continue;
 		}
-		if (r->heat && !is_garbage(b) && !(b & FM_PGF_GC)) {
-			uint8_t h = heat_get(r, i);
-			if (h && h < HEAT_LEFT) {
-				heat_set(r, i, (uint8_t)(h - 1));
-				continue;
-			}
+		if (h) {
+			heat_set(r, i, (uint8_t)(h - 1));
+			p->hot_seen += h > 1;
+			continue;
 		}
 		if (take(r, i, b, &v[n]))
 			n++;

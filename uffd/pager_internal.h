@@ -175,6 +175,8 @@ struct fm_pager {
 	pthread_mutex_t clock_lock;     /* the evictor's hand, shared with direct eviction */
 	int hand_region;
 	uint64_t hand_idx;
+	uint64_t hot_seen;              /* resident pages with passes left, met since the hand's last wrap */
+	atomic_uint_fast64_t hot;       /* the same, at its last wrap, plus pages marked since (evict.c) */
 	struct garbage_hint hints[MAX_HINTS]; /* under clock_lock: a ring, the oldest at hint_head */
 	unsigned hint_head, nhints;
 	/*

@@ -60,28 +60,34 @@ static int push_out(struct fm_resmap_hdr *h, const uint8_t *a, uint64_t i, uint6
 static void rewrite_guess(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *a, uint32_t *ver, int shm,
 			  unsigned *seed)
 {
-	uint64_t g = NPAGES, w = NPAGES, next = 1000;
+	uint64_t g = NPAGES, w = NPAGES;
+	unsigned tries, none = 0, gone = 0;
 
 	(void)p;
 	/*
 	 * A remote page written in its last stay, read: it must come in
 	 * writable on the guess. Another page the same way, then written: no
 	 * write-protect fault. Eviction (the evictor thread with fault=thread,
-	 * or a batch at the limit) may take a page between two of our steps:
-	 * then it is tried again with another page.
+	 * or a batch at the limit) may take a page between two of our steps,
+	 * and a read may fetch the next pages ahead (prefetch: they come in
+	 * clean, not on the guess): then it is tried again with another page,
+	 * looked for from a random place, so that our reads make no run.
 	 */
-	for (unsigned tries = 0; tries < 200 && (g == NPAGES || w == NPAGES) && next < NPAGES; tries++) {
-		uint64_t i = next, wp;
+	for (tries = 0; tries < 400 && (g == NPAGES || w == NPAGES); tries++) {
+		uint64_t i = 1000 + (uint64_t)rand_r(seed) % (NPAGES - 1000), wp;
 		uint8_t b;
 		while (i < NPAGES && (fm_pg_state(b = page_byte(h, i)) != FM_PG_REMOTE || !(b & FM_PGF_REWRITE)))
 			i++;
-		if (i >= NPAGES)
-			break;
-		next = i + 1;
+		if (i >= NPAGES) {
+			none++;
+			continue;
+		}
 		CHECK(page_ok(a, i, ver[i]));
 		b = page_byte(h, i);
-		if (fm_pg_state(b) != FM_PG_DIRTY)
-			continue; /* gone again already */
+		if (fm_pg_state(b) != FM_PG_DIRTY) {
+			gone++; /* gone again already, or fetched ahead */
+			continue;
+		}
 		CHECK(b & FM_PGF_REWRITE);
 		if (g == NPAGES) {
 			g = i;
@@ -95,9 +101,12 @@ static void rewrite_guess(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *
 			w = i;
 		}
 	}
-	CHECK(g < NPAGES && w < NPAGES);
-	if (g == NPAGES || w == NPAGES)
+	if (g == NPAGES || w == NPAGES) {
+		fprintf(stderr, "rewrite guess: after %u tries, read page %s, written page %s (%u found none, %u gone)\n",
+			tries, g < NPAGES ? "found" : "not found", w < NPAGES ? "found" : "not found", none, gone);
+		CHECK(g < NPAGES && w < NPAGES);
 		return;
+	}
 	CHECK(push_out(h, a, g, w, seed));
 	/* Not written: the guess ends. Written: it goes on where memd's copy can be compared (shm). */
 	CHECK(!(page_byte(h, g) & FM_PGF_REWRITE));
