@@ -76,11 +76,12 @@ static void heat_set(struct region *r, uint64_t i, uint8_t v)
 	__atomic_store_n(&r->heat[i], v, __ATOMIC_RELAXED);
 }
 
+/* The refault clock, in sixteenths of the budget's evictions. */
 static uint8_t heat_now(struct fm_pager *p)
 {
 	uint64_t unit = atomic_load(&p->limit) / HEAT_SPAN;
 
-	return (uint8_t)((atomic_load(&p->evicted) / (unit ? unit : 1)) & 0x7f);
+	return (uint8_t)((fm_evicted(p) / (unit ? unit : 1)) & 0x7f);
 }
 
 void fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote)
@@ -641,7 +642,6 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 	if (garbage)
 		STAT_ADD(p, garbage_evicted, garbage);
 	if (dropped) {
-		atomic_fetch_add(&p->evicted, dropped);
 		fm_resident_add(p, -(int64_t)dropped);
 		fm_churn(p, dropped);
 	}

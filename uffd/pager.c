@@ -285,9 +285,7 @@ int fm_pager_stop(struct fm_pager *p)
  */
 static void garbage_quota(struct fm_pager *p)
 {
-	uint64_t ev = __atomic_load_n(&p->st->evictions_clean, __ATOMIC_RELAXED) +
-		      __atomic_load_n(&p->st->evictions_dirty, __ATOMIC_RELAXED) -
-		      __atomic_load_n(&p->st->adopt_evictions, __ATOMIC_RELAXED);
+	uint64_t ev = fm_evicted(p) - __atomic_load_n(&p->st->adopt_evictions, __ATOMIC_RELAXED);
 	uint64_t q = ev > p->evictions_at_gc ? 2 * (ev - p->evictions_at_gc) : 0;
 	uint64_t lim = atomic_load(&p->limit) / 2;
 

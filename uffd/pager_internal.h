@@ -128,7 +128,6 @@ struct fm_pager {
 	struct fm_resmap_hdr *hdr;
 	uint8_t *map;
 	uint8_t *heat;                  /* a byte per state byte, at the same offset (evict.h) */
-	atomic_uint_fast64_t evicted;   /* pages dropped so far: the refault clock */
 	size_t map_len;
 	struct fm_pager_stats *st;
 
@@ -241,5 +240,12 @@ struct fm_pager {
 #define rlock_un(p) do { int e_ = pthread_rwlock_unlock(&(p)->rlock); if (e_) fm_fatal("region unlock: %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
 
 #define STAT_ADD(p, field, n) __atomic_fetch_add(&(p)->st->field, (uint64_t)(n), __ATOMIC_RELAXED)
+
+/* Pages evicted so far: every page an eviction batch drops is counted clean or dirty. */
+static inline uint64_t fm_evicted(const struct fm_pager *p)
+{
+	return __atomic_load_n(&p->st->evictions_clean, __ATOMIC_RELAXED) +
+	       __atomic_load_n(&p->st->evictions_dirty, __ATOMIC_RELAXED);
+}
 
 #endif
