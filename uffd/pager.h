@@ -28,6 +28,7 @@ struct fm_pager_cfg {
 	uint64_t local_bytes;    /* local as bytes, or 0 when given as a percentage */
 	unsigned local_pct;      /* local as a percentage of registered memory */
 	unsigned fill_threads;
+	unsigned fill_spin_us;
 	int fault_mode;          /* fault: enum fm_fault_mode (0 auto, 1 signal, 2 thread) */
 	int evict_threads;       /* evict_threads: 0 auto (an evictor thread with fault=thread only), 1 none, 2 one */
 	unsigned evict_high;

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * fault=thread: a handler that served a fault reads on for fill_spin_us
+ * before it sleeps (uffd/monitor.c), against a real memd, with ASan and UBSan.
+ *
+ * One thread reads back pages that went to memd, one fault after another.
+ * The handler's voluntary context switches (its sleeps in poll) are counted
+ * from /proc: with fill_spin_us=0 it sleeps between most faults; with a
+ * spin far longer than a fault's round trip it hardly sleeps at all. Every
+ * page read back is checked. With fault=signal there is no handler thread
+ * to spin. Run from the repository root.
+ */
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "pager.h"
+#include "resmap.h"
+#include "unit.h"
+#include "unit_pager.h"
+
+#define PG 4096ul
+#define REGION (16ul << 20)
+#define NPAGES (REGION / PG)
+#define READ_BACK 2048ul /* the first 8 MiB: in memd by the time the last page is written */
+
+/* The tid of the thread named name, or 0. */
+static long thread_named(const char *name)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	long tid = 0;
+
+	if (!d)
+		return 0;
+	while (!tid && (e = readdir(d))) {
+		char path[300], comm[32] = "";
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fgets(comm, sizeof(comm), f) && strncmp(comm, name, strlen(name)) == 0 && comm[strlen(name)] == '\n')
+			tid = strtol(e->d_name, NULL, 10);
+		fclose(f);
+	}
+	closedir(d);
+	return tid;
+}
+
+static long voluntary_switches(long tid)
+{
+	char path[64], line[128];
+	long n = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%ld/status", tid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "voluntary_ctxt_switches: %ld", &n) == 1)
+			break;
+	fclose(f);
+	return n;
+}
+
+/* Faults served while the pages are read back, and the handler's sleeps meanwhile (-1: no handler). */
+static void read_back(const char *addr, const char *fault, const char *spin, uint64_t *faults, long *sleeps)
+{
+	struct fm_pager *p;
+	struct fm_resmap_hdr *h;
+	uint64_t f0, bad = 0;
+	long tid, s0;
+	char what[64];
+	uint8_t *a;
+
+	*faults = 0;
+	*sleeps = -1;
+	snprintf(what, sizeof(what), "fault=%s fill_spin_us=%s", fault, spin);
+	p = unit_pager(what, addr, "2M",
+		       (const char *const[]){ "transport", "shm", "prefetch", "0", "fault", fault, "fill_spin_us", spin, NULL });
+	if (!p)
+		return;
+	h = fm_pager_map(p);
+	a = unit_region(p, REGION, 0);
+	if (!a)
+		goto out;
+	for (uint64_t i = 0; i < NPAGES; i++)
+		write_page(a, i, 7);
+	tid = thread_named("farmem-fault0");
+	CHECK(!strcmp(fault, "thread") == (tid != 0));
+	s0 = tid ? voluntary_switches(tid) : -1;
+	f0 = __atomic_load_n(&h->stats.faults, __ATOMIC_RELAXED);
+	for (uint64_t i = 0; i < READ_BACK; i++)
+		bad += !page_ok(a, i, 7);
+	/* Atomic: the pager's threads write the count while this thread only reads memory. */
+	*faults = __atomic_load_n(&h->stats.faults, __ATOMIC_RELAXED) - f0;
+	if (tid)
+		*sleeps = voluntary_switches(tid) - s0;
+	CHECK(bad == 0);
+	CHECK(h->stats.crc_errors == 0);
+	CHECK(fm_pager_unregister(p, a, REGION) == 0);
+	munmap(a, REGION);
+out:
+	fm_pager_stop(p);
+}
+
+static void exercise(const char *sock, const char *fault)
+{
+	uint64_t faults_plain, faults_spin;
+	long sleeps_plain, sleeps_spin;
+	char addr[128];
+
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	read_back(addr, fault, "0", &faults_plain, &sleeps_plain);
+	read_back(addr, fault, "5000", &faults_spin, &sleeps_spin);
+	fprintf(stderr, "test_pager_fill_spin (fault=%s): no spin %llu faults, %ld sleeps; spin 5 ms %llu faults, %ld sleeps\n",
+		fault, (unsigned long long)faults_plain, sleeps_plain, (unsigned long long)faults_spin, sleeps_spin);
+	/* Most of the pages read back were in memd: a fault each. */
+	CHECK(faults_plain > READ_BACK / 2 && faults_spin > READ_BACK / 2);
+	if (strcmp(fault, "thread"))
+		return;
+	/* Without the spin it sleeps between most faults (fewer when the machine is busy: faults queue up). */
+	CHECK(sleeps_plain > (long)faults_plain / 8);
+	CHECK(sleeps_spin >= 0 && sleeps_spin < (long)faults_spin / 8);
+}
+
+int main(void)
+{
+	return unit_main("test_pager_fill_spin", exercise);
+}
