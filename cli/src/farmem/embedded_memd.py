@@ -8,7 +8,6 @@ it) and gets SIGTERM if the process that started it dies, so none is ever left b
 import ctypes
 import logging
 import os
-import secrets
 import select
 import signal
 import subprocess
@@ -46,7 +45,7 @@ class EmbeddedMemd:
         self.proc = None
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
-        self.secret = secrets.token_hex(32)
+        self.secret = os.urandom(32).hex()  # what secrets.token_hex does, without importing hashlib
         fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.secret)

@@ -287,13 +287,20 @@ def _add_detach(sub) -> None:
     p.set_defaults(func=attach.cmd_detach, parser=p)
 
 
-def get_command_parser() -> argparse.ArgumentParser:
+_COMMANDS = {"run": _add_run, "memd": _add_memd, "stat": _add_stat, "doctor": _add_doctor, "top": _add_top,
+             "trace": _add_trace, "attach": _add_attach, "detach": _add_detach}
+
+
+def get_command_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or only the one named (`farmem run` is in front of every program it
+    runs: importing the other commands' modules would add to each program's start)."""
     parser = Parser(
         prog="farmem", description="farmem: run programs with most of their memory far away.")
     parser.add_argument("--version", action="version", version=f"farmem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_run, _add_memd, _add_stat, _add_doctor, _add_top, _add_trace, _add_attach, _add_detach):
-        add(sub)
+    for name, add in _COMMANDS.items():
+        if only in (None, name):
+            add(sub)
     return parser
 
 
@@ -327,7 +334,8 @@ def setup_logging(level: str | None) -> None:
 
 def cli(argv=None) -> int:
     """The entry point of `farmem` and `python -m farmem`. Returns the exit status."""
-    parser = get_command_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = get_command_parser(argv[0] if argv and argv[0] in _COMMANDS else None)
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # name them under the subcommand's usage, not the top-level one
