@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <sched.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
