@@ -356,7 +356,8 @@ def test_summary_of_a_real_pager(tmp_path, farmem_cmd, built):
     assert s["peak_resident_bytes"] <= 64 << 20
     assert 0 < s["fault_p50_us"] <= s["fault_p99_us"]
     assert s["transport"] in ("shm", "stream")
-    assert re.search(r"farmem: \d+ faults .* fault p50 [\d.]+ us, p99 [\d.]+ us", r.stderr)
+    assert re.search(r"farmem: \d+ faults, \d+ write-protect faults; \d+ pages zero-filled, .* fault p50 [\d.]+ us, "
+                     r"p99 [\d.]+ us", r.stderr)
 
 
 # --- --memd, farmem memd ------------------------------------------------------------------------

@@ -90,7 +90,7 @@ struct fm_resmap_region {
 struct fm_pager_stats {
 	uint64_t faults;             /* missing faults served (zero-fill + remote) */
 	uint64_t wp_faults;          /* write-protect faults (clean page written) */
-	uint64_t zero_fills;         /* faults served locally with zeros */
+	uint64_t zero_fills;         /* pages filled with zeros: demand faults and prefetched zero runs */
 	uint64_t remote_reads;       /* pages read from memd, demand + prefetch */
 	uint64_t remote_read_bytes;
 	uint64_t remote_writes;      /* pages written to memd */

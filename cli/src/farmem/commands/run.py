@@ -242,8 +242,10 @@ def summary_lines(s: dict) -> list:
     tail = f"exit status {s['exit_status']}, {s['elapsed_s']:.2f} s"
     if s["processes"] == 0:
         return [f"farmem: no pager started (nothing was mapped at or above the threshold); {tail}"]
-    first = (f"farmem: {s['faults']} faults ({s['zero_fills']} zero-fill, {s['wp_faults']} write-protect), "
-             f"{s['remote_reads']} remote reads, {s['remote_writes']} remote writes, "
+    # zero_fills counts pages (demand faults and the zero runs installed ahead of them), and
+    # write-protect faults are not among `faults`: neither is a part of that figure.
+    first = (f"farmem: {s['faults']} faults, {s['wp_faults']} write-protect faults; {s['zero_fills']} pages "
+             f"zero-filled, {s['remote_reads']} remote reads, {s['remote_writes']} remote writes, "
              f"{s['evictions']} evictions ({s['evictions_clean']} clean, {s['evictions_dirty']} dirty); "
              f"fault p50 {s['fault_p50_us']:.2f} us, p99 {s['fault_p99_us']:.2f} us")
     problems = [f"{s[k]} {k.replace('_', ' ')}" for k in ("memd_full", "crc_errors", "transport_errors",

@@ -15,8 +15,8 @@ def render(s: dict) -> list:
         f"local limit {fmt_bytes(s['local_limit_bytes'])}, resident {fmt_bytes(s['resident_bytes'])} "
         f"(peak {fmt_bytes(s['peak_resident_bytes'])}{'; ' + adopted if adopted else ''}), "
         f"transport {s['transport']}, memd {s['memd'] or '-'}",
-        f"faults {s['faults']} ({s['zero_fills']} zero-fill, {s['wp_faults']} write-protect, "
-        f"{s['gc_faults']} by GC), fault p50 {s['fault_p50_us']:.2f} us, p99 {s['fault_p99_us']:.2f} us",
+        f"faults {s['faults']} ({s['gc_faults']} by GC), write-protect faults {s['wp_faults']}, "
+        f"pages zero-filled {s['zero_fills']}, fault p50 {s['fault_p50_us']:.2f} us, p99 {s['fault_p99_us']:.2f} us",
         f"remote reads {s['remote_reads']}, writes {s['remote_writes']}, evictions {s['evictions']} "
         f"({s['evictions_clean']} clean, {s['evictions_dirty']} dirty), prefetch {s['prefetch_issued']} "
         f"issued / {s['prefetch_used']} used",
