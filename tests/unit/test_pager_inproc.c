@@ -57,13 +57,11 @@ static int push_out(struct fm_resmap_hdr *h, const uint8_t *a, uint64_t i, uint6
  * fault. A guessed page that was not written ends the guess; one that was
  * keeps it where memd's copy can be looked at (shm), and ends it elsewhere.
  */
-static void rewrite_guess(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *a, uint32_t *ver, int shm,
-			  unsigned *seed)
+static void rewrite_guess(struct fm_resmap_hdr *h, uint8_t *a, uint32_t *ver, int shm, unsigned *seed)
 {
 	uint64_t g = NPAGES, w = NPAGES;
 	unsigned tries, none = 0, gone = 0;
 
-	(void)p;
 	/*
 	 * A remote page written in its last stay, read: it must come in
 	 * writable on the guess. Another page the same way, then written: no
@@ -220,7 +218,7 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 		for (uint64_t i = 201; i < 600; i += 2)
 			write_page(a, i, ver[i] = 7); /* a write after a discard, page resident or not */
 	}
-	rewrite_guess(p, h, a, ver, strcmp(transport, "shm") == 0, &seed);
+	rewrite_guess(h, a, ver, strcmp(transport, "shm") == 0, &seed);
 	/* Forget a range as MADV_DONTNEED would: it reads back as zeros afterwards. */
 	CHECK(fm_pager_forget(p, a + 100 * PG, 50 * PG) == 0);
 	CHECK(madvise(a + 100 * PG, 50 * PG, MADV_DONTNEED) == 0);
