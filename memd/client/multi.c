@@ -39,8 +39,13 @@
  * once. A timeout starts a slow spell of SLOW_MS (others are preferred), and
  * so does an answer that took more than half the timeout: a server that is
  * slow but never quite times out must not serve every fault at its pace. A
- * server that keeps failing for down_after_ms, or times out STRIKES times
- * within it, is lost. A lost server's slot is never used again: if it comes
+ * server that answers nothing for down_after_ms is lost. One that times out
+ * STRIKES times within it but still answers now and then is lost too, unless
+ * it holds the only live copy of some page: giving it up would end the
+ * program at the next read of that page, while keeping it costs only time.
+ * It stays, asked last, until the background has copied those pages to other
+ * servers (with R=1 there is nowhere to copy them: it stays while it
+ * answers). A lost server's slot is never used again: if it comes
  * back, it joins as a new, empty slot. When a loss leaves some page with no
  * live copy (R=1, or R failures), the transport is broken: it names the
  * server, refuses further writes (the pager stops evicting), and a read of
@@ -92,6 +97,7 @@ struct slot {
 	_Atomic uint64_t fail_since; /* ns of the first failure of the current streak; 0 = none */
 	_Atomic uint64_t strike_t0;  /* timeouts counted since then ... */
 	atomic_int strikes;          /* ... STRIKES of them within down_after_ms: lost */
+	atomic_int said_kept;        /* kept for its sole copies: reported */
 	atomic_int told;             /* its loss was reported */
 };
 
@@ -338,6 +344,24 @@ static void slot_lost(struct fm_multi *m, unsigned s, const char *why)
 	kick_bg(m);
 }
 
+/* Pages whose only live copy is on slot s. Caller holds m->lock. */
+static uint64_t sole_copies(struct fm_multi *m, unsigned s)
+{
+	uint32_t live = live_mask(m);
+	unsigned nsp = atomic_load(&m->nsp);
+	uint64_t n = 0;
+
+	for (unsigned i = 0; i < nsp; i++) {
+		struct mspace *sp = &m->sp[i];
+		if (!atomic_load(&sp->live))
+			continue;
+		for (uint64_t p = 0; p < sp->npages; p++)
+			if ((atomic_load_explicit(&sp->meta[p], memory_order_relaxed) & META_MASK & live) == 1u << s)
+				n++;
+	}
+	return n;
+}
+
 static int is_timeout(int rc)
 {
 	return rc == -ETIMEDOUT || rc == -EAGAIN || rc == -EINPROGRESS || rc == -EHOSTUNREACH ||
@@ -371,9 +395,25 @@ static void slot_fail(struct fm_multi *m, unsigned s, int rc)
 		atomic_store(&sl->strike_t0, now);
 		atomic_store(&sl->strikes, 1);
 	} else if (atomic_fetch_add(&sl->strikes, 1) + 1 >= STRIKES) {
-		fm_fmt(why, sizeof(why), "%d timeouts within %d ms", STRIKES, m->down_after_ms);
-		slot_lost(m, s, why);
-		return;
+		uint64_t sole;
+		pthread_mutex_lock(&m->lock);
+		sole = sole_copies(m, s);
+		pthread_mutex_unlock(&m->lock);
+		if (!sole) {
+			fm_fmt(why, sizeof(why), "%d timeouts within %d ms", STRIKES, m->down_after_ms);
+			slot_lost(m, s, why);
+			return;
+		}
+		/* Slow, not gone: it answers now and then, and it alone has these pages. */
+		atomic_store(&sl->strike_t0, now);
+		atomic_store(&sl->strikes, 0);
+		if (!atomic_exchange(&sl->said_kept, 1))
+			fm_warn("memd at %s keeps timing out (%d times within %d ms) but holds the only copy of %llu pages: "
+				"kept, asked last, %s", sl->addr, STRIKES, m->down_after_ms, (unsigned long long)sole,
+				m->R > 1 && __builtin_popcount(live_mask(m)) > 1
+				? "while they are copied to other servers" : "while it answers");
+		if (m->R > 1)
+			kick_bg(m);
 	}
 	if (!atomic_compare_exchange_strong(&sl->fail_since, &since, now) &&
 	    now - since > (uint64_t)m->down_after_ms * 1000000) {
@@ -1173,7 +1213,9 @@ static void rerep_scan(struct fm_multi *m)
 			if (!atomic_compare_exchange_strong(&sp->meta[p], &v, v | META_REPL))
 				continue;
 			b[nb++] = (struct rr){ .page = p, .old = v, .from = (uint8_t)from, .to = (uint8_t)to };
-			if (nb == sizeof(b) / sizeof(b[0])) {
+			/* From a server in a slow spell a page at a time: a batch would miss the timeout. */
+			if (nb == sizeof(b) / sizeof(b[0]) ||
+			    atomic_load_explicit(&m->s[from].slow_until, memory_order_relaxed) > fm_now_ns()) {
 				rerep_flush(m, sp, b, nb);
 				nb = 0;
 			}
