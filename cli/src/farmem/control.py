@@ -13,7 +13,6 @@ import selectors
 import socket
 import struct
 import threading
-from dataclasses import dataclass
 
 from farmem import resmap
 
@@ -24,11 +23,11 @@ MAX_LINE = 128
 RECV_TIMEOUT_S = 2.0
 
 
-@dataclass
 class Pager:
-    pid: int
-    fd: int
-    peer_pid: int
+    __slots__ = ("pid", "fd", "peer_pid")
+
+    def __init__(self, pid: int, fd: int, peer_pid: int):
+        self.pid, self.fd, self.peer_pid = pid, fd, peer_pid
 
 
 class ControlServer:

@@ -8,7 +8,6 @@ snapshot: the pager keeps writing while we look, so figures may be a moment stal
 import ctypes
 import mmap
 import os
-from dataclasses import dataclass
 
 MAGIC = 0x50414D52  # "RMAP"
 VERSION = 2
@@ -190,10 +189,12 @@ class ResmapError(ValueError):
     pass
 
 
-@dataclass
 class Snapshot:
-    hdr: ResmapHdr
-    regions: list  # live regions with their page counts (read_fd(..., with_regions=True))
+    __slots__ = ("hdr", "regions")
+
+    def __init__(self, hdr: ResmapHdr, regions: list):
+        self.hdr = hdr
+        self.regions = regions  # live regions with their page counts (read_fd(..., with_regions=True))
 
 
 def read_fd(fd: int, with_regions: bool = False) -> Snapshot:
