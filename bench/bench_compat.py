@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The compatibility matrix on large data (issue 19, docs/compatibility.md): Redis with
 redis-benchmark and its BGSAVE snapshot, memcached with memcslap, NumPy and a multiprocessing
-pool, SQLite with a paged page cache, and system calls into evicted buffers, each checking its
-own results (bench/lib/compat.py), under
+pool, SQLite with a paged page cache, system calls into evicted buffers and xz's match finder
+(random rewrites), each checking its own results (bench/lib/compat.py), under
 
     farmem   farmem run --local 25%                 (the pager)
     kswap    farmem run --mode kswap --local 25%    (Linux swap, zram, the same share of the same
@@ -45,10 +45,12 @@ SIZES = {
     "numpy-pool": lambda s: dict(mib=max(16, int(1024 * s)), timeout=max(60.0, 600 * s)),
     "sqlite": lambda s: dict(rows=int(2_000_000 * s)),
     "sysio": lambda s: dict(mib=max(16, int(512 * s))),
+    # Random rewrites over about 10x the input, for every input byte: the slowest to page.
+    "xz": lambda s: dict(mib=max(2, int(32 * s))),
 }
 # jemalloc maps its heap in steps from 2 MiB up: below 64 MiB a Redis heap is mostly in small steps.
 # The others: so that a small --scale still pages (their big blocks are below 64 MiB there).
-THRESHOLD = {"redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M"}
+THRESHOLD = {"redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M"}
 
 
 def figure(name: str, got: dict) -> str:
@@ -58,6 +60,8 @@ def figure(name: str, got: dict) -> str:
         return f"BGSAVE {got['save_s']:.1f} s, {got['rdb_bytes'] >> 20} MiB"
     if name == "memcached":
         return f"memcslap set {got['memcslap_set_s']:.1f} s, get {got['memcslap_get_s']:.1f} s"
+    if name == "xz":
+        return f"archive {got['ratio']:.0%} of the input"
     if name == "sqlite":
         return f"db {got['db_bytes'] >> 20} MiB, cache overflow {got['pcache_overflow']}"
     return ""

@@ -161,3 +161,10 @@ def test_sqlite_with_paged_page_cache(shim, tmp_path):
     """The sqlite3 shell with its page cache in one paged block: integrity check and queries."""
     got = compat.sqlite(farmem(), tmp_path, rows=150000)
     assert_paged(got["summary"], "sqlite3")
+
+
+def test_xz_match_finder_random_rewrites(shim, tmp_path):
+    """xz at preset 9 with a dictionary as large as its input: the binary-tree match finder reads
+    and rewrites pages at random for every byte; xz -t and the input's SHA-256 check the archive."""
+    got = compat.xz(farmem(threshold="1M"), tmp_path, mib=1)
+    assert_paged(got["summary"], "xz")

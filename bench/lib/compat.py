@@ -616,6 +616,50 @@ def sysio(launch: Launch, workdir: Path, mib: int = 32, expect_evicted: int = 90
     return {"summary": summary, "seconds": round(secs, 2), "methods": lines[:-1]}
 
 
+# --- xz ------------------------------------------------------------------------------------------
+
+def words_text(path: Path, size: int, seed: int = 7) -> str:
+    """size bytes of lines of words drawn from a fixed vocabulary: text an LZ coder finds matches
+    in at every distance. Returns its SHA-256."""
+    import random
+    rnd = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["".join(rnd.choices(letters, k=rnd.randint(3, 12))) for _ in range(60000)]
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            block = "".join(" ".join(rnd.choices(vocab, k=12)) + "\n" for _ in range(4096)).encode()[:left]
+            f.write(block)
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def xz(launch: Launch, workdir: Path, mib: int = 4) -> dict:
+    """xz (liblzma) compressing MIB MiB of text at preset 9 with a dictionary as large as the input:
+    its binary-tree match finder (about ten times the dictionary) is read and rewritten at random
+    for every byte. The archive is checked by xz itself (-t) and decompressed, outside the run,
+    back to the input's SHA-256."""
+    need("xz")
+    src = workdir / "xz-input.txt"
+    want = words_text(src, mib << 20)
+    r, summary, secs = run(launch, ["xz", "-k", "-f", "-T1", f"--lzma2=preset=9,dict={mib}MiB", src],
+                           workdir, "xz")
+    archive = src.with_name(src.name + ".xz")
+    if r.returncode != 0 or not archive.exists():
+        raise Failed(f"xz: exit {r.returncode}: {r.stderr[-1500:]}")
+    t = subprocess.run(["xz", "-t", archive], capture_output=True, text=True)
+    if t.returncode != 0:
+        raise Failed(f"xz -t: the archive is damaged: {t.stderr[-500:]}")
+    d = subprocess.run(["xz", "-d", "-c", archive], capture_output=True)
+    got = hashlib.sha256(d.stdout).hexdigest()
+    if d.returncode != 0 or got != want:
+        raise Failed(f"xz: the archive decompresses to {len(d.stdout)} bytes with SHA-256 {got[:16]}..., "
+                     f"not the input's {want[:16]}...")
+    return {"summary": summary, "seconds": round(secs, 2), "ratio": round(archive.stat().st_size / (mib << 20), 3)}
+
+
 WORKLOADS = {
     "redis": redis,
     "redis-bgsave": redis_bgsave,
@@ -624,6 +668,7 @@ WORKLOADS = {
     "numpy-pool": numpy_pool,
     "sqlite": sqlite,
     "sysio": sysio,
+    "xz": xz,
 }
 
 if __name__ == "__main__":
