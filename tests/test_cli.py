@@ -690,3 +690,13 @@ def test_memd_in_the_foreground_removes_its_secret_directory(tmp_path, farmem_cm
         assert not secret_dir.exists(), f"{secret_dir} outlived memd ({signo.name})"
         assert processes_mentioning(str(sock)) == [], "memd outlived farmem memd"
         sock.unlink(missing_ok=True)
+
+
+def test_gc_hint_only_when_the_collector_paged_most():
+    from farmem.commands.run import gc_hint
+    base = {"processes": 1, "faults": 400_000}
+    hint = gc_hint({**base, "gc_faults": 300_000})
+    assert hint and "75% of the faults (300000)" in hint and "--gc farmem" in hint
+    assert gc_hint({**base, "gc_faults": 150_000}) is None      # under half of the faults
+    assert gc_hint({"processes": 1, "faults": 60_000, "gc_faults": 50_000}) is None  # too few to matter
+    assert gc_hint({"processes": 0, "faults": 0, "gc_faults": 0}) is None

@@ -121,7 +121,8 @@ def _run(args) -> int:
         if memd is not None:
             memd.stop()
         shutil.rmtree(tmpdir, ignore_errors=True)
-    for line in summary_lines(summary):
+    hint = gc_hint(summary) if is_java and getattr(args, "gc", None) in (None, "stock") else None
+    for line in summary_lines(summary) + ([hint] if hint else []):
         print(line, file=sys.stderr)
     if args.summary_json:
         write_json(args.summary_json, summary)
@@ -268,6 +269,23 @@ def summary_lines(s: dict) -> list:
                      f"{s['swapva_pages_fetched']} fetched (memd full), {s['swapva_pages_untouched']} untouched, "
                      f"{s['swapva_pages_copied']} copied")
     return lines
+
+
+# A stock JVM whose collector took this share of at least this many faults is told of --gc farmem.
+GC_HINT_SHARE = 0.5
+GC_HINT_FAULTS = 100_000
+
+
+def gc_hint(s: dict) -> str | None:
+    """For a stock JDK's run whose collector did most of the paging: what the farmem JDK would do.
+    Stock G1's full GCs read the whole live set back from memd and write it out again (GcChurn at
+    25% local: 4.2x all local with stock G1, 1.9x with --gc farmem; bench/RESULTS.md)."""
+    faults, gc = s.get("faults", 0), s.get("gc_faults", 0)
+    if s.get("processes", 0) == 0 or gc < GC_HINT_FAULTS or gc < GC_HINT_SHARE * faults:
+        return None
+    return (f"farmem: the collector's threads took {gc * 100 // faults}% of the faults ({gc}): `farmem run "
+            "--gc farmem` runs the farmem JDK (`make jdk`), whose G1 postpones marking pages that are in memd "
+            "and does a full GC's work where its pages lie (docs/patched-jdk.md)")
 
 
 def write_json(path: str, data: dict) -> None:
