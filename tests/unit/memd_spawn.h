@@ -87,4 +87,29 @@ static inline pid_t unit_start_memd(const char *sock, const char *capacity)
 	return unit_start_memd_ex(sock, capacity, NULL, 0);
 }
 
+/*
+ * Two memds listening on TCP, their sockets named after tag and this pid
+ * (the second's is the first's with ".2"); pid[0], pid[1] and "tcp:A,tcp:B"
+ * in two, for a transport over both. -1 if either did not start.
+ */
+struct unit_two_memds {
+	pid_t pid[2];
+	char sock[2][80];
+	char tcp[2][64];
+	char two[160];
+};
+
+static inline int unit_start_two_memds(struct unit_two_memds *m, const char *tag, const char *capacity)
+{
+	snprintf(m->sock[0], sizeof(m->sock[0]), "/tmp/farmem-unit-%s-%d.sock", tag, getpid());
+	snprintf(m->sock[1], sizeof(m->sock[1]), "%.70s.2", m->sock[0]);
+	for (int i = 0; i < 2; i++) {
+		m->pid[i] = unit_start_memd_ex(m->sock[i], capacity, m->tcp[i], sizeof(m->tcp[i]));
+		if (m->pid[i] < 0)
+			return -1;
+	}
+	snprintf(m->two, sizeof(m->two), "%s,%s", m->tcp[0], m->tcp[1]);
+	return 0;
+}
+
 #endif /* FARMEM_MEMD_SPAWN_H */

@@ -71,7 +71,8 @@ static int read_back(struct fm_chan *c, uint32_t space, uint64_t p, int *wrong)
 
 int main(void)
 {
-	char sock_a[64], sock_b[72], tcp_a[64], tcp_b[64], two[160], err[256] = "";
+	struct unit_two_memds md;
+	char err[256] = "";
 	struct fm_xport *x = NULL;
 	struct fm_chan *c = NULL;
 	static struct fm_xport_counters ctr;
@@ -84,15 +85,12 @@ int main(void)
 	pid_t b;
 
 	fm_log_level = FM_LOG_ERROR;  /* the timeouts below are meant */
-	snprintf(sock_a, sizeof(sock_a), "/tmp/farmem-unit-slow-%d.sock", getpid());
-	snprintf(sock_b, sizeof(sock_b), "%s.2", sock_a);
-	slow_pid = unit_start_memd_ex(sock_a, "16M", tcp_a, sizeof(tcp_a));
-	b = unit_start_memd_ex(sock_b, "16M", tcp_b, sizeof(tcp_b));
-	if (slow_pid < 0 || b < 0)
+	if (unit_start_two_memds(&md, "slow", "16M"))
 		return 1;
-	snprintf(two, sizeof(two), "%s,%s", tcp_a, tcp_b);
+	slow_pid = md.pid[0];
+	b = md.pid[1];
 	{
-		struct fm_xport_cfg cfg = { .addr = two, .secret = UNIT_MEMD_SECRET,
+		struct fm_xport_cfg cfg = { .addr = md.two, .secret = UNIT_MEMD_SECRET,
 					    .secret_len = strlen(UNIT_MEMD_SECRET), .timeout_ms = TIMEOUT_MS,
 					    .replicas = 1 };
 		if (fm_xport_connect(&cfg, &x, err, sizeof(err)) || fm_xport_space_open(x, NPAGES, &space) ||
@@ -151,8 +149,8 @@ int main(void)
 	kill(b, SIGKILL);
 	waitpid(slow_pid, NULL, 0);
 	waitpid(b, NULL, 0);
-	unlink(sock_a);
-	unlink(sock_b);
+	unlink(md.sock[0]);
+	unlink(md.sock[1]);
 	if (failures) {
 		fprintf(stderr, "test_multi_slow: %d checks failed (%u of %u reads failed while slow, %d wrong pages)\n",
 			failures, failed_reads, reads, wrong);

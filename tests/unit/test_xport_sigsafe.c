@@ -272,20 +272,18 @@ static void checked_once_a_pause(struct target *tg)
 int main(void)
 {
 	struct sigaction sa = { .sa_handler = on_signal };
-	char sock_a[64], sock_b[72], unix_a[80], tcp_a[64], tcp_b[64], two[160];
+	struct unit_two_memds md;
+	char unix_a[96];
 	struct target shm, stream, multi;
 	pid_t a, b;
 	pthread_t t;
 
 	fm_log_level = FM_LOG_ERROR;  /* the losses below are meant; their messages still run */
-	snprintf(sock_a, sizeof(sock_a), "/tmp/farmem-unit-sigsafe-%d.sock", getpid());
-	snprintf(sock_b, sizeof(sock_b), "%s.2", sock_a);
-	snprintf(unix_a, sizeof(unix_a), "unix:%s", sock_a);
-	a = unit_start_memd_ex(sock_a, "64M", tcp_a, sizeof(tcp_a));
-	b = unit_start_memd_ex(sock_b, "64M", tcp_b, sizeof(tcp_b));
-	if (a < 0 || b < 0)
+	if (unit_start_two_memds(&md, "sigsafe", "64M"))
 		return 1;
-	snprintf(two, sizeof(two), "%s,%s", tcp_a, tcp_b);
+	a = md.pid[0];
+	b = md.pid[1];
+	snprintf(unix_a, sizeof(unix_a), "unix:%s", md.sock[0]);
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGUSR1, &sa, NULL);
 	if (pthread_create(&t, NULL, churn, NULL))
@@ -299,14 +297,14 @@ int main(void)
 	checked_once_a_pause(&shm);
 	teardown(&shm);
 
-	CHECK(setup(&multi, "several memds", two, FM_PREF_AUTO, 2) == 0);
+	CHECK(setup(&multi, "several memds", md.two, FM_PREF_AUTO, 2) == 0);
 	CHECK(hammer(t, &multi, ROUNDS / 2) == 0);
 	kill(b, SIGKILL);
 	waitpid(b, NULL, 0);
 	CHECK(hammer(t, &multi, ROUNDS / 2) == 0);  /* failover and the loss, in the handler */
 	teardown(&multi);
 
-	CHECK(setup(&stream, "stream", tcp_a, FM_PREF_STREAM, 0) == 0);
+	CHECK(setup(&stream, "stream", md.tcp[0], FM_PREF_STREAM, 0) == 0);
 	CHECK(fm_xport_kind(stream.x) == FM_XPORT_STREAM);
 	CHECK(hammer(t, &stream, ROUNDS) == 0);
 	kill(a, SIGKILL);
@@ -323,8 +321,8 @@ int main(void)
 			atomic_load(&bad));
 		return 1;
 	}
-	unlink(sock_a);
-	unlink(sock_b);
+	unlink(md.sock[0]);
+	unlink(md.sock[1]);
 	printf("test_xport_sigsafe: ok (%u handlers, each a write, a read and every 8th a discard)\n",
 	       atomic_load(&handled));
 	return 0;
