@@ -127,9 +127,13 @@ static void exercise(const char *sock, const char *fault)
 	CHECK(faults_plain > READ_BACK / 2 && faults_spin > READ_BACK / 2);
 	if (strcmp(fault, "thread"))
 		return;
-	/* Without the spin it sleeps between most faults (fewer when the machine is busy: faults queue up). */
-	CHECK(sleeps_plain > (long)faults_plain / 8);
-	CHECK(sleeps_spin >= 0 && sleeps_spin < (long)faults_spin / 8);
+	/*
+	 * Without the spin it sleeps between most faults on an idle machine, far fewer on a busy one
+	 * (a fault queues up while the handler is kept from its poll: 111 of 2048 once, with a build
+	 * beside it); with it, almost never. So: the spin's sleeps against the plain run's.
+	 */
+	CHECK(sleeps_plain >= 32);
+	CHECK(sleeps_spin >= 0 && sleeps_spin * 4 < sleeps_plain && sleeps_spin < (long)faults_spin / 8);
 }
 
 int main(void)
