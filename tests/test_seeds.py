@@ -142,4 +142,10 @@ def test_bench_seeds_driver(jvm_built, tmp_path):
     # the farmem JDK is built by `make jdk`, not here: without it the row says why, and that is no failure
     assert recs["memliner"]["ok"] or "make jdk" in recs["memliner"]["error"]
     if "kswap" in recs:
-        assert recs["kswap"]["ok"] and recs["kswap"]["remote_writes"] > 0, recs["kswap"]
+        # Linux swap itself can be OOM-killed at its limit on this kernel (CI, 2026-11-27: at 192 MiB
+        # with 28,599 pages swapped out, in 2 s); the driver says so in the table and goes on.
+        k = recs["kswap"]
+        if k.get("baseline_killed"):
+            assert "| gcchurn | Linux swap (kswap, zram) | 25% | 0/1 | failed: killed (SIGKILL" in text, text
+        else:
+            assert k["ok"] and k["remote_writes"] > 0, k
