@@ -53,7 +53,9 @@
  *
  * A background thread watches the control connections, re-replicates pages
  * that have fewer than R live copies (claiming each page with REPL, so that
- * a concurrent write of the page always wins), reconnects lost servers, and
+ * a concurrent write of the page always wins; a pass that could copy none,
+ * every server that could take one being full or failing, waits before the
+ * next, longer each time up to 3.2 s), reconnects lost servers, and
  * gives every channel a channel to a server that joined: the data path
  * never allocates (transport.h, signal safety).
  */
@@ -1133,8 +1135,8 @@ static int multi_chan_open(struct fm_xport *x, struct fm_chan **out)
 
 struct rr { uint64_t page; uint32_t old; uint8_t from, to; };
 
-/* Copy a batch of claimed pages: read from a live holder, write to the new slot, record it. */
-static void rerep_flush(struct fm_multi *m, struct mspace *sp, struct rr *b, unsigned nb)
+/* Copy a batch of claimed pages: read from a live holder, write to the new slot, record it; how many were. */
+static unsigned rerep_flush(struct fm_multi *m, struct mspace *sp, struct rr *b, unsigned nb)
 {
 	struct mchan *mc = m->bgchan;
 	uint64_t pages[64];
@@ -1175,12 +1177,15 @@ static void rerep_flush(struct fm_multi *m, struct mspace *sp, struct rr *b, uns
 		MST(m, rereplicated, done);
 	if (done < nb)
 		atomic_store(&m->need_scan, 1);
+	return done;
 }
 
-static void rerep_scan(struct fm_multi *m)
+/* One pass over every space; the pages it copied. */
+static uint64_t rerep_scan(struct fm_multi *m)
 {
 	struct rr b[64];
 	unsigned nsp = atomic_load(&m->nsp);
+	uint64_t copied = 0;
 
 	for (unsigned i = 0; i < nsp && !atomic_load(&m->stop); i++) {
 		struct mspace *sp = &m->sp[i];
@@ -1216,14 +1221,15 @@ static void rerep_scan(struct fm_multi *m)
 			/* From a server in a slow spell a page at a time: a batch would miss the timeout. */
 			if (nb == sizeof(b) / sizeof(b[0]) ||
 			    atomic_load_explicit(&m->s[from].slow_until, memory_order_relaxed) > fm_now_ns()) {
-				rerep_flush(m, sp, b, nb);
+				copied += rerep_flush(m, sp, b, nb);
 				nb = 0;
 			}
 		}
 		if (nb)
-			rerep_flush(m, sp, b, nb);
+			copied += rerep_flush(m, sp, b, nb);
 		atomic_store(&m->scanning_space, 0);
 	}
+	return copied;
 }
 
 /* Every channel gets a channel to every live server: after a server joins, or an open that failed. */
@@ -1279,19 +1285,28 @@ static void *bg_main(void *arg)
 {
 	struct fm_multi *m = arg;
 	uint64_t last_rejoin = 0;
+	unsigned idle_scans = 0;  /* scans in a row that copied nothing */
 
 	pthread_setname_np(pthread_self(), "farmem-replica");
 	while (!atomic_load(&m->stop)) {
 		struct timespec ts;
 		unsigned ns;
+		/*
+		 * A scan that copied nothing (the servers that could take a copy are
+		 * full, or failing) is tried again after a wait that doubles up to
+		 * 3.2 s, not at once: at once, it held a CPU for as long as a
+		 * server stayed full.
+		 */
+		long wait_ms = 200L << (idle_scans < 4 ? idle_scans : 4);
 
 		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 200 * 1000000L;
+		ts.tv_sec += wait_ms / 1000;
+		ts.tv_nsec += (wait_ms % 1000) * 1000000L;
 		if (ts.tv_nsec >= 1000000000L) {
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000L;
 		}
-		if (!atomic_load(&m->need_scan))
+		if (!atomic_load(&m->need_scan) || idle_scans)
 			sem_timedwait(&m->wake, &ts);
 		while (sem_trywait(&m->wake) == 0)
 			;
@@ -1311,7 +1326,7 @@ static void *bg_main(void *arg)
 		if (atomic_exchange(&m->need_fill, 0))
 			fill_chans(m);
 		if (m->R > 1 && atomic_exchange(&m->need_scan, 0))
-			rerep_scan(m);
+			idle_scans = (rerep_scan(m) || !atomic_load(&m->need_scan)) ? 0 : idle_scans + 1;
 		else
 			atomic_store(&m->need_scan, 0);
 	}

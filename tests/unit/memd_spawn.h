@@ -88,9 +88,10 @@ static inline pid_t unit_start_memd(const char *sock, const char *capacity)
 }
 
 /*
- * Two memds listening on TCP, their sockets named after tag and this pid
- * (the second's is the first's with ".2"); pid[0], pid[1] and "tcp:A,tcp:B"
- * in two, for a transport over both. -1 if either did not start.
+ * Two memds listening on TCP, of capacities cap0 and cap1, their sockets
+ * named after tag and this pid (the second's is the first's with ".2");
+ * pid[0], pid[1] and "tcp:A,tcp:B" in two, for a transport over both. -1 if
+ * either did not start.
  */
 struct unit_two_memds {
 	pid_t pid[2];
@@ -99,12 +100,13 @@ struct unit_two_memds {
 	char two[160];
 };
 
-static inline int unit_start_two_memds(struct unit_two_memds *m, const char *tag, const char *capacity)
+static inline int unit_start_two_memds(struct unit_two_memds *m, const char *tag, const char *cap0,
+					const char *cap1)
 {
 	snprintf(m->sock[0], sizeof(m->sock[0]), "/tmp/farmem-unit-%s-%d.sock", tag, getpid());
 	snprintf(m->sock[1], sizeof(m->sock[1]), "%.70s.2", m->sock[0]);
 	for (int i = 0; i < 2; i++) {
-		m->pid[i] = unit_start_memd_ex(m->sock[i], capacity, m->tcp[i], sizeof(m->tcp[i]));
+		m->pid[i] = unit_start_memd_ex(m->sock[i], i ? cap1 : cap0, m->tcp[i], sizeof(m->tcp[i]));
 		if (m->pid[i] < 0)
 			return -1;
 	}

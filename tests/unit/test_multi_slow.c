@@ -85,7 +85,7 @@ int main(void)
 	pid_t b;
 
 	fm_log_level = FM_LOG_ERROR;  /* the timeouts below are meant */
-	if (unit_start_two_memds(&md, "slow", "16M"))
+	if (unit_start_two_memds(&md, "slow", "16M", "16M"))
 		return 1;
 	slow_pid = md.pid[0];
 	b = md.pid[1];

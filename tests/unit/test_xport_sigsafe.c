@@ -279,7 +279,7 @@ int main(void)
 	pthread_t t;
 
 	fm_log_level = FM_LOG_ERROR;  /* the losses below are meant; their messages still run */
-	if (unit_start_two_memds(&md, "sigsafe", "64M"))
+	if (unit_start_two_memds(&md, "sigsafe", "64M", "64M"))
 		return 1;
 	a = md.pid[0];
 	b = md.pid[1];
