@@ -283,7 +283,7 @@ def gc_hint(s: dict) -> str | None:
     faults, gc = s.get("faults", 0), s.get("gc_faults", 0)
     if s.get("processes", 0) == 0 or gc < GC_HINT_FAULTS or gc < GC_HINT_SHARE * faults:
         return None
-    return (f"farmem: the collector's threads took {gc * 100 // faults}% of the faults ({gc}): `farmem run "
+    return (f"farmem: the collector's threads took {min(100, gc * 100 // faults)}% of the faults ({gc}): `farmem run "
             "--gc farmem` runs the farmem JDK (`make jdk`), whose G1 postpones marking pages that are in memd "
             "and does a full GC's work where its pages lie (docs/patched-jdk.md)")
 
