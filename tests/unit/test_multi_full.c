@@ -11,8 +11,8 @@
 #include <time.h>
 
 #include "fm_util.h"
-#include "transport.h"
 #include "unit.h"
+#include "unit_xport.h"
 
 #define NPAGES 256
 #define IDLE_S 2
@@ -32,13 +32,11 @@ static double cpu_seconds(void)
 int main(void)
 {
 	struct unit_two_memds md;
-	struct fm_xport *x = NULL;
-	struct fm_chan *c = NULL;
-	uint32_t space = 0, status[64];
+	struct unit_xport u;
+	uint32_t status[64];
 	uint64_t idx[64];
 	const void *data[64];
 	struct timespec idle = { IDLE_S, 0 };
-	char err[256] = "";
 	double cpu;
 	int wrong = 0, refused = 0;
 
@@ -46,17 +44,8 @@ int main(void)
 	/* Room for 64 pages on the second: the rest of the 256 get one copy. */
 	if (unit_start_two_memds(&md, "full", "16M", "256K"))
 		return 1;
-	{
-		struct fm_xport_cfg cfg = { .addr = md.two, .secret = UNIT_MEMD_SECRET,
-					    .secret_len = strlen(UNIT_MEMD_SECRET), .timeout_ms = 500,
-					    .replicas = 2 };
-		if (fm_xport_connect(&cfg, &x, err, sizeof(err)) || fm_xport_space_open(x, NPAGES, &space) ||
-		    fm_chan_open(x, &c)) {
-			fprintf(stderr, "test_multi_full: cannot set up: %s\n", err);
-			return 1;
-		}
-		fm_xport_set_counters(x, &ctr);
-	}
+	if (unit_xport_open(&u, "test_multi_full", md.two, FM_PREF_AUTO, 500, 2, NPAGES, &ctr))
+		return 1;
 	for (uint64_t p = 0; p < NPAGES; p++)
 		write_page(pages, p, 1);
 	for (unsigned r = 0; r < NPAGES / 64; r++) {
@@ -64,7 +53,7 @@ int main(void)
 			idx[k] = r * 64 + k;
 			data[k] = pages + idx[k] * 4096;
 		}
-		CHECK(fm_chan_write(c, space, idx, 64, data, status) == 0);
+		CHECK(fm_chan_write(u.c, u.space, idx, 64, data, status) == 0);
 		for (unsigned k = 0; k < 64; k++)
 			refused += status[k] != FM_OK;
 	}
@@ -79,7 +68,7 @@ int main(void)
 
 	for (uint64_t p = 0; p < NPAGES; p++) {
 		const void *src;
-		if (fm_chan_read(c, space, &p, 1, &src)) {
+		if (fm_chan_read(u.c, u.space, &p, 1, &src)) {
 			wrong++;
 			continue;
 		}
@@ -92,8 +81,7 @@ int main(void)
 	}
 	CHECK(wrong == 0);
 
-	fm_chan_close(c);
-	fm_xport_close(x);
+	unit_xport_close(&u);
 	for (int i = 0; i < 2; i++) {
 		kill(md.pid[i], SIGKILL);
 		waitpid(md.pid[i], NULL, 0);

@@ -16,8 +16,8 @@
 #include <time.h>
 
 #include "fm_util.h"
-#include "transport.h"
 #include "unit.h"
+#include "unit_xport.h"
 
 #define NPAGES     64
 #define TIMEOUT_MS 100
@@ -72,11 +72,9 @@ static int read_back(struct fm_chan *c, uint32_t space, uint64_t p, int *wrong)
 int main(void)
 {
 	struct unit_two_memds md;
-	char err[256] = "";
-	struct fm_xport *x = NULL;
-	struct fm_chan *c = NULL;
+	struct unit_xport u;
 	static struct fm_xport_counters ctr;
-	uint32_t space = 0, status[NPAGES];
+	uint32_t status[NPAGES];
 	uint64_t idx[NPAGES], t0;
 	const void *data[NPAGES];
 	unsigned reads = 0, failed_reads = 0, failed_after = 0;
@@ -89,23 +87,14 @@ int main(void)
 		return 1;
 	slow_pid = md.pid[0];
 	b = md.pid[1];
-	{
-		struct fm_xport_cfg cfg = { .addr = md.two, .secret = UNIT_MEMD_SECRET,
-					    .secret_len = strlen(UNIT_MEMD_SECRET), .timeout_ms = TIMEOUT_MS,
-					    .replicas = 1 };
-		if (fm_xport_connect(&cfg, &x, err, sizeof(err)) || fm_xport_space_open(x, NPAGES, &space) ||
-		    fm_chan_open(x, &c)) {
-			fprintf(stderr, "test_multi_slow: cannot set up: %s\n", err);
-			return 1;
-		}
-		fm_xport_set_counters(x, &ctr);
-	}
+	if (unit_xport_open(&u, "test_multi_slow", md.two, FM_PREF_AUTO, TIMEOUT_MS, 1, NPAGES, &ctr))
+		return 1;
 	for (unsigned p = 0; p < NPAGES; p++) {
 		write_page(pages, p, 1);
 		idx[p] = p;
 		data[p] = pages + (size_t)p * 4096;
 	}
-	CHECK(fm_chan_write(c, space, idx, NPAGES, data, status) == 0);
+	CHECK(fm_chan_write(u.c, u.space, idx, NPAGES, data, status) == 0);
 	for (unsigned p = 0; p < NPAGES; p++)
 		CHECK(status[p] == FM_OK);
 
@@ -114,7 +103,7 @@ int main(void)
 		return 1;
 	while (atomic_load(&flapping))
 		for (unsigned p = 0; p < NPAGES && atomic_load(&flapping); p++, reads++)
-			if (read_back(c, space, p, &wrong))
+			if (read_back(u.c, u.space, p, &wrong))
 				failed_reads++;
 	pthread_join(t, NULL);
 	/* Enough timeouts that the old rule (STRIKES within down_after_ms) would have given it up. */
@@ -123,14 +112,14 @@ int main(void)
 	CHECK(failed_reads == 0);
 	CHECK(wrong == 0);
 	for (unsigned p = 0; p < NPAGES; p++)
-		CHECK(read_back(c, space, p, &wrong) == 0);
+		CHECK(read_back(u.c, u.space, p, &wrong) == 0);
 	CHECK(wrong == 0);
 
 	/* Stopped for good: given up after down_after_ms; its pages fail, the others still read. */
 	kill(slow_pid, SIGSTOP);
 	t0 = fm_now_ns();
 	for (unsigned p = 0; p < NPAGES; p++) {
-		int rc = read_back(c, space, p, &wrong);
+		int rc = read_back(u.c, u.space, p, &wrong);
 		if (rc) {
 			CHECK(rc == -EHOSTDOWN || rc == -ETIMEDOUT);
 			failed_after++;
@@ -143,8 +132,7 @@ int main(void)
 	CHECK(COUNTER(servers_lost) == 1);
 
 	kill(slow_pid, SIGCONT);
-	fm_chan_close(c);
-	fm_xport_close(x);
+	unit_xport_close(&u);
 	kill(slow_pid, SIGKILL);
 	kill(b, SIGKILL);
 	waitpid(slow_pid, NULL, 0);

@@ -27,6 +27,7 @@
 #include "fm_util.h"
 #include "transport.h"
 #include "unit.h"
+#include "unit_xport.h"
 
 #define NPAGES 64
 #define ROUNDS 1500
@@ -125,18 +126,15 @@ static int hammer(pthread_t t, struct target *tg, unsigned rounds)
 
 static int setup(struct target *tg, const char *name, const char *addr, int pref, int replicas)
 {
-	struct fm_xport_cfg cfg = { .addr = addr, .secret = UNIT_MEMD_SECRET,
-				    .secret_len = strlen(UNIT_MEMD_SECRET), .pref = pref,
-				    .timeout_ms = 500, .replicas = replicas };
-	char err[256] = "";
+	struct unit_xport u;
 
 	tg->name = name;
 	tg->expect_ok = 1;
-	if (fm_xport_connect(&cfg, &tg->x, err, sizeof(err)) || fm_xport_space_open(tg->x, NPAGES, &tg->space) ||
-	    fm_chan_open(tg->x, &tg->c)) {
-		fprintf(stderr, "%s: cannot set up: %s\n", name, err);
+	if (unit_xport_open(&u, name, addr, pref, 500, replicas, NPAGES, NULL))
 		return -1;
-	}
+	tg->x = u.x;
+	tg->c = u.c;
+	tg->space = u.space;
 	memset(version, 0, sizeof(version));
 	return 0;
 }
