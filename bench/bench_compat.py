@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The compatibility matrix on large data (issue 19, docs/compatibility.md): Redis with
 redis-benchmark and its BGSAVE snapshot, memcached with memcslap, NumPy and a multiprocessing
-pool, SQLite with a paged page cache, system calls into evicted buffers and xz's match finder
-(random rewrites), each checking its own results (bench/lib/compat.py), under
+pool, SQLite with a paged page cache, system calls into evicted buffers, xz's match finder
+(random rewrites) and GNU sort (stdio into a paged buffer), each checking its own results (bench/lib/compat.py), under
 
     farmem   farmem run --local 25%                 (the pager)
     kswap    farmem run --mode kswap --local 25%    (Linux swap, zram, the same share of the same
@@ -47,10 +47,11 @@ SIZES = {
     "sysio": lambda s: dict(mib=max(16, int(512 * s))),
     # Random rewrites over about 10x the input, for every input byte: the slowest to page.
     "xz": lambda s: dict(mib=max(2, int(32 * s))),
+    "sort": lambda s: dict(mib=max(8, int(512 * s))),
 }
 # jemalloc maps its heap in steps from 2 MiB up: below 64 MiB a Redis heap is mostly in small steps.
 # The others: so that a small --scale still pages (their big blocks are below 64 MiB there).
-THRESHOLD = {"redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M"}
+THRESHOLD = {"redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M"}
 
 
 def figure(name: str, got: dict) -> str:

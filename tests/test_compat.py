@@ -168,3 +168,11 @@ def test_xz_match_finder_random_rewrites(shim, tmp_path):
     and rewrites pages at random for every byte; xz -t and the input's SHA-256 check the archive."""
     got = compat.xz(farmem(threshold="1M"), tmp_path, mib=1)
     assert_paged(got["summary"], "xz")
+
+
+def test_sort_freads_into_its_paged_buffer(shim, tmp_path):
+    """GNU sort freads its input straight into a paged sort buffer: glibc's stdio reads into it
+    with its own read, which only the shim's fread cover makes resident (without it: "sort: read
+    failed: Bad address"). The output is checked against the lines sorted here."""
+    got = compat.sort(farmem(threshold="1M"), tmp_path, mib=8)
+    assert_paged(got["summary"], "sort")

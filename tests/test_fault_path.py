@@ -28,15 +28,15 @@ def run(farmem_cmd, tmp_path, argv, local="32M", env_extra=None, timeout=300):
 
 @pytest.mark.parametrize("fault", ["signal", "thread"])
 def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
-    """read/pread/readv (with the iovec array itself paged), write/writev, send/recv and
-    sendmsg/recvmsg on buffers that were just evicted: every byte right, in both modes."""
+    """read/pread/readv (with the iovec array itself paged), write/writev, stdio's fread and fwrite,
+    send/recv and sendmsg/recvmsg on buffers that were just evicted: every byte right, in both modes."""
     prog = built("build/tests/iotest")
     built("build/lib/libfarmem_preload.so")
     r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],
                env_extra={"FARMEM_FAULT": fault})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    for name in ("read", "write", "socket", "sigbus", "blocked"):
+    for name in ("read", "write", "stdio", "socket", "sigbus", "blocked"):
         assert f"iotest: {name} ok" in out, out[-3000:]
     assert s["fault_mode"] == fault
     assert s["evictions"] > 20000, s  # the buffer really was evicted between the calls

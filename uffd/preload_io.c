@@ -8,8 +8,11 @@
  * the buffer resident (writable, when the kernel writes it) and pin it for
  * the call (fm_pager_io_begin); a call that still fails with EFAULT on paged
  * memory is made again. Calls outside paged memory cost one bounds check.
- * What is not covered: raw system calls (the program's own `syscall`
- * instruction) and io_uring, whose kernel side touches buffers long after
+ * stdio's fread and fwrite are covered too: a large request goes straight
+ * between the kernel and the caller's buffer through glibc's own read and
+ * write, which no cover sees. What is not covered: raw system calls (the
+ * program's own `syscall` instruction), a stdio buffer the program placed in
+ * paged memory itself (setvbuf), and io_uring, whose kernel side touches buffers long after
  * the submitting call; `farmem run` pages a program linked with liburing in
  * fault=thread mode, and docs/compatibility.md lists the rest.
  *
@@ -22,6 +25,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -199,6 +203,85 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
 	COVERED(pin_msg(&io_, m, 0), syscall(SYS_sendmsg, fd, m, flags));
+}
+
+/* --- stdio ------------------------------------------------------------------------- */
+
+/*
+ * A request of MiBs is done in pieces of whole items, each pinned while
+ * glibc moves it: one pin for the whole would make resident (zero-filling
+ * what was never touched) all of a buffer that the file may fill only in
+ * part, past the budget. The pieces add up to the same call: fread and
+ * fwrite count whole items, and stop at the first short piece as they would.
+ */
+#define STDIO_PIECE (1u << 20)
+
+/* glibc's stdio.h makes these macros for constant sizes; the covers are functions. */
+#undef fread_unlocked
+#undef fwrite_unlocked
+
+typedef size_t (*stdio_fn)(void *, size_t, size_t, FILE *);
+
+static size_t stdio_covered(stdio_fn next, void *ptr, size_t size, size_t n, FILE *fp, int write)
+{
+	struct io_pins io = { .p = fm_preload_pager() };
+	size_t per, done = 0;
+
+	if (!next)
+		return 0;
+	if (!io.p || !size || !n || n > SIZE_MAX / size)
+		return next(ptr, size, n, fp);
+	per = size >= STDIO_PIECE ? 1 : STDIO_PIECE / size;
+	while (done < n) {
+		size_t k = n - done < per ? n - done : per, got;
+		char *at = (char *)ptr + done * size;
+		pin(&io, at, k * size, write);
+		got = next(at, size, k, fp);
+		unpin(&io);
+		done += got;
+		if (got < k)
+			break;
+	}
+	return done;
+}
+
+static stdio_fn stdio_next(stdio_fn *cache, const char *name)
+{
+	stdio_fn f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+
+	if (!f) {
+		f = (stdio_fn)dlsym(RTLD_NEXT, name);
+		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
+EXPORT size_t fread(void *ptr, size_t size, size_t n, FILE *fp)
+{
+	static stdio_fn next;
+
+	return stdio_covered(stdio_next(&next, "fread"), ptr, size, n, fp, 1);
+}
+
+EXPORT size_t fread_unlocked(void *ptr, size_t size, size_t n, FILE *fp)
+{
+	static stdio_fn next;
+
+	return stdio_covered(stdio_next(&next, "fread_unlocked"), ptr, size, n, fp, 1);
+}
+
+EXPORT size_t fwrite(const void *ptr, size_t size, size_t n, FILE *fp)
+{
+	static stdio_fn next;
+
+	return stdio_covered(stdio_next(&next, "fwrite"), (void *)ptr, size, n, fp, 0);
+}
+
+EXPORT size_t fwrite_unlocked(const void *ptr, size_t size, size_t n, FILE *fp)
+{
+	static stdio_fn next;
+
+	return stdio_covered(stdio_next(&next, "fwrite_unlocked"), (void *)ptr, size, n, fp, 0);
 }
 
 /* --- SIGBUS ------------------------------------------------------------------------ */

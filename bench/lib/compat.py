@@ -660,6 +660,28 @@ def xz(launch: Launch, workdir: Path, mib: int = 4) -> dict:
     return {"summary": summary, "seconds": round(secs, 2), "ratio": round(archive.stat().st_size / (mib << 20), 3)}
 
 
+# --- sort ----------------------------------------------------------------------------------------
+
+def sort(launch: Launch, workdir: Path, mib: int = 16) -> dict:
+    """GNU sort (coreutils) with a sort buffer twice its input, in one paged block: it freads the
+    file straight into the buffer, sorts the lines there and writes them out. The output is
+    compared, outside the run, with the input's lines sorted here (bytewise, as LC_ALL=C does)."""
+    need("sort")
+    src = workdir / "sort-input.txt"
+    words_text(src, mib << 20, seed=11)
+    # sort ends every line it writes with a newline, the input's cut-off last one too
+    lines = [ln if ln.endswith(b"\n") else ln + b"\n" for ln in src.read_bytes().splitlines(keepends=True)]
+    want = hashlib.sha256(b"".join(sorted(lines))).hexdigest()
+    r, summary, secs = run(launch, ["sort", "-S", f"{2 * mib}M", "--parallel=1", "-o", workdir / "sorted.txt", src],
+                           workdir, "sort", env=dict(os.environ, LC_ALL="C"))
+    if r.returncode != 0:
+        raise Failed(f"sort: exit {r.returncode}: {r.stderr[-1500:]}")
+    got = hashlib.sha256((workdir / "sorted.txt").read_bytes()).hexdigest()
+    if got != want:
+        raise Failed(f"sort: the output's SHA-256 is {got[:16]}..., the input's lines sorted give {want[:16]}...")
+    return {"summary": summary, "seconds": round(secs, 2)}
+
+
 WORKLOADS = {
     "redis": redis,
     "redis-bgsave": redis_bgsave,
@@ -669,6 +691,7 @@ WORKLOADS = {
     "sqlite": sqlite,
     "sysio": sysio,
     "xz": xz,
+    "sort": sort,
 }
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@
  *   read, pread, readv   a file's bytes into the evicted buffer (and readv's
  *                        iovec array itself lives in paged memory)
  *   write, writev        the evicted buffer out to a file, read back
+ *   stdio                fread into and fwrite out of the evicted buffer: glibc
+ *                        moves a request larger than the stream's buffer with its
+ *                        own read and write, which only the fread/fwrite covers see
  *   send/recv            the evicted buffer through a socketpair into another
  *                        evicted part of it; sendmsg/recvmsg likewise
  *   sigbus               the program's own SIGBUS handler, installed after the
@@ -161,6 +164,37 @@ static void t_write(void)
 	free(back);
 }
 
+static void t_stdio(void)
+{
+	uint8_t *src = malloc(CHUNK), *back = malloc(CHUNK);
+	int fd;
+	FILE *f;
+
+	fill(src, CHUNK, 0, 13);
+	fd = temp_file(src, CHUNK);
+	f = fdopen(fd, "r+");
+	if (!f || !back) {
+		perror("iotest: fdopen");
+		exit(1);
+	}
+	evict_buf();
+	if (fseek(f, 0, SEEK_SET) || fread(buf + 200 * PAGE + 33, 1, CHUNK, f) != CHUNK)
+		FAIL("fread into an evicted buffer: %s", ferror(f) ? strerror(errno) : "end of file");
+	else
+		check(buf + 200 * PAGE + 33, CHUNK, 0, 13, "fread");
+	fill(buf + 3 * size / 8, CHUNK, 5, 15);
+	evict_buf();
+	if (fseek(f, 0, SEEK_SET) || fwrite(buf + 3 * size / 8, 1, CHUNK, f) != CHUNK || fflush(f))
+		FAIL("fwrite from an evicted buffer: %s", strerror(errno));
+	else if (pread(fd, back, CHUNK, 0) != (ssize_t)CHUNK)
+		FAIL("reading back: %s", strerror(errno));
+	else
+		check(back, CHUNK, 5, 15, "fwrite");
+	fclose(f);
+	free(src);
+	free(back);
+}
+
 static void t_socket(void)
 {
 	int sv[2];
@@ -297,7 +331,7 @@ static int parse_size(const char *s, size_t *out)
 int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
-		{ "read", t_read }, { "write", t_write }, { "socket", t_socket },
+		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "socket", t_socket },
 		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "raw", t_raw },
 	};
 	static const struct option opts[] = {

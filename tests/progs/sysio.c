@@ -14,8 +14,9 @@
  * then tells how much of buf is no longer resident (--expect-evicted fails
  * the run below PCT). Each method then moves data with the kernel:
  *
- *   into buf:   read, pread, preadv, readv, recv, io_uring READ, READV and RECV
- *   out of buf: write, send (the bytes are read back into plain memory)
+ *   into buf:   read, pread, preadv, readv, recv, io_uring READ, READV and RECV,
+ *               stdio's fread (glibc reads a large request straight into buf)
+ *   out of buf: write, send, fwrite (the bytes are read back into plain memory)
  *   fixed:      io_uring READ_FIXED into buf registered as a fixed buffer, or
  *               "registration refused" (farmem refuses paged memory)
  *
@@ -410,6 +411,23 @@ static void by_uring_fixed(int fd)
 	verify("io_uring READ_FIXED", 11, FILE_SEED, ev);
 }
 
+/* stdio: a request larger than the stream's buffer goes straight from the file into buf. */
+static void by_fread(int fd)
+{
+	unsigned ev = prepare(12);
+	FILE *f = fdopen(dup(fd), "r");
+
+	if (!f)
+		die("fdopen");
+	for (size_t k = 0; k < NCHUNK; k++) {
+		if (fseek(f, (long)CH_OFF(k), SEEK_SET))
+			die("fseek");
+		full((ssize_t)fread(buf + CH_OFF(k), 1, CH_LEN, f), CH_LEN, "fread");
+	}
+	fclose(f);
+	verify("fread", 12, FILE_SEED, ev);
+}
+
 /* Out of evicted memory: write() to a file and send() to a peer; both read back elsewhere. */
 static void by_write(const char *dir)
 {
@@ -438,6 +456,41 @@ static void by_write(const char *dir)
 		return;
 	}
 	verify("write", 9, 9, ev);
+}
+
+/* fwrite out of evicted memory, the stream's buffer bypassed as with fread. */
+static void by_fwrite(const char *dir)
+{
+	char path[4096];
+	unsigned char *tmp = malloc(CH_LEN);
+	size_t bad = 0;
+	unsigned ev;
+	FILE *f;
+	int fd;
+
+	fd = open_scratch(dir, "fout", path, sizeof(path));
+	f = fdopen(dup(fd), "w");
+	if (!f || !tmp)
+		die("fdopen");
+	ev = prepare(13);
+	for (size_t k = 0; k < NCHUNK; k++)
+		full((ssize_t)fwrite(buf + CH_OFF(k), 1, CH_LEN, f), CH_LEN, "fwrite");
+	if (fclose(f))
+		die("fclose");
+	for (size_t k = 0; k < NCHUNK; k++) {
+		full(pread(fd, tmp, CH_LEN, (off_t)(k * CH_LEN)), CH_LEN, "pread fout");
+		for (size_t i = 0; i < CH_LEN; i++)
+			bad += tmp[i] != pat(13, CH_OFF(k) + i);
+	}
+	close(fd);
+	unlink(path);
+	free(tmp);
+	if (bad) {
+		printf("fwrite: FAILED: %zu bytes wrong in the file (evicted %u%% before the call)\n", bad, ev);
+		fails++;
+		return;
+	}
+	verify("fwrite", 13, 13, ev);
 }
 
 static void by_send(void)
@@ -498,7 +551,9 @@ int main(int argc, char **argv)
 	by_uring(fd, 1);
 	by_uring(fd, 2);
 	by_uring_fixed(fd);
+	by_fread(fd);
 	by_write(dir);
+	by_fwrite(dir);
 	by_send();
 	close(fd);
 	unlink(path);
