@@ -11,10 +11,11 @@
  * stdio's fread and fwrite are covered too: a large request goes straight
  * between the kernel and the caller's buffer through glibc's own read and
  * write, which no cover sees. What is not covered: raw system calls (the
- * program's own `syscall` instruction), a stdio buffer the program placed in
- * paged memory itself (setvbuf), and io_uring, whose kernel side touches buffers long after
- * the submitting call; `farmem run` pages a program linked with liburing in
- * fault=thread mode, and docs/compatibility.md lists the rest.
+ * program's own `syscall` instruction), a stdio buffer the program placed
+ * in paged memory itself (setvbuf), and io_uring, whose kernel side touches
+ * buffers long after the submitting call; `farmem run` pages a program
+ * linked with liburing in fault=thread mode, and docs/compatibility.md lists
+ * the rest.
  *
  * SIGBUS is the pager's: sigaction and signal for SIGBUS record the
  * program's handler, which runs for every SIGBUS that is not a paging fault
@@ -213,6 +214,10 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
  * what was never touched) all of a buffer that the file may fill only in
  * part, past the budget. The pieces add up to the same call: fread and
  * fwrite count whole items, and stop at the first short piece as they would.
+ * Unlike the calls above, a piece is not made again when it still meets
+ * EFAULT (the pin table full): glibc has already set the stream's error and
+ * may have consumed part of an item, so the call ends short, as any failed
+ * read or write of the stream would.
  */
 #define STDIO_PIECE (1u << 20)
 
@@ -227,8 +232,10 @@ static size_t stdio_covered(stdio_fn next, void *ptr, size_t size, size_t n, FIL
 	struct io_pins io = { .p = fm_preload_pager() };
 	size_t per, done = 0;
 
-	if (!next)
+	if (!next) {
+		errno = ENOSYS;  /* no libc stdio to call: say so, not end-of-file */
 		return 0;
+	}
 	if (!io.p || !size || !n || n > SIZE_MAX / size)
 		return next(ptr, size, n, fp);
 	per = size >= STDIO_PIECE ? 1 : STDIO_PIECE / size;
