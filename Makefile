@@ -113,7 +113,7 @@ $(B)/lib/libfarmem_pager.a: $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRCS))
 
 # --wrap: the pager's threads are started through the shim, which marks them as farmem's own
 # (they allocate from its private arena, never from the program's allocator; uffd/preload.c).
-$(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/lib/libfarmem_pager.a uffd/preload.map
+$(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/obj/uffd/preload_sync.o $(B)/lib/libfarmem_pager.a uffd/preload.map
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=uffd/preload.map \
 		-Wl,--wrap=pthread_create -o $@ $(filter %.o,$^) \

@@ -29,23 +29,32 @@ def run(farmem_cmd, tmp_path, argv, local="32M", env_extra=None, timeout=300):
 @pytest.mark.parametrize("fault", ["signal", "thread"])
 def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     """read/pread/readv (with the iovec array itself paged), write/writev, stdio's fread and fwrite,
-    send/recv and sendmsg/recvmsg on buffers that were just evicted: every byte right, in both modes."""
+    send/recv and sendmsg/recvmsg on buffers that were just evicted: every byte right, in both modes.
+    glibc's semaphores, mutexes, condition variables, rwlocks and barriers in paged memory, used by
+    8 threads under eviction: no abort ("The futex facility returned an unexpected error code"),
+    and with faults served in the faulting thread each wait keeps its object's page resident."""
     prog = built("build/tests/iotest")
     built("build/lib/libfarmem_preload.so")
     r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],
                env_extra={"FARMEM_FAULT": fault})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    for name in ("read", "write", "stdio", "socket", "sigbus", "blocked"):
+    for name in ("read", "write", "stdio", "socket", "sigbus", "blocked", "sync"):
         assert f"iotest: {name} ok" in out, out[-3000:]
     assert s["fault_mode"] == fault
     assert s["evictions"] > 20000, s  # the buffer really was evicted between the calls
+    held = re.search(r"sync: (\d+) of (\d+) waits kept their page", out)
+    assert held, out[-3000:]
     if fault == "signal":
         # The covers made the evicted buffers resident for the kernel.
         assert s["io_prefaults"] > 1000, s
         assert "in the faulting thread" in out
+        # Each glibc wait pinned its futex word's page while it slept (uffd/preload_sync.c).
+        assert held[1] == held[2], held[0]
     else:
         assert s["io_prefaults"] == 0, s
+        # The kernel waits for a page: nothing is pinned, so the same check sees the pages leave.
+        assert held[1] == "0", held[0]
 
 
 @pytest.mark.parametrize("fault,expect", [("signal", "raw: efault"), ("thread", "raw: ok")])

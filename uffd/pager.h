@@ -219,6 +219,13 @@ void fm_pager_io_retried(struct fm_pager *p);
 
 /* 1 if addr lies in a registered region. */
 int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len);
+/*
+ * The same without the region lock, for the shim's covers of glibc's locks
+ * (preload_sync.c), which the pager's own lock goes through: its answer may
+ * be stale while a region comes or goes, and the pager's own memory is never
+ * in one.
+ */
+int fm_pager_owns_nolock(struct fm_pager *p, const void *addr, size_t len);
 
 /* GC cycle boundaries, from the agent. */
 void fm_pager_gc_event(struct fm_pager *p, int start);

@@ -552,6 +552,11 @@ struct fm_pager *fm_preload_pager(void)
 	return atomic_load(&state) == 2 ? pager : NULL;
 }
 
+struct fm_pager *fm_preload_pager_nowait(void)
+{
+	return atomic_load_explicit(&state, memory_order_acquire) == 2 ? pager : NULL;
+}
+
 static int qualifies(size_t len, int prot, int flags, int fd)
 {
 	return hooks_on() && len >= cfg.threshold && fd == -1 && (flags & MAP_ANONYMOUS) &&

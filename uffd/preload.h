@@ -1,11 +1,38 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Inside the preload shim: preload.c (mappings, malloc) and preload_io.c (system calls, SIGBUS). */
+/*
+ * Inside the preload shim: preload.c (mappings, malloc), preload_io.c (system
+ * calls, stdio, SIGBUS) and preload_sync.c (glibc's futex waits).
+ */
 #ifndef FARMEM_PRELOAD_H
 #define FARMEM_PRELOAD_H
+
+#include <stddef.h>
 
 struct fm_pager;
 
 /* The pager, once it runs; NULL before, in a forked child, or when the shim stays out of the way. */
 struct fm_pager *fm_preload_pager(void);
+/*
+ * The same without waiting for a forked child's pager to start: for covers
+ * that the pager's own code calls too (its locks and condition variables go
+ * through preload_sync.c's), which must never wait for the pager.
+ */
+struct fm_pager *fm_preload_pager_nowait(void);
+
+/*
+ * The ranges one covered call keeps resident and pinned while the kernel
+ * touches them (fault=signal only; pins.h). A range outside paged memory
+ * costs a bounds check; one the pin table has no room for is still made
+ * resident, but may leave again before the kernel reads it.
+ */
+#define FM_IO_PINS 16
+struct fm_io_pins {
+	struct fm_pager *p;
+	int slot[FM_IO_PINS];
+	unsigned n;
+};
+
+void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write);
+void fm_io_unpin(struct fm_io_pins *io);
 
 #endif

@@ -37,49 +37,42 @@
 #include "preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
-#define MAX_IO_PINS 16
 #define EFAULT_TRIES 8
 
-struct io_pins {
-	struct fm_pager *p;
-	int slot[MAX_IO_PINS];
-	unsigned n;
-};
-
-static void pin(struct io_pins *io, const void *buf, size_t len, int write)
+void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write)
 {
 	int s;
 
 	if (!io->p || !buf || !len)
 		return;
 	s = fm_pager_io_begin(io->p, buf, len, write);
-	if (s >= 0 && io->n < MAX_IO_PINS)
+	if (s >= 0 && io->n < FM_IO_PINS)
 		io->slot[io->n++] = s;
 	else if (s >= 0)
 		fm_pager_io_end(io->p, s);
 }
 
-static void pin_iov(struct io_pins *io, const struct iovec *iov, int n, int write)
+static void pin_iov(struct fm_io_pins *io, const struct iovec *iov, int n, int write)
 {
 	if (!io->p || !iov || n <= 0)
 		return;
 	/* The kernel reads the array itself, too. */
-	pin(io, iov, (size_t)n * sizeof(*iov), 0);
+	fm_io_pin(io, iov, (size_t)n * sizeof(*iov), 0);
 	for (int k = 0; k < n; k++)
-		pin(io, iov[k].iov_base, iov[k].iov_len, write);
+		fm_io_pin(io, iov[k].iov_base, iov[k].iov_len, write);
 }
 
-static void pin_msg(struct io_pins *io, const struct msghdr *m, int write)
+static void pin_msg(struct fm_io_pins *io, const struct msghdr *m, int write)
 {
 	if (!io->p || !m)
 		return;
-	pin(io, m, sizeof(*m), write);
-	pin(io, m->msg_name, m->msg_namelen, write);
-	pin(io, m->msg_control, m->msg_controllen, write);
+	fm_io_pin(io, m, sizeof(*m), write);
+	fm_io_pin(io, m->msg_name, m->msg_namelen, write);
+	fm_io_pin(io, m->msg_control, m->msg_controllen, write);
 	pin_iov(io, m->msg_iov, (int)m->msg_iovlen, write);
 }
 
-static void unpin(struct io_pins *io)
+void fm_io_unpin(struct fm_io_pins *io)
 {
 	for (unsigned k = 0; k < io->n; k++)
 		fm_pager_io_end(io->p, io->slot[k]);
@@ -89,13 +82,13 @@ static void unpin(struct io_pins *io)
 /* Made again while it fails with EFAULT on paged memory (a pin the table had no room for). */
 #define COVERED(setup, call)                                                            \
 	do {                                                                            \
-		struct io_pins io_ = { .p = fm_preload_pager() };                       \
+		struct fm_io_pins io_ = { .p = fm_preload_pager() };                    \
 		long r_;                                                                \
 		int tries_ = 0;                                                         \
 		for (;;) {                                                              \
 			setup;                                                          \
 			r_ = (call);                                                    \
-			unpin(&io_);                                                    \
+			fm_io_unpin(&io_);                                              \
 			if (r_ >= 0 || errno != EFAULT || !io_.p || ++tries_ >= EFAULT_TRIES) \
 				break;                                                  \
 			fm_pager_io_retried(io_.p);                                     \
@@ -105,12 +98,12 @@ static void unpin(struct io_pins *io)
 
 EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
-	COVERED(pin(&io_, buf, n, 1), syscall(SYS_read, fd, buf, n));
+	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_read, fd, buf, n));
 }
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 {
-	COVERED(pin(&io_, buf, n, 1), syscall(SYS_pread64, fd, buf, n, off));
+	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_pread64, fd, buf, n, off));
 }
 
 EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
@@ -140,12 +133,12 @@ EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int fl
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
-	COVERED(pin(&io_, buf, n, 0), syscall(SYS_write, fd, buf, n));
+	COVERED(fm_io_pin(&io_, buf, n, 0), syscall(SYS_write, fd, buf, n));
 }
 
 EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
-	COVERED(pin(&io_, buf, n, 0), syscall(SYS_pwrite64, fd, buf, n, off));
+	COVERED(fm_io_pin(&io_, buf, n, 0), syscall(SYS_pwrite64, fd, buf, n, off));
 }
 
 EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
@@ -175,13 +168,13 @@ EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int f
 
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
-	COVERED(pin(&io_, buf, n, 1), syscall(SYS_recvfrom, fd, buf, n, flags, NULL, NULL));
+	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_recvfrom, fd, buf, n, flags, NULL, NULL));
 }
 
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa, socklen_t *salen)
 {
-	COVERED((pin(&io_, buf, n, 1), pin(&io_, salen, sizeof(*salen), 1),
-		 pin(&io_, sa, salen ? *salen : 0, 1)),
+	COVERED((fm_io_pin(&io_, buf, n, 1), fm_io_pin(&io_, salen, sizeof(*salen), 1),
+		 fm_io_pin(&io_, sa, salen ? *salen : 0, 1)),
 		syscall(SYS_recvfrom, fd, buf, n, flags, sa, salen));
 }
 
@@ -192,12 +185,12 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
-	COVERED(pin(&io_, buf, n, 0), syscall(SYS_sendto, fd, buf, n, flags, NULL, 0));
+	COVERED(fm_io_pin(&io_, buf, n, 0), syscall(SYS_sendto, fd, buf, n, flags, NULL, 0));
 }
 
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *sa, socklen_t salen)
 {
-	COVERED((pin(&io_, buf, n, 0), pin(&io_, sa, salen, 0)),
+	COVERED((fm_io_pin(&io_, buf, n, 0), fm_io_pin(&io_, sa, salen, 0)),
 		syscall(SYS_sendto, fd, buf, n, flags, sa, salen));
 }
 
@@ -229,7 +222,7 @@ typedef size_t (*stdio_fn)(void *, size_t, size_t, FILE *);
 
 static size_t stdio_covered(stdio_fn next, void *ptr, size_t size, size_t n, FILE *fp, int write)
 {
-	struct io_pins io = { .p = fm_preload_pager() };
+	struct fm_io_pins io = { .p = fm_preload_pager() };
 	size_t per, done = 0;
 
 	if (!next) {
@@ -242,9 +235,9 @@ static size_t stdio_covered(stdio_fn next, void *ptr, size_t size, size_t n, FIL
 	while (done < n) {
 		size_t k = n - done < per ? n - done : per, got;
 		char *at = (char *)ptr + done * size;
-		pin(&io, at, k * size, write);
+		fm_io_pin(&io, at, k * size, write);
 		got = next(at, size, k, fp);
-		unpin(&io);
+		fm_io_unpin(&io);
 		done += got;
 		if (got < k)
 			break;

@@ -313,6 +313,23 @@ int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
 	return hit;
 }
 
+int fm_pager_owns_nolock(struct fm_pager *p, const void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr, e = a + len;
+	int n;
+
+	if (!fm_region_maybe(p, a, e))
+		return 0;
+	n = __atomic_load_n(&p->nregions, __ATOMIC_ACQUIRE);
+	for (int i = 0; i < n; i++) {
+		struct region *r = &p->regions[i];
+		if (__atomic_load_n(&r->live, __ATOMIC_ACQUIRE) && a < __atomic_load_n(&r->end, __ATOMIC_RELAXED) &&
+		    e > __atomic_load_n(&r->base, __ATOMIC_RELAXED))
+			return 1;
+	}
+	return 0;
+}
+
 /*
  * Mark pages [first, first+npg) that are already present: they are resident
  * and, for all we know, dirty. The others stay as the caller set them.

@@ -18,6 +18,11 @@
  *                        pager started, still runs for a truncated file mapping,
  *                        and paging goes on after it
  *   blocked              a thread that blocks every signal still pages
+ *   sync                 semaphores, mutexes, condition variables, rwlocks and a
+ *                        barrier that live in paged memory, used by 8 threads while
+ *                        another evicts: glibc aborts ("The futex facility returned
+ *                        an unexpected error code") when the kernel's read of a
+ *                        waiter's futex word fails with EFAULT (uffd/preload_sync.c)
  *   raw                  (not in the default set) a raw read(2) system call, which no
  *                        cover sees, into the evicted buffer: prints "raw: efault" or
  *                        "raw: ok" (with faults served in the faulting thread it fails:
@@ -31,9 +36,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <semaphore.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -293,6 +300,272 @@ static void t_blocked(void)
 	pthread_join(th, NULL);
 }
 
+#define SYNC_PAIRS 4
+#define SYNC_ROUNDS 20000
+
+/* One producer and one consumer, on their own page of paged memory. */
+struct sync_pair {
+	sem_t empty, full;
+	pthread_mutex_t m;
+	pthread_cond_t c;
+	pthread_rwlock_t rw;
+	long posted, taken, sum, shared;
+};
+
+static pthread_barrier_t *sync_barrier;
+static atomic_int sync_stop;
+
+static void sync_deadline(struct timespec *t)
+{
+	clock_gettime(CLOCK_REALTIME, t);
+	t->tv_sec += 60;
+}
+
+static void *sync_producer(void *arg)
+{
+	struct sync_pair *s = arg;
+	struct timespec t;
+
+	for (long i = 1; i <= SYNC_ROUNDS; i++) {
+		sync_deadline(&t);
+		if (i % 2 ? sem_wait(&s->empty) : sem_timedwait(&s->empty, &t))
+			FAIL("sync: sem_wait: %s", strerror(errno));
+		pthread_rwlock_wrlock(&s->rw);
+		s->shared = i;
+		pthread_rwlock_unlock(&s->rw);
+		pthread_mutex_lock(&s->m);
+		s->posted = i;
+		pthread_cond_signal(&s->c);
+		pthread_mutex_unlock(&s->m);
+		sem_post(&s->full);
+		if (i % 1000 == 0)
+			pthread_barrier_wait(sync_barrier);
+	}
+	return NULL;
+}
+
+static void *sync_consumer(void *arg)
+{
+	struct sync_pair *s = arg;
+	struct timespec t;
+
+	for (long i = 1; i <= SYNC_ROUNDS; i++) {
+		sync_deadline(&t);
+		if (i % 2 ? sem_timedwait(&s->full, &t) : sem_wait(&s->full))
+			FAIL("sync: sem_timedwait: %s", strerror(errno));
+		pthread_mutex_lock(&s->m);
+		while (s->posted < i)
+			if (i % 2)
+				pthread_cond_wait(&s->c, &s->m);
+			else
+				pthread_cond_timedwait(&s->c, &s->m, &t);
+		s->taken = i;
+		pthread_mutex_unlock(&s->m);
+		pthread_rwlock_rdlock(&s->rw);
+		s->sum += s->shared;
+		pthread_rwlock_unlock(&s->rw);
+		sem_post(&s->empty);
+		if (i % 1000 == 0)
+			pthread_barrier_wait(sync_barrier);
+	}
+	return NULL;
+}
+
+static void *sync_evictor(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&sync_stop))
+		evict_buf();
+	return NULL;
+}
+
+static struct sync_pair *sync_pair_at(uint8_t *at, int k)
+{
+	return (struct sync_pair *)(at + (size_t)(k + 1) * 16 * PAGE);
+}
+
+/*
+ * Each kind of wait, on an object alone on its page: a thread sleeps in it
+ * while this one evicts, and mincore says whether the page stayed. With
+ * faults served in the faulting thread the shim pins it for the wait.
+ */
+enum { W_SEM, W_SEM_TIMED, W_COND, W_COND_TIMED, W_MUTEX, W_RWLOCK, W_BARRIER, W_KINDS };
+
+struct sync_waiter {
+	int kind;
+	atomic_int tid;
+	uint8_t *page;
+};
+
+struct sync_cv {
+	pthread_mutex_t m;
+	pthread_cond_t c;
+	int go;
+};
+
+static void *sync_wait(void *arg)
+{
+	struct sync_waiter *w = arg;
+	struct sync_cv *cv = (struct sync_cv *)w->page;
+	struct timespec t;
+
+	sync_deadline(&t);
+	atomic_store(&w->tid, (int)syscall(SYS_gettid));
+	switch (w->kind) {
+	case W_SEM:
+		sem_wait((sem_t *)w->page);
+		break;
+	case W_SEM_TIMED:
+		sem_timedwait((sem_t *)w->page, &t);
+		break;
+	case W_COND:
+	case W_COND_TIMED:
+		pthread_mutex_lock(&cv->m);
+		while (!cv->go)
+			if (w->kind == W_COND)
+				pthread_cond_wait(&cv->c, &cv->m);
+			else
+				pthread_cond_timedwait(&cv->c, &cv->m, &t);
+		pthread_mutex_unlock(&cv->m);
+		break;
+	case W_MUTEX:
+		pthread_mutex_lock((pthread_mutex_t *)w->page);
+		pthread_mutex_unlock((pthread_mutex_t *)w->page);
+		break;
+	case W_RWLOCK:
+		pthread_rwlock_wrlock((pthread_rwlock_t *)w->page);
+		pthread_rwlock_unlock((pthread_rwlock_t *)w->page);
+		break;
+	case W_BARRIER:
+		pthread_barrier_wait((pthread_barrier_t *)w->page);
+		break;
+	}
+	return NULL;
+}
+
+/* Until the thread sleeps in the kernel (state S), at most 5 s. */
+static void sync_asleep(struct sync_waiter *w)
+{
+	for (int k = 0; k < 500; k++) {
+		char path[64], line[256], *close_paren;
+		FILE *f;
+		int tid = atomic_load(&w->tid);
+
+		usleep(10000);
+		if (!tid)
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%d/stat", tid);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		close_paren = fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
+		fclose(f);
+		if (close_paren && close_paren[1] == ' ' && close_paren[2] == 'S')
+			return;
+	}
+}
+
+static int sync_held(int kind, uint8_t *page)
+{
+	struct sync_waiter w = { .kind = kind, .page = page };
+	struct sync_cv *cv = (struct sync_cv *)page;
+	pthread_t th;
+	unsigned char vec = 0;
+
+	memset(page, 0, PAGE);
+	if (kind == W_SEM || kind == W_SEM_TIMED)
+		sem_init((sem_t *)page, 0, 0);
+	if (kind == W_COND || kind == W_COND_TIMED) {
+		pthread_mutex_init(&cv->m, NULL);
+		pthread_cond_init(&cv->c, NULL);
+	}
+	if (kind == W_MUTEX) {
+		pthread_mutex_init((pthread_mutex_t *)page, NULL);
+		pthread_mutex_lock((pthread_mutex_t *)page);
+	}
+	if (kind == W_RWLOCK) {
+		pthread_rwlock_init((pthread_rwlock_t *)page, NULL);
+		pthread_rwlock_rdlock((pthread_rwlock_t *)page);
+	}
+	if (kind == W_BARRIER)
+		pthread_barrier_init((pthread_barrier_t *)page, NULL, 2);
+	pthread_create(&th, NULL, sync_wait, &w);
+	sync_asleep(&w);
+	evict_buf();
+	evict_buf();
+	if (mincore(page, PAGE, &vec))
+		FAIL("sync: mincore: %s", strerror(errno));
+	switch (kind) {
+	case W_SEM:
+	case W_SEM_TIMED:
+		sem_post((sem_t *)page);
+		break;
+	case W_COND:
+	case W_COND_TIMED:
+		pthread_mutex_lock(&cv->m);
+		cv->go = 1;
+		pthread_cond_signal(&cv->c);
+		pthread_mutex_unlock(&cv->m);
+		break;
+	case W_MUTEX:
+		pthread_mutex_unlock((pthread_mutex_t *)page);
+		break;
+	case W_RWLOCK:
+		pthread_rwlock_unlock((pthread_rwlock_t *)page);
+		break;
+	case W_BARRIER:
+		pthread_barrier_wait((pthread_barrier_t *)page);
+		break;
+	}
+	pthread_join(th, NULL);
+	return vec & 1;
+}
+
+static void t_sync(void)
+{
+	pthread_t th[2 * SYNC_PAIRS], ev;
+	uint8_t *at = buf + size / 2;
+
+	/* Each object on its own page, apart from what the other checks use. */
+	sync_barrier = (pthread_barrier_t *)at;
+	pthread_barrier_init(sync_barrier, NULL, 2 * SYNC_PAIRS);
+	for (int k = 0; k < SYNC_PAIRS; k++) {
+		struct sync_pair *s = sync_pair_at(at, k);
+		memset(s, 0, sizeof(*s));
+		sem_init(&s->empty, 0, 1);
+		sem_init(&s->full, 0, 0);
+		pthread_mutex_init(&s->m, NULL);
+		pthread_cond_init(&s->c, NULL);
+		pthread_rwlock_init(&s->rw, NULL);
+		pthread_create(&th[2 * k], NULL, sync_producer, s);
+		pthread_create(&th[2 * k + 1], NULL, sync_consumer, s);
+	}
+	pthread_create(&ev, NULL, sync_evictor, NULL);
+	for (int k = 0; k < 2 * SYNC_PAIRS; k++)
+		pthread_join(th[k], NULL);
+	atomic_store(&sync_stop, 1);
+	pthread_join(ev, NULL);
+	for (int k = 0; k < SYNC_PAIRS; k++) {
+		struct sync_pair *s = sync_pair_at(at, k);
+		long want = (long)SYNC_ROUNDS * (SYNC_ROUNDS + 1) / 2;
+		if (s->sum != want || s->taken != SYNC_ROUNDS)
+			FAIL("sync: pair %d: sum %ld after %ld rounds, expected %ld after %d", k, s->sum, s->taken,
+			     want, SYNC_ROUNDS);
+		pthread_cond_destroy(&s->c);
+		pthread_rwlock_destroy(&s->rw);
+		pthread_mutex_destroy(&s->m);
+		sem_destroy(&s->empty);
+		sem_destroy(&s->full);
+	}
+	pthread_barrier_destroy(sync_barrier);
+
+	int held = 0;
+	for (int kind = 0; kind < W_KINDS; kind++)
+		held += sync_held(kind, at + (size_t)(SYNC_PAIRS + 2 + kind) * 16 * PAGE);
+	/* fault=signal: all of them (the pins); fault=thread: the kernel waits, nothing is pinned. */
+	printf("iotest: sync: %d of %d waits kept their page\n", held, W_KINDS);
+}
+
 static void t_raw(void)
 {
 	uint8_t *src = malloc(CHUNK);
@@ -332,7 +605,7 @@ int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "raw", t_raw },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "sync", t_sync }, { "raw", t_raw },
 	};
 	static const struct option opts[] = {
 		{ "size", required_argument, NULL, 's' },
