@@ -192,6 +192,11 @@ $(B)/tests/sysio: tests/progs/sysio.c tests/progs/mix.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -luring -lpthread
 
+# Native AIO into paged buffers (libaio): fault=auto takes handler threads for it.
+$(B)/tests/aiotest: tests/progs/aiotest.c | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< -laio
+
 # Linked with Debian's libjemalloc, whose constructor runs before the preload shim's.
 $(B)/tests/jemalloc_prog: tests/progs/jemalloc_prog.c tests/progs/mix.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)

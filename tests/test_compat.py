@@ -10,6 +10,7 @@ summary says how many pages that took.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,25 @@ def test_syscalls_into_evicted_buffers(shim, built, tmp_path, farmem_cmd):
                       "sh", "-c", f"{prog} --dir {tmp_path} --size 32 --expect-evicted 90", timeout=300)
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "sysio ok", r.stdout + r.stderr
     assert s["fault_mode"] == "thread", s
+
+
+@pytest.mark.parametrize("fault,right", [("auto", 16), ("signal", 0)])
+def test_native_aio_takes_handler_threads(shim, built, tmp_path, farmem_cmd, fault, right):
+    """Linux native AIO (libaio) O_DIRECT reads into evicted paged memory: the kernel does them
+    outside any call a cover could pin, so with faults served in the faulting thread each one
+    fails with EFAULT (fault=signal shows it). fault=auto serves faults with handler threads in a
+    process that has libaio loaded, and every byte is right."""
+    prog = built("build/tests/aiotest")
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(16 << 20))
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--fault", fault, "--", prog, data,
+                      timeout=300)
+    assert f"aiotest: {right} of 16 reads right" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == (0 if right == 16 else 1), r.stderr
+    assert s["fault_mode"] == ("thread" if fault == "auto" else "signal"), s
+    assert s["evictions"] > 20000, s  # the buffer really was evicted before the reads
+    if fault == "signal":
+        assert "Bad address" in r.stderr
 
 
 def test_memory_locking_is_refused_not_run_on(shim, tmp_path, farmem_cmd):

@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(
 	build-essential pkg-config git
-	libisal-dev libssl-dev liburing-dev libnuma-dev numactl
+	libisal-dev libssl-dev liburing-dev libaio-dev libnuma-dev numactl
 	libjemalloc-dev
 	clang llvm libclang-rt-14-dev libbpf-dev bpftool
 	libibverbs-dev librdmacm-dev rdma-core

@@ -443,6 +443,11 @@ void fm_fault_unmap(struct fm_pager *p, uintptr_t start, uintptr_t end)
 
 /* --- system calls on paged memory (the shim) ------------------------------------ */
 
+int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len)
+{
+	return p->in_thread && fm_pager_owns_nolock(p, addr, len);
+}
+
 int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write)
 {
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;

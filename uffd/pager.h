@@ -214,6 +214,8 @@ int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_
  */
 int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write);
 void fm_pager_io_end(struct fm_pager *p, int pin);
+/* 1 when a system call on [addr, addr+len) needs fm_pager_io_begin: faults served in the faulting thread, the range paged. */
+int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len);
 /* The caller made a system call again after EFAULT on paged memory (counted). */
 void fm_pager_io_retried(struct fm_pager *p);
 

@@ -496,17 +496,30 @@ __attribute__((constructor)) static void preload_init(void)
 	fm_fork_before_prepare(child_wait);
 }
 
-static int liburing_seen(struct dl_phdr_info *info, size_t size, void *data)
+/* A library whose I/O the kernel does after the submitting call returned. */
+static int async_io_seen(struct dl_phdr_info *info, size_t size, void *data)
 {
+	static const char *const libs[] = { "liburing", "libaio.so" };
+
 	(void)size;
-	(void)data;
-	return info->dlpi_name && strstr(info->dlpi_name, "liburing") != NULL;
+	for (size_t k = 0; info->dlpi_name && k < sizeof(libs) / sizeof(libs[0]); k++)
+		if (strstr(info->dlpi_name, libs[k])) {
+			*(const char **)data = libs[k];
+			return 1;
+		}
+	return 0;
 }
 
-/* The program, or a library it was linked with, uses liburing (loaded by the time anything is paged). */
-static int links_liburing(void)
+/*
+ * The program, or a library it was linked with, uses liburing or libaio
+ * (loaded by the time anything is paged): which one, or NULL.
+ */
+static const char *links_async_io(void)
 {
-	return dl_iterate_phdr(liburing_seen, NULL);
+	const char *lib = NULL;
+
+	dl_iterate_phdr(async_io_seen, &lib);
+	return lib;
 }
 
 static struct fm_pager *get_pager(void)
@@ -525,14 +538,17 @@ static struct fm_pager *get_pager(void)
 		int rc;
 		atomic_store(&state, 1);
 		in_farmem++;
-		if (cfg.fault_mode == FM_FAULT_AUTO && links_liburing()) {
+		const char *aio = cfg.fault_mode == FM_FAULT_AUTO ? links_async_io() : NULL;
+		if (aio) {
 			/*
-			 * io_uring's kernel side touches buffers after the submitting
-			 * call returned: no cover can make them resident in time, so
-			 * the kernel must be able to wait for a page (docs/pager.md).
+			 * io_uring's and native AIO's kernel side touches buffers
+			 * after the submitting call returned (or fails the request
+			 * with EFAULT at submission): no cover can make them resident
+			 * in time, so the kernel must be able to wait for a page
+			 * (docs/pager.md).
 			 */
 			cfg.fault_mode = FM_FAULT_THREAD;
-			fm_info("liburing is loaded: faults are served by handler threads");
+			fm_info("%s is loaded: faults are served by handler threads", aio);
 		}
 		rc = fm_pager_start(&cfg, &pager, err, sizeof(err));
 		in_farmem--;

@@ -26,6 +26,12 @@ struct fm_pager *fm_preload_pager_nowait(void);
  * resident, but may leave again before the kernel reads it.
  */
 #define FM_IO_PINS 16
+/*
+ * A buffer in paged memory larger than this moves in pieces of this size,
+ * each pinned while the kernel moves it: one pin over all of it would make
+ * all of it resident at once, past the budget.
+ */
+#define FM_IO_PIECE (1u << 20)
 struct fm_io_pins {
 	struct fm_pager *p;
 	int slot[FM_IO_PINS];

@@ -27,7 +27,9 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -96,13 +98,85 @@ void fm_io_unpin(struct fm_io_pins *io)
 		return r_;                                                              \
 	} while (0)
 
+/*
+ * A read, write or getrandom of more than FM_IO_PIECE on paged memory, in
+ * pieces (preload.h). A 128 MiB read under a 32 MiB budget held 128 MiB
+ * resident as one pin. The pieces add up to the one call: each goes on
+ * while the last moved all it asked for, and an error after some bytes
+ * moved returns those bytes, as a short call would. A read from anything
+ * but a regular file is one piece: a pipe or socket may always return less
+ * than asked, and a second piece could wait for data the call would not
+ * have waited for. A write or getrandom goes on as the one call would (a
+ * blocking write waits for all of it either way).
+ */
+enum piece_call { PIECE_READ, PIECE_PREAD, PIECE_WRITE, PIECE_PWRITE, PIECE_GETRANDOM };
+
+static int needs_pieces(const void *buf, size_t n)
+{
+	struct fm_pager *p;
+
+	return n > FM_IO_PIECE && (p = fm_preload_pager()) && fm_pager_io_needed(p, buf, n);
+}
+
+static long piece(enum piece_call c, int fd, char *at, size_t k, off_t off, unsigned flags)
+{
+	switch (c) {
+	case PIECE_READ:
+		return syscall(SYS_read, fd, at, k);
+	case PIECE_PREAD:
+		return syscall(SYS_pread64, fd, at, k, off);
+	case PIECE_WRITE:
+		return syscall(SYS_write, fd, at, k);
+	case PIECE_PWRITE:
+		return syscall(SYS_pwrite64, fd, at, k, off);
+	case PIECE_GETRANDOM:
+		return syscall(SYS_getrandom, at, k, flags);
+	}
+	errno = EINVAL;
+	return -1;
+}
+
+static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t off, unsigned flags)
+{
+	struct fm_io_pins io = { .p = fm_preload_pager() };
+	int into = c == PIECE_READ || c == PIECE_PREAD || c == PIECE_GETRANDOM, one = 0;
+	size_t done = 0;
+	struct stat st;
+
+	if (c == PIECE_READ || c == PIECE_PREAD)
+		one = fstat(fd, &st) || !S_ISREG(st.st_mode);
+	while (done < n) {
+		size_t k = n - done < FM_IO_PIECE ? n - done : FM_IO_PIECE;
+		long r;
+
+		for (int tries = 0;; tries++) {
+			fm_io_pin(&io, buf + done, k, into);
+			r = piece(c, fd, buf + done, k, off + (off_t)done, flags);
+			fm_io_unpin(&io);
+			if (r >= 0 || errno != EFAULT || tries + 1 >= EFAULT_TRIES)
+				break;
+			fm_pager_io_retried(io.p);
+		}
+		if (r < 0)
+			return done ? (ssize_t)done : -1;
+		done += (size_t)r;
+		if ((size_t)r < k || one)
+			break;
+	}
+	return (ssize_t)done;
+}
+
 EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
+	if (needs_pieces(buf, n))
+		return in_pieces(PIECE_READ, fd, buf, n, 0, 0);
 	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_read, fd, buf, n));
 }
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 {
+	if (needs_pieces(buf, n))
+		return in_pieces(PIECE_PREAD, fd, buf, n, off, 0);
 	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_pread64, fd, buf, n, off));
 }
 
@@ -133,11 +207,15 @@ EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int fl
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
+	if (needs_pieces(buf, n))
+		return in_pieces(PIECE_WRITE, fd, (char *)buf, n, 0, 0);
 	COVERED(fm_io_pin(&io_, buf, n, 0), syscall(SYS_write, fd, buf, n));
 }
 
 EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
+	if (needs_pieces(buf, n))
+		return in_pieces(PIECE_PWRITE, fd, (char *)buf, n, off, 0);
 	COVERED(fm_io_pin(&io_, buf, n, 0), syscall(SYS_pwrite64, fd, buf, n, off));
 }
 
@@ -199,6 +277,14 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 	COVERED(pin_msg(&io_, m, 0), syscall(SYS_sendmsg, fd, m, flags));
 }
 
+/* glibc's getentropy asks for 256 bytes at most and getrandom's own callers take short counts. */
+EXPORT ssize_t getrandom(void *buf, size_t n, unsigned flags)
+{
+	if (needs_pieces(buf, n))
+		return in_pieces(PIECE_GETRANDOM, -1, buf, n, 0, flags);
+	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_getrandom, buf, n, flags));
+}
+
 /* --- stdio ------------------------------------------------------------------------- */
 
 /*
@@ -212,8 +298,6 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
  * may have consumed part of an item, so the call ends short, as any failed
  * read or write of the stream would.
  */
-#define STDIO_PIECE (1u << 20)
-
 /* glibc's stdio.h makes these macros for constant sizes; the covers are functions. */
 #undef fread_unlocked
 #undef fwrite_unlocked
@@ -231,7 +315,7 @@ static size_t stdio_covered(stdio_fn next, void *ptr, size_t size, size_t n, FIL
 	}
 	if (!io.p || !size || !n || n > SIZE_MAX / size)
 		return next(ptr, size, n, fp);
-	per = size >= STDIO_PIECE ? 1 : STDIO_PIECE / size;
+	per = size >= FM_IO_PIECE ? 1 : FM_IO_PIECE / size;
 	while (done < n) {
 		size_t k = n - done < per ? n - done : per, got;
 		char *at = (char *)ptr + done * size;

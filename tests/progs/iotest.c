@@ -12,6 +12,10 @@
  *   stdio                fread into and fwrite out of the evicted buffer: glibc
  *                        moves a request larger than the stream's buffer with its
  *                        own read and write, which only the fread/fwrite covers see
+ *   big                  pread, read, write and getrandom of three quarters of the
+ *                        buffer, more than the budget: the shim moves them in pieces,
+ *                        so the budget holds (the test compares the summary's peak
+ *                        with the limit)
  *   send/recv            the evicted buffer through a socketpair into another
  *                        evicted part of it; sendmsg/recvmsg likewise
  *   sigbus               the program's own SIGBUS handler, installed after the
@@ -46,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -200,6 +205,49 @@ static void t_stdio(void)
 	fclose(f);
 	free(src);
 	free(back);
+}
+
+static void t_big(void)
+{
+	size_t n = size / 4 * 3, zero = 0;
+	uint8_t *src = malloc(n);
+	int fd, out;
+
+	if (!src) {
+		FAIL("big: malloc: %s", strerror(errno));
+		return;
+	}
+	fill(src, n, 0, 23);
+	fd = temp_file(src, n);
+	evict_buf();
+	if (pread(fd, buf, n, 0) != (ssize_t)n)
+		FAIL("big: pread: %s", strerror(errno));
+	else
+		check(buf, n, 0, 23, "big pread");
+	evict_buf();
+	memset(buf, 0, n);
+	if (lseek(fd, 0, SEEK_SET) || read(fd, buf, n) != (ssize_t)n)
+		FAIL("big: read: %s", strerror(errno));
+	else
+		check(buf, n, 0, 23, "big read");
+	evict_buf();
+	out = temp_file(buf, n); /* a write of all of it */
+	memset(src, 0, n);
+	if (pread(out, src, n, 0) != (ssize_t)n)
+		FAIL("big: reading the write back: %s", strerror(errno));
+	else
+		check(src, n, 0, 23, "big write");
+	evict_buf();
+	if (getrandom(buf, n, 0) != (ssize_t)n)
+		FAIL("big: getrandom: %s", strerror(errno));
+	for (size_t i = 0; i < n; i += PAGE)
+		zero += !buf[i] && !buf[i + 1] && !buf[i + 2] && !buf[i + 3];
+	if (zero > n / PAGE / 100)
+		FAIL("big: getrandom left %zu of %zu pages starting with four zero bytes", zero, n / PAGE);
+	fill(buf, n, 0, 1); /* as main left it */
+	close(fd);
+	close(out);
+	free(src);
 }
 
 static void t_socket(void)
@@ -604,7 +652,7 @@ static int parse_size(const char *s, size_t *out)
 int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
-		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "socket", t_socket },
+		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "big", t_big }, { "socket", t_socket },
 		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "sync", t_sync }, { "raw", t_raw },
 	};
 	static const struct option opts[] = {

@@ -185,7 +185,7 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     env["FARMEM_LOCAL"] = args.local
     env["FARMEM_CONTROL"] = control_path
     env.update(knobs.env_vars(args))
-    # fault=auto: each process's shim takes handler threads if it has liburing loaded (uffd/preload.c).
+    # fault=auto: each process's shim takes handler threads if it has liburing or libaio loaded (uffd/preload.c).
     return env
 
 
