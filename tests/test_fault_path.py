@@ -29,7 +29,7 @@ def run(farmem_cmd, tmp_path, argv, local="32M", env_extra=None, timeout=300):
 @pytest.mark.parametrize("fault", ["signal", "thread"])
 def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     """read/pread/readv (with the iovec array itself paged), write/writev, stdio's fread and fwrite,
-    send/recv and sendmsg/recvmsg on buffers that were just evicted: every byte right, in both modes.
+    send/recv, sendmsg/recvmsg and sendmmsg/recvmmsg on buffers that were just evicted: every byte right, in both modes.
     A read, write and getrandom larger than the budget keep to it (moved in pinned pieces).
     glibc's semaphores, mutexes, condition variables, rwlocks and barriers in paged memory, used by
     8 threads under eviction: no abort ("The futex facility returned an unexpected error code"),

@@ -27,6 +27,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -72,6 +73,16 @@ static void pin_msg(struct fm_io_pins *io, const struct msghdr *m, int write)
 	fm_io_pin(io, m->msg_name, m->msg_namelen, write);
 	fm_io_pin(io, m->msg_control, m->msg_controllen, write);
 	pin_iov(io, m->msg_iov, (int)m->msg_iovlen, write);
+}
+
+/* The kernel writes each message's msg_len, sending or receiving. */
+static void pin_mmsg(struct fm_io_pins *io, struct mmsghdr *v, unsigned n, int write)
+{
+	if (!io->p || !v || !n)
+		return;
+	fm_io_pin(io, v, (size_t)n * sizeof(*v), 1);
+	for (unsigned k = 0; k < n; k++)
+		pin_msg(io, &v[k].msg_hdr, write);
 }
 
 void fm_io_unpin(struct fm_io_pins *io)
@@ -275,6 +286,16 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
 	COVERED(pin_msg(&io_, m, 0), syscall(SYS_sendmsg, fd, m, flags));
+}
+
+EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struct timespec *timeout)
+{
+	COVERED(pin_mmsg(&io_, v, n, 1), syscall(SYS_recvmmsg, fd, v, n, flags, timeout));
+}
+
+EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
+{
+	COVERED(pin_mmsg(&io_, v, n, 0), syscall(SYS_sendmmsg, fd, v, n, flags));
 }
 
 /* glibc's getentropy asks for 256 bytes at most and getrandom's own callers take short counts. */

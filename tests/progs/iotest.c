@@ -17,7 +17,8 @@
  *                        so the budget holds (the test compares the summary's peak
  *                        with the limit)
  *   send/recv            the evicted buffer through a socketpair into another
- *                        evicted part of it; sendmsg/recvmsg likewise
+ *                        evicted part of it; sendmsg/recvmsg likewise, and
+ *                        sendmmsg/recvmmsg with their arrays in paged memory too
  *   sigbus               the program's own SIGBUS handler, installed after the
  *                        pager started, still runs for a truncated file mapping,
  *                        and paging goes on after it
@@ -250,6 +251,49 @@ static void t_big(void)
 	free(src);
 }
 
+/*
+ * sendmmsg and recvmmsg: four datagrams out of and into evicted parts of the
+ * buffer, with the message arrays and iovecs themselves in paged memory.
+ */
+#define MMSG 4
+#define MMSG_LEN (16 * 1024)
+
+static void t_mmsg(void)
+{
+	int sv[2];
+	size_t out = size / 2 + 64 * PAGE + 5, in = size / 2 + 128 * PAGE + 9;
+	struct mmsghdr *mo = (struct mmsghdr *)(buf + size / 2 + 8 * PAGE);
+	struct mmsghdr *mi = (struct mmsghdr *)(buf + size / 2 + 24 * PAGE);
+	struct iovec *io = (struct iovec *)(buf + size / 2 + 40 * PAGE);
+
+	if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv)) {
+		FAIL("socketpair (datagrams): %s", strerror(errno));
+		return;
+	}
+	for (int k = 0; k < MMSG; k++) {
+		io[k] = (struct iovec){ buf + out + (size_t)k * 5 * PAGE, MMSG_LEN };
+		io[MMSG + k] = (struct iovec){ buf + in + (size_t)k * 5 * PAGE, MMSG_LEN };
+		mo[k] = (struct mmsghdr){ .msg_hdr = { .msg_iov = &io[k], .msg_iovlen = 1 } };
+		mi[k] = (struct mmsghdr){ .msg_hdr = { .msg_iov = &io[MMSG + k], .msg_iovlen = 1 } };
+		fill(buf + out + (size_t)k * 5 * PAGE, MMSG_LEN, (uint64_t)k << 20, 17);
+	}
+	evict_buf();
+	if (sendmmsg(sv[0], mo, MMSG, 0) != MMSG)
+		FAIL("sendmmsg from an evicted buffer: %s", strerror(errno));
+	evict_buf();
+	if (recvmmsg(sv[1], mi, MMSG, MSG_DONTWAIT, NULL) != MMSG) {
+		FAIL("recvmmsg into an evicted buffer: %s", strerror(errno));
+	} else {
+		for (int k = 0; k < MMSG; k++)
+			if (mo[k].msg_len != MMSG_LEN || mi[k].msg_len != MMSG_LEN ||
+			    check(buf + in + (size_t)k * 5 * PAGE, MMSG_LEN, (uint64_t)k << 20, 17, "sendmmsg/recvmmsg"))
+				FAIL("sendmmsg/recvmmsg: message %d: %u sent, %u received", k, mo[k].msg_len,
+				     mi[k].msg_len);
+	}
+	close(sv[0]);
+	close(sv[1]);
+}
+
 static void t_socket(void)
 {
 	int sv[2];
@@ -282,6 +326,7 @@ static void t_socket(void)
 		check(buf + off_in, n, 0, 15, "sendmsg/recvmsg");
 	close(sv[0]);
 	close(sv[1]);
+	t_mmsg();
 }
 
 static sigjmp_buf bus_jmp;
