@@ -101,6 +101,19 @@ def test_native_aio_takes_handler_threads(shim, built, tmp_path, farmem_cmd, fau
         assert "Bad address" in r.stderr
 
 
+def test_a_process_of_another_user_runs_unpaged(shim, tmp_path, farmem_cmd):
+    """A process that gave up root under `farmem run` (runuser, setpriv, a server's workers) can
+    reach neither the run's private memd nor, here, userfaultfd. It runs unpaged with a warning
+    instead of stopping with status 78 in the middle of its work (a PostgreSQL backend did)."""
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--",
+                      "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                      "dd", "if=/dev/zero", "of=/dev/null", "bs=100M", "count=2", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "209715200 bytes" in r.stderr, r.stderr
+    assert "(uid 65534) is not paged: it runs as another user than farmem run" in r.stderr, r.stderr
+    assert s["processes"] == 0 and s["exit_status"] == 0, s
+
+
 def test_memory_locking_is_refused_not_run_on(shim, tmp_path, farmem_cmd):
     """mlockall, and mlock of paged memory, fail as under a low RLIMIT_MEMLOCK, with farmem's
     warning: the kernel cannot drop a locked page, and MCL_FUTURE would fault in every later

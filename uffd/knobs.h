@@ -96,6 +96,8 @@ X(log, FM_KT_ENUM, CFG(log_level), "FARMEM_LOG", "warn", 0, 0, "error|warn|info|
   "what the pager prints to stderr") \
 X(control, FM_KT_STR, CFG(control), "FARMEM_CONTROL", "", 0, 0, "", FM_KS_OPT, "", "", \
   "the launcher's socket, set by farmem run: each pager hands it its residency map, so the summary outlives the process") \
+X(launch_uid, FM_KT_STR, CFG(launch_uid), "FARMEM_LAUNCH_UID", "", 0, 0, "", FM_KS_OPT, "", "", \
+  "the user farmem run ran as, set by it: a process of another user (runuser, a server's workers that gave up root) cannot reach the private memd or, often, userfaultfd, and runs unpaged with a warning instead of stopping") \
 X(onerror, FM_KT_ENUM, AGENT(onerror), NULL, "exit", 0, 0, "exit|continue", FM_KS_OPT, "", "", \
   "a JVM farmem cannot serve, or a memd it cannot reach, at JVM start: exit (the JVM does not start) or continue without farmem. On attach the JVM always goes on untouched") \
 X(msgfile, FM_KT_PATH, AGENT(msgfile), NULL, "", 0, 0, "", FM_KS_OPT, "", "", \

@@ -41,6 +41,7 @@
 #include "fork.h"
 #include "pager.h"
 #include "preload.h"
+#include "uffd_ops.h"
 
 #define EXPORT __attribute__((visibility("default")))
 /* Static TLS: a global-dynamic access may allocate, and malloc reads it. */
@@ -522,6 +523,18 @@ static const char *links_async_io(void)
 	return lib;
 }
 
+/* The launcher said who it ran as, and this process is someone else. */
+static int other_user(void)
+{
+	char *end;
+	unsigned long uid;
+
+	if (!cfg.launch_uid[0])
+		return 0;
+	uid = strtoul(cfg.launch_uid, &end, 10);
+	return !*end && uid != (unsigned long)getuid();
+}
+
 static struct fm_pager *get_pager(void)
 {
 	char err[512];
@@ -549,6 +562,23 @@ static struct fm_pager *get_pager(void)
 			 */
 			cfg.fault_mode = FM_FAULT_THREAD;
 			fm_info("%s is loaded: faults are served by handler threads", aio);
+		}
+		const char *why = other_user() ? "it runs as another user than farmem run, whose memd it cannot reach"
+				  : !fm_uffd_probe() ? "userfaultfd is not available to it" : NULL;
+		if (why) {
+			/*
+			 * A process that gave up root on its way here (runuser, a
+			 * server's workers) can reach neither the private memd nor,
+			 * often, userfaultfd. `farmem run` checked its own; this one
+			 * runs unpaged, said once, rather than dying in the middle of
+			 * the program's work.
+			 */
+			fm_warn("process %d (uid %d) is not paged: %s; it keeps all of its memory local "
+				"(docs/compatibility.md)", (int)getpid(), (int)getuid(), why);
+			atomic_store(&state, 4);
+			in_farmem--;
+			pthread_mutex_unlock(&start_lock);
+			return NULL;
 		}
 		rc = fm_pager_start(&cfg, &pager, err, sizeof(err));
 		in_farmem--;

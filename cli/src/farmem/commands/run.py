@@ -7,6 +7,7 @@ The contract with the preload shim is its environment (one variable per flag):
     FARMEM_SECRET        the memd's shared secret (64 hex digits for the embedded memd)
     FARMEM_LOCAL         the local budget: a byte count or NN%
     FARMEM_CONTROL       <tmpdir>/control.sock, where each pager hands over its residency map
+    FARMEM_LAUNCH_UID    who farmem run ran as: a process of another user runs unpaged, with a warning
     FARMEM_<KNOB>        the variable of every other knob flag that is given (uffd/knobs.h)
 
 The end-of-run figures come from the residency maps the pagers passed over FARMEM_CONTROL
@@ -184,6 +185,7 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     env["FARMEM_SECRET"] = secret
     env["FARMEM_LOCAL"] = args.local
     env["FARMEM_CONTROL"] = control_path
+    env["FARMEM_LAUNCH_UID"] = str(os.getuid())
     env.update(knobs.env_vars(args))
     # fault=auto: each process's shim takes handler threads if it has liburing or libaio loaded (uffd/preload.c).
     return env
@@ -242,7 +244,7 @@ FAULT_MODE_WORDS = {"signal": "in the faulting thread", "thread": "by handler th
 def summary_lines(s: dict) -> list:
     tail = f"exit status {s['exit_status']}, {s['elapsed_s']:.2f} s"
     if s["processes"] == 0:
-        return [f"farmem: no pager started (nothing was mapped at or above the threshold); {tail}"]
+        return [f"farmem: no pager started (nothing was mapped at or above the threshold, or no process could be paged: see any warning above); {tail}"]
     # zero_fills counts pages (demand faults and the zero runs installed ahead of them), and
     # write-protect faults are not among `faults`: neither is a part of that figure.
     first = (f"farmem: {s['faults']} faults, {s['wp_faults']} write-protect faults; {s['zero_fills']} pages "
