@@ -209,3 +209,17 @@ def test_sort_freads_into_its_paged_buffer(shim, tmp_path):
     failed: Bad address"). The output is checked against the lines sorted here."""
     got = compat.sort(farmem(threshold="1M"), tmp_path, mib=8)
     assert_paged(got["summary"], "sort")
+
+
+def test_bench_sweep_driver(shim, tmp_path):
+    """bench/bench_sweep.py end to end on small data: Python and GNU sort, paged at a 1 MiB threshold,
+    give the same output as all local, and the driver reports them as paged."""
+    out = tmp_path / "sweep.json"
+    sweep = Path(__file__).resolve().parent.parent / "bench" / "bench_sweep.py"
+    r = subprocess.run([sys.executable, str(sweep), "--only", "python,sort-parallel",
+                        "--scale", "0.1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {row["program"]: row for row in json.loads(out.read_text())}
+    assert set(rows) == {"python", "sort-parallel"}, rows
+    for row in rows.values():
+        assert row["same"] and row["processes"] >= 1 and row["faults"] > 0, row

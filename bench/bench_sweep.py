@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""A sweep of Debian's programs under farmem, as a user would try them: each command runs all
+local, then under `farmem run --threshold 1M --local 25%` (a low threshold, so that the programs'
+ordinary malloc blocks are paged too, not only the big ones), and the two outputs must be the same
+bytes. It looks for what the compatibility matrix (bench_compat.py) would miss: libc paths into
+paged memory that no cover sees (this sweep found glibc's futex waits, getrandom and native AIO,
+docs/compatibility.md). It is a functional sweep with timings beside it, not a comparison with
+Linux swap: at 25% of a few MiB, kswap mode's allowance for the rest of the process holds the
+whole program.
+
+    python3 bench/bench_sweep.py [--only perl,jq] [--scale 1] [--local 25%] [--threshold 1M]
+                                 [--json results.json]
+
+Prints one line per program: same output or not, seconds all local and under farmem, their ratio,
+faults, and the largest process's peak resident set all local (GNU time's %M). Exit status 1 if any output differed or a
+run failed. Needs GNU time (/usr/bin/time) and the programs of PROGRAMS (Debian packages; a missing one is
+skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+JS = """const m = new Map(); let s = 0; const n = N;
+for (let i = 0; i < n; i++) m.set('k' + i, {i, v: [i, i * 2, 'x' + (i % 1000)]});
+for (let r = 0; r < 3; r++) for (let i = 0; i < n; i += 7) { const o = m.get('k' + ((i * 7919) % n)); o.v[1] += r; s += o.v[1] % 13; }
+const a = Array.from(m.keys()).sort(); console.log(s, a.length, a[12345 % n]);
+"""
+PERL = """my $n = N; my %h; for my $i (0..$n) { $h{"k$i"} = [$i, "v" x ($i % 50)]; }
+my $s = 0; for my $r (0..2) { for (my $i = 0; $i < $n; $i += 3) { my $k = "k" . (($i * 7919) % $n); $h{$k}[0] += $r; $s += $h{$k}[0] % 13; } }
+my @k = sort keys %h; print "$s ", scalar(@k), " $k[12345 % $n]\\n";
+"""
+PY = """n = N
+d = {}
+for i in range(n): d["k%d" % i] = [i, "v" * (i % 50)]
+s = 0
+for r in range(3):
+    for i in range(0, n, 3):
+        o = d["k%d" % ((i * 7919) % n)]; o[0] += r; s += o[0] % 13
+k = sorted(d); print(s, len(k), k[12345 % n])
+"""
+
+# name, Debian program it needs, shell command (run in the work directory; stdout is compared)
+PROGRAMS = [
+    ("python", "python3", "python3 prog.py"),
+    ("perl", "perl", "perl prog.pl"),
+    ("node", "node", "node prog.js"),
+    ("jq", "jq", "jq -c '[.[] | select(.v > 0.5) | .name] | sort | .[1000:1010]' big.json"),
+    ("gcc", "gcc", "gcc -O2 -c big.c -o big.o && sha256sum big.o"),
+    ("mawk", "mawk", "mawk '{for(i=1;i<=NF;i++) c[$i]++} END {n=0; for(w in c) n+=c[w]; print n, length(c)}' text.txt"),
+    ("bzip2", "bzip2", "bzip2 -9 -c text.txt | sha256sum"),
+    ("gzip", "gzip", "gzip -9 -c text.txt | gzip -d | sha256sum"),
+    ("sort-parallel", "sort", "LC_ALL=C sort -S 64M --parallel=2 text.txt | sha256sum"),
+    ("xz-threads", "xz", "xz -T2 -6 -c text.txt | xz -d | sha256sum"),
+    ("zstd-threads", "zstd", "zstd -T2 -12 --long=26 -c text.txt | zstd -d --long=26 | sha256sum"),
+]
+
+
+def make_inputs(work: Path, scale: float) -> None:
+    rng = random.Random(3)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+             for _ in range(20000)]
+    size = int(32 * scale) << 20
+    with open(work / "text.txt", "w") as f:
+        n = 0
+        while n < size:
+            line = " ".join(rng.choice(words) for _ in range(12)) + "\n"
+            f.write(line)
+            n += len(line)
+    rows = int(400000 * scale)
+    (work / "big.json").write_text(json.dumps(
+        [{"id": i, "name": rng.choice(words), "tags": [rng.choice(words) for _ in range(5)], "v": rng.random()}
+         for i in range(rows)]))
+    with open(work / "big.c", "w") as f:
+        funcs = int(3000 * scale)
+        for i in range(funcs):
+            f.write(f"int f{i}(int x){{ int a[16]; for(int j=0;j<16;j++) a[j]=x*{i}+j; int s=0; "
+                    f"for(int j=0;j<16;j++) s+=a[j]*a[(j*{i % 7 + 1})%16]; return s ^ {rng.randint(0, 999)}; }}\n")
+        f.write("int main(void){ int s=0;\n" + "".join(f"s+=f{i}({i});\n" for i in range(funcs)) + "return s & 1; }\n")
+    keys = str(int(2000000 * scale))
+    (work / "prog.py").write_text(PY.replace("N", keys, 1))
+    (work / "prog.pl").write_text(PERL.replace("N", keys, 1))
+    (work / "prog.js").write_text(JS.replace("N", str(int(3000000 * scale)), 1))
+
+
+def run(argv: list, work: Path, timeout: float) -> tuple:
+    t0 = time.monotonic()
+    r = subprocess.run(argv, cwd=work, capture_output=True, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(p[0] for p in PROGRAMS))
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--local", default="25%")
+    ap.add_argument("--threshold", default="1M")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    work = Path(tempfile.mkdtemp(prefix="farmem-sweep-"))
+    results, bad = [], 0
+    try:
+        make_inputs(work, args.scale)
+        for name, need, cmd in PROGRAMS:
+            if name not in only:
+                continue
+            if not shutil.which(need):
+                print(f"{name}: skipped ({need} is not installed)", flush=True)
+                continue
+            rss = work / f"{name}.rss"
+            local, local_s = run(["/usr/bin/time", "-f", "%M", "-o", str(rss), "bash", "-c", cmd], work,
+                                 args.timeout)
+            peak_kib = int(rss.read_text().split()[-1]) if rss.exists() else 0
+            summary = work / f"{name}.json"
+            fm, fm_s = run([str(REPO / "farmem"), "run", "--threshold", args.threshold, "--local", args.local,
+                            "--summary-json", str(summary), "--", "bash", "-c", cmd], work, args.timeout)
+            s = json.loads(summary.read_text()) if summary.exists() else {}
+            same = local.returncode == 0 and fm.returncode == 0 and local.stdout == fm.stdout
+            bad += not same
+            row = {"program": name, "command": cmd, "same": same, "local_s": round(local_s, 2),
+                   "farmem_s": round(fm_s, 2), "ratio": round(fm_s / local_s, 2) if local_s else None,
+                   "faults": s.get("faults", 0), "processes": s.get("processes", 0),
+                   "peak_rss_mib_local": round(peak_kib / 1024, 1),
+                   "output_sha256": hashlib.sha256(local.stdout).hexdigest()[:16]}
+            if not same:
+                row["farmem_stderr"] = fm.stderr.decode(errors="replace")[-800:]
+            results.append(row)
+            paged = "not paged" if not row["processes"] else f"{row['faults']} faults"
+            print(f"{name}: {'same output' if same else 'DIFFERENT OUTPUT OR FAILED'}, {row['local_s']} s local, "
+                  f"{row['farmem_s']} s farmem ({row['ratio']}x), {paged}, largest process all local "
+                  f"{row['peak_rss_mib_local']} MiB", flush=True)
+            if not same:
+                print(row["farmem_stderr"], flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
