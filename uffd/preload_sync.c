@@ -10,8 +10,9 @@
  * read fail with EFAULT, and glibc takes an EFAULT from a wait for a bug of
  * its own: "The futex facility returned an unexpected error code", abort.
  * So each of these calls makes its objects resident and pins them until it
- * returns (preload_io.c's pins, pins.h). A mutex is pinned only when it is
- * taken: an uncontended lock is the one compare-and-swap it always was.
+ * returns (preload_io.c's pins, pins.h). A mutex is pinned only when someone
+ * else holds it: an uncontended lock is the one compare-and-swap it always
+ * was, behind the cover's call.
  * Signalling a condition variable, and destroying one or a barrier, can wait
  * too (for the waiters to leave), so those are covered as well. Unlocking a
  * priority-inheritance mutex, and the kernel's walk of a dead thread's robust
@@ -112,10 +113,11 @@ WAIT_COVER(int, pthread_rwlock_clockwrlock, (pthread_rwlock_t *l, clockid_t k, c
 	   (l, k, t), ENOSYS, PIN(l))
 
 /*
- * A mutex outside paged memory costs a bounds check. One inside is tried
- * first: the same compare-and-swap the lock would make, and the same answer
- * for a recursive, error-checking or robust mutex the caller owns or whose
- * owner died. Only a mutex someone else holds gets the pin.
+ * A trylock first, for every mutex: the same compare-and-swap the lock would
+ * make, and the same answer for a recursive, error-checking or robust mutex
+ * the caller owns or whose owner died. Only a mutex someone else holds is
+ * looked up, and pinned if it is paged: an uncontended lock pays the cover's
+ * call and nothing else.
  */
 #define LOCK_COVER(type, name, try_name, nosys, busy)                                   \
 	EXPORT int name(type *m)                                                        \
@@ -127,13 +129,13 @@ WAIT_COVER(int, pthread_rwlock_clockwrlock, (pthread_rwlock_t *l, clockid_t k, c
 		int r;                                                                  \
 		if (!lock || !try)                                                      \
 			return nosys;                                                   \
+		r = try(m);                                                             \
+		if (r != busy)                                                          \
+			return r;                                                       \
 		io_.p = fm_preload_pager_nowait();                                      \
 		if (!io_.p || !fm_pager_owns_nolock(io_.p, m, sizeof(*m)))              \
 			return lock(m);                                                 \
 		io_.n = 0;                                                              \
-		r = try(m);                                                             \
-		if (r != busy)                                                          \
-			return r;                                                       \
 		fm_io_pin(&io_, m, sizeof(*m), 1);                                      \
 		r = lock(m);                                                            \
 		fm_io_unpin(&io_);                                                      \
