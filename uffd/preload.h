@@ -40,5 +40,9 @@ struct fm_io_pins {
 
 void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write);
 void fm_io_unpin(struct fm_io_pins *io);
+/* For pthread_cleanup_push: a thread cancelled inside a covered call gives its pins back. */
+void fm_io_unpin_on_cancel(void *io);
+/* libc's function NAME after the shim's, looked up once into *cache (NULL: libc has none). */
+void *fm_io_next(void **cache, const char *name);
 
 #endif

@@ -8,6 +8,8 @@
  * the buffer resident (writable, when the kernel writes it) and pin it for
  * the call (fm_pager_io_begin); a call that still fails with EFAULT on paged
  * memory is made again. Calls outside paged memory cost one bounds check.
+ * The call itself is libc's, so that it stays a cancellation point; a
+ * thread cancelled in it gives its pins back.
  * stdio's fread and fwrite are covered too: a large request goes straight
  * between the kernel and the caller's buffer through glibc's own read and
  * write, which no cover sees. What is not covered: raw system calls (the
@@ -24,6 +26,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -92,6 +95,33 @@ void fm_io_unpin(struct fm_io_pins *io)
 	io->n = 0;
 }
 
+/*
+ * libc's own function after ours, looked up once: a call through it is a
+ * cancellation point where the program's was (a raw system call is not, and
+ * a thread blocked in it could not be cancelled).
+ */
+void *fm_io_next(void **cache, const char *name)
+{
+	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+
+	if (!f) {
+		f = dlsym(RTLD_NEXT, name);
+		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
+#define LIBC(name) ((__typeof__(&name))fm_io_next(&name##_next, #name))
+static void *read_next, *pread_next, *readv_next, *preadv_next, *preadv2_next, *write_next, *pwrite_next,
+	*writev_next, *pwritev_next, *pwritev2_next, *recvfrom_next, *recvmsg_next, *recvmmsg_next, *sendto_next,
+	*sendmsg_next, *sendmmsg_next, *getrandom_next;
+
+/* A thread cancelled in the call gives its pins back on the way out. */
+void fm_io_unpin_on_cancel(void *io)
+{
+	fm_io_unpin(io);
+}
+
 /* Made again while it fails with EFAULT on paged memory (a pin the table had no room for). */
 #define COVERED(setup, call)                                                            \
 	do {                                                                            \
@@ -100,7 +130,13 @@ void fm_io_unpin(struct fm_io_pins *io)
 		int tries_ = 0;                                                         \
 		for (;;) {                                                              \
 			setup;                                                          \
-			r_ = (call);                                                    \
+			if (io_.n) {                                                    \
+				pthread_cleanup_push(fm_io_unpin_on_cancel, &io_);      \
+				r_ = (call);                                            \
+				pthread_cleanup_pop(0);                                 \
+			} else {                                                        \
+				r_ = (call);                                            \
+			}                                                               \
 			fm_io_unpin(&io_);                                              \
 			if (r_ >= 0 || errno != EFAULT || !io_.p || ++tries_ >= EFAULT_TRIES) \
 				break;                                                  \
@@ -118,7 +154,8 @@ void fm_io_unpin(struct fm_io_pins *io)
  * but a regular file is one piece: a pipe or socket may always return less
  * than asked, and a second piece could wait for data the call would not
  * have waited for. A write or getrandom goes on as the one call would (a
- * blocking write waits for all of it either way).
+ * blocking write waits for all of it either way), except that another
+ * process's O_APPEND write to the same file may land between two pieces.
  */
 enum piece_call { PIECE_READ, PIECE_PREAD, PIECE_WRITE, PIECE_PWRITE, PIECE_GETRANDOM };
 
@@ -133,15 +170,15 @@ static long piece(enum piece_call c, int fd, char *at, size_t k, off_t off, unsi
 {
 	switch (c) {
 	case PIECE_READ:
-		return syscall(SYS_read, fd, at, k);
+		return LIBC(read)(fd, at, k);
 	case PIECE_PREAD:
-		return syscall(SYS_pread64, fd, at, k, off);
+		return LIBC(pread)(fd, at, k, off);
 	case PIECE_WRITE:
-		return syscall(SYS_write, fd, at, k);
+		return LIBC(write)(fd, at, k);
 	case PIECE_PWRITE:
-		return syscall(SYS_pwrite64, fd, at, k, off);
+		return LIBC(pwrite)(fd, at, k, off);
 	case PIECE_GETRANDOM:
-		return syscall(SYS_getrandom, at, k, flags);
+		return LIBC(getrandom)(at, k, flags);
 	}
 	errno = EINVAL;
 	return -1;
@@ -162,7 +199,9 @@ static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t o
 
 		for (int tries = 0;; tries++) {
 			fm_io_pin(&io, buf + done, k, into);
+			pthread_cleanup_push(fm_io_unpin_on_cancel, &io);
 			r = piece(c, fd, buf + done, k, off + (off_t)done, flags);
+			pthread_cleanup_pop(0);
 			fm_io_unpin(&io);
 			if (r >= 0 || errno != EFAULT || tries + 1 >= EFAULT_TRIES)
 				break;
@@ -181,14 +220,14 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
 	if (needs_pieces(buf, n))
 		return in_pieces(PIECE_READ, fd, buf, n, 0, 0);
-	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_read, fd, buf, n));
+	COVERED(fm_io_pin(&io_, buf, n, 1), LIBC(read)(fd, buf, n));
 }
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 {
 	if (needs_pieces(buf, n))
 		return in_pieces(PIECE_PREAD, fd, buf, n, off, 0);
-	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_pread64, fd, buf, n, off));
+	COVERED(fm_io_pin(&io_, buf, n, 1), LIBC(pread)(fd, buf, n, off));
 }
 
 EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
@@ -198,12 +237,12 @@ EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
-	COVERED(pin_iov(&io_, iov, n, 1), syscall(SYS_readv, fd, iov, n));
+	COVERED(pin_iov(&io_, iov, n, 1), LIBC(readv)(fd, iov, n));
 }
 
 EXPORT ssize_t preadv(int fd, const struct iovec *iov, int n, off_t off)
 {
-	COVERED(pin_iov(&io_, iov, n, 1), syscall(SYS_preadv, fd, iov, n, off, 0));
+	COVERED(pin_iov(&io_, iov, n, 1), LIBC(preadv)(fd, iov, n, off));
 }
 
 EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t off)
@@ -213,21 +252,21 @@ EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
-	COVERED(pin_iov(&io_, iov, n, 1), syscall(SYS_preadv2, fd, iov, n, off, 0, flags));
+	COVERED(pin_iov(&io_, iov, n, 1), LIBC(preadv2)(fd, iov, n, off, flags));
 }
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
 	if (needs_pieces(buf, n))
 		return in_pieces(PIECE_WRITE, fd, (char *)buf, n, 0, 0);
-	COVERED(fm_io_pin(&io_, buf, n, 0), syscall(SYS_write, fd, buf, n));
+	COVERED(fm_io_pin(&io_, buf, n, 0), LIBC(write)(fd, buf, n));
 }
 
 EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
 	if (needs_pieces(buf, n))
 		return in_pieces(PIECE_PWRITE, fd, (char *)buf, n, off, 0);
-	COVERED(fm_io_pin(&io_, buf, n, 0), syscall(SYS_pwrite64, fd, buf, n, off));
+	COVERED(fm_io_pin(&io_, buf, n, 0), LIBC(pwrite)(fd, buf, n, off));
 }
 
 EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
@@ -237,12 +276,12 @@ EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 {
-	COVERED(pin_iov(&io_, iov, n, 0), syscall(SYS_writev, fd, iov, n));
+	COVERED(pin_iov(&io_, iov, n, 0), LIBC(writev)(fd, iov, n));
 }
 
 EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int n, off_t off)
 {
-	COVERED(pin_iov(&io_, iov, n, 0), syscall(SYS_pwritev, fd, iov, n, off, 0));
+	COVERED(pin_iov(&io_, iov, n, 0), LIBC(pwritev)(fd, iov, n, off));
 }
 
 EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
@@ -252,50 +291,50 @@ EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
-	COVERED(pin_iov(&io_, iov, n, 0), syscall(SYS_pwritev2, fd, iov, n, off, 0, flags));
+	COVERED(pin_iov(&io_, iov, n, 0), LIBC(pwritev2)(fd, iov, n, off, flags));
 }
 
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
-	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_recvfrom, fd, buf, n, flags, NULL, NULL));
+	COVERED(fm_io_pin(&io_, buf, n, 1), LIBC(recvfrom)(fd, buf, n, flags, NULL, NULL));
 }
 
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa, socklen_t *salen)
 {
 	COVERED((fm_io_pin(&io_, buf, n, 1), fm_io_pin(&io_, salen, sizeof(*salen), 1),
 		 fm_io_pin(&io_, sa, salen ? *salen : 0, 1)),
-		syscall(SYS_recvfrom, fd, buf, n, flags, sa, salen));
+		LIBC(recvfrom)(fd, buf, n, flags, sa, salen));
 }
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 {
-	COVERED(pin_msg(&io_, m, 1), syscall(SYS_recvmsg, fd, m, flags));
+	COVERED(pin_msg(&io_, m, 1), LIBC(recvmsg)(fd, m, flags));
 }
 
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
-	COVERED(fm_io_pin(&io_, buf, n, 0), syscall(SYS_sendto, fd, buf, n, flags, NULL, 0));
+	COVERED(fm_io_pin(&io_, buf, n, 0), LIBC(sendto)(fd, buf, n, flags, NULL, 0));
 }
 
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *sa, socklen_t salen)
 {
 	COVERED((fm_io_pin(&io_, buf, n, 0), fm_io_pin(&io_, sa, salen, 0)),
-		syscall(SYS_sendto, fd, buf, n, flags, sa, salen));
+		LIBC(sendto)(fd, buf, n, flags, sa, salen));
 }
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
-	COVERED(pin_msg(&io_, m, 0), syscall(SYS_sendmsg, fd, m, flags));
+	COVERED(pin_msg(&io_, m, 0), LIBC(sendmsg)(fd, m, flags));
 }
 
 EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struct timespec *timeout)
 {
-	COVERED(pin_mmsg(&io_, v, n, 1), syscall(SYS_recvmmsg, fd, v, n, flags, timeout));
+	COVERED(pin_mmsg(&io_, v, n, 1), LIBC(recvmmsg)(fd, v, n, flags, timeout));
 }
 
 EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 {
-	COVERED(pin_mmsg(&io_, v, n, 0), syscall(SYS_sendmmsg, fd, v, n, flags));
+	COVERED(pin_mmsg(&io_, v, n, 0), LIBC(sendmmsg)(fd, v, n, flags));
 }
 
 /* glibc's getentropy asks for 256 bytes at most and getrandom's own callers take short counts. */
@@ -303,7 +342,7 @@ EXPORT ssize_t getrandom(void *buf, size_t n, unsigned flags)
 {
 	if (needs_pieces(buf, n))
 		return in_pieces(PIECE_GETRANDOM, -1, buf, n, 0, flags);
-	COVERED(fm_io_pin(&io_, buf, n, 1), syscall(SYS_getrandom, buf, n, flags));
+	COVERED(fm_io_pin(&io_, buf, n, 1), LIBC(getrandom)(buf, n, flags));
 }
 
 /* --- stdio ------------------------------------------------------------------------- */
@@ -350,43 +389,33 @@ static size_t stdio_covered(stdio_fn next, void *ptr, size_t size, size_t n, FIL
 	return done;
 }
 
-static stdio_fn stdio_next(stdio_fn *cache, const char *name)
-{
-	stdio_fn f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-
-	if (!f) {
-		f = (stdio_fn)dlsym(RTLD_NEXT, name);
-		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
-	}
-	return f;
-}
 
 EXPORT size_t fread(void *ptr, size_t size, size_t n, FILE *fp)
 {
-	static stdio_fn next;
+	static void *next;
 
-	return stdio_covered(stdio_next(&next, "fread"), ptr, size, n, fp, 1);
+	return stdio_covered((stdio_fn)fm_io_next(&next, "fread"), ptr, size, n, fp, 1);
 }
 
 EXPORT size_t fread_unlocked(void *ptr, size_t size, size_t n, FILE *fp)
 {
-	static stdio_fn next;
+	static void *next;
 
-	return stdio_covered(stdio_next(&next, "fread_unlocked"), ptr, size, n, fp, 1);
+	return stdio_covered((stdio_fn)fm_io_next(&next, "fread_unlocked"), ptr, size, n, fp, 1);
 }
 
 EXPORT size_t fwrite(const void *ptr, size_t size, size_t n, FILE *fp)
 {
-	static stdio_fn next;
+	static void *next;
 
-	return stdio_covered(stdio_next(&next, "fwrite"), (void *)ptr, size, n, fp, 0);
+	return stdio_covered((stdio_fn)fm_io_next(&next, "fwrite"), (void *)ptr, size, n, fp, 0);
 }
 
 EXPORT size_t fwrite_unlocked(const void *ptr, size_t size, size_t n, FILE *fp)
 {
-	static stdio_fn next;
+	static void *next;
 
-	return stdio_covered(stdio_next(&next, "fwrite_unlocked"), (void *)ptr, size, n, fp, 0);
+	return stdio_covered((stdio_fn)fm_io_next(&next, "fwrite_unlocked"), (void *)ptr, size, n, fp, 0);
 }
 
 /* --- SIGBUS ------------------------------------------------------------------------ */

@@ -35,16 +35,6 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-static void *next_fn(void **cache, const char *name)
-{
-	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-
-	if (!f) {
-		f = dlsym(RTLD_NEXT, name);
-		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
-	}
-	return f;
-}
 
 /*
  * Only an object in paged memory: the pager's own locks go through these
@@ -58,13 +48,14 @@ static void *next_fn(void **cache, const char *name)
 
 /*
  * TYPE NAME PARAMS: call libc's NAME with ARGS, PINS pinned around it; NOSYS
- * when libc has no NAME. errno is the call's, not the unpin's.
+ * when libc has no NAME. errno is the call's, not the unpin's. A thread
+ * cancelled in a wait (sem_wait, pthread_cond_wait) gives its pins back.
  */
 #define WAIT_COVER(type, name, params, args, nosys, pins)                               \
 	EXPORT type name params                                                         \
 	{                                                                               \
 		static void *next_;                                                     \
-		type (*f_) params = (type (*) params)next_fn(&next_, #name);            \
+		type (*f_) params = (type (*) params)fm_io_next(&next_, #name);            \
 		struct fm_io_pins io_;                                                  \
 		type r_;                                                                \
 		int e_;                                                                 \
@@ -73,7 +64,13 @@ static void *next_fn(void **cache, const char *name)
 		io_.p = fm_preload_pager_nowait();                                      \
 		io_.n = 0;                                                              \
 		pins;                                                                   \
-		r_ = f_ args;                                                           \
+		if (io_.n) {                                                            \
+			pthread_cleanup_push(fm_io_unpin_on_cancel, &io_);              \
+			r_ = f_ args;                                                   \
+			pthread_cleanup_pop(0);                                         \
+		} else {                                                                \
+			r_ = f_ args;                                                   \
+		}                                                                       \
 		e_ = errno;                                                             \
 		fm_io_unpin(&io_);                                                      \
 		errno = e_;                                                             \
@@ -123,8 +120,8 @@ WAIT_COVER(int, pthread_rwlock_clockwrlock, (pthread_rwlock_t *l, clockid_t k, c
 	EXPORT int name(type *m)                                                        \
 	{                                                                               \
 		static void *lock_, *try_;                                              \
-		int (*lock)(type *) = (int (*)(type *))next_fn(&lock_, #name);          \
-		int (*try)(type *) = (int (*)(type *))next_fn(&try_, #try_name);        \
+		int (*lock)(type *) = (int (*)(type *))fm_io_next(&lock_, #name);          \
+		int (*try)(type *) = (int (*)(type *))fm_io_next(&try_, #try_name);        \
 		struct fm_io_pins io_;                                                  \
 		int r;                                                                  \
 		if (!lock || !try)                                                      \
@@ -162,7 +159,7 @@ WAIT_COVER(int, mtx_timedlock, (mtx_t *restrict m, const struct timespec *restri
 EXPORT void call_once(once_flag *o, void (*init)(void))
 {
 	static void *next;
-	void (*f)(once_flag *, void (*)(void)) = (void (*)(once_flag *, void (*)(void)))next_fn(&next, "call_once");
+	void (*f)(once_flag *, void (*)(void)) = (void (*)(once_flag *, void (*)(void)))fm_io_next(&next, "call_once");
 	struct fm_io_pins io_ = { .p = fm_preload_pager_nowait() };
 
 	if (!f)
@@ -175,7 +172,7 @@ EXPORT void call_once(once_flag *o, void (*init)(void))
 EXPORT void cnd_destroy(cnd_t *c)
 {
 	static void *next;
-	void (*f)(cnd_t *) = (void (*)(cnd_t *))next_fn(&next, "cnd_destroy");
+	void (*f)(cnd_t *) = (void (*)(cnd_t *))fm_io_next(&next, "cnd_destroy");
 	struct fm_io_pins io_ = { .p = fm_preload_pager_nowait() };
 
 	if (!f)

@@ -23,6 +23,10 @@
  *                        pager started, still runs for a truncated file mapping,
  *                        and paging goes on after it
  *   blocked              a thread that blocks every signal still pages
+ *   cancel               threads blocked in read() into paged memory and in sem_wait
+ *                        on a paged semaphore are cancelled, 100 times, more than the
+ *                        pin table holds: each gives its pins back (sync, after it,
+ *                        needs them), and none stays blocked
  *   sync                 semaphores, mutexes, condition variables, rwlocks and a
  *                        barrier that live in paged memory, used by 8 threads while
  *                        another evicts: glibc aborts ("The futex facility returned
@@ -393,6 +397,49 @@ static void t_blocked(void)
 	pthread_join(th, NULL);
 }
 
+static int cancel_fds[2];
+
+static void *cancel_reader(void *arg)
+{
+	if (read(cancel_fds[0], arg, 64) >= 0)
+		FAIL("cancel: the read returned: nothing was written to the pipe");
+	return NULL;
+}
+
+static void *cancel_waiter(void *arg)
+{
+	sem_wait(arg);
+	return NULL;
+}
+
+static void t_cancel(void)
+{
+	sem_t *sem = (sem_t *)(buf + size / 2 + 200 * PAGE);
+	int cancelled = 0;
+
+	if (pipe(cancel_fds)) {
+		FAIL("cancel: pipe: %s", strerror(errno));
+		return;
+	}
+	sem_init(sem, 0, 0);
+	for (int k = 0; k < 100; k++) {
+		pthread_t th;
+		void *r;
+
+		pthread_create(&th, NULL, k % 2 ? cancel_waiter : cancel_reader,
+			       k % 2 ? (void *)sem : (void *)(buf + size / 2 + 210 * PAGE + 7));
+		usleep(2000);
+		pthread_cancel(th);
+		pthread_join(th, &r);
+		cancelled += r == PTHREAD_CANCELED;
+	}
+	if (cancelled != 100)
+		FAIL("cancel: %d of 100 threads were cancelled", cancelled);
+	sem_destroy(sem);
+	close(cancel_fds[0]);
+	close(cancel_fds[1]);
+}
+
 #define SYNC_PAIRS 4
 #define SYNC_ROUNDS 20000
 
@@ -698,7 +745,7 @@ int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "big", t_big }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "sync", t_sync }, { "raw", t_raw },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "cancel", t_cancel }, { "sync", t_sync }, { "raw", t_raw },
 	};
 	static const struct option opts[] = {
 		{ "size", required_argument, NULL, 's' },
