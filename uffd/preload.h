@@ -6,6 +6,7 @@
 #ifndef FARMEM_PRELOAD_H
 #define FARMEM_PRELOAD_H
 
+#include <dlfcn.h>
 #include <stddef.h>
 
 struct fm_pager;
@@ -43,6 +44,15 @@ void fm_io_unpin(struct fm_io_pins *io);
 /* For pthread_cleanup_push: a thread cancelled inside a covered call gives its pins back. */
 void fm_io_unpin_on_cancel(void *io);
 /* libc's function NAME after the shim's, looked up once into *cache (NULL: libc has none). */
-void *fm_io_next(void **cache, const char *name);
+static inline void *fm_io_next(void **cache, const char *name)
+{
+	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+
+	if (!f) {
+		f = dlsym(RTLD_NEXT, name);
+		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
 
 #endif

@@ -96,21 +96,10 @@ void fm_io_unpin(struct fm_io_pins *io)
 }
 
 /*
- * libc's own function after ours, looked up once: a call through it is a
- * cancellation point where the program's was (a raw system call is not, and
- * a thread blocked in it could not be cancelled).
+ * Calls go to libc's own function after ours (fm_io_next): a cancellation
+ * point where the program's was (a raw system call is not, and a thread
+ * blocked in it could not be cancelled).
  */
-void *fm_io_next(void **cache, const char *name)
-{
-	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-
-	if (!f) {
-		f = dlsym(RTLD_NEXT, name);
-		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
-	}
-	return f;
-}
-
 #define LIBC(name) ((__typeof__(&name))fm_io_next(&name##_next, #name))
 static void *read_next, *pread_next, *readv_next, *preadv_next, *preadv2_next, *write_next, *pwrite_next,
 	*writev_next, *pwritev_next, *pwritev2_next, *recvfrom_next, *recvmsg_next, *recvmmsg_next, *sendto_next,

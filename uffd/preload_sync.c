@@ -49,13 +49,14 @@
 /*
  * TYPE NAME PARAMS: call libc's NAME with ARGS, PINS pinned around it; NOSYS
  * when libc has no NAME. errno is the call's, not the unpin's. A thread
- * cancelled in a wait (sem_wait, pthread_cond_wait) gives its pins back.
+ * cancelled in a wait (sem_wait, pthread_cond_wait) gives its pins back
+ * (f_ is volatile for the cleanup's setjmp).
  */
 #define WAIT_COVER(type, name, params, args, nosys, pins)                               \
 	EXPORT type name params                                                         \
 	{                                                                               \
 		static void *next_;                                                     \
-		type (*f_) params = (type (*) params)fm_io_next(&next_, #name);            \
+		type (*volatile f_) params = (type (*) params)fm_io_next(&next_, #name);   \
 		struct fm_io_pins io_;                                                  \
 		type r_;                                                                \
 		int e_;                                                                 \
