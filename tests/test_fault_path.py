@@ -31,7 +31,8 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     """read/pread/readv (with the iovec array itself paged), write/writev, stdio's fread and fwrite,
     send/recv, sendmsg/recvmsg and sendmmsg/recvmmsg on buffers that were just evicted: every byte right, in both modes.
     A read, write and getrandom larger than the budget keep to it (moved in pinned pieces).
-    Threads blocked in a covered read or wait can be cancelled, and give their pins back.
+    Threads blocked in a covered read or wait can be cancelled, and give their pins back. A range
+    made PROT_NONE leaves paged memory with its bytes instead of faulting in the evictor.
     glibc's semaphores, mutexes, condition variables, rwlocks and barriers in paged memory, used by
     8 threads under eviction: no abort ("The futex facility returned an unexpected error code"),
     and with faults served in the faulting thread each wait keeps its object's page resident."""
@@ -41,7 +42,7 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
                env_extra={"FARMEM_FAULT": fault})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    for name in ("read", "write", "stdio", "big", "socket", "sigbus", "blocked", "cancel", "sync"):
+    for name in ("read", "write", "stdio", "big", "socket", "sigbus", "blocked", "protect", "cancel", "sync"):
         assert f"iotest: {name} ok" in out, out[-3000:]
     assert s["fault_mode"] == fault
     # `big` moves 48 MiB in one call under a 32 MiB budget: the covers' pieces keep to it.

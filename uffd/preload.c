@@ -695,6 +695,23 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 	return p;
 }
 
+/*
+ * The pager reads a page to evict it, and a page the program may not read
+ * would fault in the evictor (a SIGSEGV that ended the program). A paged
+ * range made unreadable comes home first and leaves paged memory: plain
+ * memory from then on, also when it is made readable again.
+ */
+EXPORT int mprotect(void *addr, size_t len, int prot)
+{
+	child_wait();
+	if (!(prot & PROT_READ) && pager && atomic_load(&state) == 2 && !in_farmem &&
+	    fm_pager_owns(pager, addr, len)) {
+		fm_pager_fetch_all(pager, addr, len);
+		fm_pager_unregister(pager, addr, len);
+	}
+	return syscall(SYS_mprotect, addr, len, prot) ? -1 : 0;
+}
+
 EXPORT int madvise(void *addr, size_t len, int advice)
 {
 	long r;

@@ -23,6 +23,10 @@
  *                        pager started, still runs for a truncated file mapping,
  *                        and paging goes on after it
  *   blocked              a thread that blocks every signal still pages
+ *   protect              a part of the buffer made PROT_NONE, then pressure, then
+ *                        made readable again: every byte as it was (the evictor
+ *                        read unreadable pages, a SIGSEGV, before mprotect was
+ *                        covered)
  *   cancel               threads blocked in read() into paged memory and in sem_wait
  *                        on a paged semaphore are cancelled, 100 times, more than the
  *                        pin table holds: each gives its pins back (sync, after it,
@@ -397,6 +401,25 @@ static void t_blocked(void)
 	pthread_join(th, NULL);
 }
 
+static void t_protect(void)
+{
+	uint8_t *at = buf + size / 2 + 256 * PAGE;
+	size_t n = 64 * PAGE;
+
+	fill(at, n, 0, 29);
+	if (mprotect(at, n, PROT_NONE)) {
+		FAIL("protect: mprotect: %s", strerror(errno));
+		return;
+	}
+	evict_buf();
+	evict_buf();
+	if (mprotect(at, n, PROT_READ | PROT_WRITE))
+		FAIL("protect: mprotect back: %s", strerror(errno));
+	else
+		check(at, n, 0, 29, "a range made PROT_NONE and back");
+	fill(at, n, (uint64_t)(at - buf), 1); /* as main left it */
+}
+
 static int cancel_fds[2];
 
 static void *cancel_reader(void *arg)
@@ -745,7 +768,7 @@ int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "big", t_big }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "cancel", t_cancel }, { "sync", t_sync }, { "raw", t_raw },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "raw", t_raw },
 	};
 	static const struct option opts[] = {
 		{ "size", required_argument, NULL, 's' },
