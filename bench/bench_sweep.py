@@ -4,8 +4,8 @@
 local, then under `farmem run --threshold 1M --local 25%` (a low threshold, so that the programs'
 ordinary malloc blocks are paged too, not only the big ones), and the two outputs must be the same
 bytes. It looks for what the compatibility matrix (bench_compat.py) would miss: libc paths into
-paged memory that no cover sees (this sweep found glibc's futex waits, getrandom and native AIO,
-docs/compatibility.md). It is a functional sweep with timings beside it, not a comparison with
+paged memory that no cover sees (probing the paths these programs take found glibc's futex
+waits, getrandom and native AIO, docs/compatibility.md). It is a functional sweep with timings beside it, not a comparison with
 Linux swap: at 25% of a few MiB, kswap mode's allowance for the rest of the process holds the
 whole program.
 
