@@ -215,7 +215,10 @@ int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_
  */
 int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write);
 void fm_pager_io_end(struct fm_pager *p, int pin);
-/* 1 when a system call on [addr, addr+len) needs fm_pager_io_begin: faults served in the faulting thread, the range paged. */
+/*
+ * 1 when a system call on [addr, addr+len) needs fm_pager_io_begin: faults
+ * served in the faulting thread, and the range paged (fm_pager_owns_nolock).
+ */
 int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len);
 /* The caller made a system call again after EFAULT on paged memory (counted). */
 void fm_pager_io_retried(struct fm_pager *p);
@@ -224,7 +227,8 @@ void fm_pager_io_retried(struct fm_pager *p);
 int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len);
 /*
  * The same without the region lock, for the shim's covers of glibc's locks
- * (preload_sync.c), which the pager's own lock goes through: its answer may
+ * (preload_sync.c, through fm_pager_io_needed), which the pager's own lock
+ * goes through: its answer may
  * be stale while a region comes or goes, and the pager's own memory is never
  * in one.
  */

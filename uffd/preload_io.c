@@ -111,27 +111,35 @@ void fm_io_unpin_on_cancel(void *io)
 	fm_io_unpin(io);
 }
 
-/* Made again while it fails with EFAULT on paged memory (a pin the table had no room for). */
-#define COVERED(setup, call)                                                            \
-	do {                                                                            \
-		struct fm_io_pins io_ = { .p = fm_preload_pager() };                    \
+/*
+ * CALL with what SETUP pinned, made again while it fails with EFAULT on paged
+ * memory (a pin the table had no room for); its result. A thread cancelled in
+ * CALL gives its pins back.
+ */
+#define PINNED_CALL(io, setup, call)                                                    \
+	({                                                                              \
 		long r_;                                                                \
-		int tries_ = 0;                                                         \
-		for (;;) {                                                              \
+		for (int tries_ = 0;;) {                                                \
 			setup;                                                          \
-			if (io_.n) {                                                    \
-				pthread_cleanup_push(fm_io_unpin_on_cancel, &io_);      \
+			if ((io)->n) {                                                  \
+				pthread_cleanup_push(fm_io_unpin_on_cancel, (io));      \
 				r_ = (call);                                            \
 				pthread_cleanup_pop(0);                                 \
 			} else {                                                        \
 				r_ = (call);                                            \
 			}                                                               \
-			fm_io_unpin(&io_);                                              \
-			if (r_ >= 0 || errno != EFAULT || !io_.p || ++tries_ >= EFAULT_TRIES) \
+			fm_io_unpin(io);                                                \
+			if (r_ >= 0 || errno != EFAULT || !(io)->p || ++tries_ >= EFAULT_TRIES) \
 				break;                                                  \
-			fm_pager_io_retried(io_.p);                                     \
+			fm_pager_io_retried((io)->p);                                   \
 		}                                                                       \
-		return r_;                                                              \
+		r_;                                                                     \
+	})
+
+#define COVERED(setup, call)                                                            \
+	do {                                                                            \
+		struct fm_io_pins io_ = { .p = fm_preload_pager() };                    \
+		return PINNED_CALL(&io_, setup, call);                                  \
 	} while (0)
 
 /*
@@ -184,18 +192,9 @@ static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t o
 		one = fstat(fd, &st) || !S_ISREG(st.st_mode);
 	while (done < n) {
 		size_t k = n - done < FM_IO_PIECE ? n - done : FM_IO_PIECE;
-		long r;
+		long r = PINNED_CALL(&io, fm_io_pin(&io, buf + done, k, into),
+				     piece(c, fd, buf + done, k, off + (off_t)done, flags));
 
-		for (int tries = 0;; tries++) {
-			fm_io_pin(&io, buf + done, k, into);
-			pthread_cleanup_push(fm_io_unpin_on_cancel, &io);
-			r = piece(c, fd, buf + done, k, off + (off_t)done, flags);
-			pthread_cleanup_pop(0);
-			fm_io_unpin(&io);
-			if (r >= 0 || errno != EFAULT || tries + 1 >= EFAULT_TRIES)
-				break;
-			fm_pager_io_retried(io.p);
-		}
 		if (r < 0)
 			return done ? (ssize_t)done : -1;
 		done += (size_t)r;
@@ -326,7 +325,7 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 	COVERED(pin_mmsg(&io_, v, n, 0), LIBC(sendmmsg)(fd, v, n, flags));
 }
 
-/* glibc's getentropy asks for 256 bytes at most and getrandom's own callers take short counts. */
+/* glibc's getentropy (256 bytes at most) makes the system call itself, past this cover. */
 EXPORT ssize_t getrandom(void *buf, size_t n, unsigned flags)
 {
 	if (needs_pieces(buf, n))

@@ -35,14 +35,14 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-
 /*
- * Only an object in paged memory: the pager's own locks go through these
- * covers too, and pinning takes its region lock.
+ * Only an object in paged memory, and only with faults served in the faulting
+ * thread: the pager's own locks go through these covers too, and pinning
+ * takes its region lock.
  */
 #define PIN(obj)                                                                        \
 	do {                                                                            \
-		if (io_.p && fm_pager_owns_nolock(io_.p, (obj), sizeof(*(obj))))        \
+		if (io_.p && fm_pager_io_needed(io_.p, (obj), sizeof(*(obj))))          \
 			fm_io_pin(&io_, (obj), sizeof(*(obj)), 1);                      \
 	} while (0)
 
@@ -131,7 +131,7 @@ WAIT_COVER(int, pthread_rwlock_clockwrlock, (pthread_rwlock_t *l, clockid_t k, c
 		if (r != busy)                                                          \
 			return r;                                                       \
 		io_.p = fm_preload_pager_nowait();                                      \
-		if (!io_.p || !fm_pager_owns_nolock(io_.p, m, sizeof(*m)))              \
+		if (!io_.p || !fm_pager_io_needed(io_.p, m, sizeof(*m)))                \
 			return lock(m);                                                 \
 		io_.n = 0;                                                              \
 		fm_io_pin(&io_, m, sizeof(*m), 1);                                      \
