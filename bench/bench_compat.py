@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """The compatibility matrix on large data (issue 19, docs/compatibility.md): Redis with
-redis-benchmark and its BGSAVE snapshot, memcached with memcslap, NumPy and a multiprocessing
+redis-benchmark and its BGSAVE snapshot, memcached with memcslap (its cache in one block, and
+memcached-heaps: in glibc's heaps of its threads, paged with --fault thread), NumPy and a multiprocessing
 pool, SQLite with a paged page cache, system calls into evicted buffers, xz's match finder
 (random rewrites) and GNU sort (stdio into a paged buffer), each checking its own results (bench/lib/compat.py), under
 
@@ -41,6 +42,7 @@ SIZES = {
     "redis": lambda s: dict(keys=int(1_000_000 * s), requests=int(1_000_000 * s), keyspace=int(500_000 * s)),
     "redis-bgsave": lambda s: dict(keys=int(1_000_000 * s)),
     "memcached": lambda s: dict(megabytes=max(256, int(4096 * s)), items=int(800_000 * s), slap=int(200_000 * s)),
+    "memcached-heaps": lambda s: dict(megabytes=max(256, int(4096 * s)), items=int(800_000 * s), slap=int(200_000 * s)),
     "numpy": lambda s: dict(mib=max(16, int(1024 * s))),
     "numpy-pool": lambda s: dict(mib=max(16, int(1024 * s)), timeout=max(60.0, 600 * s)),
     "sqlite": lambda s: dict(rows=int(2_000_000 * s)),
@@ -52,6 +54,9 @@ SIZES = {
 # jemalloc maps its heap in steps from 2 MiB up: below 64 MiB a Redis heap is mostly in small steps.
 # The others: so that a small --scale still pages (their big blocks are below 64 MiB there).
 THRESHOLD = {"redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M"}
+# memcached without -L: its slabs, 1 MiB blocks of its worker threads, live in glibc's heaps, which
+# the shim pages where the kernel waits for a page (docs/compatibility.md).
+FARMEM_EXTRA = {"memcached-heaps": ["--fault", "thread"]}
 
 
 def figure(name: str, got: dict) -> str:
@@ -59,7 +64,7 @@ def figure(name: str, got: dict) -> str:
         return " ".join(f"{k} {v:,.0f}/s" for k, v in got["rps"].items())
     if name == "redis-bgsave":
         return f"BGSAVE {got['save_s']:.1f} s, {got['rdb_bytes'] >> 20} MiB"
-    if name == "memcached":
+    if name.startswith("memcached"):
         return f"memcslap set {got['memcslap_set_s']:.1f} s, get {got['memcslap_get_s']:.1f} s"
     if name == "xz":
         return f"archive {got['ratio']:.0%} of the input"
@@ -100,7 +105,8 @@ def main() -> int:
     records = []
     for name in names:
         for mode in modes:
-            launch = compat.Launch(mode=mode, local=a.local, threshold=THRESHOLD.get(name))
+            launch = compat.Launch(mode=mode, local=a.local, threshold=THRESHOLD.get(name),
+                                   extra=FARMEM_EXTRA.get(name, []) if mode == "farmem" else [])
             work = Path(tempfile.mkdtemp(prefix=f"compat-{name}-{mode}-", dir="/tmp"))
             kw = SIZES[name](a.scale)
             if name == "sysio" and mode != "farmem":

@@ -10,7 +10,7 @@ Linux swap: at 25% of a few MiB, kswap mode's allowance for the rest of the proc
 whole program.
 
     python3 bench/bench_sweep.py [--only perl,jq] [--scale 1] [--local 25%] [--threshold 1M]
-                                 [--json results.json]
+                                 [--fault thread] [--json results.json]
 
 Prints one line per program: same output or not, seconds all local and under farmem, their ratio,
 faults, and the largest process's peak resident set all local (GNU time's %M). Exit status 1 if any output differed or a
@@ -107,6 +107,7 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--local", default="25%")
     ap.add_argument("--threshold", default="1M")
+    ap.add_argument("--fault", help="farmem run's --fault (thread also pages glibc's heaps of the programs' threads)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -126,7 +127,8 @@ def main() -> int:
                                  args.timeout)
             peak_kib = int(rss.read_text().split()[-1]) if rss.exists() else 0
             summary = work / f"{name}.json"
-            fm, fm_s = run([str(REPO / "farmem"), "run", "--threshold", args.threshold, "--local", args.local,
+            fault = ["--fault", args.fault] if args.fault else []
+            fm, fm_s = run([str(REPO / "farmem"), "run", "--threshold", args.threshold, "--local", args.local, *fault,
                             "--summary-json", str(summary), "--", "bash", "-c", cmd], work, args.timeout)
             s = json.loads(summary.read_text()) if summary.exists() else {}
             same = local.returncode == 0 and fm.returncode == 0 and local.stdout == fm.stdout

@@ -11,6 +11,7 @@ summary says how many pages that took.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,6 +148,53 @@ print(rc_all, os.strerror(err_all), rc_one, os.strerror(err_one), bad)
 # data beside Linux swap); each raises compat.Failed with the reason when a result is wrong.
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "lib"))
+# --- glibc's heaps of a program's threads, and memory reserved PROT_NONE ------------------------
+
+@pytest.mark.parametrize("fault,reservations", [("thread", True), ("thread", False), ("signal", True)])
+def test_thread_heaps_paged_where_the_kernel_waits(shim, built, tmp_path, farmem_cmd, fault, reservations):
+    """24 threads build lists of small blocks, which glibc keeps in the heaps of its arenas (made
+    writable with glibc's own mprotect, which no hook sees), check each other's lists, free them
+    and build again; a stdio stream opened by a thread is written by all, and a forked child reads
+    a list a thread kept. With handler threads the shim pages the heaps (uffd/preload.c,
+    heap_block): the peak resident set stays near the budget and every byte is right. With faults served in the faulting thread, where a system call
+    on an evicted small block (a path, a struct stat) would fail with EFAULT, and with
+    --no-reservations, they stay local."""
+    prog = built("build/tests/arenatest")
+    flag = "--reservations" if reservations else "--no-reservations"
+    # stream: with the shm transport memd's store, mapped into the process, counts in its VmHWM.
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "24M", "--fault", fault, flag,
+                      "--transport", "stream", "--", prog, "--threads", 24, "--mib", 96, "--rounds", 2,
+                      timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    m = re.search(r"arenatest: ok .* fork=ok hwm=(\d+) MiB", r.stdout)
+    assert m, r.stdout + r.stderr[-3000:]
+    if fault == "thread" and reservations:
+        assert_paged(s, "arenatest")
+        assert int(m[1]) < 64, (m[0], s)  # 96 MiB of blocks under a 24 MiB budget
+        assert s["registered_bytes"] >= 96 << 20, s
+        # The child's own pager pages the heap parts it got (its budget adds to the parent's).
+        assert s["processes"] == 2 and s["forks"] == 1, s
+    else:
+        assert s["processes"] == 0, s
+        assert int(m[1]) >= 96, m[0]
+
+
+def test_reservation_paged_as_it_is_made_writable(shim, built, tmp_path, farmem_cmd):
+    """A 192 MiB PROT_NONE reservation made writable 4 MiB at a time with mprotect (V8's and .NET's
+    way) is paged part by part; a part made unreadable and readable again keeps its bytes, one
+    replaced in place by MAP_FIXED reads zeros, and what is left after an unmap is checked."""
+    prog = built("build/tests/arenatest")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--fault", "thread", "--transport",
+                      "stream", "--", prog, "--reserve", "--mib", 128, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    m = re.search(r"arenatest: ok reserve parts=32 hwm=(\d+) MiB", r.stdout)
+    assert m, r.stdout + r.stderr[-3000:]
+    assert_paged(s, "arenatest --reserve")
+    assert int(m[1]) < 64, m[0]
+    # The part brought home to be made unreadable is adopted when it is made writable again.
+    assert s["peak_resident_bytes"] <= s["local_limit_bytes"] + (4 << 20), s
+
+
 import compat  # noqa: E402
 
 

@@ -443,6 +443,11 @@ void fm_fault_unmap(struct fm_pager *p, uintptr_t start, uintptr_t end)
 
 /* --- system calls on paged memory (the shim) ------------------------------------ */
 
+int fm_pager_kernel_waits(const struct fm_pager *p)
+{
+	return !p->in_thread;
+}
+
 int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len)
 {
 	return p->in_thread && fm_pager_owns_nolock(p, addr, len);

@@ -110,12 +110,29 @@ static uint64_t all_home(struct fm_pager *p)
 	return total;
 }
 
+/* The next run of pages of r from *i on that are paged (not UNMANAGED): 1 and [*i, *j), or 0. */
+static int next_run(const struct region *r, uint64_t *i, uint64_t *j)
+{
+	while (*i < r->npages && fm_pg_state(pg_load(&r->pg[*i])) == FM_PG_UNMANAGED)
+		(*i)++;
+	for (*j = *i; *j < r->npages && fm_pg_state(pg_load(&r->pg[*j])) != FM_PG_UNMANAGED;)
+		(*j)++;
+	return *j > *i;
+}
+
+/*
+ * Only the paged runs: the rest of a sparse region is whatever the program
+ * keeps there (a reservation's header page, parts it unmapped), which the
+ * child gets, or not, as the program decided.
+ */
 static void set_fork(struct fm_pager *p, int advice)
 {
 	for (int k = 0; k < p->nregions; k++) {
 		struct region *r = &p->regions[k];
-		if (r->live && !r->alias)
-			fm_sys_madvise((void *)r->base, (size_t)(r->end - r->base), advice);
+		if (!r->live || r->alias)
+			continue;
+		for (uint64_t i = 0, j; next_run(r, &i, &j); i = j)
+			fm_sys_madvise((void *)(r->base + (i << PG_SHIFT)), (size_t)(j - i) << PG_SHIFT, advice);
 	}
 }
 
@@ -197,22 +214,16 @@ static int child_runs(struct fm_pager *p, struct fm_fork_range *out, int n, int 
 {
 	for (int k = 0; k < p->nregions; k++) {
 		struct region *r = &p->regions[k];
-		if (!r->live || r->alias || r->sparse)
+		if (!r->live || r->alias)
 			continue;
-		for (uint64_t i = 0; i < r->npages;) {
-			uint64_t j = i;
-			while (j < r->npages && fm_pg_state(pg_load(&r->pg[j])) != FM_PG_UNMANAGED)
-				j++;
-			if (j > i) {
-				if (n == max) {
-					fm_warn("fork: more than %d paged ranges: the child pages only the first ones", max);
-					return n;
-				}
-				out[n].base = r->base + (i << PG_SHIFT);
-				out[n].len = (size_t)(j - i) << PG_SHIFT;
-				n++;
+		for (uint64_t i = 0, j; next_run(r, &i, &j); i = j) {
+			if (n == max) {
+				fm_warn("fork: more than %d paged ranges: the child pages only the first ones", max);
+				return n;
 			}
-			i = j + 1;
+			out[n].base = r->base + (i << PG_SHIFT);
+			out[n].len = (size_t)(j - i) << PG_SHIFT;
+			n++;
 		}
 	}
 	return n;

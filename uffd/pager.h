@@ -40,6 +40,7 @@ struct fm_pager_cfg {
 	int gc_writable;
 	unsigned epoch_pct;
 	uint64_t threshold;
+	int reservations;        /* the shim pages PROT_NONE reservations as they are made writable */
 	int xport_pref;          /* transport: enum fm_xport_pref */
 	int gc_aware;
 	int log_level;           /* log: enum fm_log_level */
@@ -220,6 +221,11 @@ void fm_pager_io_end(struct fm_pager *p, int pin);
  * served in the faulting thread, and the range paged (fm_pager_owns_nolock).
  */
 int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len);
+/*
+ * 1 when faults are served by handler threads: the kernel waits for a page
+ * that any system call touches, covered or not.
+ */
+int fm_pager_kernel_waits(const struct fm_pager *p);
 /* The caller made a system call again after EFAULT on paged memory (counted). */
 void fm_pager_io_retried(struct fm_pager *p);
 

@@ -23,6 +23,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
@@ -54,6 +55,7 @@ extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
 extern void *__libc_memalign(size_t, size_t);
 extern void __libc_free(void *);
+extern int __libc_mallopt(int, int);
 
 static struct fm_pager_cfg cfg;
 static atomic_int cfg_state;         /* 0 unread, 1 being read, 2 read */
@@ -75,6 +77,26 @@ static atomic_int child_starting;
 static struct { uintptr_t addr; size_t len; } big[MAX_BIG];
 static atomic_int nbig;
 static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/*
+ * Reservations: private anonymous mappings of at least the threshold made
+ * PROT_NONE through libc's mmap, whose parts the program makes writable
+ * later with mprotect or a MAP_FIXED mapping (.NET's GC heap, V8's
+ * WebAssembly memories; glibc's own heaps go by calls no hook sees, and are
+ * found at malloc instead). A reservation is
+ * registered as a sparse region when a part of it is first made writable,
+ * and each part is committed as it is (fm_pager_commit). Kept as the
+ * program changes the mappings: a part unmapped, remapped or replaced by a
+ * mapping of something else is no longer reserved.
+ */
+#define MAX_RESV 128
+static struct { uintptr_t base, end; } resv[MAX_RESV];
+static atomic_int nresv;
+static pthread_mutex_t resv_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER; /* glibc's heaps (below, at malloc) */
+
+static int reserved_paged(void);
+static void heaps_keep(void);
 
 static void *sys_mmap(void *a, size_t l, int prot, int fl, int fd, off_t off)
 {
@@ -391,10 +413,14 @@ static void fork_prepare(void)
 {
 	pthread_mutex_lock(&arena_lock);
 	pthread_mutex_lock(&big_lock);
+	pthread_mutex_lock(&resv_lock);
+	pthread_mutex_lock(&heap_lock);
 }
 
 static void fork_parent(void)
 {
+	pthread_mutex_unlock(&heap_lock);
+	pthread_mutex_unlock(&resv_lock);
 	pthread_mutex_unlock(&big_lock);
 	pthread_mutex_unlock(&arena_lock);
 }
@@ -447,6 +473,8 @@ static void fork_child(void)
 	pthread_t th;
 	int rc;
 
+	pthread_mutex_unlock(&heap_lock);
+	pthread_mutex_unlock(&resv_lock);
 	pthread_mutex_unlock(&big_lock);
 	pthread_mutex_unlock(&arena_lock);
 	/* Held by a thread of the parent (one starting a pager) that does not exist here. */
@@ -493,6 +521,9 @@ __attribute__((constructor)) static void preload_init(void)
 {
 	load_config();
 	app_alloc();
+	/* Before any thread can trim a heap that is about to be paged (heap_grew). */
+	if (app.glibc && reserved_paged())
+		heaps_keep();
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 	fm_fork_before_prepare(child_wait);
 }
@@ -622,6 +653,152 @@ static void maybe_register(void *p, size_t len)
 	in_farmem--;
 }
 
+/*
+ * Reserved memory holds a program's small blocks (glibc's heaps of its
+ * threads, below, at malloc), and those hold what it hands the kernel:
+ * paths, struct stat, pollfd and epoll arrays, socket addresses. With
+ * faults served in the faulting thread a system call on an evicted page
+ * fails with EFAULT unless a cover made it resident, and most of those
+ * calls have none. So reserved memory is paged only where the kernel waits
+ * for a page: fault=thread, or fault=auto where it takes handler threads.
+ * Decided once, without starting a pager.
+ */
+static atomic_int reserved_mode; /* 0 not yet decided, 1 paged, 2 local */
+
+static int reserved_paged(void)
+{
+	int m = atomic_load_explicit(&reserved_mode, memory_order_relaxed);
+	const char *tunables;
+	struct fm_pager *pg;
+
+	if (m)
+		return m == 1;
+	if (!hooks_on() || !cfg.reservations)
+		return 0;
+	in_farmem++;
+	pg = fm_preload_pager_nowait();
+	/* glibc's huge-page heaps are not the 64 MiB heaps heap_block knows. */
+	tunables = getenv("GLIBC_TUNABLES");
+	m = tunables && strstr(tunables, "glibc.malloc.hugetlb=2") ? 2
+	    : pg ? (fm_pager_kernel_waits(pg) ? 1 : 2)
+	       : cfg.fault_mode == FM_FAULT_THREAD ? 1
+	       : cfg.fault_mode == FM_FAULT_AUTO && links_async_io() ? 1 : 2;
+	if (m == 2)
+		fm_info("the malloc heaps of this program's threads, and memory reserved PROT_NONE, stay local "
+			"with faults served in the faulting thread: run with --fault thread to page them "
+			"(docs/compatibility.md)");
+	in_farmem--;
+	atomic_store(&reserved_mode, m);
+	return m == 1;
+}
+
+/* Leave [a, e) out of every reservation. Caller holds resv_lock. */
+static void resv_cut_locked(uintptr_t a, uintptr_t e)
+{
+	int n = atomic_load(&nresv);
+
+	for (int k = 0; k < n; k++) {
+		uintptr_t b = resv[k].base, t = resv[k].end;
+		if (e <= b || a >= t)
+			continue;
+		if (a > b && e < t && n < MAX_RESV) {
+			/* A hole in the middle: two reservations. */
+			resv[n].base = e;
+			resv[n].end = t;
+			n++;
+		}
+		if (a > b) {
+			resv[k].end = a;
+		} else if (e < t) {
+			resv[k].base = e;
+		} else {
+			resv[k--] = resv[--n];
+		}
+	}
+	atomic_store(&nresv, n);
+}
+
+static void resv_cut(const void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PAGE - 1);
+
+	if (!atomic_load_explicit(&nresv, memory_order_relaxed))
+		return;
+	pthread_mutex_lock(&resv_lock);
+	resv_cut_locked(a, (uintptr_t)addr + len);
+	pthread_mutex_unlock(&resv_lock);
+}
+
+static void resv_add(const void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr, e = a + ((len + PAGE - 1) & ~(size_t)(PAGE - 1));
+
+	pthread_mutex_lock(&resv_lock);
+	/* An earlier one there was unmapped behind our back (glibc frees a heap with its own munmap). */
+	resv_cut_locked(a, e);
+	if (atomic_load(&nresv) < MAX_RESV) {
+		int n = atomic_load(&nresv);
+		resv[n].base = a;
+		resv[n].end = e;
+		atomic_store(&nresv, n + 1);
+	}
+	pthread_mutex_unlock(&resv_lock);
+}
+
+/* The reservation that holds all of [a, e): 1 and its bounds, or 0. */
+static int resv_holding(uintptr_t a, uintptr_t e, uintptr_t *base, uintptr_t *end)
+{
+	int found = 0;
+
+	if (!atomic_load_explicit(&nresv, memory_order_relaxed))
+		return 0;
+	pthread_mutex_lock(&resv_lock);
+	for (int k = 0; k < atomic_load(&nresv) && !found; k++)
+		if (a >= resv[k].base && e <= resv[k].end) {
+			*base = resv[k].base;
+			*end = resv[k].end;
+			found = 1;
+		}
+	pthread_mutex_unlock(&resv_lock);
+	return found;
+}
+
+static int reserves(size_t len, int prot, int flags, int fd)
+{
+	return hooks_on() && len >= cfg.threshold && cfg.reservations && fd == -1 && prot == PROT_NONE &&
+	       (flags & MAP_ANONYMOUS) && (flags & MAP_PRIVATE) &&
+	       !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED | MAP_FIXED));
+}
+
+/*
+ * [addr, addr+len) was made writable. Inside a reservation it becomes paged
+ * memory: 1, whether or not the pager took it. Else 0.
+ *
+ * The reservation's first page stays local: an allocator keeps its header
+ * there, as glibc does in its heaps.
+ */
+static int resv_commit(void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PAGE - 1);
+	uintptr_t e = ((uintptr_t)addr + len + PAGE - 1) & ~(uintptr_t)(PAGE - 1), base, end;
+	struct fm_pager *pg;
+
+	if (in_farmem || !resv_holding(a, e, &base, &end))
+		return 0;
+	if (a < base + PAGE)
+		a = base + PAGE;
+	if (a >= e || !reserved_paged() || !(pg = get_pager()))
+		return 1;
+	in_farmem++;
+	if (fm_pager_commit(pg, (void *)a, e - a) == -ENOENT) {
+		/* The first part made writable: the whole reservation becomes a region, nothing of it paged yet. */
+		fm_pager_register(pg, (void *)base, end - base, FM_REG_SPARSE);
+		fm_pager_commit(pg, (void *)a, e - a);
+	}
+	in_farmem--;
+	return 1;
+}
+
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	void *p;
@@ -643,6 +820,21 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 		errno = (int)-(long)p;
 		return MAP_FAILED;
 	}
+	if (reserves(len, prot, flags, fd)) {
+		resv_add(p, len);
+		return p;
+	}
+	if ((flags & MAP_FIXED) && atomic_load_explicit(&nresv, memory_order_relaxed)) {
+		/* Part of a reservation committed or decommitted in place (HotSpot's way), or given to something else. */
+		int anon = fd == -1 && (flags & MAP_ANONYMOUS) && (flags & MAP_PRIVATE) &&
+			   !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED));
+		if (anon && !(prot & PROT_WRITE) && resv_holding((uintptr_t)p, (uintptr_t)p + len, &(uintptr_t){ 0 },
+								 &(uintptr_t){ 0 }))
+			return p;
+		if (anon && (prot & PROT_WRITE) && resv_commit(p, len))
+			return p;
+		resv_cut(p, len);
+	}
 	if (qualifies(len, prot, flags, fd))
 		maybe_register(p, len);
 	return p;
@@ -661,6 +853,8 @@ EXPORT int munmap(void *addr, size_t len)
 	if (pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, addr, len))
 		fm_pager_unregister(pager, addr, len);
 	r = syscall(SYS_munmap, addr, len);
+	if (!r)
+		resv_cut(addr, len);
 	return r ? -1 : 0;
 }
 
@@ -690,6 +884,9 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 			maybe_register(old, old_len);
 		return MAP_FAILED;
 	}
+	/* Moved or resized: neither the old nor the new range is reserved any more. */
+	resv_cut(old, old_len);
+	resv_cut(p, new_len);
 	if (paged || (hooks_on() && new_len >= cfg.threshold))
 		maybe_register(p, new_len);
 	return p;
@@ -698,8 +895,9 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 /*
  * The pager reads a page to evict it, and a page the program may not read
  * would fault in the evictor (a SIGSEGV that ended the program). A paged
- * range made unreadable comes home first and leaves paged memory: plain
- * memory from then on, also when it is made readable again.
+ * range made unreadable comes home first and leaves paged memory. Inside a
+ * reservation it is paged again when it is made writable again; elsewhere
+ * it stays plain memory.
  */
 EXPORT int mprotect(void *addr, size_t len, int prot)
 {
@@ -709,7 +907,12 @@ EXPORT int mprotect(void *addr, size_t len, int prot)
 		fm_pager_fetch_all(pager, addr, len);
 		fm_pager_unregister(pager, addr, len);
 	}
-	return syscall(SYS_mprotect, addr, len, prot) ? -1 : 0;
+	if (syscall(SYS_mprotect, addr, len, prot))
+		return -1;
+	if ((prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE) &&
+	    atomic_load_explicit(&nresv, memory_order_relaxed) && hooks_on())
+		resv_commit(addr, len);
+	return 0;
 }
 
 EXPORT int madvise(void *addr, size_t len, int advice)
@@ -995,6 +1198,162 @@ static int use_big(size_t n)
 	return hooks_on() && n >= cfg.threshold && app_alloc()->glibc;
 }
 
+/*
+ * glibc's heaps: the small blocks of a program's threads live in heaps of
+ * their arenas, 64 MiB reserved PROT_NONE and made writable as they grow.
+ * glibc maps and grows them with its own internal mmap and mprotect, which
+ * no hook sees; what the shim does see is each block glibc returns. Its
+ * chunk header says whether it lies in such a heap (NON_MAIN_ARENA) and the
+ * heap is the aligned 64 MiB around it (glibc's own heap_for_ptr). A heap is
+ * registered as a sparse region the first time a block of it is seen, and
+ * what the arena uses of it (the heap_info's size) is committed, again each
+ * time a block lies past what was. The heap's first page stays local: it
+ * holds the heap's header and the arena's, with the arena's lock, the
+ * hottest page of the heap.
+ */
+#define GLIBC_HEAP_MAX (64ul << 20)     /* HEAP_MAX_SIZE: 2 * DEFAULT_MMAP_THRESHOLD_MAX */
+#define GLIBC_CHUNK_MMAPPED 2ul
+#define GLIBC_CHUNK_NON_MAIN_ARENA 4ul
+#define MAX_HEAPS 256
+#define HEAP_STEP (1ul << 20)           /* committed ahead of the last block seen */
+#define HEAP_SKIP UINTPTR_MAX           /* paged_to of a heap the pager would not take */
+
+/* The head of glibc's heap_info (malloc/arena.c). */
+struct glibc_heap_info {
+	void *ar_ptr;
+	void *prev;
+	size_t size;
+	size_t mprotect_size;
+};
+
+static struct { _Atomic uintptr_t base, paged_to; } heaps[MAX_HEAPS];
+static atomic_int nheaps;
+static TLS int heap_last;              /* 1 + the index of the heap this thread saw last */
+
+static int heap_index(uintptr_t base)
+{
+	int n = atomic_load(&nheaps);
+
+	for (int k = 0; k < n; k++)
+		if (atomic_load_explicit(&heaps[k].base, memory_order_relaxed) == base)
+			return k;
+	if (n == MAX_HEAPS)
+		return -1;
+	atomic_store(&heaps[n].paged_to, base + PAGE);
+	atomic_store(&heaps[n].base, base);
+	atomic_store(&nheaps, n + 1);
+	return n;
+}
+
+/*
+ * glibc gives a heap's free pages back with its own madvise and unmaps a
+ * free heap with its own munmap (heap_trim, malloc_trim), which no hook sees:
+ * the pager would find pages gone that its books hold, in the evictor's
+ * hands. Once a heap is paged glibc keeps them: a trim threshold larger
+ * than any heap, and a top pad of a whole heap, which is also what glibc
+ * asks before it lets a heap go. The program's own mallopt of either, and
+ * its malloc_trim, are then left undone.
+ */
+static atomic_int heaps_kept;
+
+static void heaps_keep(void)
+{
+	if (atomic_exchange(&heaps_kept, 1))
+		return;
+	__libc_mallopt(M_TRIM_THRESHOLD, INT_MAX);
+	__libc_mallopt(M_TOP_PAD, (int)GLIBC_HEAP_MAX);
+	/*
+	 * Either turns off glibc's moving mmap threshold, which blocks up to
+	 * 32 MiB would have reached after their first free: their place is a
+	 * heap, where they are paged, not a mapping of glibc's own, where they
+	 * are not (the shim maps those of at least --threshold itself).
+	 */
+	__libc_mallopt(M_MMAP_THRESHOLD, (int)(GLIBC_HEAP_MAX / 2));
+}
+
+EXPORT int mallopt(int param, int value)
+{
+	if (atomic_load(&heaps_kept) && (param == M_TRIM_THRESHOLD || param == M_TOP_PAD || param == M_MMAP_THRESHOLD))
+		return 1;
+	return __libc_mallopt(param, value);
+}
+
+EXPORT int malloc_trim(size_t pad)
+{
+	static void *next;
+	int (*trim)(size_t);
+
+	if (atomic_load(&heaps_kept))
+		return 0;
+	trim = (int (*)(size_t))fm_io_next(&next, "malloc_trim");
+	return trim ? trim(pad) : 0;
+}
+
+static void heap_grew(uintptr_t base, uintptr_t chunk_end)
+{
+	const struct glibc_heap_info *hi = (const void *)base;
+	struct fm_pager *pg;
+	uintptr_t to;
+	size_t size, used;
+	int k;
+
+	if (!reserved_paged() || !(pg = get_pager()))
+		return;
+	pthread_mutex_lock(&heap_lock);
+	k = heap_index(base);
+	if (k < 0)
+		goto out;
+	heap_last = k + 1;
+	to = atomic_load(&heaps[k].paged_to);
+	size = __atomic_load_n(&hi->size, __ATOMIC_RELAXED);
+	if (to == HEAP_SKIP || chunk_end <= to || size > GLIBC_HEAP_MAX || !hi->ar_ptr)
+		goto out;
+	/*
+	 * Up to a step past the block: the arena's top runs on to the heap's
+	 * end, untouched, and paged it would count in a budget given as a share
+	 * of the paged memory. What glibc writes past it meanwhile (the top's
+	 * header) is adopted by the next commit.
+	 */
+	used = ((chunk_end - base) + HEAP_STEP) & ~(HEAP_STEP - 1);
+	if (used > size)
+		used = (size + PAGE - 1) & ~(size_t)(PAGE - 1);
+	if (used < chunk_end - base)
+		used = (chunk_end - base + PAGE - 1) & ~(size_t)(PAGE - 1);
+	heaps_keep();
+	in_farmem++;
+	/* The whole of what it uses: a look at the state bytes of what is paged already. */
+	if (fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE) == -ENOENT &&
+	    fm_pager_register(pg, (void *)base, GLIBC_HEAP_MAX, FM_REG_SPARSE) == 0)
+		fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE);
+	/* Taken, or never will be (the region table is full, or the range is paged as something else). */
+	atomic_store(&heaps[k].paged_to, fm_pager_owns(pg, (void *)(base + PAGE), used - PAGE) ? base + used : HEAP_SKIP);
+	in_farmem--;
+out:
+	pthread_mutex_unlock(&heap_lock);
+}
+
+/* A block glibc's allocator returned: page what its heap has grown to, if it lies in one. */
+static inline void *heap_block(void *q)
+{
+	size_t head;
+	uintptr_t base, end;
+	int k;
+
+	if (!q || !app.glibc || atomic_load_explicit(&reserved_mode, memory_order_relaxed) == 2)
+		return q;
+	head = ((const size_t *)q)[-1];
+	if ((head & (GLIBC_CHUNK_MMAPPED | GLIBC_CHUNK_NON_MAIN_ARENA)) != GLIBC_CHUNK_NON_MAIN_ARENA)
+		return q;
+	base = (uintptr_t)q & ~(GLIBC_HEAP_MAX - 1);
+	end = (uintptr_t)q - 2 * sizeof(size_t) + (head & ~(size_t)7);
+	k = heap_last - 1;
+	if (k >= 0 && atomic_load_explicit(&heaps[k].base, memory_order_relaxed) == base &&
+	    end <= atomic_load_explicit(&heaps[k].paged_to, memory_order_relaxed))
+		return q;
+	heap_grew(base, end);
+	return q;
+}
+
 EXPORT void *malloc(size_t n)
 {
 	if (in_farmem)
@@ -1004,7 +1363,7 @@ EXPORT void *malloc(size_t n)
 		if (p)
 			return p;
 	}
-	return app_alloc()->malloc(n);
+	return heap_block(app_alloc()->malloc(n));
 }
 
 EXPORT void *calloc(size_t a, size_t b)
@@ -1025,7 +1384,7 @@ EXPORT void *calloc(size_t a, size_t b)
 		if (p)
 			return p;
 	}
-	return app_alloc()->calloc(a, b);
+	return heap_block(app_alloc()->calloc(a, b));
 }
 
 EXPORT void free(void *p)
@@ -1067,7 +1426,7 @@ EXPORT void *realloc(void *p, size_t n)
 			return q;
 		}
 	}
-	return app_alloc()->realloc(p, n);
+	return heap_block(app_alloc()->realloc(p, n));
 }
 
 EXPORT void *memalign(size_t align, size_t n)
@@ -1079,7 +1438,7 @@ EXPORT void *memalign(size_t align, size_t n)
 		if (p)
 			return p;
 	}
-	return app_aligned(app_alloc(), align, n);
+	return heap_block(app_aligned(app_alloc(), align, n));
 }
 
 EXPORT void *aligned_alloc(size_t align, size_t n)
@@ -1089,7 +1448,7 @@ EXPORT void *aligned_alloc(size_t align, size_t n)
 	if (in_farmem || (align <= BIG_MAX_ALIGN && use_big(n)))
 		return memalign(align, n);
 	a = app_alloc();
-	return a->aligned_alloc ? a->aligned_alloc(align, n) : app_aligned(a, align, n);
+	return heap_block(a->aligned_alloc ? a->aligned_alloc(align, n) : app_aligned(a, align, n));
 }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n)
@@ -1100,8 +1459,12 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n)
 	if (align < sizeof(void *) || (align & (align - 1)))
 		return EINVAL;
 	a = in_farmem ? NULL : app_alloc();
-	if (a && a->posix_memalign && !(align <= BIG_MAX_ALIGN && use_big(n)))
-		return a->posix_memalign(out, align, n);
+	if (a && a->posix_memalign && !(align <= BIG_MAX_ALIGN && use_big(n))) {
+		int rc = a->posix_memalign(out, align, n);
+		if (!rc)
+			heap_block(*out);
+		return rc;
+	}
 	p = memalign(align, n);
 	if (!p)
 		return ENOMEM;
@@ -1116,7 +1479,7 @@ EXPORT void *valloc(size_t n)
 	if (in_farmem || use_big(n))
 		return memalign(PAGE, n);
 	a = app_alloc();
-	return a->valloc ? a->valloc(n) : app_aligned(a, PAGE, n);
+	return heap_block(a->valloc ? a->valloc(n) : app_aligned(a, PAGE, n));
 }
 
 EXPORT size_t malloc_usable_size(void *p)

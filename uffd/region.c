@@ -448,6 +448,17 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		return -ENOTSUP;
 	}
 	rlock_wr(p);
+	/*
+	 * Two regions over one page would give it two sets of books. A sparse
+	 * region keeps the address space of a part the program unmapped, and a
+	 * mapping the kernel puts there later is not paged (the shim commits
+	 * reservations there into the region that holds them).
+	 */
+	if (fm_overlap_next(p, a, a + len, &(struct fm_overlap){ 0 })) {
+		rlock_un(p);
+		fm_debug("%p+%zu KiB is not paged: it overlaps a range paged already", addr, len >> 10);
+		return -EEXIST;
+	}
 	for (int i = 0; i < FM_RESMAP_MAX_REGIONS; i++)
 		if (!p->regions[i].live && !p->hdr->regions[i].flags) {
 			slot = i;
@@ -609,6 +620,8 @@ static void uffd_let_go(struct fm_pager *p, const struct fm_overlap *o)
 		uint64_t stop = r->sparse ? run_end(r, i, end, 0) : end;
 		uintptr_t s = r->base + (i << PG_SHIFT);
 		int rc = fm_uffd_unregister(p->uffd, s, (size_t)(stop - i) << PG_SHIFT);
+		/* Plain memory again, which a child of a fork must get (a range made unreadable, then readable). */
+		fm_sys_madvise((void *)s, (size_t)(stop - i) << PG_SHIFT, MADV_DOFORK);
 		if (rc)
 			fm_warn("UFFDIO_UNREGISTER of %#lx+%lu failed: %s", (unsigned long)s,
 				(unsigned long)((stop - i) << PG_SHIFT), strerror(-rc));

@@ -414,12 +414,14 @@ def memslap(sock: Path, test: str, requests: int, threads: int = 2) -> float:
 
 
 def memcached(launch: Launch, workdir: Path, megabytes: int = 256, items: int = 40000, mean: int = 1000,
-              slap: int = 20000) -> dict:
+              slap: int = 20000, prealloc: bool = True) -> dict:
     """memcached with its whole cache preallocated (-L: one big aligned block, which farmem
-    pages), loaded by memcslap (set, then get) and with our items; every item read back."""
+    pages), loaded by memcslap (set, then get) and with our items; every item read back.
+    prealloc=False: its slabs come 1 MiB at a time from glibc, in its worker threads' heaps
+    (paged with --fault thread)."""
     need("memcached", "memcslap")
     sock = workdir / "memcached.sock"
-    cmd = ["memcached", "-m", megabytes, "-L", "-s", sock, "-t", 2, "-c", 256]
+    cmd = ["memcached", "-m", megabytes, *(["-L"] if prealloc else []), "-s", sock, "-t", 2, "-c", 256]
     if os.geteuid() == 0:
         cmd += ["-u", "root"]
     srv = Server(launch, cmd, workdir, "memcached", sock)
@@ -686,6 +688,7 @@ WORKLOADS = {
     "redis": redis,
     "redis-bgsave": redis_bgsave,
     "memcached": memcached,
+    "memcached-heaps": lambda launch, work, **kw: memcached(launch, work, prealloc=False, **kw),
     "numpy": numpy,
     "numpy-pool": numpy_pool,
     "sqlite": sqlite,

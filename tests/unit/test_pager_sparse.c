@@ -11,7 +11,8 @@
  *    FM_REG_SPARSE is paged as it is committed (mmap MAP_FIXED over it, then
  *    fm_pager_commit), grows, shrinks (fm_pager_unregister of a part, then
  *    mmap PROT_NONE over it, as HotSpot uncommits) and grows again, with
- *    every byte checked and the budget held throughout.
+ *    every byte checked and the budget held throughout; a second region over
+ *    any part of it is refused (-EEXIST).
  *
  * Run from the repository root (it starts build/bin/farmem-memd).
  */
@@ -180,6 +181,9 @@ static void sparse(const char *sock, const char *fault)
 
 	CHECK(fm_pager_register(p, a, npages * PG, FM_REG_HEAP | FM_REG_SPARSE) == 0);
 	CHECK(region_unmanaged(h, a) == npages);
+	/* A second region over any of it is refused: one page, one set of books. */
+	CHECK(fm_pager_register(p, a + 4 * MIB, 4 * MIB, 0) == -EEXIST);
+	CHECK(fm_pager_register(p, a - 4 * MIB, 8 * MIB, FM_REG_SPARSE) == -EEXIST);
 	CHECK(fm_pager_commit(p, a, npages * PG + PG) == -ENOENT);
 	CHECK(fm_pager_commit(p, a + 60 * MIB + 8 * MIB, PG) == -ENOENT); /* past the region */
 

@@ -14,11 +14,16 @@ def given(args, command: str):
             yield k, value
 
 
+def _text(value) -> str:
+    """A value as the pager parses it: a --[no-]x pair's True or False is 1 or 0."""
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
 def env_vars(args, command: str = "run") -> dict:
     """FARMEM_<KNOB>=value for the preload shim."""
-    return {k["env"]: str(v) for k, v in given(args, command) if k["env"]}
+    return {k["env"]: _text(v) for k, v in given(args, command) if k["env"]}
 
 
 def agent_options(args, command: str) -> list:
     """key=value for the JVMTI agent."""
-    return [f"{k['name']}={int(v) if isinstance(v, bool) else v}" for k, v in given(args, command) if k["opt"]]
+    return [f"{k['name']}={_text(v)}" for k, v in given(args, command) if k["opt"]]

@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * arenatest: small malloc blocks of many threads, which glibc keeps in the
+ * threads' own heaps (64 MiB reserved PROT_NONE, made writable with mprotect
+ * as they grow), not in mappings of their own. Under farmem the shim pages
+ * those heaps as they are made writable (uffd/preload.c, reservations).
+ *
+ * Each round every thread builds a list of blocks of 16 to 400 bytes, a
+ * quarter of them from calloc (checked to be zeros), each filled with a
+ * pattern of its key; then each thread checks the list of the next thread
+ * and frees it, block by block (a free into another thread's arena takes
+ * that arena's lock, and more threads than arenas share them). Freeing a
+ * heap's top makes glibc give its pages back with its own madvise, which no
+ * hook sees. All threads also write lines to one stdio stream opened by a
+ * worker thread, so its FILE (and its lock) lives in a thread's heap. At the
+ * end the stream is read back and every line counted, and one more list,
+ * built by a thread and kept, is checked by a forked child.
+ *
+ * With --reserve, no threads: one reservation of 1.5 times --mib, made
+ * PROT_NONE the way V8's and .NET's heaps are, whose parts the program makes
+ * writable with mprotect, 4 MiB at a time, and fills. Then, each part checked
+ * after: one part is made unreadable and readable again (its bytes stay), one
+ * is replaced by a fresh writable mapping (MAP_FIXED: zeros), the last eighth
+ * is unmapped, and a new reservation is made and committed in that hole.
+ *
+ * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
+ * fork) in MiB, or
+ * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
+ *
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve]
+ */
+#include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mix.h"
+
+struct node {
+	struct node *next;
+	uint64_t key;
+	uint32_t len;
+	uint8_t data[];
+};
+
+static unsigned nthreads = 24, rounds = 3;
+static size_t per_thread;
+static struct node **lists;
+static pthread_barrier_t barrier;
+static FILE *log_file;
+static char log_path[64];
+static atomic_ulong nodes_built, lines_written;
+static atomic_int failed;
+
+static uint8_t byte_of(uint64_t key, uint32_t j)
+{
+	return (uint8_t)(mix(key * 1024 + j / 8) >> (8 * (j % 8)));
+}
+
+static void build(unsigned t, unsigned round)
+{
+	struct node *head = NULL;
+	uint64_t seed = mix(((uint64_t)t << 32) | round);
+	size_t bytes = 0;
+
+	for (uint64_t idx = 0; bytes < per_thread; idx++) {
+		uint32_t len = 16 + (uint32_t)(mix(seed + idx) % 385);
+		uint64_t key = ((uint64_t)t << 48) | ((uint64_t)round << 40) | idx;
+		struct node *n = idx % 4 ? malloc(sizeof(*n) + len) : calloc(1, sizeof(*n) + len);
+
+		if (!n) {
+			fprintf(stderr, "arenatest: out of memory\n");
+			exit(1);
+		}
+		if (!(idx % 4))
+			for (uint32_t j = 0; j < len; j++)
+				if (n->data[j]) {
+					fprintf(stderr, "arenatest: calloc gave a nonzero byte (thread %u, block %llu)\n", t,
+						(unsigned long long)idx);
+					atomic_store(&failed, 1);
+					break;
+				}
+		n->key = key;
+		n->len = len;
+		for (uint32_t j = 0; j < len; j++)
+			n->data[j] = byte_of(key, j);
+		n->next = head;
+		head = n;
+		bytes += sizeof(*n) + len;
+		if (idx % 1000 == 0) {
+			fprintf(log_file, "thread %u round %u block %llu\n", t, round, (unsigned long long)idx);
+			atomic_fetch_add(&lines_written, 1);
+		}
+		atomic_fetch_add(&nodes_built, 1);
+	}
+	lists[t] = head;
+}
+
+static void check_and_free(unsigned t, unsigned round)
+{
+	unsigned from = (t + 1) % nthreads;
+	struct node *n = lists[from];
+
+	while (n) {
+		struct node *next = n->next;
+		if ((n->key >> 48) != from || ((n->key >> 40) & 0xff) != round) {
+			fprintf(stderr, "arenatest: block %p has key %#llx, not one of thread %u's in round %u\n", (void *)n,
+				(unsigned long long)n->key, from, round);
+			atomic_store(&failed, 1);
+			return;
+		}
+		for (uint32_t j = 0; j < n->len; j++)
+			if (n->data[j] != byte_of(n->key, j)) {
+				fprintf(stderr, "arenatest: block %#llx byte %u is %#x, not %#x\n", (unsigned long long)n->key, j,
+					n->data[j], byte_of(n->key, j));
+				atomic_store(&failed, 1);
+				return;
+			}
+		free(n);
+		n = next;
+	}
+	lists[from] = NULL;
+}
+
+/* Every block of thread t's list of the given round as built: 0, or 1 with a message. */
+static int check_list(unsigned t, unsigned round)
+{
+	for (struct node *n = lists[t]; n; n = n->next) {
+		if ((n->key >> 48) != t || ((n->key >> 40) & 0xff) != round) {
+			fprintf(stderr, "arenatest: block %p has key %#llx\n", (void *)n, (unsigned long long)n->key);
+			return 1;
+		}
+		for (uint32_t j = 0; j < n->len; j++)
+			if (n->data[j] != byte_of(n->key, j)) {
+				fprintf(stderr, "arenatest: block %#llx byte %u is wrong\n", (unsigned long long)n->key, j);
+				return 1;
+			}
+	}
+	return 0;
+}
+
+static void *builder(void *arg)
+{
+	build(0, rounds);
+	return arg;
+}
+
+/* A list built by a thread, kept, then read by a forked child: its heap's pages are the child's too. */
+static int fork_reads_heap(void)
+{
+	pthread_t th;
+	pid_t pid;
+	int status;
+
+	if (pthread_create(&th, NULL, builder, NULL) || pthread_join(th, NULL))
+		return 1;
+	pid = fork();
+	if (pid == 0)
+		_exit(check_list(0, rounds));
+	if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+		fprintf(stderr, "arenatest: the forked child found its parent's blocks wrong\n");
+		return 1;
+	}
+	return check_list(0, rounds);
+}
+
+static void *worker(void *arg)
+{
+	unsigned t = (unsigned)(uintptr_t)arg;
+
+	if (t == 0) {
+		/* Opened here, so that the FILE is a block of this thread's heap. */
+		log_file = fopen(log_path, "w+");
+		if (!log_file) {
+			perror("arenatest: fopen");
+			exit(1);
+		}
+	}
+	pthread_barrier_wait(&barrier);
+	for (unsigned r = 0; r < rounds && !atomic_load(&failed); r++) {
+		build(t, r);
+		pthread_barrier_wait(&barrier);
+		check_and_free(t, r);
+		pthread_barrier_wait(&barrier);
+	}
+	return NULL;
+}
+
+static long hwm_mib(void)
+{
+	char line[256];
+	long kb = -1;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kb < 0 ? -1 : kb >> 10;
+}
+
+#define PART (4ul << 20)
+
+static int check_part(const uint8_t *base, size_t part, unsigned salt, const char *what)
+{
+	const uint64_t *w = (const void *)(base + part * PART);
+
+	for (size_t k = 0; k < PART / 8; k++)
+		if (w[k] != (salt ? mix(part * PART + k * 8 + salt) : 0)) {
+			fprintf(stderr, "arenatest: reserve: %s: part %zu word %zu is %#llx\n", what, part, k,
+				(unsigned long long)w[k]);
+			return 1;
+		}
+	return 0;
+}
+
+static void fill_part(uint8_t *base, size_t part, unsigned salt)
+{
+	uint64_t *w = (void *)(base + part * PART);
+
+	for (size_t k = 0; k < PART / 8; k++)
+		w[k] = mix(part * PART + k * 8 + salt);
+}
+
+static int reserve(unsigned long mib)
+{
+	size_t parts = (mib << 20) / PART, len = parts * PART * 3 / 2, hole = parts / 8;
+	uint8_t *base = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	size_t mid = parts / 2, fresh = parts / 4;
+	int bad = 0;
+
+	if (base == MAP_FAILED || parts < 16) {
+		fprintf(stderr, "arenatest: reserve: cannot reserve %zu bytes\n", len);
+		return 1;
+	}
+	for (size_t k = 0; k < parts; k++) {
+		if (mprotect(base + k * PART, PART, PROT_READ | PROT_WRITE)) {
+			perror("arenatest: reserve: mprotect");
+			return 1;
+		}
+		fill_part(base, k, 1);
+	}
+	for (size_t k = 0; k < parts && !bad; k++)
+		bad = check_part(base, k, 1, "committed");
+	/* Unreadable, then readable again: the bytes stay. */
+	bad |= mprotect(base + mid * PART, PART, PROT_NONE) || mprotect(base + mid * PART, PART, PROT_READ | PROT_WRITE);
+	for (size_t k = 0; k < parts && !bad; k++)
+		bad = check_part(base, k, 1, "after the round trip through PROT_NONE");
+	/* Replaced in place by fresh memory: zeros, then written again. */
+	if (!bad && mmap(base + fresh * PART, PART, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+		    MAP_FAILED)
+		bad = 1;
+	bad = bad || check_part(base, fresh, 0, "replaced");
+	if (!bad)
+		fill_part(base, fresh, 2);
+	/* The last eighth goes, and a new reservation may take its place. */
+	bad = bad || munmap(base + (parts - hole) * PART, hole * PART);
+	for (size_t k = 0; k < parts - hole && !bad; k++)
+		bad = check_part(base, k, k == fresh ? 2 : 1, "after the unmap");
+	if (!bad) {
+		uint8_t *again = mmap(base + (parts - hole) * PART, hole * PART, PROT_NONE,
+				      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+		bad = again == MAP_FAILED || mprotect(again, hole * PART, PROT_READ | PROT_WRITE);
+		for (size_t k = parts - hole; k < parts && !bad; k++)
+			bad = check_part(base, k, 0, "new reservation");
+	}
+	if (bad)
+		return 1;
+	printf("arenatest: ok reserve parts=%zu hwm=%ld MiB\n", parts, hwm_mib());
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "threads", required_argument, NULL, 't' },
+		{ "mib", required_argument, NULL, 'm' },
+		{ "rounds", required_argument, NULL, 'r' },
+		{ "reserve", no_argument, NULL, 'R' },
+		{ 0 },
+	};
+	unsigned long mib = 192;
+	unsigned long lines = 0;
+	long hwm;
+	char line[128];
+	pthread_t *th;
+	int c;
+
+	int reserved = 0;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		char *end;
+		unsigned long v;
+
+		if (c == 'R') {
+			reserved = 1;
+			continue;
+		}
+		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
+		if (!v || *end || v > 4096) {
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve]\n");
+			return 2;
+		}
+		if (c == 't')
+			nthreads = (unsigned)v;
+		else if (c == 'm')
+			mib = v;
+		else if (c == 'r')
+			rounds = (unsigned)v;
+		else
+			return 2;
+	}
+	if (reserved)
+		return reserve(mib);
+	per_thread = (mib << 20) / nthreads;
+	snprintf(log_path, sizeof(log_path), "/tmp/arenatest.%d", (int)getpid());
+	lists = calloc(nthreads, sizeof(*lists));
+	th = calloc(nthreads, sizeof(*th));
+	if (!lists || !th || pthread_barrier_init(&barrier, NULL, nthreads))
+		return 1;
+	for (unsigned t = 0; t < nthreads; t++)
+		if (pthread_create(&th[t], NULL, worker, (void *)(uintptr_t)t)) {
+			perror("arenatest: pthread_create");
+			return 1;
+		}
+	for (unsigned t = 0; t < nthreads; t++)
+		pthread_join(th[t], NULL);
+	if (atomic_load(&failed))
+		return 1;
+	/* Before the fork: it brings every paged page home first (uffd/fork.c). */
+	hwm = hwm_mib();
+	if (fork_reads_heap())
+		return 1;
+	rewind(log_file);
+	while (fgets(line, sizeof(line), log_file))
+		lines += !strncmp(line, "thread ", 7);
+	fclose(log_file);
+	unlink(log_path);
+	if (lines != atomic_load(&lines_written)) {
+		fprintf(stderr, "arenatest: the stream holds %lu lines, %lu were written\n", lines,
+			atomic_load(&lines_written));
+		return 1;
+	}
+	printf("arenatest: ok threads=%u rounds=%u blocks=%lu lines=%lu fork=ok hwm=%ld MiB\n", nthreads, rounds,
+	       atomic_load(&nodes_built), lines, hwm);
+	return 0;
+}
