@@ -3,7 +3,8 @@
 """The compatibility matrix on large data (issue 19, docs/compatibility.md): Redis with
 redis-benchmark and its BGSAVE snapshot, memcached with memcslap (its cache in one block, and
 memcached-heaps: in glibc's heaps of its threads, paged with --fault thread), NumPy and a multiprocessing
-pool, SQLite with a paged page cache, system calls into evicted buffers, xz's match finder
+pool, SQLite with a paged page cache, PostgreSQL as its own user (a sort, a hash aggregate and a
+hash join in one backend's work_mem), system calls into evicted buffers, xz's match finder
 (random rewrites) and GNU sort (stdio into a paged buffer), each checking its own results (bench/lib/compat.py), under
 
     farmem   farmem run --local 25%                 (the pager)
@@ -43,6 +44,7 @@ SIZES = {
     "redis-bgsave": lambda s: dict(keys=int(1_000_000 * s)),
     "memcached": lambda s: dict(megabytes=max(256, int(4096 * s)), items=int(800_000 * s), slap=int(200_000 * s)),
     "memcached-heaps": lambda s: dict(megabytes=max(256, int(4096 * s)), items=int(800_000 * s), slap=int(200_000 * s)),
+    "postgres": lambda s: dict(rows=max(100_000, int(10_000_000 * s))),
     "numpy": lambda s: dict(mib=max(16, int(1024 * s))),
     "numpy-pool": lambda s: dict(mib=max(16, int(1024 * s)), timeout=max(60.0, 600 * s)),
     "sqlite": lambda s: dict(rows=int(2_000_000 * s)),
@@ -53,7 +55,7 @@ SIZES = {
 }
 # jemalloc maps its heap in steps from 2 MiB up: below 64 MiB a Redis heap is mostly in small steps.
 # The others: so that a small --scale still pages (their big blocks are below 64 MiB there).
-THRESHOLD = {"redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M"}
+THRESHOLD = {"postgres": "8M", "redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M"}
 # memcached without -L: its slabs, 1 MiB blocks of its worker threads, live in glibc's heaps, which
 # the shim pages where the kernel waits for a page (docs/compatibility.md).
 FARMEM_EXTRA = {"memcached-heaps": ["--fault", "thread"]}
@@ -66,6 +68,8 @@ def figure(name: str, got: dict) -> str:
         return f"BGSAVE {got['save_s']:.1f} s, {got['rdb_bytes'] >> 20} MiB"
     if name.startswith("memcached"):
         return f"memcslap set {got['memcslap_set_s']:.1f} s, get {got['memcslap_get_s']:.1f} s"
+    if name == "postgres":
+        return "sort {}, aggregate {}, join {} s".format(*got["query_s"])
     if name == "xz":
         return f"archive {got['ratio']:.0%} of the input"
     if name == "sqlite":

@@ -115,6 +115,24 @@ def test_a_process_of_another_user_runs_unpaged(shim, tmp_path, farmem_cmd):
     assert s["processes"] == 0 and s["exit_status"] == 0, s
 
 
+def test_run_as_another_user_pages_it(shim, tmp_path, farmem_cmd):
+    """`farmem run --user nobody` starts CMD as nobody, hands it the run's sockets, and its pager
+    takes a user-mode-only userfaultfd (nobody may not have a full one here): paged, every byte
+    right (dd copies 200 MiB through its paged 100 MiB buffer), counted in the summary. --fault
+    thread, which needs a full userfaultfd, is refused with --user."""
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--user", "nobody", "--",
+                      "sh", "-c", "id -u; f=/tmp/farmem-user-$$; head -c 200M /dev/urandom > $f; "
+                      "dd if=$f bs=100M iflag=fullblock 2>/dev/null | cmp - $f && echo same; rm -f $f",
+                      timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["65534", "same"], r.stdout + r.stderr
+    assert_paged(s, "dd as nobody")
+    assert s["fault_mode"] == "signal", s
+    r = subprocess.run([*farmem_cmd, "run", "--user", "nobody", "--fault", "thread", "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--fault thread" in r.stderr, r.stderr
+
+
 def test_memory_locking_is_refused_not_run_on(shim, tmp_path, farmem_cmd):
     """mlockall, and mlock of paged memory, fail as under a low RLIMIT_MEMLOCK, with farmem's
     warning: the kernel cannot drop a locked page, and MCL_FUTURE would fault in every later
@@ -221,6 +239,16 @@ def test_memcached_with_memcslap(shim, tmp_path):
     """memcached -L (its cache in one aligned block) loaded by memcslap and with our items."""
     got = compat.memcached(farmem(), tmp_path, megabytes=192, items=30000, slap=15000)
     assert_paged(got["summary"], "memcached")
+
+
+def test_postgres_as_its_own_user(shim, tmp_path):
+    """PostgreSQL refuses to run as root: `farmem run --user postgres` starts it as its user, whose
+    backends reach the run's memd and page with a user-mode-only userfaultfd (no privilege needed
+    with faults served in the faulting thread). A sort, a hash aggregate and a hash join in one
+    backend's work_mem, each answer checked against the one computed in Python."""
+    got = compat.postgres(farmem(threshold="8M"), tmp_path, rows=300_000, work_mem="256MB")
+    assert_paged(got["summary"], "postgres")
+    assert got["summary"]["fault_mode"] == "signal", got["summary"]
 
 
 def test_python_numpy(shim, tmp_path):

@@ -18,7 +18,7 @@ from farmem.commands import run
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BY_NAME = {k["name"]: k for k in knob_table.KNOBS}
 # Flags of run and attach that are not knobs (nothing in C reads them).
-NOT_KNOBS = {"run": {"--summary-json", "--gc", "--mode", "--epoch-churn", "--kswap-scan-ms", "--no-bpf"},
+NOT_KNOBS = {"run": {"--summary-json", "--user", "--gc", "--mode", "--epoch-churn", "--kswap-scan-ms", "--no-bpf"},
              "attach": set()}
 
 

@@ -15,16 +15,33 @@
 
 #define PG 4096u
 
-static int open_raw(void)
+/*
+ * A uffd that serves kernel faults too (/dev/userfaultfd, else the system
+ * call, which needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1), else,
+ * with user_only_ok, one that serves only faults taken in user mode
+ * (UFFD_USER_MODE_ONLY, any user since 5.11): a fault taken inside a system
+ * call then fails with EFAULT, which is what UFFD_FEATURE_SIGBUS does to it
+ * anyway. *user_only says which it is.
+ */
+static int open_raw(int user_only_ok, int *user_only)
 {
 	int fd = -1, dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
 
+	*user_only = 0;
 	if (dev >= 0) {
 		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
 		close(dev);
 	}
 	if (fd < 0)
 		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0 && user_only_ok) {
+		int full_errno = errno;
+		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
+		if (fd >= 0)
+			*user_only = 1;
+		else
+			errno = full_errno;
+	}
 	return fd < 0 ? -errno : fd;
 }
 
@@ -33,7 +50,7 @@ uint64_t fm_uffd_probe(void)
 {
 	struct uffdio_api api = { .api = UFFD_API };
 	uint64_t f = 0;
-	int fd = open_raw();
+	int user_only, fd = open_raw(1, &user_only);
 
 	if (fd < 0)
 		return 0;
@@ -47,17 +64,18 @@ int fm_uffd_open(uint64_t want, uint64_t *got, char *err, size_t errlen)
 {
 	uint64_t offered = fm_uffd_probe(), ask;
 	struct uffdio_api api;
-	int fd = open_raw();
+	/* With SIGBUS a fault inside a system call fails with EFAULT whatever the uffd: user-mode-only does. */
+	int user_only, fd = open_raw(!!(want & offered & UFFD_FEATURE_SIGBUS), &user_only);
 
 	if (fd < 0) {
-		/*
-		 * UFFD_USER_MODE_ONLY would work unprivileged, but then a system
-		 * call that touches a remote page fails with EFAULT instead of
-		 * waiting for it: not safe for arbitrary programs.
-		 */
-		snprintf(err, errlen, "userfaultfd is not available to this process (%s): it needs root, "
-			 "access to /dev/userfaultfd, or vm.unprivileged_userfaultfd=1; run `farmem doctor`",
-			 strerror(-fd));
+		snprintf(err, errlen, "userfaultfd is not available to this process (%s): %s; run `farmem doctor`",
+			 strerror(-fd),
+			 want & UFFD_FEATURE_SIGBUS
+				 ? "this kernel has no UFFD_USER_MODE_ONLY (5.11+), and a userfaultfd for kernel faults "
+				   "needs root, access to /dev/userfaultfd, or vm.unprivileged_userfaultfd=1"
+				 : "fault=thread needs one that also serves faults taken inside system calls: root, "
+				   "access to /dev/userfaultfd, or vm.unprivileged_userfaultfd=1 (fault=signal works "
+				   "without)");
 		return fd;
 	}
 	/* The shmem features only come as a pair. */

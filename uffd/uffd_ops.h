@@ -38,6 +38,9 @@
  * A new userfaultfd with FM_UFFD_NEED and whichever of `want` this kernel
  * offers (UFFD_FEATURE_SIGBUS, UFFD_FEATURE_MOVE, FM_UFFD_SHMEM): *got says
  * which. Returns the descriptor, or -errno with a sentence for the user in err.
+ * With UFFD_FEATURE_SIGBUS a process that may not have a full userfaultfd
+ * (not root, /dev/userfaultfd closed to it, vm.unprivileged_userfaultfd=0)
+ * gets a UFFD_USER_MODE_ONLY one: the same to a SIGBUS-mode pager.
  */
 int fm_uffd_open(uint64_t want, uint64_t *got, char *err, size_t errlen);
 /* The optional features this kernel offers at all (for `farmem doctor` and fm_uffd_open). */

@@ -458,6 +458,96 @@ def memcached(launch: Launch, workdir: Path, megabytes: int = 256, items: int = 
         srv.kill()
 
 
+# --- PostgreSQL -----------------------------------------------------------------------------------
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def pg_expected(rows: int) -> list:
+    """The answers of PG_QUERIES, computed here."""
+    strings = sorted(hashlib.md5(str(i).encode()).hexdigest() for i in range(1, rows + 1))
+    groups = rows // 2
+    counts = [0] * groups
+    for i in range(1, rows + 1):
+        counts[i % groups] += 1
+    joined = [i for i in range(1, rows + 1) if i % 2 == 0 and i // 2 <= rows]
+    return [hashlib.md5(",".join(strings).encode()).hexdigest(),
+            f"{sum(1 for c in counts if c)}|{sum(c * c for c in counts)}",
+            f"{len(joined)}|{sum(joined)}"]
+
+
+# An in-memory sort of `rows` strings, a hash aggregate of rows/2 groups, a hash join: each in one
+# backend's memory (work_mem), which the shim pages in blocks of at least the threshold.
+PG_QUERIES = [
+    "SELECT md5(string_agg(s, ',' ORDER BY s)) FROM (SELECT md5(i::text) s FROM generate_series(1, {rows}) i) t",
+    "SELECT count(*) || '|' || sum(c * c) FROM (SELECT i % ({rows} / 2) g, count(*) c "
+    "FROM generate_series(1, {rows}) i GROUP BY g) t",
+    "SELECT count(*) || '|' || sum(a.i) FROM generate_series(1, {rows}) a(i) "
+    "JOIN generate_series(1, {rows}) b(j) ON a.i = 2 * b.j",
+]
+
+
+def postgres(launch: Launch, workdir: Path, rows: int = 2_000_000, work_mem: str = "512MB") -> dict:
+    """PostgreSQL 15, a server that refuses to run as root, run as the postgres user (farmem run
+    --user postgres; runuser otherwise): three queries whose working memory is one backend's
+    (a sort, a hash aggregate, a hash join), each answer checked against the one computed here."""
+    import pwd
+    import shutil
+    import tempfile
+    if not (PG_BIN / "postgres").exists():
+        raise Failed(f"not installed: {PG_BIN / 'postgres'} (make deps: tools/deps.sh)")
+    need("psql")
+    pg = pwd.getpwnam("postgres")
+    # Its own directory, which the postgres user may enter (a test's tmp_path is root's, 0700).
+    home = Path(tempfile.mkdtemp(prefix="farmem-pg-", dir="/tmp"))
+    os.chown(home, pg.pw_uid, pg.pw_gid)
+    data, sock = home / "data", home / "sock"
+
+    def as_pg(cmd, **kw):
+        return subprocess.run(cmd, user=pg.pw_uid, group=pg.pw_gid, capture_output=True, text=True, cwd=home, **kw)
+
+    try:
+        r = as_pg([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                   "--no-sync", "--locale=C"], timeout=300)
+        if r.returncode:
+            raise Failed(f"initdb failed: {r.stdout[-1000:]}{r.stderr[-1000:]}")
+        sock.mkdir()
+        os.chown(sock, pg.pw_uid, pg.pw_gid)
+        cmd = [str(PG_BIN / "postgres"), "-D", str(data), "-k", str(sock), "-c", "listen_addresses=",
+               "-c", f"work_mem={work_mem}", "-c", "max_parallel_workers_per_gather=0", "-c", "jit=off",
+               "-c", "fsync=off"]
+        if launch.mode == "farmem":
+            launch = Launch(mode=launch.mode, local=launch.local, threshold=launch.threshold,
+                            extra=[*launch.extra, "--user", "postgres"], farmem=launch.farmem)
+        else:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        srv = Server(launch, cmd, workdir, "postgres", sock / ".s.PGSQL.5432")
+        try:
+            srv.wait_ready()
+            want = pg_expected(rows)
+            got, query_s = [], []
+            for q in PG_QUERIES:
+                t0 = time.monotonic()
+                r = as_pg(["psql", "-h", str(sock), "-U", "postgres", "-d", "postgres", "-At", "-v", "ON_ERROR_STOP=1",
+                           "-c", q.format(rows=rows)], timeout=3600)
+                query_s.append(round(time.monotonic() - t0, 2))
+                if r.returncode:
+                    raise Failed(f"psql failed ({r.returncode}): {r.stderr[-1000:]}\n{srv.output()}")
+                got.append(r.stdout.strip())
+            if got != want:
+                raise Failed(f"postgres: answers {got}, expected {want}")
+            # A fast shutdown, by the server's own tool (runuser would not pass a signal on).
+            status, summary = srv.stop(how=lambda: as_pg([str(PG_BIN / "pg_ctl"), "-D", str(data), "stop", "-m",
+                                                          "fast"], timeout=120))
+            if status != 0:
+                raise Failed(f"postgres exited with {status}:\n{srv.output()}")
+            return {"query_s": query_s, "summary": summary, "seconds": round(srv.seconds, 2)}
+        finally:
+            srv.kill()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 # --- Python and NumPy -----------------------------------------------------------------------------
 
 NUMPY = r"""
@@ -689,6 +779,7 @@ WORKLOADS = {
     "redis-bgsave": redis_bgsave,
     "memcached": memcached,
     "memcached-heaps": lambda launch, work, **kw: memcached(launch, work, prealloc=False, **kw),
+    "postgres": postgres,
     "numpy": numpy,
     "numpy-pool": numpy_pool,
     "sqlite": sqlite,

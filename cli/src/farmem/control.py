@@ -35,6 +35,7 @@ class ControlServer:
 
     def __init__(self, path: str):
         self.path = path
+        self.also_uids: tuple = ()  # farmem run --user: that user's pagers are ours too
         self.pagers: list[Pager] = []
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -112,7 +113,7 @@ class ControlServer:
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         data, fds, _, _ = socket.recv_fds(conn, MAX_LINE, 4)
         try:
-            if peer_uid not in (os.geteuid(), 0):
+            if peer_uid not in (os.geteuid(), 0, *self.also_uids):
                 raise ValueError(f"peer pid {peer_pid} runs as uid {peer_uid}, not ours")
             while b"\n" not in data and len(data) < MAX_LINE:
                 more = conn.recv(MAX_LINE - len(data))

@@ -264,12 +264,13 @@ def _uffd_feature(bit_name: str, needs_ioctl: tuple = (), register: str = "") ->
     return True, f"UFFD_FEATURE_{bit_name} (via {via})"
 
 
-@check("userfaultfd", "farmem run refuses: the pager needs a userfaultfd that also serves faults "
-       "taken inside system calls (root, read-write access to /dev/userfaultfd, or "
-       "vm.unprivileged_userfaultfd=1); only the kswap mode (Linux swap under a cgroup limit) can work")
+@check("userfaultfd", "farmem run refuses: the pager needs a userfaultfd; only the kswap mode (Linux "
+       "swap under a cgroup limit) can work")
 def check_userfaultfd():
-    """What the pager can use (uffd/pager.c uffd_open): /dev/userfaultfd, else userfaultfd(2);
-    never UFFD_USER_MODE_ONLY, with which a system call touching a remote page gets EFAULT."""
+    """What the pager can use (uffd/uffd_ops.c open_raw): /dev/userfaultfd, else userfaultfd(2),
+    else, for fault=signal, userfaultfd(2) with UFFD_USER_MODE_ONLY: with faults served in the
+    faulting thread (UFFD_FEATURE_SIGBUS) a system call touching a remote page gets EFAULT from
+    either kind of descriptor, so a user without root or /dev/userfaultfd loses nothing there."""
     probe = _uffd_probe()
     data = {"methods": {m: e is None for m, e in probe["methods"].items()},
             "errors": {m: e for m, e in probe["methods"].items() if e is not None}}
@@ -281,9 +282,18 @@ def check_userfaultfd():
     reg = probe["registers"].get("anon missing+wp")
     regtext = f"anon missing+wp range: {' '.join(reg)}" if isinstance(reg, list) else f"register: {reg}"
     if probe["method"] == "user-mode-only":
-        return False, (f"only UFFD_USER_MODE_ONLY descriptors here "
-                       f"({'; '.join(data['errors'].values())})"), data
+        if "SIGBUS" not in names:
+            return False, (f"only UFFD_USER_MODE_ONLY descriptors here, and no UFFD_FEATURE_SIGBUS "
+                           f"({'; '.join(data['errors'].values())})"), data
+        return True, (f"only UFFD_USER_MODE_ONLY descriptors here: fault=signal works, fault=thread needs "
+                      f"root, /dev/userfaultfd or vm.unprivileged_userfaultfd=1; features: {' '.join(names)}; "
+                      f"{regtext}"), data
     return True, f"via {UFFD_METHOD_TEXT[probe['method']]}; features: {' '.join(names)}; {regtext}", data
+
+
+def uffd_kernel_faults() -> bool:
+    """The pager can have a userfaultfd that serves faults taken inside system calls (fault=thread)."""
+    return _uffd_probe().get("method") in ("device", "syscall")
 
 
 @check("userfaultfd-device", "the pager falls back to the userfaultfd(2) system call")
@@ -305,7 +315,8 @@ def check_userfaultfd_syscall():
     return False, f"{err} (vm.unprivileged_userfaultfd={sysctl}, no CAP_SYS_PTRACE)"
 
 
-@check("userfaultfd-user-mode-only", "nothing: the pager never uses user-mode-only descriptors")
+@check("userfaultfd-user-mode-only", "a user with neither /dev/userfaultfd nor the full system call "
+       "cannot run the pager")
 def check_userfaultfd_user_mode_only():
     err = _uffd_probe()["methods"]["user-mode-only"]
     if err is None:
@@ -314,8 +325,7 @@ def check_userfaultfd_user_mode_only():
 
 
 @check("vm.unprivileged_userfaultfd", "users without CAP_SYS_PTRACE need read-write access to "
-       "/dev/userfaultfd, else farmem run refuses (a user-mode-only descriptor would make a system "
-       "call that touches a remote page fail with EFAULT instead of waiting)")
+       "/dev/userfaultfd for fault=thread; fault=signal (the default) takes a user-mode-only descriptor")
 def check_unprivileged_userfaultfd():
     value = _read("/proc/sys/vm/unprivileged_userfaultfd")
     if value == "1":

@@ -177,6 +177,10 @@ def _add_run(sub) -> None:
                        epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_knob_flags(p, "run")
     p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run figures as JSON")
+    p.add_argument("--user", metavar="NAME",
+                   help="run CMD as this user (farmem run itself as root): its processes reach the private memd "
+                        "and get a user-mode-only userfaultfd, so a server that refuses root (PostgreSQL) is paged "
+                        "in the default fault mode")
     p.add_argument("--gc", choices=("stock", "farmem", "memliner", "swapva", "memliner+swapva"), default=None,
                    help="java: run the farmem JDK (`make jdk`; docs/patched-jdk.md): farmem = everything it does "
                         "for far memory (MemLiner marking, and full GCs that move objects on remote pages inside "

@@ -65,6 +65,19 @@ def validate(args, parser) -> None:
         parent = Path(args.summary_json).parent
         if not parent.is_dir():
             parser.error(f"argument --summary-json: directory {parent} does not exist")
+    if getattr(args, "user", None):
+        import pwd
+        try:
+            args.user_entry = pwd.getpwnam(args.user)
+        except KeyError:
+            parser.error(f"argument --user: no user named {args.user!r}")
+        if os.geteuid() != 0:
+            parser.error("--user needs farmem run to run as root (it starts CMD as that user)")
+        if getattr(args, "mode", None) == "kswap":
+            parser.error("--user goes with the pager, not --mode kswap")
+        if args.fault == "thread":
+            parser.error("--user runs CMD without privileges, with a user-mode-only userfaultfd: --fault thread "
+                         "needs one that serves kernel faults")
 
 
 def cmd_run(args) -> int:
@@ -85,6 +98,10 @@ def _run(args) -> int:
     from farmem import java
     is_java = java.is_java(args.cmd)
     doctor.require("userfaultfd")
+    if getattr(args, "fault", None) == "thread" and not doctor.uffd_kernel_faults():
+        raise FarmemError("--fault thread needs a userfaultfd that serves faults taken inside system calls: "
+                          "root, read-write access to /dev/userfaultfd, or vm.unprivileged_userfaultfd=1 "
+                          "(the default, --fault signal, works without; `farmem doctor`)", exit_code=EXIT_CONFIG)
     if is_java:
         java.prepare(args, "unix:check", "check", quiet=True)  # refuse before anything starts
     else:
@@ -108,12 +125,19 @@ def _run(args) -> int:
         except OSError as e:
             raise FarmemError(f"cannot listen on the control socket in {tmpdir}: {e.strerror or e}")
         control.start()
+        user = getattr(args, "user_entry", None)
+        if user:
+            hand_over(tmpdir, [control.path] + ([memd.socket] if memd is not None else []), user)
+            control.also_uids = (user.pw_uid,)
         if is_java:  # the JVMTI agent pages the heap; no shim (farmem/java.py)
             cmd = java.prepare(args, address, control.path)
             env = java.build_env(os.environ, secret)
         else:
             cmd, env = args.cmd, build_env(args, os.environ, address, secret, control.path)
-        status, elapsed = run_child(cmd, env)
+        if user:
+            env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
+            env["FARMEM_LAUNCH_UID"] = str(user.pw_uid)
+        status, elapsed = run_child(cmd, env, user)
         control.stop()
         summary = summarise(control.snapshot(), status, elapsed)
     finally:
@@ -176,6 +200,17 @@ def private_tmpdir() -> str:
     return tmpdir
 
 
+def hand_over(tmpdir: str, sockets: list, user) -> None:
+    """--user: that user may reach the run's sockets (its own, as if it had run farmem itself);
+    the memd secret file stays root's."""
+    try:
+        os.chown(tmpdir, user.pw_uid, user.pw_gid)
+        for path in sockets:
+            os.chown(path, user.pw_uid, user.pw_gid)
+    except OSError as e:
+        raise FarmemError(f"cannot hand the run's sockets in {tmpdir} to {user.pw_name}: {e.strerror or e}")
+
+
 def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     env = dict(base)
     shim = str(paths.preload_lib())
@@ -191,7 +226,7 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     return env
 
 
-def run_child(cmd: list, env: dict) -> tuple:
+def run_child(cmd: list, env: dict, user=None) -> tuple:
     """Run CMD, forwarding SIGINT/SIGTERM/SIGHUP to it; return (shell-style status, seconds)."""
     child = None
     pending = []
@@ -209,7 +244,11 @@ def run_child(cmd: list, env: dict) -> tuple:
     try:
         start = time.monotonic()
         try:
-            child = subprocess.Popen(cmd, env=env)
+            ids = {}
+            if user:
+                ids = dict(user=user.pw_uid, group=user.pw_gid,
+                           extra_groups=os.getgrouplist(user.pw_name, user.pw_gid))
+            child = subprocess.Popen(cmd, env=env, **ids)
         except FileNotFoundError:
             raise FarmemError(f"cannot run {cmd[0]}: command not found", exit_code=127) from None
         except OSError as e:
