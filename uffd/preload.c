@@ -521,9 +521,8 @@ __attribute__((constructor)) static void preload_init(void)
 {
 	load_config();
 	app_alloc();
-	/* Before any thread can trim a heap that is about to be paged (heap_grew). */
-	if (app.glibc && reserved_paged())
-		heaps_keep();
+	/* Decided here, before the program's threads exist (heaps_keep). */
+	reserved_paged();
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 	fm_fork_before_prepare(child_wait);
 }
@@ -673,20 +672,26 @@ static int reserved_paged(void)
 
 	if (m)
 		return m == 1;
-	if (!hooks_on() || !cfg.reservations)
-		return 0;
+	if (!hooks_on())
+		return 0; /* farmem's own code: not a decision */
 	in_farmem++;
 	pg = fm_preload_pager_nowait();
 	/* glibc's huge-page heaps are not the 64 MiB heaps heap_block knows. */
 	tunables = getenv("GLIBC_TUNABLES");
-	m = tunables && strstr(tunables, "glibc.malloc.hugetlb=2") ? 2
-	    : pg ? (fm_pager_kernel_waits(pg) ? 1 : 2)
-	       : cfg.fault_mode == FM_FAULT_THREAD ? 1
-	       : cfg.fault_mode == FM_FAULT_AUTO && links_async_io() ? 1 : 2;
-	if (m == 2)
-		fm_info("the malloc heaps of this program's threads, and memory reserved PROT_NONE, stay local "
-			"with faults served in the faulting thread: run with --fault thread to page them "
-			"(docs/compatibility.md)");
+	if (!cfg.reservations || (tunables && strstr(tunables, "glibc.malloc.hugetlb=2"))) {
+		m = 2;
+	} else {
+		m = pg ? (fm_pager_kernel_waits(pg) ? 1 : 2)
+		       : cfg.fault_mode == FM_FAULT_THREAD ? 1
+		       : cfg.fault_mode == FM_FAULT_AUTO && links_async_io() ? 1 : 2;
+		if (m == 2)
+			fm_info("the malloc heaps of this program's threads, and memory reserved PROT_NONE, stay "
+				"local with faults served in the faulting thread: run with --fault thread to page "
+				"them (docs/compatibility.md)");
+	}
+	/* Before anything is paged, and before most threads could trim a heap that will be. */
+	if (m == 1)
+		heaps_keep();
 	in_farmem--;
 	atomic_store(&reserved_mode, m);
 	return m == 1;
@@ -828,12 +833,11 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 		/* Part of a reservation committed or decommitted in place (HotSpot's way), or given to something else. */
 		int anon = fd == -1 && (flags & MAP_ANONYMOUS) && (flags & MAP_PRIVATE) &&
 			   !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED));
-		if (anon && !(prot & PROT_WRITE) && resv_holding((uintptr_t)p, (uintptr_t)p + len, &(uintptr_t){ 0 },
-								 &(uintptr_t){ 0 }))
-			return p;
 		if (anon && (prot & PROT_WRITE) && resv_commit(p, len))
 			return p;
-		resv_cut(p, len);
+		/* Fresh PROT_NONE memory stays reserved; anything else leaves the reservation. */
+		if (!anon || (prot & PROT_WRITE))
+			resv_cut(p, len);
 	}
 	if (qualifies(len, prot, flags, fd))
 		maybe_register(p, len);
@@ -1319,7 +1323,6 @@ static void heap_grew(uintptr_t base, uintptr_t chunk_end)
 		used = (size + PAGE - 1) & ~(size_t)(PAGE - 1);
 	if (used < chunk_end - base)
 		used = (chunk_end - base + PAGE - 1) & ~(size_t)(PAGE - 1);
-	heaps_keep();
 	in_farmem++;
 	/* The whole of what it uses: a look at the state bytes of what is paged already. */
 	if (fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE) == -ENOENT &&

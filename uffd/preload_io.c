@@ -377,7 +377,6 @@ static size_t stdio_covered(stdio_fn next, void *ptr, size_t size, size_t n, FIL
 	return done;
 }
 
-
 EXPORT size_t fread(void *ptr, size_t size, size_t n, FILE *fp)
 {
 	static void *next;

@@ -470,7 +470,7 @@ def pg_expected(rows: int) -> list:
     counts = [0] * groups
     for i in range(1, rows + 1):
         counts[i % groups] += 1
-    joined = [i for i in range(1, rows + 1) if i % 2 == 0 and i // 2 <= rows]
+    joined = range(2, rows + 1, 2)  # a.i = 2 * b.j: every even a.i has its b.j
     return [hashlib.md5(",".join(strings).encode()).hexdigest(),
             f"{sum(1 for c in counts if c)}|{sum(c * c for c in counts)}",
             f"{len(joined)}|{sum(joined)}"]
