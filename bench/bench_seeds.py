@@ -37,10 +37,12 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
 
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
         [--configs local,kswap,farmem,memliner,fjdk] [--repeats 3] [--size bench|smoke] [--heap SIZE]
-        [--overhead SIZE] [--args NAME=FLAGS] [--variant NAME=CONFIG[@JDK]:JVMFLAGS] [--build NAME=DIR]
+        [--overhead SIZE] [--args NAME=FLAGS] [--jvm JVMFLAGS] [--variant NAME=CONFIG[@JDK]:JVMFLAGS]
+        [--build NAME=DIR]
         [--out bench/RESULTS.md] [--json raw.json]
 
---variant adds a configuration to compare in the same sitting: CONFIG with more JVM flags, e.g.
+--jvm gives every configuration more JVM flags (another collector: --jvm -XX:+UseShenandoahGC
+--configs local,kswap,farmem). --variant adds a configuration to compare in the same sitting: CONFIG with more JVM flags, e.g.
 --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0" --configs local,fjdk,slide; CONFIG@JDK runs
 another farmem JDK home (an older build in ~/.cache/farmem-jdk17), e.g.
 --variant "before=fjdk@$HOME/.cache/farmem-jdk17/17.0.19+10-8d790dbb4cd5/jdk:". --build NAME=DIR runs
@@ -228,7 +230,7 @@ class Bench:
         tmp = os.path.join(self.workdir, "tmp")  # Spark's shuffle files, Neo4j's store
         os.makedirs(tmp, exist_ok=True)
         java = ["java", f"-Xmx{w.heap}", f"-Xms{w.heap}", f"-Xlog:gc,gc+heap+exit:file={gcl}",
-                f"-Djava.io.tmpdir={tmp}", *more, *w.prog, *w.args]
+                f"-Djava.io.tmpdir={tmp}", *self.a.jvm, *more, *w.prog, *w.args]
         if config == "local":
             return java, gcl, None
         summary = os.path.join(self.workdir, f"s-{tag}.json")
@@ -457,6 +459,8 @@ def main() -> int:
                                        "(default: measured in the all-local runs)")
     ap.add_argument("--args", action="append", default=[], metavar="NAME=FLAGS",
                     help='a workload\'s own flags instead of the preset, e.g. --args "gcchurn=--live-mb 200 --steps 150000"')
+    ap.add_argument("--jvm", default="", metavar="JVMFLAGS",
+                    help='JVM flags for every configuration, all local included, e.g. --jvm "-XX:+UseShenandoahGC"')
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG[@JDK]:JVMFLAGS",
                     help='another configuration: CONFIG with more JVM flags, or with another farmem JDK '
                          'home, e.g. --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0"; name it in --configs')
@@ -468,6 +472,9 @@ def main() -> int:
     ap.add_argument("--json", dest="json_out", help="write every run's record here")
     a = ap.parse_args()
     a.workloads = [w for w in a.workloads.split(",") if w]
+    a.jvm = shlex.split(a.jvm)
+    if a.jvm:
+        LABEL["farmem"] = "farmem, stock JDK"
     a.configs = [c for c in a.configs.split(",") if c]
     for b in a.build:
         name, _, d = b.partition("=")

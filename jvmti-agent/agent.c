@@ -84,8 +84,11 @@ static void setup_discard(uintptr_t start, uint64_t bytes)
 		fm_warn("discard disabled: %s; free heap space is paged like live data", why);
 		return;
 	}
-	fm_info("discard: %s's free space is dropped at the end of every pause (G1: %llu KiB regions)",
-		fm_gcfree_kind_name(kind), (unsigned long long)(fm_gcfree_granule() >> 10));
+	if (fm_gcfree_granule())
+		fm_info("discard: %s's free regions (%llu KiB each) are dropped at the end of every pause",
+			fm_gcfree_kind_name(kind), (unsigned long long)(fm_gcfree_granule() >> 10));
+	else
+		fm_info("discard: %s's free space is dropped at the end of every pause", fm_gcfree_kind_name(kind));
 	atomic_store(&discard_on, 1);
 }
 

@@ -7,9 +7,15 @@
  * only inside VM operations that run at a safepoint: G1's young/mixed pauses
  * (G1CollectedHeap::do_collection_pause_at_safepoint_helper), its full GC
  * (G1FullGCScope), Remark and Cleanup (VM_G1Concurrent::doit), Parallel's
- * scavenge and full GC (psVMOperations.cpp). No Java thread runs then, and
- * the GC workers are done. A free G1 region holds no object; Parallel's
- * spaces hold none above top. Whoever allocates there after the pause writes
+ * scavenge and full GC (psVMOperations.cpp), Shenandoah's pauses
+ * (ShenandoahGCPauseMark in VM_Shenandoah*::doit). No Java thread runs then,
+ * and the GC workers are done or, Shenandoah's concurrent ones, suspended.
+ * A free G1 region or an empty committed Shenandoah region holds no object;
+ * Parallel's spaces hold none above top. Shenandoah's control thread may
+ * uncommit an empty region meanwhile (op_uncommit does not stop for
+ * safepoints): the uncommit takes the range from the pager first (heap.c's
+ * hook), and the pager takes a discard of a range it no longer pages as a
+ * no-op, so either order is safe. Whoever allocates there after the pause writes
  * first (the pager write-protects discarded resident pages, so that write
  * makes them dirty again; a page whose only copy was remote reads as zeros,
  * which is as good as the garbage it held).
@@ -30,6 +36,11 @@ static uintptr_t heap_ptr_addr; /* &Universe::_collectedHeap */
 static int64_t o_hrm, o_regions, o_tbl_base, o_tbl_length, o_hr_bottom, o_hr_end, o_hr_type, o_type_tag;
 static uint64_t tag_size, grain;
 static int32_t free_tag;
+
+/* Shenandoah */
+static int64_t o_sh_regions, o_sh_num_regions, o_sh_state, o_sh_bottom, o_sh_end;
+static uint64_t state_size;
+static int32_t sh_empty_committed;
 
 /* Parallel */
 static uintptr_t young_addr, old_addr; /* &ParallelScavengeHeap::_young_gen, _old_gen */
@@ -92,6 +103,42 @@ static int init_g1(char *why, size_t whylen)
 	return 0;
 }
 
+static int init_shenandoah(char *why, size_t whylen)
+{
+	uintptr_t grain_addr = 0;
+	const struct need n[] = {
+		{ "ShenandoahHeap", "_regions", &o_sh_regions, NULL },
+		{ "ShenandoahHeap", "_num_regions", &o_sh_num_regions, NULL },
+		{ "ShenandoahHeapRegion", "_state", &o_sh_state, NULL },
+		{ "ShenandoahHeapRegion", "_bottom", &o_sh_bottom, NULL },
+		{ "ShenandoahHeapRegion", "_end", &o_sh_end, NULL },
+		{ "ShenandoahHeapRegion", "RegionSizeBytes", NULL, &grain_addr },
+	};
+
+	if (resolve(n, sizeof(n) / sizeof(n[0]), why, whylen))
+		return -ENOENT;
+	if (fm_vms_int_constant("ShenandoahHeapRegion::_empty_committed", &sh_empty_committed)) {
+		snprintf(why, whylen, "this JVM's VMStructs lack the constant ShenandoahHeapRegion::_empty_committed");
+		return -ENOENT;
+	}
+	if (fm_vms_type_size("ShenandoahHeapRegion::RegionState", &state_size)) {
+		snprintf(why, whylen, "this JVM's VMStructs do not give the size of ShenandoahHeapRegion::RegionState");
+		return -ENOENT;
+	}
+	if (state_size != 1 && state_size != 2 && state_size != 4) {
+		snprintf(why, whylen, "ShenandoahHeapRegion::RegionState is %llu bytes: not a size farmem reads",
+			 (unsigned long long)state_size);
+		return -ENOTSUP;
+	}
+	grain = *(const uint64_t *)grain_addr;
+	if (!grain || grain & 4095 || grain & (grain - 1)) {
+		snprintf(why, whylen, "ShenandoahHeapRegion::RegionSizeBytes reads as %llu: not a power-of-two "
+			 "number of pages", (unsigned long long)grain);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int init_parallel(char *why, size_t whylen)
 {
 	const struct need n[] = {
@@ -131,20 +178,25 @@ int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t 
 	} else if (fm_vms_flag_bool("UseParallelGC")) {
 		rc = init_parallel(why, whylen);
 		kind = rc ? FM_GCFREE_NONE : FM_GCFREE_PARALLEL;
+	} else if (fm_vms_flag_bool("UseShenandoahGC")) {
+		rc = init_shenandoah(why, whylen);
+		kind = rc ? FM_GCFREE_NONE : FM_GCFREE_SHENANDOAH;
 	} else {
-		snprintf(why, whylen, "this collector's free space is not known to farmem (G1 and Parallel are)");
+		snprintf(why, whylen, "this collector's free space is not known to farmem (G1, Parallel and "
+			 "Shenandoah are)");
 	}
 	return kind;
 }
 
 const char *fm_gcfree_kind_name(int k)
 {
-	return k == FM_GCFREE_G1 ? "G1" : k == FM_GCFREE_PARALLEL ? "Parallel" : "none";
+	return k == FM_GCFREE_G1 ? "G1" : k == FM_GCFREE_PARALLEL ? "Parallel" :
+	       k == FM_GCFREE_SHENANDOAH ? "Shenandoah" : "none";
 }
 
 uint64_t fm_gcfree_granule(void)
 {
-	return kind == FM_GCFREE_G1 ? grain : 0;
+	return kind == FM_GCFREE_G1 || kind == FM_GCFREE_SHENANDOAH ? grain : 0;
 }
 
 static inline uintptr_t ld_ptr(uintptr_t base, int64_t off)
@@ -159,44 +211,63 @@ static unsigned ld_tag(uintptr_t hr)
 	       tag_size == 2 ? *(const volatile uint16_t *)a : *(const volatile uint8_t *)a;
 }
 
+/* A free region of a collector's table: 1 with its bounds, 0 if it is not free. */
+typedef int (*free_region_fn)(uintptr_t region, uintptr_t *lo, uintptr_t *hi);
+
+static int g1_free(uintptr_t hr, uintptr_t *lo, uintptr_t *hi)
+{
+	if ((int32_t)ld_tag(hr) != free_tag)
+		return 0;
+	*lo = ld_ptr(hr, o_hr_bottom);
+	*hi = ld_ptr(hr, o_hr_end);
+	return 1;
+}
+
+static int32_t ld_sh_state(uintptr_t r)
+{
+	const volatile void *a = (const volatile void *)(r + (uintptr_t)o_sh_state);
+	return state_size == 4 ? *(const volatile int32_t *)a :
+	       state_size == 2 ? *(const volatile int16_t *)a : *(const volatile int8_t *)a;
+}
+
+static int shenandoah_free(uintptr_t r, uintptr_t *lo, uintptr_t *hi)
+{
+	if (ld_sh_state(r) != sh_empty_committed)
+		return 0;
+	*lo = ld_ptr(r, o_sh_bottom);
+	*hi = ld_ptr(r, o_sh_end);
+	return 1;
+}
+
 /*
- * Two passes: the first only checks (so that a structure we misread reports
+ * A table of len region pointers at base, each region grain bytes. Two
+ * passes: the first only checks (so that a structure we misread reports
  * nothing at all), the second reports. Both read the same values: nothing
  * changes them during a safepoint.
  */
-static long walk_g1(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+static long walk_table(const char *gc, uintptr_t base, uint64_t len, free_region_fn is_free, fm_gcfree_fn fn,
+		       void *arg, char *why, size_t whylen)
 {
-	uintptr_t heap = ld_ptr(heap_ptr_addr, 0), tbl, base;
-	uint64_t len;
 	long ranges = 0;
 
-	if (!heap) {
-		snprintf(why, whylen, "Universe::_collectedHeap is NULL");
-		return -1;
-	}
-	tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
-	base = ld_ptr(tbl, o_tbl_base);
-	len = *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length);
 	if (!base || len > (heap_hi - heap_lo) / grain) {
-		snprintf(why, whylen, "G1's region table reads as base %#lx, %llu regions, for a heap of %llu",
-			 (unsigned long)base, (unsigned long long)len,
+		snprintf(why, whylen, "%s's region table reads as base %#lx, %llu regions, for a heap of %llu",
+			 gc, (unsigned long)base, (unsigned long long)len,
 			 (unsigned long long)((heap_hi - heap_lo) / grain));
 		return -1;
 	}
 	for (int pass = 0; pass < 2; pass++) {
 		uintptr_t run_lo = 0, run_hi = 0;
 		for (uint64_t i = 0; i < len; i++) {
-			uintptr_t hr = *(const volatile uintptr_t *)(base + i * sizeof(uintptr_t)), lo, hi;
-			if (!hr)
-				continue; /* never committed */
-			if ((int32_t)ld_tag(hr) != free_tag)
+			uintptr_t region = *(const volatile uintptr_t *)(base + i * sizeof(uintptr_t)), lo, hi;
+			if (!region)
+				continue; /* never committed (G1) */
+			if (!is_free(region, &lo, &hi))
 				continue;
-			lo = ld_ptr(hr, o_hr_bottom);
-			hi = ld_ptr(hr, o_hr_end);
 			if (!pass) {
 				if (lo < heap_lo || hi > heap_hi || hi - lo != grain || lo & (grain - 1)) {
-					snprintf(why, whylen, "G1 region %llu reads as %#lx-%#lx: outside the heap "
-						 "%#lx-%#lx or not one region", (unsigned long long)i,
+					snprintf(why, whylen, "%s region %llu reads as %#lx-%#lx: outside the heap "
+						 "%#lx-%#lx or not one region", gc, (unsigned long long)i,
 						 (unsigned long)lo, (unsigned long)hi, (unsigned long)heap_lo,
 						 (unsigned long)heap_hi);
 					return -1;
@@ -220,6 +291,37 @@ static long walk_g1(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 		}
 	}
 	return ranges;
+}
+
+static uintptr_t collected_heap(char *why, size_t whylen)
+{
+	uintptr_t heap = ld_ptr(heap_ptr_addr, 0);
+
+	if (!heap)
+		snprintf(why, whylen, "Universe::_collectedHeap is NULL");
+	return heap;
+}
+
+static long walk_g1(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+{
+	uintptr_t heap = collected_heap(why, whylen), tbl;
+
+	if (!heap)
+		return -1;
+	tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
+	return walk_table("G1", ld_ptr(tbl, o_tbl_base), *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length),
+			  g1_free, fn, arg, why, whylen);
+}
+
+static long walk_shenandoah(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+{
+	uintptr_t heap = collected_heap(why, whylen);
+
+	if (!heap)
+		return -1;
+	return walk_table("Shenandoah", ld_ptr(heap, o_sh_regions),
+			  *(const volatile uint64_t *)(heap + (uintptr_t)o_sh_num_regions), shenandoah_free, fn, arg,
+			  why, whylen);
 }
 
 static long walk_parallel(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
@@ -285,6 +387,8 @@ long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 		return walk_g1(fn, arg, why, whylen);
 	if (kind == FM_GCFREE_PARALLEL)
 		return walk_parallel(fn, arg, why, whylen);
+	if (kind == FM_GCFREE_SHENANDOAH)
+		return walk_shenandoah(fn, arg, why, whylen);
 	snprintf(why, whylen, "no collector to walk");
 	return -1;
 }

@@ -11,6 +11,11 @@
  *   Parallel: the unused tail [top, end) of eden, both survivor spaces and
  *             the old generation (ParallelScavengeHeap::_young_gen/_old_gen ->
  *             MutableSpace::_bottom/_top/_end); not with -XX:+UseNUMA.
+ *   Shenandoah: every region whose _state is _empty_committed, [bottom, end)
+ *             ShenandoahHeap::_regions[0 .. _num_regions) -> ShenandoahHeapRegion*.
+ *             Not _trash: its dead objects are recycled only after the
+ *             concurrent weak-root and class-unloading phases that follow
+ *             final mark; the next pause finds them empty.
  *
  * fm_gcfree_init resolves every name once (at VMInit); a name missing from
  * this JVM disables the feature, with the name in the reason. The walk is
@@ -23,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum fm_gcfree_kind { FM_GCFREE_NONE = 0, FM_GCFREE_G1 = 1, FM_GCFREE_PARALLEL = 2 };
+enum fm_gcfree_kind { FM_GCFREE_NONE = 0, FM_GCFREE_G1 = 1, FM_GCFREE_PARALLEL = 2, FM_GCFREE_SHENANDOAH = 3 };
 
 /*
  * heap_start/heap_bytes: the reserved heap (every range found must lie in it).
@@ -31,7 +36,7 @@ enum fm_gcfree_kind { FM_GCFREE_NONE = 0, FM_GCFREE_G1 = 1, FM_GCFREE_PARALLEL =
  */
 int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t whylen);
 
-/* A name for the kind ("G1", "Parallel"); granule: G1's region size, or 0. */
+/* A name for the kind ("G1", "Parallel", "Shenandoah"); granule: the region size, or 0. */
 const char *fm_gcfree_kind_name(int kind);
 uint64_t fm_gcfree_granule(void);
 

@@ -18,7 +18,14 @@
  * Older JDKs said "ParGC Thread#N" and "G1 Young RemSet".
  */
 static const char *const pause_names[] = { "GC Thread#", "VM Thread", "ParGC Thread#", "GC Thread" };
-static const char *const conc_names[] = { "G1 Conc#", "G1 Main Marker", "G1 Refine#", "G1 Service", "G1 Young RemSet" };
+/*
+ * Shenandoah's workers ("Shenandoah GC Threads#N", cut to "Shenandoah GC T") do
+ * its pauses' short work and its marking and evacuation alike; most of it
+ * runs beside the program, so they count as concurrent. Its control thread
+ * is "Shenandoah Control Thread".
+ */
+static const char *const conc_names[] = { "G1 Conc#", "G1 Main Marker", "G1 Refine#", "G1 Service", "G1 Young RemSet",
+					  "Shenandoah GC T", "Shenandoah Cont" };
 
 #define TID_SLOTS 4096 /* power of two */
 static _Atomic uint64_t tid_cache[TID_SLOTS]; /* tid << 2 | kind; 0 = empty */

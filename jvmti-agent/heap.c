@@ -76,9 +76,9 @@ int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen)
 
 	if (rc)
 		return rc;
-	if (fm_vms_flag_bool("UseZGC") || fm_vms_flag_bool("UseShenandoahGC")) {
-		snprintf(err, errlen, "%s is not supported: its heap is multi-mapped; use G1 (the default) "
-			 "or -XX:+UseParallelGC", fm_vms_flag_bool("UseZGC") ? "ZGC" : "Shenandoah");
+	if (fm_vms_flag_bool("UseZGC")) {
+		snprintf(err, errlen, "ZGC is not supported: its heap is multi-mapped; use G1 (the default), "
+			 "-XX:+UseParallelGC or -XX:+UseShenandoahGC");
 		return -ENOTSUP;
 	}
 	heap_on_shm = 0;

@@ -18,7 +18,9 @@ import pytest
 pytestmark = [pytest.mark.memd, pytest.mark.pager]
 
 VERIFY = ["-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC"]
-GCS = {"g1": "-XX:+UseG1GC", "parallel": "-XX:+UseParallelGC"}
+# Shenandoah runs its own verifier too (VERIFY unlocks it): it checks its regions' states and marks.
+GCS = {"g1": ["-XX:+UseG1GC"], "parallel": ["-XX:+UseParallelGC"],
+       "shenandoah": ["-XX:+UseShenandoahGC", "-XX:+ShenandoahVerify"]}
 
 
 
@@ -40,7 +42,7 @@ def run_java(farmem_cmd, build, tmp_path, private_tmp, jvm_opts, prog, *flags, l
 def test_churn_verified_at_25_percent(farmem_cmd, build, jvm_built, tmp_path, private_tmp, gc):
     """GcChurn (its live set checked word by word) with HotSpot verifying the heap around every
     pause, a quarter of the heap local, discard on (the default)."""
-    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, [GCS[gc], "-Xmx256m", *VERIFY],
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, [*VERIFY, *GCS[gc], "-Xmx256m"],
                     ["GcChurn", "--live-mb", "100", "--seconds", "6"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "gcchurn: ok" in r.stdout
@@ -52,7 +54,7 @@ def test_churn_verified_at_25_percent(farmem_cmd, build, jvm_built, tmp_path, pr
 def test_alloc_race_verified(farmem_cmd, build, jvm_built, tmp_path, private_tmp, gc):
     """Allocation right after a pause, into space that pause discarded: new arrays must read as
     zeros and keep every word written, across young, mixed and full collections."""
-    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, [GCS[gc], "-Xmx256m", *VERIFY],
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, [*VERIFY, *GCS[gc], "-Xmx256m"],
                     ["AllocRace", "--seconds", "8", "--threads", "3"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "allocrace: ok" in r.stdout

@@ -24,7 +24,7 @@ _WITH_VALUE = {"-cp", "-classpath", "--class-path", "-p", "--module-path", "--up
                "--add-modules", "--limit-modules", "--add-reads", "--add-exports", "--add-opens",
                "--patch-module", "--enable-native-access", "--source", "--describe-module", "-d"}
 _SIZE_RE = re.compile(r"([0-9]+)([kKmMgGtT]?)")
-_UNSUPPORTED_GCS = {"UseZGC": "ZGC", "UseShenandoahGC": "Shenandoah"}
+_UNSUPPORTED_GCS = {"UseZGC": "ZGC"}
 _UNTESTED_GCS = {"UseSerialGC": "Serial", "UseEpsilonGC": "Epsilon"}
 
 
@@ -77,6 +77,10 @@ class JvmArgs:
         self.allocate_heap_at: str | None = None
         self.large_pages = False
 
+    def is_g1(self) -> bool:
+        """G1: the default, unless another collector is chosen or G1 is turned off."""
+        return not any(v for k, v in self.gc_flags.items() if k != "UseG1GC") and self.gc_flags.get("UseG1GC") is not False
+
 
 def scan(jvm_opts: list) -> JvmArgs:
     """The heap and GC options among the JVM's options (the last one wins, as in HotSpot)."""
@@ -110,6 +114,12 @@ def split_jvm_options(argv: list) -> int:
             i += 1
         i += 1
     return i
+
+
+def runs_g1(cmd: list) -> bool:
+    """Whether the java command line (with $JAVA_TOOL_OPTIONS and $JDK_JAVA_OPTIONS) runs G1."""
+    env_opts = (os.environ.get("JAVA_TOOL_OPTIONS", "") + " " + os.environ.get("JDK_JAVA_OPTIONS", "")).split()
+    return scan(env_opts + list(cmd[1:split_jvm_options(cmd)])).is_g1()
 
 
 def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
@@ -146,7 +156,7 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
                           "and -Xms is set from it (e.g. java -Xmx2g ...)")
     for flag, name in _UNTESTED_GCS.items():
         if jvm.gc_flags.get(flag):
-            say(f"farmem: warning: the {name} collector is untested with farmem (G1 and Parallel are)")
+            say(f"farmem: warning: the {name} collector is untested with farmem (G1, Parallel and Shenandoah are)")
     if jvm.xms is None:
         # Committed in full, the heap costs no more than the budget (untouched pages are no memory under
         # the pager) and never resizes: the agent follows a heap that does (docs/jvm.md), but each resize
@@ -192,8 +202,8 @@ def size_for_budget(jvm_opts: list, env_opts: list, jvm: JvmArgs, local: str, sa
     writes freshly allocated objects to memd only for the GC to read them back. MemLiner runs
     its JVMs with -XX:MaxNewSize below the local budget; farmem caps it at half the budget, and
     leaves the other half to the old generation's hot part."""
-    if any(v for k, v in jvm.gc_flags.items() if k != "UseG1GC") or jvm.gc_flags.get("UseG1GC") is False:
-        return []  # not G1
+    if not jvm.is_g1():
+        return []
     if young_is_set(env_opts + jvm_opts) or not jvm.xmx:
         return []
     if local.endswith("%"):

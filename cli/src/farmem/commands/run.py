@@ -146,7 +146,9 @@ def _run(args) -> int:
         if memd is not None:
             memd.stop()
         shutil.rmtree(tmpdir, ignore_errors=True)
-    hint = gc_hint(summary) if is_java and getattr(args, "gc", None) in (None, "stock") else None
+    # The farmem JDK changes G1 only: no hint for a JVM that runs another collector.
+    hint = (gc_hint(summary) if is_java and getattr(args, "gc", None) in (None, "stock") and java.runs_g1(args.cmd)
+            else None)
     for line in summary_lines(summary) + ([hint] if hint else []):
         print(line, file=sys.stderr)
     if args.summary_json:
