@@ -41,7 +41,7 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
         [--build NAME=DIR]
         [--out bench/RESULTS.md] [--json raw.json]
 
---jvm gives every configuration more JVM flags (another collector: --jvm -XX:+UseShenandoahGC
+--jvm gives every configuration more JVM flags (another collector: --jvm=-XX:+UseShenandoahGC
 --configs local,kswap,farmem). --variant adds a configuration to compare in the same sitting: CONFIG with more JVM flags, e.g.
 --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0" --configs local,fjdk,slide; CONFIG@JDK runs
 another farmem JDK home (an older build in ~/.cache/farmem-jdk17), e.g.
@@ -460,7 +460,7 @@ def main() -> int:
     ap.add_argument("--args", action="append", default=[], metavar="NAME=FLAGS",
                     help='a workload\'s own flags instead of the preset, e.g. --args "gcchurn=--live-mb 200 --steps 150000"')
     ap.add_argument("--jvm", default="", metavar="JVMFLAGS",
-                    help='JVM flags for every configuration, all local included, e.g. --jvm "-XX:+UseShenandoahGC"')
+                    help='JVM flags for every configuration, all local included, e.g. --jvm=-XX:+UseShenandoahGC (with the =)')
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG[@JDK]:JVMFLAGS",
                     help='another configuration: CONFIG with more JVM flags, or with another farmem JDK '
                          'home, e.g. --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0"; name it in --configs')

@@ -102,17 +102,56 @@ def test_native_aio_takes_handler_threads(shim, built, tmp_path, farmem_cmd, fau
         assert "Bad address" in r.stderr
 
 
-def test_a_process_of_another_user_runs_unpaged(shim, tmp_path, farmem_cmd):
-    """A process that gave up root under `farmem run` (runuser, setpriv, a server's workers) can
-    reach neither the run's private memd nor, here, userfaultfd. It runs unpaged with a warning
-    instead of stopping with status 78 in the middle of its work (a PostgreSQL backend did)."""
-    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--",
-                      "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                      "dd", "if=/dev/zero", "of=/dev/null", "bs=100M", "count=2", timeout=120)
+DD_AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                "id -u; f=/tmp/farmem-user-$$; head -c 200M /dev/urandom > $f; "
+                "dd if=$f bs=100M iflag=fullblock status=none | cmp - $f && echo same; rm -f $f"]
+
+
+def test_a_process_that_gives_up_root_is_paged(shim, tmp_path, farmem_cmd):
+    """farmem run as root opens the run's sockets to the processes of its run that give up root
+    (setpriv here; a server's workers, memcached -u): memd asks them for its secret, the launcher
+    for the run's key. dd as nobody pages its 100 MiB buffer, every byte right, counted in the
+    summary. With --fault thread, whose full userfaultfd nobody may not have, the same process
+    runs unpaged with a warning instead of stopping in the middle of its work (a PostgreSQL
+    backend once did)."""
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--", *DD_AS_NOBODY, timeout=180)
     assert r.returncode == 0, r.stderr
-    assert "209715200 bytes" in r.stderr, r.stderr
-    assert "(uid 65534) is not paged: it runs as another user than farmem run" in r.stderr, r.stderr
+    assert r.stdout.split() == ["65534", "same"], r.stdout + r.stderr
+    assert_paged(s, "dd that gave up root")
+    assert "not paged" not in r.stderr, r.stderr
+    r, s = farmem_run(farmem_cmd, tmp_path / "t.json", "--local", "32M", "--fault", "thread", "--",
+                      *DD_AS_NOBODY, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["65534", "same"], r.stdout + r.stderr
+    assert "(uid 65534) is not paged: userfaultfd is not available" in r.stderr, r.stderr
     assert s["processes"] == 0 and s["exit_status"] == 0, s
+
+
+def test_control_socket_takes_another_users_pager_only_with_the_key():
+    """The launcher's socket, open to every user when farmem run runs as root: a pager of another
+    uid is counted only with the run's key (without it, or with a wrong one, it is turned away)."""
+    import shutil
+    import tempfile
+    from farmem import control
+    d = tempfile.mkdtemp(prefix="farmem-ctl-", dir="/tmp")  # pytest's own directories are 0700
+    srv = control.ControlServer(os.path.join(d, "c.sock"))
+    srv.key = "00112233445566778899aabbccddeeff"
+    os.chmod(d, 0o711)
+    os.chmod(srv.path, 0o666)
+    srv.start()
+    hello = ("import os, socket, sys; fd = os.memfd_create('farmem-map'); s = socket.socket(socket.AF_UNIX); "
+             "s.connect(sys.argv[1]); socket.send_fds(s, [sys.argv[2].encode()], [fd]); s.recv(1)")
+    try:
+        for key in ("", " key=ffffffffffffffffffffffffffffffff", " key=" + srv.key):
+            r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                                "-c", hello, srv.path, f"FMCTL1 pid=1{key}\n"], capture_output=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+        srv.stop()
+        taken = srv.snapshot()
+    finally:
+        srv.close()
+        shutil.rmtree(d, ignore_errors=True)
+    assert len(taken) == 1, [(p.pid, p.peer_pid) for p in taken]
 
 
 def test_run_as_another_user_pages_it(shim, tmp_path, farmem_cmd):
@@ -239,6 +278,22 @@ def test_memcached_with_memcslap(shim, tmp_path):
     """memcached -L (its cache in one aligned block) loaded by memcslap and with our items."""
     got = compat.memcached(farmem(), tmp_path, megabytes=192, items=30000, slap=15000)
     assert_paged(got["summary"], "memcached")
+
+
+def test_memcached_that_gives_up_root(shim, tmp_path):
+    """memcached started as root with -u nobody, as Debian's service starts it (-u memcache): it
+    gives up root before it allocates its cache, and is paged all the same."""
+    import shutil
+    import tempfile
+    if os.geteuid() != 0:
+        pytest.skip("needs root: memcached gives up root only when it has it")
+    work = tempfile.mkdtemp(prefix="farmem-mc-", dir="/tmp")  # its socket is made as nobody: not in pytest's 0700 tree
+    os.chown(work, 65534, 65534)
+    try:
+        got = compat.memcached(farmem(), Path(work), megabytes=192, items=30000, slap=15000, user="nobody")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert_paged(got["summary"], "memcached -u nobody")
 
 
 def test_postgres_as_its_own_user(shim, tmp_path):

@@ -99,7 +99,9 @@ X(log, FM_KT_ENUM, CFG(log_level), "FARMEM_LOG", "warn", 0, 0, "error|warn|info|
 X(control, FM_KT_STR, CFG(control), "FARMEM_CONTROL", "", 0, 0, "", FM_KS_OPT, "", "", \
   "the launcher's socket, set by farmem run: each pager hands it its residency map, so the summary outlives the process") \
 X(launch_uid, FM_KT_STR, CFG(launch_uid), "FARMEM_LAUNCH_UID", "", 0, 0, "", FM_KS_OPT, "", "", \
-  "the user farmem run ran as, set by it: a process of another user (runuser, a server's workers that gave up root) cannot reach the private memd or, often, userfaultfd, and runs unpaged with a warning instead of stopping") \
+  "the user farmem run ran as, set by it. When that is root, a process that gave up root (a server's workers, memcached -u) still pages, through the run's sockets and control_key; otherwise a process of another user cannot reach the private memd and runs unpaged with a warning instead of stopping") \
+X(control_key, FM_KT_STR, CFG(control_key), "FARMEM_CONTROL_KEY", "", 0, 0, "", FM_KS_OPT, "", "", \
+  "a token farmem run (as root) sets: a process that gave up root shows it to the launcher's socket, which takes other users' pagers only with it") \
 X(onerror, FM_KT_ENUM, AGENT(onerror), NULL, "exit", 0, 0, "exit|continue", FM_KS_OPT, "", "", \
   "a JVM farmem cannot serve, or a memd it cannot reach, at JVM start: exit (the JVM does not start) or continue without farmem. On attach the JVM always goes on untouched") \
 X(msgfile, FM_KT_PATH, AGENT(msgfile), NULL, "", 0, 0, "", FM_KS_OPT, "", "", \

@@ -76,7 +76,7 @@ static void report_to_launcher(struct fm_pager *p)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr a; } cm;
-	char line[64];
+	char line[160];
 	struct iovec v;
 	struct msghdr m = { 0 };
 	struct cmsghdr *c;
@@ -94,7 +94,11 @@ static void report_to_launcher(struct fm_pager *p)
 		return;
 	}
 	v.iov_base = line;
-	v.iov_len = (size_t)snprintf(line, sizeof(line), "FMCTL1 pid=%d\n", getpid());
+	/* A process that gave up root shows the run's key: its uid alone does not say it is the run's. */
+	if (p->cfg.control_key[0])
+		v.iov_len = (size_t)snprintf(line, sizeof(line), "FMCTL1 pid=%d key=%s\n", getpid(), p->cfg.control_key);
+	else
+		v.iov_len = (size_t)snprintf(line, sizeof(line), "FMCTL1 pid=%d\n", getpid());
 	m.msg_iov = &v;
 	m.msg_iovlen = 1;
 	m.msg_control = cm.buf;

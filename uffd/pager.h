@@ -46,6 +46,7 @@ struct fm_pager_cfg {
 	int log_level;           /* log: enum fm_log_level */
 	char control[256];
 	char launch_uid[16];     /* the launcher's uid, "" when not started by farmem run */
+	char control_key[80];    /* shown to the launcher by a process of another uid than its own */
 	unsigned replicas;
 	unsigned memd_timeout_ms;/* 0: unset, the pager picks by the number of memds */
 	unsigned memd_copy;

@@ -553,7 +553,11 @@ static const char *links_async_io(void)
 	return lib;
 }
 
-/* The launcher said who it ran as, and this process is someone else. */
+/*
+ * The launcher said who it ran as, and this process is someone else: 1.
+ * 2 if the launcher was root and opened its sockets to the processes of
+ * its run that give up root (it set control_key): this one may page.
+ */
 static int other_user(void)
 {
 	char *end;
@@ -562,7 +566,9 @@ static int other_user(void)
 	if (!cfg.launch_uid[0])
 		return 0;
 	uid = strtoul(cfg.launch_uid, &end, 10);
-	return !*end && uid != (unsigned long)getuid();
+	if (*end || uid == (unsigned long)getuid())
+		return 0;
+	return uid == 0 && cfg.control_key[0] ? 2 : 1;
 }
 
 static struct fm_pager *get_pager(void)
@@ -593,7 +599,8 @@ static struct fm_pager *get_pager(void)
 			cfg.fault_mode = FM_FAULT_THREAD;
 			fm_info("%s is loaded: faults are served by handler threads", aio);
 		}
-		const char *why = other_user() ? "it runs as another user than farmem run, whose memd it cannot reach"
+		int other = other_user();
+		const char *why = other == 1 ? "it runs as another user than farmem run, whose memd it cannot reach"
 				  : !fm_uffd_probe() ? "userfaultfd is not available to it" : NULL;
 		if (why) {
 			/*
@@ -612,6 +619,14 @@ static struct fm_pager *get_pager(void)
 		}
 		rc = fm_pager_start(&cfg, &pager, err, sizeof(err));
 		in_farmem--;
+		if (rc && other) {
+			/* Gave up root, and what it kept cannot page it (fault=thread, a memd it cannot reach). */
+			fm_warn("process %d (uid %d) is not paged: %s; it keeps all of its memory local "
+				"(docs/compatibility.md)", (int)getpid(), (int)getuid(), err);
+			atomic_store(&state, 4);
+			pthread_mutex_unlock(&start_lock);
+			return NULL;
+		}
 		if (rc) {
 			pthread_mutex_unlock(&start_lock);
 			die_config(err);

@@ -414,16 +414,17 @@ def memslap(sock: Path, test: str, requests: int, threads: int = 2) -> float:
 
 
 def memcached(launch: Launch, workdir: Path, megabytes: int = 256, items: int = 40000, mean: int = 1000,
-              slap: int = 20000, prealloc: bool = True) -> dict:
+              slap: int = 20000, prealloc: bool = True, user: str = "root") -> dict:
     """memcached with its whole cache preallocated (-L: one big aligned block, which farmem
     pages), loaded by memcslap (set, then get) and with our items; every item read back.
     prealloc=False: its slabs come 1 MiB at a time from glibc, in its worker threads' heaps
-    (paged with --fault thread)."""
+    (paged with --fault thread). user: the user memcached gives root up for when it starts as root
+    (-u), as Debian's service does (memcache)."""
     need("memcached", "memcslap")
     sock = workdir / "memcached.sock"
     cmd = ["memcached", "-m", megabytes, *(["-L"] if prealloc else []), "-s", sock, "-t", 2, "-c", 256]
     if os.geteuid() == 0:
-        cmd += ["-u", "root"]
+        cmd += ["-u", user]
     srv = Server(launch, cmd, workdir, "memcached", sock)
     try:
         srv.wait_ready()

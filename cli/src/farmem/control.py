@@ -2,7 +2,9 @@
 
 Protocol, version 1: a pager connects to the AF_UNIX SOCK_STREAM socket when it starts and
 sends one line, `FMCTL1 pid=<pid>\\n`, with its residency-map memfd attached (SCM_RIGHTS) to
-the first bytes. The launcher answers nothing and closes the connection. It keeps every fd
+the first bytes. A launcher running as root opens its socket to the processes of its run that give
+up root (FARMEM_CONTROL_KEY): they send `FMCTL1 pid=<pid> key=<hex>\\n`, and a pager of another uid
+is taken only with that key. The launcher answers nothing and closes the connection. It keeps every fd
 so that it can read a process's final figures after the process has exited.
 """
 
@@ -18,9 +20,14 @@ from farmem import resmap
 
 log = logging.getLogger("farmem.control")
 
-HELLO_RE = re.compile(rb"FMCTL1 pid=([0-9]{1,10})\n")
-MAX_LINE = 128
+HELLO_RE = re.compile(rb"FMCTL1 pid=([0-9]{1,10})(?: key=([0-9a-f]{1,64}))?\n")
+MAX_LINE = 160
 RECV_TIMEOUT_S = 2.0
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    import hmac  # only for other users' pagers: every farmem run imports this module
+    return hmac.compare_digest(a, b)
 
 
 class Pager:
@@ -36,6 +43,7 @@ class ControlServer:
     def __init__(self, path: str):
         self.path = path
         self.also_uids: tuple = ()  # farmem run --user: that user's pagers are ours too
+        self.key = ""  # a root farmem run's: other users' pagers that show it are ours too
         self.pagers: list[Pager] = []
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -113,7 +121,8 @@ class ControlServer:
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         data, fds, _, _ = socket.recv_fds(conn, MAX_LINE, 4)
         try:
-            if peer_uid not in (os.geteuid(), 0, *self.also_uids):
+            ours = peer_uid in (os.geteuid(), 0, *self.also_uids)
+            if not ours and not self.key:
                 raise ValueError(f"peer pid {peer_pid} runs as uid {peer_uid}, not ours")
             while b"\n" not in data and len(data) < MAX_LINE:
                 more = conn.recv(MAX_LINE - len(data))
@@ -122,8 +131,10 @@ class ControlServer:
                 data += more
             m = HELLO_RE.fullmatch(data)
             if not m:
-                raise ValueError(f"peer pid {peer_pid} sent {data[:MAX_LINE]!r}, "
+                raise ValueError(f"peer pid {peer_pid} sent {data[:40]!r}..., "
                                  "not 'FMCTL1 pid=<pid>\\n'")
+            if not ours and not _same(m.group(2) or b"", self.key.encode()):
+                raise ValueError(f"peer pid {peer_pid} runs as uid {peer_uid}, not ours, without the run's key")
             if len(fds) != 1:
                 raise ValueError(f"peer pid {peer_pid} attached {len(fds)} fds, not 1")
             fd = fds.pop()

@@ -126,14 +126,19 @@ def _run(args) -> int:
             raise FarmemError(f"cannot listen on the control socket in {tmpdir}: {e.strerror or e}")
         control.start()
         user = getattr(args, "user_entry", None)
+        sockets = [control.path] + ([memd.socket] if memd is not None else [])
         if user:
-            hand_over(tmpdir, [control.path] + ([memd.socket] if memd is not None else []), user)
+            hand_over(tmpdir, sockets, user)
             control.also_uids = (user.pw_uid,)
+        elif os.geteuid() == 0 and not is_java:
+            control.key = open_to_run(tmpdir, sockets)
         if is_java:  # the JVMTI agent pages the heap; no shim (farmem/java.py)
             cmd = java.prepare(args, address, control.path)
             env = java.build_env(os.environ, secret)
         else:
             cmd, env = args.cmd, build_env(args, os.environ, address, secret, control.path)
+            if control.key:
+                env["FARMEM_CONTROL_KEY"] = control.key
         if user:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
             env["FARMEM_LAUNCH_UID"] = str(user.pw_uid)
@@ -211,6 +216,19 @@ def hand_over(tmpdir: str, sockets: list, user) -> None:
             os.chown(path, user.pw_uid, user.pw_gid)
     except OSError as e:
         raise FarmemError(f"cannot hand the run's sockets in {tmpdir} to {user.pw_name}: {e.strerror or e}")
+
+
+def open_to_run(tmpdir: str, sockets: list) -> str:
+    """farmem run as root: the processes of the run that give up root (a server's workers, memcached
+    -u, nginx) may reach the run's sockets too. memd asks them for its secret (HMAC), the control
+    socket for the key returned here; the directory stays unlistable and the secret file root's."""
+    try:
+        os.chmod(tmpdir, 0o711)
+        for path in sockets:
+            os.chmod(path, 0o666)
+    except OSError as e:
+        raise FarmemError(f"cannot open the run's sockets in {tmpdir} to its processes: {e.strerror or e}")
+    return os.urandom(16).hex()
 
 
 def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
