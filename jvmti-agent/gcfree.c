@@ -63,8 +63,40 @@ static int resolve(const struct need *n, size_t count, char *why, size_t whylen)
 	return 0;
 }
 
+/*
+ * What a table of regions needs besides its fields: the int constant of the
+ * free state (into *value), the size of the field it is compared with (the
+ * first of the type names VMStructs knows), and the region size, a
+ * power-of-two number of pages read at grain_addr.
+ */
+static int region_facts(const char *constant, int32_t *value, const char *const types[2], uint64_t *size,
+			const char *grain_name, uintptr_t grain_addr, char *why, size_t whylen)
+{
+	if (fm_vms_int_constant(constant, value)) {
+		snprintf(why, whylen, "this JVM's VMStructs lack the constant %s", constant);
+		return -ENOENT;
+	}
+	if (fm_vms_type_size(types[0], size) && (!types[1] || fm_vms_type_size(types[1], size))) {
+		snprintf(why, whylen, "this JVM's VMStructs do not give the size of %s", types[1] ? types[1] : types[0]);
+		return -ENOENT;
+	}
+	if (*size != 1 && *size != 2 && *size != 4) {
+		snprintf(why, whylen, "%s is %llu bytes: not a size farmem reads", types[1] ? types[1] : types[0],
+			 (unsigned long long)*size);
+		return -ENOTSUP;
+	}
+	grain = *(const uint64_t *)grain_addr;
+	if (!grain || grain & 4095 || grain & (grain - 1)) {
+		snprintf(why, whylen, "%s reads as %llu: not a power-of-two number of pages", grain_name,
+			 (unsigned long long)grain);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int init_g1(char *why, size_t whylen)
 {
+	static const char *const tag_types[2] = { "HeapRegionType::Tag volatile", "HeapRegionType::Tag" };
 	uintptr_t grain_addr = 0;
 	const struct need n[] = {
 		{ "G1CollectedHeap", "_hrm", &o_hrm, NULL },
@@ -80,31 +112,13 @@ static int init_g1(char *why, size_t whylen)
 
 	if (resolve(n, sizeof(n) / sizeof(n[0]), why, whylen))
 		return -ENOENT;
-	if (fm_vms_int_constant("HeapRegionType::FreeTag", &free_tag)) {
-		snprintf(why, whylen, "this JVM's VMStructs lack the constant HeapRegionType::FreeTag");
-		return -ENOENT;
-	}
-	if (fm_vms_type_size("HeapRegionType::Tag volatile", &tag_size) &&
-	    fm_vms_type_size("HeapRegionType::Tag", &tag_size)) {
-		snprintf(why, whylen, "this JVM's VMStructs do not give the size of HeapRegionType::Tag");
-		return -ENOENT;
-	}
-	if (tag_size != 1 && tag_size != 2 && tag_size != 4) {
-		snprintf(why, whylen, "HeapRegionType::Tag is %llu bytes: not a size farmem reads",
-			 (unsigned long long)tag_size);
-		return -ENOTSUP;
-	}
-	grain = *(const uint64_t *)grain_addr;
-	if (!grain || grain & 4095 || grain & (grain - 1)) {
-		snprintf(why, whylen, "HeapRegion::GrainBytes reads as %llu: not a power-of-two number of pages",
-			 (unsigned long long)grain);
-		return -EINVAL;
-	}
-	return 0;
+	return region_facts("HeapRegionType::FreeTag", &free_tag, tag_types, &tag_size, "HeapRegion::GrainBytes",
+			    grain_addr, why, whylen);
 }
 
 static int init_shenandoah(char *why, size_t whylen)
 {
+	static const char *const state_types[2] = { "ShenandoahHeapRegion::RegionState", NULL };
 	uintptr_t grain_addr = 0;
 	const struct need n[] = {
 		{ "ShenandoahHeap", "_regions", &o_sh_regions, NULL },
@@ -117,26 +131,8 @@ static int init_shenandoah(char *why, size_t whylen)
 
 	if (resolve(n, sizeof(n) / sizeof(n[0]), why, whylen))
 		return -ENOENT;
-	if (fm_vms_int_constant("ShenandoahHeapRegion::_empty_committed", &sh_empty_committed)) {
-		snprintf(why, whylen, "this JVM's VMStructs lack the constant ShenandoahHeapRegion::_empty_committed");
-		return -ENOENT;
-	}
-	if (fm_vms_type_size("ShenandoahHeapRegion::RegionState", &state_size)) {
-		snprintf(why, whylen, "this JVM's VMStructs do not give the size of ShenandoahHeapRegion::RegionState");
-		return -ENOENT;
-	}
-	if (state_size != 1 && state_size != 2 && state_size != 4) {
-		snprintf(why, whylen, "ShenandoahHeapRegion::RegionState is %llu bytes: not a size farmem reads",
-			 (unsigned long long)state_size);
-		return -ENOTSUP;
-	}
-	grain = *(const uint64_t *)grain_addr;
-	if (!grain || grain & 4095 || grain & (grain - 1)) {
-		snprintf(why, whylen, "ShenandoahHeapRegion::RegionSizeBytes reads as %llu: not a power-of-two "
-			 "number of pages", (unsigned long long)grain);
-		return -EINVAL;
-	}
-	return 0;
+	return region_facts("ShenandoahHeapRegion::_empty_committed", &sh_empty_committed, state_types, &state_size,
+			    "ShenandoahHeapRegion::RegionSizeBytes", grain_addr, why, whylen);
 }
 
 static int init_parallel(char *why, size_t whylen)
@@ -204,11 +200,13 @@ static inline uintptr_t ld_ptr(uintptr_t base, int64_t off)
 	return *(const volatile uintptr_t *)(base + (uintptr_t)off);
 }
 
-static unsigned ld_tag(uintptr_t hr)
+/* A field of 1, 2 or 4 bytes (an enum's or a tag's size, from VMStructs). */
+static int32_t ld_sized(uintptr_t addr, uint64_t size)
 {
-	const volatile void *a = (const volatile void *)(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag);
-	return tag_size == 4 ? *(const volatile uint32_t *)a :
-	       tag_size == 2 ? *(const volatile uint16_t *)a : *(const volatile uint8_t *)a;
+	const volatile void *a = (const volatile void *)addr;
+
+	return size == 4 ? *(const volatile int32_t *)a :
+	       size == 2 ? *(const volatile uint16_t *)a : *(const volatile uint8_t *)a;
 }
 
 /* A free region of a collector's table: 1 with its bounds, 0 if it is not free. */
@@ -216,23 +214,16 @@ typedef int (*free_region_fn)(uintptr_t region, uintptr_t *lo, uintptr_t *hi);
 
 static int g1_free(uintptr_t hr, uintptr_t *lo, uintptr_t *hi)
 {
-	if ((int32_t)ld_tag(hr) != free_tag)
+	if (ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size) != free_tag)
 		return 0;
 	*lo = ld_ptr(hr, o_hr_bottom);
 	*hi = ld_ptr(hr, o_hr_end);
 	return 1;
 }
 
-static int32_t ld_sh_state(uintptr_t r)
-{
-	const volatile void *a = (const volatile void *)(r + (uintptr_t)o_sh_state);
-	return state_size == 4 ? *(const volatile int32_t *)a :
-	       state_size == 2 ? *(const volatile int16_t *)a : *(const volatile int8_t *)a;
-}
-
 static int shenandoah_free(uintptr_t r, uintptr_t *lo, uintptr_t *hi)
 {
-	if (ld_sh_state(r) != sh_empty_committed)
+	if (ld_sized(r + (uintptr_t)o_sh_state, state_size) != sh_empty_committed)
 		return 0;
 	*lo = ld_ptr(r, o_sh_bottom);
 	*hi = ld_ptr(r, o_sh_end);

@@ -700,3 +700,18 @@ def test_gc_hint_only_when_the_collector_paged_most():
     assert gc_hint({**base, "gc_faults": 150_000}) is None      # under half of the faults
     assert gc_hint({"processes": 1, "faults": 60_000, "gc_faults": 50_000}) is None  # too few to matter
     assert gc_hint({"processes": 0, "faults": 0, "gc_faults": 0}) is None
+    # The farmem JDK changes G1 only: Shenandoah's users are pointed at G1, Parallel's at nothing.
+    hint = gc_hint({**base, "gc_faults": 300_000}, "Shenandoah")
+    assert hint and "Shenandoah's threads took 75%" in hint and "--gc farmem" not in hint
+    assert gc_hint({**base, "gc_faults": 300_000}, "UseParallelGC") is None
+
+
+def test_collector_of_a_java_command(monkeypatch):
+    from farmem.java import collector
+    monkeypatch.delenv("JAVA_TOOL_OPTIONS", raising=False)
+    monkeypatch.delenv("JDK_JAVA_OPTIONS", raising=False)
+    assert collector(["java", "-Xmx1g", "-jar", "app.jar", "-XX:+UseShenandoahGC"]) == "G1"  # an app argument
+    assert collector(["java", "-XX:+UseShenandoahGC", "-Xmx1g", "Main"]) == "Shenandoah"
+    assert collector(["java", "-XX:+UseParallelGC", "Main"]) == "UseParallelGC"
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:+UseShenandoahGC")
+    assert collector(["java", "Main"]) == "Shenandoah"

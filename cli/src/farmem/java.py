@@ -116,10 +116,15 @@ def split_jvm_options(argv: list) -> int:
     return i
 
 
-def runs_g1(cmd: list) -> bool:
-    """Whether the java command line (with $JAVA_TOOL_OPTIONS and $JDK_JAVA_OPTIONS) runs G1."""
+def collector(cmd: list) -> str:
+    """The collector the java command line (with $JAVA_TOOL_OPTIONS and $JDK_JAVA_OPTIONS) runs: "G1",
+    "Shenandoah", or another's flag name."""
     env_opts = (os.environ.get("JAVA_TOOL_OPTIONS", "") + " " + os.environ.get("JDK_JAVA_OPTIONS", "")).split()
-    return scan(env_opts + list(cmd[1:split_jvm_options(cmd)])).is_g1()
+    jvm = scan(env_opts + list(cmd[1:split_jvm_options(cmd)]))
+    if jvm.is_g1():
+        return "G1"
+    chosen = [k for k, v in jvm.gc_flags.items() if v and k != "UseG1GC"]
+    return "Shenandoah" if chosen[-1:] == ["UseShenandoahGC"] else (chosen[-1] if chosen else "none")
 
 
 def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:

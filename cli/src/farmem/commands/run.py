@@ -151,8 +151,7 @@ def _run(args) -> int:
         if memd is not None:
             memd.stop()
         shutil.rmtree(tmpdir, ignore_errors=True)
-    # The farmem JDK changes G1 only: no hint for a JVM that runs another collector.
-    hint = (gc_hint(summary) if is_java and getattr(args, "gc", None) in (None, "stock") and java.runs_g1(args.cmd)
+    hint = (gc_hint(summary, java.collector(args.cmd)) if is_java and getattr(args, "gc", None) in (None, "stock")
             else None)
     for line in summary_lines(summary) + ([hint] if hint else []):
         print(line, file=sys.stderr)
@@ -339,14 +338,23 @@ GC_HINT_SHARE = 0.5
 GC_HINT_FAULTS = 100_000
 
 
-def gc_hint(s: dict) -> str | None:
-    """For a stock JDK's run whose collector did most of the paging: what the farmem JDK would do.
+def gc_hint(s: dict, collector: str = "G1") -> str | None:
+    """For a stock JDK's run whose collector did most of the paging: what would page it better.
     Stock G1's full GCs read the whole live set back from memd and write it out again (GcChurn at
-    25% local: 4.2x all local with stock G1, 1.9x with --gc farmem; bench/RESULTS.md)."""
+    25% local: 4.2x all local with stock G1, 1.9x with --gc farmem); Shenandoah marks and
+    evacuates across the whole heap every cycle (H2 at 25% local: 3.2x all local, G1 1.6x;
+    bench/RESULTS.md). The farmem JDK changes G1 only: no hint for the other collectors."""
     faults, gc = s.get("faults", 0), s.get("gc_faults", 0)
     if s.get("processes", 0) == 0 or gc < GC_HINT_FAULTS or gc < GC_HINT_SHARE * faults:
         return None
-    return (f"farmem: the collector's threads took {min(100, gc * 100 // faults)}% of the faults ({gc}): `farmem run "
+    share = f"{min(100, gc * 100 // faults)}% of the faults ({gc})"
+    if collector == "Shenandoah":
+        return (f"farmem: Shenandoah's threads took {share}: each of its cycles marks and evacuates across the "
+                "whole heap, and what that touches beyond the budget comes back from memd; G1 (the default) "
+                "pages the same programs with less of it (docs/jvm.md, \"Shenandoah\")")
+    if collector != "G1":
+        return None
+    return (f"farmem: the collector's threads took {share}: `farmem run "
             "--gc farmem` runs the farmem JDK (`make jdk`), whose G1 postpones marking pages that are in memd "
             "and does a full GC's work where its pages lie (docs/patched-jdk.md)")
 
