@@ -251,7 +251,6 @@ def test_h2_database_at_25_percent(farmem_cmd, build, built, jvm_built, tmp_path
 
 @pytest.mark.parametrize("jvm_args, message", [
     (["-XX:+UseZGC", HEAP], "ZGC is not supported"),
-    ([], "needs -Xmx"),
     (["-XX:AllocateHeapAt=/nonexistent-farmem-dir", HEAP], "no such directory"),
 ])
 def test_run_refuses_what_it_cannot_serve(farmem_cmd, jvm_built, private_tmp, jvm_args, message):
@@ -261,6 +260,25 @@ def test_run_refuses_what_it_cannot_serve(farmem_cmd, jvm_built, private_tmp, jv
     assert message in r.stderr
     assert "openjdk version" not in r.stderr  # refused before the JVM started
     assert not os.listdir(private_tmp)  # nor was memd started
+
+
+def test_run_without_xmx_takes_hotspots_own_maximum(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """`java -cp ... Main` as a new user types it: farmem asks the JVM for the maximum it would pick
+    (here with -XX:MaxRAMPercentage), gives it as -Xmx and -Xms, and --local 25% is a quarter of it."""
+    summary = tmp_path / "s.json"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    pct = (512 << 20) * 100 / ram  # about 512 MiB on any machine
+    r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--", "java",
+               f"-XX:MaxRAMPercentage={pct:.4f}", "-cp", str(build / "java"), "GcChurn", "--live-mb", "200",
+               "--steps", "20000", timeout=180, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gcchurn: ok" in r.stdout
+    m = re.search(r"adding -Xmx(\d+)([kmg]?):", r.stderr)
+    assert m, r.stderr
+    xmx = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2)]
+    assert abs(xmx - (512 << 20)) < 64 << 20, (xmx, ram)  # that share of this machine, as HotSpot aligns it
+    s = json.loads(summary.read_text())
+    assert s["local_limit_bytes"] == xmx // 4 and s["remote_reads"] > 0, s
 
 
 def test_run_refuses_a_budget_larger_than_the_heap(farmem_cmd, jvm_built):
@@ -572,6 +590,39 @@ def test_attached_jvm_exit_leaves_nothing_behind(farmem_cmd, java_cp):
     assert not memds_using(state + "/")
     assert not Path(state).exists()
     assert shm_files() <= shm
+
+
+def test_attach_to_a_jvm_of_another_user(farmem_cmd, java_cp, build):
+    """A service's JVM runs as its own user, and root attaches to it: the state directory, memd's
+    socket and its secret are handed to the JVM's user, so the agent inside reads the secret and
+    reaches memd as that user; it pages with a user-mode-only userfaultfd, every word checked, and
+    the keeper (root's) removes it all when the JVM exits."""
+    if os.geteuid() != 0:
+        pytest.skip("attaching to another user's JVM needs root")
+    if any(not p.stat().st_mode & 0o005 for p in [build, *build.parents]):
+        pytest.skip(f"{build} is not readable by other users")
+    jvm = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *java_cp[:1],
+                            "-Xms512m", *java_cp[1:], "GcChurn", "--live-mb", "200", "--seconds", "8"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    try:
+        line = jvm.stdout.readline()
+        assert line.startswith("gcchurn: ready"), line + jvm.stderr.read()
+        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "25%", timeout=60)
+        assert r.returncode == 0, r.stderr
+        state = Path(f"/tmp/farmem-attach-{jvm.pid}")
+        assert state.stat().st_uid == 65534
+        first = stat_json(farmem_cmd, jvm.pid)
+        assert first["registered_bytes"] > 0 and first["local_limit_bytes"] == 128 << 20, first
+        out, err = jvm.communicate(timeout=120)
+    finally:
+        if jvm.poll() is None:
+            jvm.kill()
+            jvm.wait()
+    assert jvm.returncode == 0 and "gcchurn: ok" in out, out + err
+    deadline = time.monotonic() + 10  # the keeper notices the exit within a second
+    while state.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not state.exists() and not memds_using(f"{state}/")
 
 
 def test_attach_refuses_a_process_that_is_not_a_jvm(farmem_cmd, jvm_built):

@@ -10,6 +10,7 @@ user's side of this.
 
 import os
 import re
+import subprocess
 import sys
 
 from farmem import knobs, paths
@@ -127,6 +128,27 @@ def collector(cmd: list) -> str:
     return "Shenandoah" if chosen[-1:] == ["UseShenandoahGC"] else (chosen[-1] if chosen else "none")
 
 
+def java_size_text(n: int) -> str:
+    """A byte count as java writes it: 6g, 512m, 4k or bytes."""
+    for unit, shift in (("g", 30), ("m", 20), ("k", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def default_max_heap(argv: list, end: int) -> int | None:
+    """The -Xmx HotSpot picks for this java command when it gives none (a share of the machine's or
+    the container's memory), asked of the JVM itself with only the options that decide it."""
+    opts = [o for o in argv[1:end] if re.fullmatch(r"-XX:[+-]?\w*RAM\w*(=.*)?|-XX:[+-]Use\w+GC", o)]
+    try:
+        r = subprocess.run([argv[0], *opts, "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"^\s*size_t MaxHeapSize\s+=\s+(\d+)", r.stdout, re.M)
+    return int(m.group(1)) if r.returncode == 0 and m else None
+
+
 def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
     """The java command line with the agent added, or a FarmemError that says what to change.
     quiet: only check (farmem run calls it once before it starts memd, then for real)."""
@@ -144,7 +166,7 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
     for flag, name in _UNSUPPORTED_GCS.items():
         if jvm.gc_flags.get(flag):
             raise FarmemError(f"{name} is not supported: its heap is multi-mapped, which the pager cannot "
-                              "serve; use G1 (the default) or -XX:+UseParallelGC")
+                              "serve; use G1 (the default), -XX:+UseParallelGC or -XX:+UseShenandoahGC")
     if jvm.allocate_heap_at:
         fstype = fs_type(jvm.allocate_heap_at)
         if fstype is None:
@@ -157,8 +179,17 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
     if jvm.large_pages:
         raise FarmemError("-XX:+UseLargePages is not supported: the pager pages 4 KiB pages; drop the flag")
     if jvm.xmx is None:
-        raise FarmemError("farmem run -- java needs -Xmx: the local budget is a share of the heap's maximum, "
-                          "and -Xms is set from it (e.g. java -Xmx2g ...)")
+        # HotSpot's own maximum, made explicit: the budget's share and -Xms are taken from it.
+        if getattr(args, "default_xmx", None) is None:
+            args.default_xmx = default_max_heap(argv, end)
+        if not args.default_xmx:
+            raise FarmemError("farmem run -- java needs -Xmx here: the local budget is a share of the heap's "
+                              f"maximum, and {argv[0]} did not say its default (e.g. java -Xmx2g ...)")
+        jvm.xmx, jvm.xmx_text = args.default_xmx, java_size_text(args.default_xmx)
+        argv.insert(1, f"-Xmx{jvm.xmx_text}")
+        end += 1
+        say(f"farmem: adding -Xmx{jvm.xmx_text}: the largest heap HotSpot chose for this machine's memory "
+            "(-XX:MaxRAMPercentage), which a --local percentage is a share of; give -Xmx to size it yourself")
     for flag, name in _UNTESTED_GCS.items():
         if jvm.gc_flags.get(flag):
             say(f"farmem: warning: the {name} collector is untested with farmem (G1, Parallel and Shenandoah are)")

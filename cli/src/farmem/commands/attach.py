@@ -182,6 +182,21 @@ def stop_keeper(sdir: Path, timeout: float = 10.0) -> None:
                           f"its state is in {sdir}")
 
 
+def hand_to_jvm(pid: int, sdir: Path) -> None:
+    """A JVM of another user (a service's, attached by root): the agent inside it reads the secret
+    and reaches memd's socket, and writes its message, as that user. The state directory and what
+    is in it become the JVM's; the keeper (root) still removes them."""
+    st = os.stat(f"/proc/{pid}")  # its effective uid and gid
+    if st.st_uid == os.geteuid():
+        return
+    try:
+        for path in (sdir, sdir / "memd.sock", sdir / "secret"):
+            os.chown(path, st.st_uid, st.st_gid)
+    except OSError as e:
+        raise FarmemError(f"pid {pid} runs as uid {st.st_uid}: cannot hand it the memd in {sdir} "
+                          f"({e.strerror or e}); attach as root or as that user") from None
+
+
 def _keeper_alive(sdir: Path) -> bool:
     try:
         kpid = int((sdir / "keeper.pid").read_text())
@@ -223,6 +238,11 @@ def cmd_attach(args) -> int:
         except FileExistsError:
             raise FarmemError(f"{sdir} exists: another farmem attach to pid {pid} is starting") from None
         keeper = start_keeper(pid, sdir, args.log)
+        try:
+            hand_to_jvm(pid, sdir)
+        except BaseException:
+            stop_keeper(sdir)
+            raise
         opts += [f"memd=unix:{sdir}/memd.sock", f"secret_file={sdir}/secret"]
         msgfile = sdir / "msg"
     opts.append(f"msgfile={msgfile}")
