@@ -93,14 +93,16 @@ def test_a_wrong_answer_fails(seeds_built, private_tmp, java_args, mismatch):
 
 # ---- bench/bench_seeds.py ---------------------------------------------------------------------
 
-def test_gclog_reads_allocation_and_pauses(jvm_built, tmp_path):
-    """bench/lib/gclog.py on a real G1 log: GcChurn allocates its 64 MiB live set, then replaces
-    20,000 arrays of 2-32 KiB (about 340 MB more), besides its short-lived garbage."""
+@pytest.mark.parametrize("gc, exit_line", [("-XX:+UseG1GC", "garbage-first heap"),
+                                           ("-XX:+UseShenandoahGC", "Shenandoah Heap")])
+def test_gclog_reads_allocation_and_pauses(jvm_built, tmp_path, gc, exit_line):
+    """bench/lib/gclog.py on a real G1 or Shenandoah log: GcChurn allocates its 64 MiB live set, then
+    replaces 20,000 arrays of 2-32 KiB (about 340 MB more), besides its short-lived garbage."""
     sys.path.insert(0, os.path.join(REPO, "bench", "lib"))
     import gclog
 
     log = tmp_path / "gc.log"
-    r = subprocess.run(["java", "-Xmx256m", "-Xms256m", f"-Xlog:gc,gc+heap+exit:file={log}", "-cp",
+    r = subprocess.run(["java", gc, "-Xmx256m", "-Xms256m", f"-Xlog:gc,gc+heap+exit:file={log}", "-cp",
                         os.path.join(REPO, "build", "java"), "GcChurn", "--live-mb", "64", "--steps", "20000"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
@@ -108,7 +110,9 @@ def test_gclog_reads_allocation_and_pauses(jvm_built, tmp_path):
     alloc = gclog.allocated_bytes(text)
     assert alloc is not None and 300 << 20 <= alloc <= 8 << 30, alloc
     assert 0 < gclog.pause_seconds(text) < 60
-    assert "garbage-first heap" in text  # the exit line closes the last interval
+    assert exit_line in text  # the exit line closes the last interval
+    lo, hi = gclog.heap_range(text)
+    assert hi - lo == 256 << 20, (lo, hi)
     assert gclog.allocated_bytes("") is None
 
 
