@@ -34,6 +34,7 @@
 #include "heap.h"
 #include "options.h"
 #include "pager.h"
+#include "preload.h"
 #include "resmap.h"
 #include "gc_calls.h"
 #include "swapva_move.h"
@@ -169,6 +170,18 @@ static int detach(char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * A JVM started under farmem run by a script or another program: the
+ * preload shim is in it too, and stands aside for the agent (preload.h).
+ * 1 if it pages this process already.
+ */
+static int shim_pages_here(void)
+{
+	fm_preload_yield_fn yield = (fm_preload_yield_fn)dlsym(RTLD_DEFAULT, FM_PRELOAD_YIELD_SYMBOL);
+
+	return yield && yield();
+}
+
 static int start_pager(struct fm_pager **out, char *err, size_t errlen)
 {
 	fm_log_prefix = "farmem";
@@ -181,6 +194,11 @@ static int start_pager(struct fm_pager **out, char *err, size_t errlen)
 	if (!opts.cfg.secret_len) {
 		snprintf(err, errlen, "no memd secret: give secret_file=PATH (or set FARMEM_SECRET)");
 		return -EINVAL;
+	}
+	if (shim_pages_here()) {
+		snprintf(err, errlen, "the preload shim (LD_PRELOAD) already pages this process: one pager per "
+			 "process");
+		return -EBUSY;
 	}
 	return fm_pager_start(&opts.cfg, out, err, errlen);
 }

@@ -281,6 +281,28 @@ def test_run_without_xmx_takes_hotspots_own_maximum(farmem_cmd, build, jvm_built
     assert s["local_limit_bytes"] == xmx // 4 and s["remote_reads"] > 0, s
 
 
+def test_a_jvm_started_by_a_script_is_paged_by_the_agent(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """`farmem run -- SCRIPT` whose script starts java (spark-submit, a service's start script): every
+    JVM gets the agent in JAVA_TOOL_OPTIONS, the preload shim stands aside in it, and the heap is
+    paged with the agent's discard and GC-thread accounting. A JVM the agent cannot serve (ZGC) runs
+    unpaged with a warning instead of failing inside the script."""
+    summary = tmp_path / "s.json"
+    cp = str(build / "java")
+    r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--", "sh", "-c",
+               f"java -Xmx512m -cp {cp} GcChurn --live-mb 200 --steps 60000 && "
+               f"java -XX:+UseZGC -Xmx128m -cp {cp} GcChurn --live-mb 20 --steps 1000",
+               timeout=240, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("gcchurn: ok") == 2, r.stdout
+    assert "Picked up JAVA_TOOL_OPTIONS: -agentpath:" in r.stderr
+    assert "ZGC is not supported" in r.stderr and "runs without farmem (onerror=continue)" in r.stderr
+    s = json.loads(summary.read_text())
+    assert s["processes"] == 1, s  # the G1 JVM, paged by its agent; sh and the ZGC JVM are not
+    assert s["gc_faults"] > 0 and s["discards"] > 0 and s["remote_reads"] > 0, s
+    assert s["local_limit_bytes"] == 128 << 20 and s["peak_resident_bytes"] <= 128 << 20, s
+    assert not memds_using(private_tmp)
+
+
 def test_run_refuses_a_budget_larger_than_the_heap(farmem_cmd, jvm_built):
     r = farmem(farmem_cmd, "run", "--local", "1g", "--", "java", HEAP, "-version", timeout=30)
     assert r.returncode == 1

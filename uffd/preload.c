@@ -648,6 +648,21 @@ struct fm_pager *fm_preload_pager_nowait(void)
 	return atomic_load_explicit(&state, memory_order_acquire) == 2 ? pager : NULL;
 }
 
+EXPORT int farmem_preload_yield(void)
+{
+	int s;
+
+	load_config();
+	pthread_mutex_lock(&start_lock);
+	s = atomic_load(&state);
+	if (s == 0)
+		atomic_store(&state, 4);
+	pthread_mutex_unlock(&start_lock);
+	if (s == 0)
+		fm_info("process %d is a JVM: the JVMTI agent pages its heap, the shim stays out", (int)getpid());
+	return s == 0 || s == 4 ? 0 : -EBUSY;
+}
+
 static int qualifies(size_t len, int prot, int flags, int fd)
 {
 	return hooks_on() && len >= cfg.threshold && fd == -1 && (flags & MAP_ANONYMOUS) &&

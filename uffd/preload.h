@@ -21,6 +21,17 @@ struct fm_pager *fm_preload_pager(void);
 struct fm_pager *fm_preload_pager_nowait(void);
 
 /*
+ * The JVMTI agent, loaded into a JVM that the shim was preloaded into (a JVM
+ * started by a script under farmem run, which hands every JVM the agent in
+ * JAVA_TOOL_OPTIONS), asks the shim to stay out of its process: two pagers
+ * would each take SIGBUS. Looked up by name (the agent does not link the
+ * shim): 0 when the shim stood aside, -EBUSY when it pages this process
+ * already (the agent then runs without farmem).
+ */
+#define FM_PRELOAD_YIELD_SYMBOL "farmem_preload_yield"
+typedef int (*fm_preload_yield_fn)(void);
+
+/*
  * The ranges one covered call keeps resident and pinned while the kernel
  * touches them (fault=signal only; pins.h). A range outside paged memory
  * costs a bounds check; one the pin table has no room for is still made

@@ -207,8 +207,7 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
         if parse_bytes(local) > jvm.xmx:
             raise FarmemError(f"--local {fmt_bytes(parse_bytes(local))} is larger than the heap (-Xmx{jvm.xmx_text}): nothing would "
                               "ever be remote; give a smaller size or a percentage")
-    opts = [f"memd={address.replace(',', ';')}", f"local={local}", f"control={control_path}"]
-    opts += knobs.agent_options(args, "run")
+    opts = agent_options(args, address, control_path)
     if getattr(args, "threshold", None) is not None:
         say("farmem: warning: --threshold is a knob of the preload shim; for java the agent pages the "
             "heap, whatever its size")
@@ -217,6 +216,26 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
             argv.insert(1, flag)
     argv.insert(1, f"-agentpath:{lib}={','.join(opts)}")
     return argv
+
+
+def agent_options(args, address: str, control_path: str) -> list:
+    """The agent's options for farmem run's memd, budget and knobs."""
+    return ([f"memd={address.replace(',', ';')}", f"local={args.local}", f"control={control_path}"]
+            + knobs.agent_options(args, "run"))
+
+
+def tool_options(args, env: dict, address: str, control_path: str) -> str | None:
+    """JAVA_TOOL_OPTIONS for a command that is not java itself (a script, a build tool, a server
+    that starts JVMs): every JVM it starts loads the agent, which pages its heap, and the preload
+    shim stands aside in it. onerror=continue: a JVM the agent cannot serve (ZGC, a JDK it does not
+    know) runs unpaged with a warning rather than not at all, deep inside someone else's script.
+    None when the agent is not built, is already there, or its path would not survive the
+    variable's splitting at white space."""
+    lib, old = agent_lib(), env.get("JAVA_TOOL_OPTIONS", "")
+    if not lib.exists() or AGENT_NAME in old or any(c.isspace() or c in ",=" for c in str(lib)):
+        return None
+    agent = f"-agentpath:{lib}={','.join(agent_options(args, address, control_path) + ['onerror=continue'])}"
+    return f"{old} {agent}".strip()
 
 
 # --- heap sizing for far memory (issue 9) -----------------------------------------------------------

@@ -139,6 +139,9 @@ def _run(args) -> int:
             cmd, env = args.cmd, build_env(args, os.environ, address, secret, control.path)
             if control.key:
                 env["FARMEM_CONTROL_KEY"] = control.key
+            tool = java.tool_options(args, env, address, control.path)
+            if tool:  # the JVMs CMD starts, if any: the agent pages their heaps (docs/jvm.md)
+                env["JAVA_TOOL_OPTIONS"] = tool
         if user:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
             env["FARMEM_LAUNCH_UID"] = str(user.pw_uid)
