@@ -303,6 +303,35 @@ def test_a_jvm_started_by_a_script_is_paged_by_the_agent(farmem_cmd, build, jvm_
     assert not memds_using(private_tmp)
 
 
+def test_maven_started_by_its_script_is_paged(farmem_cmd, jvm_built, tmp_path, private_tmp):
+    """Debian's Maven (/usr/bin/mvn, a shell script that starts java) resolving and copying Neo4j's 235
+    jars offline, with MAVEN_OPTS=-Xmx256m and a quarter of that local: its JVM is paged through
+    JAVA_TOOL_OPTIONS, and it copies the same jars, byte for byte, as without farmem."""
+    import hashlib
+    import shutil
+    if not shutil.which("mvn"):
+        pytest.skip("no mvn")
+    pom = Path(__file__).parent / "java" / "neo4j" / "pom.xml"
+    env = dict(os.environ, TMPDIR=private_tmp, MAVEN_OPTS="-Xmx256m")
+
+    def copy(out, *pre):
+        r = subprocess.run([*pre, "mvn", "-o", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+                            f"-DoutputDirectory={out}", "-DincludeTypes=jar"],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()}, r
+
+    plain, r0 = copy(tmp_path / "plain")
+    if "BUILD FAILURE" in r0.stdout or len(plain) < 100:
+        pytest.skip("Neo4j's jars are not in ~/.m2 (make seeds fetches them)")
+    summary = tmp_path / "s.json"
+    paged, r = copy(tmp_path / "paged", *farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--")
+    assert paged == plain
+    s = json.loads(summary.read_text())
+    assert s["processes"] == 1 and s["local_limit_bytes"] == 64 << 20, s
+    assert s["evictions"] > 0 and s["remote_reads"] > 0 and s["gc_faults"] > 0, s
+
+
 def test_run_refuses_a_budget_larger_than_the_heap(farmem_cmd, jvm_built):
     r = farmem(farmem_cmd, "run", "--local", "1g", "--", "java", HEAP, "-version", timeout=30)
     assert r.returncode == 1
