@@ -232,9 +232,9 @@ def tool_options(args, env: dict, address: str, control_path: str) -> str | None
     None when the agent is not built, is already there, or its path would not survive the
     variable's splitting at white space."""
     lib, old = agent_lib(), env.get("JAVA_TOOL_OPTIONS", "")
-    if not lib.exists() or AGENT_NAME in old or any(c.isspace() or c in ",=" for c in str(lib)):
-        return None
     agent = f"-agentpath:{lib}={','.join(agent_options(args, address, control_path) + ['onerror=continue'])}"
+    if not lib.exists() or AGENT_NAME in old or any(c.isspace() for c in agent) or any(c in ",=" for c in str(lib)):
+        return None
     return f"{old} {agent}".strip()
 
 
