@@ -408,8 +408,8 @@ class Bench:
         out += ["", "Under Linux swap the fault columns come from kswap mode's eBPF tracer (farmem-trace): GC and "
                 "app faults are major faults by thread (all GC threads under pause workers), remote reads swap-ins, "
                 "remote writes pages swapped out. Under farmem, pause workers are HotSpot's `GC Thread#` and "
-                "`VM Thread`, concurrent ones `G1 Conc#`, `G1 Main Marker`, `G1 Refine#` and `G1 Service` "
-                "(jvmti-agent/gcthreads.c); moved in memd = bytes the collector had moved inside memd's store "
+                "`VM Thread`, concurrent ones `G1 Conc#`, `G1 Main Marker`, `G1 Refine#` and `G1 Service`, and "
+                "Shenandoah's workers and control thread (jvmti-agent/gcthreads.c); moved in memd = bytes the collector had moved inside memd's store "
                 "(`--gc farmem`, uffd/compact.c: full GCs' object moves and promotions of primitive arrays).", ""]
         out += self.targets()
         return "\n".join(out) + "\n"
