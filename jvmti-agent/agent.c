@@ -25,6 +25,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -359,11 +360,31 @@ static int setup_jvmti(JavaVM *vm, int at_start, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * farmem run -- java: the JVMs this one starts get the agent too, through
+ * their JAVA_TOOL_OPTIONS. This JVM read its own before it loaded us, so the
+ * launcher hands the value over in FARMEM_CHILD_JAVA_TOOL_OPTIONS rather than
+ * make this JVM load the agent twice (and print HotSpot's "Picked up" line).
+ * Set now, before any Java code has read the environment (ProcessBuilder's
+ * copy of it is taken at its first use).
+ */
+static void hand_agent_to_children(void)
+{
+	const char *o = getenv("FARMEM_CHILD_JAVA_TOOL_OPTIONS");
+
+	if (!o)
+		return;
+	setenv("JAVA_TOOL_OPTIONS", o, 1);
+	unsetenv("FARMEM_CHILD_JAVA_TOOL_OPTIONS");
+}
+
 EXPORT jint JNICALL Agent_OnLoad(JavaVM *vm, char *options, void *reserved)
 {
 	char err[512], msg[600];
 	uint64_t heap = 0;
 	int rc;
+
+	hand_agent_to_children();
 
 	if (fm_agent_parse_options(options, &opts, err, sizeof(err))) {
 		snprintf(msg, sizeof(msg), "bad agent option: %s; the JVM does not start", err);

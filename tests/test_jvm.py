@@ -303,6 +303,25 @@ def test_a_jvm_started_by_a_script_is_paged_by_the_agent(farmem_cmd, build, jvm_
     assert not memds_using(private_tmp)
 
 
+def test_the_jvms_a_jvm_starts_are_paged(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """`farmem run -- java ... ChildJvm java ...`: the first JVM has the agent on its command line, and
+    hands it to the JVMs it starts through their JAVA_TOOL_OPTIONS (the launcher gave it the value in
+    FARMEM_CHILD_JAVA_TOOL_OPTIONS). Both are paged and counted; the parent prints no "Picked up"
+    line, the child does."""
+    summary = tmp_path / "s.json"
+    cp = str(build / "java")
+    r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--",
+               "java", "-Xmx64m", "-cp", cp, "ChildJvm",
+               "java", "-Xmx512m", "-cp", cp, "GcChurn", "--live-mb", "200", "--steps", "60000",
+               timeout=240, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gcchurn: ok" in r.stdout and "childjvm: child exited 0" in r.stdout, r.stdout
+    assert r.stderr.count("Picked up JAVA_TOOL_OPTIONS") == 1, r.stderr
+    s = json.loads(summary.read_text())
+    assert s["processes"] == 2, s
+    assert s["remote_reads"] > 0 and s["gc_faults"] > 0 and s["discards"] > 0, s
+
+
 def test_maven_started_by_its_script_is_paged(farmem_cmd, jvm_built, tmp_path, private_tmp):
     """Debian's Maven (/usr/bin/mvn, a shell script that starts java) resolving and copying Neo4j's 235
     jars offline, with MAVEN_OPTS=-Xmx256m and a quarter of that local: its JVM is paged through

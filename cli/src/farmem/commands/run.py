@@ -8,7 +8,14 @@ The contract with the preload shim is its environment (one variable per flag):
     FARMEM_LOCAL         the local budget: a byte count or NN%
     FARMEM_CONTROL       <tmpdir>/control.sock, where each pager hands over its residency map
     FARMEM_LAUNCH_UID    who farmem run ran as: a process of another user runs unpaged, with a warning
+                         (as root: it pages, showing FARMEM_CONTROL_KEY to the control socket)
     FARMEM_<KNOB>        the variable of every other knob flag that is given (uffd/knobs.h)
+    JAVA_TOOL_OPTIONS    -agentpath:<build>/lib/libfarmem_agent.so=... appended: every JVM CMD starts
+                         is paged by the agent, and the shim stands aside in it
+
+With java as CMD there is no shim: the agent is on the command line, and the JVMs that java
+starts get it from FARMEM_CHILD_JAVA_TOOL_OPTIONS, which the agent turns into their
+JAVA_TOOL_OPTIONS.
 
 The end-of-run figures come from the residency maps the pagers passed over FARMEM_CONTROL
 (farmem/control.py), read after CMD has exited.
@@ -135,6 +142,9 @@ def _run(args) -> int:
         if is_java:  # the JVMTI agent pages the heap; no shim (farmem/java.py)
             cmd = java.prepare(args, address, control.path)
             env = java.build_env(os.environ, secret)
+            tool = java.tool_options(args, env, address, control.path)
+            if tool:  # for the JVMs this one starts: the agent sets their JAVA_TOOL_OPTIONS from it
+                env["FARMEM_CHILD_JAVA_TOOL_OPTIONS"] = tool
         else:
             cmd, env = args.cmd, build_env(args, os.environ, address, secret, control.path)
             if control.key:
