@@ -11,11 +11,12 @@
  * (ShenandoahGCPauseMark in VM_Shenandoah*::doit). No Java thread runs then,
  * and the GC workers are done or, Shenandoah's concurrent ones, suspended.
  * A free G1 region or an empty committed Shenandoah region holds no object;
- * Parallel's spaces hold none above top. Shenandoah's control thread may
- * uncommit an empty region meanwhile (op_uncommit does not stop for
- * safepoints): the uncommit takes the range from the pager first (heap.c's
- * hook), and the pager takes a discard of a range it no longer pages as a
- * no-op, so either order is safe. Whoever allocates there after the pause writes
+ * Parallel's spaces hold none above top. Shenandoah uncommits empty regions
+ * without joining safepoints, but in JDK 17 its control thread does it, and
+ * that thread is the one waiting in VMThread::execute for the pause. Were
+ * another thread to do it (a later JDK), the uncommit takes the range from
+ * the pager first (heap.c's hook) and a discard of a range the pager no
+ * longer pages does nothing: either order is safe. Whoever allocates there after the pause writes
  * first (the pager write-protects discarded resident pages, so that write
  * makes them dirty again; a page whose only copy was remote reads as zeros,
  * which is as good as the garbage it held).

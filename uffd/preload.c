@@ -602,31 +602,23 @@ static struct fm_pager *get_pager(void)
 		int other = other_user();
 		const char *why = other == 1 ? "it runs as another user than farmem run, whose memd it cannot reach"
 				  : !fm_uffd_probe() ? "userfaultfd is not available to it" : NULL;
-		if (why) {
+		rc = why ? -1 : fm_pager_start(&cfg, &pager, err, sizeof(err));
+		if (rc && (why || other)) {
 			/*
 			 * A process that gave up root on its way here (runuser, a
-			 * server's workers) can reach neither the private memd nor,
-			 * often, userfaultfd. `farmem run` checked its own; this one
-			 * runs unpaged, said once, rather than dying in the middle of
-			 * the program's work.
+			 * server's workers) may reach neither the private memd nor
+			 * userfaultfd, or not the full one fault=thread needs.
+			 * `farmem run` checked its own; this one runs unpaged, said
+			 * once, rather than dying in the middle of the program's work.
 			 */
 			fm_warn("process %d (uid %d) is not paged: %s; it keeps all of its memory local "
-				"(docs/compatibility.md)", (int)getpid(), (int)getuid(), why);
+				"(docs/compatibility.md)", (int)getpid(), (int)getuid(), why ? why : err);
 			atomic_store(&state, 4);
 			in_farmem--;
 			pthread_mutex_unlock(&start_lock);
 			return NULL;
 		}
-		rc = fm_pager_start(&cfg, &pager, err, sizeof(err));
 		in_farmem--;
-		if (rc && other) {
-			/* Gave up root, and what it kept cannot page it (fault=thread, a memd it cannot reach). */
-			fm_warn("process %d (uid %d) is not paged: %s; it keeps all of its memory local "
-				"(docs/compatibility.md)", (int)getpid(), (int)getuid(), err);
-			atomic_store(&state, 4);
-			pthread_mutex_unlock(&start_lock);
-			return NULL;
-		}
 		if (rc) {
 			pthread_mutex_unlock(&start_lock);
 			die_config(err);
