@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The compatibility matrix on large data (issue 19, docs/compatibility.md): Redis with
 redis-benchmark and its BGSAVE snapshot, memcached with memcslap (its cache in one block, and
-memcached-heaps: in glibc's heaps of its threads, paged with --fault thread), NumPy and a multiprocessing
+memcached-heaps: in glibc's heaps of its threads), NumPy and a multiprocessing
 pool, SQLite with a paged page cache, PostgreSQL as its own user (a sort, a hash aggregate and a
 hash join in one backend's work_mem), system calls into evicted buffers, xz's match finder
 (random rewrites) and GNU sort (stdio into a paged buffer), each checking its own results (bench/lib/compat.py), under
@@ -12,6 +12,7 @@ hash join in one backend's work_mem), system calls into evicted buffers, xz's ma
                                                     mappings as the cgroup limit, plus 64 MiB for
                                                     the rest of the process)
     local    no limit                               (the reference for slowdowns)
+    farmem-thread  farmem run --fault thread --local 25%  (every fault served by handler threads)
 
 side by side, one workload at a time in all modes before the next. Needs root (kswap) and the
 packages of tools/deps.sh; a timing run belongs on a quiet machine.
@@ -56,9 +57,8 @@ SIZES = {
 # jemalloc maps its heap in steps from 2 MiB up: below 64 MiB a Redis heap is mostly in small steps.
 # The others: so that a small --scale still pages (their big blocks are below 64 MiB there).
 THRESHOLD = {"postgres": "8M", "redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M"}
-# memcached without -L: its slabs, 1 MiB blocks of its worker threads, live in glibc's heaps, which
-# the shim pages where the kernel waits for a page (docs/compatibility.md).
-FARMEM_EXTRA = {"memcached-heaps": ["--fault", "thread"]}
+# Modes beside the three: farmem with every fault served by handler threads.
+FARMEM_MODES = {"farmem": [], "farmem-thread": ["--fault", "thread"]}
 
 
 def figure(name: str, got: dict) -> str:
@@ -103,17 +103,17 @@ def main() -> int:
     a = ap.parse_args()
     modes = a.modes.split(",")
     names = a.only.split(",")
-    unknown = [n for n in names if n not in compat.WORKLOADS] + [m for m in modes if m not in ("farmem", "kswap", "local")]
+    unknown = [n for n in names if n not in compat.WORKLOADS] + [m for m in modes if m not in (*FARMEM_MODES, "kswap", "local")]
     if unknown:
         ap.error(f"unknown: {', '.join(unknown)} (workloads: {', '.join(compat.WORKLOADS)})")
     records = []
     for name in names:
         for mode in modes:
-            launch = compat.Launch(mode=mode, local=a.local, threshold=THRESHOLD.get(name),
-                                   extra=FARMEM_EXTRA.get(name, []) if mode == "farmem" else [])
+            launch = compat.Launch(mode="farmem" if mode in FARMEM_MODES else mode, local=a.local,
+                                   threshold=THRESHOLD.get(name), extra=FARMEM_MODES.get(mode, []))
             work = Path(tempfile.mkdtemp(prefix=f"compat-{name}-{mode}-", dir="/tmp"))
             kw = SIZES[name](a.scale)
-            if name == "sysio" and mode != "farmem":
+            if name == "sysio" and mode not in FARMEM_MODES:
                 kw["expect_evicted"] = 0  # mincore's figure is printed; only the pager is held to it
             t0 = time.monotonic()
             rec = {"workload": name, "mode": mode, "args": kw}

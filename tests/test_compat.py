@@ -207,41 +207,55 @@ print(rc_all, os.strerror(err_all), rc_one, os.strerror(err_one), bad)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "lib"))
 # --- glibc's heaps of a program's threads, and memory reserved PROT_NONE ------------------------
 
-@pytest.mark.parametrize("fault,reservations", [("thread", True), ("thread", False), ("signal", True)])
-def test_thread_heaps_paged_where_the_kernel_waits(shim, built, tmp_path, farmem_cmd, fault, reservations):
+@pytest.mark.parametrize("fault,reservations,user", [("thread", True, None), ("thread", False, None),
+                                                     ("signal", True, None), ("signal", True, "nobody")])
+def test_thread_heaps_paged_where_the_kernel_waits(shim, built, tmp_path, farmem_cmd, fault, reservations, user):
     """24 threads build lists of small blocks, which glibc keeps in the heaps of its arenas (made
     writable with glibc's own mprotect, which no hook sees), check each other's lists, free them
     and build again; a stdio stream opened by a thread is written by all, and a forked child reads
-    a list a thread kept. With handler threads the shim pages the heaps (uffd/preload.c,
-    heap_block): the peak resident set stays near the budget and every byte is right. With faults served in the faulting thread, where a system call
-    on an evicted small block (a path, a struct stat) would fail with EFAULT, and with
-    --no-reservations, they stay local."""
+    a list a thread kept. Blocks each thread took first, and the rounds left cold, then go to the
+    kernel through syscall(2), past every cover: openat of a path in one, pread and fstat into it.
+    The shim pages the heaps (uffd/preload.c, heap_block) as regions whose faults the kernel waits
+    for: with --fault thread the pager's own userfaultfd, with fault=signal a second one without
+    SIGBUS (FM_REG_KERNEL_WAITS), where a system call on an evicted block would otherwise fail
+    with EFAULT. The peak resident set stays near the budget and every byte and call is right.
+    With --no-reservations, and for a user who may not open a userfaultfd for kernel faults
+    (nobody here: no /dev/userfaultfd, vm.unprivileged_userfaultfd=0), they stay local."""
     prog = built("build/tests/arenatest")
     flag = "--reservations" if reservations else "--no-reservations"
+    extra = ["--user", user, "--log", "info"] if user else []
+    if user and os.geteuid() != 0:
+        pytest.skip("--user needs root")
     # stream: with the shm transport memd's store, mapped into the process, counts in its VmHWM.
-    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "24M", "--fault", fault, flag,
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "24M", "--fault", fault, flag, *extra,
                       "--transport", "stream", "--", prog, "--threads", 24, "--mib", 96, "--rounds", 2,
                       timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    m = re.search(r"arenatest: ok .* fork=ok hwm=(\d+) MiB", r.stdout)
+    m = re.search(r"arenatest: ok .* syscalls=36864 fork=ok hwm=(\d+) MiB", r.stdout)
     assert m, r.stdout + r.stderr[-3000:]
-    if fault == "thread" and reservations:
+    if reservations and not user:
         assert_paged(s, "arenatest")
+        assert s["fault_mode"] == fault, s
         assert int(m[1]) < 64, (m[0], s)  # 96 MiB of blocks under a 24 MiB budget
         assert s["registered_bytes"] >= 96 << 20, s
         # The child's own pager pages the heap parts it got (its budget adds to the parent's).
         assert s["processes"] == 2 and s["forks"] == 1, s
+        assert "unpaged" not in r.stderr, r.stderr[-3000:]
     else:
         assert s["processes"] == 0, s
         assert int(m[1]) >= 96, m[0]
+        if user:
+            assert "cannot open a userfaultfd for faults taken in system calls" in r.stderr, r.stderr[-3000:]
 
 
-def test_reservation_paged_as_it_is_made_writable(shim, built, tmp_path, farmem_cmd):
+@pytest.mark.parametrize("fault", ["thread", "signal"])
+def test_reservation_paged_as_it_is_made_writable(shim, built, tmp_path, farmem_cmd, fault):
     """A 192 MiB PROT_NONE reservation made writable 4 MiB at a time with mprotect (V8's and .NET's
-    way) is paged part by part; a part made unreadable and readable again keeps its bytes, one
-    replaced in place by MAP_FIXED reads zeros, and what is left after an unmap is checked."""
+    way) is paged part by part, in either fault mode; a part made unreadable and readable again
+    keeps its bytes, one replaced in place by MAP_FIXED reads zeros, and what is left after an
+    unmap is checked."""
     prog = built("build/tests/arenatest")
-    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--fault", "thread", "--transport",
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--fault", fault, "--transport",
                       "stream", "--", prog, "--reserve", "--mib", 128, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     m = re.search(r"arenatest: ok reserve parts=32 hwm=(\d+) MiB", r.stdout)

@@ -376,7 +376,7 @@ static void protect_dirty(struct fm_pager *p, struct victim *v, unsigned n, int 
 				break;
 			e = j;
 		}
-		fm_uffd_wp(p->uffd, v[k].addr, (size_t)(v[e].i - v[k].i + 1) * PG_SIZE, on);
+		fm_uffd_wp(v[k].r->uffd, v[k].addr, (size_t)(v[e].i - v[k].i + 1) * PG_SIZE, on);
 		STAT_ADD(p, evict_syscalls, 1);
 		k = e + 1;
 	}
@@ -554,7 +554,7 @@ static void capture_restore(struct fm_pager *p, struct victim *v, unsigned n)
 		uint64_t skipped;
 		if (!v[k].keep || !v[k].bytes)
 			continue;
-		fm_uffd_install(p->uffd, v[k].addr, v[k].bytes, 1, 0, !p->in_thread, &skipped);
+		fm_uffd_install(v[k].r->uffd, v[k].addr, v[k].bytes, 1, 0, v[k].r->kernel_waits, &skipped);
 		STAT_ADD(p, evict_syscalls, 1);
 	}
 }

@@ -120,7 +120,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	 */
 	wr = f->write || (remote && ((b & FM_PGF_REWRITE) || (gc && p->cfg.gc_writable)));
 	t_copy = fm_now_ns();
-	fm_uffd_install(p->uffd, addr, src, 1, !wr, !f->in_thread, &skipped);
+	fm_uffd_install(r->uffd, addr, src, 1, !wr, !f->in_thread, &skipped);
 	if (skipped) {
 		/*
 		 * There already (a stale fault) or an unmap is under way behind
@@ -178,7 +178,7 @@ static int missing_but_resident(struct fm_pager *p, struct fm_fault *f, struct r
 	 */
 	if (!pg_cas(&r->pg[i], &b, held))
 		return 0;
-	fm_uffd_install(p->uffd, r->base + (i << PG_SHIFT), p->zero_run, 1, 0, !f->in_thread, &skipped);
+	fm_uffd_install(r->uffd, r->base + (i << PG_SHIFT), p->zero_run, 1, 0, !f->in_thread, &skipped);
 	if (skipped) {
 		fm_release(p, &r->pg[i], held, b);
 	} else {
@@ -220,7 +220,7 @@ static void missing(struct fm_pager *p, struct fm_fault *f, struct region *r, in
 			continue;
 		case FM_PG_UNMANAGED:
 			if (!f->in_thread)
-				fm_uffd_wake(p->uffd, r->base + (i << PG_SHIFT), PG_SIZE);
+				fm_uffd_wake(r->uffd, r->base + (i << PG_SHIFT), PG_SIZE);
 			return;
 		default:
 			if (!missing_but_resident(p, f, r, i, b))
@@ -260,7 +260,7 @@ static int open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r, 
 		STAT_ADD(p, garbage_reused, n);
 	}
 	/* Unprotect before DIRTY is visible: the evictor must not protect a page we then open. */
-	fm_uffd_wp(p->uffd, addr, (size_t)n << PG_SHIFT, 0);
+	fm_uffd_wp(r->uffd, addr, (size_t)n << PG_SHIFT, 0);
 	for (uint64_t k = 1; k < n; k++)
 		pg_release_from(&r->pg[i + k], FM_PG_UPDATING, pg_make(FM_PG_DIRTY, FM_PGF_REF));
 	fm_release(p, &r->pg[i], held, pg_make(FM_PG_DIRTY, fl));
@@ -294,11 +294,11 @@ static void write_protected(struct fm_pager *p, struct fm_fault *f, struct regio
 		if (s == FM_PG_REMOTE) {
 			/* It left meanwhile: the retried write faults as missing. */
 			if (!f->in_thread)
-				fm_uffd_wake(p->uffd, addr, PG_SIZE);
+				fm_uffd_wake(r->uffd, addr, PG_SIZE);
 			return;
 		}
 		if (s == FM_PG_UNMANAGED) {
-			fm_uffd_wp(p->uffd, addr, PG_SIZE, 0);
+			fm_uffd_wp(r->uffd, addr, PG_SIZE, 0);
 			return;
 		}
 		/*
@@ -314,7 +314,7 @@ static void write_protected(struct fm_pager *p, struct fm_fault *f, struct regio
 		held = pg_make(s == FM_PG_DIRTY ? FM_PG_UPDATING : FM_PG_FILLING, b);
 		if (!pg_cas(&r->pg[i], &b, held))
 			continue;
-		fm_uffd_wp(p->uffd, addr, PG_SIZE, 0);
+		fm_uffd_wp(r->uffd, addr, PG_SIZE, 0);
 		fm_release(p, &r->pg[i], held, b);
 		return;
 	}
@@ -345,7 +345,7 @@ static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct reg
 			held = pg_make(FM_PG_UPDATING, b);
 			if (!pg_cas(&r->pg[i], &b, held))
 				continue;
-			rc = fm_uffd_continue(p->uffd, addr, to == FM_PG_CLEAN, !f->in_thread);
+			rc = fm_uffd_continue(r->uffd, addr, to == FM_PG_CLEAN, !f->in_thread);
 			if (rc == -EFAULT && s == FM_PG_UNTOUCHED && f->in_thread) {
 				/* Not in the file: a missing fault after all. */
 				fm_release(p, &r->pg[i], held, b);
@@ -381,7 +381,7 @@ static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct reg
 			if (f->in_thread)
 				missing(p, f, r, ridx, i);
 			else
-				fm_uffd_wake(p->uffd, addr, PG_SIZE);
+				fm_uffd_wake(r->uffd, addr, PG_SIZE);
 			return;
 		}
 		if (pg_is_hold(s)) {
@@ -391,7 +391,7 @@ static void shmem_not_present(struct fm_pager *p, struct fm_fault *f, struct reg
 		}
 		/* UNMANAGED: not ours. */
 		if (!f->in_thread)
-			fm_uffd_wake(p->uffd, addr, PG_SIZE);
+			fm_uffd_wake(r->uffd, addr, PG_SIZE);
 		return;
 	}
 }
@@ -407,8 +407,17 @@ int fm_fault(struct fm_pager *p, struct fm_fault *f)
 	if (!r) {
 		rlock_un(p);
 		/* Unregistered while the fault waited: the thread retries on plain memory. */
-		if (!f->in_thread)
-			fm_uffd_wake(p->uffd, f->addr & ~(uintptr_t)(PG_SIZE - 1), PG_SIZE);
+		if (!f->in_thread) {
+			uintptr_t a = f->addr & ~(uintptr_t)(PG_SIZE - 1);
+			fm_uffd_wake(p->uffd, a, PG_SIZE);
+			if (p->uffd_waits >= 0)
+				fm_uffd_wake(p->uffd_waits, a, PG_SIZE);
+		}
+		return -ENOENT;
+	}
+	if (f->in_thread && r->kernel_waits && p->in_thread) {
+		/* Its uffd raises no SIGBUS: this one is the program's own, or the kernel's. */
+		rlock_un(p);
 		return -ENOENT;
 	}
 	i = (f->addr - r->base) >> PG_SHIFT;
@@ -450,7 +459,7 @@ int fm_pager_kernel_waits(const struct fm_pager *p)
 
 int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len)
 {
-	return p->in_thread && fm_pager_owns_nolock(p, addr, len);
+	return p->in_thread && fm_region_signals(p, (uintptr_t)addr, (uintptr_t)addr + len);
 }
 
 int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write)
@@ -468,6 +477,9 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 	rlock_rd(p);
 	while (fm_overlap_next(p, a, (e + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1), &o)) {
 		int ridx = (int)(o.r - p->regions);
+		/* The kernel waits there, and an install must wake whoever sleeps on it. */
+		if (o.r->kernel_waits)
+			continue;
 		for (uint64_t i = o.first; i < o.first + o.n; i++) {
 			/* Bounded: a page the kernel keeps skipping (an unmap under way) is left to EFAULT. */
 			for (int tries = 0; tries < 64; tries++) {

@@ -223,6 +223,7 @@ static int child_runs(struct fm_pager *p, struct fm_fork_range *out, int n, int 
 			}
 			out[n].base = r->base + (i << PG_SHIFT);
 			out[n].len = (size_t)(j - i) << PG_SHIFT;
+			out[n].kernel_waits = r->kernel_waits && p->in_thread;
 			n++;
 		}
 	}
@@ -246,6 +247,8 @@ static void child_reset(struct fm_fork_range *out, int *n, int max)
 		/* Only the parent's pager may hold its uffd: its munmaps wait for a reader of that uffd's events. */
 		if (p->uffd >= 0)
 			close(p->uffd);
+		if (p->uffd_waits >= 0)
+			close(p->uffd_waits);
 	}
 	memset(fork_pagers, 0, sizeof(fork_pagers));
 	pthread_mutex_init(&fork_lock, NULL);

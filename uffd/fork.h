@@ -20,6 +20,7 @@ void fm_fork_remove(struct fm_pager *p);
 struct fm_fork_range {
 	uintptr_t base;
 	size_t len;
+	int kernel_waits; /* FM_REG_KERNEL_WAITS in a fault=signal pager: a malloc heap's part */
 };
 
 /*

@@ -18,6 +18,7 @@
 #include "pager_internal.h"
 #include "region.h"
 #include "uffd_compat.h"
+#include "uffd_ops.h"
 
 #define MSGS_PER_READ 16
 #define MAX_SIG_PAGERS 4
@@ -158,15 +159,26 @@ int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old)
 	return ours;
 }
 
+/*
+ * Handler 0 of a fault=signal pager reads only events; handler 1 there
+ * reads uffd_waits, whose faults the kernel waits for.
+ */
+static int handler_fd(const struct fm_pager *p, unsigned idx)
+{
+	return p->in_thread && idx > 0 ? p->uffd_waits : p->uffd;
+}
+
 static void *handler_main(void *arg)
 {
-	struct fm_pager *p = arg;
-	unsigned idx = atomic_fetch_add(&p->handler_seq, 1);
+	const struct fm_handler_arg *ha = arg;
+	struct fm_pager *p = ha->p;
+	unsigned idx = ha->idx;
+	int fd = handler_fd(p, idx), events_only = p->in_thread && idx == 0;
 	struct uffd_msg msgs[MSGS_PER_READ];
-	struct pollfd pfd[2] = { { .fd = p->uffd, .events = POLLIN }, { .fd = p->stop_fd, .events = POLLIN } };
+	struct pollfd pfd[2] = { { .fd = fd, .events = POLLIN }, { .fd = p->stop_fd, .events = POLLIN } };
 	char name[16];
 
-	snprintf(name, sizeof(name), p->in_thread ? "farmem-events" : "farmem-fault%u", idx);
+	snprintf(name, sizeof(name), events_only ? "farmem-events" : "farmem-fault%u", idx);
 	pthread_setname_np(pthread_self(), name);
 	/*
 	 * A handler asleep between faults is woken for the next one, and the
@@ -174,7 +186,7 @@ static void *handler_main(void *arg)
 	 * exit here). So after a fault it reads on for fill_spin_us before it
 	 * sleeps, yielding its CPU to any thread that wants it meanwhile.
 	 */
-	uint64_t spin_ns = p->in_thread ? 0 : (uint64_t)p->cfg.fill_spin_us * 1000, spin_until = 0;
+	uint64_t spin_ns = events_only ? 0 : (uint64_t)p->cfg.fill_spin_us * 1000, spin_until = 0;
 
 	for (;;) {
 		ssize_t n;
@@ -185,7 +197,7 @@ static void *handler_main(void *arg)
 			if (pfd[1].revents)
 				return NULL;
 		}
-		n = fm_sys_read(p->uffd, msgs, sizeof(msgs));
+		n = fm_sys_read(fd, msgs, sizeof(msgs));
 		if (n < 0) {
 			if (errno == EAGAIN && spin_until)
 				sched_yield();
@@ -230,6 +242,59 @@ static void *handler_main(void *arg)
 	}
 }
 
+static int handler_start(struct fm_pager *p, unsigned i, int with_chan, char *err, size_t errlen)
+{
+	int rc;
+
+	if (with_chan) {
+		rc = fm_chan_open(p->x, &p->handler_chan[i]);
+		if (rc) {
+			snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
+			return rc;
+		}
+	}
+	p->handler_args[i] = (struct fm_handler_arg){ .p = p, .idx = i };
+	rc = -pthread_create(&p->handlers[i], NULL, handler_main, &p->handler_args[i]);
+	if (rc) {
+		fm_chan_close(p->handler_chan[i]);
+		p->handler_chan[i] = NULL;
+		snprintf(err, errlen, "cannot start a fault handler: %s", strerror(-rc));
+	}
+	return rc;
+}
+
+int fm_monitor_waits_fd(struct fm_pager *p, char *err, size_t errlen)
+{
+	uint64_t got;
+	int rc = 0;
+
+	if (!p->in_thread)
+		return p->uffd;
+	pthread_mutex_lock(&p->waits_lock);
+	if (p->uffd_waits >= 0)
+		goto out;
+	if (atomic_load(&p->stopping)) {
+		snprintf(err, errlen, "the pager is stopping");
+		rc = -ESHUTDOWN;
+		goto out;
+	}
+	rc = fm_uffd_open(p->features & ~(uint64_t)UFFD_FEATURE_SIGBUS, &got, err, errlen);
+	if (rc < 0)
+		goto out;
+	p->uffd_waits = rc;
+	/* Handler 1; the stop joins handlers [0, nhandlers). */
+	rc = handler_start(p, 1, 1, err, errlen);
+	if (rc) {
+		close(p->uffd_waits);
+		p->uffd_waits = -1;
+		goto out;
+	}
+	p->nhandlers = 2;
+out:
+	pthread_mutex_unlock(&p->waits_lock);
+	return rc < 0 ? rc : p->uffd_waits;
+}
+
 int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
 {
 	int rc;
@@ -251,20 +316,9 @@ int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
 											  : p->cfg.fill_threads;
 	}
 	for (unsigned i = 0; i < p->nhandlers; i++) {
-		if (!p->in_thread) {
-			rc = fm_chan_open(p->x, &p->handler_chan[i]);
-			if (rc) {
-				snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
-				p->nhandlers = i;
-				return rc;
-			}
-		}
-		rc = -pthread_create(&p->handlers[i], NULL, handler_main, p);
+		rc = handler_start(p, i, !p->in_thread, err, errlen);
 		if (rc) {
-			fm_chan_close(p->handler_chan[i]);
-			p->handler_chan[i] = NULL;
 			p->nhandlers = i;
-			snprintf(err, errlen, "cannot start a fault handler: %s", strerror(-rc));
 			return rc;
 		}
 	}
@@ -277,6 +331,7 @@ void fm_monitor_stop(struct fm_pager *p)
 
 	if (p->in_thread)
 		sigbus_remove(p);
+	pthread_mutex_lock(&p->waits_lock); /* no handler 1 starts now */
 	if (p->stop_fd >= 0 && fm_sys_write(p->stop_fd, &one, sizeof(one)) < 0)
 		fm_warn("cannot stop the fault handlers: %s", strerror(errno));
 	for (unsigned i = 0; i < p->nhandlers; i++) {
@@ -289,4 +344,5 @@ void fm_monitor_stop(struct fm_pager *p)
 	if (p->stop_fd >= 0)
 		close(p->stop_fd);
 	p->stop_fd = -1;
+	pthread_mutex_unlock(&p->waits_lock);
 }

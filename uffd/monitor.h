@@ -7,7 +7,9 @@
  * pager serves the fault in that thread's signal handler, on its own CPU: no
  * other thread wakes, no IPI, no context switch. A SIGBUS that is not ours
  * goes to the disposition the program had (chained). One thread still reads
- * the uffd, for its events (an unmap behind the shim).
+ * the uffd, for its events (an unmap behind the shim). Regions where the
+ * kernel must wait for a page (malloc heaps: the shim) are registered with a
+ * second uffd without SIGBUS, read by a second thread as with fault=thread.
  *
  * fault=thread: handler threads read faults off the uffd and serve them
  * while the faulting thread sleeps in the kernel. Every system call on paged
@@ -24,6 +26,15 @@ struct fm_pager;
 
 int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen);
 void fm_monitor_stop(struct fm_pager *p);
+/*
+ * The userfaultfd of regions whose faults the kernel waits for
+ * (FM_REG_KERNEL_WAITS): with fault=thread the pager's own; with
+ * fault=signal a second one, opened with its handler thread at the first
+ * call. A negative errno (and err) when it cannot be opened: a process
+ * without a full userfaultfd (root, /dev/userfaultfd, or
+ * vm.unprivileged_userfaultfd) has only the user-mode-only kind.
+ */
+int fm_monitor_waits_fd(struct fm_pager *p, char *err, size_t errlen);
 
 /*
  * The program's own SIGBUS disposition, for the shim's sigaction and signal

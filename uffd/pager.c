@@ -152,13 +152,14 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	if (!p)
 		return -ENOMEM;
 	p->cfg = *cfg;
-	p->uffd = p->pidfd = p->map_fd = p->stop_fd = -1;
+	p->uffd = p->uffd_waits = p->pidfd = p->map_fd = p->stop_fd = -1;
 	fm_log_level = cfg->log_level;
 	pthread_rwlock_init(&p->rlock, NULL);
 	pthread_mutex_init(&p->clock_lock, NULL);
 	pthread_mutex_init(&p->misc_lock, NULL);
 	pthread_mutex_init(&p->reg_lock, NULL);
 	pthread_mutex_init(&p->stream_lock, NULL);
+	pthread_mutex_init(&p->waits_lock, NULL);
 	p->zero_run = aligned_alloc(PG_SIZE, (size_t)ZERO_RUN_PAGES * PG_SIZE);
 	p->bounce = aligned_alloc(PG_SIZE, (size_t)FM_MAX_BATCH * PG_SIZE);
 	if (!p->zero_run || !p->bounce) {
@@ -240,6 +241,18 @@ fail:
 	return rc < 0 ? rc : -EIO;
 }
 
+int fm_pager_open_kernel_waits(struct fm_pager *p, char *err, size_t errlen)
+{
+	int fd = fm_monitor_waits_fd(p, err, errlen);
+
+	return fd < 0 ? fd : 0;
+}
+
+int fm_pager_kernel_waits_possible(void)
+{
+	return fm_uffd_full_available();
+}
+
 int fm_pager_stop(struct fm_pager *p)
 {
 	if (!p)
@@ -263,6 +276,8 @@ int fm_pager_stop(struct fm_pager *p)
 	 */
 	if (p->uffd >= 0)
 		close(p->uffd);
+	if (p->uffd_waits >= 0)
+		close(p->uffd_waits);
 	/* A shmem alias left mapped would keep its file, and so its memory, alive. */
 	for (int i = 0; i < p->nregions; i++)
 		fm_shmem_release(&p->regions[i]);

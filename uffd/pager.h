@@ -80,6 +80,7 @@ int fm_pager_stop(struct fm_pager *p);
 #define FM_REG_SHMEM 4u /* FM_REGION_F_SHMEM: a MAP_SHARED mapping of a shmem file */
 #define FM_REG_SPARSE 8u /* FM_REGION_F_SPARSE: a reserved range, paged as it is committed */
 #define FM_REG_NO_SETTLE 16u /* pages present join the books, but the caller evicts down to the budget: fm_pager_settle */
+#define FM_REG_KERNEL_WAITS 32u /* its faults are served by a handler thread, whatever the fault mode */
 
 /*
  * Put [addr, addr+len) (page-aligned, anonymous private) under the pager.
@@ -99,8 +100,26 @@ int fm_pager_stop(struct fm_pager *p);
  * UFFDIO_CONTINUE. Pages of the file that are not mapped and hold only zeros
  * (a preallocated file) are punched out at registration. -ENOTSUP when the
  * kernel lacks minor faults or write-protection for shmem.
+ *
+ * With FM_REG_KERNEL_WAITS a fault there, the kernel's own (a system call's
+ * copy from the program) as well as the program's, sleeps until a handler
+ * thread installs the page, also in fault=signal mode: memory that holds
+ * what a program hands the kernel in small pieces (malloc heaps), which no
+ * cover could make resident before each call. Such regions are registered
+ * with a second userfaultfd, without UFFD_FEATURE_SIGBUS: open it first with
+ * fm_pager_open_kernel_waits (-ENOTCONN otherwise).
  */
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags);
+/*
+ * Make FM_REG_KERNEL_WAITS registrations possible: with fault=signal, open
+ * the second userfaultfd and start its handler thread (once; later calls
+ * return at once). A negative errno and err when this process cannot have a
+ * userfaultfd for faults taken inside system calls (not root, no access to
+ * /dev/userfaultfd, vm.unprivileged_userfaultfd=0).
+ */
+int fm_pager_open_kernel_waits(struct fm_pager *p, char *err, size_t errlen);
+/* Before any pager: 1 when fm_pager_open_kernel_waits can succeed in this process. */
+int fm_pager_kernel_waits_possible(void);
 /*
  * [addr, addr+len), inside a region registered FM_REG_SPARSE, is memory now
  * (anonymous private, read-write: the program committed it). Its pages that
@@ -219,7 +238,8 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 void fm_pager_io_end(struct fm_pager *p, int pin);
 /*
  * 1 when a system call on [addr, addr+len) needs fm_pager_io_begin: faults
- * served in the faulting thread, and the range paged (fm_pager_owns_nolock).
+ * served in the faulting thread, and the range paged, but not with
+ * FM_REG_KERNEL_WAITS (where the kernel waits anyway).
  */
 int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len);
 /*

@@ -60,6 +60,8 @@ struct region {
 	uint8_t *pg;           /* its state bytes in the residency map */
 	uint8_t *heat;         /* beside them, the evictor's own (evict.h: fm_heat_*), or NULL */
 	uint32_t space;        /* memd space of its remote pages */
+	int uffd;              /* the userfaultfd it is registered with: the pager's, or uffd_waits */
+	int kernel_waits;      /* a thread that faults there sleeps until a handler installs the page */
 	int slot;              /* index in hdr->regions */
 	int live;
 	/*
@@ -118,6 +120,12 @@ struct fm_pager {
 	struct fm_pager_cfg cfg;
 	int uffd;
 	uint64_t features;              /* what fm_uffd_open got */
+	/*
+	 * fault=signal only: the second userfaultfd, without SIGBUS, of the
+	 * regions registered FM_REG_KERNEL_WAITS (-1 until the first), read by
+	 * handler thread 1 (monitor.c).
+	 */
+	int uffd_waits;
 	int in_thread;                  /* faults are served in the faulting thread (SIGBUS) */
 	int shmem_ok;                   /* the uffd has minor faults and write-protect for shmem */
 	int can_move;                   /* the uffd has UFFD_FEATURE_MOVE (fm_pager_move) */
@@ -149,7 +157,8 @@ struct fm_pager {
 	pthread_t handlers[MAX_HANDLERS];
 	struct fm_chan *handler_chan[MAX_HANDLERS];
 	unsigned nhandlers;
-	atomic_uint handler_seq;        /* each handler thread takes its index */
+	struct fm_handler_arg { struct fm_pager *p; unsigned idx; } handler_args[MAX_HANDLERS];
+	pthread_mutex_t waits_lock;     /* the start of uffd_waits and its handler */
 	int stop_fd;                    /* eventfd: the handler threads stop when it is readable */
 
 	struct chan_slot pool[MAX_POOL];

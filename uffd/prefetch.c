@@ -180,7 +180,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT))
 				  : fm_pg_state(was[k + n]) == FM_PG_UNTOUCHED && n < ZERO_RUN_PAGES))
 			n++;
-		fm_uffd_install(p->uffd, r->base + (want[k] << PG_SHIFT), from, n,
+		fm_uffd_install(r->uffd, r->base + (want[k] << PG_SHIFT), from, n,
 				is_remote ? !open_remote : !write, wake, &skipped);
 		for (unsigned q = 0; q < n; q++) {
 			uint8_t b = was[k + q], held = pg_make(FM_PG_FILLING, b);

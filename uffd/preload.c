@@ -97,6 +97,7 @@ static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER; /* glibc's heaps (
 
 static int reserved_paged(void);
 static void heaps_keep(void);
+static int kernel_waits_open(struct fm_pager *pg);
 
 static void *sys_mmap(void *a, size_t l, int prot, int fl, int fd, off_t off)
 {
@@ -452,8 +453,10 @@ static void *child_pager_main(void *arg)
 	} else {
 		/* Its pages are shared with the parent copy-on-write: a capture would hold the shared one. */
 		fm_pager_no_capture(p, "this child of a fork shares its pages with the parent");
-		for (int k = 0; k < ninherit; k++)
-			if (fm_pager_register(p, (void *)inherit[k].base, inherit[k].len, FM_REG_NO_SETTLE))
+		for (int k = 0, waits = 0; k < ninherit; k++)
+			if ((inherit[k].kernel_waits && !waits++ && !kernel_waits_open(p)) ||
+			    fm_pager_register(p, (void *)inherit[k].base, inherit[k].len,
+					      FM_REG_NO_SETTLE | (inherit[k].kernel_waits ? FM_REG_KERNEL_WAITS : 0)))
 				fm_warn("fork: the child %d keeps %#lx+%zu MiB in local memory, unpaged", (int)getpid(),
 					(unsigned long)inherit[k].base, inherit[k].len >> 20);
 		pager = p;
@@ -679,12 +682,27 @@ static void maybe_register(void *p, size_t len)
  * threads, below, at malloc), and those hold what it hands the kernel:
  * paths, struct stat, pollfd and epoll arrays, socket addresses. With
  * faults served in the faulting thread a system call on an evicted page
- * fails with EFAULT unless a cover made it resident, and most of those
- * calls have none. So reserved memory is paged only where the kernel waits
- * for a page: fault=thread, or fault=auto where it takes handler threads.
+ * would fail with EFAULT unless a cover made it resident, and most of those
+ * calls have none. So reserved memory is paged where the kernel waits for
+ * a page: with fault=signal, as regions of their own userfaultfd, served by
+ * a handler thread (FM_REG_KERNEL_WAITS), which needs a userfaultfd for
+ * kernel faults (root, /dev/userfaultfd, vm.unprivileged_userfaultfd).
  * Decided once, without starting a pager.
  */
 static atomic_int reserved_mode; /* 0 not yet decided, 1 paged, 2 local */
+
+/* The pager's userfaultfd for FM_REG_KERNEL_WAITS is open (or opens now). Caller is in farmem. */
+static int kernel_waits_open(struct fm_pager *pg)
+{
+	static atomic_int told;
+	char err[256];
+
+	if (fm_pager_open_kernel_waits(pg, err, sizeof(err)) == 0)
+		return 1;
+	if (!atomic_exchange(&told, 1))
+		fm_warn("the malloc heaps of this program's threads stay local: %s", err);
+	return 0;
+}
 
 static int reserved_paged(void)
 {
@@ -706,10 +724,12 @@ static int reserved_paged(void)
 		m = pg ? (fm_pager_kernel_waits(pg) ? 1 : 2)
 		       : cfg.fault_mode == FM_FAULT_THREAD ? 1
 		       : cfg.fault_mode == FM_FAULT_AUTO && links_async_io() ? 1 : 2;
+		if (m == 2 && fm_pager_kernel_waits_possible())
+			m = 1;
 		if (m == 2)
 			fm_info("the malloc heaps of this program's threads, and memory reserved PROT_NONE, stay "
-				"local with faults served in the faulting thread: run with --fault thread to page "
-				"them (docs/compatibility.md)");
+				"local: this process cannot open a userfaultfd for faults taken in system calls "
+				"(root, /dev/userfaultfd or vm.unprivileged_userfaultfd=1; docs/compatibility.md)");
 	}
 	/* Before anything is paged, and before most threads could trim a heap that will be. */
 	if (m == 1)
@@ -807,7 +827,7 @@ static int reserves(size_t len, int prot, int flags, int fd)
 static int resv_commit(void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PAGE - 1);
-	uintptr_t e = ((uintptr_t)addr + len + PAGE - 1) & ~(uintptr_t)(PAGE - 1), base, end;
+	uintptr_t e = ((uintptr_t)addr + len + PAGE - 1) & ~(uintptr_t)(PAGE - 1), base = 0, end = 0;
 	struct fm_pager *pg;
 
 	if (in_farmem || !resv_holding(a, e, &base, &end))
@@ -817,9 +837,9 @@ static int resv_commit(void *addr, size_t len)
 	if (a >= e || !reserved_paged() || !(pg = get_pager()))
 		return 1;
 	in_farmem++;
-	if (fm_pager_commit(pg, (void *)a, e - a) == -ENOENT) {
+	if (fm_pager_commit(pg, (void *)a, e - a) == -ENOENT && kernel_waits_open(pg)) {
 		/* The first part made writable: the whole reservation becomes a region, nothing of it paged yet. */
-		fm_pager_register(pg, (void *)base, end - base, FM_REG_SPARSE);
+		fm_pager_register(pg, (void *)base, end - base, FM_REG_SPARSE | FM_REG_KERNEL_WAITS);
 		fm_pager_commit(pg, (void *)a, e - a);
 	}
 	in_farmem--;
@@ -1347,8 +1367,8 @@ static void heap_grew(uintptr_t base, uintptr_t chunk_end)
 		used = (chunk_end - base + PAGE - 1) & ~(size_t)(PAGE - 1);
 	in_farmem++;
 	/* The whole of what it uses: a look at the state bytes of what is paged already. */
-	if (fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE) == -ENOENT &&
-	    fm_pager_register(pg, (void *)base, GLIBC_HEAP_MAX, FM_REG_SPARSE) == 0)
+	if (fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE) == -ENOENT && kernel_waits_open(pg) &&
+	    fm_pager_register(pg, (void *)base, GLIBC_HEAP_MAX, FM_REG_SPARSE | FM_REG_KERNEL_WAITS) == 0)
 		fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE);
 	/* Taken, or never will be (the region table is full, or the range is paged as something else). */
 	atomic_store(&heaps[k].paged_to, fm_pager_owns(pg, (void *)(base + PAGE), used - PAGE) ? base + used : HEAP_SKIP);

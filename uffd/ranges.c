@@ -32,7 +32,7 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
 static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint64_t end)
 {
 	atomic_fetch_sub(&p->garbage_quota, (int_fast64_t)(end - run));
-	fm_uffd_wp(p->uffd, r->base + (run << PG_SHIFT), (size_t)(end - run) << PG_SHIFT, 1);
+	fm_uffd_wp(r->uffd, r->base + (run << PG_SHIFT), (size_t)(end - run) << PG_SHIFT, 1);
 	for (uint64_t j = run; j < end; j++)
 		pg_release_from(&r->pg[j], FM_PG_UPDATING, pg_make(FM_PG_CLEAN, FM_PGF_GARBAGE));
 	STAT_ADD(p, garbage_marked, end - run);
@@ -143,7 +143,7 @@ static void home_batch(struct fm_pager *p, struct region *r, const uint64_t *idx
 		uint8_t held = pg_make(FM_PG_FILLING, was[k]);
 		uint64_t skipped;
 		/* Clean: memd keeps its copy, so a later eviction writes nothing. */
-		fm_uffd_install(p->uffd, r->base + (idx[k] << PG_SHIFT), src[k], 1, 1, !p->in_thread, &skipped);
+		fm_uffd_install(r->uffd, r->base + (idx[k] << PG_SHIFT), src[k], 1, 1, r->kernel_waits, &skipped);
 		if (skipped) {
 			/* Mapped meanwhile, not by us: not booked as ours; its own fault sorts it out. */
 			fm_release(p, &r->pg[idx[k]], held, was[k]);

@@ -313,9 +313,9 @@ int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
 	return hit;
 }
 
-int fm_pager_owns_nolock(struct fm_pager *p, const void *addr, size_t len)
+/* Without the lock: [a, e) overlaps a live region (one whose faults raise SIGBUS, with signals_only). */
+static int overlaps_live(struct fm_pager *p, uintptr_t a, uintptr_t e, int signals_only)
 {
-	uintptr_t a = (uintptr_t)addr, e = a + len;
 	int n;
 
 	if (!fm_region_maybe(p, a, e))
@@ -324,10 +324,21 @@ int fm_pager_owns_nolock(struct fm_pager *p, const void *addr, size_t len)
 	for (int i = 0; i < n; i++) {
 		struct region *r = &p->regions[i];
 		if (__atomic_load_n(&r->live, __ATOMIC_ACQUIRE) && a < __atomic_load_n(&r->end, __ATOMIC_RELAXED) &&
-		    e > __atomic_load_n(&r->base, __ATOMIC_RELAXED))
+		    e > __atomic_load_n(&r->base, __ATOMIC_RELAXED) &&
+		    !(signals_only && __atomic_load_n(&r->kernel_waits, __ATOMIC_RELAXED)))
 			return 1;
 	}
 	return 0;
+}
+
+int fm_pager_owns_nolock(struct fm_pager *p, const void *addr, size_t len)
+{
+	return overlaps_live(p, (uintptr_t)addr, (uintptr_t)addr + len, 0);
+}
+
+int fm_region_signals(struct fm_pager *p, uintptr_t a, uintptr_t e)
+{
+	return overlaps_live(p, a, e, 1);
 }
 
 /*
@@ -408,18 +419,18 @@ void fm_pager_settle(struct fm_pager *p)
  * go again. Page-table entries per 4 KiB (no huge pages for us to split),
  * and no child gets the range but through fork.c, which brings it home first.
  */
-static int uffd_register(struct fm_pager *p, uintptr_t a, size_t len, int minor)
+static int uffd_register(const struct region *r, uintptr_t a, size_t len, int minor)
 {
 	uint64_t ioctls = 0;
 	int rc;
 
 	fm_sys_madvise((void *)a, len, MADV_NOHUGEPAGE);
 	fm_sys_madvise((void *)a, len, MADV_DONTFORK);
-	rc = fm_uffd_register(p->uffd, a, len, 1, 1, minor, &ioctls);
+	rc = fm_uffd_register(r->uffd, a, len, 1, 1, minor, &ioctls);
 
 	if (rc || !fm_uffd_can_page(ioctls, minor)) {
 		if (!rc)
-			fm_uffd_unregister(p->uffd, a, len);
+			fm_uffd_unregister(r->uffd, a, len);
 		if (rc)
 			fm_warn("UFFDIO_REGISTER of %#lx+%zu failed: %s", (unsigned long)a, len, strerror(-rc));
 		else
@@ -437,10 +448,13 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	struct region *r = NULL;
 	uint64_t npages = len >> PG_SHIFT, present = 0;
 	uint32_t space;
-	int slot = -1, rc;
+	int slot = -1, rc, fd = p->uffd;
 
-	if (!len || (a | len) & (PG_SIZE - 1) || (minor && sparse))
+	if (!len || (a | len) & (PG_SIZE - 1) || (minor && sparse) || (minor && (flags & FM_REG_KERNEL_WAITS)))
 		return -EINVAL;
+	/* Its uffd is opened first (fm_pager_open_kernel_waits), above: the monitor is no room of ours. */
+	if ((flags & FM_REG_KERNEL_WAITS) && p->in_thread && (fd = p->uffd_waits) < 0)
+		return -ENOTCONN;
 	if (minor && !p->shmem_ok) {
 		fm_warn("cannot page the shared-memory mapping %p+%zu MiB: this kernel's userfaultfd lacks "
 			"minor faults or write-protection on shmem (5.19+ has both); run `farmem doctor`",
@@ -478,7 +492,8 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	r = &p->regions[slot];
 	*r = (struct region){
 		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,
-		.pg = p->map + p->hdr->map_used, .sparse = sparse,
+		.pg = p->map + p->hdr->map_used, .sparse = sparse, .uffd = fd,
+		.kernel_waits = fd != p->uffd || !p->in_thread,
 		.heat = p->heat ? p->heat + p->hdr->map_used : NULL,
 	};
 	if (sparse) {
@@ -503,7 +518,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		atomic_store(&p->lo, a);
 	if (a + len > atomic_load(&p->hi))
 		atomic_store(&p->hi, a + len);
-	rc = uffd_register(p, a, len, minor);
+	rc = uffd_register(r, a, len, minor);
 	if (rc) {
 		bounds(p);
 		fm_shmem_release(r);
@@ -589,7 +604,7 @@ long fm_pager_commit(struct fm_pager *p, void *addr, size_t len)
 		uintptr_t s = r->base + (i << PG_SHIFT);
 		size_t n = (size_t)(stop - i) << PG_SHIFT;
 
-		rc = uffd_register(p, s, n, 0);
+		rc = uffd_register(r, s, n, 0);
 		if (!rc) {
 			memset(r->pg + i, 0, stop - i);
 			present += adopt_present(r, i, stop - i);
@@ -619,7 +634,7 @@ static void uffd_let_go(struct fm_pager *p, const struct fm_overlap *o)
 	for (uint64_t i = r->sparse ? run_end(r, o->first, end, 1) : o->first; i < end;) {
 		uint64_t stop = r->sparse ? run_end(r, i, end, 0) : end;
 		uintptr_t s = r->base + (i << PG_SHIFT);
-		int rc = fm_uffd_unregister(p->uffd, s, (size_t)(stop - i) << PG_SHIFT);
+		int rc = fm_uffd_unregister(r->uffd, s, (size_t)(stop - i) << PG_SHIFT);
 		/* Plain memory again, which a child of a fork must get (a range made unreadable, then readable). */
 		fm_sys_madvise((void *)s, (size_t)(stop - i) << PG_SHIFT, MADV_DOFORK);
 		if (rc)

@@ -82,5 +82,7 @@ int fm_region_gone_recently(struct fm_pager *p, uintptr_t addr);
 
 /* Without the lock: addr may be in a region (a cheap first test; fm_region_find decides). */
 int fm_region_maybe(struct fm_pager *p, uintptr_t addr, uintptr_t end);
+/* Without the lock: [addr, end) overlaps a region whose faults raise SIGBUS (not FM_REG_KERNEL_WAITS). */
+int fm_region_signals(struct fm_pager *p, uintptr_t addr, uintptr_t end);
 
 #endif

@@ -42,6 +42,8 @@
  * (not root, /dev/userfaultfd closed to it, vm.unprivileged_userfaultfd=0)
  * gets a UFFD_USER_MODE_ONLY one: the same to a SIGBUS-mode pager.
  */
+/* 1 when this process may open a uffd that serves faults taken inside system calls too. */
+int fm_uffd_full_available(void);
 int fm_uffd_open(uint64_t want, uint64_t *got, char *err, size_t errlen);
 /* The optional features this kernel offers at all (for `farmem doctor` and fm_uffd_open). */
 uint64_t fm_uffd_probe(void);

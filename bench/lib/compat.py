@@ -418,7 +418,7 @@ def memcached(launch: Launch, workdir: Path, megabytes: int = 256, items: int = 
     """memcached with its whole cache preallocated (-L: one big aligned block, which farmem
     pages), loaded by memcslap (set, then get) and with our items; every item read back.
     prealloc=False: its slabs come 1 MiB at a time from glibc, in its worker threads' heaps
-    (paged with --fault thread). user: the user memcached gives root up for when it starts as root
+    (paged as regions the kernel waits for). user: the user memcached gives root up for when it starts as root
     (-u), as Debian's service does (memcache)."""
     need("memcached", "memcslap")
     sock = workdir / "memcached.sock"

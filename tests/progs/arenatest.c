@@ -16,6 +16,14 @@
  * end the stream is read back and every line counted, and one more list,
  * built by a thread and kept, is checked by a forked child.
  *
+ * Before the rounds each thread also takes IO_BLOCKS small blocks that hold
+ * what a program hands the kernel: a path, a struct stat, a read buffer.
+ * The rounds leave them cold (evicted, under farmem); after them each block
+ * goes to the kernel through syscall(2), which no cover of the shim sees:
+ * openat of its path, pread into its buffer, fstat into its struct stat.
+ * Each must succeed with the file's bytes and size (an evicted page the
+ * kernel cannot wait for would give EFAULT).
+ *
  * With --reserve, no threads: one reservation of 1.5 times --mib, made
  * PROT_NONE the way V8's and .NET's heaps are, whose parts the program makes
  * writable with mprotect, 4 MiB at a time, and fills. Then, each part checked
@@ -36,7 +44,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,8 +67,75 @@ static struct node **lists;
 static pthread_barrier_t barrier;
 static FILE *log_file;
 static char log_path[64];
-static atomic_ulong nodes_built, lines_written;
+static atomic_ulong nodes_built, lines_written, io_calls;
 static atomic_int failed;
+
+#define IO_BLOCKS 512
+#define IO_FILE_BYTES 4096
+#define IO_BUF 128
+
+struct io_block {
+	char path[64];
+	struct stat st;
+	uint8_t buf[IO_BUF];
+};
+static char io_path[64];
+
+static uint8_t io_byte(unsigned off)
+{
+	return (uint8_t)(mix(off) >> 7);
+}
+
+static struct io_block **io_take(void)
+{
+	struct io_block **b = malloc(IO_BLOCKS * sizeof(*b));
+
+	for (unsigned k = 0; b && k < IO_BLOCKS; k++) {
+		b[k] = malloc(sizeof(**b));
+		if (!b[k])
+			return NULL;
+		memset(b[k], 0xa5, sizeof(**b));
+		snprintf(b[k]->path, sizeof(b[k]->path), "%s", io_path);
+	}
+	return b;
+}
+
+/* Each block to the kernel, past every cover: openat its path, pread into it, fstat into it. */
+static int io_check(unsigned t, struct io_block **b)
+{
+	for (unsigned k = 0; k < IO_BLOCKS; k++) {
+		unsigned off = (t * IO_BLOCKS + k) * 8 % (IO_FILE_BYTES - IO_BUF);
+		long fd = syscall(SYS_openat, AT_FDCWD, b[k]->path, O_RDONLY | O_CLOEXEC), n, st;
+
+		if (fd < 0) {
+			fprintf(stderr, "arenatest: thread %u block %u: openat of a path in the heap: %s\n", t, k,
+				strerror(errno));
+			return 1;
+		}
+		n = syscall(SYS_pread64, fd, b[k]->buf, IO_BUF, (long)off);
+		st = syscall(SYS_fstat, fd, &b[k]->st);
+		syscall(SYS_close, fd);
+		if (n != IO_BUF || st) {
+			fprintf(stderr, "arenatest: thread %u block %u: pread %ld, fstat %ld into the heap: %s\n", t, k, n,
+				st, strerror(errno));
+			return 1;
+		}
+		for (unsigned j = 0; j < IO_BUF; j++)
+			if (b[k]->buf[j] != io_byte(off + j)) {
+				fprintf(stderr, "arenatest: thread %u block %u: byte %u read is %#x\n", t, k, j, b[k]->buf[j]);
+				return 1;
+			}
+		if (b[k]->st.st_size != IO_FILE_BYTES) {
+			fprintf(stderr, "arenatest: thread %u block %u: fstat says %lld bytes\n", t, k,
+				(long long)b[k]->st.st_size);
+			return 1;
+		}
+		free(b[k]);
+		atomic_fetch_add(&io_calls, 3);
+	}
+	free(b);
+	return 0;
+}
 
 static uint8_t byte_of(uint64_t key, uint32_t j)
 {
@@ -182,6 +261,12 @@ static void *worker(void *arg)
 			exit(1);
 		}
 	}
+	struct io_block **io = io_take();
+
+	if (!io) {
+		fprintf(stderr, "arenatest: out of memory\n");
+		exit(1);
+	}
 	pthread_barrier_wait(&barrier);
 	for (unsigned r = 0; r < rounds && !atomic_load(&failed); r++) {
 		build(t, r);
@@ -189,7 +274,25 @@ static void *worker(void *arg)
 		check_and_free(t, r);
 		pthread_barrier_wait(&barrier);
 	}
+	if (!atomic_load(&failed) && io_check(t, io))
+		atomic_store(&failed, 1);
 	return NULL;
+}
+
+static int io_file(void)
+{
+	uint8_t bytes[IO_FILE_BYTES];
+	FILE *f;
+
+	snprintf(io_path, sizeof(io_path), "/tmp/arenatest.%d.io", (int)getpid());
+	for (unsigned k = 0; k < IO_FILE_BYTES; k++)
+		bytes[k] = io_byte(k);
+	f = fopen(io_path, "w");
+	if (!f || fwrite(bytes, 1, sizeof(bytes), f) != sizeof(bytes) || fclose(f)) {
+		perror("arenatest: the file the threads read");
+		return 1;
+	}
+	return 0;
 }
 
 static long hwm_mib(void)
@@ -321,6 +424,8 @@ int main(int argc, char **argv)
 		return reserve(mib);
 	per_thread = (mib << 20) / nthreads;
 	snprintf(log_path, sizeof(log_path), "/tmp/arenatest.%d", (int)getpid());
+	if (io_file())
+		return 1;
 	lists = calloc(nthreads, sizeof(*lists));
 	th = calloc(nthreads, sizeof(*th));
 	if (!lists || !th || pthread_barrier_init(&barrier, NULL, nthreads))
@@ -332,6 +437,7 @@ int main(int argc, char **argv)
 		}
 	for (unsigned t = 0; t < nthreads; t++)
 		pthread_join(th[t], NULL);
+	unlink(io_path);
 	if (atomic_load(&failed))
 		return 1;
 	/* Before the fork: it brings every paged page home first (uffd/fork.c). */
@@ -348,7 +454,7 @@ int main(int argc, char **argv)
 			atomic_load(&lines_written));
 		return 1;
 	}
-	printf("arenatest: ok threads=%u rounds=%u blocks=%lu lines=%lu fork=ok hwm=%ld MiB\n", nthreads, rounds,
-	       atomic_load(&nodes_built), lines, hwm);
+	printf("arenatest: ok threads=%u rounds=%u blocks=%lu lines=%lu syscalls=%lu fork=ok hwm=%ld MiB\n", nthreads,
+	       rounds, atomic_load(&nodes_built), lines, atomic_load(&io_calls), hwm);
 	return 0;
 }

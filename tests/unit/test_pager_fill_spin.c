@@ -10,7 +10,6 @@
  * page read back is checked. With fault=signal there is no handler thread
  * to spin. Run from the repository root.
  */
-#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,33 +25,6 @@
 #define REGION (16ul << 20)
 #define NPAGES (REGION / PG)
 #define READ_BACK 2048ul /* the first 8 MiB: in memd by the time the last page is written */
-
-/* The tid of the thread named name, or 0. */
-static long thread_named(const char *name)
-{
-	DIR *d = opendir("/proc/self/task");
-	struct dirent *e;
-	long tid = 0;
-
-	if (!d)
-		return 0;
-	while (!tid && (e = readdir(d))) {
-		char path[300], comm[32] = "";
-		FILE *f;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
-		f = fopen(path, "r");
-		if (!f)
-			continue;
-		if (fgets(comm, sizeof(comm), f) && strncmp(comm, name, strlen(name)) == 0 && comm[strlen(name)] == '\n')
-			tid = strtol(e->d_name, NULL, 10);
-		fclose(f);
-	}
-	closedir(d);
-	return tid;
-}
 
 static long voluntary_switches(long tid)
 {
@@ -94,7 +66,7 @@ static void read_back(const char *addr, const char *fault, const char *spin, uin
 		goto out;
 	for (uint64_t i = 0; i < NPAGES; i++)
 		write_page(a, i, 7);
-	tid = thread_named("farmem-fault0");
+	tid = unit_thread_named("farmem-fault0");
 	CHECK(!strcmp(fault, "thread") == (tid != 0));
 	s0 = tid ? voluntary_switches(tid) : -1;
 	f0 = __atomic_load_n(&h->stats.faults, __ATOMIC_RELAXED);

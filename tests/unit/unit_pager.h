@@ -3,7 +3,10 @@
 #ifndef FARMEM_UNIT_PAGER_H
 #define FARMEM_UNIT_PAGER_H
 
+#include <dirent.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdio.h>
 #include <sys/mman.h>
 
@@ -46,6 +49,33 @@ static inline uint8_t *unit_region(struct fm_pager *p, size_t len, uint32_t flag
 		return NULL;
 	CHECK(fm_pager_register(p, a, len, flags) == 0);
 	return a;
+}
+
+/* The tid of the thread named name, or 0. */
+static inline long unit_thread_named(const char *name)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	long tid = 0;
+
+	if (!d)
+		return 0;
+	while (!tid && (e = readdir(d))) {
+		char path[300], comm[32] = "";
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fgets(comm, sizeof(comm), f) && strncmp(comm, name, strlen(name)) == 0 && comm[strlen(name)] == '\n')
+			tid = strtol(e->d_name, NULL, 10);
+		fclose(f);
+	}
+	closedir(d);
+	return tid;
 }
 
 #endif
