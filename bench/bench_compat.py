@@ -3,7 +3,8 @@
 """The compatibility matrix on large data (issue 19, docs/compatibility.md): Redis with
 redis-benchmark and its BGSAVE snapshot, memcached with memcslap (its cache in one block, and
 memcached-heaps: in glibc's heaps of its threads), NumPy and a multiprocessing
-pool, SQLite with a paged page cache, PostgreSQL as its own user (a sort, a hash aggregate and a
+pool, SQLite with a paged page cache (in one block, and sqlite-heap: a small block per page in
+glibc's main heap), PostgreSQL as its own user (a sort, a hash aggregate and a
 hash join in one backend's work_mem), system calls into evicted buffers, xz's match finder
 (random rewrites) and GNU sort (stdio into a paged buffer), each checking its own results (bench/lib/compat.py), under
 
@@ -49,6 +50,7 @@ SIZES = {
     "numpy": lambda s: dict(mib=max(16, int(1024 * s))),
     "numpy-pool": lambda s: dict(mib=max(16, int(1024 * s)), timeout=max(60.0, 600 * s)),
     "sqlite": lambda s: dict(rows=int(2_000_000 * s)),
+    "sqlite-heap": lambda s: dict(rows=int(2_000_000 * s)),
     "sysio": lambda s: dict(mib=max(16, int(512 * s))),
     # Random rewrites over about 10x the input, for every input byte: the slowest to page.
     "xz": lambda s: dict(mib=max(2, int(32 * s))),
@@ -72,7 +74,7 @@ def figure(name: str, got: dict) -> str:
         return "sort {}, aggregate {}, join {} s".format(*got["query_s"])
     if name == "xz":
         return f"archive {got['ratio']:.0%} of the input"
-    if name == "sqlite":
+    if name.startswith("sqlite"):
         return f"db {got['db_bytes'] >> 20} MiB, cache overflow {got['pcache_overflow']}"
     return ""
 

@@ -416,6 +416,8 @@ EXPORT jint JNICALL Agent_OnLoad(JavaVM *vm, char *options, void *reserved)
 			say("error", msg);
 			return JNI_ERR;
 		}
+		/* Without farmem: the preload shim, if it is here, stands aside too. */
+		shim_pages_here();
 		snprintf(msg, sizeof(msg), "%s; the JVM runs without farmem (onerror=continue)", err);
 		say("warning", msg);
 	}

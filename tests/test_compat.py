@@ -227,9 +227,10 @@ def test_thread_heaps_paged_where_the_kernel_waits(shim, built, tmp_path, farmem
     if user and os.geteuid() != 0:
         pytest.skip("--user needs root")
     # stream: with the shm transport memd's store, mapped into the process, counts in its VmHWM.
+    # --threshold 8M: the heaps are paged once together they pass it (64 MiB by default).
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "24M", "--fault", fault, flag, *extra,
-                      "--transport", "stream", "--", prog, "--threads", 24, "--mib", 96, "--rounds", 2,
-                      timeout=300)
+                      "--threshold", "8M", "--transport", "stream", "--", prog, "--threads", 24, "--mib", 96,
+                      "--rounds", 2, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     m = re.search(r"arenatest: ok .* syscalls=36864 fork=ok hwm=(\d+) MiB", r.stdout)
     assert m, r.stdout + r.stderr[-3000:]
@@ -246,6 +247,29 @@ def test_thread_heaps_paged_where_the_kernel_waits(shim, built, tmp_path, farmem
         assert int(m[1]) >= 96, m[0]
         if user:
             assert "cannot open a userfaultfd for faults taken in system calls" in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_main_heap_paged_past_the_threshold(shim, built, tmp_path, farmem_cmd, fault):
+    """The main thread alone builds, checks and frees lists of small blocks: glibc's main heap,
+    which grows with brk. Past --threshold (64 MiB here) the shim pages it as a region the kernel
+    waits for: the peak resident set stays near the budget, every byte is right, and the cold
+    blocks the main thread hands the kernel by raw openat, pread and fstat work. Below the
+    threshold (--threshold 1G) no pager starts: a small program pays nothing."""
+    prog = built("build/tests/arenatest")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "24M", "--fault", fault, "--transport", "stream",
+                      "--", prog, "--main", "--mib", 128, "--rounds", 1, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    m = re.search(r"arenatest: ok threads=main .* syscalls=1536 fork=none hwm=(\d+) MiB", r.stdout)
+    assert m, r.stdout + r.stderr[-3000:]
+    assert_paged(s, "arenatest --main")
+    # The first 64 MiB fill before the heap is paged, and are evicted then.
+    assert int(m[1]) < 100, (m[0], s)
+    assert s["registered_bytes"] >= 128 << 20, s
+    r, s = farmem_run(farmem_cmd, tmp_path / "s2.json", "--local", "24M", "--fault", fault, "--threshold", "1G",
+                      "--", prog, "--main", "--mib", 32, "--rounds", 1, timeout=300)
+    assert r.returncode == 0 and "arenatest: ok threads=main" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert s["processes"] == 0, s
 
 
 @pytest.mark.parametrize("fault", ["thread", "signal"])
@@ -339,6 +363,14 @@ def test_sqlite_with_paged_page_cache(shim, tmp_path):
     """The sqlite3 shell with its page cache in one paged block: integrity check and queries."""
     got = compat.sqlite(farmem(), tmp_path, rows=150000)
     assert_paged(got["summary"], "sqlite3")
+
+
+def test_sqlite_page_cache_in_the_main_heap(shim, tmp_path):
+    """The sqlite3 shell as it is usually run: SQLite's page cache is a small block per page from
+    glibc's main heap (one thread: the brk heap), paged once the heap has grown past --threshold.
+    Integrity check and queries, every answer computed again here."""
+    got = compat.sqlite(farmem(), tmp_path, rows=150000, pagecache=False)
+    assert_paged(got["summary"], "sqlite3 (main heap)")
 
 
 def test_xz_match_finder_random_rewrites(shim, tmp_path):

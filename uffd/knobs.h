@@ -91,9 +91,9 @@ X(discard, FM_KT_BOOL, AGENT(discard), NULL, "1", 0, 1, "", FM_KS_OPT | FM_KS_RU
 X(heap_sizing, FM_KT_BOOL, CLI, NULL, "1", 0, 1, "", FM_KS_RUN, "--[no-]heap-sizing", "", \
   "java with G1: add -XX:MaxNewSize= half the local budget unless the command sizes the young generation itself (docs/jvm.md)") \
 X(threshold, FM_KT_SIZE, CFG(threshold), "FARMEM_THRESHOLD", "64M", 4096, 0, "", FM_KS_RUN, "--threshold", "SIZE", \
-  "the preload shim pages private anonymous mappings (and malloc blocks) of at least this size; the agent pages the Java heap whatever its size") \
+  "the preload shim pages private anonymous mappings (and malloc blocks) of at least this size, and glibc's malloc heaps once together they pass it; the agent pages the Java heap whatever its size") \
 X(reservations, FM_KT_BOOL, CFG(reservations), "FARMEM_RESERVATIONS", "1", 0, 1, "", FM_KS_RUN, "--[no-]reservations", "", \
-  "the preload shim also pages glibc's malloc heaps of the program's threads, and address space the program reserved PROT_NONE (at least the threshold) as it makes parts of it writable, as regions whose faults the kernel waits for (a handler thread serves them, also with fault=signal): small blocks hold what system calls read, most of which no cover sees; needs a userfaultfd for kernel faults (root, /dev/userfaultfd), else they stay local (docs/compatibility.md)") \
+  "the preload shim also pages glibc's malloc heaps (the main thread's and the other threads', once together they pass the threshold), and address space the program reserved PROT_NONE (at least the threshold) as it makes parts of it writable, as regions whose faults the kernel waits for (a handler thread serves them, also with fault=signal): small blocks hold what system calls read, most of which no cover sees; needs a userfaultfd for kernel faults (root, /dev/userfaultfd), else they stay local (docs/compatibility.md)") \
 X(log, FM_KT_ENUM, CFG(log_level), "FARMEM_LOG", "warn", 0, 0, "error|warn|info|debug", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--log", "LEVEL", \
   "what the pager prints to stderr") \
 X(control, FM_KT_STR, CFG(control), "FARMEM_CONTROL", "", 0, 0, "", FM_KS_OPT, "", "", \

@@ -22,6 +22,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <limits.h>
 #include <link.h>
@@ -1335,15 +1336,83 @@ EXPORT int malloc_trim(size_t pad)
 	return trim ? trim(pad) : 0;
 }
 
+/*
+ * glibc's main heap: the small blocks of the main thread (and of any thread
+ * while it has no arena of its own) come from the brk heap, which grows up
+ * from the program's first break. Once the heaps have passed --threshold
+ * (small_passed) it is paged like a thread's heap: one sparse region from the
+ * first break up to the next mapping (at most BRK_SPAN), committed up to a
+ * step past the last block seen and never past the break, as a region the
+ * kernel waits for. Growth of the break past the region, and a main heap that
+ * glibc had to continue in mappings of its own (the break could not grow),
+ * stay local.
+ */
+#define BRK_SPAN (4ul << 30)
+
+static _Atomic uintptr_t brk_seen_to;  /* before the heaps are paged: how far the main heap was looked at */
+static _Atomic uintptr_t brk_paged_to; /* 0 not yet paged, HEAP_SKIP never */
+static uintptr_t brk_base, brk_end;    /* the region, under brk_lock */
+static pthread_mutex_t brk_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/*
+ * glibc's heaps are paged once, together, they have grown past --threshold:
+ * a program with a few MiB of small blocks pays nothing, not even a pager
+ * (nor does a JVM that a script started, whose own threads' blocks come
+ * before its agent asks the shim to stand aside). Until then each heap's
+ * paged_to (and brk_seen_to) only marks how far it was looked at, a step at
+ * a time, and small_seen adds the steps up.
+ */
+static atomic_size_t small_seen;
+static atomic_int small_paging;
+
+/* n more bytes of heap seen: 1 when the heaps are paged, 2 when this call passed the threshold. */
+static int small_passed(size_t n)
+{
+	int no = 0;
+
+	if (atomic_load(&small_paging))
+		return 1;
+	if (atomic_fetch_add(&small_seen, n) + n < cfg.threshold)
+		return 0;
+	return atomic_compare_exchange_strong(&small_paging, &no, 1) ? 2 : 1;
+}
+
+static void brk_grew(uintptr_t block, uintptr_t chunk_end);
+
+/* Commit heap k's [PAGE, used): registered as a region the kernel waits for, at its first commit. Caller holds heap_lock. */
+static void heap_commit(struct fm_pager *pg, int k, size_t used)
+{
+	uintptr_t base = atomic_load(&heaps[k].base);
+
+	in_farmem++;
+	/* The whole of what it uses: a look at the state bytes of what is paged already. */
+	if (fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE) == -ENOENT && kernel_waits_open(pg) &&
+	    fm_pager_register(pg, (void *)base, GLIBC_HEAP_MAX, FM_REG_SPARSE | FM_REG_KERNEL_WAITS) == 0)
+		fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE);
+	/* Taken, or never will be (the region table is full, or the range is paged as something else). */
+	atomic_store(&heaps[k].paged_to, fm_pager_owns(pg, (void *)(base + PAGE), used - PAGE) ? base + used : HEAP_SKIP);
+	in_farmem--;
+}
+
+/* Every heap seen so far, as far as it was looked at. Caller holds heap_lock. */
+static void heaps_page_seen_locked(struct fm_pager *pg)
+{
+	for (int j = 0; j < atomic_load(&nheaps); j++) {
+		uintptr_t to = atomic_load(&heaps[j].paged_to), base = atomic_load(&heaps[j].base);
+		if (to != HEAP_SKIP && to > base + PAGE)
+			heap_commit(pg, j, to - base);
+	}
+}
+
 static void heap_grew(uintptr_t base, uintptr_t chunk_end)
 {
 	const struct glibc_heap_info *hi = (const void *)base;
 	struct fm_pager *pg;
 	uintptr_t to;
 	size_t size, used;
-	int k;
+	int k, passed = 0;
 
-	if (!reserved_paged() || !(pg = get_pager()))
+	if (!reserved_paged())
 		return;
 	pthread_mutex_lock(&heap_lock);
 	k = heap_index(base);
@@ -1365,16 +1434,146 @@ static void heap_grew(uintptr_t base, uintptr_t chunk_end)
 		used = (size + PAGE - 1) & ~(size_t)(PAGE - 1);
 	if (used < chunk_end - base)
 		used = (chunk_end - base + PAGE - 1) & ~(size_t)(PAGE - 1);
-	in_farmem++;
-	/* The whole of what it uses: a look at the state bytes of what is paged already. */
-	if (fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE) == -ENOENT && kernel_waits_open(pg) &&
-	    fm_pager_register(pg, (void *)base, GLIBC_HEAP_MAX, FM_REG_SPARSE | FM_REG_KERNEL_WAITS) == 0)
-		fm_pager_commit(pg, (void *)(base + PAGE), used - PAGE);
-	/* Taken, or never will be (the region table is full, or the range is paged as something else). */
-	atomic_store(&heaps[k].paged_to, fm_pager_owns(pg, (void *)(base + PAGE), used - PAGE) ? base + used : HEAP_SKIP);
-	in_farmem--;
+	if (!atomic_load(&small_paging)) {
+		/* Looked at up to here; paged, with every heap seen, once they pass the threshold together. */
+		atomic_store(&heaps[k].paged_to, base + used);
+		passed = small_passed(base + used - to);
+		if (passed && (pg = get_pager()))
+			heaps_page_seen_locked(pg);
+		goto out;
+	}
+	if ((pg = get_pager()))
+		heap_commit(pg, k, used);
 out:
 	pthread_mutex_unlock(&heap_lock);
+	/* The main heap too, as far as it was looked at (outside heap_lock: brk_grew takes brk_lock). */
+	to = atomic_load(&brk_seen_to);
+	if (passed == 2 && to)
+		brk_grew(to - 1, to - 1);
+}
+
+/* The first break (/proc/self/stat's start_brk) and the start of the next mapping above the break. */
+static int brk_bounds(uintptr_t *base, uintptr_t *next)
+{
+	char buf[4096], *f;
+	uintptr_t cur = (uintptr_t)syscall(SYS_brk, 0);
+	ssize_t n;
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC), field;
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	/* After the command name, which may hold anything: field 3 is the first after its ')'. */
+	f = strrchr(buf, ')');
+	for (field = 2; f && field < 47; field++)
+		f = strchr(f + 1, ' ');
+	if (!f || sscanf(f + 1, "%lu", base) != 1 || !*base || *base > cur)
+		return -1;
+	*next = *base + BRK_SPAN;
+	fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	/* The maps are in address order: the first mapping that starts past the break. */
+	for (size_t have = 0;;) {
+		char *line, *nl;
+		n = read(fd, buf + have, sizeof(buf) - 1 - have);
+		if (n <= 0)
+			break;
+		have += (size_t)n;
+		buf[have] = 0;
+		for (line = buf; (nl = strchr(line, '\n')); line = nl + 1) {
+			unsigned long start;
+			if (sscanf(line, "%lx-", &start) == 1 && start >= cur && start > *base) {
+				if (start < *next)
+					*next = start;
+				close(fd);
+				return 0;
+			}
+		}
+		have = (size_t)(buf + have - line);
+		memmove(buf, line, have);
+	}
+	close(fd);
+	return 0;
+}
+
+static void brk_grew(uintptr_t block, uintptr_t chunk_end)
+{
+	struct fm_pager *pg;
+	uintptr_t to, top, used;
+
+	if (!reserved_paged() || !(pg = get_pager()))
+		return;
+	pthread_mutex_lock(&brk_lock);
+	to = atomic_load(&brk_paged_to);
+	if (to == HEAP_SKIP || (to && chunk_end <= to))
+		goto out;
+	in_farmem++;
+	if (!to) {
+		uintptr_t base, next;
+		if (!atomic_load(&small_paging))
+			goto done; /* not yet */
+		if (brk_bounds(&base, &next) || (base & (PAGE - 1)) || !kernel_waits_open(pg) ||
+		    fm_pager_register(pg, (void *)base, (next - base) & ~(uintptr_t)(PAGE - 1),
+				      FM_REG_SPARSE | FM_REG_KERNEL_WAITS)) {
+			fm_info("the main thread's malloc heap stays local");
+			atomic_store(&brk_paged_to, HEAP_SKIP);
+			goto done;
+		}
+		brk_base = base;
+		brk_end = (next - base) & ~(uintptr_t)(PAGE - 1);
+		brk_end += base;
+		to = base;
+	}
+	/* A block of a main heap that glibc continued in mappings of its own: not ours. */
+	if (block < brk_base || chunk_end > brk_end)
+		goto done;
+	top = ((uintptr_t)syscall(SYS_brk, 0) + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+	used = brk_base + (((chunk_end - brk_base) + HEAP_STEP) & ~(HEAP_STEP - 1));
+	if (used > top)
+		used = top;
+	if (used > brk_end)
+		used = brk_end;
+	if (used <= to)
+		goto done;
+	fm_pager_commit(pg, (void *)to, used - to);
+	atomic_store(&brk_paged_to, fm_pager_owns(pg, (void *)(used - PAGE), PAGE) ? used : HEAP_SKIP);
+done:
+	in_farmem--;
+out:
+	pthread_mutex_unlock(&brk_lock);
+}
+
+/* A block of glibc's main heap (not mapped on its own, not in a thread's heap), past what is paged of it. */
+static void brk_block(void *q, uintptr_t end)
+{
+	uintptr_t seen = atomic_load_explicit(&brk_seen_to, memory_order_relaxed), to;
+
+	struct fm_pager *pg;
+	int passed;
+
+	if (!atomic_load(&small_paging)) {
+		/* Counted a step at a time: a CAS per MiB of growth, not a lock per block. */
+		if (end <= seen || !reserved_paged())
+			return;
+		to = (end + HEAP_STEP) & ~(HEAP_STEP - 1);
+		if (!atomic_compare_exchange_strong(&brk_seen_to, &seen, to) ||
+		    !(passed = small_passed(seen ? to - seen : HEAP_STEP)))
+			return;
+		brk_grew((uintptr_t)q, end);
+		/* The threads' heaps too, as far as they were looked at. */
+		if (passed == 2 && (pg = get_pager())) {
+			pthread_mutex_lock(&heap_lock);
+			heaps_page_seen_locked(pg);
+			pthread_mutex_unlock(&heap_lock);
+		}
+		return;
+	}
+	brk_grew((uintptr_t)q, end);
 }
 
 /* A block glibc's allocator returned: page what its heap has grown to, if it lies in one. */
@@ -1387,10 +1586,15 @@ static inline void *heap_block(void *q)
 	if (!q || !app.glibc || atomic_load_explicit(&reserved_mode, memory_order_relaxed) == 2)
 		return q;
 	head = ((const size_t *)q)[-1];
+	end = (uintptr_t)q - 2 * sizeof(size_t) + (head & ~(size_t)7);
+	if ((head & (GLIBC_CHUNK_MMAPPED | GLIBC_CHUNK_NON_MAIN_ARENA)) == 0) {
+		if (end > atomic_load_explicit(&brk_paged_to, memory_order_relaxed))
+			brk_block(q, end);
+		return q;
+	}
 	if ((head & (GLIBC_CHUNK_MMAPPED | GLIBC_CHUNK_NON_MAIN_ARENA)) != GLIBC_CHUNK_NON_MAIN_ARENA)
 		return q;
 	base = (uintptr_t)q & ~(GLIBC_HEAP_MAX - 1);
-	end = (uintptr_t)q - 2 * sizeof(size_t) + (head & ~(size_t)7);
 	k = heap_last - 1;
 	if (k >= 0 && atomic_load_explicit(&heaps[k].base, memory_order_relaxed) == base &&
 	    end <= atomic_load_explicit(&heaps[k].paged_to, memory_order_relaxed))

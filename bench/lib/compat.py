@@ -642,11 +642,12 @@ def numpy_pool(launch: Launch, workdir: Path, mib: int = 128, timeout: float = 6
 SLOT = 4608  # a page-cache slot: the 4 KiB page and SQLite's header
 
 
-def sqlite(launch: Launch, workdir: Path, rows: int = 200000, width: int = 400) -> dict:
+def sqlite(launch: Launch, workdir: Path, rows: int = 200000, width: int = 400, pagecache: bool = True) -> dict:
     """The sqlite3 shell with its page cache in one block (-pagecache, which farmem pages) big
     enough for the whole database: a table and an index built, an integrity check, every row's
     bytes compared in SQL with the formula that made them, sums, an index range and a second
-    full scan from the cache, all against values computed here."""
+    full scan from the cache, all against values computed here. pagecache=False: SQLite's own
+    page cache, a small block per page from glibc's main heap (the shell has one thread)."""
     need("sqlite3")
     db = workdir / "compat.sqlite"
     db.unlink(missing_ok=True)
@@ -668,7 +669,7 @@ SELECT 'wrong', count(*) FROM t WHERE v != {formula};
 SELECT 'range', group_concat(x) FROM (SELECT x FROM t WHERE k BETWEEN 1000 AND 3000 ORDER BY x);
 SELECT 'scan', sum(unicode(substr(v, 1 + x % {width}, 1))) FROM t;
 """
-    r, summary, secs = run(launch, ["sqlite3", "-batch", "-stats", "-pagecache", SLOT, pages, db],
+    r, summary, secs = run(launch, ["sqlite3", "-batch", "-stats", *(["-pagecache", SLOT, pages] if pagecache else []), db],
                            workdir, "sqlite", input=script)
     if r.returncode != 0:
         raise Failed(f"sqlite3: exit {r.returncode}: {r.stderr[-1500:]}")
@@ -784,6 +785,7 @@ WORKLOADS = {
     "numpy": numpy,
     "numpy-pool": numpy_pool,
     "sqlite": sqlite,
+    "sqlite-heap": lambda launch, work, **kw: sqlite(launch, work, pagecache=False, **kw),
     "sysio": sysio,
     "xz": xz,
     "sort": sort,

@@ -24,6 +24,9 @@
  * Each must succeed with the file's bytes and size (an evicted page the
  * kernel cannot wait for would give EFAULT).
  *
+ * With --main, the main thread does all of that alone (one list, no
+ * fork): its blocks come from glibc's main heap, which grows with brk.
+ *
  * With --reserve, no threads: one reservation of 1.5 times --mib, made
  * PROT_NONE the way V8's and .NET's heaps are, whose parts the program makes
  * writable with mprotect, 4 MiB at a time, and fills. Then, each part checked
@@ -35,7 +38,7 @@
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main]
  */
 #include <getopt.h>
 #include <pthread.h>
@@ -387,6 +390,7 @@ int main(int argc, char **argv)
 		{ "mib", required_argument, NULL, 'm' },
 		{ "rounds", required_argument, NULL, 'r' },
 		{ "reserve", no_argument, NULL, 'R' },
+		{ "main", no_argument, NULL, 'M' },
 		{ 0 },
 	};
 	unsigned long mib = 192;
@@ -396,19 +400,20 @@ int main(int argc, char **argv)
 	pthread_t *th;
 	int c;
 
-	int reserved = 0;
+	int reserved = 0, main_only = 0;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		char *end;
 		unsigned long v;
 
-		if (c == 'R') {
-			reserved = 1;
+		if (c == 'R' || c == 'M') {
+			reserved |= c == 'R';
+			main_only |= c == 'M';
 			continue;
 		}
 		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main]\n");
 			return 2;
 		}
 		if (c == 't')
@@ -422,6 +427,8 @@ int main(int argc, char **argv)
 	}
 	if (reserved)
 		return reserve(mib);
+	if (main_only)
+		nthreads = 1;
 	per_thread = (mib << 20) / nthreads;
 	snprintf(log_path, sizeof(log_path), "/tmp/arenatest.%d", (int)getpid());
 	if (io_file())
@@ -430,19 +437,21 @@ int main(int argc, char **argv)
 	th = calloc(nthreads, sizeof(*th));
 	if (!lists || !th || pthread_barrier_init(&barrier, NULL, nthreads))
 		return 1;
-	for (unsigned t = 0; t < nthreads; t++)
+	if (main_only)
+		worker(0);
+	for (unsigned t = 0; t < nthreads && !main_only; t++)
 		if (pthread_create(&th[t], NULL, worker, (void *)(uintptr_t)t)) {
 			perror("arenatest: pthread_create");
 			return 1;
 		}
-	for (unsigned t = 0; t < nthreads; t++)
+	for (unsigned t = 0; t < nthreads && !main_only; t++)
 		pthread_join(th[t], NULL);
 	unlink(io_path);
 	if (atomic_load(&failed))
 		return 1;
 	/* Before the fork: it brings every paged page home first (uffd/fork.c). */
 	hwm = hwm_mib();
-	if (fork_reads_heap())
+	if (!main_only && fork_reads_heap())
 		return 1;
 	rewind(log_file);
 	while (fgets(line, sizeof(line), log_file))
@@ -454,7 +463,11 @@ int main(int argc, char **argv)
 			atomic_load(&lines_written));
 		return 1;
 	}
-	printf("arenatest: ok threads=%u rounds=%u blocks=%lu lines=%lu syscalls=%lu fork=ok hwm=%ld MiB\n", nthreads,
-	       rounds, atomic_load(&nodes_built), lines, atomic_load(&io_calls), hwm);
+	if (main_only)
+		snprintf(line, sizeof(line), "main");
+	else
+		snprintf(line, sizeof(line), "%u", nthreads);
+	printf("arenatest: ok threads=%s rounds=%u blocks=%lu lines=%lu syscalls=%lu fork=%s hwm=%ld MiB\n", line,
+	       rounds, atomic_load(&nodes_built), lines, atomic_load(&io_calls), main_only ? "none" : "ok", hwm);
 	return 0;
 }

@@ -316,8 +316,8 @@ def summary_lines(s: dict) -> list:
     tail = f"exit status {s['exit_status']}, {s['elapsed_s']:.2f} s"
     if s["processes"] == 0:
         return [f"farmem: no pager started (nothing was mapped at or above the threshold, or no process could be paged: "
-                f"see any warning above; small blocks of the main thread, and with --no-reservations those of "
-                f"the other threads too, stay local: docs/compatibility.md); {tail}"]
+                f"see any warning above; small blocks until glibc's heaps pass the threshold, and with --no-reservations "
+                f"all of them, stay local: docs/compatibility.md); {tail}"]
     # zero_fills counts pages (demand faults and the zero runs installed ahead of them), and
     # write-protect faults are not among `faults`: neither is a part of that figure.
     first = (f"farmem: {s['faults']} faults, {s['wp_faults']} write-protect faults; {s['zero_fills']} pages "
