@@ -334,6 +334,26 @@ def test_memcached_that_gives_up_root(shim, tmp_path):
     assert_paged(got["summary"], "memcached -u nobody")
 
 
+def test_memcached_heaps_when_it_gives_up_root(shim, tmp_path):
+    """memcached without -L, started as root with -u nobody: its slabs come from its worker
+    threads' heaps after it gave up root, when a userfaultfd that serves system calls (which the
+    heaps need) could no longer be opened. The shim opened one at start, while it still could,
+    and the pager takes it: the heaps are paged."""
+    import shutil
+    import tempfile
+    if os.geteuid() != 0:
+        pytest.skip("needs root: memcached gives up root only when it has it")
+    work = tempfile.mkdtemp(prefix="farmem-mc-", dir="/tmp")
+    os.chown(work, 65534, 65534)
+    try:
+        got = compat.memcached(farmem(), Path(work), megabytes=192, items=30000, slap=15000, prealloc=False,
+                               user="nobody")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert_paged(got["summary"], "memcached -u nobody, without -L")
+    assert got["summary"]["registered_bytes"] >= 64 << 20, got["summary"]
+
+
 def test_postgres_as_its_own_user(shim, tmp_path):
     """PostgreSQL refuses to run as root: `farmem run --user postgres` starts it as its user, whose
     backends reach the run's memd and page with a user-mode-only userfaultfd (no privilege needed

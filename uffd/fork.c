@@ -249,6 +249,8 @@ static void child_reset(struct fm_fork_range *out, int *n, int max)
 			close(p->uffd);
 		if (p->uffd_waits >= 0)
 			close(p->uffd_waits);
+		if (p->uffd_waits_spare >= 0)
+			close(p->uffd_waits_spare);
 	}
 	memset(fork_pagers, 0, sizeof(fork_pagers));
 	pthread_mutex_init(&fork_lock, NULL);

@@ -278,7 +278,8 @@ int fm_monitor_waits_fd(struct fm_pager *p, char *err, size_t errlen)
 		rc = -ESHUTDOWN;
 		goto out;
 	}
-	rc = fm_uffd_open(p->features & ~(uint64_t)UFFD_FEATURE_SIGBUS, &got, err, errlen);
+	rc = fm_uffd_open_on(p->uffd_waits_spare, p->features & ~(uint64_t)UFFD_FEATURE_SIGBUS, &got, err, errlen);
+	p->uffd_waits_spare = -1;
 	if (rc < 0)
 		goto out;
 	p->uffd_waits = rc;

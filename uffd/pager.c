@@ -152,7 +152,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	if (!p)
 		return -ENOMEM;
 	p->cfg = *cfg;
-	p->uffd = p->uffd_waits = p->pidfd = p->map_fd = p->stop_fd = -1;
+	p->uffd = p->uffd_waits = p->uffd_waits_spare = p->pidfd = p->map_fd = p->stop_fd = -1;
 	fm_log_level = cfg->log_level;
 	pthread_rwlock_init(&p->rlock, NULL);
 	pthread_mutex_init(&p->clock_lock, NULL);
@@ -253,6 +253,21 @@ int fm_pager_kernel_waits_possible(void)
 	return fm_uffd_full_available();
 }
 
+int fm_pager_kernel_waits_reserve(void)
+{
+	return fm_uffd_open_full_raw();
+}
+
+void fm_pager_kernel_waits_give(struct fm_pager *p, int fd)
+{
+	pthread_mutex_lock(&p->waits_lock);
+	if (p->uffd_waits < 0 && p->uffd_waits_spare < 0 && p->in_thread)
+		p->uffd_waits_spare = fd;
+	else
+		close(fd);
+	pthread_mutex_unlock(&p->waits_lock);
+}
+
 int fm_pager_stop(struct fm_pager *p)
 {
 	if (!p)
@@ -278,6 +293,8 @@ int fm_pager_stop(struct fm_pager *p)
 		close(p->uffd);
 	if (p->uffd_waits >= 0)
 		close(p->uffd_waits);
+	if (p->uffd_waits_spare >= 0)
+		close(p->uffd_waits_spare);
 	/* A shmem alias left mapped would keep its file, and so its memory, alive. */
 	for (int i = 0; i < p->nregions; i++)
 		fm_shmem_release(&p->regions[i]);

@@ -121,6 +121,15 @@ int fm_pager_open_kernel_waits(struct fm_pager *p, char *err, size_t errlen);
 /* Before any pager: 1 when fm_pager_open_kernel_waits can succeed in this process. */
 int fm_pager_kernel_waits_possible(void);
 /*
+ * A process that may give up root before its heaps grow (memcached -u, a
+ * server's workers) opens the userfaultfd of FM_REG_KERNEL_WAITS while it
+ * still may: fm_pager_kernel_waits_reserve (an fd, or -errno), handed to
+ * its pager later with fm_pager_kernel_waits_give, which owns it from then
+ * on. The fd serves only this process's memory: a forked child closes it.
+ */
+int fm_pager_kernel_waits_reserve(void);
+void fm_pager_kernel_waits_give(struct fm_pager *p, int fd);
+/*
  * [addr, addr+len), inside a region registered FM_REG_SPARSE, is memory now
  * (anonymous private, read-write: the program committed it). Its pages that
  * are not paged yet are registered: present ones as resident (and evicted

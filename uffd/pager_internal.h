@@ -126,6 +126,7 @@ struct fm_pager {
 	 * handler thread 1 (monitor.c).
 	 */
 	int uffd_waits;
+	int uffd_waits_spare;           /* a uffd for it opened before the process gave up root, or -1 */
 	int in_thread;                  /* faults are served in the faulting thread (SIGBUS) */
 	int shmem_ok;                   /* the uffd has minor faults and write-protect for shmem */
 	int can_move;                   /* the uffd has UFFD_FEATURE_MOVE (fm_pager_move) */

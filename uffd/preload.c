@@ -470,12 +470,49 @@ static void *child_pager_main(void *arg)
 	return NULL;
 }
 
+/*
+ * A process that runs as root may give up root before its heaps grow
+ * (memcached -u, a server's workers), and then could not open the
+ * userfaultfd of the heaps: one is opened at start and handed to the pager
+ * when it starts (fm_pager_kernel_waits_reserve). -1: none.
+ */
+static int waits_spare = -1;
+
+/* fd is still the userfaultfd we opened (a program may close every fd it did not open itself). */
+static int still_uffd(int fd)
+{
+	char path[32], link[64];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (n < 0)
+		return 0;
+	link[n] = 0;
+	return strcmp(link, "anon_inode:[userfaultfd]") == 0;
+}
+
+/* The pager that just started takes the spare, if it is still ours. Caller is in farmem. */
+static void waits_spare_give(struct fm_pager *pg)
+{
+	int fd = waits_spare;
+
+	waits_spare = -1;
+	if (fd >= 0 && still_uffd(fd))
+		fm_pager_kernel_waits_give(pg, fd);
+}
+
 static void fork_child(void)
 {
 	int was = atomic_load(&state);
 	pthread_attr_t attr;
 	pthread_t th;
 	int rc;
+
+	/* The parent's: it serves the parent's memory only. */
+	if (waits_spare >= 0)
+		close(waits_spare);
+	waits_spare = -1;
 
 	pthread_mutex_unlock(&heap_lock);
 	pthread_mutex_unlock(&resv_lock);
@@ -526,7 +563,8 @@ __attribute__((constructor)) static void preload_init(void)
 	load_config();
 	app_alloc();
 	/* Decided here, before the program's threads exist (heaps_keep). */
-	reserved_paged();
+	if (reserved_paged() && geteuid() == 0 && cfg.fault_mode != FM_FAULT_THREAD)
+		waits_spare = fm_pager_kernel_waits_reserve();
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 	fm_fork_before_prepare(child_wait);
 }
@@ -622,6 +660,8 @@ static struct fm_pager *get_pager(void)
 			pthread_mutex_unlock(&start_lock);
 			return NULL;
 		}
+		if (!rc)
+			waits_spare_give(pager);
 		in_farmem--;
 		if (rc) {
 			pthread_mutex_unlock(&start_lock);

@@ -72,11 +72,25 @@ uint64_t fm_uffd_probe(void)
 
 int fm_uffd_open(uint64_t want, uint64_t *got, char *err, size_t errlen)
 {
+	return fm_uffd_open_on(-1, want, got, err, errlen);
+}
+
+int fm_uffd_open_full_raw(void)
+{
+	int user_only;
+
+	return open_raw(0, &user_only);
+}
+
+int fm_uffd_open_on(int fd, uint64_t want, uint64_t *got, char *err, size_t errlen)
+{
 	uint64_t offered = fm_uffd_probe(), ask;
 	struct uffdio_api api;
-	/* With SIGBUS a fault inside a system call fails with EFAULT whatever the uffd: user-mode-only does. */
-	int user_only, fd = open_raw(!!(want & offered & UFFD_FEATURE_SIGBUS), &user_only);
+	int user_only;
 
+	/* With SIGBUS a fault inside a system call fails with EFAULT whatever the uffd: user-mode-only does. */
+	if (fd < 0)
+		fd = open_raw(!!(want & offered & UFFD_FEATURE_SIGBUS), &user_only);
 	if (fd < 0) {
 		snprintf(err, errlen, "userfaultfd is not available to this process (%s): %s; run `farmem doctor`",
 			 strerror(-fd),

@@ -44,6 +44,10 @@
  */
 /* 1 when this process may open a uffd that serves faults taken inside system calls too. */
 int fm_uffd_full_available(void);
+/* Such a uffd, before UFFDIO_API (fm_uffd_open_on), or -errno. */
+int fm_uffd_open_full_raw(void);
+/* fm_uffd_open on fd, a uffd opened before (-1: open one now); fd is closed if the API is refused. */
+int fm_uffd_open_on(int fd, uint64_t want, uint64_t *got, char *err, size_t errlen);
 int fm_uffd_open(uint64_t want, uint64_t *got, char *err, size_t errlen);
 /* The optional features this kernel offers at all (for `farmem doctor` and fm_uffd_open). */
 uint64_t fm_uffd_probe(void);
