@@ -263,6 +263,10 @@ def test_main_heap_paged_past_the_threshold(shim, built, tmp_path, farmem_cmd, f
     m = re.search(r"arenatest: ok threads=main .* syscalls=1536 fork=none hwm=(\d+) MiB", r.stdout)
     assert m, r.stdout + r.stderr[-3000:]
     assert_paged(s, "arenatest --main")
+    # Every fault was in the heap: served by the handler thread, counted apart with fault=signal.
+    assert s["heap_faults"] == (s["faults"] if fault == "signal" else 0), s
+    if fault == "signal":
+        assert f"({s['heap_faults']} of them in malloc heaps, by a handler thread)" in r.stderr, r.stderr[-2000:]
     # The first 64 MiB fill before the heap is paged, and are evicted then.
     assert int(m[1]) < 100, (m[0], s)
     assert s["registered_bytes"] >= 128 << 20, s

@@ -152,6 +152,8 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	fm_heat_filled(p, r, i, remote);
 	fm_release(p, &r->pg[i], held, pg_make(wr ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
 	count_fault(p, gc);
+	if (r->kernel_waits && p->in_thread)
+		STAT_ADD(p, heap_faults, 1);
 	if (p->cfg.prefetch)
 		fm_prefetch(p, &f->fc, ridx, r, i, f->write, !remote, gc, !f->in_thread);
 }

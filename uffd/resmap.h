@@ -196,7 +196,13 @@ struct fm_pager_stats {
 	uint64_t evictions_in_place;
 	/* Remote pages faulted back within one budget of evictions after they left: the clock keeps them longer. */
 	uint64_t refaults_soon;
-	uint64_t reserved2[23];
+	/*
+	 * Of faults, those in regions the kernel waits for (malloc heaps) of a
+	 * pager that serves the others in the faulting thread: a handler
+	 * thread served these (pager.h, FM_REG_KERNEL_WAITS).
+	 */
+	uint64_t heap_faults;
+	uint64_t reserved2[22];
 };
 
 struct fm_resmap_hdr {

@@ -36,6 +36,7 @@ int main(void)
 	printf("  \"offsetof_discard_released\": %zu,\n", offsetof(struct fm_pager_stats, discard_released));
 	printf("  \"offsetof_evictions_in_place\": %zu,\n", offsetof(struct fm_pager_stats, evictions_in_place));
 	printf("  \"offsetof_refaults_soon\": %zu,\n", offsetof(struct fm_pager_stats, refaults_soon));
+	printf("  \"offsetof_heap_faults\": %zu,\n", offsetof(struct fm_pager_stats, heap_faults));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

@@ -82,9 +82,10 @@ TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAP
 # share of gc_faults, a collector's object moves done in memd's store (uffd/compact.c), and the
 # discarded free space whose memory memd keeps for reuse (a gauge) and gives back; of the captured
 # evictions, those read straight into their slot in memd's store (shm); remote pages faulted back
-# soon after they left (the clock keeps them longer).
+# soon after they left (the clock keeps them longer); faults a handler thread served in the malloc
+# heaps of a pager that serves the others in the faulting thread.
 JVM_FIELDS = ("gc_conc_faults", "compact_moves", "compact_bytes", "compact_pages", "compact_declined",
-              "discard_kept", "discard_released", "evictions_in_place", "refaults_soon")
+              "discard_kept", "discard_released", "evictions_in_place", "refaults_soon", "heap_faults")
 
 
 class PagerStats(ctypes.Structure):
@@ -144,6 +145,7 @@ def layout() -> dict:
         "offsetof_discard_released": PagerStats.discard_released.offset,
         "offsetof_evictions_in_place": PagerStats.evictions_in_place.offset,
         "offsetof_refaults_soon": PagerStats.refaults_soon.offset,
+        "offsetof_heap_faults": PagerStats.heap_faults.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }

@@ -331,9 +331,13 @@ def summary_lines(s: dict) -> list:
     # registered_bytes is a gauge: 0 once the program has unmapped its memory, so say it only if not.
     registered = f", registered {fmt_bytes(s['registered_bytes'])}" if s["registered_bytes"] else ""
     adopted = resmap.adopt_note(s)
+    served = FAULT_MODE_WORDS.get(s.get("fault_mode"), s.get("fault_mode"))
+    if s.get("heap_faults"):
+        # Regions the kernel waits for (glibc's heaps): a handler thread served them, in any mode.
+        served += f" ({s['heap_faults']} of them in malloc heaps, by a handler thread)"
     second = (f"farmem: local limit {fmt_bytes(s['local_limit_bytes'])}, peak resident "
               f"{fmt_bytes(s['peak_resident_bytes'])}{' (' + adopted + ')' if adopted else ''}{registered}; "
-              f"transport {s['transport']}, faults served {FAULT_MODE_WORDS.get(s.get('fault_mode'), s.get('fault_mode'))}, "
+              f"transport {s['transport']}, faults served {served}, "
               f"{procs}; " + ("; ".join(problems) + "; " if problems else "") + tail)
     lines = [first, second]
     if s.get("swapva_calls"):
