@@ -417,7 +417,7 @@ int fm_fault(struct fm_pager *p, struct fm_fault *f)
 		}
 		return -ENOENT;
 	}
-	if (f->in_thread && r->kernel_waits && p->in_thread) {
+	if (f->in_thread && r->kernel_waits) {
 		/* Its uffd raises no SIGBUS: this one is the program's own, or the kernel's. */
 		rlock_un(p);
 		return -ENOENT;

@@ -250,7 +250,12 @@ int fm_pager_open_kernel_waits(struct fm_pager *p, char *err, size_t errlen)
 
 int fm_pager_kernel_waits_possible(void)
 {
-	return fm_uffd_full_available();
+	int fd = fm_uffd_open_full_raw();
+
+	if (fd < 0)
+		return 0;
+	close(fd);
+	return 1;
 }
 
 int fm_pager_kernel_waits_reserve(void)

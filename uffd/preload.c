@@ -1564,10 +1564,8 @@ static void brk_grew(uintptr_t block, uintptr_t chunk_end)
 			atomic_store(&brk_paged_to, HEAP_SKIP);
 			goto done;
 		}
-		brk_base = base;
-		brk_end = (next - base) & ~(uintptr_t)(PAGE - 1);
-		brk_end += base;
-		to = base;
+		brk_base = to = base;
+		brk_end = base + ((next - base) & ~(uintptr_t)(PAGE - 1));
 	}
 	/* A block of a main heap that glibc continued in mappings of its own: not ours. */
 	if (block < brk_base || chunk_end > brk_end)
@@ -1623,7 +1621,9 @@ static inline void *heap_block(void *q)
 	uintptr_t base, end;
 	int k;
 
-	if (!q || !app.glibc || atomic_load_explicit(&reserved_mode, memory_order_relaxed) == 2)
+	/* Heaps kept local, or a process the shim does not page (a JVM's agent took it, a pager that could not start). */
+	if (!q || !app.glibc || atomic_load_explicit(&reserved_mode, memory_order_relaxed) == 2 ||
+	    atomic_load_explicit(&state, memory_order_relaxed) == 4)
 		return q;
 	head = ((const size_t *)q)[-1];
 	end = (uintptr_t)q - 2 * sizeof(size_t) + (head & ~(size_t)7);

@@ -45,16 +45,6 @@ static int open_raw(int user_only_ok, int *user_only)
 	return fd < 0 ? -errno : fd;
 }
 
-int fm_uffd_full_available(void)
-{
-	int user_only, fd = open_raw(0, &user_only);
-
-	if (fd < 0)
-		return 0;
-	close(fd);
-	return 1;
-}
-
 /* A uffd takes one UFFDIO_API: a throwaway one asks what the kernel offers. */
 uint64_t fm_uffd_probe(void)
 {

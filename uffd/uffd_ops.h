@@ -42,9 +42,7 @@
  * (not root, /dev/userfaultfd closed to it, vm.unprivileged_userfaultfd=0)
  * gets a UFFD_USER_MODE_ONLY one: the same to a SIGBUS-mode pager.
  */
-/* 1 when this process may open a uffd that serves faults taken inside system calls too. */
-int fm_uffd_full_available(void);
-/* Such a uffd, before UFFDIO_API (fm_uffd_open_on), or -errno. */
+/* A uffd that serves faults taken inside system calls too, before UFFDIO_API (fm_uffd_open_on), or -errno. */
 int fm_uffd_open_full_raw(void);
 /* fm_uffd_open on fd, a uffd opened before (-1: open one now); fd is closed if the API is refused. */
 int fm_uffd_open_on(int fd, uint64_t want, uint64_t *got, char *err, size_t errlen);
