@@ -118,7 +118,8 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	 * or a collector reads old data (gc_writable: prefetch.h says why):
 	 * then it goes in writable, a guess that costs a write-back if wrong.
 	 */
-	wr = f->write || (remote && ((b & FM_PGF_REWRITE) || (gc && p->cfg.gc_writable)));
+	wr = f->write || fm_region_installs_open(p, r) ||
+	     (remote && ((b & FM_PGF_REWRITE) || (gc && p->cfg.gc_writable)));
 	t_copy = fm_now_ns();
 	fm_uffd_install(r->uffd, addr, src, 1, !wr, !f->in_thread, &skipped);
 	if (skipped) {
@@ -148,7 +149,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	 * its source). Fresh pages it writes are the survivors it evacuates.
 	 */
 	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && (!f->write || remote) ? FM_PGF_GC : FM_PGF_REF) |
-		       (wr && !f->write ? FM_PGF_REWRITE : 0));
+		       (wr && !f->write && remote ? FM_PGF_REWRITE : 0));
 	fm_heat_filled(p, r, i, remote);
 	fm_release(p, &r->pg[i], held, pg_make(wr ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
 	count_fault(p, gc);

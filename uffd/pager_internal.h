@@ -251,6 +251,19 @@ struct fm_pager {
 
 #define STAT_ADD(p, field, n) __atomic_fetch_add(&(p)->st->field, (uint64_t)(n), __ATOMIC_RELAXED)
 
+/*
+ * A page a handler thread installs in r goes in writable whatever the
+ * access: there a write-protect fault is one more handoff between two
+ * threads (two CPUs, an IPI to wake the faulting one), and the heaps these
+ * regions are mostly hold pages that are written. Only where an unwritten
+ * page costs no write-back for it: on shm, eviction compares it with memd's
+ * copy (evict.c's guess_held); elsewhere the per-page guess (REWRITE) rules.
+ */
+static inline int fm_region_installs_open(const struct fm_pager *p, const struct region *r)
+{
+	return r->kernel_waits && !r->alias && p->hdr->transport == FM_XPORT_SHM;
+}
+
 /* Pages evicted so far: every page an eviction batch drops is counted clean or dirty. */
 static inline uint64_t fm_evicted(const struct fm_pager *p)
 {

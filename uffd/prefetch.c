@@ -106,9 +106,13 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	 * them (prefetch.h): they go in writable, booked DIRTY, rather than
 	 * protected, each to cost a write-protect fault and an unprotect (a TLB
 	 * shootdown) a moment later. A guess (FM_PGF_REWRITE): on shm one left
-	 * unwritten leaves clean (evict.c).
+	 * unwritten leaves clean (evict.c). So does every page of a region a
+	 * handler thread serves (fm_region_installs_open), fresh ones too, and
+	 * any page written in its last stay (below).
 	 */
-	int open_remote = gc && (write || p->cfg.gc_writable);
+	int open_all = fm_region_installs_open(p, r);
+	int open_remote = (gc && (write || p->cfg.gc_writable)) || open_all;
+	int open_fresh = write || open_all;
 	const void *src[MAX_AHEAD];
 	struct stream *s = NULL;
 	int64_t stride = 0;
@@ -172,16 +176,19 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		/* A run: consecutive pages of one kind whose sources are consecutive too. */
 		int is_remote = ri < nr && remote[ri] == want[k];
 		const uint8_t *from = is_remote ? src[ri] : p->zero_run;
+		/* A remote page written in its last stay goes in writable, as its own fault would put it (fault.c). */
+		int open = is_remote && (open_remote || (was[k] & FM_PGF_REWRITE));
 		unsigned n = 1;
 		uint64_t skipped;
 
 		while (k + n < nw && want[k + n] == want[k] + n &&
 		       (is_remote ? (ri + n < nr && remote[ri + n] == want[k + n] &&
-				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT))
+				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT) &&
+				     (open_remote || !(was[k + n] & FM_PGF_REWRITE) == !open))
 				  : fm_pg_state(was[k + n]) == FM_PG_UNTOUCHED && n < ZERO_RUN_PAGES))
 			n++;
 		fm_uffd_install(r->uffd, r->base + (want[k] << PG_SHIFT), from, n,
-				is_remote ? !open_remote : !write, wake, &skipped);
+				is_remote ? !open : !open_fresh, wake, &skipped);
 		for (unsigned q = 0; q < n; q++) {
 			uint8_t b = was[k + q], held = pg_make(FM_PG_FILLING, b);
 			/*
@@ -195,10 +202,10 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 				fm_resident_add(p, -1);
 			} else {
 				fm_release(p, &r->pg[want[k + q]], held, is_remote
-				 ? pg_make(open_remote ? FM_PG_DIRTY : FM_PG_CLEAN,
+				 ? pg_make(open ? FM_PG_DIRTY : FM_PG_CLEAN,
 					   (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | cold |
-						     (open_remote ? FM_PGF_REWRITE : 0)))
-				 : pg_make(write ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
+						     (open ? FM_PGF_REWRITE : 0)))
+				 : pg_make(open_fresh ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
 			}
 		}
 		if (is_remote) {

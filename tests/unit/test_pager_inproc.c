@@ -66,10 +66,10 @@ static void rewrite_guess(struct fm_resmap_hdr *h, uint8_t *a, uint32_t *ver, in
 	 * A remote page written in its last stay, read: it must come in
 	 * writable on the guess. Another page the same way, then written: no
 	 * write-protect fault. Eviction (the evictor thread with fault=thread,
-	 * or a batch at the limit) may take a page between two of our steps,
-	 * and a read may fetch the next pages ahead (prefetch: they come in
-	 * clean, not on the guess): then it is tried again with another page,
-	 * looked for from a random place, so that our reads make no run.
+	 * or a batch at the limit) may take a page between two of our steps:
+	 * then it is tried again with another page, looked for from a random
+	 * place, so that our reads make no run (test_pager_open_installs has
+	 * the guess in pages fetched ahead).
 	 */
 	for (tries = 0; tries < 400 && (g == NPAGES || w == NPAGES); tries++) {
 		uint64_t i = 1000 + (uint64_t)rand_r(seed) % (NPAGES - 1000), wp;
