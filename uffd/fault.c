@@ -118,7 +118,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	 * or a collector reads old data (gc_writable: prefetch.h says why):
 	 * then it goes in writable, a guess that costs a write-back if wrong.
 	 */
-	wr = f->write || fm_region_installs_open(p, r) ||
+	wr = f->write || fm_region_installs_open(r) ||
 	     (remote && ((b & FM_PGF_REWRITE) || (gc && p->cfg.gc_writable)));
 	t_copy = fm_now_ns();
 	fm_uffd_install(r->uffd, addr, src, 1, !wr, !f->in_thread, &skipped);

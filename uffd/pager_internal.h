@@ -255,13 +255,14 @@ struct fm_pager {
  * A page a handler thread installs in r goes in writable whatever the
  * access: there a write-protect fault is one more handoff between two
  * threads (two CPUs, an IPI to wake the faulting one), and the heaps these
- * regions are mostly hold pages that are written. Only where an unwritten
- * page costs no write-back for it: on shm, eviction compares it with memd's
- * copy (evict.c's guess_held); elsewhere the per-page guess (REWRITE) rules.
+ * regions mostly are hold pages that are written. An unwritten page leaves
+ * clean on shm, where eviction compares it with memd's copy (evict.c's
+ * guess_held); elsewhere it is written back, which costs less than the
+ * faults (bench/RESULTS.md, session 19).
  */
-static inline int fm_region_installs_open(const struct fm_pager *p, const struct region *r)
+static inline int fm_region_installs_open(const struct region *r)
 {
-	return r->kernel_waits && !r->alias && p->hdr->transport == FM_XPORT_SHM;
+	return r->kernel_waits && !r->alias;
 }
 
 /* Pages evicted so far: every page an eviction batch drops is counted clean or dirty. */

@@ -110,7 +110,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	 * handler thread serves (fm_region_installs_open), fresh ones too, and
 	 * any page written in its last stay (below).
 	 */
-	int open_all = fm_region_installs_open(p, r);
+	int open_all = fm_region_installs_open(r);
 	int open_remote = (gc && (write || p->cfg.gc_writable)) || open_all;
 	int open_fresh = write || open_all;
 	const void *src[MAX_AHEAD];
