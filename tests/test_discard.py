@@ -10,6 +10,7 @@ and the sizing. About three minutes on two CPUs.
 """
 
 import json
+import re
 import os
 import subprocess
 
@@ -146,3 +147,42 @@ def test_sizing_not_needed_at_full_budget(farmem_cmd, build, jvm_built, tmp_path
     r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-Xmx512m"], ["-version"], local="100%")
     assert r.returncode == 0, r.stderr
     assert sizing_line(r.stderr) == ""
+
+
+def script_jvm(farmem_cmd, private_tmp, script: str, *flags, local="25%"):
+    """farmem run ... -- sh -c SCRIPT: the JVMs the shell starts get the agent (and the sizing) in
+    JAVA_TOOL_OPTIONS."""
+    return subprocess.run([*farmem_cmd, "run", "--local", local, *flags, "--", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
+
+
+def final_flags(stdout: str) -> dict:
+    return {line.split()[1]: line.split()[3] for line in stdout.splitlines() if line.count("=") == 1
+            and len(line.split()) >= 4}
+
+
+def test_sizing_for_the_jvms_a_script_starts(farmem_cmd, build, jvm_built, private_tmp):
+    """A JVM started by a script gets half its heap's local share as G1's young generation bound
+    (its -Xmx is not known to farmem): with a quarter local, eden never plans past 12% of the
+    heap's regions (256 MiB in 1 MiB regions). Its own -Xmn wins; below 10% the minimum follows
+    the maximum down; --no-heap-sizing adds nothing."""
+    cp = build / "java"
+    r = script_jvm(farmem_cmd, private_tmp,
+                   f"java -Xmx256m -Xlog:gc+heap=info -cp {cp} GcChurn --live-mb 60 --steps 20000")
+    assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "G1 sizing for the JVMs this command starts: -XX:G1MaxNewSizePercent=12" in r.stderr
+    planned = [int(m) for m in re.findall(r"Eden regions: \d+->\d+\((\d+)\)", r.stdout)]
+    assert planned and max(planned) <= 256 * 12 // 100, planned
+
+    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version")
+    assert r.returncode == 0, r.stderr[-2000:]
+    f = final_flags(r.stdout)
+    assert f["G1MaxNewSizePercent"] == "12" and f["G1NewSizePercent"] == "5", f
+    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -Xmn100m -XX:+PrintFlagsFinal -version")
+    assert r.returncode == 0 and final_flags(r.stdout)["MaxNewSize"] == str(100 << 20), r.stderr[-2000:]
+    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version", local="8%")
+    f = final_flags(r.stdout)
+    assert r.returncode == 0 and f["G1MaxNewSizePercent"] == "4" and f["G1NewSizePercent"] == "4", f
+    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version", "--no-heap-sizing")
+    assert r.returncode == 0 and "Picked up JAVA_TOOL_OPTIONS: -agentpath:" in r.stderr, r.stderr[-2000:]
+    assert "G1MaxNewSizePercent" not in r.stderr and "G1 sizing" not in r.stderr
