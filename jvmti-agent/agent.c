@@ -116,17 +116,18 @@ static uint64_t pages_not_home(struct fm_pager *p)
 	struct fm_resmap_hdr *h = fm_pager_map(p);
 	uint64_t n = 0;
 
-	for (uint32_t r = 0; r < h->nregions && r < FM_RESMAP_MAX_REGIONS; r++) {
-		const uint8_t *pg = (const uint8_t *)h + h->regions[r].map_offset;
-		if (!(h->regions[r].flags & 1u))
+	for (uint32_t k = 0; k < h->nregions && k < FM_RESMAP_SLOTS; k++) {
+		const struct fm_resmap_region *r = fm_resmap_slot_ro(h, k);
+		const uint8_t *pg = (const uint8_t *)h + r->map_offset;
+		if (!(r->flags & FM_REGION_F_LIVE))
 			continue;
-		for (uint64_t i = 0; i < h->regions[r].npages; i++) {
+		for (uint64_t i = 0; i < r->npages; i++) {
 			unsigned s = fm_pg_state(pg[i]);
 			if (s == FM_PG_REMOTE || s == FM_PG_LEAVING ||
 			    (s == FM_PG_FILLING && (pg[i] & FM_PGF_HAS_REMOTE))) {
 				if (!n++)
 					fm_warn("heap page %#llx is not home (state byte %#x)",
-						(unsigned long long)(h->regions[r].base + (i << h->page_shift)), pg[i]);
+						(unsigned long long)(r->base + (i << h->page_shift)), pg[i]);
 			}
 		}
 	}

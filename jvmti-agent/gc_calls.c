@@ -51,8 +51,8 @@ EXPORT int farmem_heap_view(struct farmem_heap_view *v)
 	struct fm_pager *p = ref.enter();
 	const struct fm_resmap_hdr *h = p ? fm_pager_map(p) : NULL;
 
-	for (unsigned i = 0; h && i < FM_RESMAP_MAX_REGIONS; i++) {
-		const struct fm_resmap_region *r = &h->regions[i];
+	for (unsigned i = 0; h && i < FM_RESMAP_SLOTS; i++) {
+		const struct fm_resmap_region *r = fm_resmap_slot_ro(h, i);
 		if ((r->flags & (FM_REGION_F_LIVE | FM_REGION_F_HEAP | FM_REGION_F_SHMEM)) !=
 		    (FM_REGION_F_LIVE | FM_REGION_F_HEAP))
 			continue;

@@ -494,7 +494,7 @@ FAKE_MAPPED = textwrap.dedent("""
     mm = mmap.mmap(fd, size)
     h = resmap.ResmapHdr.from_buffer(mm)
     h.magic, h.version, h.page_shift, h.hdr_size = resmap.MAGIC, resmap.VERSION, 12, resmap.MAP_OFFSET
-    h.pid, h.swap_epoch, h.gc_cycles, h.nregions, h.transport = os.getpid(), 7, 3, 2, 1
+    h.pid, h.swap_epoch, h.gc_cycles, h.nregions, h.transport = os.getpid(), 7, 3, 101, 1
     h.memd = b"unix:/tmp/x.sock"
     h.stats.faults, h.stats.registered_pages, h.stats.resident_pages = 42, 8, 4
     h.stats.local_limit_pages, h.stats.peak_resident_pages, h.stats.adopt_peak_pages = 4, 4, 6
@@ -502,6 +502,8 @@ FAKE_MAPPED = textwrap.dedent("""
     r = h.regions[0]
     r.base, r.npages, r.map_offset, r.flags = 0x7f0000000000, 8, resmap.MAP_OFFSET, 1 | 2 | 8
     h.regions[1].npages = 99                     # a slot not flagged live: not a region
+    r = h.slot(100)                              # past the first table: more_regions[36]
+    r.base, r.npages, r.map_offset, r.flags = 0x7f1000000000, 8, resmap.MAP_OFFSET, 1
     mm[resmap.MAP_OFFSET:resmap.MAP_OFFSET + 8] = bytes([2, 4 | 0x10, 6 | 0x08, 1, 0, 3, 5, 7])
     print("ready", flush=True)
     sys.stdin.read()
@@ -522,7 +524,7 @@ def test_stat_reads_a_residency_map(tmp_path, capsys):
         assert (s["pid"], s["swap_epoch"], s["gc_cycles"], s["faults"]) == (proc.pid, 7, 3, 42)
         assert s["transport"] == "stream" and s["memd"] == "unix:/tmp/x.sock"
         assert s["registered_bytes"] == 8 * 4096
-        assert len(s["regions"]) == 1
+        assert len(s["regions"]) == 2 and (s["regions"][1]["slot"], s["regions"][1]["base"]) == (100, 0x7F1000000000)
         region = s["regions"][0]
         assert (region["base"], region["npages"], region["flags"]) == (0x7F0000000000, 8, ["heap", "sparse"])
         assert (s["adopt_peak_bytes"], s["adopt_evictions"]) == (6 * 4096, 2)
@@ -531,7 +533,7 @@ def test_stat_reads_a_residency_map(tmp_path, capsys):
         assert (region["untouched"], region["unmanaged"], region["filling"]) == (1, 1, 1)
 
         status, out, _ = cli(capsys, "stat", proc.pid)
-        assert status == 0 and out.startswith(f"pid {proc.pid}: 1 regions") and "region 0x7f0000000000" in out
+        assert status == 0 and out.startswith(f"pid {proc.pid}: 2 regions") and "region 0x7f0000000000" in out and "region 0x7f1000000000" in out
         assert "(peak 16.0 KiB; 24.0 KiB resident when registered, over the limit: 2 pages evicted at once)" in out
     finally:
         proc.stdin.close()

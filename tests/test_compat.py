@@ -276,6 +276,23 @@ def test_main_heap_paged_past_the_threshold(shim, built, tmp_path, farmem_cmd, f
     assert s["processes"] == 0, s
 
 
+def test_more_heaps_than_the_first_region_table(shim, built, tmp_path, farmem_cmd):
+    """120 threads with up to 128 arenas (a many-core server's glibc makes 8 per core): each heap is a
+    region of its own, more than the residency map's first 64 slots. Every heap is paged (before,
+    the ones past 64 stayed local with "region table full": 204 MiB resident at a 64 MiB budget)."""
+    prog = built("build/tests/arenatest")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "64M", "--threshold", "8M", "--transport", "stream",
+                      "--", prog, "--threads", 120, "--mib", 240, "--rounds", 1, timeout=300,
+                      env=dict(os.environ, MALLOC_ARENA_MAX="128"))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    m = re.search(r"arenatest: ok threads=120 .* fork=ok hwm=(\d+) MiB", r.stdout)
+    assert m, r.stdout + r.stderr[-3000:]
+    assert "region table full" not in r.stderr, r.stderr[-3000:]
+    assert_paged(s, "arenatest, 120 threads")
+    assert int(m[1]) < 128, (m[0], s)
+    assert s["registered_bytes"] >= 480 << 20, s
+
+
 @pytest.mark.parametrize("fault", ["thread", "signal"])
 def test_reservation_paged_as_it_is_made_writable(shim, built, tmp_path, farmem_cmd, fault):
     """A 192 MiB PROT_NONE reservation made writable 4 MiB at a time with mprotect (V8's and .NET's

@@ -78,7 +78,7 @@ def test_a_raw_system_call_is_what_the_covers_are_for(built, farmem_cmd, tmp_pat
 @pytest.mark.parametrize("fault,capture", [("signal", "1"), ("signal", "0"), ("thread", "1")])
 def test_lost_write_race_eight_threads(built, farmem_cmd, tmp_path, fault, capture):
     """8 threads rewrite random pages of a buffer 8x the budget while they evict for each
-    other. Write-protecting eviction: a write that races it waits for memd's acknowledgement,
+    other. Write-protecting eviction (fault=thread, and signal without capture): a write that races it waits for memd's acknowledgement,
     then faults the page back. Capturing eviction (fault=signal, uffd/capture.h): a write
     before the drop is in the page the pipe holds, one after it waits the same way. Every byte
     is checked at the end."""
@@ -90,7 +90,10 @@ def test_lost_write_race_eight_threads(built, farmem_cmd, tmp_path, fault, captu
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "every byte as expected" in out
-    assert s["evictions_dirty"] > 50000 and s["wp_faults"] > 1000, s
+    assert s["evictions_dirty"] > 50000, s
+    # Where handler threads serve faults every page goes in writable (docs/pager.md): no clean page
+    # is opened by a write, and the writes that race eviction wait on its write-protected victims.
+    assert s["wp_faults"] == 0 if fault == "thread" else s["wp_faults"] > 1000, s
     if fault == "signal" and capture == "1":
         # Nearly every dirty page left through a capture (a batch with none dirty needs none).
         assert s["evictions_captured"] >= 0.9 * s["evictions_dirty"], s

@@ -53,6 +53,8 @@ _Static_assert(sizeof(struct fm_xport_counters) == 6 * sizeof(uint64_t), "six co
 _Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 64) * sizeof(uint64_t),
 	       "the counters after lat_hist are two 32-word blocks: take reserved2[] words, keep the size");
 
+_Static_assert(FM_RESMAP_SLOTS <= FM_XPORT_MAX_SPACES, "a memd space for every region slot");
+
 struct region {
 	uintptr_t base;
 	uintptr_t end;
@@ -62,7 +64,7 @@ struct region {
 	uint32_t space;        /* memd space of its remote pages */
 	int uffd;              /* the userfaultfd it is registered with: the pager's, or uffd_waits */
 	int kernel_waits;      /* a thread that faults there sleeps until a handler installs the page */
-	int slot;              /* index in hdr->regions */
+	int slot;              /* its slot in the residency map's table (fm_resmap_slot) */
 	int live;
 	/*
 	 * FM_REG_SPARSE: a reserved range whose parts become memory and stop
@@ -141,7 +143,7 @@ struct fm_pager {
 	struct fm_pager_stats *st;
 
 	pthread_rwlock_t rlock;         /* region table: read for faults, write to change it */
-	struct region regions[FM_RESMAP_MAX_REGIONS];
+	struct region regions[FM_RESMAP_SLOTS];
 	int nregions;                   /* high-water mark of used slots */
 	/* Region bounds for a lock-free "is this address ours" (the SIGBUS handler, the shim). */
 	_Atomic uintptr_t lo, hi;

@@ -1301,7 +1301,7 @@ static int use_big(size_t n)
 #define GLIBC_HEAP_MAX (64ul << 20)     /* HEAP_MAX_SIZE: 2 * DEFAULT_MMAP_THRESHOLD_MAX */
 #define GLIBC_CHUNK_MMAPPED 2ul
 #define GLIBC_CHUNK_NON_MAIN_ARENA 4ul
-#define MAX_HEAPS 256
+#define MAX_HEAPS 512                   /* as many as the pager has region slots (FM_RESMAP_SLOTS) */
 #define HEAP_STEP (1ul << 20)           /* committed ahead of the last block seen */
 #define HEAP_SKIP UINTPTR_MAX           /* paged_to of a heap the pager would not take */
 

@@ -473,8 +473,8 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		fm_debug("%p+%zu KiB is not paged: it overlaps a range paged already", addr, len >> 10);
 		return -EEXIST;
 	}
-	for (int i = 0; i < FM_RESMAP_MAX_REGIONS; i++)
-		if (!p->regions[i].live && !p->hdr->regions[i].flags) {
+	for (int i = 0; i < FM_RESMAP_SLOTS; i++)
+		if (!p->regions[i].live && !fm_resmap_slot(p->hdr, (unsigned)i)->flags) {
 			slot = i;
 			break;
 		}
@@ -533,7 +533,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	atomic_store(&r->managed, npages);
 	atomic_fetch_add(&p->registered, npages);
 books:
-	p->hdr->regions[slot] = (struct fm_resmap_region){
+	*fm_resmap_slot(p->hdr, (unsigned)slot) = (struct fm_resmap_region){
 		.base = a, .npages = npages, .map_offset = FM_RESMAP_MAP_OFFSET + p->hdr->map_used,
 		.space_id = space,
 		.flags = FM_REGION_F_LIVE | (flags & (FM_REG_HEAP | FM_REG_SHMEM | FM_REG_SPARSE)),
@@ -665,7 +665,7 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 			fm_shmem_release(r);
 			atomic_fetch_sub(&p->registered, r->sparse ? atomic_load(&r->managed) : r->npages);
 			r->live = 0;
-			p->hdr->regions[r->slot].flags = 0;
+			fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags = 0;
 		} else {
 			/* fm_pager_fetch_all held the region for this range only: the rest may leave again. */
 			atomic_store(&r->pinned, 0);

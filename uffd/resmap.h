@@ -23,7 +23,14 @@
 
 #define FM_RESMAP_MAGIC        0x50414d52u /* "RMAP" */
 #define FM_RESMAP_VERSION      2
+/*
+ * Region slots: the first 64 in regions[], where readers built before
+ * version 2's slots grew look (the farmem JDK's collector among them), the
+ * rest in more_regions[] after the counters. nregions counts both.
+ */
 #define FM_RESMAP_MAX_REGIONS  64
+#define FM_RESMAP_MORE_REGIONS 448
+#define FM_RESMAP_SLOTS        (FM_RESMAP_MAX_REGIONS + FM_RESMAP_MORE_REGIONS)
 #define FM_RESMAP_MAP_OFFSET   (64u * 1024u)
 #define FM_LAT_BUCKETS         256 /* 8 per power of two of nanoseconds */
 
@@ -224,9 +231,21 @@ struct fm_resmap_hdr {
 	char     memd[128];          /* address of the memory server, for tools */
 	struct fm_resmap_region regions[FM_RESMAP_MAX_REGIONS];
 	struct fm_pager_stats stats;
+	struct fm_resmap_region more_regions[FM_RESMAP_MORE_REGIONS];
 };
 
 _Static_assert(sizeof(struct fm_resmap_hdr) <= FM_RESMAP_MAP_OFFSET, "header fits");
+
+/* Slot i of the region table, i < FM_RESMAP_SLOTS. */
+static inline struct fm_resmap_region *fm_resmap_slot(struct fm_resmap_hdr *h, unsigned i)
+{
+	return i < FM_RESMAP_MAX_REGIONS ? &h->regions[i] : &h->more_regions[i - FM_RESMAP_MAX_REGIONS];
+}
+
+static inline const struct fm_resmap_region *fm_resmap_slot_ro(const struct fm_resmap_hdr *h, unsigned i)
+{
+	return i < FM_RESMAP_MAX_REGIONS ? &h->regions[i] : &h->more_regions[i - FM_RESMAP_MAX_REGIONS];
+}
 
 /* Histogram bucket of a duration: 8 buckets per power of two of ns. */
 static inline unsigned fm_lat_bucket(uint64_t ns)

@@ -80,7 +80,6 @@
 #define META_MASK     ((1u << MAX_SLOTS) - 1)
 #define META_WRITING  (1u << 28)
 #define META_REPL     (1u << 29)
-#define MAX_SPACES    64
 #define SLOW_MS       2000
 #define REJOIN_MS     5000
 #define STRIKES       6
@@ -122,7 +121,7 @@ struct fm_multi {
 	pthread_mutex_t lock;        /* spaces, slot changes, loss scans */
 	struct slot s[MAX_SLOTS];
 	atomic_int nslots;
-	struct mspace sp[MAX_SPACES];
+	struct mspace sp[FM_XPORT_MAX_SPACES];
 	atomic_uint nsp;
 	uint32_t next_id;
 	atomic_int broken;
@@ -968,7 +967,7 @@ static int multi_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space
 	for (i = 0; i < atomic_load(&m->nsp); i++)
 		if (!atomic_load(&m->sp[i].live) && !m->sp[i].meta && atomic_load(&m->scanning_space) != (int)i + 1)
 			sp = &m->sp[i];
-	if (!sp && atomic_load(&m->nsp) < MAX_SPACES)
+	if (!sp && atomic_load(&m->nsp) < FM_XPORT_MAX_SPACES)
 		sp = &m->sp[atomic_load(&m->nsp)];
 	if (!sp) {
 		pthread_mutex_unlock(&m->lock);

@@ -116,7 +116,7 @@ struct rdma {
 	char host[256];
 	char port[16];
 	pthread_mutex_t lock;        /* the space table's changes */
-	struct rspace sp[64];
+	struct rspace sp[FM_XPORT_MAX_SPACES];
 	unsigned nsp;
 };
 
@@ -179,7 +179,7 @@ static int space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
 	for (unsigned i = 0; i < r->nsp; i++)
 		if (!r->sp[i].valid && !r->sp[i].present)
 			s = &r->sp[i];
-	if (!s && r->nsp < 64)
+	if (!s && r->nsp < FM_XPORT_MAX_SPACES)
 		s = &r->sp[r->nsp];
 	if (s) {
 		s->present = calloc((npages + 7) / 8, 1);

@@ -19,8 +19,6 @@
 #include "ctrl.h"
 #include "fm_util.h"
 
-#define MAX_SPACES 64
-
 struct space_map {
 	uint32_t id;
 	uint64_t npages;
@@ -42,7 +40,7 @@ struct space_map {
 struct shm {
 	struct fm_session_xport sx;
 	pthread_mutex_t lock;      /* the space table's changes */
-	struct space_map spaces[MAX_SPACES];
+	struct space_map spaces[FM_XPORT_MAX_SPACES];
 	unsigned nspaces;
 	uint64_t alive_ns;         /* when a poll last found memd's control connection up */
 	unsigned pauses;           /* fm_xport_pause nesting, under lock */
@@ -145,7 +143,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 	for (unsigned i = 0; i < s->nspaces; i++)
 		if (!s->spaces[i].data)
 			sm = &s->spaces[i];
-	if (!sm && s->nspaces < MAX_SPACES)
+	if (!sm && s->nspaces < FM_XPORT_MAX_SPACES)
 		sm = &s->spaces[s->nspaces];
 	if (sm) {
 		sm->id = id;

@@ -40,6 +40,7 @@
  *
  *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main]
  */
+#include <dirent.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -233,6 +234,37 @@ static void *builder(void *arg)
 	return arg;
 }
 
+/*
+ * Under farmem a forked child starts a pager of its own for the paged
+ * ranges it got, on a thread named farmem-child that ends once the pager
+ * runs. A child that finds every page home (the fork brought them) could
+ * otherwise exit before then, and the run would count one paged process or
+ * two by chance. Waits at most 10 s; returns at once without farmem.
+ */
+static void child_pager_settles(void)
+{
+	for (int tries = 0; tries < 10000; tries++) {
+		char path[64], comm[32];
+		int found = 0;
+		DIR *d = opendir("/proc/self/task");
+		struct dirent *e;
+
+		while (d && !found && (e = readdir(d))) {
+			FILE *f;
+			snprintf(path, sizeof(path), "/proc/self/task/%.20s/comm", e->d_name);
+			f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
+			found = f && fgets(comm, sizeof(comm), f) && !strncmp(comm, "farmem-child", 12);
+			if (f)
+				fclose(f);
+		}
+		if (d)
+			closedir(d);
+		if (!found)
+			return;
+		usleep(1000);
+	}
+}
+
 /* A list built by a thread, kept, then read by a forked child: its heap's pages are the child's too. */
 static int fork_reads_heap(void)
 {
@@ -243,8 +275,11 @@ static int fork_reads_heap(void)
 	if (pthread_create(&th, NULL, builder, NULL) || pthread_join(th, NULL))
 		return 1;
 	pid = fork();
-	if (pid == 0)
-		_exit(check_list(0, rounds));
+	if (pid == 0) {
+		int bad = check_list(0, rounds);
+		child_pager_settles();
+		_exit(bad);
+	}
 	if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
 		fprintf(stderr, "arenatest: the forked child found its parent's blocks wrong\n");
 		return 1;

@@ -20,6 +20,7 @@ int main(void)
 	printf("  \"sizeof_hdr\": %zu,\n", sizeof(struct fm_resmap_hdr));
 	printf("  \"offsetof_stats\": %zu,\n", offsetof(struct fm_resmap_hdr, stats));
 	printf("  \"offsetof_regions\": %zu,\n", offsetof(struct fm_resmap_hdr, regions));
+	printf("  \"offsetof_more_regions\": %zu,\n", offsetof(struct fm_resmap_hdr, more_regions));
 	printf("  \"offsetof_swap_epoch\": %zu,\n", offsetof(struct fm_resmap_hdr, swap_epoch));
 	printf("  \"offsetof_nregions\": %zu,\n", offsetof(struct fm_resmap_hdr, nregions));
 	printf("  \"offsetof_lat_hist\": %zu,\n", offsetof(struct fm_pager_stats, lat_hist));

@@ -11,7 +11,9 @@ import os
 
 MAGIC = 0x50414D52  # "RMAP"
 VERSION = 2
-MAX_REGIONS = 64
+MAX_REGIONS = 64           # slots in regions[], where readers of version 2 before the table grew look
+MORE_REGIONS = 448         # the rest, in more_regions[] after the counters
+SLOTS = MAX_REGIONS + MORE_REGIONS
 MAP_OFFSET = 64 * 1024
 LAT_BUCKETS = 256
 MEMFD_NAME = "farmem-map"
@@ -118,7 +120,12 @@ class ResmapHdr(ctypes.Structure):
         ("memd", ctypes.c_char * 128),
         ("regions", ResmapRegion * MAX_REGIONS),
         ("stats", PagerStats),
+        ("more_regions", ResmapRegion * MORE_REGIONS),
     ]
+
+    def slot(self, i: int):
+        """Slot i of the region table (uffd/resmap.h, fm_resmap_slot)."""
+        return self.regions[i] if i < MAX_REGIONS else self.more_regions[i - MAX_REGIONS]
 
 
 assert ctypes.sizeof(ResmapHdr) <= MAP_OFFSET
@@ -130,6 +137,7 @@ def layout() -> dict:
         "sizeof_hdr": ctypes.sizeof(ResmapHdr),
         "offsetof_stats": ResmapHdr.stats.offset,
         "offsetof_regions": ResmapHdr.regions.offset,
+        "offsetof_more_regions": ResmapHdr.more_regions.offset,
         "offsetof_swap_epoch": ResmapHdr.swap_epoch.offset,
         "offsetof_nregions": ResmapHdr.nregions.offset,
         "offsetof_lat_hist": PagerStats.lat_hist.offset,
@@ -307,8 +315,8 @@ def page_counts(mm, start: int, npages: int, size: int) -> dict:
 
 def _regions(hdr: ResmapHdr, mm, size: int) -> list:
     out = []
-    for i in range(min(hdr.nregions, MAX_REGIONS)):
-        r = hdr.regions[i]
+    for i in range(min(hdr.nregions, SLOTS)):
+        r = hdr.slot(i)
         if not r.flags & REGION_F_LIVE:
             continue
         kinds = [name for bit, name in ((REGION_F_HEAP, "heap"), (REGION_F_SHMEM, "shmem"), (REGION_F_SPARSE, "sparse"))

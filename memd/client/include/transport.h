@@ -100,6 +100,13 @@ const char *fm_xport_addr(const struct fm_xport *x);
  */
 void fm_xport_set_counters(struct fm_xport *x, struct fm_xport_counters *c);
 
+/*
+ * Spaces one transport has open at once: one per paged range of the pager
+ * (as many as the residency map's region slots, uffd/resmap.h), and memd
+ * allows a session more (MEMD_MAX_SPACES_PER_SESSION). More: -ENOSPC.
+ */
+#define FM_XPORT_MAX_SPACES 512u
+
 int fm_xport_space_open(struct fm_xport *x, uint64_t npages, uint32_t *space_id);
 int fm_xport_space_close(struct fm_xport *x, uint32_t space_id);
 int fm_xport_stats(struct fm_xport *x, struct fm_stats *st);
