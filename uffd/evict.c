@@ -444,7 +444,9 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 				v[k].zero = 1;
 				continue;
 			}
-			if ((v[k].old & FM_PGF_REWRITE) && guess_held(p, chan, v[k].r, v[k].i, bytes, &v[k].compared)) {
+			/* Only against a copy that is still ours: a discard kills it (and clears HAS_REMOTE) before memd hears. */
+			if ((v[k].old & FM_PGF_REWRITE) && (v[k].old & FM_PGF_HAS_REMOTE) &&
+			    guess_held(p, chan, v[k].r, v[k].i, bytes, &v[k].compared)) {
 				v[k].same = 1;
 				continue;
 			}
