@@ -20,6 +20,10 @@ packages of tools/deps.sh; a timing run belongs on a quiet machine.
 
     python3 bench/bench_compat.py [--modes farmem,kswap,local] [--only redis,sqlite] [--scale 1]
                                   [--local 25%] [--json results.json]
+                                  [--taskset CPUS] [--farmem-args "--fill-spin 0"]
+
+--taskset runs every `farmem run` (its memd and the program with it) on those CPUs only, to see what
+passing faults between CPUs costs; --farmem-args adds flags to every `farmem run`.
 
 --scale multiplies every data size (0.05 runs the whole matrix in a few minutes, as a functional
 check). Prints one line per run as it ends, then the table: whether the result was right, wall
@@ -102,6 +106,8 @@ def main() -> int:
     ap.add_argument("--local", default="25%", help="budget for farmem and kswap (default 25%%)")
     ap.add_argument("--json", help="write every run's record here")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
+    ap.add_argument("--taskset", help="run every command on these CPUs (taskset -c), e.g. 0")
+    ap.add_argument("--farmem-args", default="", help="more flags for every farmem run, e.g. '--fill-spin 0'")
     a = ap.parse_args()
     modes = a.modes.split(",")
     names = a.only.split(",")
@@ -112,7 +118,10 @@ def main() -> int:
     for name in names:
         for mode in modes:
             launch = compat.Launch(mode="farmem" if mode in FARMEM_MODES else mode, local=a.local,
-                                   threshold=THRESHOLD.get(name), extra=FARMEM_MODES.get(mode, []))
+                                   threshold=THRESHOLD.get(name),
+                                   extra=FARMEM_MODES.get(mode, []) + a.farmem_args.split())
+            if a.taskset:
+                launch.farmem = ["taskset", "-c", a.taskset, *launch.farmem]
             work = Path(tempfile.mkdtemp(prefix=f"compat-{name}-{mode}-", dir="/tmp"))
             kw = SIZES[name](a.scale)
             if name == "sysio" and mode not in FARMEM_MODES:

@@ -165,7 +165,7 @@ def test_sizing_for_the_jvms_a_script_starts(farmem_cmd, build, jvm_built, priva
     """A JVM started by a script gets half its heap's local share as G1's young generation bound
     (its -Xmx is not known to farmem): with a quarter local, eden never plans past 12% of the
     heap's regions (256 MiB in 1 MiB regions). Its own -Xmn wins; below 10% the minimum follows
-    the maximum down; --no-heap-sizing adds nothing."""
+    the maximum down; the whole heap local or --no-heap-sizing adds nothing."""
     cp = build / "java"
     r = script_jvm(farmem_cmd, private_tmp,
                    f"java -Xmx256m -Xlog:gc+heap=info -cp {cp} GcChurn --live-mb 60 --steps 20000")
@@ -183,6 +183,8 @@ def test_sizing_for_the_jvms_a_script_starts(farmem_cmd, build, jvm_built, priva
     r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version", local="8%")
     f = final_flags(r.stdout)
     assert r.returncode == 0 and f["G1MaxNewSizePercent"] == "4" and f["G1NewSizePercent"] == "4", f
+    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version", local="100%")
+    assert r.returncode == 0 and "G1MaxNewSizePercent" not in r.stderr, r.stderr[-2000:]  # nothing to fit
     r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version", "--no-heap-sizing")
     assert r.returncode == 0 and "Picked up JAVA_TOOL_OPTIONS: -agentpath:" in r.stderr, r.stderr[-2000:]
     assert "G1MaxNewSizePercent" not in r.stderr and "G1 sizing" not in r.stderr

@@ -76,8 +76,8 @@ def test_map_matches_pagemap(farmem_cmd, built):
         assert snap.hdr.pid == child and snap.hdr.memd == b"kswap"
         regions = [r for r in snap.regions if r["npages"] >= (256 << 20) >> 12]
         assert len(regions) == 1, snap.regions
-        hdr_region = next(snap.hdr.regions[i] for i in range(resmap.MAX_REGIONS)
-                          if snap.hdr.regions[i].base == regions[0]["base"])
+        hdr_region = next(snap.hdr.slot(i) for i in range(resmap.SLOTS)
+                          if snap.hdr.slot(i).base == regions[0]["base"])
         region = {"map_offset": hdr_region.map_offset, "npages": hdr_region.npages}
         states = _map_bytes(child, region)
         bits = _pagemap_bits(child, hdr_region.base, hdr_region.npages)

@@ -115,7 +115,8 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	/*
 	 * A read installs the page write-protected: it stays clean (no
 	 * write-back) until written. Unless it was written in its last stay,
-	 * or a collector reads old data (gc_writable: prefetch.h says why):
+	 * or a collector reads old data (gc_writable: prefetch.h says why),
+	 * or a handler thread serves the region (fm_region_installs_open):
 	 * then it goes in writable, a guess that costs a write-back if wrong.
 	 */
 	wr = f->write || fm_region_installs_open(r) ||

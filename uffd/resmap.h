@@ -24,9 +24,9 @@
 #define FM_RESMAP_MAGIC        0x50414d52u /* "RMAP" */
 #define FM_RESMAP_VERSION      2
 /*
- * Region slots: the first 64 in regions[], where readers built before
- * version 2's slots grew look (the farmem JDK's collector among them), the
- * rest in more_regions[] after the counters. nregions counts both.
+ * Region slots: the first 64 in regions[], where readers that predate
+ * more_regions[] look (the farmem JDK's collector among them), the rest in
+ * more_regions[] after the counters. nregions counts both.
  */
 #define FM_RESMAP_MAX_REGIONS  64
 #define FM_RESMAP_MORE_REGIONS 448
@@ -237,14 +237,15 @@ struct fm_resmap_hdr {
 _Static_assert(sizeof(struct fm_resmap_hdr) <= FM_RESMAP_MAP_OFFSET, "header fits");
 
 /* Slot i of the region table, i < FM_RESMAP_SLOTS. */
-static inline struct fm_resmap_region *fm_resmap_slot(struct fm_resmap_hdr *h, unsigned i)
+static inline const struct fm_resmap_region *fm_resmap_slot_ro(const struct fm_resmap_hdr *h, unsigned i)
 {
 	return i < FM_RESMAP_MAX_REGIONS ? &h->regions[i] : &h->more_regions[i - FM_RESMAP_MAX_REGIONS];
 }
 
-static inline const struct fm_resmap_region *fm_resmap_slot_ro(const struct fm_resmap_hdr *h, unsigned i)
+/* The same, for the pager, its only writer. */
+static inline struct fm_resmap_region *fm_resmap_slot(struct fm_resmap_hdr *h, unsigned i)
 {
-	return i < FM_RESMAP_MAX_REGIONS ? &h->regions[i] : &h->more_regions[i - FM_RESMAP_MAX_REGIONS];
+	return (struct fm_resmap_region *)fm_resmap_slot_ro(h, i);
 }
 
 /* Histogram bucket of a duration: 8 buckets per power of two of ns. */

@@ -290,8 +290,9 @@ def young_share_flags(args, env_opts: list) -> list:
     local = str(args.local)
     if getattr(args, "heap_sizing", None) is False or not local.endswith("%") or young_is_set(env_opts):
         return []
-    pct = int(local[:-1]) // YOUNG_SHARE
-    if pct < 1 or pct >= G1_MAX_NEW_PCT:
+    share = int(local[:-1])
+    pct = share // YOUNG_SHARE
+    if share >= 100 or pct < 1 or pct >= G1_MAX_NEW_PCT:
         return []
     # G1NewSizePercent (5 by default) must not be above the maximum.
     return (["-XX:+UnlockExperimentalVMOptions", f"-XX:G1MaxNewSizePercent={pct}"]

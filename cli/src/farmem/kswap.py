@@ -155,16 +155,16 @@ class KswapMonitor:
                 continue
             # a new mapping, or one that grew: a new slot; retire the slots it covers
             for r in [r for r in self.regions if r[0] < hi and lo < r[0] + (r[1] << PAGE_SHIFT)]:
-                h.regions[r[3]].flags = 0
+                h.slot(r[3]).flags = 0
                 self.regions.remove(r)
             if self.next_offset + npages > resmap.MAP_OFFSET + STATE_CAPACITY:
                 log.warning("residency map full: mapping %#x-%#x not tracked", lo, hi)
                 continue
-            slot = next((i for i in range(resmap.MAX_REGIONS) if not h.regions[i].flags), None)
+            slot = next((i for i in range(resmap.SLOTS) if not h.slot(i).flags), None)
             if slot is None:
-                log.warning("more than %d mappings: %#x-%#x not tracked", resmap.MAX_REGIONS, lo, hi)
+                log.warning("more than %d mappings: %#x-%#x not tracked", resmap.SLOTS, lo, hi)
                 continue
-            r = h.regions[slot]
+            r = h.slot(slot)
             r.base, r.npages, r.map_offset, r.space_id = lo, npages, self.next_offset, 0
             r.flags = resmap.REGION_F_LIVE
             h.nregions = max(h.nregions, slot + 1)
