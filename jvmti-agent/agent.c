@@ -401,7 +401,8 @@ EXPORT jint JNICALL Agent_OnLoad(JavaVM *vm, char *options, void *reserved)
 	rc = fm_heap_check_jvm(&heap, err, sizeof(err));
 	if (!rc)
 		rc = fm_agent_settle_budget(&opts, heap, err, sizeof(err));
-	if (rc == -EINVAL) {
+	/* A heap smaller than its budget is no error to a JVM a script started: it runs all local. */
+	if (rc == -EINVAL || (rc == -E2BIG && !opts.onerror)) {
 		snprintf(msg, sizeof(msg), "bad agent option: %s; the JVM does not start", err);
 		say("error", msg);
 		return JNI_ERR;
@@ -410,6 +411,8 @@ EXPORT jint JNICALL Agent_OnLoad(JavaVM *vm, char *options, void *reserved)
 		rc = setup_jvmti(vm, 1, err, sizeof(err));
 	if (!rc)
 		rc = start_pager(&pending, err, sizeof(err));
+	if (!rc && opts.heap_sizing && fm_heap_size_young(heap, opts.cfg.local_bytes, msg, sizeof(msg)) > 0)
+		fm_notice("%s", msg);
 	if (rc) {
 		pending = NULL;
 		if (!opts.onerror) {

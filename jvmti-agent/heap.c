@@ -107,6 +107,39 @@ int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen)
 	return 0;
 }
 
+int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t msglen)
+{
+	static const char *const own[] = { "NewSize", "MaxNewSize", "NewRatio", "G1NewSizePercent",
+					   "G1MaxNewSizePercent" };
+	const void *max_pct, *min_pct;
+	uint64_t young = budget / 2, pct;
+
+	if (!fm_vms_flag_bool("UseG1GC") || !heap_bytes || budget >= heap_bytes || young < (4u << 20))
+		return 0;
+	for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) {
+		int rc = fm_vms_flag_user_set(own[i]);
+		if (rc)
+			return rc < 0 ? rc : 0;
+	}
+	if (fm_vms_flag_addr("G1MaxNewSizePercent", &max_pct) || fm_vms_flag_addr("G1NewSizePercent", &min_pct))
+		return -ENOENT;
+	/* Percent steps: below 1% of the heap, 1% is the nearest G1 can be held to. */
+	pct = young * 100 / heap_bytes;
+	if (!pct)
+		pct = 1;
+	if (pct >= *(const uint64_t *)max_pct)
+		return 0; /* G1's own bound already fits */
+	*(uint64_t *)max_pct = pct;
+	if (*(const uint64_t *)min_pct > pct) /* G1 takes the minimum over the maximum */
+		*(uint64_t *)min_pct = pct;
+	snprintf(msg, msglen, "G1 sizing: G1MaxNewSizePercent=%llu, G1NewSizePercent=%llu (half the local "
+		 "budget of %llu MiB, of a %llu MiB heap: the young generation, which every pause rewrites, "
+		 "stays local; heap_sizing=0 keeps G1's defaults)", (unsigned long long)pct,
+		 (unsigned long long)*(const uint64_t *)min_pct, (unsigned long long)(budget >> 20),
+		 (unsigned long long)(heap_bytes >> 20));
+	return 1;
+}
+
 /*
  * A heap in shared memory (-XX:AllocateHeapAt on tmpfs): its mappings, per
  * /proc/self/maps. The heap is a shared mapping of an unlinked file on that

@@ -20,6 +20,19 @@ struct fm_pager;
 int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen);
 
 /*
+ * heap_sizing, before the heap exists: hold G1's young generation, which every
+ * pause rewrites, to half the local budget of budget bytes of a heap of
+ * heap_bytes, as `farmem run` does with -XX:MaxNewSize for the java it
+ * starts, for the JVMs whose command lines it never sees. Through G1's
+ * percentages, which it reads when it builds the heap, after Agent_OnLoad.
+ * A JVM that sizes its young generation itself, another collector, a whole
+ * heap local or a budget too small to halve: nothing. Returns 1 with msg
+ * saying what was set, 0 when nothing was, -ENOENT when this JVM's flags
+ * cannot be read.
+ */
+int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t msglen);
+
+/*
  * Once the heap exists (VMInit, or on attach): put it under p, all or
  * nothing. An anonymous heap is paged as HotSpot commits it (heap.c says
  * how): what is committed now, and from then on every part HotSpot commits

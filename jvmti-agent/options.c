@@ -153,7 +153,7 @@ int fm_agent_settle_budget(struct fm_agent_opts *o, uint64_t heap_bytes, char *e
 		snprintf(err, errlen, "local=%llu MiB is larger than the Java heap (%llu MiB): nothing would "
 			 "ever be remote", (unsigned long long)(o->cfg.local_bytes >> 20),
 			 (unsigned long long)(heap_bytes >> 20));
-		return -EINVAL;
+		return -E2BIG;
 	}
 	return 0;
 }

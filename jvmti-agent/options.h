@@ -21,6 +21,7 @@ struct fm_agent_opts {
 	unsigned local_pct;       /* of the heap, converted to bytes once its size is known */
 	int onerror;              /* onerror: 0 exit, 1 continue */
 	unsigned discard;         /* discard the collector's free space after each GC pause */
+	unsigned heap_sizing;     /* G1's young generation held to half the budget (heap.h) */
 	int detach;               /* detach: given (set to 1 by the parser, not by knobs.h) */
 	char msgfile[256];
 	char secret_file[256];
@@ -31,7 +32,8 @@ int fm_agent_parse_options(const char *options, struct fm_agent_opts *o, char *e
 
 /*
  * The budget in bytes once the heap's size (-Xmx) is known: a percentage is of
- * the heap, and no budget may exceed it. heap_bytes 0: unknown, left as it is.
+ * the heap. A budget larger than the heap: -E2BIG with err (nothing would ever
+ * be remote). heap_bytes 0: unknown, left as it is.
  */
 int fm_agent_settle_budget(struct fm_agent_opts *o, uint64_t heap_bytes, char *err, size_t errlen);
 

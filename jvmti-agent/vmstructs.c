@@ -29,6 +29,7 @@ static struct field f_mr_start = { "MemRegion", "_start", -1, 0 };
 static struct field f_mr_words = { "MemRegion", "_word_size", -1, 0 };
 static struct field f_flag_name = { "JVMFlag", "_name", -1, 0 };
 static struct field f_flag_addr = { "JVMFlag", "_addr", -1, 0 };
+static struct field f_flag_bits = { "JVMFlag", "_flags", -1, 0 };
 static struct field f_flags = { "JVMFlag", "flags", -1, 0 };
 static struct field f_num_flags = { "JVMFlag", "numFlags", -1, 0 };
 static int64_t flag_size = -1;
@@ -71,7 +72,7 @@ static int sym_u64(void *h, const char *name, uint64_t *out)
 int fm_vms_init(char *err, size_t errlen)
 {
 	struct field *want[] = { &f_collected_heap, &f_reserved, &f_mr_start, &f_mr_words,
-				 &f_flag_name, &f_flag_addr, &f_flags, &f_num_flags };
+				 &f_flag_name, &f_flag_addr, &f_flag_bits, &f_flags, &f_num_flags };
 	uint64_t stride, o_type, o_field, o_static, o_off, o_addr, t_stride, t_name, t_size;
 	char **structs, **types;
 	void *h;
@@ -163,25 +164,53 @@ int fm_vms_heap(uintptr_t *start, uint64_t *bytes, char *err, size_t errlen)
 	return 0;
 }
 
-int fm_vms_flag_addr(const char *name, const void **addr)
+/* JVMFlag::flags[i] named name, or NULL. */
+static const char *find_flag(const char *name)
 {
 	const char *table;
 	size_t n;
 
 	if (!ready || flag_size <= 0 || !f_flags.address || !f_num_flags.address ||
 	    f_flag_name.offset < 0 || f_flag_addr.offset < 0)
-		return -ENOENT;
+		return NULL;
 	table = *(const char *const *)f_flags.address;
 	n = *(const size_t *)f_num_flags.address;
 	for (size_t i = 0; table && i < n; i++) {
 		const char *f = table + i * (size_t)flag_size;
 		const char *fn = *(const char *const *)(f + f_flag_name.offset);
-		if (fn && !strcmp(fn, name)) {
-			*addr = *(const void *const *)(f + f_flag_addr.offset);
-			return *addr ? 0 : -ENOENT;
-		}
+		if (fn && !strcmp(fn, name))
+			return f;
 	}
-	return -ENOENT;
+	return NULL;
+}
+
+int fm_vms_flag_addr(const char *name, const void **addr)
+{
+	const char *f = find_flag(name);
+
+	if (!f)
+		return -ENOENT;
+	*addr = *(const void *const *)(f + f_flag_addr.offset);
+	return *addr ? 0 : -ENOENT;
+}
+
+int fm_vms_flag_user_set(const char *name)
+{
+	int32_t mask, cmdline, dflt, ergo, internal;
+	const char *f = find_flag(name);
+	int32_t bits;
+
+	if (!f || f_flag_bits.offset < 0 || fm_vms_int_constant("JVMFlag::VALUE_ORIGIN_MASK", &mask) ||
+	    fm_vms_int_constant("JVMFlag::WAS_SET_ON_COMMAND_LINE", &cmdline) ||
+	    fm_vms_int_constant("JVMFlagOrigin::DEFAULT", &dflt) ||
+	    fm_vms_int_constant("JVMFlagOrigin::ERGONOMIC", &ergo) ||
+	    fm_vms_int_constant("JVMFlagOrigin::INTERNAL", &internal))
+		return -ENOENT;
+	bits = *(const int32_t *)(f + f_flag_bits.offset);
+	if (bits & cmdline)
+		return 1;
+	bits &= mask;
+	return bits != dflt && bits != ergo && bits != internal;
 }
 
 int fm_vms_flag_bool(const char *name)

@@ -28,6 +28,14 @@ int fm_vms_flag_addr(const char *name, const void **addr);
 int fm_vms_flag_bool(const char *name); /* 1, 0, or 0 when unknown */
 
 /*
+ * Whether the flag's value is the user's: given on the command line, in
+ * JAVA_TOOL_OPTIONS or a flags file, or set through management, as against
+ * HotSpot's default or its ergonomics. 1 or 0; -ENOENT when this JVM does not
+ * say (JVMFlag::_flags and the JVMFlagOrigin constants).
+ */
+int fm_vms_flag_user_set(const char *name);
+
+/*
  * Generic lookups by name (slow: a table scan; call them at VMInit, never in a
  * GC callback). fm_vms_field gives a non-static field's offset (address NULL
  * or unused) or a static field's address (offset NULL). -ENOENT if absent.

@@ -149,11 +149,11 @@ def test_sizing_not_needed_at_full_budget(farmem_cmd, build, jvm_built, tmp_path
     assert sizing_line(r.stderr) == ""
 
 
-def script_jvm(farmem_cmd, private_tmp, script: str, *flags, local="25%"):
-    """farmem run ... -- sh -c SCRIPT: the JVMs the shell starts get the agent (and the sizing) in
-    JAVA_TOOL_OPTIONS."""
+def script_jvm(farmem_cmd, private_tmp, script: str, *flags, local="25%", env=None):
+    """farmem run ... -- sh -c SCRIPT: the JVMs the shell starts get the agent in JAVA_TOOL_OPTIONS."""
     return subprocess.run([*farmem_cmd, "run", "--local", local, *flags, "--", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TMPDIR=private_tmp, **(env or {})))
 
 
 def final_flags(stdout: str) -> dict:
@@ -162,29 +162,45 @@ def final_flags(stdout: str) -> dict:
 
 
 def test_sizing_for_the_jvms_a_script_starts(farmem_cmd, build, jvm_built, private_tmp):
-    """A JVM started by a script gets half its heap's local share as G1's young generation bound
-    (its -Xmx is not known to farmem): with a quarter local, eden never plans past 12% of the
-    heap's regions (256 MiB in 1 MiB regions). Its own -Xmn wins; below 10% the minimum follows
-    the maximum down; the whole heap local or --no-heap-sizing adds nothing."""
+    """A JVM started by a script (its -Xmx unknown to farmem run) gets half its heap's local budget
+    as G1's young generation bound from the agent, which sets G1's percentages before the heap
+    exists: with a quarter local, eden never plans past 12% of the heap's regions (256 MiB in 1 MiB
+    regions), and an absolute --local is a share of each heap alike. The JVM's own sizing (-Xmn,
+    a young flag in JAVA_TOOL_OPTIONS) wins; below 10% the minimum follows the maximum down; the
+    whole heap local or --no-heap-sizing sets nothing; a heap smaller than an absolute budget runs
+    without farmem instead of failing inside the script."""
     cp = build / "java"
+    sized = "farmem: G1 sizing: G1MaxNewSizePercent="
+    flags = "java -Xmx256m -XX:+UnlockExperimentalVMOptions -XX:+PrintFlagsFinal -version"
     r = script_jvm(farmem_cmd, private_tmp,
                    f"java -Xmx256m -Xlog:gc+heap=info -cp {cp} GcChurn --live-mb 60 --steps 20000")
     assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "G1 sizing for the JVMs this command starts: -XX:G1MaxNewSizePercent=12" in r.stderr
+    assert sized + "12, G1NewSizePercent=5 " in r.stderr, r.stderr[-2000:]
     planned = [int(m) for m in re.findall(r"Eden regions: \d+->\d+\((\d+)\)", r.stdout)]
     assert planned and max(planned) <= 256 * 12 // 100, planned
 
-    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version")
-    assert r.returncode == 0, r.stderr[-2000:]
+    for local in ("25%", "64M"):
+        r = script_jvm(farmem_cmd, private_tmp, flags, local=local)
+        f = final_flags(r.stdout)
+        assert r.returncode == 0 and f["G1MaxNewSizePercent"] == "12" and f["G1NewSizePercent"] == "5", f
+        assert int(f["MaxNewSize"]) <= 32 << 20, f
+    r = script_jvm(farmem_cmd, private_tmp, flags, local="8%")
     f = final_flags(r.stdout)
-    assert f["G1MaxNewSizePercent"] == "12" and f["G1NewSizePercent"] == "5", f
-    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -Xmn100m -XX:+PrintFlagsFinal -version")
+    assert r.returncode == 0 and f["G1MaxNewSizePercent"] == "3" and f["G1NewSizePercent"] == "3", f
+
+    r = script_jvm(farmem_cmd, private_tmp, flags.replace("-version", "-Xmn100m -version"))
     assert r.returncode == 0 and final_flags(r.stdout)["MaxNewSize"] == str(100 << 20), r.stderr[-2000:]
-    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version", local="8%")
-    f = final_flags(r.stdout)
-    assert r.returncode == 0 and f["G1MaxNewSizePercent"] == "4" and f["G1NewSizePercent"] == "4", f
-    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version", local="100%")
-    assert r.returncode == 0 and "G1MaxNewSizePercent" not in r.stderr, r.stderr[-2000:]  # nothing to fit
-    r = script_jvm(farmem_cmd, private_tmp, "java -Xmx256m -XX:+PrintFlagsFinal -version", "--no-heap-sizing")
-    assert r.returncode == 0 and "Picked up JAVA_TOOL_OPTIONS: -agentpath:" in r.stderr, r.stderr[-2000:]
-    assert "G1MaxNewSizePercent" not in r.stderr and "G1 sizing" not in r.stderr
+    assert sized not in r.stderr
+    r = script_jvm(farmem_cmd, private_tmp, flags, env={"JAVA_TOOL_OPTIONS": "-XX:+UnlockExperimentalVMOptions "
+                                                         "-XX:G1MaxNewSizePercent=40"})
+    assert r.returncode == 0 and final_flags(r.stdout)["G1MaxNewSizePercent"] == "40", r.stderr[-2000:]
+    assert sized not in r.stderr
+    for local, extra in (("100%", []), ("25%", ["--no-heap-sizing"])):
+        r = script_jvm(farmem_cmd, private_tmp, flags, *extra, local=local)
+        assert r.returncode == 0 and "Picked up JAVA_TOOL_OPTIONS: -agentpath:" in r.stderr, r.stderr[-2000:]
+        assert final_flags(r.stdout)["G1MaxNewSizePercent"] == "60" and sized not in r.stderr, r.stderr[-2000:]
+
+    r = script_jvm(farmem_cmd, private_tmp, f"java -Xmx256m -cp {cp} GcChurn --live-mb 60 --steps 20000",
+                   local="1G")
+    assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "larger than the Java heap (256 MiB)" in r.stderr and "runs without farmem" in r.stderr, r.stderr

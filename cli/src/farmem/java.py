@@ -235,8 +235,7 @@ def tool_options(args, env: dict, address: str, control_path: str) -> str | None
     agent = f"-agentpath:{lib}={','.join(agent_options(args, address, control_path) + ['onerror=continue'])}"
     if not lib.exists() or AGENT_NAME in old or any(c.isspace() for c in agent) or any(c in ",=" for c in str(lib)):
         return None
-    young = young_share_flags(args, (old + " " + env.get("JDK_JAVA_OPTIONS", "")).split())
-    return " ".join([old, *young, agent]).strip()
+    return " ".join([old, agent]).strip()
 
 
 # --- heap sizing for far memory (issue 9) -----------------------------------------------------------
@@ -244,7 +243,6 @@ def tool_options(args, env: dict, address: str, control_path: str) -> str | None
 # Flags that size G1's young generation: if the user gave any, farmem leaves the sizing alone.
 _YOUNG_FLAGS = re.compile(r"-Xmn.*|-XX:(NewSize|MaxNewSize|NewRatio|G1NewSizePercent|G1MaxNewSizePercent)=.*")
 G1_MAX_NEW_PCT = 60  # G1MaxNewSizePercent's default: the young generation may take 60% of the heap
-G1_NEW_PCT = 5       # G1NewSizePercent's default: the least it takes
 YOUNG_SHARE = 2      # the young generation gets 1/YOUNG_SHARE of the local budget
 
 
@@ -279,24 +277,6 @@ def size_for_budget(jvm_opts: list, env_opts: list, jvm: JvmArgs, local: str, sa
         f"other half holds the old generation's hot part; G1 alone would let it grow to "
         f"{fmt_bytes(g1_max)}, {G1_MAX_NEW_PCT}% of the heap). --no-heap-sizing keeps G1's defaults")
     return [f"-XX:MaxNewSize={young >> 20}m"]
-
-
-def young_share_flags(args, env_opts: list) -> list:
-    """size_for_budget for the JVMs farmem does not start itself (JAVA_TOOL_OPTIONS): their -Xmx is
-    not known here, so with --local a share of each heap the young generation gets half that share
-    of it, as G1's percentage (an experimental flag). A JVM's own sizing on its command line wins
-    (G1 takes MaxNewSize or -Xmn over the percentages, and the command line is read after the
-    variable); none for an absolute --local, a whole heap local, or --no-heap-sizing."""
-    local = str(args.local)
-    if getattr(args, "heap_sizing", None) is False or not local.endswith("%") or young_is_set(env_opts):
-        return []
-    share = int(local[:-1])
-    pct = share // YOUNG_SHARE
-    if share >= 100 or pct < 1 or pct >= G1_MAX_NEW_PCT:
-        return []
-    # G1NewSizePercent (5 by default) must not be above the maximum.
-    return (["-XX:+UnlockExperimentalVMOptions", f"-XX:G1MaxNewSizePercent={pct}"]
-            + ([f"-XX:G1NewSizePercent={pct}"] if pct < G1_NEW_PCT else []))
 
 
 def build_env(base, secret: str) -> dict:

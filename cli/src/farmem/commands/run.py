@@ -152,11 +152,6 @@ def _run(args) -> int:
             tool = java.tool_options(args, env, address, control.path)
             if tool:  # the JVMs CMD starts, if any: the agent pages their heaps (docs/jvm.md)
                 env["JAVA_TOOL_OPTIONS"] = tool
-                young = [f for f in tool.split() if "G1MaxNewSizePercent" in f]
-                if young:
-                    print(f"farmem: G1 sizing for the JVMs this command starts: {young[0]} in JAVA_TOOL_OPTIONS "
-                          f"(half of each heap's local {args.local}: the young generation stays local); a JVM's "
-                          "own -Xmn or -XX:MaxNewSize wins, --no-heap-sizing keeps G1's defaults", file=sys.stderr)
         if user:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
             env["FARMEM_LAUNCH_UID"] = str(user.pw_uid)
