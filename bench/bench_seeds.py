@@ -27,6 +27,9 @@ Configurations, per workload and budget (PCT of -Xmx local):
             (MemLiner marking; a full GC's moves and headers, and promotions of primitive arrays
             under pressure, done in memd's store; regions mostly in memd and mostly live left
             where they lie by full GCs and mixed collections)
+  script    `farmem run --local PCT% -- sh -c 'exec "$@"' sh java ...`: the JVM a script starts,
+            paged by the agent from JAVA_TOOL_OPTIONS, its young generation sized by the agent
+  scriptb   the same with --local in bytes (PCT of -Xmx)
 
 Every run logs -Xlog:gc,gc+heap+exit to a file: bytes allocated (occupancy before each pause minus
 after the previous one, bench/lib/gclog.py) and pause time come from it. The table shows the
@@ -123,7 +126,9 @@ SIZES = {
     },
 }
 LABEL = {"local": "all local", "kswap": "Linux swap (kswap, zram)", "farmem": "farmem, stock G1",
-         "memliner": "farmem --gc memliner", "fjdk": "farmem --gc farmem"}
+         "memliner": "farmem --gc memliner", "fjdk": "farmem --gc farmem",
+         "script": "farmem, stock G1, java started by a shell (agent in JAVA_TOOL_OPTIONS)",
+         "scriptb": "the same, --local in bytes"}
 PATCHED = ("memliner", "fjdk")  # the configurations that run the farmem JDK
 VARIANTS: dict[str, tuple[str, list[str], str | None]] = {}  # --variant: name -> (configuration, more JVM flags, JDK)
 BUILDS: dict[str, str] = {}  # --build: variant name -> FARMEM_BUILD
@@ -237,6 +242,10 @@ class Bench:
         run = [self.farmem, "run", "--summary-json", summary]
         if config == "kswap":
             run += ["--mode", "kswap", "--local", str(self.kswap_limit(name, pct))]
+        elif config in ("script", "scriptb"):
+            # farmem run never sees this java's command line: the agent does what it would have.
+            run += ["--local", f"{pct}%" if config == "script" else str(size_bytes(w.heap) * pct // 100)]
+            java = ["sh", "-c", 'exec "$@"', "sh", *java]
         else:
             gc = {"memliner": "memliner", "fjdk": "farmem"}.get(config)
             run += ["--local", f"{pct}%"] + (["--gc", gc] if gc else [])
