@@ -183,6 +183,17 @@ def test_devices_and_system_lines(here, build):
     mounts = [line.split() for line in read("/proc/self/mounts").splitlines()]
     v1 = next((m[1] for m in mounts if m[2] == "cgroup" and "memory" in m[3].split(",")), None)
     assert lines["cgroup-memory"]["data"]["v1_memory"] == v1
+    # idle polling: the cpuidle driver, haltpoll's window, and whether this is a VM
+    driver_file = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+    driver = driver_file.read_text().strip() if driver_file.exists() else "none"
+    in_vm = "hypervisor" in read("/proc/cpuinfo").split()
+    idle = lines["idle-polling"]
+    assert idle["data"]["cpuidle_driver"] == driver and idle["data"]["in_vm"] == in_vm
+    if driver == "haltpoll":
+        window = int(read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"))
+        assert idle["available"] == (window > 0) and idle["data"]["guest_halt_poll_ns"] == window
+    else:
+        assert idle["available"] == (not in_vm)
     assert lines["farmem-memd"]["available"] == os.access(build / "bin" / "farmem-memd", os.X_OK)
     assert lines["farmem-preload"]["available"] == (build / "lib" / "libfarmem_preload.so").is_file()
     # the tracer and the agent: built, and usable here (eBPF; a JVM)

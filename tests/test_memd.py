@@ -693,6 +693,47 @@ def test_quota_bounded_by_capacity(start_memd):
     assert until(lambda: m.stats()["sessions"] == 1)
 
 
+# ---- polling for requests ----------------------------------------------------------------
+
+def test_a_polling_memd_serves_every_client_and_stops(start_memd):
+    """--spin-us: each worker polls for the next request after serving one. Clients on both
+    sockets, one after another and several at once, get their own pages back, an idle memd
+    goes back to sleep (its CPU time stops growing), and SIGTERM still stops it."""
+    m = start_memd("--threads", "2", "--capacity", "64M", "--spin-us", "2000")
+    errors = []
+
+    def worker(k):
+        try:
+            c = m.connect(unix=k % 2 == 0)
+            sp = c.space_open(64)
+            for r in range(64):
+                assert c.write(sp, [(r, page_bytes(f"s{k}", r))]) == [mp.OK]
+            for r in range(64):
+                assert c.read(sp, [r])[0][2] == page_bytes(f"s{k}", r)
+            c.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    worker(99)
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+
+    def cpu_ticks():
+        with open(f"/proc/{m.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    time.sleep(0.5)
+    idle = cpu_ticks()
+    time.sleep(1.0)
+    assert cpu_ticks() - idle <= 5, "memd kept polling with no client asking"  # 5 ticks: 50 ms of 1 s
+    # (the fixture then stops it with SIGTERM, and fails the test if that takes 10 s or exits non-zero)
+
+
 # ---- threads and slow clients -----------------------------------------------------------
 
 def test_slow_clients_do_not_block_others(start_memd):
@@ -774,6 +815,8 @@ def test_missing_secret_exit_2(memd_bin, tmp_path):
     ["--bogus"],
     ["--threads", "0"],
     ["--threads", "many"],
+    ["--spin-us", "10001"],
+    ["--spin-us", "soon"],
     ["--capacity", "12X"],
     ["--session-quota", "-1"],
     ["--log", "loud"],

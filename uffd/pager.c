@@ -135,6 +135,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		.addr = cfg->memd, .secret = cfg->secret, .secret_len = cfg->secret_len,
 		.pref = cfg->xport_pref,
 		.replicas = (int)cfg->replicas, .timeout_ms = (int)cfg->memd_timeout_ms,
+		.spin_us = cfg->memd_spin_us,
 	};
 	uint64_t want = UFFD_FEATURE_MOVE | FM_UFFD_SHMEM;
 	struct fm_pager *p;

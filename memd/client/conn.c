@@ -82,6 +82,9 @@ int fm_peer_resolve(struct fm_peer *p, const char *addr, const void *secret, siz
 	return 0;
 }
 
+/* Replies slept on at once after a poll for one ran out (fm_conn.spin_skip). */
+#define SPIN_SKIP 16
+
 /* Wait until fd is ready for ev or the deadline passes. */
 static int wait_fd(int fd, short ev, uint64_t deadline)
 {
@@ -230,9 +233,14 @@ static int recv_frame(struct fm_conn *c, const struct fm_iov *rep, unsigned nrep
 	size_t got = 0, cap = 0, want;
 	unsigned nv = 0, i = 0;
 	int have_hdr = 0, want_fd = rep_fd != NULL;
+	uint64_t spin_until = 0;
 
 	if (nrep > FM_CONN_MAX_REP)
 		return -E2BIG;
+	if (c->spin_skip)
+		c->spin_skip--;
+	else if (c->spin_ns)
+		spin_until = fm_now_ns() + c->spin_ns;
 	if (rep_fd)
 		*rep_fd = -1;
 	v[nv++] = (struct iovec){ &h, sizeof(h) };
@@ -263,6 +271,14 @@ static int recv_frame(struct fm_conn *c, const struct fm_iov *rep, unsigned nrep
 				continue;
 			if (errno != EAGAIN)
 				return -errno;
+			if (spin_until && fm_now_ns() < spin_until) {
+				for (int k = 0; k < FM_POLL_PAUSES; k++)
+					fm_cpu_relax();
+				continue;
+			}
+			if (spin_until)
+				c->spin_skip = SPIN_SKIP;
+			spin_until = 0;
 			rc = wait_fd(c->fd, POLLIN, deadline);
 			if (rc)
 				return rc;

@@ -53,6 +53,16 @@ struct fm_conn {
 	uint32_t server_flags;  /* FM_HELLO_F_* */
 	uint64_t next_req;
 	uint64_t pending;       /* req_id of the request in flight, 0 = none */
+	/*
+	 * A reply is polled for (non-blocking reads) up to spin_ns before the
+	 * caller sleeps in poll(): on a machine whose idle CPUs halt, waking a
+	 * sleeper is an IPI (in a VM, an exit to the host) on each side of every
+	 * round trip. Only while replies come that fast: after a poll that ran
+	 * out, the next spin_skip replies are slept on at once, so a slower memd
+	 * (a network away) costs a poll now and then, not every time.
+	 */
+	uint32_t spin_ns;
+	uint32_t spin_skip;
 	struct iovec sendv[1 + FM_CONN_MAX_IOV]; /* a request's pieces: here, not on a signal handler's stack */
 };
 /* Replies land in at most this many buffers. */

@@ -240,6 +240,7 @@ int fm_session_xport_new(size_t size, const struct fm_xport_cfg *cfg, const char
 		return rc;
 	}
 	fm_xport_init(&sx->base, ops, kind, cfg->addr, cfg->timeout_ms);
+	sx->base.spin_us = cfg->spin_us;
 	sx->base.can_copy = !!(sx->ctrl.conn.server_flags & FM_HELLO_F_COPY);
 	*out = sx;
 	return 0;

@@ -62,6 +62,7 @@ static int stream_chan_open(struct fm_xport *x, struct fm_chan **out)
 		return -ENOMEM;
 	}
 	rc = fm_ctrl_join(&to_sx(x)->ctrl, &sc->conn, fm_deadline_in(x->timeout_ms), err, sizeof(err));
+	sc->conn.spin_ns = x->spin_us * 1000u;
 	if (rc) {
 		if (!x->quiet)
 			fm_err("%s", err);
@@ -96,6 +97,7 @@ static int stream_start(struct fm_chan *c, const struct fm_req *rq, uint64_t dea
 		rc = fm_ctrl_join(&s->ctrl, &sc->conn, deadline, NULL, 0);
 		if (rc)
 			return report(sc, rc);
+		sc->conn.spin_ns = c->x->spin_us * 1000u;
 	}
 	sc->ref.space_id = rq->space;
 	iov[0] = (struct fm_iov){ &sc->ref, sizeof(sc->ref) };

@@ -57,6 +57,21 @@ static inline uint64_t fm_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * A moment's pause in a polling loop (about a microsecond for POLL_PAUSES of
+ * them): polls come less often, each still a system call, and the waiting
+ * costs the other hyperthread less.
+ */
+static inline void fm_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+#define FM_POLL_PAUSES 64
+
 /* The fm_now_ns() deadline timeout_ms from now. */
 static inline uint64_t fm_deadline_in(int timeout_ms)
 {

@@ -58,6 +58,9 @@ struct econn {
 	struct memd_conn c;
 };
 
+/* Waits slept at once after a poll for a request ran out (worker_main). */
+#define SPIN_SKIP 0
+
 struct worker {
 	pthread_t th;
 	unsigned id;
@@ -83,12 +86,14 @@ static struct {
 	const char *unix_path;
 	dev_t unix_dev;
 	ino_t unix_ino;
+	uint64_t spin_ns;        /* --spin-us */
 } srv;
 
 static const char usage_text[] =
 "usage: farmem-memd [--listen HOST:PORT]... [--unix PATH] [--capacity SIZE]\n"
 "                   [--session-quota SIZE] [--secret-file FILE] [--threads N]\n"
 "                   [--ready-fd FD] [--log LEVEL] [--numa-node N] [--idmap]\n"
+"                   [--spin-us US]\n"
 "\n"
 "Serve pages to farmem clients over TCP and/or a Unix socket.\n"
 "\n"
@@ -104,6 +109,9 @@ static const char usage_text[] =
 "  --secret-file FILE   shared secret (file bytes, trailing newline stripped);\n"
 "                       default: the FARMEM_SECRET environment variable\n"
 "  --threads N          event loop threads, 1..64 (default 2)\n"
+"  --spin-us US         after serving, poll for the next request this long before\n"
+"                       sleeping (default 0: sleep at once); for a memory server\n"
+"                       whose CPUs its clients' programs do not need\n"
 "  --ready-fd FD        write \"ready\\n\" to FD and close it once listening (and do not\n"
 "                       say where it listens below --log info)\n"
 "  --log LEVEL          error, warn, info or debug (default warn)\n"
@@ -542,15 +550,31 @@ static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 	struct epoll_event evs[MAX_EVENTS];
-	uint64_t last_sweep = fm_now_ns();
+	uint64_t last_sweep = fm_now_ns(), spin_until = 0;
 
 	while (!__atomic_load_n(&srv.stop, __ATOMIC_ACQUIRE)) {
-		int n = epoll_wait(w->ep, evs, MAX_EVENTS, 1000);
+		/*
+		 * --spin-us: after serving, poll for the next request before
+		 * sleeping. A client in the middle of its faults sends it within
+		 * microseconds, and where idle CPUs halt, a sleeping worker costs
+		 * the client an IPI to wake it. Every time, not only while requests
+		 * have come that fast: a program's faults come in bursts, and a rule
+		 * that stopped polling after a long gap lost the next burst. Off by
+		 * default: beside the program, on its CPUs, the polling takes CPU
+		 * time its threads need (bench/RESULTS.md, session 20).
+		 */
+		int spinning = spin_until && fm_now_ns() < spin_until;
+		int n = epoll_wait(w->ep, evs, MAX_EVENTS, spinning ? 0 : 1000);
 		uint64_t now;
 
 		if (n < 0 && errno != EINTR) {
 			fm_err("worker %u: epoll_wait: %s", w->id, strerror(errno));
 			break;
+		}
+		if (n == 0 && spinning) {
+			for (int k = 0; k < FM_POLL_PAUSES; k++)
+				fm_cpu_relax();
+			continue;
 		}
 		for (int i = 0; i < n; i++) {
 			int kind = *(int *)evs[i].data.ptr;
@@ -561,6 +585,7 @@ static void *worker_main(void *arg)
 				conn_event(w, evs[i].data.ptr, evs[i].events);
 		}
 		now = fm_now_ns();
+		spin_until = n > 0 && srv.spin_ns ? now + srv.spin_ns : 0;
 		if (now - last_sweep >= 1000000000ull) {
 			sweep(w, now);
 			last_sweep = now;
@@ -663,6 +688,7 @@ int main(int argc, char **argv)
 		{ "log", required_argument, NULL, 'L' },
 		{ "numa-node", required_argument, NULL, 'n' },
 		{ "idmap", no_argument, NULL, 'I' },
+		{ "spin-us", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -737,6 +763,11 @@ int main(int argc, char **argv)
 		}
 		case 'I':
 			idmap = true;
+			break;
+		case 'S':
+			if (fm_parse_u64(optarg, 0, 10000, &v))
+				usage_exit("--spin-us: want microseconds in 0..10000, not '%s'", optarg);
+			srv.spin_ns = v * 1000;
 			break;
 		case 'h':
 			fputs(usage_text, stdout);

@@ -213,6 +213,10 @@ def _add_memd(sub) -> None:
     p.add_argument("--session-quota", type=size_at_least(1 << 20), metavar="SIZE",
                    help="most one client session may hold (default: the capacity)")
     p.add_argument("--threads", type=int_range(1, 64), metavar="N", help="event-loop threads, 1 to 64")
+    p.add_argument("--spin-us", type=int_range(0, 10000), metavar="US",
+                   help="after serving, poll for the next request this long before sleeping "
+                        "(default 0: sleep at once); for a memory server whose CPUs its clients' "
+                        "programs do not need")
     p.add_argument("--log", type=log_type, metavar="LEVEL", help="error, warn, info or debug")
     p.add_argument("--numa-node", type=int_range(0, 1023), metavar="N",
                    help="keep the page store on NUMA node N (e.g. a CPU-less CXL memory node)")

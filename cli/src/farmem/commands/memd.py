@@ -47,6 +47,8 @@ def memd_argv(args, binary: str, secret_file: str) -> list:
         argv += ["--session-quota", str(args.session_quota)]
     if args.threads:
         argv += ["--threads", str(args.threads)]
+    if getattr(args, "spin_us", None) is not None:
+        argv += ["--spin-us", str(args.spin_us)]
     if args.log:
         argv += ["--log", args.log]
     if getattr(args, "numa_node", None) is not None:
