@@ -695,6 +695,15 @@ def test_quota_bounded_by_capacity(start_memd):
 
 # ---- polling for requests ----------------------------------------------------------------
 
+def run_workers(worker, n: int) -> None:
+    """worker(k) for k in 0..n-1, each on a thread of its own, all at once."""
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+
 def test_a_polling_memd_serves_every_client_and_stops(start_memd):
     """--spin-us: each worker polls for the next request after serving one. Clients on both
     sockets, one after another and several at once, get their own pages back, an idle memd
@@ -715,11 +724,7 @@ def test_a_polling_memd_serves_every_client_and_stops(start_memd):
             errors.append(repr(e))
 
     worker(99)
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_workers(worker, 6)
     assert not errors, errors
 
     def cpu_ticks():
@@ -767,11 +772,7 @@ def test_slow_clients_do_not_block_others(start_memd):
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_workers(worker, 8)
     assert not errors, errors
     # memd stopped reading the flooder: its 100 MiB of replies are not all queued.
     sender.join(0.5)

@@ -367,14 +367,15 @@ static void add_wr(struct rchan *rc, unsigned k, enum ibv_wr_opcode op, void *lo
 
 /*
  * Post wr[0..n) as one chain, the last signalled, and wait for its
- * completion: polling the CQ, then sleeping on the completion channel for
- * what is left of the call's deadline. A QP that misses the deadline is
+ * completion: polling the CQ (for the transport's spin_us at most: a poll
+ * is a read of memory, a sleep a wakeup), then sleeping on the completion
+ * channel for what is left of the call's deadline. A QP that misses the deadline is
  * given up (dead): its late completions must not be taken for the next
  * call's.
  */
 static int post_wait(struct rchan *rc, unsigned n)
 {
-	uint64_t deadline = fm_deadline_in(rc->base.x->timeout_ms);
+	uint64_t deadline = fm_deadline_in(rc->base.x->timeout_ms), spin_until = 0;
 	struct ibv_send_wr *bad = NULL;
 	struct ibv_wc wc[16];
 	int got, done = 0, armed = 0, rcode = 0;
@@ -407,6 +408,12 @@ static int post_wait(struct rchan *rc, unsigned n)
 		}
 		if (done || got)
 			continue;
+		if (!spin_until)
+			spin_until = fm_now_ns() + rc->base.x->spin_us * 1000ull;
+		if (fm_now_ns() < spin_until) {
+			fm_cpu_relax();
+			continue;
+		}
 		if (!armed) {
 			/* Arm, then poll once more so a completion that raced the arming is seen. */
 			ibv_req_notify_cq(rc->cq, 0);
