@@ -3,11 +3,12 @@
 """memd polling for requests beside the program (farmem memd --spin-us, docs/protocol.md): a
 standalone `farmem memd` on a Unix socket with each --spin-us in turn, and the random rewrite
 (build/bench/rewrite --size 512M, 64 MiB local, as bench_fault.py's rewriteN) run over it with
-`--transport stream` on 1 and 2 threads; --memd-spin sets the pager's reply polling for every run.
+`--transport stream` on 1 and 2 threads (--tcp: memd on 127.0.0.1 over TCP instead, as a memd on
+another host is reached); --memd-spin sets the pager's reply polling for every run.
 Interleaved: every repeat runs each setting once. Prints wall seconds, median per setting.
 
     .venv/bin/python bench/bench_memd_spin.py [--spins 0,50] [--threads 1,2] [--repeats 2]
-        [--memd-spin 50]
+        [--memd-spin 50] [--tcp]
 
 Take it on an idle machine: what it measures is the cost of waking CPUs that halted.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -34,15 +36,24 @@ def wait_socket(path: str, proc: subprocess.Popen, timeout: float = 10.0) -> Non
         time.sleep(0.05)
 
 
-def one_sitting(spin: int, threads: list[int], tmp: str, memd_spin: int | None) -> dict:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_sitting(spin: int, threads: list[int], tmp: str, memd_spin: int | None, tcp: bool) -> dict:
     sock, secret = os.path.join(tmp, "memd.sock"), os.path.join(tmp, "secret")
+    port = free_port() if tcp else 0
     memd = subprocess.Popen([FARMEM, "memd", "--unix", sock, "--capacity", "2G", "--secret-file", secret,
-                             "--spin-us", str(spin)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--spin-us", str(spin)] + (["--listen", f"127.0.0.1:{port}"] if tcp else []),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    addr = f"tcp:127.0.0.1:{port}" if tcp else f"unix:{sock}"
     out = {}
     try:
         wait_socket(sock, memd)
         for t in threads:
-            argv = [FARMEM, "run", "--memd", f"unix:{sock}", "--secret-file", secret, "--transport", "stream",
+            argv = [FARMEM, "run", "--memd", addr, "--secret-file", secret, "--transport", "stream",
                     "--local", "64M"] + (["--memd-spin", str(memd_spin)] if memd_spin is not None else []) + \
                    ["--", os.path.join(ROOT, "build/bench/rewrite"), "--size", "512M", "--threads", str(t)]
             t0 = time.monotonic()
@@ -64,6 +75,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--memd-spin", type=int, help="the pager's --memd-spin for every run (default: its own)")
+    ap.add_argument("--tcp", action="store_true", help="reach memd over TCP on 127.0.0.1, not its Unix socket")
     a = ap.parse_args()
     spins = [int(s) for s in a.spins.split(",")]
     threads = [int(t) for t in a.threads.split(",")]
@@ -73,7 +85,7 @@ def main() -> int:
             f.write(os.urandom(16).hex())
         for rep in range(a.repeats):
             for s in (spins if rep % 2 == 0 else spins[::-1]):
-                for t, sec in one_sitting(s, threads, tmp, a.memd_spin).items():
+                for t, sec in one_sitting(s, threads, tmp, a.memd_spin, a.tcp).items():
                     times[(s, t)].append(sec)
                     print(f"[{rep + 1}] memd --spin-us {s}, {t} thread(s): {sec:.2f} s", file=sys.stderr)
     print(f"| memd --spin-us | " + " | ".join(f"rewrite, {t} thread(s)" for t in threads) + " |")
