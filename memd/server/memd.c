@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <sched.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -559,9 +560,11 @@ static void *worker_main(void *arg)
 		 * microseconds, and where idle CPUs halt, a sleeping worker costs
 		 * the client an IPI to wake it. Every time, not only while requests
 		 * have come that fast: a program's faults come in bursts, and a rule
-		 * that stopped polling after a long gap lost the next burst. Off by
-		 * default: beside the program, on its CPUs, the polling takes CPU
-		 * time its threads need (bench/RESULTS.md, session 20).
+		 * that stopped polling after a long gap lost the next burst. Between
+		 * polls sched_yield: a runnable thread on this CPU (the program's,
+		 * when memd runs beside it) goes first. Off by default: beside a
+		 * program with threads for both CPUs it still costs it time
+		 * (bench/RESULTS.md, session 20).
 		 */
 		int spinning = spin_until && fm_now_ns() < spin_until;
 		int n = epoll_wait(w->ep, evs, MAX_EVENTS, spinning ? 0 : 1000);
@@ -572,8 +575,7 @@ static void *worker_main(void *arg)
 			break;
 		}
 		if (n == 0 && spinning) {
-			for (int k = 0; k < FM_POLL_PAUSES; k++)
-				fm_cpu_relax();
+			sched_yield();
 			continue;
 		}
 		for (int i = 0; i < n; i++) {
