@@ -369,9 +369,9 @@ static void add_wr(struct rchan *rc, unsigned k, enum ibv_wr_opcode op, void *lo
  * Post wr[0..n) as one chain, the last signalled, and wait for its
  * completion: polling the CQ (for the transport's spin_us at most: a poll
  * is a read of memory, a sleep a wakeup), then sleeping on the completion
- * channel for what is left of the call's deadline. A QP that misses the deadline is
- * given up (dead): its late completions must not be taken for the next
- * call's.
+ * channel for what is left of the call's deadline. A QP that misses the
+ * deadline is given up (dead): its late completions must not be taken for
+ * the next call's.
  */
 static int post_wait(struct rchan *rc, unsigned n)
 {
