@@ -373,6 +373,25 @@ static void hook_libjvm(void)
 		fm_debug("interposed on libjvm.so's mmap%s", unmaps ? " and munmap" : "");
 }
 
+/* Whether the mapping at addr is hugetlbfs memory (MAP_HUGETLB shows as "/anon_hugepage"). */
+static int in_huge_pages(uintptr_t addr)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	int huge = 0;
+
+	while (f && fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && addr >= lo && addr < hi) {
+			huge = strstr(line, "anon_hugepage") != NULL;
+			break;
+		}
+	}
+	if (f)
+		fclose(f);
+	return huge;
+}
+
 static int register_sparse(struct fm_pager *p, uintptr_t start, uint64_t bytes, char *err, size_t errlen)
 {
 	long added;
@@ -396,8 +415,12 @@ static int register_sparse(struct fm_pager *p, uintptr_t start, uint64_t bytes, 
 	pthread_mutex_unlock(&follow_lock);
 	if (!added) {
 		fm_heap_unregister(p);
-		snprintf(err, errlen, "no committed anonymous memory found in the heap range %#lx+%llu MiB",
-			 (unsigned long)start, (unsigned long long)(bytes >> 20));
+		if (in_huge_pages(start))
+			snprintf(err, errlen, "the heap is in huge pages (-XX:+UseLargePages found hugetlbfs pages "
+				 "for it): the pager pages 4 KiB pages; drop the flag to page the heap");
+		else
+			snprintf(err, errlen, "no committed anonymous memory found in the heap range %#lx+%llu MiB",
+				 (unsigned long)start, (unsigned long long)(bytes >> 20));
 		return -ENOENT;
 	}
 	fm_info("paging the Java heap %#lx+%llu MiB as HotSpot commits it (%llu MiB committed now)",

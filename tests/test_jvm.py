@@ -304,6 +304,34 @@ def test_a_jvm_started_by_a_script_is_paged_by_the_agent(farmem_cmd, build, jvm_
     assert not memds_using(private_tmp)
 
 
+@pytest.fixture
+def huge_pages():
+    """400 huge pages reserved for the test (800 MiB with 2 MiB pages), the old count put back."""
+    knob = Path("/proc/sys/vm/nr_hugepages")
+    if os.geteuid() != 0:
+        pytest.skip("reserving huge pages needs root")
+    old = knob.read_text().strip()
+    knob.write_text("400\n")
+    try:
+        if int(knob.read_text()) < 400:
+            pytest.skip("the kernel could not reserve 400 huge pages")
+        yield
+    finally:
+        knob.write_text(old + "\n")
+
+
+def test_a_heap_in_huge_pages_runs_unpaged(farmem_cmd, build, jvm_built, private_tmp, huge_pages):
+    """A script's JVM with -XX:+UseLargePages whose heap got hugetlbfs pages (farmem run -- java
+    refuses the flag; a script's JVM is the agent's to judge): the pager pages 4 KiB pages, so the
+    JVM runs without farmem, saying why, and its workload is correct."""
+    cp = str(build / "java")
+    r = farmem(farmem_cmd, "run", "--local", "25%", "--", "sh", "-c",
+               f"java -XX:+UseLargePages -Xmx256m -cp {cp} GcChurn --live-mb 60 --steps 20000",
+               timeout=240, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
+    assert "the heap is in huge pages" in r.stderr and "runs without farmem (onerror=continue)" in r.stderr, r.stderr
+
+
 def test_the_jvms_a_jvm_starts_are_paged(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
     """`farmem run -- java ... ChildJvm java ...`: the first JVM has the agent on its command line, and
     hands it to the JVMs it starts through their JAVA_TOOL_OPTIONS (the launcher gave it the value in
