@@ -116,6 +116,9 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 
 	if (!fm_vms_flag_bool("UseG1GC") || !heap_bytes || budget >= heap_bytes || young < (4u << 20))
 		return 0;
+	/* A heap in hugetlbfs pages runs unpaged (register_sparse): no budget to fit it to. */
+	if (fm_vms_flag_bool("UseLargePages") && !fm_vms_flag_bool("UseTransparentHugePages"))
+		return 0;
 	for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) {
 		int rc = fm_vms_flag_user_set(own[i]);
 		if (rc)

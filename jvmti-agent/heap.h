@@ -26,7 +26,8 @@ int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen);
  * starts, for the JVMs whose command lines it never sees. Through G1's
  * percentages, which it reads when it builds the heap, after Agent_OnLoad.
  * A JVM that sizes its young generation itself, another collector, a whole
- * heap local or a budget too small to halve: nothing. Returns 1 with msg
+ * heap local, a budget too small to halve or a heap that may be in hugetlbfs
+ * pages (-XX:+UseLargePages): nothing. Returns 1 with msg
  * saying what was set, 0 when nothing was, -ENOENT when this JVM's flags
  * cannot be read.
  */
