@@ -49,7 +49,7 @@ struct fm_pager_cfg {
 	char control_key[80];    /* shown to the launcher by a process of another uid than its own */
 	unsigned replicas;
 	unsigned memd_timeout_ms;/* 0: unset, the pager picks by the number of memds */
-	unsigned memd_spin_us;   /* a reply over a socket is polled for this long before sleeping */
+	unsigned memd_spin_us;   /* memd's reply (stream) or completion (rdma) is polled for this long before sleeping */
 	unsigned memd_copy;
 	/*
 	 * Called with the faulting thread's id (the agent sets it): 0 for the

@@ -82,9 +82,6 @@ int fm_peer_resolve(struct fm_peer *p, const char *addr, const void *secret, siz
 	return 0;
 }
 
-/* Replies slept on at once after a poll for one ran out (fm_conn.spin_skip). */
-#define SPIN_SKIP 16
-
 /* Wait until fd is ready for ev or the deadline passes. */
 static int wait_fd(int fd, short ev, uint64_t deadline)
 {
@@ -277,7 +274,7 @@ static int recv_frame(struct fm_conn *c, const struct fm_iov *rep, unsigned nrep
 				continue;
 			}
 			if (spin_until)
-				c->spin_skip = SPIN_SKIP;
+				c->spin_skip = FM_CONN_SPIN_SKIP;
 			spin_until = 0;
 			rc = wait_fd(c->fd, POLLIN, deadline);
 			if (rc)

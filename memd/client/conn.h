@@ -58,13 +58,15 @@ struct fm_conn {
 	 * caller sleeps in poll(): on a machine whose idle CPUs halt, waking a
 	 * sleeper is an IPI (in a VM, an exit to the host) on each side of every
 	 * round trip. Only while replies come that fast: after a poll that ran
-	 * out, the next spin_skip replies are slept on at once, so a slower memd
-	 * (a network away) costs a poll now and then, not every time.
+	 * out, the next FM_CONN_SPIN_SKIP replies are slept on at once (spin_skip
+	 * counts them down), so a slower memd (a network away) costs a poll now
+	 * and then, not every time.
 	 */
 	uint32_t spin_ns;
 	uint32_t spin_skip;
 	struct iovec sendv[1 + FM_CONN_MAX_IOV]; /* a request's pieces: here, not on a signal handler's stack */
 };
+#define FM_CONN_SPIN_SKIP 16
 /* Replies land in at most this many buffers. */
 #define FM_CONN_MAX_REP 4
 

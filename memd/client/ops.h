@@ -85,7 +85,7 @@ struct fm_xport {
 	const struct fm_xport_ops *ops;
 	int kind;                    /* enum fm_xport_kind */
 	int timeout_ms;              /* every operation's deadline */
-	unsigned spin_us;            /* stream channels' reply polling (fm_conn.spin_ns) */
+	unsigned spin_us;            /* fm_xport_cfg's: stream channels' fm_conn.spin_ns, rdma's CQ polling */
 	int can_copy;                /* memd knows COPY */
 	int quiet;                   /* a child of several memds: the parent speaks for it */
 	char addr[256];

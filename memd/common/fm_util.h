@@ -58,8 +58,8 @@ static inline uint64_t fm_now_ns(void)
 }
 
 /*
- * A moment's pause in a polling loop (about a microsecond for POLL_PAUSES of
- * them): polls come less often, each still a system call, and the waiting
+ * A moment's pause in a polling loop (about a microsecond for FM_POLL_PAUSES
+ * of them): polls that are system calls come less often, and the waiting
  * costs the other hyperthread less.
  */
 static inline void fm_cpu_relax(void)

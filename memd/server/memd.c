@@ -59,9 +59,6 @@ struct econn {
 	struct memd_conn c;
 };
 
-/* Waits slept at once after a poll for a request ran out (worker_main). */
-#define SPIN_SKIP 0
-
 struct worker {
 	pthread_t th;
 	unsigned id;

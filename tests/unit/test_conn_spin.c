@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
  * A stream connection polls for memd's reply before it sleeps (fm_conn's
- * spin_ns), and stops polling for the next SPIN_SKIP replies once a poll has
- * run out: a memd that answers slowly (a network away, or, here, stopped for
- * a while) costs one poll now and then, not one per call. Every call still
- * gets its own reply, polled for or slept on, and a connection that does not
- * poll (spin_ns 0) never counts anything.
+ * spin_ns), and stops polling for the next FM_CONN_SPIN_SKIP replies once a
+ * poll has run out: a memd that answers slowly (a network away, or, here,
+ * stopped for a while) costs one poll now and then, not one per call. Every
+ * call still gets its own reply, polled for or slept on, and a connection
+ * that does not poll (spin_ns 0) never counts anything.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -16,7 +16,6 @@
 #include "fm_util.h"
 #include "unit.h"
 
-#define SPIN_SKIP 16  /* conn.c's */
 #define STOP_MS   30  /* memd stopped this long: far past a poll of 200 us */
 
 static pid_t memd_pid;
@@ -83,20 +82,20 @@ int main(void)
 	for (int i = 0; i < 200; i++)
 		CHECK(stats_call(&c) == 0);
 
-	/* A reply that outlasts the poll: the next SPIN_SKIP are slept on, then polling again. */
+	/* A reply that outlasts the poll: the next FM_CONN_SPIN_SKIP are slept on, then polling again. */
 	c.spin_skip = 0;
 	CHECK(slow_call(&c, &ok) >= STOP_MS);
 	CHECK(ok);
-	CHECK(c.spin_skip == SPIN_SKIP);
-	for (int i = 0; i < SPIN_SKIP; i++)
+	CHECK(c.spin_skip == FM_CONN_SPIN_SKIP);
+	for (int i = 0; i < FM_CONN_SPIN_SKIP; i++)
 		CHECK(stats_call(&c) == 0);
 	CHECK(c.spin_skip == 0);
 
 	/* A slow reply while the skip runs: it was not polled for, so it starts no new skip. */
 	CHECK(slow_call(&c, &ok) >= STOP_MS); /* polled for: skip starts */
-	CHECK(ok && c.spin_skip == SPIN_SKIP);
+	CHECK(ok && c.spin_skip == FM_CONN_SPIN_SKIP);
 	CHECK(slow_call(&c, &ok) >= STOP_MS); /* slept on at once */
-	CHECK(ok && c.spin_skip == SPIN_SKIP - 1);
+	CHECK(ok && c.spin_skip == FM_CONN_SPIN_SKIP - 1);
 
 	/* No polling: a slow reply is slept on and nothing is counted. */
 	c.spin_ns = 0;

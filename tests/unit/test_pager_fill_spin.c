@@ -66,7 +66,7 @@ static void read_back(const char *addr, const char *fault, const char *spin, uin
 		goto out;
 	for (uint64_t i = 0; i < NPAGES; i++)
 		write_page(a, i, 7);
-	tid = unit_thread_named("farmem-fault0");
+	tid = strcmp(fault, "thread") ? unit_thread_named("farmem-fault0") : unit_thread_started("farmem-fault0", 2000);
 	CHECK(!strcmp(fault, "thread") == (tid != 0));
 	s0 = tid ? voluntary_switches(tid) : -1;
 	f0 = __atomic_load_n(&h->stats.faults, __ATOMIC_RELAXED);

@@ -78,4 +78,14 @@ static inline long unit_thread_named(const char *name)
 	return tid;
 }
 
+/* The same, for a thread that should exist: it names itself once running, so wait up to ms for it. */
+static inline long unit_thread_started(const char *name, unsigned ms)
+{
+	long tid;
+
+	while (!(tid = unit_thread_named(name)) && ms--)
+		usleep(1000);
+	return tid;
+}
+
 #endif

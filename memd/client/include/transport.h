@@ -68,7 +68,7 @@ struct fm_xport_cfg {
 	int pref;              /* enum fm_xport_pref */
 	int timeout_ms;        /* every call's deadline; 0 = 10 s (1 s with several memds) */
 	int replicas;          /* several memds: copies of every page; 0 = 1 */
-	unsigned spin_us;      /* stream: poll for a reply this long before sleeping (conn.h); 0 never */
+	unsigned spin_us;      /* poll for a reply (stream, conn.h) or completion (rdma) this long before sleeping; 0 never */
 };
 
 /*
