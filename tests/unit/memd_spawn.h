@@ -8,12 +8,14 @@
 #ifndef FARMEM_MEMD_SPAWN_H
 #define FARMEM_MEMD_SPAWN_H
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define UNIT_MEMD_SECRET "unit-secret"
@@ -85,6 +87,23 @@ static inline pid_t unit_start_memd_ex(const char *sock, const char *capacity, c
 static inline pid_t unit_start_memd(const char *sock, const char *capacity)
 {
 	return unit_start_memd_ex(sock, capacity, NULL, 0);
+}
+
+/*
+ * SIGSTOP to a memd this program started, returning once it has stopped:
+ * until each of its threads has seen the signal (a loaded machine takes its
+ * time), a worker that has not goes on serving. 0, or -1 if it did not stop.
+ */
+static inline int unit_stop_memd(pid_t pid)
+{
+	int st;
+	pid_t got;
+
+	if (kill(pid, SIGSTOP))
+		return -1;
+	while ((got = waitpid(pid, &st, WUNTRACED)) < 0 && errno == EINTR)
+		;
+	return got == pid && WIFSTOPPED(st) ? 0 : -1;
 }
 
 /*

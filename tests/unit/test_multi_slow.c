@@ -46,7 +46,7 @@ static void *flap(void *arg)
 
 	(void)arg;
 	while (fm_now_ns() < end) {
-		kill(slow_pid, SIGSTOP);
+		unit_stop_memd(slow_pid);
 		sleep_ms(STOP_MS);
 		kill(slow_pid, SIGCONT);
 		sleep_ms(RUN_MS);
@@ -116,7 +116,7 @@ int main(void)
 	CHECK(wrong == 0);
 
 	/* Stopped for good: given up after down_after_ms; its pages fail, the others still read. */
-	kill(slow_pid, SIGSTOP);
+	CHECK(unit_stop_memd(slow_pid) == 0);
 	t0 = fm_now_ns();
 	for (unsigned p = 0; p < NPAGES; p++) {
 		int rc = read_back(u.c, u.space, p, &wrong);
