@@ -111,8 +111,9 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 {
 	static const char *const own[] = { "NewSize", "MaxNewSize", "NewRatio", "G1NewSizePercent",
 					   "G1MaxNewSizePercent" };
-	const void *max_pct, *min_pct;
-	uint64_t young = budget / 2, pct;
+	const void *max_pct;
+	uint64_t young = budget / 2 >> 20 << 20, g1_max;
+	int rc;
 
 	if (!fm_vms_flag_bool("UseG1GC") || !heap_bytes || budget >= heap_bytes || young < (4u << 20))
 		return 0;
@@ -120,26 +121,25 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 	if (fm_vms_flag_bool("UseLargePages") && !fm_vms_flag_bool("UseTransparentHugePages"))
 		return 0;
 	for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) {
-		int rc = fm_vms_flag_user_set(own[i]);
+		rc = fm_vms_flag_user_set(own[i]);
 		if (rc)
 			return rc < 0 ? rc : 0;
 	}
-	if (fm_vms_flag_addr("G1MaxNewSizePercent", &max_pct) || fm_vms_flag_addr("G1NewSizePercent", &min_pct))
+	if (fm_vms_flag_addr("G1MaxNewSizePercent", &max_pct))
 		return -ENOENT;
-	/* Percent steps: below 1% of the heap, 1% is the nearest G1 can be held to. */
-	pct = young * 100 / heap_bytes;
-	if (!pct)
-		pct = 1;
-	if (pct >= *(const uint64_t *)max_pct)
+	g1_max = heap_bytes / 100 * *(const uint64_t *)max_pct;
+	if (young >= g1_max)
 		return 0; /* G1's own bound already fits */
-	*(uint64_t *)max_pct = pct;
-	if (*(const uint64_t *)min_pct > pct) /* G1 takes the minimum over the maximum */
-		*(uint64_t *)min_pct = pct;
-	snprintf(msg, msglen, "G1 sizing: G1MaxNewSizePercent=%llu, G1NewSizePercent=%llu (half the local "
-		 "budget of %llu MiB, of a %llu MiB heap: the young generation, which every pause rewrites, "
-		 "stays local; heap_sizing=0 keeps G1's defaults)", (unsigned long long)pct,
-		 (unsigned long long)*(const uint64_t *)min_pct, (unsigned long long)(budget >> 20),
-		 (unsigned long long)(heap_bytes >> 20));
+	/* G1YoungGenSizer takes MaxNewSize only from the command line: as if it came from there. */
+	rc = fm_vms_flag_set_as_cmdline("MaxNewSize", young);
+	if (rc)
+		return rc;
+	snprintf(msg, msglen, "G1 sizing: MaxNewSize=%llum (half the local budget of %llu MiB: the young "
+		 "generation, which every pause rewrites, stays local, and the other half holds the old "
+		 "generation's hot part; G1 alone would let it grow to %llu MiB, %llu%% of the %llu MiB heap). "
+		 "--no-heap-sizing (heap_sizing=0) keeps G1's defaults", (unsigned long long)(young >> 20),
+		 (unsigned long long)(budget >> 20), (unsigned long long)(g1_max >> 20),
+		 (unsigned long long)*(const uint64_t *)max_pct, (unsigned long long)(heap_bytes >> 20));
 	return 1;
 }
 

@@ -213,6 +213,26 @@ int fm_vms_flag_user_set(const char *name)
 	return bits != dflt && bits != ergo && bits != internal;
 }
 
+int fm_vms_flag_set_as_cmdline(const char *name, uint64_t value)
+{
+	int32_t mask, cmdline, ergo;
+	const char *f = find_flag(name);
+	void *addr;
+	int32_t *bits;
+
+	if (!f || f_flag_bits.offset < 0 || fm_vms_int_constant("JVMFlag::VALUE_ORIGIN_MASK", &mask) ||
+	    fm_vms_int_constant("JVMFlag::WAS_SET_ON_COMMAND_LINE", &cmdline) ||
+	    fm_vms_int_constant("JVMFlagOrigin::ERGONOMIC", &ergo))
+		return -ENOENT;
+	addr = *(void *const *)(f + f_flag_addr.offset);
+	if (!addr)
+		return -ENOENT;
+	*(uint64_t *)addr = value;
+	bits = (int32_t *)(f + f_flag_bits.offset);
+	*bits = (*bits & ~mask) | ergo | cmdline;
+	return 0;
+}
+
 int fm_vms_flag_bool(const char *name)
 {
 	const void *a;

@@ -36,6 +36,15 @@ int fm_vms_flag_bool(const char *name); /* 1, 0, or 0 when unknown */
 int fm_vms_flag_user_set(const char *name);
 
 /*
+ * Write a size_t/uintx flag as the command line would have, for HotSpot code
+ * that heeds only a value the user gave (FLAG_IS_CMDLINE): its
+ * WAS_SET_ON_COMMAND_LINE bit is set, its origin says ERGONOMIC (which
+ * -XX:+PrintFlagsFinal shows). Before the code that reads it runs: in
+ * Agent_OnLoad. 0, or -ENOENT when this JVM does not say how.
+ */
+int fm_vms_flag_set_as_cmdline(const char *name, uint64_t value);
+
+/*
  * Generic lookups by name (slow: a table scan; call them at VMInit, never in a
  * GC callback). fm_vms_field gives a non-static field's offset (address NULL
  * or unused) or a static field's address (offset NULL). -ENOENT if absent.

@@ -124,10 +124,9 @@ def test_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_
     r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-Xmx512m", "-XX:+PrintFlagsFinal"],
                     ["-version"], local="25%")
     assert r.returncode == 0, r.stderr
-    assert "adding -XX:MaxNewSize=64m (half the local budget of 128.0 MiB" in sizing_line(r.stderr)
-    flags = {line.split()[1]: line.split()[3] for line in r.stdout.splitlines() if line.count("=") == 1
-             and len(line.split()) >= 4}
-    assert flags["MaxNewSize"] == str(64 << 20)
+    assert "farmem: G1 sizing: MaxNewSize=64m (half the local budget of 128 MiB" in sizing_line(r.stderr)
+    flags = final_flags(r.stdout)
+    assert flags["MaxNewSize"] == str(64 << 20), flags
 
 
 @pytest.mark.parametrize("opts,flags", [
@@ -163,30 +162,30 @@ def final_flags(stdout: str) -> dict:
 
 def test_sizing_for_the_jvms_a_script_starts(farmem_cmd, build, jvm_built, private_tmp):
     """A JVM started by a script (its -Xmx unknown to farmem run) gets half its heap's local budget
-    as G1's young generation bound from the agent, which sets G1's percentages before the heap
-    exists: with a quarter local, eden never plans past 12% of the heap's regions (256 MiB in 1 MiB
-    regions), and an absolute --local is a share of each heap alike. The JVM's own sizing (-Xmn,
-    a young flag in JAVA_TOOL_OPTIONS) wins; below 10% the minimum follows the maximum down; the
-    whole heap local or --no-heap-sizing sets nothing; a heap smaller than an absolute budget runs
-    without farmem instead of failing inside the script."""
+    as G1's young generation bound from the agent, which sets MaxNewSize before the heap exists:
+    with a quarter local, eden never plans past 32 of the heap's 256 regions (1 MiB each), and an
+    absolute --local is a share of each heap alike. The JVM's own sizing (-Xmn, a young flag in
+    JAVA_TOOL_OPTIONS) wins; the whole heap local or --no-heap-sizing sets nothing; a heap smaller than an absolute budget runs without farmem
+    instead of failing inside the script."""
     cp = build / "java"
-    sized = "farmem: G1 sizing: G1MaxNewSizePercent="
+    sized = "farmem: G1 sizing: MaxNewSize="
     flags = "java -Xmx256m -XX:+UnlockExperimentalVMOptions -XX:+PrintFlagsFinal -version"
     r = script_jvm(farmem_cmd, private_tmp,
                    f"java -Xmx256m -Xlog:gc+heap=info -cp {cp} GcChurn --live-mb 60 --steps 20000")
     assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    assert sized + "12, G1NewSizePercent=5 " in r.stderr, r.stderr[-2000:]
+    assert sized + "32m (half the local budget of 64 MiB" in r.stderr, r.stderr[-2000:]
     planned = [int(m) for m in re.findall(r"Eden regions: \d+->\d+\((\d+)\)", r.stdout)]
-    assert planned and max(planned) <= 256 * 12 // 100, planned
+    assert planned and max(planned) <= 32, planned
 
     for local in ("25%", "64M"):
         r = script_jvm(farmem_cmd, private_tmp, flags, local=local)
         f = final_flags(r.stdout)
-        assert r.returncode == 0 and f["G1MaxNewSizePercent"] == "12" and f["G1NewSizePercent"] == "5", f
-        assert int(f["MaxNewSize"]) <= 32 << 20, f
+        assert r.returncode == 0 and f["MaxNewSize"] == str(32 << 20), f
+        assert f["G1MaxNewSizePercent"] == "60" and f["G1NewSizePercent"] == "5", f
+    # 8% of 256 MiB is 20 MiB: 10 MiB young, below G1's default minimum (5%, 12 regions).
     r = script_jvm(farmem_cmd, private_tmp, flags, local="8%")
     f = final_flags(r.stdout)
-    assert r.returncode == 0 and f["G1MaxNewSizePercent"] == "3" and f["G1NewSizePercent"] == "3", f
+    assert r.returncode == 0 and f["MaxNewSize"] == str(10 << 20), f
 
     r = script_jvm(farmem_cmd, private_tmp, flags.replace("-version", "-Xmn100m -version"))
     assert r.returncode == 0 and final_flags(r.stdout)["MaxNewSize"] == str(100 << 20), r.stderr[-2000:]
@@ -198,7 +197,8 @@ def test_sizing_for_the_jvms_a_script_starts(farmem_cmd, build, jvm_built, priva
     for local, extra in (("100%", []), ("25%", ["--no-heap-sizing"])):
         r = script_jvm(farmem_cmd, private_tmp, flags, *extra, local=local)
         assert r.returncode == 0 and "Picked up JAVA_TOOL_OPTIONS: -agentpath:" in r.stderr, r.stderr[-2000:]
-        assert final_flags(r.stdout)["G1MaxNewSizePercent"] == "60" and sized not in r.stderr, r.stderr[-2000:]
+        f = final_flags(r.stdout)
+        assert int(f["MaxNewSize"]) > 100 << 20 and sized not in r.stderr, f
 
     r = script_jvm(farmem_cmd, private_tmp, f"java -Xmx256m -cp {cp} GcChurn --live-mb 60 --steps 20000",
                    local="1G")

@@ -211,9 +211,6 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
     if getattr(args, "threshold", None) is not None:
         say("farmem: warning: --threshold is a knob of the preload shim; for java the agent pages the "
             "heap, whatever its size")
-    if getattr(args, "heap_sizing", None) is not False:
-        for flag in size_for_budget(argv[1:end], env_opts, jvm, local, say):
-            argv.insert(1, flag)
     argv.insert(1, f"-agentpath:{lib}={','.join(opts)}")
     return argv
 
@@ -236,47 +233,6 @@ def tool_options(args, env: dict, address: str, control_path: str) -> str | None
     if not lib.exists() or AGENT_NAME in old or any(c.isspace() for c in agent) or any(c in ",=" for c in str(lib)):
         return None
     return " ".join([old, agent]).strip()
-
-
-# --- heap sizing for far memory (issue 9) -----------------------------------------------------------
-
-# Flags that size G1's young generation: if the user gave any, farmem leaves the sizing alone.
-_YOUNG_FLAGS = re.compile(r"-Xmn.*|-XX:(NewSize|MaxNewSize|NewRatio|G1NewSizePercent|G1MaxNewSizePercent)=.*")
-G1_MAX_NEW_PCT = 60  # G1MaxNewSizePercent's default: the young generation may take 60% of the heap
-YOUNG_SHARE = 2      # the young generation gets 1/YOUNG_SHARE of the local budget
-
-
-def young_is_set(jvm_opts: list) -> bool:
-    return any(_YOUNG_FLAGS.fullmatch(o) for o in jvm_opts)
-
-
-def size_for_budget(jvm_opts: list, env_opts: list, jvm: JvmArgs, local: str, say) -> list:
-    """G1 flags that suit the local budget, unless the user sized the young generation.
-
-    Every pause rewrites the young generation: when it is larger than local memory, the pager
-    writes freshly allocated objects to memd only for the GC to read them back. MemLiner runs
-    its JVMs with -XX:MaxNewSize below the local budget; farmem caps it at half the budget, and
-    leaves the other half to the old generation's hot part."""
-    if not jvm.is_g1():
-        return []
-    if young_is_set(env_opts + jvm_opts) or not jvm.xmx:
-        return []
-    if local.endswith("%"):
-        budget = jvm.xmx * int(local[:-1]) // 100
-    else:
-        from farmem.units import parse_bytes
-        budget = parse_bytes(local)
-    if budget >= jvm.xmx:
-        return []  # the whole heap is local: nothing to fit
-    young = (budget // YOUNG_SHARE) >> 20 << 20
-    g1_max = jvm.xmx * G1_MAX_NEW_PCT // 100
-    if young >= g1_max or young < 4 << 20:
-        return []  # G1's own bound already fits (or the budget is too small to split)
-    say(f"farmem: G1 sizing: adding -XX:MaxNewSize={young >> 20}m (half the local budget of "
-        f"{fmt_bytes(budget)}: the young generation, which every pause rewrites, stays local, and the "
-        f"other half holds the old generation's hot part; G1 alone would let it grow to "
-        f"{fmt_bytes(g1_max)}, {G1_MAX_NEW_PCT}% of the heap). --no-heap-sizing keeps G1's defaults")
-    return [f"-XX:MaxNewSize={young >> 20}m"]
 
 
 def build_env(base, secret: str) -> dict:
