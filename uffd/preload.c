@@ -100,10 +100,10 @@ static int reserved_paged(void);
 static void heaps_keep(void);
 static int kernel_waits_open(struct fm_pager *pg);
 
+/* MAP_FAILED with errno set, as mmap(2) (glibc's syscall() sets errno). */
 static void *sys_mmap(void *a, size_t l, int prot, int fl, int fd, off_t off)
 {
-	long r = syscall(SYS_mmap, a, l, prot, fl, fd, off);
-	return (void *)r;
+	return (void *)syscall(SYS_mmap, a, l, prot, fl, fd, off);
 }
 
 static void die_config(const char *msg)
@@ -164,7 +164,7 @@ static void *arena_alloc(size_t n, size_t align)
 	if (!b) {
 		void *m = sys_mmap(NULL, ARENA_SIZE, PROT_READ | PROT_WRITE,
 				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-		if ((long)m < 0 && (long)m > -4096)
+		if (m == MAP_FAILED)
 			goto out;
 		b = (uintptr_t)m;
 		atomic_store_explicit(&arena_base, b, memory_order_release);
@@ -903,11 +903,8 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 	    !in_farmem && fm_pager_owns(pager, addr, len))
 		fm_pager_unregister(pager, addr, len);
 	p = sys_mmap(addr, len, prot, flags, fd, off);
-
-	if ((long)p < 0 && (long)p > -4096) {
-		errno = (int)-(long)p;
+	if (p == MAP_FAILED)
 		return MAP_FAILED;
-	}
 	if (reserves(len, prot, flags, fd)) {
 		resv_add(p, len);
 		return p;
@@ -965,10 +962,12 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		fm_pager_unregister(pager, old, old_len);
 	}
 	p = (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
-	if ((long)p < 0 && (long)p > -4096) {
-		errno = (int)-(long)p;
+	if (p == MAP_FAILED) {
+		int e = errno;  /* glibc's syscall() set it to the kernel's */
+
 		if (paged)
 			maybe_register(old, old_len);
+		errno = e;
 		return MAP_FAILED;
 	}
 	/* Moved or resized: neither the old nor the new range is reserved any more. */
@@ -1014,12 +1013,8 @@ EXPORT int madvise(void *addr, size_t len, int advice)
 		fm_pager_forget(pager, addr, len);
 	if (pager && atomic_load(&state) == 2 && !in_farmem && advice == MADV_MERGEABLE)
 		fm_pager_no_capture(pager, "the program asked KSM to merge paged memory (MADV_MERGEABLE)");
-	r = syscall(SYS_madvise, addr, len, advice);
-	if (r) {
-		errno = (int)-r;
-		return -1;
-	}
-	return 0;
+	r = syscall(SYS_madvise, addr, len, advice);  /* -1 with the kernel's errno */
+	return r ? -1 : 0;
 }
 
 /*
@@ -1222,7 +1217,7 @@ static void *big_alloc(size_t n, size_t align)
 		return NULL;
 	}
 	p = sys_mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if ((long)p < 0 && (long)p > -4096) {
+	if (p == MAP_FAILED) {
 		pthread_mutex_unlock(&big_lock);
 		return NULL;
 	}

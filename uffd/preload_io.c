@@ -119,6 +119,7 @@ void fm_io_unpin_on_cancel(void *io)
 #define PINNED_CALL(io, setup, call)                                                    \
 	({                                                                              \
 		long r_;                                                                \
+		int e_;                                                                 \
 		for (int tries_ = 0;;) {                                                \
 			setup;                                                          \
 			if ((io)->n) {                                                  \
@@ -128,8 +129,10 @@ void fm_io_unpin_on_cancel(void *io)
 			} else {                                                        \
 				r_ = (call);                                            \
 			}                                                               \
-			fm_io_unpin(io);                                                \
-			if (r_ >= 0 || errno != EFAULT || !(io)->p || ++tries_ >= EFAULT_TRIES) \
+			e_ = errno;                                                     \
+			fm_io_unpin(io); /* may evict: errno stays the call's */        \
+			errno = e_;                                                     \
+			if (r_ >= 0 || e_ != EFAULT || !(io)->p || ++tries_ >= EFAULT_TRIES) \
 				break;                                                  \
 			fm_pager_io_retried((io)->p);                                   \
 		}                                                                       \

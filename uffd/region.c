@@ -625,14 +625,20 @@ long fm_pager_commit(struct fm_pager *p, void *addr, size_t len)
 	return rc && !added ? rc : added;
 }
 
-/* UFFDIO_UNREGISTER the overlap o; in a sparse region, only its runs of paged pages (the rest may be no mapping of ours). */
+/* UFFDIO_UNREGISTER what of the overlap o is registered. */
 static void uffd_let_go(struct fm_pager *p, const struct fm_overlap *o)
 {
 	struct region *r = o->r;
 	uint64_t end = o->first + o->n;
 
-	for (uint64_t i = r->sparse ? run_end(r, o->first, end, 1) : o->first; i < end;) {
-		uint64_t stop = r->sparse ? run_end(r, i, end, 0) : end;
+	/*
+	 * Only what is registered: the runs not UNMANAGED. A sparse region
+	 * registers its runs one by one, and a page let go before (a range
+	 * unmapped, then mapped over with MAP_FIXED) is UNMANAGED in any region:
+	 * unregistering it again would fail where nothing is mapped now.
+	 */
+	for (uint64_t i = run_end(r, o->first, end, 1); i < end;) {
+		uint64_t stop = run_end(r, i, end, 0);
 		uintptr_t s = r->base + (i << PG_SHIFT);
 		int rc = fm_uffd_unregister(r->uffd, s, (size_t)(stop - i) << PG_SHIFT);
 		/* Plain memory again, which a child of a fork must get (a range made unreadable, then readable). */
@@ -640,7 +646,7 @@ static void uffd_let_go(struct fm_pager *p, const struct fm_overlap *o)
 		if (rc)
 			fm_warn("UFFDIO_UNREGISTER of %#lx+%lu failed: %s", (unsigned long)s,
 				(unsigned long)((stop - i) << PG_SHIFT), strerror(-rc));
-		i = r->sparse ? run_end(r, stop, end, 1) : end;
+		i = run_end(r, stop, end, 1);
 	}
 }
 

@@ -381,12 +381,8 @@ int fm_write_full(int fd, const void *buf, size_t len)
 
 void *fm_sys_mmap(void *addr, size_t len, int prot, int flags, int fd, long off)
 {
-	long r = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-	if (r < 0 && r > -4096) {
-		errno = (int)-r;
-		return MAP_FAILED;
-	}
-	return (void *)r;
+	/* glibc's syscall() returns -1 (MAP_FAILED) and sets errno on failure. */
+	return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
 }
 
 int fm_sys_munmap(void *addr, size_t len)
