@@ -942,6 +942,20 @@ EXPORT int munmap(void *addr, size_t len)
 	return r ? -1 : 0;
 }
 
+/*
+ * An mremap that only shrinks [old, old+old_len) where it lies: the kernel
+ * unmaps the tail before it looks at anything else, so the call cannot fail
+ * after the tail was let go but for the munmap's own ENOMEM (a mapping too
+ * many), as munmap can. Arguments it would refuse go the general way.
+ */
+static int shrinks_in_place(const void *old, size_t old_len, size_t new_len, int flags)
+{
+	size_t keep = (new_len + PAGE - 1) & ~(size_t)(PAGE - 1);
+	size_t had = (old_len + PAGE - 1) & ~(size_t)(PAGE - 1);
+
+	return !((uintptr_t)old & (PAGE - 1)) && new_len && keep < had && !(flags & ~MREMAP_MAYMOVE);
+}
+
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 {
 	void *new_addr = NULL, *p;
@@ -955,6 +969,19 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		va_start(ap, flags);
 		new_addr = va_arg(ap, void *);
 		va_end(ap);
+	}
+	if (paged && shrinks_in_place(old, old_len, new_len, flags)) {
+		/*
+		 * The kernel unmaps the tail and moves nothing: a munmap of the
+		 * tail (let go first, as munmap does), and the head stays paged.
+		 */
+		uintptr_t keep = ((uintptr_t)new_len + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+
+		fm_pager_unregister(pager, (char *)old + keep, old_len - keep);
+		p = (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
+		if (p != MAP_FAILED)
+			resv_cut((char *)old + keep, old_len - keep);
+		return p;
 	}
 	if (paged) {
 		/* Bring the range home, let the kernel move plain memory, then page it again. */

@@ -113,7 +113,22 @@ static int fixed_over_paged(uint8_t *other, size_t pages)
 	return bad;
 }
 
-/* Whether a failed call said what the kernel said; the range's bytes after it. */
+/* VmHWM: the most this process has held resident, in KiB; -1 if unknown. */
+static long peak_rss_kib(void)
+{
+	char line[256];
+	long kib = -1;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+/* Whether a failed call said what the kernel said. */
 static int failed_with(const char *what, int failed, int want)
 {
 	if (failed && errno == want)
@@ -226,6 +241,31 @@ int main(int argc, char **argv)
 	if (check("remapped half is zero", a, half, pages - half, 0, 0) || check("first half kept", a, 0, half, 2, 0))
 		return 1;
 	munmap(a, pages * PG);
+
+	/*
+	 * 2b. mremap that shrinks in place, with and without MREMAP_MAYMOVE:
+	 * the head keeps its bytes where it lies, and nothing comes home for
+	 * it (the peak resident size grows by far less than the range).
+	 */
+	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	fill(a, pages, 7);
+	churn(other, pages);
+	{
+		long hwm = peak_rss_kib();
+		if (mremap(a, size, half * PG, MREMAP_MAYMOVE) != a || mremap(a, half * PG, half / 2 * PG, 0) != a) {
+			perror("mremap shrink");
+			return 1;
+		}
+		if (peak_rss_kib() - hwm > (long)(size >> 10) / 4) {
+			fprintf(stderr, "remaptest: a shrinking mremap raised the peak resident size from %ld to %ld KiB\n",
+				hwm, peak_rss_kib());
+			return 1;
+		}
+	}
+	churn(other, pages);
+	if (check("head after shrinking mremap", a, 0, half / 2, 7, 0))
+		return 1;
+	munmap(a, half / 2 * PG);
 
 	/* 3. mremap that moves and grows: contents follow, the tail is zero. */
 	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
