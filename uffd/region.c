@@ -666,6 +666,15 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 		uffd_let_go(p, &o);
 		fm_region_forget(p, r, o.first, o.n, whole ? FM_PG_UNTOUCHED : FM_PG_UNMANAGED);
 		fm_region_gone(p, s, s + ((uintptr_t)o.n << PG_SHIFT));
+		/*
+		 * The last part of a mapping let go in parts (a munmap of its tail,
+		 * then of its head): the region goes too, or its slot and its address
+		 * range stay taken, and a new mapping the kernel places there would
+		 * not be paged (it overlaps a region). A sparse region waits for
+		 * commits with nothing managed, so it stays.
+		 */
+		if (!whole && !r->sparse && run_end(r, 0, r->npages, 1) == r->npages)
+			whole = 1;
 		if (whole) {
 			fm_xport_space_close(p->x, r->space);
 			fm_shmem_release(r);

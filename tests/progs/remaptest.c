@@ -113,19 +113,32 @@ static int fixed_over_paged(uint8_t *other, size_t pages)
 	return bad;
 }
 
-/* VmHWM: the most this process has held resident, in KiB; -1 if unknown. */
-static long peak_rss_kib(void)
+/* A line of /proc/self/status ("VmHWM", "RssAnon"), in KiB; -1 if unknown. */
+static long status_kib(const char *field)
 {
 	char line[256];
 	long kib = -1;
+	size_t n = strlen(field);
 	FILE *f = fopen("/proc/self/status", "r");
 
 	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
+		if (!strncmp(line, field, n) && line[n] == ':' && sscanf(line + n + 1, "%ld", &kib) == 1)
 			break;
 	if (f)
 		fclose(f);
 	return kib;
+}
+
+/* The most this process has held resident (memd's store pages that the shm transport maps included). */
+static long peak_rss_kib(void)
+{
+	return status_kib("VmHWM");
+}
+
+/* Its private anonymous memory resident now: the paged ranges' local part, and what is not paged. */
+static long rss_anon_kib(void)
+{
+	return status_kib("RssAnon");
 }
 
 /* Whether a failed call said what the kernel said. */
@@ -266,6 +279,22 @@ int main(int argc, char **argv)
 	if (check("head after shrinking mremap", a, 0, half / 2, 7, 0))
 		return 1;
 	munmap(a, half / 2 * PG);
+	/* Let go in two parts, the range is free for paging again: a new mapping there is paged. */
+	b = mmap(a, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	if (b != a) {
+		perror("mmap where the shrunk range was");
+		return 1;
+	}
+	fill(b, pages, 8);
+	if (rss_anon_kib() > (long)(size >> 10) / 2) {
+		fprintf(stderr, "remaptest: a new mapping where a range was let go in parts is not paged: %ld KiB "
+			"resident after writing %zu MiB\n", rss_anon_kib(), size >> 20);
+		return 1;
+	}
+	churn(other, pages);
+	if (check("new mapping where the shrunk range was", b, 0, pages, 8, 0))
+		return 1;
+	munmap(b, size);
 
 	/* 3. mremap that moves and grows: contents follow, the tail is zero. */
 	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
