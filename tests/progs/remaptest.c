@@ -113,7 +113,11 @@ static int fixed_over_paged(uint8_t *other, size_t pages)
 	return bad;
 }
 
-/* A line of /proc/self/status ("VmHWM", "RssAnon"), in KiB; -1 if unknown. */
+/*
+ * A line of /proc/self/status in KiB, -1 if unknown: VmHWM, the most held
+ * resident (memd's store pages that the shm transport maps included);
+ * RssAnon, private anonymous memory resident now.
+ */
 static long status_kib(const char *field)
 {
 	char line[256];
@@ -127,18 +131,6 @@ static long status_kib(const char *field)
 	if (f)
 		fclose(f);
 	return kib;
-}
-
-/* The most this process has held resident (memd's store pages that the shm transport maps included). */
-static long peak_rss_kib(void)
-{
-	return status_kib("VmHWM");
-}
-
-/* Its private anonymous memory resident now: the paged ranges' local part, and what is not paged. */
-static long rss_anon_kib(void)
-{
-	return status_kib("RssAnon");
 }
 
 /* Whether a failed call said what the kernel said. */
@@ -264,14 +256,14 @@ int main(int argc, char **argv)
 	fill(a, pages, 7);
 	churn(other, pages);
 	{
-		long hwm = peak_rss_kib();
+		long hwm = status_kib("VmHWM");
 		if (mremap(a, size, half * PG, MREMAP_MAYMOVE) != a || mremap(a, half * PG, half / 2 * PG, 0) != a) {
 			perror("mremap shrink");
 			return 1;
 		}
-		if (peak_rss_kib() - hwm > (long)(size >> 10) / 4) {
+		if (status_kib("VmHWM") - hwm > (long)(size >> 10) / 4) {
 			fprintf(stderr, "remaptest: a shrinking mremap raised the peak resident size from %ld to %ld KiB\n",
-				hwm, peak_rss_kib());
+				hwm, status_kib("VmHWM"));
 			return 1;
 		}
 	}
@@ -286,9 +278,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	fill(b, pages, 8);
-	if (rss_anon_kib() > (long)(size >> 10) / 2) {
+	if (status_kib("RssAnon") > (long)(size >> 10) / 2) {
 		fprintf(stderr, "remaptest: a new mapping where a range was let go in parts is not paged: %ld KiB "
-			"resident after writing %zu MiB\n", rss_anon_kib(), size >> 20);
+			"resident after writing %zu MiB\n", status_kib("RssAnon"), size >> 20);
 		return 1;
 	}
 	churn(other, pages);
