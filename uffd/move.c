@@ -44,7 +44,7 @@ static struct region *region_of(struct fm_pager *p, uintptr_t a, size_t len)
 {
 	for (int i = 0; i < p->nregions; i++) {
 		struct region *r = &p->regions[i];
-		if (r->live && a >= r->base && len <= r->end - a)
+		if (r->live && a >= r->base && a < r->end && len <= r->end - a)
 			return r;
 	}
 	return NULL;
@@ -336,7 +336,8 @@ int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len)
 		rlock_un(p);
 		return -ENOENT;
 	}
-	if (rd->alias || rs->alias) {  /* shared memory: UFFDIO_MOVE takes private anonymous pages only */
+	if (rd->alias || rs->alias || rd->uffd != p->uffd || rs->uffd != p->uffd) {
+		/* Shared memory (UFFDIO_MOVE takes private anonymous pages only), or the other userfaultfd. */
 		rlock_un(p);
 		return -EOPNOTSUPP;
 	}

@@ -188,8 +188,9 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
  * untouched ones stay untouched; dst's old contents are dropped. Call it only
  * while no other thread uses either range (a GC pause). Returns 0, -EINVAL
  * (misaligned, overlapping, unmanaged pages), -ENOENT (not registered) or
- * -EOPNOTSUPP (a shared-memory region: the caller copies). Nothing has
- * moved when it fails.
+ * -EOPNOTSUPP (a shared-memory region, or one registered FM_REG_KERNEL_WAITS:
+ * the caller copies). Nothing has moved when it fails. The preload shim also
+ * moves with it: an mremap that grows a paged range.
  */
 int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len);
 

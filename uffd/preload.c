@@ -943,6 +943,111 @@ EXPORT int munmap(void *addr, size_t len)
 }
 
 /*
+ * Call fn with each line of /proc/self/maps, in address order, until it
+ * returns nonzero: that value, 0 at the end, -1 when the maps cannot be read.
+ * No allocation: the shim's hooks call it.
+ */
+static int maps_each(int (*fn)(const char *line, void *arg), void *arg)
+{
+	char buf[4096];
+	size_t have = 0;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), rc = 0;
+
+	if (fd < 0)
+		return -1;
+	while (!rc) {
+		char *line, *nl;
+		ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
+		if (n < 0)
+			rc = -1;
+		if (n <= 0)
+			break;
+		have += (size_t)n;
+		buf[have] = 0;
+		for (line = buf; !rc && (nl = strchr(line, '\n')); line = nl + 1) {
+			*nl = 0;
+			rc = fn(line, arg);
+		}
+		have = (size_t)(buf + have - line);
+		memmove(buf, line, have);
+	}
+	close(fd);
+	return rc;
+}
+
+/* The mapping that holds address a: its bounds, and whether it is private anonymous read-write memory with no name. */
+struct mapping {
+	uintptr_t a, start, end;
+	int anon_rw;
+};
+
+/* 1: the line's mapping holds m->a (m filled in); -1: a lies in a gap below it. */
+static int mapping_at(const char *line, void *arg)
+{
+	struct mapping *m = arg;
+	unsigned long start, end, inode;
+	char perms[5];
+	int name = 0;
+
+	if (sscanf(line, "%lx-%lx %4s %*x %*s %lu %n", &start, &end, perms, &inode, &name) != 4 || end <= m->a)
+		return 0;
+	if (start > m->a)
+		return -1;
+	m->start = start;
+	m->end = end;
+	m->anon_rw = !strcmp(perms, "rw-p") && !inode && name && !line[name];
+	return 1;
+}
+
+/* 1 when one mapping holds [a, e) (anon_rw: and it is private anonymous read-write memory). */
+static int one_mapping(uintptr_t a, uintptr_t e, int anon_rw)
+{
+	struct mapping m = { .a = a };
+
+	return maps_each(mapping_at, &m) == 1 && e <= m.end && (!anon_rw || m.anon_rw);
+}
+
+/*
+ * An mremap that may move and grows [old, old+old_len), a paged range that
+ * is all of or part of one private anonymous read-write mapping with no
+ * name: what the kernel would carry along is its bytes. A new paged mapping
+ * takes its pages over where they are (fm_pager_move: resident pages by
+ * UFFDIO_MOVE, remote ones inside memd, untouched ones stay untouched), then
+ * the old range is let go and unmapped. Nothing comes home, so the budget
+ * holds. Where the kernel would have grown the range in place it moves,
+ * which MREMAP_MAYMOVE allows. NULL with nothing changed when it cannot (the
+ * range spans mappings or regions, or has pages the pager does not manage):
+ * the caller goes the general way, and the kernel says what is wrong.
+ */
+static void *grow_by_moving(void *old, size_t old_len, size_t new_len)
+{
+	size_t had = (old_len + PAGE - 1) & ~(size_t)(PAGE - 1);
+	size_t want = (new_len + PAGE - 1) & ~(size_t)(PAGE - 1);
+	void *q;
+	int ok;
+
+	if (((uintptr_t)old & (PAGE - 1)) || !had || want <= had || want < new_len ||
+	    !one_mapping((uintptr_t)old, (uintptr_t)old + had, 1))
+		return NULL;
+	q = sys_mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (q == MAP_FAILED)
+		return NULL;
+	in_farmem++;
+	ok = fm_pager_register(pager, q, want, 0) == 0;
+	if (ok && fm_pager_move(pager, q, old, had) == 0) {
+		fm_pager_unregister(pager, old, had);
+		syscall(SYS_munmap, old, had);
+	} else {
+		if (ok)
+			fm_pager_unregister(pager, q, want);
+		syscall(SYS_munmap, q, want);
+		q = NULL;
+	}
+	in_farmem--;
+	return q;
+}
+
+/*
  * An mremap that only shrinks [old, old+old_len) where it lies: the kernel
  * unmaps the tail before it looks at anything else, so the call cannot fail
  * after the tail was let go but for the munmap's own ENOMEM (a mapping too
@@ -954,6 +1059,23 @@ static int shrinks_in_place(const void *old, size_t old_len, size_t new_len, int
 	size_t had = (old_len + PAGE - 1) & ~(size_t)(PAGE - 1);
 
 	return !((uintptr_t)old & (PAGE - 1)) && new_len && keep < had && !(flags & ~MREMAP_MAYMOVE);
+}
+
+/*
+ * Arguments the kernel refuses before it changes anything (mm/mremap.c): bad
+ * flags or alignment (EINVAL), and a range that grows or stays in place but
+ * is not inside one mapping (EFAULT). A paged range need not come home for
+ * them.
+ */
+static int refused_at_once(const void *old, size_t old_len, size_t new_len, int flags)
+{
+	const int known = MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP;
+
+	if ((flags & ~known) || ((flags & (MREMAP_FIXED | MREMAP_DONTUNMAP)) && !(flags & MREMAP_MAYMOVE)) ||
+	    ((uintptr_t)old & (PAGE - 1)) || !new_len || new_len > SIZE_MAX - PAGE)
+		return 1;
+	return !(flags & MREMAP_FIXED) && new_len >= old_len &&
+	       !one_mapping((uintptr_t)old, (uintptr_t)old + old_len, 0);
 }
 
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
@@ -983,6 +1105,12 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 			resv_cut((char *)old + keep, old_len - keep);
 		return p;
 	}
+	if (paged && flags == MREMAP_MAYMOVE && (p = grow_by_moving(old, old_len, new_len))) {
+		resv_cut(old, old_len);
+		return p;
+	}
+	if (paged && refused_at_once(old, old_len, new_len, flags))
+		return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
 	if (paged) {
 		/* Bring the range home, let the kernel move plain memory, then page it again. */
 		fm_pager_fetch_all(pager, old, old_len);
@@ -1515,6 +1643,23 @@ out:
 }
 
 /* The first break (/proc/self/stat's start_brk) and the start of the next mapping above the break. */
+struct above_break {
+	uintptr_t base, cur, *next;
+};
+
+static int first_above_break(const char *line, void *arg)
+{
+	struct above_break *ab = arg;
+	unsigned long start;
+
+	/* The maps are in address order: the first mapping that starts past the break. */
+	if (sscanf(line, "%lx-", &start) != 1 || start < ab->cur || start <= ab->base)
+		return 0;
+	if (start < *ab->next)
+		*ab->next = start;
+	return 1;
+}
+
 static int brk_bounds(uintptr_t *base, uintptr_t *next)
 {
 	char buf[4096], *f;
@@ -1536,31 +1681,8 @@ static int brk_bounds(uintptr_t *base, uintptr_t *next)
 	if (!f || sscanf(f + 1, "%lu", base) != 1 || !*base || *base > cur)
 		return -1;
 	*next = *base + BRK_SPAN;
-	fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	/* The maps are in address order: the first mapping that starts past the break. */
-	for (size_t have = 0;;) {
-		char *line, *nl;
-		n = read(fd, buf + have, sizeof(buf) - 1 - have);
-		if (n <= 0)
-			break;
-		have += (size_t)n;
-		buf[have] = 0;
-		for (line = buf; (nl = strchr(line, '\n')); line = nl + 1) {
-			unsigned long start;
-			if (sscanf(line, "%lx-", &start) == 1 && start >= cur && start > *base) {
-				if (start < *next)
-					*next = start;
-				close(fd);
-				return 0;
-			}
-		}
-		have = (size_t)(buf + have - line);
-		memmove(buf, line, have);
-	}
-	close(fd);
-	return 0;
+	return maps_each(first_above_break, &(struct above_break){ .base = *base, .cur = cur, .next = next }) < 0
+		       ? -1 : 0;
 }
 
 static void brk_grew(uintptr_t block, uintptr_t chunk_end)

@@ -178,6 +178,19 @@ static int failures_say_why(uint8_t *other, size_t pages)
 	errno = 0;
 	if (failed_with("madvise of paged memory with bad advice", madvise(a, size, 12345) != 0, EINVAL))
 		return 1;
+	/* Growing a range that spans two mappings (mprotect split it) is the kernel's EFAULT. */
+	if (mprotect(a + size / 2, size / 2, PROT_READ)) {
+		perror("mprotect");
+		return 1;
+	}
+	errno = 0;
+	r = mremap(a, size, size + PG, MREMAP_MAYMOVE);
+	if (failed_with("mremap growing paged memory over two mappings", r == MAP_FAILED, EFAULT))
+		return 1;
+	if (mprotect(a + size / 2, size / 2, PROT_READ | PROT_WRITE)) {
+		perror("mprotect");
+		return 1;
+	}
 	errno = 0;  /* a covered call (preload_io.c) into an evicted page */
 	if (failed_with("read into paged memory from a bad descriptor", read(-1, a + size / 2, PG) < 0, EBADF))
 		return 1;
@@ -288,19 +301,42 @@ int main(int argc, char **argv)
 		return 1;
 	munmap(b, size);
 
-	/* 3. mremap that moves and grows: contents follow, the tail is zero. */
+	/*
+	 * 3. mremap that moves and grows, twice: contents follow, the tail is
+	 * zero, nothing comes home for it (the peak resident size grows by far
+	 * less than the range), and the new range is paged.
+	 */
 	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	fill(a, pages, 3);
 	churn(other, pages);
-	b = mremap(a, size, size + 64 * PG, MREMAP_MAYMOVE);
-	if (b == MAP_FAILED) {
-		perror("mremap");
+	{
+		long hwm = status_kib("VmHWM");
+		b = mremap(a, size, size + 64 * PG, MREMAP_MAYMOVE);
+		if (b != MAP_FAILED)
+			b = mremap(b, size + 64 * PG, size + 128 * PG, MREMAP_MAYMOVE);
+		if (b == MAP_FAILED) {
+			perror("mremap");
+			return 1;
+		}
+		if (status_kib("VmHWM") - hwm > (long)(size >> 10) / 4) {
+			fprintf(stderr, "remaptest: a growing mremap raised the peak resident size from %ld to %ld KiB\n",
+				hwm, status_kib("VmHWM"));
+			return 1;
+		}
+	}
+	churn(other, pages);
+	if (check("mremap moved contents", b, 0, pages, 3, 0) || check("mremap tail", b, pages, 128, 0, 0))
+		return 1;
+	fill(b, pages + 128, 9);
+	if (status_kib("RssAnon") > (long)(size >> 10) / 2) {
+		fprintf(stderr, "remaptest: a range mremap grew is not paged: %ld KiB resident after writing %zu MiB\n",
+			status_kib("RssAnon"), size >> 20);
 		return 1;
 	}
 	churn(other, pages);
-	if (check("mremap moved contents", b, 0, pages, 3, 0) || check("mremap tail", b, pages, 64, 0, 0))
+	if (check("range mremap grew, rewritten", b, 0, pages + 128, 9, 0))
 		return 1;
-	munmap(b, size + 64 * PG);
+	munmap(b, size + 128 * PG);
 
 	/* 4. Big malloc blocks are paged too; calloc after free is zero. */
 	{

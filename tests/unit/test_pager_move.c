@@ -88,6 +88,36 @@ static void push_out(struct fm_pager *p, struct fm_resmap_hdr *h, uint8_t *a, ui
 }
 
 /*
+ * Two more regions, one mapping split in two, the higher one registered
+ * last: a move inside the higher one, and one into it from the first
+ * region, use its own books (once the books of any region registered before
+ * it with a base below were taken). src_tag is the first region's page SRC.
+ */
+static void more_regions(struct fm_pager *p, uint8_t *a, uint64_t src_tag)
+{
+	uint8_t *lo = mmap(NULL, 128 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *c;
+
+	CHECK(lo != MAP_FAILED);
+	if (lo == MAP_FAILED)
+		return;
+	c = lo + 64 * PG;
+	CHECK(fm_pager_register(p, lo, 64 * PG, 0) == 0);
+	CHECK(fm_pager_register(p, c, 64 * PG, 0) == 0);
+	fill(c, 424242);
+	CHECK(fm_pager_move(p, c + 8 * PG, c, PG) == 0);
+	CHECK(same(c + 8 * PG, 424242) && same(c, 0));
+	CHECK(fm_pager_move(p, c + 16 * PG, a + SRC * PG, PG) == 0);
+	CHECK(same(c + 16 * PG, src_tag) && same(a + SRC * PG, 0));
+	CHECK(fm_pager_move(p, c + 56 * PG, c + 16 * PG, 8 * PG) == 0);  /* ends at the region's end */
+	CHECK(same(c + 56 * PG, src_tag) && same(c + 16 * PG, 0));
+	CHECK(fm_pager_move(p, c + 55 * PG, c + 16 * PG, 9 * PG) == 0);
+	CHECK(fm_pager_move(p, c + 56 * PG, c + 16 * PG, 9 * PG) == -ENOENT);  /* one page past it */
+	CHECK(fm_pager_move(p, lo + 56 * PG, lo, 9 * PG) == -ENOENT);         /* into the next region */
+	CHECK(fm_pager_unregister(p, lo, 128 * PG) == 0);
+	munmap(lo, 128 * PG);
+}
+
+/*
  * full: memd has room for the source's remote pages and little more, so they
  * come local. copy: the memd_copy knob (remote pages copied by memd, or read
  * and written back by the pager).
@@ -236,6 +266,7 @@ static void exercise(const char *addr, const char *label, const char *transport,
 	}
 	CHECK(bad == 0);
 	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
+	more_regions(p, a, tag[0]);
 	/* Several memds: every copy reached every holder of its source (R of them), unless one died. */
 	if (lose > 0)
 		CHECK(h->stats.memd_servers_lost == 1 && h->stats.memd_servers_live == 1);
