@@ -111,7 +111,7 @@ struct chan_slot {
 
 #define MAX_HANDLERS 16
 #define NSTREAMS 64
-#define MAX_PINS 64
+#define MAX_PINS 1024 /* system calls and futex waits at once (a thread pool's sleepers) */
 #define MAX_HINTS 256
 #define MAX_POOL 64
 #define ZERO_RUN_PAGES 64
@@ -209,6 +209,7 @@ struct fm_pager {
 
 	struct pin pins[MAX_PINS];
 	atomic_int npins;
+	atomic_int pin_top;             /* slots [pin_top, MAX_PINS) were never taken: fm_pinned looks below */
 
 	/*
 	 * Free space whose memory memd keeps for a while (struct fm_dead's

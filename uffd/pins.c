@@ -8,7 +8,11 @@ int fm_pin(struct fm_pager *p, uintptr_t start, uintptr_t end)
 	for (int i = 0; i < MAX_PINS; i++) {
 		uintptr_t zero = 0;
 		if (atomic_compare_exchange_strong(&p->pins[i].start, &zero, start)) {
+			int top = atomic_load(&p->pin_top);
 			atomic_store(&p->pins[i].end, end);
+			/* Before the caller looks at its pages: an evictor that missed the slot claimed first. */
+			while (top <= i && !atomic_compare_exchange_weak(&p->pin_top, &top, i + 1))
+				;
 			atomic_fetch_add(&p->npins, 1);
 			return i;
 		}
@@ -27,9 +31,12 @@ void fm_unpin(struct fm_pager *p, int slot)
 
 int fm_pinned(struct fm_pager *p, uintptr_t addr)
 {
+	int top;
+
 	if (!atomic_load(&p->npins))
 		return 0;
-	for (int i = 0; i < MAX_PINS; i++) {
+	top = atomic_load(&p->pin_top);
+	for (int i = 0; i < top; i++) {
 		uintptr_t s = atomic_load(&p->pins[i].start);
 		/* A slot being filled has its start before its end: count it as covering everything. */
 		if (s && addr >= s) {

@@ -28,14 +28,15 @@
  *                        read unreadable pages, a SIGSEGV, before mprotect was
  *                        covered)
  *   cancel               threads blocked in read() into paged memory and in sem_wait
- *                        on a paged semaphore are cancelled, 100 times, more than the
+ *                        on a paged semaphore are cancelled, 1100 times, more than the
  *                        pin table holds: each gives its pins back (sync, after it,
  *                        needs them), and none stays blocked
  *   sync                 semaphores, mutexes, condition variables, rwlocks and a
  *                        barrier that live in paged memory, used by 8 threads while
  *                        another evicts: glibc aborts ("The futex facility returned
  *                        an unexpected error code") when the kernel's read of a
- *                        waiter's futex word fails with EFAULT (uffd/preload_sync.c)
+ *                        waiter's futex word fails with EFAULT (uffd/preload_sync.c);
+ *                        then 100 sleepers at once, each on a page of its own
  *   raw                  (not in the default set) a raw read(2) system call, which no
  *                        cover sees, into the evicted buffer: prints "raw: efault" or
  *                        "raw: ok" (with faults served in the faulting thread it fails:
@@ -435,6 +436,9 @@ static void *cancel_waiter(void *arg)
 	return NULL;
 }
 
+/* More than the pager's pin table holds (MAX_PINS in uffd/pager_internal.h, 1024): a pin not given back fills it. */
+#define CANCEL_ROUNDS 1100
+
 static void t_cancel(void)
 {
 	sem_t *sem = (sem_t *)(buf + size / 2 + 200 * PAGE);
@@ -445,7 +449,7 @@ static void t_cancel(void)
 		return;
 	}
 	sem_init(sem, 0, 0);
-	for (int k = 0; k < 100; k++) {
+	for (int k = 0; k < CANCEL_ROUNDS; k++) {
 		pthread_t th;
 		void *r;
 
@@ -456,8 +460,8 @@ static void t_cancel(void)
 		pthread_join(th, &r);
 		cancelled += r == PTHREAD_CANCELED;
 	}
-	if (cancelled != 100)
-		FAIL("cancel: %d of 100 threads were cancelled", cancelled);
+	if (cancelled != CANCEL_ROUNDS)
+		FAIL("cancel: %d of %d threads were cancelled", cancelled, CANCEL_ROUNDS);
 	sem_destroy(sem);
 	close(cancel_fds[0]);
 	close(cancel_fds[1]);
@@ -684,6 +688,43 @@ static int sync_held(int kind, uint8_t *page)
 	return vec & 1;
 }
 
+/*
+ * More sleepers at once than the pin table once held (64): a thread pool's
+ * workers, each waiting on a semaphore of its own in paged memory. With
+ * fault=signal every page must stay (an unpinned one could be evicted between
+ * glibc's read of the futex word and the kernel's, and the wait abort).
+ */
+#define SYNC_CROWD 100
+
+static void sync_crowd(uint8_t *at)
+{
+	static struct sync_waiter w[SYNC_CROWD];
+	pthread_t th[SYNC_CROWD];
+	unsigned char vec[SYNC_CROWD];
+	int held = 0;
+
+	for (int k = 0; k < SYNC_CROWD; k++) {
+		w[k] = (struct sync_waiter){ .kind = W_SEM, .page = at + (size_t)k * PAGE };
+		memset(w[k].page, 0, PAGE);
+		sem_init((sem_t *)w[k].page, 0, 0);
+		if (pthread_create(&th[k], NULL, sync_wait, &w[k]))
+			FAIL("sync: pthread_create: %s", strerror(errno));
+	}
+	for (int k = 0; k < SYNC_CROWD; k++)
+		sync_asleep(&w[k]);
+	evict_buf();
+	evict_buf();
+	if (mincore(at, SYNC_CROWD * PAGE, vec))
+		FAIL("sync: mincore: %s", strerror(errno));
+	for (int k = 0; k < SYNC_CROWD; k++) {
+		held += vec[k] & 1;
+		sem_post((sem_t *)w[k].page);
+	}
+	for (int k = 0; k < SYNC_CROWD; k++)
+		pthread_join(th[k], NULL);
+	printf("iotest: sync: %d of %d sleepers at once kept their page\n", held, SYNC_CROWD);
+}
+
 static void t_sync(void)
 {
 	pthread_t th[2 * SYNC_PAIRS], ev;
@@ -727,6 +768,7 @@ static void t_sync(void)
 		held += sync_held(kind, at + (size_t)(SYNC_PAIRS + 2 + kind) * 16 * PAGE);
 	/* fault=signal: all of them (the pins); fault=thread: the kernel waits, nothing is pinned. */
 	printf("iotest: sync: %d of %d waits kept their page\n", held, W_KINDS);
+	sync_crowd(at + 256 * PAGE);
 }
 
 static void t_raw(void)
