@@ -341,8 +341,9 @@ def summary_lines(s: dict) -> list:
               f"{procs}; " + ("; ".join(problems) + "; " if problems else "") + tail)
     lines = [first, second]
     if s.get("swapva_calls"):
-        # A farmem JDK's SwapVA compaction (--gc swapva) moved pages through the pager.
-        lines.append(f"farmem: SwapVA {s['swapva_calls']} moves: {s['swapva_pages_moved']} pages moved "
+        # A farmem JDK's SwapVA compaction (--gc swapva), or the shim's mremap, moved pages through the pager.
+        lines.append(f"farmem: {s['swapva_calls']} page moves (SwapVA compaction, mremap): "
+                     f"{s['swapva_pages_moved']} pages moved "
                      f"(UFFDIO_MOVE), {s['swapva_pages_remote']} remote pages moved inside memd "
                      f"({s.get('swapva_remote_copied', 0)} copied by memd itself: no page bytes on the wire), "
                      f"{s['swapva_pages_fetched']} fetched (memd full), {s['swapva_pages_untouched']} untouched, "
