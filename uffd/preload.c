@@ -944,7 +944,8 @@ EXPORT int munmap(void *addr, size_t len)
 
 /*
  * Call fn with each line of /proc/self/maps, in address order, until it
- * returns nonzero: that value, 0 at the end, -1 when the maps cannot be read.
+ * returns nonzero: that value, 0 at the end, -1 when the maps cannot be read
+ * (fn's values must be other than -1).
  * No allocation: the shim's hooks call it.
  */
 static int maps_each(int (*fn)(const char *line, void *arg), void *arg)
@@ -969,6 +970,10 @@ static int maps_each(int (*fn)(const char *line, void *arg), void *arg)
 			rc = fn(line, arg);
 		}
 		have = (size_t)(buf + have - line);
+		if (have == sizeof(buf) - 1) {
+			rc = -1; /* a line longer than the buffer (a path of thousands of bytes): not read */
+			break;
+		}
 		memmove(buf, line, have);
 	}
 	close(fd);
@@ -981,7 +986,7 @@ struct mapping {
 	int anon_rw;
 };
 
-/* 1: the line's mapping holds m->a (m filled in); -1: a lies in a gap below it. */
+/* 1: the line's mapping holds m->a (m filled in); 2: a lies in a gap below it. */
 static int mapping_at(const char *line, void *arg)
 {
 	struct mapping *m = arg;
@@ -992,19 +997,25 @@ static int mapping_at(const char *line, void *arg)
 	if (sscanf(line, "%lx-%lx %4s %*x %*s %lu %n", &start, &end, perms, &inode, &name) != 4 || end <= m->a)
 		return 0;
 	if (start > m->a)
-		return -1;
+		return 2;
 	m->start = start;
 	m->end = end;
 	m->anon_rw = !strcmp(perms, "rw-p") && !inode && name && !line[name];
 	return 1;
 }
 
-/* 1 when one mapping holds [a, e) (anon_rw: and it is private anonymous read-write memory). */
+/*
+ * 1 when one mapping holds [a, e) (anon_rw: and it is private anonymous
+ * read-write memory), 0 when not, -1 when the maps cannot be read.
+ */
 static int one_mapping(uintptr_t a, uintptr_t e, int anon_rw)
 {
 	struct mapping m = { .a = a };
+	int rc = maps_each(mapping_at, &m);
 
-	return maps_each(mapping_at, &m) == 1 && e <= m.end && (!anon_rw || m.anon_rw);
+	if (rc < 0)
+		return -1;
+	return rc == 1 && e <= m.end && (!anon_rw || m.anon_rw);
 }
 
 /*
@@ -1027,7 +1038,7 @@ static void *grow_by_moving(void *old, size_t old_len, size_t new_len)
 	int ok;
 
 	if (((uintptr_t)old & (PAGE - 1)) || !had || want <= had || want < new_len ||
-	    !one_mapping((uintptr_t)old, (uintptr_t)old + had, 1))
+	    one_mapping((uintptr_t)old, (uintptr_t)old + had, 1) != 1)
 		return NULL;
 	q = sys_mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (q == MAP_FAILED)
@@ -1075,7 +1086,7 @@ static int refused_at_once(const void *old, size_t old_len, size_t new_len, int 
 	    ((uintptr_t)old & (PAGE - 1)) || !new_len || new_len > SIZE_MAX - PAGE)
 		return 1;
 	return !(flags & MREMAP_FIXED) && new_len >= old_len &&
-	       !one_mapping((uintptr_t)old, (uintptr_t)old + old_len, 0);
+	       one_mapping((uintptr_t)old, (uintptr_t)old + old_len, 0) == 0;
 }
 
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
