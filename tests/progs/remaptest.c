@@ -133,6 +133,26 @@ static long status_kib(const char *field)
 	return kib;
 }
 
+/* A call raised the peak resident size (VmHWM, hwm KiB before it) by more than a quarter of size: it brought size home. */
+static int brought_home(const char *what, long hwm, size_t size)
+{
+	if (status_kib("VmHWM") - hwm <= (long)(size >> 10) / 4)
+		return 0;
+	fprintf(stderr, "remaptest: %s raised the peak resident size from %ld to %ld KiB\n", what, hwm,
+		status_kib("VmHWM"));
+	return 1;
+}
+
+/* Just after size bytes were written, more than half of them are resident: they are not paged. */
+static int not_paged(const char *what, size_t size)
+{
+	if (status_kib("RssAnon") <= (long)(size >> 10) / 2)
+		return 0;
+	fprintf(stderr, "remaptest: %s is not paged: %ld KiB resident after writing %zu MiB\n", what,
+		status_kib("RssAnon"), size >> 20);
+	return 1;
+}
+
 /* Whether a failed call said what the kernel said. */
 static int failed_with(const char *what, int failed, int want)
 {
@@ -274,11 +294,8 @@ int main(int argc, char **argv)
 			perror("mremap shrink");
 			return 1;
 		}
-		if (status_kib("VmHWM") - hwm > (long)(size >> 10) / 4) {
-			fprintf(stderr, "remaptest: a shrinking mremap raised the peak resident size from %ld to %ld KiB\n",
-				hwm, status_kib("VmHWM"));
+		if (brought_home("a shrinking mremap", hwm, size))
 			return 1;
-		}
 	}
 	churn(other, pages);
 	if (check("head after shrinking mremap", a, 0, half / 2, 7, 0))
@@ -291,11 +308,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	fill(b, pages, 8);
-	if (status_kib("RssAnon") > (long)(size >> 10) / 2) {
-		fprintf(stderr, "remaptest: a new mapping where a range was let go in parts is not paged: %ld KiB "
-			"resident after writing %zu MiB\n", status_kib("RssAnon"), size >> 20);
+	if (not_paged("a new mapping where a range was let go in parts", size))
 		return 1;
-	}
 	churn(other, pages);
 	if (check("new mapping where the shrunk range was", b, 0, pages, 8, 0))
 		return 1;
@@ -318,21 +332,15 @@ int main(int argc, char **argv)
 			perror("mremap");
 			return 1;
 		}
-		if (status_kib("VmHWM") - hwm > (long)(size >> 10) / 4) {
-			fprintf(stderr, "remaptest: a growing mremap raised the peak resident size from %ld to %ld KiB\n",
-				hwm, status_kib("VmHWM"));
+		if (brought_home("a growing mremap", hwm, size))
 			return 1;
-		}
 	}
 	churn(other, pages);
 	if (check("mremap moved contents", b, 0, pages, 3, 0) || check("mremap tail", b, pages, 128, 0, 0))
 		return 1;
 	fill(b, pages + 128, 9);
-	if (status_kib("RssAnon") > (long)(size >> 10) / 2) {
-		fprintf(stderr, "remaptest: a range mremap grew is not paged: %ld KiB resident after writing %zu MiB\n",
-			status_kib("RssAnon"), size >> 20);
+	if (not_paged("a range mremap grew", size))
 		return 1;
-	}
 	churn(other, pages);
 	if (check("range mremap grew, rewritten", b, 0, pages + 128, 9, 0))
 		return 1;
