@@ -1019,33 +1019,37 @@ static int one_mapping(uintptr_t a, uintptr_t e, int anon_rw)
 }
 
 /*
- * An mremap that may move and grows [old, old+old_len), a paged range that
- * is all of or part of one private anonymous read-write mapping with no
- * name: what the kernel would carry along is its bytes. A new paged mapping
- * takes its pages over where they are (fm_pager_move: resident pages by
- * UFFDIO_MOVE, remote ones inside memd, untouched ones stay untouched), then
- * the old range is let go and unmapped. Nothing comes home, so the budget
- * holds. Where the kernel would have grown the range in place it moves,
- * which MREMAP_MAYMOVE allows. NULL with nothing changed when it cannot (the
- * range spans mappings or regions, or has pages the pager does not manage):
- * the caller goes the general way, and the kernel says what is wrong.
+ * An mremap that moves [old, old+old_len), a paged range that is all of or
+ * part of one private anonymous read-write mapping with no name: what the
+ * kernel would carry along is its bytes. A new paged mapping of new_len (at
+ * `at` with MREMAP_FIXED, else where the kernel puts it) takes its pages over
+ * where they are (fm_pager_move: resident pages by UFFDIO_MOVE, remote ones
+ * inside memd, untouched ones stay untouched), then the old range is let go
+ * and unmapped. Nothing comes home, so the budget holds. Without
+ * MREMAP_FIXED only a growth moves this way, and it moves even where the
+ * kernel would have grown the range in place, which MREMAP_MAYMOVE allows.
+ * NULL with the old range unchanged when it cannot (the range spans
+ * mappings or regions, or has pages the pager does not manage): the caller
+ * goes the general way, and the kernel says what is wrong.
  */
-static void *grow_by_moving(void *old, size_t old_len, size_t new_len)
+static void *move_by_pager(void *old, size_t old_len, size_t new_len, void *at)
 {
 	size_t had = (old_len + PAGE - 1) & ~(size_t)(PAGE - 1);
 	size_t want = (new_len + PAGE - 1) & ~(size_t)(PAGE - 1);
 	void *q;
 	int ok;
 
-	if (((uintptr_t)old & (PAGE - 1)) || !had || want <= had || want < new_len ||
-	    one_mapping((uintptr_t)old, (uintptr_t)old + had, 1) != 1)
+	if (!had || (!at && want <= had) || one_mapping((uintptr_t)old, (uintptr_t)old + had, 1) != 1)
 		return NULL;
-	q = sys_mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	/* MAP_FIXED over paged memory: the pager lets go of it first, as mmap's hook does. */
+	if (at && fm_pager_owns(pager, at, want))
+		fm_pager_unregister(pager, at, want);
+	q = sys_mmap(at, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED : 0), -1, 0);
 	if (q == MAP_FAILED)
 		return NULL;
 	in_farmem++;
 	ok = fm_pager_register(pager, q, want, 0) == 0;
-	if (ok && fm_pager_move(pager, q, old, had) == 0) {
+	if (ok && fm_pager_move(pager, q, old, had < want ? had : want) == 0) {
 		fm_pager_unregister(pager, old, had);
 		syscall(SYS_munmap, old, had);
 	} else {
@@ -1078,12 +1082,17 @@ static int shrinks_in_place(const void *old, size_t old_len, size_t new_len, int
  * is not inside one mapping (EFAULT). A paged range need not come home for
  * them.
  */
-static int refused_at_once(const void *old, size_t old_len, size_t new_len, int flags)
+static int refused_at_once(const void *old, size_t old_len, size_t new_len, int flags, const void *new_addr)
 {
 	const int known = MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP;
 
+	uintptr_t a = (uintptr_t)old, to = (uintptr_t)new_addr;
+
 	if ((flags & ~known) || ((flags & (MREMAP_FIXED | MREMAP_DONTUNMAP)) && !(flags & MREMAP_MAYMOVE)) ||
-	    ((uintptr_t)old & (PAGE - 1)) || !new_len || new_len > SIZE_MAX - PAGE)
+	    (a & (PAGE - 1)) || !new_len || new_len > SIZE_MAX - PAGE || old_len > SIZE_MAX - PAGE)
+		return 1;
+	/* MREMAP_FIXED: a new place that is not aligned or overlaps the old range. */
+	if ((flags & MREMAP_FIXED) && ((to & (PAGE - 1)) || (to < a + old_len && a < to + new_len)))
 		return 1;
 	return !(flags & MREMAP_FIXED) && new_len >= old_len &&
 	       one_mapping((uintptr_t)old, (uintptr_t)old + old_len, 0) == 0;
@@ -1103,6 +1112,8 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		new_addr = va_arg(ap, void *);
 		va_end(ap);
 	}
+	if (paged && refused_at_once(old, old_len, new_len, flags, new_addr))
+		return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
 	if (paged && shrinks_in_place(old, old_len, new_len, flags)) {
 		/*
 		 * The kernel unmaps the tail and moves nothing: a munmap of the
@@ -1116,12 +1127,12 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 			resv_cut((char *)old + keep, old_len - keep);
 		return p;
 	}
-	if (paged && flags == MREMAP_MAYMOVE && (p = grow_by_moving(old, old_len, new_len))) {
+	if (paged && !(flags & MREMAP_DONTUNMAP) && (flags & MREMAP_MAYMOVE) &&
+	    (p = move_by_pager(old, old_len, new_len, flags & MREMAP_FIXED ? new_addr : NULL))) {
 		resv_cut(old, old_len);
+		resv_cut(p, new_len);
 		return p;
 	}
-	if (paged && refused_at_once(old, old_len, new_len, flags))
-		return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
 	if (paged) {
 		/* Bring the range home, let the kernel move plain memory, then page it again. */
 		fm_pager_fetch_all(pager, old, old_len);

@@ -198,6 +198,10 @@ static int failures_say_why(uint8_t *other, size_t pages)
 	errno = 0;
 	if (failed_with("madvise of paged memory with bad advice", madvise(a, size, 12345) != 0, EINVAL))
 		return 1;
+	errno = 0;
+	r = mremap(a, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, a + size / 2);  /* overlapping */
+	if (failed_with("mremap of paged memory onto itself", r == MAP_FAILED, EINVAL))
+		return 1;
 	/* Growing a range that spans two mappings (mprotect split it) is the kernel's EFAULT. */
 	if (mprotect(a + size / 2, size / 2, PROT_READ)) {
 		perror("mprotect");
@@ -345,6 +349,53 @@ int main(int argc, char **argv)
 	if (check("range mremap grew, rewritten", b, 0, pages + 128, 9, 0))
 		return 1;
 	munmap(b, size + 128 * PG);
+
+	/*
+	 * 3b. mremap with MREMAP_FIXED onto paged memory written with other
+	 * bytes, the same size and then half of it: the contents follow, the
+	 * target's old bytes are gone, nothing comes home, the result is paged.
+	 */
+	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	b = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a == MAP_FAILED || b == MAP_FAILED) {
+		perror("mmap");
+		return 1;
+	}
+	fill(a, pages, 10);
+	fill(b, pages, 11);
+	churn(other, pages);
+	{
+		long hwm = status_kib("VmHWM");
+		uint8_t *c = mremap(a, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, b);
+		if (c != b) {
+			perror("mremap fixed");
+			return 1;
+		}
+		if (brought_home("an mremap onto a fixed address", hwm, size))
+			return 1;
+		churn(other, pages);
+		if (check("mremap fixed onto paged memory", b, 0, pages, 10, 0))
+			return 1;
+		a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		munmap(a, size);  /* a free range to move to */
+		hwm = status_kib("VmHWM");
+		if (mremap(b, size, half * PG, MREMAP_MAYMOVE | MREMAP_FIXED, a) != a) {
+			perror("mremap fixed, shrinking");
+			return 1;
+		}
+		if (brought_home("a shrinking mremap to a fixed address", hwm, size))
+			return 1;
+	}
+	churn(other, pages);
+	if (check("mremap fixed, shrinking", a, 0, half, 10, 0))
+		return 1;
+	fill(a, half, 12);
+	if (not_paged("a range mremap moved to a fixed address", half * PG))
+		return 1;
+	churn(other, pages);
+	if (check("range mremap moved to a fixed address, rewritten", a, 0, half, 12, 0))
+		return 1;
+	munmap(a, half * PG);
 
 	/* 4. Big malloc blocks are paged too; calloc after free is zero. */
 	{
