@@ -1451,6 +1451,24 @@ static size_t big_len(const void *p)
 	return len;
 }
 
+/*
+ * A big block that grows: its pages go to the new big block q where they are
+ * (fm_pager_move, as an mremap that grows), not through a copy that would
+ * read every remote page back and write it out again. 0 when they cannot
+ * (q is not a big block, or either is not all paged): the caller copies.
+ */
+static int big_moved(void *q, const void *p, size_t len)
+{
+	int rc;
+
+	if (!pager || atomic_load(&state) != 2 || in_farmem || big_len(q) < len)
+		return 0;
+	in_farmem++;
+	rc = fm_pager_move(pager, q, p, len);
+	in_farmem--;
+	return rc == 0;
+}
+
 /* A block the shim maps itself: a big one, when the program's allocator is glibc's. */
 static int use_big(size_t n)
 {
@@ -1868,7 +1886,8 @@ EXPORT void *realloc(void *p, size_t n)
 		q = malloc(n);
 		if (!q)
 			return NULL;
-		memcpy(q, p, n < old ? n : old);
+		if (!(n > old && big_moved(q, p, old)))
+			memcpy(q, p, n < old ? n : old);
 		big_free(p);
 		return q;
 	}

@@ -397,14 +397,26 @@ int main(int argc, char **argv)
 		return 1;
 	munmap(a, half * PG);
 
-	/* 4. Big malloc blocks are paged too; calloc after free is zero. */
+	/*
+	 * 4. Big malloc blocks are paged too, and one that realloc grows keeps
+	 * its bytes without coming home; calloc after free is zero.
+	 */
 	{
 		uint8_t *m = malloc(size), *c;
+		long hwm;
 		if (!m)
 			return 1;
 		fill(m, pages, 4);
 		churn(other, pages);
 		if (check("malloc block", m, 0, pages, 4, 0))
+			return 1;
+		churn(other, pages);
+		hwm = status_kib("VmHWM");
+		m = realloc(m, size + size / 2);
+		if (!m || brought_home("a realloc that grows a big block", hwm, size))
+			return 1;
+		churn(other, pages);
+		if (check("big block realloc grew", m, 0, pages, 4, 0))
 			return 1;
 		free(m);
 		c = calloc(1, size);
