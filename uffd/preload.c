@@ -1883,7 +1883,16 @@ EXPORT void *realloc(void *p, size_t n)
 	if (old) {
 		if (n <= old && n >= cfg.threshold)
 			return p;
-		q = malloc(n);
+		/*
+		 * A big block that grows is likely to grow again (a buffer appended
+		 * to): half as much again leaves room for the next growths in place,
+		 * in address space only (pages nobody touches cost no memory).
+		 */
+		q = n > old && use_big(n) ? big_alloc(n < old + old / 2 && old / 2 < SIZE_MAX - old ? old + old / 2 : n,
+						      PAGE)
+					  : NULL;
+		if (!q)
+			q = malloc(n);
 		if (!q)
 			return NULL;
 		if (!(n > old && big_moved(q, p, old)))
