@@ -1085,7 +1085,6 @@ static int shrinks_in_place(const void *old, size_t old_len, size_t new_len, int
 static int refused_at_once(const void *old, size_t old_len, size_t new_len, int flags, const void *new_addr)
 {
 	const int known = MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP;
-
 	uintptr_t a = (uintptr_t)old, to = (uintptr_t)new_addr;
 
 	if ((flags & ~known) || ((flags & (MREMAP_FIXED | MREMAP_DONTUNMAP)) && !(flags & MREMAP_MAYMOVE)) ||
@@ -1682,7 +1681,6 @@ out:
 		brk_grew(to - 1, to - 1);
 }
 
-/* The first break (/proc/self/stat's start_brk) and the start of the next mapping above the break. */
 struct above_break {
 	uintptr_t base, cur, *next;
 };
@@ -1700,6 +1698,7 @@ static int first_above_break(const char *line, void *arg)
 	return 1;
 }
 
+/* The first break (/proc/self/stat's start_brk) and the start of the next mapping above the break. */
 static int brk_bounds(uintptr_t *base, uintptr_t *next)
 {
 	char buf[4096], *f;
