@@ -1876,9 +1876,9 @@ EXPORT void *realloc(void *p, size_t n)
 
 	if (arena_owns(p))
 		return arena_realloc(p, n);
-	if (!p && in_farmem)
-		return arena_alloc(n, 16);
-	old = p ? big_len(p) : 0;
+	if (!p)
+		return malloc(n); /* a buffer grown from NULL: big at once, it is paged at once */
+	old = big_len(p);
 	if (old) {
 		if (n <= old && n >= cfg.threshold)
 			return p;

@@ -153,6 +153,9 @@ static int not_paged(const char *what, size_t size)
 	return 1;
 }
 
+/* NULL that the compiler cannot see: realloc(NULL, n) would become malloc(n). */
+static void *volatile no_block;
+
 /* Whether a failed call said what the kernel said. */
 static int failed_with(const char *what, int failed, int want)
 {
@@ -427,6 +430,17 @@ int main(int argc, char **argv)
 			return 1;
 		m = realloc(c, size * 2);
 		if (!m || check("realloc kept zeros", m, 0, pages, 0, 0))
+			return 1;
+		free(m);
+		/* A buffer grown from NULL is a big block at once (it stayed glibc's, unpaged, until session 22). */
+		m = realloc(no_block, size);
+		if (!m)
+			return 1;
+		fill(m, pages, 13);
+		if (not_paged("a big block from realloc(NULL)", size))
+			return 1;
+		churn(other, pages);
+		if (check("big block from realloc(NULL)", m, 0, pages, 13, 0))
 			return 1;
 		free(m);
 	}
