@@ -143,6 +143,24 @@ static int brought_home(const char *what, long hwm, size_t size)
 	return 1;
 }
 
+/*
+ * An mremap that must succeed (at `at` when it is not NULL) and bring
+ * nothing home for a range of size bytes: the new address, or NULL after
+ * saying why.
+ */
+static void *remap_in_budget(const char *what, void *old, size_t old_len, size_t new_len, int flags, void *at,
+			     size_t size)
+{
+	long hwm = status_kib("VmHWM");
+	void *r = mremap(old, old_len, new_len, flags, at);
+
+	if (r == MAP_FAILED || (at && r != at)) {
+		fprintf(stderr, "remaptest: %s: %s\n", what, r == MAP_FAILED ? strerror(errno) : "moved elsewhere");
+		return NULL;
+	}
+	return brought_home(what, hwm, size) ? NULL : r;
+}
+
 /* Just after size bytes were written, more than half of them are resident: they are not paged. */
 static int not_paged(const char *what, size_t size)
 {
@@ -151,6 +169,19 @@ static int not_paged(const char *what, size_t size)
 	fprintf(stderr, "remaptest: %s is not paged: %ld KiB resident after writing %zu MiB\n", what,
 		status_kib("RssAnon"), size >> 20);
 	return 1;
+}
+
+/*
+ * Write n pages at base, which must be paged (not_paged), push them out
+ * with other's, and read them back.
+ */
+static int written_paged(const char *what, uint8_t *base, size_t n, uint64_t salt, uint8_t *other, size_t pages)
+{
+	fill(base, n, salt);
+	if (not_paged(what, n * PG))
+		return 1;
+	churn(other, pages);
+	return check(what, base, 0, n, salt, 0);
 }
 
 /* NULL that the compiler cannot see: realloc(NULL, n) would become malloc(n). */
@@ -295,15 +326,9 @@ int main(int argc, char **argv)
 	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	fill(a, pages, 7);
 	churn(other, pages);
-	{
-		long hwm = status_kib("VmHWM");
-		if (mremap(a, size, half * PG, MREMAP_MAYMOVE) != a || mremap(a, half * PG, half / 2 * PG, 0) != a) {
-			perror("mremap shrink");
-			return 1;
-		}
-		if (brought_home("a shrinking mremap", hwm, size))
-			return 1;
-	}
+	if (!remap_in_budget("a shrinking mremap", a, size, half * PG, MREMAP_MAYMOVE, a, size) ||
+	    !remap_in_budget("a shrinking mremap without MREMAP_MAYMOVE", a, half * PG, half / 2 * PG, 0, a, size))
+		return 1;
 	churn(other, pages);
 	if (check("head after shrinking mremap", a, 0, half / 2, 7, 0))
 		return 1;
@@ -314,11 +339,7 @@ int main(int argc, char **argv)
 		perror("mmap where the shrunk range was");
 		return 1;
 	}
-	fill(b, pages, 8);
-	if (not_paged("a new mapping where a range was let go in parts", size))
-		return 1;
-	churn(other, pages);
-	if (check("new mapping where the shrunk range was", b, 0, pages, 8, 0))
+	if (written_paged("a new mapping where a range was let go in parts", b, pages, 8, other, pages))
 		return 1;
 	munmap(b, size);
 
@@ -330,26 +351,14 @@ int main(int argc, char **argv)
 	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	fill(a, pages, 3);
 	churn(other, pages);
-	{
-		long hwm = status_kib("VmHWM");
-		b = mremap(a, size, size + 64 * PG, MREMAP_MAYMOVE);
-		if (b != MAP_FAILED)
-			b = mremap(b, size + 64 * PG, size + 128 * PG, MREMAP_MAYMOVE);
-		if (b == MAP_FAILED) {
-			perror("mremap");
-			return 1;
-		}
-		if (brought_home("a growing mremap", hwm, size))
-			return 1;
-	}
+	b = remap_in_budget("a growing mremap", a, size, size + 64 * PG, MREMAP_MAYMOVE, NULL, size);
+	if (!b || !(b = remap_in_budget("a growing mremap, again", b, size + 64 * PG, size + 128 * PG, MREMAP_MAYMOVE,
+					 NULL, size)))
+		return 1;
 	churn(other, pages);
 	if (check("mremap moved contents", b, 0, pages, 3, 0) || check("mremap tail", b, pages, 128, 0, 0))
 		return 1;
-	fill(b, pages + 128, 9);
-	if (not_paged("a range mremap grew", size))
-		return 1;
-	churn(other, pages);
-	if (check("range mremap grew, rewritten", b, 0, pages + 128, 9, 0))
+	if (written_paged("a range mremap grew", b, pages + 128, 9, other, pages))
 		return 1;
 	munmap(b, size + 128 * PG);
 
@@ -367,36 +376,20 @@ int main(int argc, char **argv)
 	fill(a, pages, 10);
 	fill(b, pages, 11);
 	churn(other, pages);
-	{
-		long hwm = status_kib("VmHWM");
-		uint8_t *c = mremap(a, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, b);
-		if (c != b) {
-			perror("mremap fixed");
-			return 1;
-		}
-		if (brought_home("an mremap onto a fixed address", hwm, size))
-			return 1;
-		churn(other, pages);
-		if (check("mremap fixed onto paged memory", b, 0, pages, 10, 0))
-			return 1;
-		a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		munmap(a, size);  /* a free range to move to */
-		hwm = status_kib("VmHWM");
-		if (mremap(b, size, half * PG, MREMAP_MAYMOVE | MREMAP_FIXED, a) != a) {
-			perror("mremap fixed, shrinking");
-			return 1;
-		}
-		if (brought_home("a shrinking mremap to a fixed address", hwm, size))
-			return 1;
-	}
+	if (!remap_in_budget("an mremap onto a fixed address", a, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, b, size))
+		return 1;
+	churn(other, pages);
+	if (check("mremap fixed onto paged memory", b, 0, pages, 10, 0))
+		return 1;
+	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	munmap(a, size);  /* a free range to move to */
+	if (!remap_in_budget("a shrinking mremap to a fixed address", b, size, half * PG, MREMAP_MAYMOVE | MREMAP_FIXED,
+			     a, size))
+		return 1;
 	churn(other, pages);
 	if (check("mremap fixed, shrinking", a, 0, half, 10, 0))
 		return 1;
-	fill(a, half, 12);
-	if (not_paged("a range mremap moved to a fixed address", half * PG))
-		return 1;
-	churn(other, pages);
-	if (check("range mremap moved to a fixed address, rewritten", a, 0, half, 12, 0))
+	if (written_paged("a range mremap moved to a fixed address", a, half, 12, other, pages))
 		return 1;
 	munmap(a, half * PG);
 
@@ -436,11 +429,7 @@ int main(int argc, char **argv)
 		m = realloc(no_block, size);
 		if (!m)
 			return 1;
-		fill(m, pages, 13);
-		if (not_paged("a big block from realloc(NULL)", size))
-			return 1;
-		churn(other, pages);
-		if (check("big block from realloc(NULL)", m, 0, pages, 13, 0))
+		if (written_paged("a big block from realloc(NULL)", m, pages, 13, other, pages))
 			return 1;
 		free(m);
 	}
