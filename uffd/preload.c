@@ -1005,23 +1005,25 @@ static int mapping_at(const char *line, void *arg)
 }
 
 /*
- * 1 when one mapping holds [a, e) (anon_rw: and it is private anonymous
- * read-write memory), 0 when not, -1 when the maps cannot be read.
+ * 1 when one mapping holds [a, e), with *anon_rw whether it is private
+ * anonymous read-write memory with no name; 0 when not, -1 when the maps
+ * cannot be read.
  */
-static int one_mapping(uintptr_t a, uintptr_t e, int anon_rw)
+static int one_mapping(uintptr_t a, uintptr_t e, int *anon_rw)
 {
 	struct mapping m = { .a = a };
 	int rc = maps_each(mapping_at, &m);
 
+	*anon_rw = rc == 1 && m.anon_rw;
 	if (rc < 0)
 		return -1;
-	return rc == 1 && e <= m.end && (!anon_rw || m.anon_rw);
+	return rc == 1 && e <= m.end;
 }
 
 /*
  * An mremap that moves [old, old+old_len), a paged range that is all of or
- * part of one private anonymous read-write mapping with no name: what the
- * kernel would carry along is its bytes. A new paged mapping of new_len (at
+ * part of one private anonymous read-write mapping with no name (anon_rw,
+ * from one_mapping): what the kernel would carry along is its bytes. A new paged mapping of new_len (at
  * `at` with MREMAP_FIXED, else where the kernel puts it) takes its pages over
  * where they are (fm_pager_move: resident pages by UFFDIO_MOVE, remote ones
  * inside memd, untouched ones stay untouched), then the old range is let go
@@ -1032,14 +1034,14 @@ static int one_mapping(uintptr_t a, uintptr_t e, int anon_rw)
  * mappings or regions, or has pages the pager does not manage): the caller
  * goes the general way, and the kernel says what is wrong.
  */
-static void *move_by_pager(void *old, size_t old_len, size_t new_len, void *at)
+static void *move_by_pager(void *old, size_t old_len, size_t new_len, void *at, int anon_rw)
 {
 	size_t had = (old_len + PAGE - 1) & ~(size_t)(PAGE - 1);
 	size_t want = (new_len + PAGE - 1) & ~(size_t)(PAGE - 1);
 	void *q;
 	int ok;
 
-	if (!had || (!at && want <= had) || one_mapping((uintptr_t)old, (uintptr_t)old + had, 1) != 1)
+	if (!had || (!at && want <= had) || !anon_rw)
 		return NULL;
 	/* MAP_FIXED over paged memory: the pager lets go of it first, as mmap's hook does. */
 	if (at && fm_pager_owns(pager, at, want))
@@ -1079,10 +1081,11 @@ static int shrinks_in_place(const void *old, size_t old_len, size_t new_len, int
 /*
  * Arguments the kernel refuses before it changes anything (mm/mremap.c): bad
  * flags or alignment (EINVAL), and a range that grows or stays in place but
- * is not inside one mapping (EFAULT). A paged range need not come home for
- * them.
+ * is not inside one mapping (EFAULT; one: one_mapping's answer). A paged
+ * range need not come home for them.
  */
-static int refused_at_once(const void *old, size_t old_len, size_t new_len, int flags, const void *new_addr)
+static int refused_at_once(const void *old, size_t old_len, size_t new_len, int flags, const void *new_addr,
+			   int one)
 {
 	const int known = MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP;
 	uintptr_t a = (uintptr_t)old, to = (uintptr_t)new_addr;
@@ -1093,25 +1096,27 @@ static int refused_at_once(const void *old, size_t old_len, size_t new_len, int 
 	/* MREMAP_FIXED: a new place that is not aligned or overlaps the old range. */
 	if ((flags & MREMAP_FIXED) && ((to & (PAGE - 1)) || (to < a + old_len && a < to + new_len)))
 		return 1;
-	return !(flags & MREMAP_FIXED) && new_len >= old_len &&
-	       one_mapping((uintptr_t)old, (uintptr_t)old + old_len, 0) == 0;
+	return !(flags & MREMAP_FIXED) && new_len >= old_len && one == 0;
 }
 
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 {
 	void *new_addr = NULL, *p;
-	int paged;
+	int paged, one = -1, anon_rw = 0;
 	va_list ap;
 
 	child_wait();
 	paged = pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, old, old_len);
+	/* Whether one mapping holds the range, and of what kind: the maps are read once. */
+	if (paged && old_len <= SIZE_MAX - PAGE)
+		one = one_mapping((uintptr_t)old, (uintptr_t)old + old_len, &anon_rw);
 
 	if (flags & MREMAP_FIXED) {
 		va_start(ap, flags);
 		new_addr = va_arg(ap, void *);
 		va_end(ap);
 	}
-	if (paged && refused_at_once(old, old_len, new_len, flags, new_addr))
+	if (paged && refused_at_once(old, old_len, new_len, flags, new_addr, one))
 		return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
 	if (paged && shrinks_in_place(old, old_len, new_len, flags)) {
 		/*
@@ -1127,7 +1132,7 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		return p;
 	}
 	if (paged && !(flags & MREMAP_DONTUNMAP) && (flags & MREMAP_MAYMOVE) &&
-	    (p = move_by_pager(old, old_len, new_len, flags & MREMAP_FIXED ? new_addr : NULL))) {
+	    (p = move_by_pager(old, old_len, new_len, flags & MREMAP_FIXED ? new_addr : NULL, one == 1 && anon_rw))) {
 		resv_cut(old, old_len);
 		resv_cut(p, new_len);
 		return p;
@@ -1871,7 +1876,7 @@ EXPORT void free(void *p)
 
 EXPORT void *realloc(void *p, size_t n)
 {
-	size_t old;
+	size_t old, room;
 	void *q;
 
 	if (arena_owns(p))
@@ -1883,13 +1888,13 @@ EXPORT void *realloc(void *p, size_t n)
 		if (n <= old && n >= cfg.threshold)
 			return p;
 		/*
-		 * A big block that grows is likely to grow again (a buffer appended
-		 * to): half as much again leaves room for the next growths in place,
-		 * in address space only (pages nobody touches cost no memory).
+		 * Here n > old or n is small. A big block that grows is likely to
+		 * grow again (a buffer appended to): half as much again leaves room
+		 * for the next growths in place, in address space only (pages nobody
+		 * touches cost no memory).
 		 */
-		q = n > old && use_big(n) ? big_alloc(n < old + old / 2 && old / 2 < SIZE_MAX - old ? old + old / 2 : n,
-						      PAGE)
-					  : NULL;
+		room = old + old / 2;
+		q = use_big(n) ? big_alloc(room > n ? room : n, PAGE) : NULL;
 		if (!q)
 			q = malloc(n);
 		if (!q)

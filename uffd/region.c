@@ -479,14 +479,17 @@ static uint64_t map_place(struct fm_pager *p, uint64_t npages)
 	return best;
 }
 
-/* A freed region's state and heat bytes give their memory back (a place for the next one). */
+/*
+ * A freed region's state and heat bytes give their memory back. The next
+ * region there writes its state bytes at registration; its heat bytes it
+ * finds zero, as in a fresh map.
+ */
 static void map_release(struct fm_pager *p, const struct region *r)
 {
 	uint64_t off = (uint64_t)(r->pg - p->map), len = map_extent_len(r->npages);
 
-	if (fallocate(p->map_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(FM_RESMAP_MAP_OFFSET + off),
-		      (off_t)len))
-		memset(r->pg, 0, len);
+	(void)fallocate(p->map_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(FM_RESMAP_MAP_OFFSET + off),
+			(off_t)len);
 	if (r->heat && fm_sys_madvise(r->heat, len, MADV_DONTNEED))
 		memset(r->heat, 0, len);
 }
