@@ -63,6 +63,8 @@ static atomic_int cfg_state;         /* 0 unread, 1 being read, 2 read */
 static struct fm_pager *pager;
 static atomic_int state;             /* 0 idle, 1 starting, 2 running, 4 disabled */
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Signalled, under start_lock, when a forked child's pager has started. */
+static pthread_cond_t child_started = PTHREAD_COND_INITIALIZER;
 /* Set while farmem's own code runs on this thread, and always on the pager's threads. */
 static TLS int in_farmem;
 
@@ -402,12 +404,17 @@ static int hooks_on(void)
  * starting: the ranges it got are being registered, and the shim's books
  * (pager, state) say nothing of them until they are. The eviction that
  * follows (fm_pager_settle) is not waited for: it is the pager's own.
+ * The wait is on child_starting, not on start_lock alone: the new thread
+ * may not have run yet, and then the lock is free although nothing has
+ * been registered.
  */
 static void child_wait(void)
 {
 	if (!atomic_load_explicit(&child_starting, memory_order_acquire) || in_farmem)
 		return;
 	pthread_mutex_lock(&start_lock);
+	while (atomic_load_explicit(&child_starting, memory_order_acquire))
+		pthread_cond_wait(&child_started, &start_lock);
 	pthread_mutex_unlock(&start_lock);
 }
 
@@ -464,6 +471,7 @@ static void *child_pager_main(void *arg)
 		atomic_store(&state, 2);
 	}
 	atomic_store_explicit(&child_starting, 0, memory_order_release);
+	pthread_cond_broadcast(&child_started);
 	pthread_mutex_unlock(&start_lock);
 	if (!rc)
 		fm_pager_settle(p);
@@ -520,6 +528,7 @@ static void fork_child(void)
 	pthread_mutex_unlock(&arena_lock);
 	/* Held by a thread of the parent (one starting a pager) that does not exist here. */
 	pthread_mutex_init(&start_lock, NULL);
+	pthread_cond_init(&child_started, NULL);
 	atomic_store(&child_starting, 0);
 	/*
 	 * The parent's pager is not this process's: its threads do not exist

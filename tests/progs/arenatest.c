@@ -277,6 +277,11 @@ static int fork_reads_heap(void)
 	pid = fork();
 	if (pid == 0) {
 		int bad = check_list(0, rounds);
+		/* A hooked call waits until the child's pager has started (and named its thread). */
+		void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+		if (page != MAP_FAILED)
+			munmap(page, 4096);
 		child_pager_settles();
 		_exit(bad);
 	}
