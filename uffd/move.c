@@ -319,11 +319,26 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 	fm_settled(p);
 }
 
+/* Whether pages [first, first+n) of r are all paged. */
+static int all_managed(const struct region *r, uint64_t first, uint64_t n)
+{
+	for (uint64_t k = first; k < first + n; k++)
+		if (fm_pg_state(pg_load(&r->pg[k])) == FM_PG_UNMANAGED)
+			return 0;
+	return 1;
+}
+
+/*
+ * The source may span regions end to end (an mremap'd range that grew in
+ * place several times is a region per growth): it moves region by region,
+ * each part checked before anything moves.
+ */
 int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len)
 {
 	uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
 	struct region *rd, *rs;
 	uint64_t di, si, n;
+	int rc = 0;
 
 	if (!len || ((d | s | len) & (PG_SIZE - 1)) || d + len < d || s + len < s)
 		return -EINVAL;
@@ -331,28 +346,35 @@ int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len)
 		return -EINVAL; /* overlapping: the caller splits into disjoint chunks */
 	rlock_rd(p);
 	rd = region_of(p, d, len);
-	rs = region_of(p, s, len);
-	if (!rd || !rs) {
-		rlock_un(p);
-		return -ENOENT;
-	}
-	if (rd->alias || rs->alias || rd->uffd != p->uffd || rs->uffd != p->uffd) {
-		/* Shared memory (UFFDIO_MOVE takes private anonymous pages only), or the other userfaultfd. */
-		rlock_un(p);
-		return -EOPNOTSUPP;
-	}
-	di = (d - rd->base) >> PG_SHIFT;
-	si = (s - rs->base) >> PG_SHIFT;
-	n = len >> PG_SHIFT;
-	for (uint64_t k = 0; k < n; k++)
-		if (fm_pg_state(pg_load(&rd->pg[di + k])) == FM_PG_UNMANAGED ||
-		    fm_pg_state(pg_load(&rs->pg[si + k])) == FM_PG_UNMANAGED) {
-			rlock_un(p);
-			return -EINVAL;
+	for (int pass = 0; pass < 2 && !rc; pass++) {
+		for (size_t off = 0; off < len && !rc; off += n << PG_SHIFT) {
+			rs = region_of(p, s + off, PG_SIZE);
+			if (!rd || !rs) {
+				rc = -ENOENT;
+				break;
+			}
+			/* Shared memory (UFFDIO_MOVE takes private anonymous pages only), or the other userfaultfd. */
+			if (rd->alias || rs->alias || rd->uffd != p->uffd || rs->uffd != p->uffd) {
+				rc = -EOPNOTSUPP;
+				break;
+			}
+			di = (d + off - rd->base) >> PG_SHIFT;
+			si = (s + off - rs->base) >> PG_SHIFT;
+			n = (len - off) >> PG_SHIFT;
+			if (n > rs->npages - si)
+				n = rs->npages - si;
+			if (!pass) {
+				if (!all_managed(rd, di, n) || !all_managed(rs, si, n))
+					rc = -EINVAL;
+				continue;
+			}
+			if (!off)
+				STAT_ADD(p, swapva_calls, 1);
+			for (uint64_t k = 0; k < n; k += MOVE_BATCH)
+				move_batch(p, rd, di + k, rs, si + k,
+					   (unsigned)(n - k < MOVE_BATCH ? n - k : MOVE_BATCH));
 		}
-	STAT_ADD(p, swapva_calls, 1);
-	for (uint64_t k = 0; k < n; k += MOVE_BATCH)
-		move_batch(p, rd, di + k, rs, si + k, (unsigned)(n - k < MOVE_BATCH ? n - k : MOVE_BATCH));
+	}
 	rlock_un(p);
-	return 0;
+	return rc;
 }

@@ -1074,6 +1074,41 @@ static void *move_by_pager(void *old, size_t old_len, size_t new_len, void *at, 
 }
 
 /*
+ * The kernel moves the range, or grows it where it is, and the pager's books
+ * go with it (fm_pager_remap): a page in memd stays there, untouched. 1 when
+ * done (*out the new place, or MAP_FAILED with the kernel's errno), 0 when
+ * the call is not one for it (nothing changed). A move that may also stay
+ * tries to grow in place first, as the kernel does.
+ */
+static int remap_by_pager(void *old, size_t old_len, size_t new_len, int flags, void *at, void **out)
+{
+	size_t had = (old_len + PAGE - 1) & ~(size_t)(PAGE - 1);
+	size_t want = (new_len + PAGE - 1) & ~(size_t)(PAGE - 1);
+	int rc = -EOPNOTSUPP;
+
+	if (!had || want < had || (flags & MREMAP_DONTUNMAP))
+		return 0;
+	/* MAP_FIXED over paged memory: the pager lets go of it first, as mmap's hook does. */
+	if (at && fm_pager_owns(pager, at, want))
+		fm_pager_unregister(pager, at, want);
+	in_farmem++;
+	if ((flags & MREMAP_MAYMOVE) && !at && want > had)
+		rc = fm_pager_remap(pager, old, had, want, 0, NULL, out);
+	if (rc && rc != -EOPNOTSUPP && rc != -ENOSPC && (flags & MREMAP_MAYMOVE))
+		rc = -EOPNOTSUPP; /* no room where it is: it moves */
+	if (rc == -EOPNOTSUPP)
+		rc = fm_pager_remap(pager, old, had, want, flags & (MREMAP_MAYMOVE | MREMAP_FIXED), at, out);
+	in_farmem--;
+	if (rc == -EOPNOTSUPP || rc == -ENOSPC)
+		return 0;
+	if (rc) {
+		errno = -rc;
+		*out = MAP_FAILED;
+	}
+	return 1;
+}
+
+/*
  * An mremap that only shrinks [old, old+old_len) where it lies: the kernel
  * unmaps the tail before it looks at anything else, so the call cannot fail
  * after the tail was let go but for the munmap's own ENOMEM (a mapping too
@@ -1138,6 +1173,13 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		p = (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
 		if (p != MAP_FAILED)
 			resv_cut((char *)old + keep, old_len - keep);
+		return p;
+	}
+	if (paged && one == 1 && anon_rw && remap_by_pager(old, old_len, new_len, flags, new_addr, &p)) {
+		if (p != MAP_FAILED) {
+			resv_cut(old, old_len);
+			resv_cut(p, new_len);
+		}
 		return p;
 	}
 	if (paged && !(flags & MREMAP_DONTUNMAP) && (flags & MREMAP_MAYMOVE) &&

@@ -84,7 +84,7 @@ int fm_region_maybe(struct fm_pager *p, uintptr_t addr, uintptr_t end)
 }
 
 /* Recompute the bounds of all live regions. Caller holds rlock for writing. */
-static void bounds(struct fm_pager *p)
+void fm_region_bounds(struct fm_pager *p)
 {
 	uintptr_t lo = UINTPTR_MAX, hi = 0;
 
@@ -419,7 +419,7 @@ void fm_pager_settle(struct fm_pager *p)
  * go again. Page-table entries per 4 KiB (no huge pages for us to split),
  * and no child gets the range but through fork.c, which brings it home first.
  */
-static int uffd_register(const struct region *r, uintptr_t a, size_t len, int minor)
+int fm_region_uffd_register(const struct region *r, uintptr_t a, size_t len, int minor)
 {
 	uint64_t ioctls = 0;
 	int rc;
@@ -494,6 +494,59 @@ static void map_release(struct fm_pager *p, const struct region *r)
 		memset(r->heat, 0, len);
 }
 
+/* The first slot free in the region table and in the map's, or -1. */
+static int free_slot(struct fm_pager *p, int after)
+{
+	for (int i = after + 1; i < FM_RESMAP_SLOTS; i++)
+		if (!p->regions[i].live && !fm_resmap_slot(p->hdr, (unsigned)i)->flags)
+			return i;
+	return -1;
+}
+
+struct region *fm_region_book(struct fm_pager *p, uintptr_t a, uint64_t npages, uint32_t space, int uffd)
+{
+	int slot = free_slot(p, -1);
+	uint64_t at = map_place(p, npages);
+	struct region *r;
+
+	if (slot < 0 || at + map_extent_len(npages) > p->hdr->map_capacity)
+		return NULL;
+	r = &p->regions[slot];
+	*r = (struct region){
+		.base = a, .end = a + (npages << PG_SHIFT), .npages = npages, .space = space, .slot = slot,
+		.pg = p->map + at, .uffd = uffd,
+		.kernel_waits = uffd != p->uffd || !p->in_thread,
+		.heat = p->heat ? p->heat + at : NULL,
+	};
+	return r;
+}
+
+void fm_region_publish(struct fm_pager *p, struct region *r, uint32_t flags)
+{
+	uint64_t at = (uint64_t)(r->pg - p->map);
+
+	*fm_resmap_slot(p->hdr, (unsigned)r->slot) = (struct fm_resmap_region){
+		.base = r->base, .npages = r->npages, .map_offset = FM_RESMAP_MAP_OFFSET + at,
+		.space_id = r->space, .flags = FM_REGION_F_LIVE | flags,
+	};
+	if (at + map_extent_len(r->npages) > p->hdr->map_used)
+		p->hdr->map_used = at + map_extent_len(r->npages);
+	if (r->slot >= p->nregions)
+		p->nregions = r->slot + 1;
+	__atomic_store_n(&p->hdr->nregions, (uint32_t)p->nregions, __ATOMIC_RELEASE);
+	__atomic_store_n(&r->live, 1, __ATOMIC_RELEASE);
+}
+
+void fm_region_retire(struct fm_pager *p, struct region *r, int close_space)
+{
+	if (close_space)
+		fm_xport_space_close(p->x, r->space);
+	fm_shmem_release(r);
+	__atomic_store_n(&r->live, 0, __ATOMIC_RELEASE);
+	fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags = 0;
+	map_release(p, r);
+}
+
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
 {
 	uintptr_t a = (uintptr_t)addr;
@@ -501,8 +554,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	struct region *r = NULL;
 	uint64_t npages = len >> PG_SHIFT, present = 0;
 	uint32_t space;
-	int slot = -1, rc, fd = p->uffd;
-	uint64_t at;
+	int rc, fd = p->uffd;
 
 	if (!len || (a | len) & (PG_SIZE - 1) || (minor && sparse) || (minor && (flags & FM_REG_KERNEL_WAITS)))
 		return -EINVAL;
@@ -527,13 +579,8 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		fm_debug("%p+%zu KiB is not paged: it overlaps a range paged already", addr, len >> 10);
 		return -EEXIST;
 	}
-	for (int i = 0; i < FM_RESMAP_SLOTS; i++)
-		if (!p->regions[i].live && !fm_resmap_slot(p->hdr, (unsigned)i)->flags) {
-			slot = i;
-			break;
-		}
-	at = map_place(p, npages);
-	if (slot < 0 || at + map_extent_len(npages) > p->hdr->map_capacity) {
+	r = fm_region_book(p, a, npages, 0, fd);
+	if (!r) {
 		rlock_un(p);
 		fm_warn("cannot page %zu more bytes at %p: region table full", len, addr);
 		return -ENOSPC;
@@ -544,13 +591,8 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		fm_warn("memd refused a space of %llu pages: %s", (unsigned long long)npages, strerror(-rc));
 		return rc;
 	}
-	r = &p->regions[slot];
-	*r = (struct region){
-		.base = a, .end = a + len, .npages = npages, .space = space, .slot = slot,
-		.pg = p->map + at, .sparse = sparse, .uffd = fd,
-		.kernel_waits = fd != p->uffd || !p->in_thread,
-		.heat = p->heat ? p->heat + at : NULL,
-	};
+	r->space = space;
+	r->sparse = sparse;
 	if (sparse) {
 		/* Nothing of it is paged yet: fm_pager_commit registers its parts as they become memory. */
 		memset(r->pg, FM_PG_UNMANAGED, npages);
@@ -573,9 +615,9 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		atomic_store(&p->lo, a);
 	if (a + len > atomic_load(&p->hi))
 		atomic_store(&p->hi, a + len);
-	rc = uffd_register(r, a, len, minor);
+	rc = fm_region_uffd_register(r, a, len, minor);
 	if (rc) {
-		bounds(p);
+		fm_region_bounds(p);
 		fm_shmem_release(r);
 		rlock_un(p);
 		fm_xport_space_close(p->x, space);
@@ -588,18 +630,8 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	atomic_store(&r->managed, npages);
 	atomic_fetch_add(&p->registered, npages);
 books:
-	*fm_resmap_slot(p->hdr, (unsigned)slot) = (struct fm_resmap_region){
-		.base = a, .npages = npages, .map_offset = FM_RESMAP_MAP_OFFSET + at,
-		.space_id = space,
-		.flags = FM_REGION_F_LIVE | (flags & (FM_REG_HEAP | FM_REG_SHMEM | FM_REG_SPARSE)),
-	};
-	if (at + map_extent_len(npages) > p->hdr->map_used)
-		p->hdr->map_used = at + map_extent_len(npages);
-	if (slot >= p->nregions)
-		p->nregions = slot + 1;
-	__atomic_store_n(&p->hdr->nregions, (uint32_t)p->nregions, __ATOMIC_RELEASE);
-	r->live = 1;
-	bounds(p);
+	fm_region_publish(p, r, flags & (FM_REG_HEAP | FM_REG_SHMEM | FM_REG_SPARSE));
+	fm_region_bounds(p);
 	fm_budget_set(p);
 	rlock_un(p);
 	if (flags & FM_REG_NO_SETTLE)
@@ -660,7 +692,7 @@ long fm_pager_commit(struct fm_pager *p, void *addr, size_t len)
 		uintptr_t s = r->base + (i << PG_SHIFT);
 		size_t n = (size_t)(stop - i) << PG_SHIFT;
 
-		rc = uffd_register(r, s, n, 0);
+		rc = fm_region_uffd_register(r, s, n, 0);
 		if (!rc) {
 			memset(r->pg + i, 0, stop - i);
 			present += adopt_present(r, i, stop - i);
@@ -732,18 +764,14 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 		if (!whole && !r->sparse && run_end(r, 0, r->npages, 1) == r->npages)
 			whole = 1;
 		if (whole) {
-			fm_xport_space_close(p->x, r->space);
-			fm_shmem_release(r);
 			atomic_fetch_sub(&p->registered, r->sparse ? atomic_load(&r->managed) : r->npages);
-			r->live = 0;
-			fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags = 0;
-			map_release(p, r);
+			fm_region_retire(p, r, 1);
 		} else {
 			/* fm_pager_fetch_all held the region for this range only: the rest may leave again. */
 			atomic_store(&r->pinned, 0);
 		}
 	}
-	bounds(p);
+	fm_region_bounds(p);
 	fm_budget_set(p);
 	rlock_un(p);
 	return 0;

@@ -209,7 +209,16 @@ struct fm_pager_stats {
 	 * thread served these (pager.h, FM_REG_KERNEL_WAITS).
 	 */
 	uint64_t heap_faults;
-	uint64_t reserved2[22];
+	/*
+	 * The program's mremaps of paged memory done by the kernel's own mremap
+	 * (uffd/remap.c), each region's books and memd space going with it: its
+	 * resident pages (moved in the page tables) and its pages in memd, which
+	 * stayed in their slots (nothing read, written or copied).
+	 */
+	uint64_t remaps;
+	uint64_t remap_pages_resident;
+	uint64_t remap_pages_kept;
+	uint64_t reserved2[19];
 };
 
 struct fm_resmap_hdr {

@@ -259,6 +259,87 @@ static int failures_say_why(uint8_t *other, size_t pages)
 	return 0;
 }
 
+/*
+ * 3c. Growing where it lies and moving when it cannot: without
+ * MREMAP_MAYMOVE the range grows in place (where there is room) or fails
+ * with ENOMEM, changing nothing; with it, a range with no room after it
+ * moves. Then forty growths of a page each, which the pager books as a
+ * region per growth until it moves them into one. Contents follow, the
+ * tails are zero, nothing comes home, the result is paged.
+ */
+static int grows_in_parts(uint8_t *other, size_t pages)
+{
+	size_t size = pages * PG, len;
+	uint8_t *a, *guard, *b;
+	long hwm;
+
+	/* Room for 64 pages after the range, then a page in the way. */
+	a = mmap(NULL, size + 65 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a == MAP_FAILED) {
+		perror("mmap");
+		return 1;
+	}
+	munmap(a, size + 65 * PG);
+	if (mmap(a, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0) != a) {
+		perror("mmap");
+		return 1;
+	}
+	guard = mmap(a + size + 64 * PG, PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	if (guard != a + size + 64 * PG) {
+		perror("mmap guard");
+		return 1;
+	}
+	fill(a, pages, 14);
+	churn(other, pages);
+	if (remap_in_budget("an mremap that grows in place", a, size, size + 64 * PG, 0, a, size) != a)
+		return 1;
+	hwm = status_kib("VmHWM");
+	errno = 0;
+	if (failed_with("an mremap that cannot grow in place",
+			mremap(a, size + 64 * PG, size + 128 * PG, 0) == MAP_FAILED, ENOMEM) ||
+	    brought_home("an mremap that cannot grow in place", hwm, size))
+		return 1;
+	churn(other, pages);
+	if (check("grown in place", a, 0, pages, 14, 0) || check("tail grown in place", a, pages, 64, 0, 0))
+		return 1;
+	b = remap_in_budget("a growing mremap with no room where it is", a, size + 64 * PG, size + 128 * PG,
+			    MREMAP_MAYMOVE, NULL, size);
+	if (!b)
+		return 1;
+	if (b == a) {
+		fprintf(stderr, "remaptest: an mremap grew over a mapping in its way\n");
+		return 1;
+	}
+	munmap(guard, PG);
+	churn(other, pages);
+	if (check("moved when it could not grow", b, 0, pages, 14, 0) || check("its tail", b, pages, 128, 0, 0))
+		return 1;
+	len = size + 128 * PG;
+	hwm = status_kib("VmHWM");
+	for (int k = 0; k < 40; k++, len += PG) {
+		b = mremap(b, len, len + PG, MREMAP_MAYMOVE);
+		if (b == MAP_FAILED) {
+			perror("remaptest: mremap growing a page");
+			return 1;
+		}
+		b[len + 8] = (uint8_t)k;
+	}
+	if (brought_home("forty growths of a page", hwm, size))
+		return 1;
+	churn(other, pages);
+	if (check("after forty growths", b, 0, pages, 14, 0))
+		return 1;
+	for (int k = 0; k < 40; k++)
+		if (b[size + (128 + (size_t)k) * PG + 8] != (uint8_t)k) {
+			fprintf(stderr, "remaptest: growth %d lost its byte\n", k);
+			return 1;
+		}
+	if (written_paged("a range grown in parts", b, len / PG, 15, other, pages))
+		return 1;
+	munmap(b, len);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	size_t size = 256ul << 20, pages, half;
@@ -361,6 +442,9 @@ int main(int argc, char **argv)
 	if (written_paged("a range mremap grew", b, pages + 128, 9, other, pages))
 		return 1;
 	munmap(b, size + 128 * PG);
+
+	if (grows_in_parts(other, pages))
+		return 1;
 
 	/*
 	 * 3b. mremap with MREMAP_FIXED onto paged memory written with other

@@ -348,6 +348,11 @@ def summary_lines(s: dict) -> list:
                      f"({s.get('swapva_remote_copied', 0)} copied by memd itself: no page bytes on the wire), "
                      f"{s['swapva_pages_fetched']} fetched (memd full), {s['swapva_pages_untouched']} untouched, "
                      f"{s['swapva_pages_copied']} copied")
+    if s.get("remaps"):
+        # The program's mremaps of paged memory, done by the kernel with the books going along (uffd/remap.c).
+        lines.append(f"farmem: {s['remaps']} mremaps of paged memory: {s.get('remap_pages_resident', 0)} resident "
+                     f"pages moved by the kernel, {s.get('remap_pages_kept', 0)} pages in memd stayed in their "
+                     f"slots (none read or copied)")
     return lines
 
 

@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * fm_pager_remap: the program's mremap of paged memory, done by the
+ * kernel's own mremap. The page-table entries move in one call, and each
+ * region's books and memd space go with its pages: a page in memd stays in
+ * its slot, nothing is read, written or copied. (fm_pager_move, the way
+ * before, copies every remote page inside memd: ~200 ms per 256 MiB where
+ * Linux moves swap entries in a millisecond.)
+ *
+ * The pager asks for UFFD_FEATURE_EVENT_REMAP and EVENT_UNMAP, whose events
+ * would hold the mremap until a reader took them (and an unmap event makes
+ * the reader forget the range's pages), so the old range is unregistered
+ * before the kernel moves it: no event. Unregistering drops the pages'
+ * write protection, so each resident page counts as dirty from then on (a
+ * write to it is not seen), and the new range is registered before the
+ * program gets it back. A page of memd is a hole, and moves as a hole.
+ *
+ * In three steps, so that no lock is taken while pages are held (a fault
+ * on a held page waits for it holding the region lock for reading):
+ *
+ *  1. (write lock) Books for the new range, every page FILLING: one region
+ *     per old region, each with the old one's memd space, and for a growth
+ *     a region of its own with a new space.
+ *  2. (read lock) Every old page claimed (FILLING), as a move claims them:
+ *     an eviction in flight finishes first, none starts. The old range
+ *     unregistered, the mremap, the new range registered, its pages given
+ *     the old ones' states; the old pages UNTOUCHED.
+ *  3. (write lock) The old regions go, their spaces staying open.
+ *
+ * A growth in place (no MREMAP_MAYMOVE) moves nothing: step 1 books the
+ * tail, the kernel extends the mapping (which extends its registration),
+ * step 2 registers the tail in the books' name.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "budget.h"
+#include "fm_util.h"
+#include "pager_internal.h"
+#include "region.h"
+#include "uffd_ops.h"
+#include "wait.h"
+
+/* Regions moved at once: a range grown more often than this is moved by fm_pager_move, into one region. */
+#define REMAP_MAX 32
+
+struct remap {
+	uintptr_t old, to;
+	uint64_t had, want;     /* pages */
+	int n;                  /* regions of the range */
+	int moves;              /* to another place (else it grows where it is) */
+	struct region *from[REMAP_MAX], *into[REMAP_MAX];
+	struct region *tail;    /* the growth, or NULL */
+	uint8_t *was;           /* the old pages' bytes, claimed */
+};
+
+/* The live region that starts at a, or NULL. Caller holds rlock. */
+static struct region *region_at(struct fm_pager *p, uintptr_t a)
+{
+	for (int i = 0; i < p->nregions; i++)
+		if (p->regions[i].live && p->regions[i].base == a)
+			return &p->regions[i];
+	return NULL;
+}
+
+/*
+ * The regions that make [old, old + had pages) end to end, each whole,
+ * private anonymous memory with every page paged; 0 when not. Caller
+ * holds rlock.
+ */
+static int gather(struct fm_pager *p, struct remap *m)
+{
+	uintptr_t a = m->old, e = m->old + (m->had << PG_SHIFT);
+
+	m->n = 0;
+	while (a < e) {
+		struct region *r = region_at(p, a);
+
+		if (!r || r->end > e || r->sparse || r->alias || m->n == REMAP_MAX)
+			return 0;
+		for (uint64_t i = 0; i < r->npages; i++)
+			if (fm_pg_state(pg_load(&r->pg[i])) == FM_PG_UNMANAGED)
+				return 0;
+		m->from[m->n++] = r;
+		a = r->end;
+	}
+	return m->n > 0;
+}
+
+/*
+ * Whether paged memory lies in [a, e). Where it is mapped, the range cannot
+ * grow in place: *rc is the kernel's ENOMEM, without asking it (and without
+ * bringing the range home to ask it). A region's pages that were unmapped
+ * (UNMANAGED) are not in the way of the kernel, but are in the books':
+ * *rc -EOPNOTSUPP, the caller goes another way.
+ */
+static int overlaps_paged(struct fm_pager *p, uintptr_t a, uintptr_t e, int *rc)
+{
+	struct fm_overlap o = { 0 };
+	int any = 0;
+
+	*rc = -EOPNOTSUPP;
+	while (fm_overlap_next(p, a, e, &o)) {
+		any = 1;
+		for (uint64_t i = o.first; i < o.first + o.n; i++)
+			if (fm_pg_state(pg_load(&o.r->pg[i])) != FM_PG_UNMANAGED)
+				*rc = -ENOMEM;
+	}
+	return any;
+}
+
+/* Step 1's books go again (the mremap failed, or was never tried). Caller holds rlock for writing. */
+static void unbook(struct fm_pager *p, struct remap *m)
+{
+	for (int k = 0; k < m->n; k++)
+		if (m->into[k])
+			fm_region_retire(p, m->into[k], 0);
+	if (m->tail)
+		fm_region_retire(p, m->tail, 1);
+	fm_region_bounds(p);
+}
+
+static struct region *book(struct fm_pager *p, uintptr_t a, uint64_t npages, uint32_t space, int uffd,
+			   uint32_t flags)
+{
+	struct region *r = fm_region_book(p, a, npages, space, uffd);
+
+	if (!r)
+		return NULL;
+	memset(r->pg, pg_make(FM_PG_FILLING, 0), npages);
+	atomic_store(&r->managed, npages);
+	fm_region_publish(p, r, flags);
+	return r;
+}
+
+/* Step 1. Returns 0, or -EOPNOTSUPP when the range is not for us and -ENOSPC when the books or memd are full. */
+static int book_new(struct fm_pager *p, struct remap *m)
+{
+	uintptr_t tail_at = m->to + (m->had << PG_SHIFT);
+	int rc = 0, in_way;
+
+	rlock_wr(p);
+	if (!gather(p, m)) {
+		rlock_un(p);
+		return -EOPNOTSUPP;
+	}
+	/* Nothing paged where the range goes: the caller let go of what was there (MREMAP_FIXED over paged memory). */
+	if (overlaps_paged(p, m->moves ? m->to : tail_at, m->to + (m->want << PG_SHIFT), &in_way)) {
+		rlock_un(p);
+		return m->moves ? -EOPNOTSUPP : in_way;
+	}
+	for (int k = 0; k < m->n; k++) {
+		struct region *r = m->from[k];
+
+		m->into[k] = !m->moves ? NULL
+			     : book(p, m->to + (r->base - m->old), r->npages, r->space, r->uffd,
+				    fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & ~FM_REGION_F_LIVE);
+		if (m->moves && !m->into[k])
+			rc = -ENOSPC;
+	}
+	if (!rc && m->want > m->had) {
+		struct region *last = m->from[m->n - 1];
+		uint64_t n = m->want - m->had;
+		uint32_t space;
+
+		/* The tail's uffd is its mapping's: extended in place, the kernel registered it with the head's. */
+		if (fm_xport_space_open(p->x, n, &space))
+			rc = -ENOSPC;
+		else if (!(m->tail = book(p, tail_at, n, space, last->uffd, 0))) {
+			fm_xport_space_close(p->x, space);
+			rc = -ENOSPC;
+		}
+	}
+	if (rc)
+		unbook(p, m);
+	else
+		fm_region_bounds(p);
+	rlock_un(p);
+	return rc;
+}
+
+/* Claim page i of r (FILLING) once nobody else holds it; its byte before. */
+static uint8_t claim(struct fm_pager *p, struct region *r, uint64_t i)
+{
+	for (;;) {
+		uint8_t b = fm_settle(p, &r->pg[i]);
+		if (pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
+			return b;
+	}
+}
+
+/* What a page that was b is after the move. */
+static uint8_t moved_byte(uint8_t b)
+{
+	if (fm_pg_is_resident(b))
+		return pg_make(FM_PG_DIRTY, FM_PGF_REF | (b & FM_PGF_HAS_REMOTE));
+	return fm_pg_state(b) == FM_PG_REMOTE ? b : pg_make(FM_PG_UNTOUCHED, 0);
+}
+
+/* Step 2. Returns the new address, or MAP_FAILED with errno (the kernel's): then nothing has moved. */
+static void *move_pages(struct fm_pager *p, struct remap *m)
+{
+	uint64_t off = 0, resident = 0, remote = 0;
+	void *q;
+	int e;
+
+	rlock_rd(p);
+	for (int k = 0; k < m->n && m->moves; k++) {
+		struct region *r = m->from[k];
+		int rc;
+
+		for (uint64_t i = 0; i < r->npages; i++)
+			m->was[off++] = claim(p, r, i);
+		rc = fm_uffd_unregister(r->uffd, r->base, r->npages << PG_SHIFT);
+		if (rc)
+			fm_fatal("UFFDIO_UNREGISTER of %#lx+%llu pages for an mremap failed: %s", (unsigned long)r->base,
+				 (unsigned long long)r->npages, strerror(-rc));
+	}
+	q = (void *)syscall(SYS_mremap, m->old, m->had << PG_SHIFT, m->want << PG_SHIFT,
+			    m->moves ? MREMAP_MAYMOVE | MREMAP_FIXED : 0, m->to);
+	e = errno;
+	if (q == MAP_FAILED || (uintptr_t)q != m->to) {
+		if (q != MAP_FAILED)
+			fm_fatal("mremap moved %#lx to %p, not to %#lx", (unsigned long)m->old, q, (unsigned long)m->to);
+		off = 0;
+		for (int k = 0; k < m->n && m->moves; k++) {
+			struct region *r = m->from[k];
+			int rc = fm_region_uffd_register(r, r->base, r->npages << PG_SHIFT, 0);
+
+			if (rc)
+				fm_fatal("cannot register %#lx+%llu pages again after a failed mremap: %s",
+					 (unsigned long)r->base, (unsigned long long)r->npages, strerror(-rc));
+			/* Unregistering dropped their write protection: resident pages are dirty now. */
+			for (uint64_t i = 0; i < r->npages; i++, off++)
+				pg_release_from(&r->pg[i], FM_PG_FILLING, moved_byte(m->was[off]));
+		}
+		fm_settled(p);
+		rlock_un(p);
+		errno = e;
+		return MAP_FAILED;
+	}
+	off = 0;
+	for (int k = 0; k < m->n && m->moves; k++) {
+		struct region *r = m->from[k], *nr = m->into[k];
+		int rc = fm_region_uffd_register(nr, nr->base, r->npages << PG_SHIFT, 0);
+
+		/* Its remote pages would read as zeros: stop here, not run on. */
+		if (rc)
+			fm_fatal("cannot register %#lx+%llu pages again after an mremap moved them: %s",
+				 (unsigned long)nr->base, (unsigned long long)r->npages, strerror(-rc));
+		if (r->heat && nr->heat)
+			memcpy(nr->heat, r->heat, r->npages);
+		for (uint64_t i = 0; i < r->npages; i++, off++) {
+			uint8_t b = m->was[off];
+
+			resident += fm_pg_is_resident(b);
+			remote += fm_pg_state(b) == FM_PG_REMOTE;
+			pg_release_from(&nr->pg[i], FM_PG_FILLING, moved_byte(b));
+			pg_release_from(&r->pg[i], FM_PG_FILLING, pg_make(FM_PG_UNTOUCHED, 0));
+		}
+	}
+	if (m->tail) {
+		int rc = fm_region_uffd_register(m->tail, m->tail->base, m->tail->npages << PG_SHIFT, 0);
+
+		if (rc)
+			fm_fatal("cannot register the %llu pages an mremap added at %#lx: %s",
+				 (unsigned long long)m->tail->npages, (unsigned long)m->tail->base, strerror(-rc));
+		for (uint64_t i = 0; i < m->tail->npages; i++)
+			pg_release_from(&m->tail->pg[i], FM_PG_FILLING, pg_make(FM_PG_UNTOUCHED, 0));
+	}
+	fm_settled(p);
+	rlock_un(p);
+	STAT_ADD(p, remaps, 1);
+	STAT_ADD(p, remap_pages_resident, resident);
+	STAT_ADD(p, remap_pages_kept, remote);
+	return q;
+}
+
+/* Step 3 (and step 1's undoing). */
+static void let_old_go(struct fm_pager *p, struct remap *m, int moved)
+{
+	rlock_wr(p);
+	if (!moved) {
+		unbook(p, m);
+	} else {
+		for (int k = 0; k < m->n && m->moves; k++) {
+			struct region *r = m->from[k];
+
+			fm_region_retire(p, r, 0);
+			fm_region_gone(p, r->base, r->end);
+		}
+		if (m->tail)
+			atomic_fetch_add(&p->registered, m->tail->npages);
+		fm_region_bounds(p);
+		fm_budget_set(p);
+	}
+	rlock_un(p);
+}
+
+int fm_pager_remap(struct fm_pager *p, void *old, size_t len, size_t new_len, int flags, void *at, void **out)
+{
+	struct remap m = {
+		.old = (uintptr_t)old, .had = len >> PG_SHIFT, .want = new_len >> PG_SHIFT,
+		.moves = !!(flags & MREMAP_MAYMOVE),
+	};
+	void *q, *spot = NULL;
+	int rc;
+
+	if (!len || ((m.old | len | new_len | (uintptr_t)at) & (PG_SIZE - 1)) || new_len < len ||
+	    (flags & ~(MREMAP_MAYMOVE | MREMAP_FIXED)) || !!(flags & MREMAP_FIXED) != !!at)
+		return -EOPNOTSUPP;
+	if (!m.moves && new_len == len) {
+		*out = old; /* the kernel too leaves it as it is */
+		return 0;
+	}
+	if (!m.moves) {
+		m.to = m.old;
+	} else if (at) {
+		m.to = (uintptr_t)at;
+	} else {
+		/* A place of the new size, which the move then takes (MREMAP_FIXED unmaps what is there). */
+		spot = fm_sys_mmap(NULL, new_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (spot == MAP_FAILED)
+			return -ENOSPC;
+		m.to = (uintptr_t)spot;
+	}
+	m.was = m.moves ? malloc(m.had) : NULL;
+	if (m.moves && !m.was) {
+		rc = -ENOSPC;
+		goto out;
+	}
+	rc = book_new(p, &m);
+	if (rc)
+		goto out;
+	q = move_pages(p, &m);
+	rc = q == MAP_FAILED ? -errno : 0;
+	let_old_go(p, &m, q != MAP_FAILED);
+	if (!rc) {
+		spot = NULL; /* the range is there now */
+		*out = q;
+		fm_debug("mremap of %p+%zu KiB to %p+%zu KiB: %d region(s) went with their books", old, len >> 10,
+			 q, new_len >> 10, m.n);
+	}
+out:
+	free(m.was);
+	if (spot)
+		fm_sys_munmap(spot, new_len);
+	return rc;
+}
