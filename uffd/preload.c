@@ -1524,6 +1524,38 @@ static int big_moved(void *q, const void *p, size_t len)
 	return rc == 0;
 }
 
+/*
+ * A big block that grows to n bytes by the kernel's mremap, its books going
+ * along (fm_pager_remap): in place where there is room, else moved; a page
+ * in memd stays in its slot, nothing is copied. NULL when the pager cannot
+ * (the block is not all paged, or already in many parts): the caller moves
+ * the pages into a new block, or copies them.
+ */
+static void *big_remapped(void *p, size_t old, size_t n)
+{
+	size_t len = (n + PAGE - 1) & ~(size_t)(PAGE - 1);
+	void *q = NULL;
+	int rc, i;
+
+	if (!pager || atomic_load(&state) != 2 || in_farmem || len <= old)
+		return NULL;
+	in_farmem++;
+	rc = fm_pager_remap(pager, p, old, len, 0, NULL, &q);
+	if (rc && rc != -EOPNOTSUPP && rc != -ENOSPC)
+		rc = fm_pager_remap(pager, p, old, len, MREMAP_MAYMOVE, NULL, &q);
+	in_farmem--;
+	if (rc)
+		return NULL;
+	pthread_mutex_lock(&big_lock);
+	i = big_find(p);
+	if (i >= 0) {
+		big[i].addr = (uintptr_t)q;
+		big[i].len = len;
+	}
+	pthread_mutex_unlock(&big_lock);
+	return q;
+}
+
 /* A block the shim maps itself: a big one, when the program's allocator is glibc's. */
 static int use_big(size_t n)
 {
@@ -1945,6 +1977,8 @@ EXPORT void *realloc(void *p, size_t n)
 		 * touches cost no memory).
 		 */
 		room = old + old / 2;
+		if (n > old && use_big(n) && (q = big_remapped(p, old, room > n ? room : n)))
+			return q;
 		q = use_big(n) ? big_alloc(room > n ? room : n, PAGE) : NULL;
 		if (!q)
 			q = malloc(n);
