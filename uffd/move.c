@@ -50,16 +50,6 @@ static struct region *region_of(struct fm_pager *p, uintptr_t a, size_t len)
 	return NULL;
 }
 
-/* Wait out a hold, then take the page (FILLING). Returns its byte before. */
-static uint8_t claim(struct fm_pager *p, struct region *r, uint64_t i)
-{
-	for (;;) {
-		uint8_t b = fm_settle(p, &r->pg[i]);
-		if (pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
-			return b;
-	}
-}
-
 /* Copy one present source page to an empty destination, then drop the source. */
 static void copy_page(struct fm_pager *p, uintptr_t dst, uintptr_t src)
 {
@@ -243,9 +233,9 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 	memset(now_remote, 0, sizeof(now_remote));
 
 	for (unsigned k = 0; k < n; k++)
-		db[k] = claim(p, rd, di0 + k);
+		db[k] = fm_claim(p, &rd->pg[di0 + k]);
 	for (unsigned k = 0; k < n; k++)
-		sb[k] = claim(p, rs, si0 + k);
+		sb[k] = fm_claim(p, &rs->pg[si0 + k]);
 
 	/* The destination's old contents are garbage: drop them, no write-back. */
 	for (unsigned k = 0; k < n;) {

@@ -183,16 +183,6 @@ static int book_new(struct fm_pager *p, struct remap *m)
 	return rc;
 }
 
-/* Claim page i of r (FILLING) once nobody else holds it; its byte before. */
-static uint8_t claim(struct fm_pager *p, struct region *r, uint64_t i)
-{
-	for (;;) {
-		uint8_t b = fm_settle(p, &r->pg[i]);
-		if (pg_cas(&r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
-			return b;
-	}
-}
-
 /* What a page that was b is after the move. */
 static uint8_t moved_byte(uint8_t b)
 {
@@ -214,7 +204,7 @@ static void *move_pages(struct fm_pager *p, struct remap *m)
 		int rc;
 
 		for (uint64_t i = 0; i < r->npages; i++)
-			m->was[off++] = claim(p, r, i);
+			m->was[off++] = fm_claim(p, &r->pg[i]);
 		rc = fm_uffd_unregister(r->uffd, r->base, r->npages << PG_SHIFT);
 		if (rc)
 			fm_fatal("UFFDIO_UNREGISTER of %#lx+%llu pages for an mremap failed: %s", (unsigned long)r->base,

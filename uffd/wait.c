@@ -58,3 +58,12 @@ uint8_t fm_settle(struct fm_pager *p, uint8_t *b)
 	}
 	return v;
 }
+
+uint8_t fm_claim(struct fm_pager *p, uint8_t *b)
+{
+	for (;;) {
+		uint8_t v = fm_settle(p, b);
+		if (pg_cas(b, &v, pg_make(FM_PG_FILLING, v)))
+			return v;
+	}
+}

@@ -16,6 +16,8 @@ struct fm_pager;
 
 /* Wait until *b is not a hold; returns the settled byte. */
 uint8_t fm_settle(struct fm_pager *p, uint8_t *b);
+/* Wait out a hold, then take the page (FILLING, its flags kept): an install's or a move's claim. Returns its byte before. */
+uint8_t fm_claim(struct fm_pager *p, uint8_t *b);
 /* The owner of a hold lets the page go as nv (pg_release) and wakes whoever waits. */
 void fm_release(struct fm_pager *p, uint8_t *b, uint8_t held, uint8_t nv);
 /* Wake whoever waits in fm_settle (after stores of settled states made otherwise). */
