@@ -480,18 +480,21 @@ static uint64_t map_place(struct fm_pager *p, uint64_t npages)
 }
 
 /*
- * A freed region's state and heat bytes give their memory back. The next
- * region there writes its state bytes at registration; its heat bytes it
- * finds zero, as in a fresh map.
+ * A freed region's state and heat bytes give their memory back, those of
+ * its extent for npages from byte `from` on (0: all of them; the end of a
+ * shortened region's extent: the rest). The next region there writes its state bytes at
+ * registration; its heat bytes it finds zero, as in a fresh map.
  */
-static void map_release(struct fm_pager *p, const struct region *r)
+static void map_release(struct fm_pager *p, const struct region *r, uint64_t npages, uint64_t from)
 {
-	uint64_t off = (uint64_t)(r->pg - p->map), len = map_extent_len(r->npages);
+	uint64_t off = (uint64_t)(r->pg - p->map) + from, len = map_extent_len(npages) - from;
 
+	if (!len)
+		return;
 	(void)fallocate(p->map_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(FM_RESMAP_MAP_OFFSET + off),
 			(off_t)len);
-	if (r->heat && fm_sys_madvise(r->heat, len, MADV_DONTNEED))
-		memset(r->heat, 0, len);
+	if (r->heat && fm_sys_madvise(r->heat + from, len, MADV_DONTNEED))
+		memset(r->heat + from, 0, len);
 }
 
 /* The first slot free in the region table and in the map's, or -1. */
@@ -544,7 +547,7 @@ void fm_region_retire(struct fm_pager *p, struct region *r, int close_space)
 	fm_shmem_release(r);
 	__atomic_store_n(&r->live, 0, __ATOMIC_RELEASE);
 	fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags = 0;
-	map_release(p, r);
+	map_release(p, r, r->npages, 0);
 }
 
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
@@ -738,6 +741,29 @@ static void uffd_let_go(struct fm_pager *p, const struct fm_overlap *o)
 	}
 }
 
+/*
+ * A region whose last pages were let go (a munmap of its tail, an mremap
+ * that shrank it in place) ends where its mapping ends again: else its
+ * books would still hold the address space after it, and a growth there
+ * (an mremap in place, a new mapping) would overlap them. Caller holds
+ * rlock for writing.
+ */
+static void shorten(struct fm_pager *p, struct region *r)
+{
+	uint64_t n = r->npages, was = r->npages;
+
+	while (n && fm_pg_state(pg_load(&r->pg[n - 1])) == FM_PG_UNMANAGED)
+		n--;
+	if (n == was || !n)
+		return;
+	r->npages = n;
+	r->end = r->base + (n << PG_SHIFT);
+	atomic_store(&r->managed, n);
+	atomic_fetch_sub(&p->registered, was - n);
+	fm_resmap_slot(p->hdr, (unsigned)r->slot)->npages = n;
+	map_release(p, r, was, map_extent_len(n));
+}
+
 int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1);
@@ -769,6 +795,8 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 		} else {
 			/* fm_pager_fetch_all held the region for this range only: the rest may leave again. */
 			atomic_store(&r->pinned, 0);
+			if (!r->sparse)
+				shorten(p, r);
 		}
 	}
 	fm_region_bounds(p);

@@ -56,6 +56,13 @@ struct remap {
 	struct region *from[REMAP_MAX], *into[REMAP_MAX];
 	struct region *tail;    /* the growth, or NULL */
 	uint8_t *was;           /* the old pages' bytes, claimed */
+	/*
+	 * A growth in place: the tail's place, held by a mapping of ours until
+	 * the kernel's call, so that nothing the books' step maps (memd's store
+	 * for the tail's space) lands there and makes the growth fail.
+	 */
+	void *hold;
+	size_t hold_len;
 };
 
 /* The live region that starts at a, or NULL. Caller holds rlock. */
@@ -210,6 +217,10 @@ static void *move_pages(struct fm_pager *p, struct remap *m)
 			fm_fatal("UFFDIO_UNREGISTER of %#lx+%llu pages for an mremap failed: %s", (unsigned long)r->base,
 				 (unsigned long long)r->npages, strerror(-rc));
 	}
+	if (m->hold) {
+		fm_sys_munmap(m->hold, m->hold_len);
+		m->hold = NULL;
+	}
 	q = (void *)syscall(SYS_mremap, m->old, m->had << PG_SHIFT, m->want << PG_SHIFT,
 			    m->moves ? MREMAP_MAYMOVE | MREMAP_FIXED : 0, m->to);
 	e = errno;
@@ -309,6 +320,15 @@ int fm_pager_remap(struct fm_pager *p, void *old, size_t len, size_t new_len, in
 	}
 	if (!m.moves) {
 		m.to = m.old;
+		m.hold_len = new_len - len;
+		m.hold = fm_sys_mmap((void *)(m.old + len), m.hold_len, PROT_NONE,
+				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+		if (m.hold != (void *)(m.old + len)) {
+			/* Something is mapped there: the kernel's answer too. */
+			if (m.hold != MAP_FAILED)
+				fm_sys_munmap(m.hold, m.hold_len);
+			return m.hold == MAP_FAILED && errno != EEXIST ? -ENOSPC : -ENOMEM;
+		}
 	} else if (at) {
 		m.to = (uintptr_t)at;
 	} else {
@@ -339,5 +359,7 @@ out:
 	free(m.was);
 	if (spot)
 		fm_sys_munmap(spot, new_len);
+	if (m.hold)
+		fm_sys_munmap(m.hold, m.hold_len);
 	return rc;
 }

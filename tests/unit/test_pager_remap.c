@@ -5,7 +5,8 @@
  * pages in memd stay in their slots (nothing read back, nothing copied);
  * a range grows in place, then cannot (a paged mapping in the way: ENOMEM,
  * nothing changed); a range of two regions moves to a fixed place; and
- * fm_pager_move takes a source of two regions. Every byte checked after
+ * fm_pager_move takes a source of two regions; a region whose tail was let
+ * go grows back in place. Every byte checked after
  * each step and after everything was pushed out and read back. Calls that
  * are not for it change nothing. Run from the repository root.
  */
@@ -68,6 +69,7 @@ static void exercise(const char *addr, const char *label, const char *transport)
 	uint8_t *a, *q = NULL, *b, *c, *d, *e;
 	uint64_t reads, copies;
 	void *r = NULL;
+	int rc;
 
 	if (!p)
 		return;
@@ -138,6 +140,23 @@ static void exercise(const char *addr, const char *label, const char *transport)
 	CHECK(fm_pager_unregister(p, d, LEN + TAIL) == 0 && fm_pager_unregister(p, c, TAIL) == 0);
 	munmap(d, LEN + TAIL);
 	munmap(c, TAIL);
+
+	/* 5. A region whose tail was let go ends where its mapping does: it grows back in place. */
+	e = unit_region(p, LEN, 0);
+	if (e) {
+		for (uint64_t i = 0; i < N; i++)
+			write_page(e, i, 5);
+		CHECK(fm_pager_unregister(p, e + LEN / 2, LEN / 2) == 0);
+		munmap(e + LEN / 2, LEN / 2);
+		CHECK(fm_pager_owns(p, e, LEN / 2) && !fm_pager_owns(p, e + LEN / 2, LEN / 2));
+		rc = fm_pager_remap(p, e, LEN / 2, LEN, 0, NULL, &r);
+		CHECK(rc == 0 && r == e);
+		if (rc)
+			fprintf(stderr, "test_pager_remap: growing back in place: %s\n", strerror(-rc));
+		CHECK(all_ok(e, N / 2, 5) && (rc || zeros(e + LEN / 2, N / 2)));
+		CHECK(fm_pager_unregister(p, e, LEN) == 0);
+		munmap(e, LEN);
+	}
 	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
 out:
 	fm_pager_stop(p);
