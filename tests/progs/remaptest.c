@@ -28,13 +28,19 @@ static uint64_t pattern(uint64_t page, uint64_t salt, unsigned word)
 	return x ^ (x >> 32);
 }
 
-static void fill(uint8_t *base, size_t pages, uint64_t salt)
+/* Pages [first, first+pages) of base get the pattern of their own page numbers. */
+static void fill_at(uint8_t *base, size_t first, size_t pages, uint64_t salt)
 {
-	for (size_t p = 0; p < pages; p++) {
+	for (size_t p = first; p < first + pages; p++) {
 		uint64_t *w = (uint64_t *)(base + p * PG);
 		for (unsigned k = 0; k < PG / 8; k++)
 			w[k] = pattern(p, salt, k);
 	}
+}
+
+static void fill(uint8_t *base, size_t pages, uint64_t salt)
+{
+	fill_at(base, 0, pages, salt);
 }
 
 static int check(const char *what, const uint8_t *base, size_t first, size_t pages, uint64_t salt, size_t pat_first)
@@ -359,6 +365,63 @@ static int grows_in_parts(uint8_t *other, size_t pages)
 	return 0;
 }
 
+/*
+ * 3d. Moves and growths while another thread keeps the evictor busy: each
+ * round writes new bytes into part of the range (dirty pages, some leaving
+ * as the move begins), moves it, grows it or moves it to a fixed place,
+ * writes again after the move (a write the pager must see though the move
+ * dropped the pages' write protection), and checks every page.
+ */
+static int moves_under_eviction(uint8_t *other, size_t pages)
+{
+	size_t len = pages * PG, n = pages / 8;
+	struct churner c = { .other = other, .pages = pages };
+	uint8_t *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *salt = calloc(pages, 1);
+	pthread_t t;
+	int bad = 0;
+
+	if (a == MAP_FAILED || !salt)
+		return 1;
+	fill(a, pages, 16);
+	memset(salt, 16, pages);
+	if (pthread_create(&t, NULL, churn_until_stopped, &c))
+		return 1;
+	for (unsigned round = 0; round < 6 && !bad; round++) {
+		size_t first = (round * 7919ul) % (pages - 2 * n), second = first + n;
+		uint8_t *b, *to = NULL;
+
+		fill_at(a, first, n, 17 + round);
+		memset(salt + first, 17 + round, n);
+		if (round % 3 == 2) {
+			to = mmap(NULL, len + PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			munmap(to, len + PG);
+			b = mremap(a, len, len + PG, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+		} else {
+			b = mremap(a, len, len + PG, MREMAP_MAYMOVE);
+		}
+		if (b == MAP_FAILED || (to && b != to)) {
+			perror("remaptest: mremap under eviction");
+			bad = 1;
+			break;
+		}
+		a = b;
+		len += PG;
+		/* Written right after the move: the pages it found resident are dirty, not clean. */
+		fill_at(a, second, n, 40 + round);
+		memset(salt + second, 40 + round, n);
+		churn(other, pages);
+		for (size_t p = 0; p < pages && !bad; p++)
+			bad = check("moved under eviction", a, p, 1, salt[p], p);
+		bad = bad || check("grown under eviction", a, pages, len / PG - pages, 0, 0);
+	}
+	atomic_store(&c.stop, 1);
+	pthread_join(t, NULL);
+	munmap(a, len);
+	free(salt);
+	return bad;
+}
+
 int main(int argc, char **argv)
 {
 	size_t size = 256ul << 20, pages, half;
@@ -474,7 +537,7 @@ int main(int argc, char **argv)
 		return 1;
 	munmap(b, size + 128 * PG);
 
-	if (grows_in_parts(other, pages))
+	if (grows_in_parts(other, pages) || moves_under_eviction(other, pages))
 		return 1;
 
 	/*
