@@ -200,7 +200,9 @@ int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len);
  * (uffd/remap.c): [old, old+len) is whole regions end to end, private
  * anonymous, every page paged. With MREMAP_MAYMOVE it moves, grown to
  * new_len (>= len), to `at` (MREMAP_FIXED) or to a place of the pager's
- * choosing; without, it grows where it is. Each region's books and memd
+ * choosing (with MREMAP_DONTUNMAP too, at the same size: the old range
+ * stays paged, empty, with new memd spaces); without, it grows where it
+ * is. Each region's books and memd
  * space go with its pages: nothing is read, written or copied, and a growth
  * is a region of its own. Resident pages count as dirty afterwards (the
  * move drops their write protection). Returns 0 with the new address in

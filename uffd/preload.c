@@ -1086,7 +1086,7 @@ static int remap_by_pager(void *old, size_t old_len, size_t new_len, int flags, 
 	size_t want = (new_len + PAGE - 1) & ~(size_t)(PAGE - 1);
 	int rc = -EOPNOTSUPP;
 
-	if (!had || want < had || (flags & MREMAP_DONTUNMAP))
+	if (!had || want < had || ((flags & MREMAP_DONTUNMAP) && want != had))
 		return 0;
 	/* MAP_FIXED over paged memory: the pager lets go of it first, as mmap's hook does. */
 	if (at && fm_pager_owns(pager, at, want))
@@ -1097,7 +1097,8 @@ static int remap_by_pager(void *old, size_t old_len, size_t new_len, int flags, 
 	if (rc && rc != -EOPNOTSUPP && rc != -ENOSPC && (flags & MREMAP_MAYMOVE))
 		rc = -EOPNOTSUPP; /* no room where it is: it moves */
 	if (rc == -EOPNOTSUPP)
-		rc = fm_pager_remap(pager, old, had, want, flags & (MREMAP_MAYMOVE | MREMAP_FIXED), at, out);
+		rc = fm_pager_remap(pager, old, had, want, flags & (MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP), at,
+				    out);
 	in_farmem--;
 	if (rc == -EOPNOTSUPP || rc == -ENOSPC)
 		return 0;

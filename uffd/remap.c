@@ -27,6 +27,9 @@
  *     the old ones' states; the old pages UNTOUCHED.
  *  3. (write lock) The old regions go, their spaces staying open.
  *
+ * With MREMAP_DONTUNMAP the old range stays mapped, empty: its regions stay,
+ * each with a new memd space, every page untouched.
+ *
  * A growth in place (no MREMAP_MAYMOVE) moves nothing: step 1 books the
  * tail, the kernel extends the mapping (which extends its registration),
  * step 2 registers the tail in the books' name.
@@ -53,6 +56,8 @@ struct remap {
 	uint64_t had, want;     /* pages */
 	int n;                  /* regions of the range */
 	int moves;              /* to another place (else it grows where it is) */
+	int keep_old;           /* MREMAP_DONTUNMAP: the old range stays, empty */
+	uint8_t kept[REMAP_MAX]; /* ... and old region k stays paged, with a new memd space */
 	struct region *from[REMAP_MAX], *into[REMAP_MAX];
 	struct region *tail;    /* the growth, or NULL */
 	uint8_t *was;           /* the old pages' bytes, claimed */
@@ -198,6 +203,30 @@ static uint8_t moved_byte(uint8_t b)
 	return fm_pg_state(b) == FM_PG_REMOTE ? b : pg_make(FM_PG_UNTOUCHED, 0);
 }
 
+/*
+ * MREMAP_DONTUNMAP left r's range mapped and empty (it reads as zeros): it
+ * stays paged with a memd space of its own (its old one went with its
+ * pages), registered again. 0 when it cannot (memd refused a space): step
+ * 3 lets it go, and the range is plain memory. Caller holds rlock and every
+ * page of r (FILLING).
+ */
+static int keep_empty(struct fm_pager *p, struct region *r)
+{
+	uint32_t space;
+
+	if (fm_xport_space_open(p->x, r->npages, &space))
+		return 0;
+	if (fm_region_uffd_register(r, r->base, r->npages << PG_SHIFT, 0)) {
+		fm_xport_space_close(p->x, space);
+		return 0;
+	}
+	r->space = space;
+	fm_resmap_slot(p->hdr, (unsigned)r->slot)->space_id = space;
+	if (r->heat)
+		memset(r->heat, 0, r->npages);
+	return 1;
+}
+
 /* Step 2. Returns the new address, or MAP_FAILED with errno (the kernel's): then nothing has moved. */
 static void *move_pages(struct fm_pager *p, struct remap *m)
 {
@@ -222,7 +251,7 @@ static void *move_pages(struct fm_pager *p, struct remap *m)
 		m->hold = NULL;
 	}
 	q = (void *)syscall(SYS_mremap, m->old, m->had << PG_SHIFT, m->want << PG_SHIFT,
-			    m->moves ? MREMAP_MAYMOVE | MREMAP_FIXED : 0, m->to);
+			    m->moves ? MREMAP_MAYMOVE | MREMAP_FIXED | (m->keep_old ? MREMAP_DONTUNMAP : 0) : 0, m->to);
 	e = errno;
 	if (q == MAP_FAILED || (uintptr_t)q != m->to) {
 		if (q != MAP_FAILED)
@@ -261,8 +290,11 @@ static void *move_pages(struct fm_pager *p, struct remap *m)
 			resident += fm_pg_is_resident(b);
 			remote += fm_pg_state(b) == FM_PG_REMOTE;
 			pg_release_from(&nr->pg[i], FM_PG_FILLING, moved_byte(b));
-			pg_release_from(&r->pg[i], FM_PG_FILLING, pg_make(FM_PG_UNTOUCHED, 0));
 		}
+		if (m->keep_old)
+			m->kept[k] = keep_empty(p, r);
+		for (uint64_t i = 0; i < r->npages; i++)
+			pg_release_from(&r->pg[i], FM_PG_FILLING, pg_make(FM_PG_UNTOUCHED, 0));
 	}
 	if (m->tail) {
 		int rc = fm_region_uffd_register(m->tail, m->tail->base, m->tail->npages << PG_SHIFT, 0);
@@ -291,6 +323,10 @@ static void let_old_go(struct fm_pager *p, struct remap *m, int moved)
 		for (int k = 0; k < m->n && m->moves; k++) {
 			struct region *r = m->from[k];
 
+			if (m->kept[k]) {
+				atomic_fetch_add(&p->registered, r->npages);
+				continue;
+			}
 			fm_region_retire(p, r, 0);
 			fm_region_gone(p, r->base, r->end);
 		}
@@ -306,13 +342,14 @@ int fm_pager_remap(struct fm_pager *p, void *old, size_t len, size_t new_len, in
 {
 	struct remap m = {
 		.old = (uintptr_t)old, .had = len >> PG_SHIFT, .want = new_len >> PG_SHIFT,
-		.moves = !!(flags & MREMAP_MAYMOVE),
+		.moves = !!(flags & MREMAP_MAYMOVE), .keep_old = !!(flags & MREMAP_DONTUNMAP),
 	};
 	void *q, *spot = NULL;
 	int rc;
 
 	if (!len || ((m.old | len | new_len | (uintptr_t)at) & (PG_SIZE - 1)) || new_len < len ||
-	    (flags & ~(MREMAP_MAYMOVE | MREMAP_FIXED)) || !!(flags & MREMAP_FIXED) != !!at)
+	    (flags & ~(MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP)) || !!(flags & MREMAP_FIXED) != !!at ||
+	    (m.keep_old && (!m.moves || new_len != len)))
 		return -EOPNOTSUPP;
 	if (!m.moves && new_len == len) {
 		*out = old; /* the kernel too leaves it as it is */

@@ -18,6 +18,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+
 #define PG 4096ul
 
 static uint64_t pattern(uint64_t page, uint64_t salt, unsigned word)
@@ -539,6 +543,26 @@ int main(int argc, char **argv)
 
 	if (grows_in_parts(other, pages) || moves_under_eviction(other, pages))
 		return 1;
+
+	/*
+	 * 3e. MREMAP_DONTUNMAP: the bytes move, the old range stays mapped and
+	 * reads as zeros, nothing comes home, and both ranges are paged.
+	 */
+	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	fill(a, pages, 18);
+	churn(other, pages);
+	b = remap_in_budget("an mremap with MREMAP_DONTUNMAP", a, size, size, MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL,
+			    size);
+	if (!b)
+		return 1;
+	churn(other, pages);
+	if (check("moved by MREMAP_DONTUNMAP", b, 0, pages, 18, 0) || check("left by MREMAP_DONTUNMAP", a, 0, pages, 0, 0))
+		return 1;
+	if (written_paged("the range MREMAP_DONTUNMAP left", a, pages, 19, other, pages) ||
+	    written_paged("the range MREMAP_DONTUNMAP made", b, pages, 20, other, pages))
+		return 1;
+	munmap(a, size);
+	munmap(b, size);
 
 	/*
 	 * 3b. mremap with MREMAP_FIXED onto paged memory written with other

@@ -6,7 +6,8 @@
  * a range grows in place, then cannot (a paged mapping in the way: ENOMEM,
  * nothing changed); a range of two regions moves to a fixed place; and
  * fm_pager_move takes a source of two regions; a region whose tail was let
- * go grows back in place. Every byte checked after
+ * go grows back in place; MREMAP_DONTUNMAP leaves the old range paged and
+ * empty. Every byte checked after
  * each step and after everything was pushed out and read back. Calls that
  * are not for it change nothing. Run from the repository root.
  */
@@ -156,6 +157,25 @@ static void exercise(const char *addr, const char *label, const char *transport)
 		CHECK(all_ok(e, N / 2, 5) && (rc || zeros(e + LEN / 2, N / 2)));
 		CHECK(fm_pager_unregister(p, e, LEN) == 0);
 		munmap(e, LEN);
+	}
+
+	/* 6. MREMAP_DONTUNMAP: the pages move, the old range stays paged and empty, with a space of its own. */
+	e = unit_region(p, LEN, 0);
+	if (e) {
+		reads = h->stats.remote_reads;
+		for (uint64_t i = 0; i < N; i++)
+			write_page(e, i, 6);
+		CHECK(fm_pager_remap(p, e, LEN, LEN, MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL, &r) == 0 && r != e);
+		CHECK(fm_pager_owns(p, e, LEN) && fm_pager_owns(p, r, LEN));
+		CHECK(zeros(e, N));
+		for (uint64_t i = 0; i < N; i++)
+			write_page(e, i, 7);
+		CHECK(all_ok(r, N, 6) && all_ok(e, N, 7));
+		CHECK(h->stats.remote_reads > reads); /* both were paged out and read back */
+		CHECK(fm_pager_remap(p, r, LEN, LEN + PG, MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL, &r) == -EOPNOTSUPP);
+		CHECK(fm_pager_unregister(p, e, LEN) == 0 && fm_pager_unregister(p, r, LEN) == 0);
+		munmap(e, LEN);
+		munmap(r, LEN);
 	}
 	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
 out:
