@@ -499,6 +499,7 @@ FAKE_MAPPED = textwrap.dedent("""
     h.stats.faults, h.stats.registered_pages, h.stats.resident_pages = 42, 8, 4
     h.stats.local_limit_pages, h.stats.peak_resident_pages, h.stats.adopt_peak_pages = 4, 4, 6
     h.stats.adopt_evictions = 2
+    h.stats.remaps, h.stats.remap_pages_resident, h.stats.remap_pages_kept = 3, 5, 11
     r = h.regions[0]
     r.base, r.npages, r.map_offset, r.flags = 0x7f0000000000, 8, resmap.MAP_OFFSET, 1 | 2 | 8
     h.regions[1].npages = 99                     # a slot not flagged live: not a region
@@ -535,6 +536,7 @@ def test_stat_reads_a_residency_map(tmp_path, capsys):
         status, out, _ = cli(capsys, "stat", proc.pid)
         assert status == 0 and out.startswith(f"pid {proc.pid}: 2 regions") and "region 0x7f0000000000" in out and "region 0x7f1000000000" in out
         assert "(peak 16.0 KiB; 24.0 KiB resident when registered, over the limit: 2 pages evicted at once)" in out
+        assert "mremaps 3: 5 resident pages moved by the kernel, 11 pages in memd stayed in their slots" in out
     finally:
         proc.stdin.close()
         proc.wait(10)

@@ -133,6 +133,7 @@ def test_unmap_remap_and_dontneed_stay_correct(progs, tmp_path, farmem_cmd):
     # growths once a range is 32 regions, move pages where they lie (fm_pager_move, remote ones
     # copied inside memd).
     assert s["remaps"] >= 40 and s["remap_pages_kept"] >= s["remaps"] * 1000, s
+    assert f"farmem: {s['remaps']} mremaps of paged memory: " in r.stderr, r.stderr[-2000:]
     assert s["swapva_calls"] >= 1 and s["swapva_pages_remote"] > 0, s
 
 

@@ -34,6 +34,9 @@ def render(s: dict) -> list:
                      f"{s['swapva_pages_remote']} remote pages moved inside memd "
                      f"({s.get('swapva_remote_copied', 0)} copied by memd itself), {s['swapva_pages_fetched']} "
                      f"fetched, {s['swapva_pages_untouched']} untouched, {s['swapva_pages_copied']} copied")
+    if s.get("remaps"):
+        lines.append(f"mremaps {s['remaps']}: {s.get('remap_pages_resident', 0)} resident pages moved by the "
+                     f"kernel, {s.get('remap_pages_kept', 0)} pages in memd stayed in their slots")
     for r in s["regions"]:
         kinds = f" [{','.join(r['flags'])}]" if r["flags"] else ""
         lines.append(f"  region {r['base']:#x} {fmt_bytes(r['bytes'])}{kinds}: {r['resident']} resident "
