@@ -1125,8 +1125,9 @@ static int shrinks_in_place(const void *old, size_t old_len, size_t new_len, int
 
 /*
  * Arguments the kernel refuses before it changes anything (mm/mremap.c): bad
- * flags or alignment (EINVAL), and a range that grows or stays in place but
- * is not inside one mapping (EFAULT; one: one_mapping's answer). A paged
+ * flags or alignment, MREMAP_DONTUNMAP with a new size (EINVAL), and a
+ * range that grows or stays in place but is not inside one mapping
+ * (EFAULT; one: one_mapping's answer). A paged
  * range need not come home for them.
  */
 static int refused_at_once(const void *old, size_t old_len, size_t new_len, int flags, const void *new_addr,
@@ -1140,6 +1141,9 @@ static int refused_at_once(const void *old, size_t old_len, size_t new_len, int 
 		return 1;
 	/* MREMAP_FIXED: a new place that is not aligned or overlaps the old range. */
 	if ((flags & MREMAP_FIXED) && ((to & (PAGE - 1)) || (to < a + old_len && a < to + new_len)))
+		return 1;
+	/* MREMAP_DONTUNMAP moves, it does not resize. */
+	if ((flags & MREMAP_DONTUNMAP) && old_len != new_len)
 		return 1;
 	return !(flags & MREMAP_FIXED) && new_len >= old_len && one == 0;
 }

@@ -30,9 +30,10 @@
  * With MREMAP_DONTUNMAP the old range stays mapped, empty: its regions stay,
  * each with a new memd space, every page untouched.
  *
- * A growth in place (no MREMAP_MAYMOVE) moves nothing: step 1 books the
- * tail, the kernel extends the mapping (which extends its registration),
- * step 2 registers the tail in the books' name.
+ * A growth in place (no MREMAP_MAYMOVE) moves nothing: the tail's place is
+ * held by a mapping of ours (nothing else is mapped there meanwhile), step 1
+ * books the tail, the hold goes, the kernel extends the mapping (which
+ * extends its registration), step 2 registers the tail in the books' name.
  */
 #include <errno.h>
 #include <stdlib.h>

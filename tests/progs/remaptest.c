@@ -237,6 +237,7 @@ static int failed_with(const char *what, int failed, int want)
 static int failures_say_why(uint8_t *other, size_t pages)
 {
 	size_t size = pages * PG;
+	long hwm;
 	uint8_t *a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	void *r;
 
@@ -260,6 +261,12 @@ static int failures_say_why(uint8_t *other, size_t pages)
 		return 1;
 	errno = 0;
 	if (failed_with("madvise of paged memory with bad advice", madvise(a, size, 12345) != 0, EINVAL))
+		return 1;
+	errno = 0;
+	hwm = peak_from_now();
+	r = mremap(a, size, size + PG, MREMAP_MAYMOVE | MREMAP_DONTUNMAP);  /* it moves, it does not resize */
+	if (failed_with("mremap of paged memory with MREMAP_DONTUNMAP and a new size", r == MAP_FAILED, EINVAL) ||
+	    brought_home("a refused mremap with MREMAP_DONTUNMAP", hwm, size))
 		return 1;
 	errno = 0;
 	r = mremap(a, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, a + size / 2);  /* overlapping */
