@@ -989,10 +989,14 @@ static int maps_each(int (*fn)(const char *line, void *arg), void *arg)
 	return rc;
 }
 
-/* The mapping that holds address a: its bounds, and whether it is private anonymous read-write memory with no name. */
+/* Private anonymous memory with no name: read-write, or read-only (mprotect made it so). */
+#define ANON_RW 1
+#define ANON_RO 2
+
+/* The mapping that holds address a: its bounds, and what kind of anonymous memory it is (ANON_*), or 0. */
 struct mapping {
 	uintptr_t a, start, end;
-	int anon_rw;
+	int anon;
 };
 
 /* 1: the line's mapping holds m->a (m filled in); 2: a lies in a gap below it. */
@@ -1009,21 +1013,23 @@ static int mapping_at(const char *line, void *arg)
 		return 2;
 	m->start = start;
 	m->end = end;
-	m->anon_rw = !strcmp(perms, "rw-p") && !inode && name && !line[name];
+	m->anon = inode || !name || line[name] ? 0
+		  : !strcmp(perms, "rw-p")          ? ANON_RW
+		  : !strcmp(perms, "r--p")          ? ANON_RO
+						    : 0;
 	return 1;
 }
 
 /*
- * 1 when one mapping holds [a, e), with *anon_rw whether it is private
- * anonymous read-write memory with no name; 0 when not, -1 when the maps
- * cannot be read.
+ * 1 when one mapping holds [a, e), with *anon its kind of anonymous memory
+ * (ANON_*, 0 for any other); 0 when not, -1 when the maps cannot be read.
  */
-static int one_mapping(uintptr_t a, uintptr_t e, int *anon_rw)
+static int one_mapping(uintptr_t a, uintptr_t e, int *anon)
 {
 	struct mapping m = { .a = a };
 	int rc = maps_each(mapping_at, &m);
 
-	*anon_rw = rc == 1 && m.anon_rw;
+	*anon = rc == 1 ? m.anon : 0;
 	if (rc < 0)
 		return -1;
 	return rc == 1 && e <= m.end;
@@ -1032,7 +1038,7 @@ static int one_mapping(uintptr_t a, uintptr_t e, int *anon_rw)
 /*
  * An mremap that moves [old, old+old_len), a paged range that is all of or
  * part of one private anonymous read-write mapping with no name (anon_rw,
- * from one_mapping): what the kernel would carry along is its bytes. A new paged mapping of new_len (at
+ * one_mapping's ANON_RW): what the kernel would carry along is its bytes. A new paged mapping of new_len (at
  * `at` with MREMAP_FIXED, else where the kernel puts it) takes its pages over
  * where they are (fm_pager_move: resident pages by UFFDIO_MOVE, remote ones
  * inside memd, untouched ones stay untouched), then the old range is let go
@@ -1151,14 +1157,14 @@ static int refused_at_once(const void *old, size_t old_len, size_t new_len, int 
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 {
 	void *new_addr = NULL, *p;
-	int paged, one = -1, anon_rw = 0;
+	int paged, one = -1, anon = 0;
 	va_list ap;
 
 	child_wait();
 	paged = pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, old, old_len);
 	/* Whether one mapping holds the range, and of what kind: the maps are read once. */
 	if (paged && old_len <= SIZE_MAX - PAGE)
-		one = one_mapping((uintptr_t)old, (uintptr_t)old + old_len, &anon_rw);
+		one = one_mapping((uintptr_t)old, (uintptr_t)old + old_len, &anon);
 
 	if (flags & MREMAP_FIXED) {
 		va_start(ap, flags);
@@ -1180,7 +1186,7 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 			resv_cut((char *)old + keep, old_len - keep);
 		return p;
 	}
-	if (paged && one == 1 && anon_rw && remap_by_pager(old, old_len, new_len, flags, new_addr, &p)) {
+	if (paged && one == 1 && anon && remap_by_pager(old, old_len, new_len, flags, new_addr, &p)) {
 		if (p != MAP_FAILED) {
 			resv_cut(old, old_len);
 			resv_cut(p, new_len);
@@ -1188,7 +1194,8 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		return p;
 	}
 	if (paged && !(flags & MREMAP_DONTUNMAP) && (flags & MREMAP_MAYMOVE) &&
-	    (p = move_by_pager(old, old_len, new_len, flags & MREMAP_FIXED ? new_addr : NULL, one == 1 && anon_rw))) {
+	    (p = move_by_pager(old, old_len, new_len, flags & MREMAP_FIXED ? new_addr : NULL,
+			       one == 1 && anon == ANON_RW))) {
 		resv_cut(old, old_len);
 		resv_cut(p, new_len);
 		return p;

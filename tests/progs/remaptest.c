@@ -572,6 +572,31 @@ int main(int argc, char **argv)
 	munmap(b, size);
 
 	/*
+	 * 3f. A read-only range (mprotect) moves and grows paged too: its bytes
+	 * follow, nothing comes home, and made writable again it is paged.
+	 */
+	a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	fill(a, pages, 21);
+	churn(other, pages);
+	if (mprotect(a, size, PROT_READ)) {
+		perror("mprotect");
+		return 1;
+	}
+	b = remap_in_budget("an mremap of a read-only range", a, size, size + 64 * PG, MREMAP_MAYMOVE, NULL, size);
+	if (!b)
+		return 1;
+	churn(other, pages);
+	if (check("read-only range moved", b, 0, pages, 21, 0) || check("its tail", b, pages, 64, 0, 0))
+		return 1;
+	if (mprotect(b, size + 64 * PG, PROT_READ | PROT_WRITE)) {
+		perror("mprotect");
+		return 1;
+	}
+	if (written_paged("a read-only range that moved, writable again", b, pages, 22, other, pages))
+		return 1;
+	munmap(b, size + 64 * PG);
+
+	/*
 	 * 3b. mremap with MREMAP_FIXED onto paged memory written with other
 	 * bytes, the same size and then half of it: the contents follow, the
 	 * target's old bytes are gone, nothing comes home, the result is paged.
