@@ -129,9 +129,8 @@ def test_unmap_remap_and_dontneed_stay_correct(progs, tmp_path, farmem_cmd):
     # The mremaps that grow or move a range whole, and the reallocs that grow a big block, went by
     # the kernel's mremap with their books (uffd/remap.c): their pages in memd stayed in their
     # slots, none copied (session 23; before, each remote page was copied inside memd, and before
-    # session 22 each range came home). A shrinking move to a fixed place, and the forty one-page
-    # growths once a range is 32 regions, move pages where they lie (fm_pager_move, remote ones
-    # copied inside memd).
+    # session 22 each range came home). A shrinking move to a fixed place moves pages where they lie
+    # (fm_pager_move, remote ones copied inside memd).
     assert s["remaps"] >= 40 and s["remap_pages_kept"] >= s["remaps"] * 1000, s
     assert f"farmem: {s['remaps']} mremaps of paged memory: " in r.stderr, r.stderr[-2000:]
     assert s["swapva_calls"] >= 1 and s["swapva_pages_remote"] > 0, s

@@ -59,6 +59,12 @@ struct region {
 	uintptr_t base;
 	uintptr_t end;
 	uint64_t npages;
+	/*
+	 * Pages its memd space and its place in the map hold (>= npages): a
+	 * range the program grows where it lies grows its last region up to
+	 * this before it needs a region of its own (remap.c).
+	 */
+	uint64_t cap;
 	uint8_t *pg;           /* its state bytes in the residency map */
 	uint8_t *heat;         /* beside them, the evictor's own (evict.h: fm_heat_*), or NULL */
 	uint32_t space;        /* memd space of its remote pages */

@@ -448,7 +448,7 @@ static uint64_t map_extent_len(uint64_t npages)
 }
 
 /*
- * Where a region of npages puts its state bytes: the lowest place that no
+ * Where a region of npages (its cap) puts its state bytes: the lowest place that no
  * live region's extent overlaps, at the start of the map or at the end of
  * a live extent. A program that maps and unmaps big ranges all day would
  * otherwise use up the map (16 TiB registered in all) and hold the state
@@ -465,13 +465,13 @@ static uint64_t map_place(struct fm_pager *p, uint64_t npages)
 
 		if (c >= 0 && !p->regions[c].live)
 			continue;
-		at = c < 0 ? 0 : (uint64_t)(p->regions[c].pg - p->map) + map_extent_len(p->regions[c].npages);
+		at = c < 0 ? 0 : (uint64_t)(p->regions[c].pg - p->map) + map_extent_len(p->regions[c].cap);
 		if (at >= best)
 			continue;
 		for (int i = 0; i < p->nregions && free; i++) {
 			const struct region *r = &p->regions[i];
 			uint64_t off = (uint64_t)(r->pg - p->map);
-			free = !r->live || off + map_extent_len(r->npages) <= at || at + need <= off;
+			free = !r->live || off + map_extent_len(r->cap) <= at || at + need <= off;
 		}
 		if (free)
 			best = at;
@@ -480,21 +480,18 @@ static uint64_t map_place(struct fm_pager *p, uint64_t npages)
 }
 
 /*
- * A freed region's state and heat bytes give their memory back, those of
- * its extent for npages from byte `from` on (0: all of them; the end of a
- * shortened region's extent: the rest). The next region there writes its state bytes at
- * registration; its heat bytes it finds zero, as in a fresh map.
+ * A freed region's state and heat bytes give their memory back (its
+ * extent holds cap of them). The next region there writes its state bytes
+ * at registration; its heat bytes it finds zero, as in a fresh map.
  */
-static void map_release(struct fm_pager *p, const struct region *r, uint64_t npages, uint64_t from)
+static void map_release(struct fm_pager *p, const struct region *r)
 {
-	uint64_t off = (uint64_t)(r->pg - p->map) + from, len = map_extent_len(npages) - from;
+	uint64_t off = (uint64_t)(r->pg - p->map), len = map_extent_len(r->cap);
 
-	if (!len)
-		return;
 	(void)fallocate(p->map_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(FM_RESMAP_MAP_OFFSET + off),
 			(off_t)len);
-	if (r->heat && fm_sys_madvise(r->heat + from, len, MADV_DONTNEED))
-		memset(r->heat + from, 0, len);
+	if (r->heat && fm_sys_madvise(r->heat, len, MADV_DONTNEED))
+		memset(r->heat, 0, len);
 }
 
 /* The first slot free in the region table and in the map's, or -1. */
@@ -506,17 +503,18 @@ static int free_slot(struct fm_pager *p, int after)
 	return -1;
 }
 
-struct region *fm_region_book(struct fm_pager *p, uintptr_t a, uint64_t npages, uint32_t space, int uffd)
+struct region *fm_region_book(struct fm_pager *p, uintptr_t a, uint64_t npages, uint64_t cap, uint32_t space,
+			      int uffd)
 {
 	int slot = free_slot(p, -1);
-	uint64_t at = map_place(p, npages);
+	uint64_t at = map_place(p, cap);
 	struct region *r;
 
-	if (slot < 0 || at + map_extent_len(npages) > p->hdr->map_capacity)
+	if (slot < 0 || cap < npages || at + map_extent_len(cap) > p->hdr->map_capacity)
 		return NULL;
 	r = &p->regions[slot];
 	*r = (struct region){
-		.base = a, .end = a + (npages << PG_SHIFT), .npages = npages, .space = space, .slot = slot,
+		.base = a, .end = a + (npages << PG_SHIFT), .npages = npages, .cap = cap, .space = space, .slot = slot,
 		.pg = p->map + at, .uffd = uffd,
 		.kernel_waits = uffd != p->uffd || !p->in_thread,
 		.heat = p->heat ? p->heat + at : NULL,
@@ -532,8 +530,8 @@ void fm_region_publish(struct fm_pager *p, struct region *r, uint32_t flags)
 		.base = r->base, .npages = r->npages, .map_offset = FM_RESMAP_MAP_OFFSET + at,
 		.space_id = r->space, .flags = FM_REGION_F_LIVE | flags,
 	};
-	if (at + map_extent_len(r->npages) > p->hdr->map_used)
-		p->hdr->map_used = at + map_extent_len(r->npages);
+	if (at + map_extent_len(r->cap) > p->hdr->map_used)
+		p->hdr->map_used = at + map_extent_len(r->cap);
 	if (r->slot >= p->nregions)
 		p->nregions = r->slot + 1;
 	__atomic_store_n(&p->hdr->nregions, (uint32_t)p->nregions, __ATOMIC_RELEASE);
@@ -547,7 +545,7 @@ void fm_region_retire(struct fm_pager *p, struct region *r, int close_space)
 	fm_shmem_release(r);
 	__atomic_store_n(&r->live, 0, __ATOMIC_RELEASE);
 	fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags = 0;
-	map_release(p, r, r->npages, 0);
+	map_release(p, r);
 }
 
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
@@ -582,7 +580,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		fm_debug("%p+%zu KiB is not paged: it overlaps a range paged already", addr, len >> 10);
 		return -EEXIST;
 	}
-	r = fm_region_book(p, a, npages, 0, fd);
+	r = fm_region_book(p, a, npages, npages, 0, fd);
 	if (!r) {
 		rlock_un(p);
 		fm_warn("cannot page %zu more bytes at %p: region table full", len, addr);
@@ -761,7 +759,7 @@ static void shorten(struct fm_pager *p, struct region *r)
 	atomic_store(&r->managed, n);
 	atomic_fetch_sub(&p->registered, was - n);
 	fm_resmap_slot(p->hdr, (unsigned)r->slot)->npages = n;
-	map_release(p, r, was, map_extent_len(n));
+	/* Its space and its place in the map stay: it may grow back (remap.c). */
 }
 
 int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)

@@ -60,7 +60,10 @@ struct remap {
 	int keep_old;           /* MREMAP_DONTUNMAP: the old range stays, empty */
 	uint8_t kept[REMAP_MAX]; /* ... and old region k stays paged, with a new memd space */
 	struct region *from[REMAP_MAX], *into[REMAP_MAX];
-	struct region *tail;    /* the growth, or NULL */
+	struct region *tail;    /* the growth as a region of its own, or NULL */
+	struct region *grown;   /* or the region the growth joined, from page grown_at on */
+	uint64_t grown_at;
+	uint64_t added;         /* pages the growth added */
 	uint8_t *was;           /* the old pages' bytes, claimed */
 	/*
 	 * A growth in place: the tail's place, held by a mapping of ours until
@@ -126,9 +129,20 @@ static int overlaps_paged(struct fm_pager *p, uintptr_t a, uintptr_t e, int *rc)
 	return any;
 }
 
+/* r covers npages now (within its cap). Caller holds rlock for writing. */
+static void resize(struct fm_pager *p, struct region *r, uint64_t npages)
+{
+	r->npages = npages;
+	r->end = r->base + (npages << PG_SHIFT);
+	atomic_store(&r->managed, npages);
+	fm_resmap_slot(p->hdr, (unsigned)r->slot)->npages = npages;
+}
+
 /* Step 1's books go again (the mremap failed, or was never tried). Caller holds rlock for writing. */
 static void unbook(struct fm_pager *p, struct remap *m)
 {
+	if (m->grown && !m->moves)
+		resize(p, m->grown, m->grown_at);
 	for (int k = 0; k < m->n; k++)
 		if (m->into[k])
 			fm_region_retire(p, m->into[k], 0);
@@ -137,10 +151,10 @@ static void unbook(struct fm_pager *p, struct remap *m)
 	fm_region_bounds(p);
 }
 
-static struct region *book(struct fm_pager *p, uintptr_t a, uint64_t npages, uint32_t space, int uffd,
-			   uint32_t flags)
+static struct region *book(struct fm_pager *p, uintptr_t a, uint64_t npages, uint64_t cap, uint32_t space,
+			   int uffd, uint32_t flags)
 {
-	struct region *r = fm_region_book(p, a, npages, space, uffd);
+	struct region *r = fm_region_book(p, a, npages, cap, space, uffd);
 
 	if (!r)
 		return NULL;
@@ -170,20 +184,27 @@ static int book_new(struct fm_pager *p, struct remap *m)
 		struct region *r = m->from[k];
 
 		m->into[k] = !m->moves ? NULL
-			     : book(p, m->to + (r->base - m->old), r->npages, r->space, r->uffd,
+			     : book(p, m->to + (r->base - m->old), r->npages, r->cap, r->space, r->uffd,
 				    fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & ~FM_REGION_F_LIVE);
 		if (m->moves && !m->into[k])
 			rc = -ENOSPC;
 	}
 	if (!rc && m->want > m->had) {
-		struct region *last = m->from[m->n - 1];
-		uint64_t n = m->want - m->had;
+		struct region *last = m->moves ? m->into[m->n - 1] : m->from[m->n - 1];
+		uint64_t n = m->want - m->had, cap = n > m->had / 4 ? n : m->had / 4;
 		uint32_t space;
 
-		/* The tail's uffd is its mapping's: extended in place, the kernel registered it with the head's. */
-		if (fm_xport_space_open(p->x, n, &space))
+		m->added = n;
+		if (last->cap - last->npages >= n) {
+			/* Room in its last region's space: the growth joins it. */
+			m->grown = last;
+			m->grown_at = last->npages;
+			resize(p, last, last->npages + n);
+			memset(last->pg + m->grown_at, pg_make(FM_PG_FILLING, 0), n);
+		} else if (fm_xport_space_open(p->x, cap, &space)) {
 			rc = -ENOSPC;
-		else if (!(m->tail = book(p, tail_at, n, space, last->uffd, 0))) {
+		} else if (!(m->tail = book(p, tail_at, n, cap, space, last->uffd, 0))) {
+			/* The tail's uffd is its mapping's: extended in place, the kernel registered it with the head's. */
 			fm_xport_space_close(p->x, space);
 			rc = -ENOSPC;
 		}
@@ -215,7 +236,7 @@ static int keep_empty(struct fm_pager *p, struct region *r)
 {
 	uint32_t space;
 
-	if (fm_xport_space_open(p->x, r->npages, &space))
+	if (fm_xport_space_open(p->x, r->cap, &space))
 		return 0;
 	if (fm_region_uffd_register(r, r->base, r->npages << PG_SHIFT, 0)) {
 		fm_xport_space_close(p->x, space);
@@ -277,7 +298,7 @@ static void *move_pages(struct fm_pager *p, struct remap *m)
 	off = 0;
 	for (int k = 0; k < m->n && m->moves; k++) {
 		struct region *r = m->from[k], *nr = m->into[k];
-		int rc = fm_region_uffd_register(nr, nr->base, r->npages << PG_SHIFT, 0);
+		int rc = fm_region_uffd_register(nr, nr->base, nr->npages << PG_SHIFT, 0);
 
 		/* Its remote pages would read as zeros: stop here, not run on. */
 		if (rc)
@@ -296,6 +317,20 @@ static void *move_pages(struct fm_pager *p, struct remap *m)
 			m->kept[k] = keep_empty(p, r);
 		for (uint64_t i = 0; i < r->npages; i++)
 			pg_release_from(&r->pg[i], FM_PG_FILLING, pg_make(FM_PG_UNTOUCHED, 0));
+	}
+	if (m->grown) {
+		struct region *g = m->grown;
+		/* Moved, it was registered whole above. */
+		int rc = m->moves ? 0
+				  : fm_region_uffd_register(g, g->base + (m->grown_at << PG_SHIFT),
+							    (g->npages - m->grown_at) << PG_SHIFT, 0);
+
+		if (rc)
+			fm_fatal("cannot register the %llu pages an mremap added at %#lx: %s",
+				 (unsigned long long)(g->npages - m->grown_at),
+				 (unsigned long)(g->base + (m->grown_at << PG_SHIFT)), strerror(-rc));
+		for (uint64_t i = m->grown_at; i < g->npages; i++)
+			pg_release_from(&g->pg[i], FM_PG_FILLING, pg_make(FM_PG_UNTOUCHED, 0));
 	}
 	if (m->tail) {
 		int rc = fm_region_uffd_register(m->tail, m->tail->base, m->tail->npages << PG_SHIFT, 0);
@@ -331,8 +366,7 @@ static void let_old_go(struct fm_pager *p, struct remap *m, int moved)
 			fm_region_retire(p, r, 0);
 			fm_region_gone(p, r->base, r->end);
 		}
-		if (m->tail)
-			atomic_fetch_add(&p->registered, m->tail->npages);
+		atomic_fetch_add(&p->registered, m->added);
 		fm_region_bounds(p);
 		fm_budget_set(p);
 	}

@@ -299,9 +299,9 @@ static int failures_say_why(uint8_t *other, size_t pages)
  * 3c. Growing where it lies and moving when it cannot: without
  * MREMAP_MAYMOVE the range grows in place (where there is room) or fails
  * with ENOMEM, changing nothing; with it, a range with no room after it
- * moves. Then forty growths of a page each, which the pager books as a
- * region per growth until it moves them into one. Contents follow, the
- * tails are zero, nothing comes home, the result is paged.
+ * moves. Then forty growths of a page each, which take up the room left
+ * in the books of the range's last part. Contents follow, the tails are
+ * zero, nothing comes home, the result is paged.
  */
 static int grows_in_parts(uint8_t *other, size_t pages)
 {

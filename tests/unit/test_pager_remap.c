@@ -7,7 +7,8 @@
  * nothing changed); a range of two regions moves to a fixed place; and
  * fm_pager_move takes a source of two regions; a region whose tail was let
  * go grows back in place; MREMAP_DONTUNMAP leaves the old range paged and
- * empty. Every byte checked after
+ * empty; a hundred one-page growths in place take up room their first one
+ * booked. Every byte checked after
  * each step and after everything was pushed out and read back. Calls that
  * are not for it change nothing. Run from the repository root.
  */
@@ -61,6 +62,16 @@ static uint8_t *free_place(size_t len)
 	CHECK(a != MAP_FAILED);
 	munmap(a, len);
 	return a;
+}
+
+/* Live regions in the residency map. */
+static unsigned live_regions(const struct fm_resmap_hdr *h)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < h->nregions; i++)
+		n += !!(fm_resmap_slot_ro(h, i)->flags & FM_REGION_F_LIVE);
+	return n;
 }
 
 static void exercise(const char *addr, const char *label, const char *transport)
@@ -177,6 +188,31 @@ static void exercise(const char *addr, const char *label, const char *transport)
 		munmap(e, LEN);
 		munmap(r, LEN);
 	}
+
+	/*
+	 * 7. A hundred growths of a page where the range lies: the first books
+	 * room for more (a quarter of the range), the others take it up. One
+	 * region more, not a hundred.
+	 */
+	e = free_place(2 * LEN);
+	CHECK(mmap(e, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0) == e);
+	CHECK(fm_pager_register(p, e, LEN, 0) == 0);
+	{
+		unsigned before = live_regions(h);
+
+		for (uint64_t i = 0; i < N; i++)
+			write_page(e, i, 8);
+		for (uint64_t k = 0; k < 100; k++) {
+			CHECK(fm_pager_remap(p, e, LEN + k * PG, LEN + (k + 1) * PG, 0, NULL, &r) == 0 && r == e);
+			write_page(e, N + k, 9);
+		}
+		CHECK(live_regions(h) == before + 1);
+		CHECK(all_ok(e, N, 8));
+		for (uint64_t k = 0; k < 100; k++)
+			CHECK(page_ok(e, N + k, 9));
+	}
+	CHECK(fm_pager_unregister(p, e, LEN + 100 * PG) == 0);
+	munmap(e, LEN + 100 * PG);
 	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
 out:
 	fm_pager_stop(p);
