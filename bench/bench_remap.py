@@ -8,10 +8,10 @@ farmem, and under an earlier build of farmem given with --before (a build direct
 worktree's build/ made with `make c`).
 
     python3 bench/bench_remap.py [--workload resize|bytearray] [--mib 256] [--grows 4]
-                                 [--step-mib 16] [--local 32M] [--times 3]
+                                 [--step-mib 16 | --step-kib 4] [--local 32M] [--times 3]
                                  [--before /tmp/wprev/build] [--json out.json]
 
-resize writes every page of a --mib map, grows it --grows times by --step-mib, then checks every
+resize writes every page of a --mib map, grows it --grows times by --step-mib (or --step-kib), then checks every
 page (its number in its first word, zeros in what was added). bytearray appends --mib chunks of
 1 MiB, each with its number in its last byte, then checks them. Each reports the time of the
 growing alone and the process's peak resident size (ru_maxrss); farmem's summary gives the
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 RESIZE = r"""
 import json, mmap, resource, sys, time
-n, grows, step = int(sys.argv[1]) << 20, int(sys.argv[2]), int(sys.argv[3]) << 20
+n, grows, step = int(sys.argv[1]) << 20, int(sys.argv[2]), int(sys.argv[3]) << 10
 m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 for i in range(0, n, 4096):
     m[i:i + 8] = (i // 4096).to_bytes(8, "little")
@@ -83,15 +83,17 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256, help="the map's first size, or the bytearray's, MiB")
     ap.add_argument("--grows", type=int, default=4)
     ap.add_argument("--step-mib", type=int, default=16, help="each growth, MiB")
+    ap.add_argument("--step-kib", type=int, help="each growth, KiB (instead of --step-mib)")
     ap.add_argument("--local", default="32M", help="farmem's local budget")
     ap.add_argument("--times", type=int, default=3, help="rounds (the median is reported)")
     ap.add_argument("--before", help="an earlier farmem build directory to compare with")
     ap.add_argument("--json", help="write the raw figures here")
     a = ap.parse_args()
+    step_kib = a.step_kib if a.step_kib else a.step_mib << 10
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / f"{a.workload}.py"
         work.write_text(WORKLOADS[a.workload])
-        prog = [sys.executable, str(work), str(a.mib), str(a.grows), str(a.step_mib)]
+        prog = [sys.executable, str(work), str(a.mib), str(a.grows), str(step_kib)]
         configs = {"without farmem": None, "Linux swap": "kswap", "farmem": {}}
         if a.before:
             configs["farmem before"] = {"FARMEM_BUILD": a.before}
@@ -115,7 +117,7 @@ def main() -> None:
                 print("  ", json.dumps(got), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
-    what = (f"mmap.resize of a {a.mib} MiB anonymous map (every page written), {a.grows} grows of {a.step_mib} MiB"
+    what = (f"mmap.resize of a {a.mib} MiB anonymous map (every page written), {a.grows} grows of {step_kib} KiB"
             if a.workload == "resize" else f"a bytearray grown to {a.mib} MiB, 1 MiB at a time")
     print(f"\n{what}; farmem and Linux swap at --local {a.local}; median of {a.times}\n")
     print("| run | grows, ms | ru_maxrss, MiB | pager's peak resident, MiB | remote reads | remote writes |")
