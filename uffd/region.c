@@ -495,9 +495,9 @@ static void map_release(struct fm_pager *p, const struct region *r)
 }
 
 /* The first slot free in the region table and in the map's, or -1. */
-static int free_slot(struct fm_pager *p, int after)
+static int free_slot(struct fm_pager *p)
 {
-	for (int i = after + 1; i < FM_RESMAP_SLOTS; i++)
+	for (int i = 0; i < FM_RESMAP_SLOTS; i++)
 		if (!p->regions[i].live && !fm_resmap_slot(p->hdr, (unsigned)i)->flags)
 			return i;
 	return -1;
@@ -506,7 +506,7 @@ static int free_slot(struct fm_pager *p, int after)
 struct region *fm_region_book(struct fm_pager *p, uintptr_t a, uint64_t npages, uint64_t cap, uint32_t space,
 			      int uffd)
 {
-	int slot = free_slot(p, -1);
+	int slot = free_slot(p);
 	uint64_t at = map_place(p, cap);
 	struct region *r;
 
