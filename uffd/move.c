@@ -336,10 +336,12 @@ int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len)
 		return -EINVAL; /* overlapping: the caller splits into disjoint chunks */
 	rlock_rd(p);
 	rd = region_of(p, d, len);
+	if (!rd)
+		rc = -ENOENT;
 	for (int pass = 0; pass < 2 && !rc; pass++) {
 		for (size_t off = 0; off < len && !rc; off += n << PG_SHIFT) {
 			rs = region_of(p, s + off, PG_SIZE);
-			if (!rd || !rs) {
+			if (!rs) {
 				rc = -ENOENT;
 				break;
 			}

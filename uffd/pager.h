@@ -182,8 +182,8 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
 /*
  * A collector moves [src, src+len) to [dst, dst+len) (SwapVA compaction):
  * page-aligned, disjoint, dst inside one registered region, src inside one
- * or several end to end (the shim's mremap of a range grown in parts). Afterwards dst
- * holds src's bytes and src reads as zeros. Resident pages move with
+ * or several end to end (the shim's mremap of a range grown in parts).
+ * Afterwards dst holds src's bytes and src reads as zeros. Resident pages move with
  * UFFDIO_MOVE (no copy), remote pages stay remote (memd copies them to dst's
  * slot; when memd is full they come from memd straight to dst),
  * untouched ones stay untouched; dst's old contents are dropped. Call it only
@@ -202,18 +202,18 @@ int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len);
  * new_len (>= len), to `at` (MREMAP_FIXED) or to a place of the pager's
  * choosing (with MREMAP_DONTUNMAP too, at the same size: the old range
  * stays paged, empty, with new memd spaces); without, it grows where it
- * is. Each region's books and memd
- * space go with its pages: nothing is read, written or copied, and a growth
- * is a region of its own. Resident pages count as dirty afterwards (the
- * move drops their write protection). Returns 0 with the new address in
+ * is. Each region's books and memd space go with its pages: nothing is
+ * read, written or copied. A growth takes up room its range's last region
+ * has (its cap), or is a region of its own with room for more. Resident
+ * pages count as dirty afterwards (the move drops their write protection). Returns 0 with the new address in
  * *out, or, with nothing changed:
  *   -EOPNOTSUPP  not a call for it (a shrink, other flags, a range that is
  *                not whole regions or is more than 32 of them, paged
  *                memory at the new place): the caller moves it another way;
  *   -ENOSPC      its books, memd or its own memory are full: the same;
  *   -errno       the kernel's refusal (-ENOMEM, also without asking the
- *                kernel when paged memory is in the way of a growth in
- *                place).
+ *                kernel when something is mapped in the way of a growth
+ *                in place).
  */
 int fm_pager_remap(struct fm_pager *p, void *old, size_t len, size_t new_len, int flags, void *at, void **out);
 

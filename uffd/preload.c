@@ -1038,7 +1038,8 @@ static int one_mapping(uintptr_t a, uintptr_t e, int *anon)
 /*
  * An mremap that moves [old, old+old_len), a paged range that is all of or
  * part of one private anonymous read-write mapping with no name (anon_rw,
- * one_mapping's ANON_RW): what the kernel would carry along is its bytes. A new paged mapping of new_len (at
+ * one_mapping's ANON_RW): what the kernel would carry along is its bytes.
+ * A new paged mapping of new_len (at
  * `at` with MREMAP_FIXED, else where the kernel puts it) takes its pages over
  * where they are (fm_pager_move: resident pages by UFFDIO_MOVE, remote ones
  * inside memd, untouched ones stay untouched), then the old range is let go
@@ -1098,10 +1099,11 @@ static int remap_by_pager(void *old, size_t old_len, size_t new_len, int flags, 
 	if (at && fm_pager_owns(pager, at, want))
 		fm_pager_unregister(pager, at, want);
 	in_farmem++;
-	if ((flags & MREMAP_MAYMOVE) && !at && want > had)
+	if ((flags & MREMAP_MAYMOVE) && !at && want > had) {
 		rc = fm_pager_remap(pager, old, had, want, 0, NULL, out);
-	if (rc && rc != -EOPNOTSUPP && rc != -ENOSPC && (flags & MREMAP_MAYMOVE))
-		rc = -EOPNOTSUPP; /* no room where it is: it moves */
+		if (rc && rc != -ENOSPC)
+			rc = -EOPNOTSUPP; /* no room where it is: it moves */
+	}
 	if (rc == -EOPNOTSUPP)
 		rc = fm_pager_remap(pager, old, had, want, flags & (MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP), at,
 				    out);
@@ -1133,8 +1135,8 @@ static int shrinks_in_place(const void *old, size_t old_len, size_t new_len, int
  * Arguments the kernel refuses before it changes anything (mm/mremap.c): bad
  * flags or alignment, MREMAP_DONTUNMAP with a new size (EINVAL), and a
  * range that grows or stays in place but is not inside one mapping
- * (EFAULT; one: one_mapping's answer). A paged
- * range need not come home for them.
+ * (EFAULT; one: one_mapping's answer). A paged range need not come home
+ * for them.
  */
 static int refused_at_once(const void *old, size_t old_len, size_t new_len, int flags, const void *new_addr,
 			   int one)
@@ -1547,16 +1549,10 @@ static void *big_remapped(void *p, size_t old, size_t n)
 {
 	size_t len = (n + PAGE - 1) & ~(size_t)(PAGE - 1);
 	void *q = NULL;
-	int rc, i;
+	int i;
 
-	if (!pager || atomic_load(&state) != 2 || in_farmem || len <= old)
-		return NULL;
-	in_farmem++;
-	rc = fm_pager_remap(pager, p, old, len, 0, NULL, &q);
-	if (rc && rc != -EOPNOTSUPP && rc != -ENOSPC)
-		rc = fm_pager_remap(pager, p, old, len, MREMAP_MAYMOVE, NULL, &q);
-	in_farmem--;
-	if (rc)
+	if (!pager || atomic_load(&state) != 2 || in_farmem || len <= old ||
+	    !remap_by_pager(p, old, len, MREMAP_MAYMOVE, NULL, &q) || q == MAP_FAILED)
 		return NULL;
 	pthread_mutex_lock(&big_lock);
 	i = big_find(p);

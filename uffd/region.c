@@ -538,6 +538,14 @@ void fm_region_publish(struct fm_pager *p, struct region *r, uint32_t flags)
 	__atomic_store_n(&r->live, 1, __ATOMIC_RELEASE);
 }
 
+void fm_region_resize(struct fm_pager *p, struct region *r, uint64_t npages)
+{
+	r->npages = npages;
+	r->end = r->base + (npages << PG_SHIFT);
+	atomic_store(&r->managed, npages);
+	fm_resmap_slot(p->hdr, (unsigned)r->slot)->npages = npages;
+}
+
 void fm_region_retire(struct fm_pager *p, struct region *r, int close_space)
 {
 	if (close_space)
@@ -748,18 +756,15 @@ static void uffd_let_go(struct fm_pager *p, const struct fm_overlap *o)
  */
 static void shorten(struct fm_pager *p, struct region *r)
 {
-	uint64_t n = r->npages, was = r->npages;
+	uint64_t n = r->npages;
 
 	while (n && fm_pg_state(pg_load(&r->pg[n - 1])) == FM_PG_UNMANAGED)
 		n--;
-	if (n == was || !n)
+	if (n == r->npages || !n)
 		return;
-	r->npages = n;
-	r->end = r->base + (n << PG_SHIFT);
-	atomic_store(&r->managed, n);
-	atomic_fetch_sub(&p->registered, was - n);
-	fm_resmap_slot(p->hdr, (unsigned)r->slot)->npages = n;
+	atomic_fetch_sub(&p->registered, r->npages - n);
 	/* Its space and its place in the map stay: it may grow back (remap.c). */
+	fm_region_resize(p, r, n);
 }
 
 int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)

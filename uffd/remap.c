@@ -19,8 +19,9 @@
  * on a held page waits for it holding the region lock for reading):
  *
  *  1. (write lock) Books for the new range, every page FILLING: one region
- *     per old region, each with the old one's memd space, and for a growth
- *     a region of its own with a new space.
+ *     per old region, each with the old one's memd space. A growth joins
+ *     the last region where its cap has room, else it is a region of its
+ *     own whose space has room for a quarter of the range more.
  *  2. (read lock) Every old page claimed (FILLING), as a move claims them:
  *     an eviction in flight finishes first, none starts. The old range
  *     unregistered, the mremap, the new range registered, its pages given
@@ -107,42 +108,11 @@ static int gather(struct fm_pager *p, struct remap *m)
 	return m->n > 0;
 }
 
-/*
- * Whether paged memory lies in [a, e). Where it is mapped, the range cannot
- * grow in place: *rc is the kernel's ENOMEM, without asking it (and without
- * bringing the range home to ask it). A region's pages that were unmapped
- * (UNMANAGED) are not in the way of the kernel, but are in the books':
- * *rc -EOPNOTSUPP, the caller goes another way.
- */
-static int overlaps_paged(struct fm_pager *p, uintptr_t a, uintptr_t e, int *rc)
-{
-	struct fm_overlap o = { 0 };
-	int any = 0;
-
-	*rc = -EOPNOTSUPP;
-	while (fm_overlap_next(p, a, e, &o)) {
-		any = 1;
-		for (uint64_t i = o.first; i < o.first + o.n; i++)
-			if (fm_pg_state(pg_load(&o.r->pg[i])) != FM_PG_UNMANAGED)
-				*rc = -ENOMEM;
-	}
-	return any;
-}
-
-/* r covers npages now (within its cap). Caller holds rlock for writing. */
-static void resize(struct fm_pager *p, struct region *r, uint64_t npages)
-{
-	r->npages = npages;
-	r->end = r->base + (npages << PG_SHIFT);
-	atomic_store(&r->managed, npages);
-	fm_resmap_slot(p->hdr, (unsigned)r->slot)->npages = npages;
-}
-
 /* Step 1's books go again (the mremap failed, or was never tried). Caller holds rlock for writing. */
 static void unbook(struct fm_pager *p, struct remap *m)
 {
 	if (m->grown && !m->moves)
-		resize(p, m->grown, m->grown_at);
+		fm_region_resize(p, m->grown, m->grown_at);
 	for (int k = 0; k < m->n; k++)
 		if (m->into[k])
 			fm_region_retire(p, m->into[k], 0);
@@ -168,17 +138,22 @@ static struct region *book(struct fm_pager *p, uintptr_t a, uint64_t npages, uin
 static int book_new(struct fm_pager *p, struct remap *m)
 {
 	uintptr_t tail_at = m->to + (m->had << PG_SHIFT);
-	int rc = 0, in_way;
+	int rc = 0;
 
 	rlock_wr(p);
 	if (!gather(p, m)) {
 		rlock_un(p);
 		return -EOPNOTSUPP;
 	}
-	/* Nothing paged where the range goes: the caller let go of what was there (MREMAP_FIXED over paged memory). */
-	if (overlaps_paged(p, m->moves ? m->to : tail_at, m->to + (m->want << PG_SHIFT), &in_way)) {
+	/*
+	 * No books where the range goes. The caller let go of paged memory at a
+	 * fixed place, and a growth in place holds a place where nothing is
+	 * mapped; what is left are the books of pages unmapped in a sparse
+	 * region, or in the middle of a mapping (UNMANAGED).
+	 */
+	if (fm_overlap_next(p, m->moves ? m->to : tail_at, m->to + (m->want << PG_SHIFT), &(struct fm_overlap){ 0 })) {
 		rlock_un(p);
-		return m->moves ? -EOPNOTSUPP : in_way;
+		return -EOPNOTSUPP;
 	}
 	for (int k = 0; k < m->n; k++) {
 		struct region *r = m->from[k];
@@ -194,17 +169,17 @@ static int book_new(struct fm_pager *p, struct remap *m)
 		uint64_t n = m->want - m->had, cap = n > m->had / 4 ? n : m->had / 4;
 		uint32_t space;
 
+		/* A tail's uffd is its mapping's: extended in place, the kernel registered it with the head's. */
 		m->added = n;
 		if (last->cap - last->npages >= n) {
 			/* Room in its last region's space: the growth joins it. */
 			m->grown = last;
 			m->grown_at = last->npages;
-			resize(p, last, last->npages + n);
+			fm_region_resize(p, last, last->npages + n);
 			memset(last->pg + m->grown_at, pg_make(FM_PG_FILLING, 0), n);
 		} else if (fm_xport_space_open(p->x, cap, &space)) {
 			rc = -ENOSPC;
 		} else if (!(m->tail = book(p, tail_at, n, cap, space, last->uffd, 0))) {
-			/* The tail's uffd is its mapping's: extended in place, the kernel registered it with the head's. */
 			fm_xport_space_close(p->x, space);
 			rc = -ENOSPC;
 		}
