@@ -13,12 +13,13 @@
  *
  * Every page a move touches is held first, by compare-and-swap, until the
  * next move of the call does not use it: REMOTE and UNTOUCHED pages as
- * FILLING (their store slot is changed, and they stay remote), DIRTY ones as
- * UPDATING (written through the heap; the evictor keeps off), CLEAN ones as
- * UPDATING if only read. A page in any other state (someone else holds it; a
- * clean page to be written, which would need an unprotect; unmanaged) ends
- * the call there: the collector copies that object itself, faulting as
- * usual. A store page is checked against its checksum when opened and
+ * FILLING (their store slot is changed, and they stay remote), DIRTY and
+ * CLEAN ones as UPDATING (used through the heap; the evictor keeps off). A
+ * clean page a move writes is unprotected while held, a move's run of them
+ * in one call, and is let go DIRTY: declined, the collector's copy took a
+ * write-protect fault per page, each unprotect a TLB shootdown. A page in
+ * any other state (someone else holds it; unmanaged) ends the call there:
+ * the collector copies that object itself, faulting as usual. A store page is checked against its checksum when opened and
  * sealed with a new one before it is let go, so a page memd damaged is found
  * here as on any read, and memd holds the moved bytes before anyone else can
  * use the page: nothing is lost.
@@ -46,6 +47,7 @@ struct held {
 	uint8_t kind;       /* enum held_kind */
 	uint8_t write;      /* some move writes it */
 	uint8_t whole;      /* the move it was opened for overwrites it whole: opened unread, unzeroed */
+	uint8_t opening;    /* clean and written: to be unprotected (open_clean_held) before a byte is */
 	uint8_t *bytes;     /* where its bytes are: the heap page, or the store's */
 };
 
@@ -135,8 +137,7 @@ static int hold(struct call *c, uint64_t i, int write)
 	unsigned s;
 
 	if (e) {
-		if (write && e->kind == HELD_LOCAL && fm_pg_state(e->old) == FM_PG_CLEAN)
-			return -EBUSY;
+		e->opening |= (uint8_t)(write && e->kind == HELD_LOCAL && fm_pg_state(e->old) == FM_PG_CLEAN);
 		e->write |= (uint8_t)write;
 		return 0;
 	}
@@ -150,16 +151,46 @@ static int hold(struct call *c, uint64_t i, int write)
 		if (!pg_cas(&c->r->pg[i], &b, pg_make(FM_PG_FILLING, b)))
 			return -EBUSY;
 		e->kind = HELD_STORE;
-	} else if (s == FM_PG_DIRTY || (s == FM_PG_CLEAN && !write)) {
+	} else if (s == FM_PG_DIRTY || s == FM_PG_CLEAN) {
 		if (!pg_cas(&c->r->pg[i], &b, pg_make(FM_PG_UPDATING, b)))
 			return -EBUSY;
 		e->kind = HELD_LOCAL;
+		e->opening = (uint8_t)(s == FM_PG_CLEAN && write);
 		e->bytes = (uint8_t *)(c->r->base + (i << PG_SHIFT));
 	} else {
 		return -EBUSY;
 	}
 	index_held(c, c->n++);
 	return 0;
+}
+
+/*
+ * The clean pages held to be written, unprotected: consecutive ones in one
+ * call (one TLB shootdown), as a write-protect fault's open_clean does. Held
+ * UPDATING, no eviction protects one again meanwhile; from here on each is
+ * let go DIRTY, whether a byte is written or the move is given up (memd's
+ * copy is then still good, and written again at no harm).
+ */
+static void open_clean_held(struct call *c)
+{
+	for (unsigned k = 0; k < c->n;) {
+		unsigned m = 1;
+
+		if (!c->h[k].opening) {
+			k++;
+			continue;
+		}
+		while (k + m < c->n && c->h[k + m].opening && c->h[k + m].i == c->h[k].i + m)
+			m++;
+		fm_uffd_wp(c->r->uffd, c->r->base + (c->h[k].i << PG_SHIFT), (size_t)m << PG_SHIFT, 0);
+		for (unsigned j = k; j < k + m; j++) {
+			struct held *e = &c->h[j];
+			e->old = pg_make(FM_PG_DIRTY, (uint8_t)((e->old | FM_PGF_REF) & ~(FM_PGF_PREFETCH | FM_PGF_GARBAGE)));
+			e->opening = 0;
+		}
+		STAT_ADD(c->p, compact_opened, m);
+		k += m;
+	}
 }
 
 /* Let go of a held page: a store page (open by now) stays remote, its bytes sealed in memd. */
@@ -215,6 +246,7 @@ static int hold_move(struct call *c, const struct fm_byte_move *m)
 		rc = hold(c, i, 0);
 	for (uint64_t i = d0; !rc && i <= d1; i++)
 		rc = hold(c, i, 1);
+	open_clean_held(c);
 	return rc;
 }
 
@@ -719,6 +751,8 @@ static int words_edit(struct fm_pager *p, uintptr_t a, void *buf, size_t len, in
 	c.r = fm_region_find(p, a, &ridx);
 	if (c.r && !c.r->alias && !hold(&c, (a - c.r->base) >> PG_SHIFT, write)) {
 		struct held *h = &c.h[0];
+
+		open_clean_held(&c);
 		if (h->kind == HELD_LOCAL) {
 			if (write)
 				memcpy((void *)a, buf, len);
@@ -766,6 +800,8 @@ static int words_shm(struct fm_pager *p, uintptr_t a, void *buf, size_t len, int
 	c.r = fm_region_find(p, a, &ridx);
 	if (c.r && !c.r->alias && !hold(&c, (a - c.r->base) >> PG_SHIFT, write)) {
 		struct held *e = &c.h[0];
+
+		open_clean_held(&c);
 		if (!write && e->kind == HELD_STORE && fm_pg_state(e->old) == FM_PG_UNTOUCHED) {
 			memset(buf, 0, len); /* never written, or only zeros: nothing in memd to open */
 			rc = 0;

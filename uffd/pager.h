@@ -232,8 +232,9 @@ struct fm_byte_move {
  * Do the moves m[0..n), in order, where their pages lie (uffd/compact.c): a
  * resident page through the heap, a page only memd holds in memd's store,
  * never fetched (shm: a same-host memd's store is mapped here; stream: memd
- * does it, EDIT requests). Stops at the first move it cannot do that way (a
- * page another thread holds, a clean page it would write, memd full) and
+ * does it, EDIT requests); a clean page it writes is unprotected by the call
+ * (in runs, not by a fault each) and left dirty. Stops at the first move it
+ * cannot do that way (a page another thread holds, memd full) and
  * returns how many it did; the caller does the next one itself, with faults
  * as usual, and may hand the rest back. Every page of one move lies in one
  * registered region, and no move reads bytes an earlier move of the call

@@ -218,7 +218,9 @@ struct fm_pager_stats {
 	uint64_t remaps;
 	uint64_t remap_pages_resident;
 	uint64_t remap_pages_kept;
-	uint64_t reserved2[19];
+	/* Clean pages a collector's move wrote, unprotected by the move (in runs) rather than by a fault each. */
+	uint64_t compact_opened;
+	uint64_t reserved2[18];
 };
 
 struct fm_resmap_hdr {
