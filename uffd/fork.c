@@ -55,6 +55,7 @@ static pthread_mutex_t fork_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fm_pager *fork_pagers[MAX_FORK_PAGERS];
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static void (*before_prepare)(void);
+static void (*after_parent)(void);
 static pid_t reset_in; /* the process whose copy of the list fm_fork_child has cleared */
 
 /* Pages the kernel says it can still give, with a margin for everything else. */
@@ -203,10 +204,14 @@ static void on_prepare(void)
 
 static void on_parent(void)
 {
+	void (*after)(void) = after_parent;
+
 	for (int k = 0; k < MAX_FORK_PAGERS; k++)
 		if (fork_pagers[k])
 			parent_one(fork_pagers[k]);
 	pthread_mutex_unlock(&fork_lock);
+	if (after)
+		after();
 }
 
 /* The runs of pages of p that the child got (none are UNMANAGED), appended to out. */
@@ -277,6 +282,11 @@ static void on_child(void)
 void fm_fork_before_prepare(void (*fn)(void))
 {
 	before_prepare = fn;
+}
+
+void fm_fork_after_parent(void (*fn)(void))
+{
+	after_parent = fn;
 }
 
 static void install_handlers(void)

@@ -33,5 +33,7 @@ struct fm_fork_range {
 int fm_fork_child(struct fm_fork_range *out, int max);
 /* fn runs first at every fork(), before any pager is prepared (the shim waits there for a child's pager to start). */
 void fm_fork_before_prepare(void (*fn)(void));
+/* fn runs last in the parent at every fork(), once every pager has gone back to its paged ranges' DONTFORK. */
+void fm_fork_after_parent(void (*fn)(void));
 
 #endif

@@ -97,6 +97,18 @@ static struct { uintptr_t base, end; } resv[MAX_RESV];
 static atomic_int nresv;
 static pthread_mutex_t resv_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER; /* glibc's heaps (below, at malloc) */
+/*
+ * Held across an mremap of paged memory and a big block's remap or move
+ * (big_remapped, big_moved), and by a fork from before its pagers prepare
+ * (fork_before) until they are done in the parent (remap_let_go_by_fork):
+ * a remap moves a range's books and registration in steps (uffd/remap.c),
+ * and a fork between them gives the child books for a range not mapped
+ * there; the fork's handlers mark the paged ranges DOFORK and then DONTFORK
+ * again, and a range grown in between is split in two mappings (below).
+ * Nothing else of the shim's is held when it is taken.
+ */
+static pthread_mutex_t remap_lock = PTHREAD_MUTEX_INITIALIZER;
+static int remap_held_by_fork;
 
 static int reserved_paged(void);
 static void heaps_keep(void);
@@ -418,6 +430,29 @@ static void child_wait(void)
 	pthread_mutex_unlock(&start_lock);
 }
 
+/*
+ * From before the pagers' prepare handler (uffd/fork.c, which runs before
+ * fork_prepare) until after their parent handler (after fork_parent), so that
+ * a remap under way finishes before they look, and none starts until the
+ * paged ranges are DONTFORK again: a range grown then would be registered
+ * DONTFORK beside a part still DOFORK, and the kernel split the mapping in
+ * two (the program's next growing mremap failed with EFAULT).
+ */
+static void fork_before(void)
+{
+	child_wait();
+	pthread_mutex_lock(&remap_lock);
+	remap_held_by_fork = 1;
+}
+
+static void remap_let_go_by_fork(void)
+{
+	if (remap_held_by_fork) {
+		remap_held_by_fork = 0;
+		pthread_mutex_unlock(&remap_lock);
+	}
+}
+
 static void fork_prepare(void)
 {
 	pthread_mutex_lock(&arena_lock);
@@ -526,6 +561,7 @@ static void fork_child(void)
 	pthread_mutex_unlock(&resv_lock);
 	pthread_mutex_unlock(&big_lock);
 	pthread_mutex_unlock(&arena_lock);
+	remap_let_go_by_fork();
 	/* Held by a thread of the parent (one starting a pager) that does not exist here. */
 	pthread_mutex_init(&start_lock, NULL);
 	pthread_cond_init(&child_started, NULL);
@@ -575,7 +611,8 @@ __attribute__((constructor)) static void preload_init(void)
 	if (reserved_paged() && geteuid() == 0 && cfg.fault_mode != FM_FAULT_THREAD)
 		waits_spare = fm_pager_kernel_waits_reserve();
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
-	fm_fork_before_prepare(child_wait);
+	fm_fork_before_prepare(fork_before);
+	fm_fork_after_parent(remap_let_go_by_fork);
 }
 
 /* A library whose I/O the kernel does after the submitting call returned. */
@@ -1156,23 +1193,16 @@ static int refused_at_once(const void *old, size_t old_len, size_t new_len, int 
 	return !(flags & MREMAP_FIXED) && new_len >= old_len && one == 0;
 }
 
-EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+static void *mremap_hooked(void *old, size_t old_len, size_t new_len, int flags, void *new_addr)
 {
-	void *new_addr = NULL, *p;
+	void *p;
 	int paged, one = -1, anon = 0;
-	va_list ap;
 
-	child_wait();
 	paged = pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, old, old_len);
 	/* Whether one mapping holds the range, and of what kind: the maps are read once. */
 	if (paged && old_len <= SIZE_MAX - PAGE)
 		one = one_mapping((uintptr_t)old, (uintptr_t)old + old_len, &anon);
 
-	if (flags & MREMAP_FIXED) {
-		va_start(ap, flags);
-		new_addr = va_arg(ap, void *);
-		va_end(ap);
-	}
 	if (paged && refused_at_once(old, old_len, new_len, flags, new_addr, one))
 		return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
 	if (paged && shrinks_in_place(old, old_len, new_len, flags)) {
@@ -1221,6 +1251,29 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 	resv_cut(p, new_len);
 	if (paged || (hooks_on() && new_len >= cfg.threshold))
 		maybe_register(p, new_len);
+	return p;
+}
+
+EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+	void *new_addr = NULL, *p;
+	va_list ap;
+	int locked, e;
+
+	if (flags & MREMAP_FIXED) {
+		va_start(ap, flags);
+		new_addr = va_arg(ap, void *);
+		va_end(ap);
+	}
+	child_wait();
+	locked = pager && atomic_load(&state) == 2 && !in_farmem;
+	if (locked)
+		pthread_mutex_lock(&remap_lock);
+	p = mremap_hooked(old, old_len, new_len, flags, new_addr);
+	e = errno;
+	if (locked)
+		pthread_mutex_unlock(&remap_lock);
+	errno = e;
 	return p;
 }
 
@@ -1533,7 +1586,9 @@ static int big_moved(void *q, const void *p, size_t len)
 	if (!pager || atomic_load(&state) != 2 || in_farmem || big_len(q) < len)
 		return 0;
 	in_farmem++;
+	pthread_mutex_lock(&remap_lock);
 	rc = fm_pager_move(pager, q, p, len);
+	pthread_mutex_unlock(&remap_lock);
 	in_farmem--;
 	return rc == 0;
 }
@@ -1551,8 +1606,12 @@ static void *big_remapped(void *p, size_t old, size_t n)
 	void *q = NULL;
 	int i;
 
-	if (!pager || atomic_load(&state) != 2 || in_farmem || len <= old ||
-	    !remap_by_pager(p, old, len, MREMAP_MAYMOVE, NULL, &q) || q == MAP_FAILED)
+	if (!pager || atomic_load(&state) != 2 || in_farmem || len <= old)
+		return NULL;
+	pthread_mutex_lock(&remap_lock);
+	i = remap_by_pager(p, old, len, MREMAP_MAYMOVE, NULL, &q);
+	pthread_mutex_unlock(&remap_lock);
+	if (!i || q == MAP_FAILED)
 		return NULL;
 	pthread_mutex_lock(&big_lock);
 	i = big_find(p);

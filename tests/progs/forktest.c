@@ -19,6 +19,10 @@
  *     left: RLIMIT_NOFILE at the fork) runs on unpaged, every byte right.
  *   - A child made by a raw clone(), which runs no fork handlers, and reads
  *     a paged page: it must die (SIGSEGV), never read a wrong byte.
+ *   - Forks while another thread grows a paged mapping with mremap (the
+ *     pager's remap, uffd/remap.c, moves the range's books in steps): each
+ *     child starts its pager with no range it cannot page (the launcher's
+ *     output says so), and every byte of the mapping is right at the end.
  *
  * Prints "forktest: <part> ok" per part; exits 1 with a reason otherwise.
  */
@@ -42,6 +46,17 @@ static size_t npages;
 static uint8_t *buf, *churn;
 static size_t nchurn, budget_pages;
 static atomic_int stop_churn;
+
+/* The mapping the remapper grows: where it is now (only the remapper moves it), and its pages. */
+static uint8_t *rbuf;
+static size_t rpages;
+static atomic_int stop_remap;
+static int remap_failed;
+
+#define REMAP_FIRST (64ul << 20)  /* farmem run's threshold: paged from the start */
+#define REMAP_STEP 256ul          /* pages a growth adds */
+#define REMAP_MAX_PAGES (96ul << 8)
+#define REMAP_FORKS 20
 
 static uint64_t word(uint64_t tag, uint64_t page, unsigned k)
 {
@@ -102,6 +117,60 @@ static void *churner(void *arg)
 	while (!atomic_load(&stop_churn)) {
 		x = x * 6364136223846793005ull + 1442695040888963407ull;
 		churn[(x >> 20) % nchurn * PG + 64] ^= 1;
+	}
+	return NULL;
+}
+
+/* The mappings over [a, a + len), as /proc/self/maps has them (a failure's context). */
+static void show_maps(const void *a, size_t len)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+
+	while (f && fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo < (uintptr_t)a + len && hi > (uintptr_t)a)
+			printf("forktest:   %s", line);
+	}
+	if (f)
+		fclose(f);
+}
+
+/*
+ * Grows rbuf a MiB at a time by mremap (moving it when it must), writing each
+ * new MiB; back to its first size by a shrinking mremap when it reaches 96
+ * MiB. Every growth checks the page before and after the old end.
+ */
+static void *remapper(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&stop_remap)) {
+		size_t want = rpages + REMAP_STEP;
+		uint8_t *q;
+
+		if (want > REMAP_MAX_PAGES) {
+			q = mremap(rbuf, rpages * PG, REMAP_FIRST, 0);
+			want = REMAP_FIRST / PG;
+		} else {
+			q = mremap(rbuf, rpages * PG, want * PG, MREMAP_MAYMOVE);
+		}
+		if (q == MAP_FAILED) {
+			printf("forktest: remap FAILED: mremap of %p+%zu pages to %zu pages: %s\n", (void *)rbuf, rpages,
+			       want, strerror(errno));
+			show_maps(rbuf, rpages * PG);
+			remap_failed = 1;
+			return NULL;
+		}
+		for (size_t i = rpages; i < want; i++)
+			fill(q + i * PG, 5, i);
+		if (!holds(q + (want - 1) * PG, 5, want - 1) || !holds(q, 5, 0) ||
+		    (want > rpages && !holds(q + (rpages - 1) * PG, 5, rpages - 1))) {
+			printf("forktest: remap FAILED: wrong bytes after a growth to %zu pages\n", want);
+			remap_failed = 1;
+			return NULL;
+		}
+		rbuf = q;
+		rpages = want;
 	}
 	return NULL;
 }
@@ -287,6 +356,43 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("forktest: raw clone ok\n");
+
+	/* Forks racing another thread's mremaps of paged memory. */
+	{
+		pthread_t rt;
+		size_t bad_pages = 0;
+
+		rpages = REMAP_FIRST / PG;
+		rbuf = mmap(NULL, REMAP_FIRST, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (rbuf == MAP_FAILED)
+			return 1;
+		for (size_t i = 0; i < rpages; i++)
+			fill(rbuf + i * PG, 5, i);
+		pthread_create(&rt, NULL, remapper, NULL);
+		for (int k = 0; k < REMAP_FORKS; k++) {
+			usleep(2000);
+			fflush(stdout);
+			pid = fork();
+			if (pid == 0) {
+				/* A hooked call waits until this child's pager has registered what it got. */
+				void *m = mmap(NULL, PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+				_exit(m == MAP_FAILED || munmap(m, PG) ? 1 : 0);
+			}
+			if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) {
+				printf("forktest: remap child FAILED: status %#x\n", st);
+				return 1;
+			}
+		}
+		atomic_store(&stop_remap, 1);
+		pthread_join(rt, NULL);
+		if (remap_failed)
+			return 1;
+		for (size_t i = 0; i < rpages; i++)
+			bad_pages += !holds(rbuf + i * PG, 5, i);
+		if (bad_pages)
+			return fail("remap (the grown mapping)", bad_pages, 0);
+		printf("forktest: remap ok (%d forks, the mapping at %zu MiB)\n", REMAP_FORKS, rpages >> 8);
+	}
 
 	atomic_store(&stop_churn, 1);
 	for (int t = 0; t < 2; t++)
