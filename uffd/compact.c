@@ -19,7 +19,8 @@
  * in one call, and is let go DIRTY: declined, the collector's copy took a
  * write-protect fault per page, each unprotect a TLB shootdown. A page in
  * any other state (someone else holds it; unmanaged) ends the call there:
- * the collector copies that object itself, faulting as usual. A store page is checked against its checksum when opened and
+ * the collector copies that object itself, faulting as usual. A store page
+ * is checked against its checksum when opened and
  * sealed with a new one before it is let go, so a page memd damaged is found
  * here as on any read, and memd holds the moved bytes before anyone else can
  * use the page: nothing is lost.
@@ -185,7 +186,9 @@ static void open_clean_held(struct call *c)
 		fm_uffd_wp(c->r->uffd, c->r->base + (c->h[k].i << PG_SHIFT), (size_t)m << PG_SHIFT, 0);
 		for (unsigned j = k; j < k + m; j++) {
 			struct held *e = &c->h[j];
-			e->old = pg_make(FM_PG_DIRTY, (uint8_t)((e->old | FM_PGF_REF) & ~(FM_PGF_PREFETCH | FM_PGF_GARBAGE)));
+			uint8_t fl = (uint8_t)((e->old | FM_PGF_REF) & ~(FM_PGF_PREFETCH | FM_PGF_GARBAGE));
+
+			e->old = pg_make(FM_PG_DIRTY, fl);
 			e->opening = 0;
 		}
 		STAT_ADD(c->p, compact_opened, m);
