@@ -183,8 +183,8 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
  * A collector moves [src, src+len) to [dst, dst+len) (SwapVA compaction):
  * page-aligned, disjoint, dst inside one registered region, src inside one
  * or several end to end (the shim's mremap of a range grown in parts).
- * Afterwards dst holds src's bytes and src reads as zeros. Resident pages move with
- * UFFDIO_MOVE (no copy), remote pages stay remote (memd copies them to dst's
+ * Afterwards dst holds src's bytes and src reads as zeros. Resident pages
+ * move with UFFDIO_MOVE (no copy), remote pages stay remote (memd copies them to dst's
  * slot; when memd is full they come from memd straight to dst),
  * untouched ones stay untouched; dst's old contents are dropped. Call it only
  * while no other thread uses either range (a GC pause). Returns 0, -EINVAL
@@ -205,8 +205,8 @@ int fm_pager_move(struct fm_pager *p, void *dst, const void *src, size_t len);
  * is. Each region's books and memd space go with its pages: nothing is
  * read, written or copied. A growth takes up room its range's last region
  * has (its cap), or is a region of its own with room for more. Resident
- * pages count as dirty afterwards (the move drops their write protection). Returns 0 with the new address in
- * *out, or, with nothing changed:
+ * pages count as dirty afterwards (the move drops their write protection).
+ * Returns 0 with the new address in *out, or, with nothing changed:
  *   -EOPNOTSUPP  not a call for it (a shrink, other flags, a range that is
  *                not whole regions or is more than 32 of them, paged
  *                memory at the new place): the caller moves it another way;

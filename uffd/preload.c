@@ -1604,14 +1604,14 @@ static void *big_remapped(void *p, size_t old, size_t n)
 {
 	size_t len = (n + PAGE - 1) & ~(size_t)(PAGE - 1);
 	void *q = NULL;
-	int i;
+	int done, i;
 
 	if (!pager || atomic_load(&state) != 2 || in_farmem || len <= old)
 		return NULL;
 	pthread_mutex_lock(&remap_lock);
-	i = remap_by_pager(p, old, len, MREMAP_MAYMOVE, NULL, &q);
+	done = remap_by_pager(p, old, len, MREMAP_MAYMOVE, NULL, &q);
 	pthread_mutex_unlock(&remap_lock);
-	if (!i || q == MAP_FAILED)
+	if (!done || q == MAP_FAILED)
 		return NULL;
 	pthread_mutex_lock(&big_lock);
 	i = big_find(p);

@@ -45,14 +45,15 @@ int fm_overlap_next(struct fm_pager *p, uintptr_t a, uintptr_t e, struct fm_over
  * fm_region_book: a free slot and a place for cap state bytes, filled in
  * for [a, a + npages pages) with memd space `space` (of cap pages) and
  * userfaultfd `uffd`; not live, nothing registered. NULL when the table
- * or the map is full. fm_region_publish: the slot goes into the residency map (flags:
- * FM_REGION_F_*) and the region is live. fm_region_retire: it is not,
+ * or the map is full. fm_region_publish: the slot goes into the residency
+ * map (flags: FM_REGION_F_*) and the region is live. fm_region_retire: it is not,
  * its state bytes give their memory back, and with close_space its memd
  * space closes (a region whose space another took over keeps it open).
  * fm_region_resize: a non-sparse region covers npages from its base now
  * (at most its cap; the caller counts `registered`). fm_region_bounds: the
- * SIGBUS handler's quick bounds, from the live regions. fm_region_uffd_register: UFFDIO_REGISTER for paging (and
- * MADV_DONTFORK, no huge pages), minor faults for shared memory.
+ * SIGBUS handler's quick bounds, from the live regions.
+ * fm_region_uffd_register: UFFDIO_REGISTER for paging (and MADV_DONTFORK,
+ * no huge pages), minor faults for shared memory.
  */
 struct region *fm_region_book(struct fm_pager *p, uintptr_t a, uint64_t npages, uint64_t cap, uint32_t space,
 			      int uffd);
