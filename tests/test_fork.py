@@ -5,13 +5,14 @@ pager of its own, preload.c): what it holds of the paged buffer comes down to it
 stays there while it writes more than the budget; a grandchild sees the child's bytes and pages
 on its own too; fork+exec works; a child whose pager cannot start (no file descriptor left) runs
 on unpaged, every byte right; a raw clone(), which runs no fork handlers, gets no paged range at
-all (it dies of SIGSEGV rather than read a zero); forks beside another thread's mremaps of paged
-memory leave the parent's mapping whole (its next growing mremap works) and give no child books for
-a range it does not have. In both fault modes. Programs from Debian that fork (Redis's
+all (it dies of SIGSEGV rather than read a zero); forks beside another thread's mremaps, mmaps
+and munmaps of paged memory leave the parent's mapping whole (its next growing mremap works) and
+give no child books for a range it does not have. In both fault modes. Programs from Debian that fork (Redis's
 BGSAVE, a multiprocessing pool) are in test_compat.py."""
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -34,6 +35,9 @@ def test_fork_child_sees_the_memory_as_it_was(built, farmem_cmd, tmp_path, fault
     # Forks racing another thread's mremaps ("remap ok": every growth worked, every byte right): no
     # child got books for a range it does not have (its pager would warn that it keeps it unpaged).
     assert "MiB in local memory, unpaged" not in out, out[-3000:]
+    # ... nor beside another paged mapping made and unmapped over and over.
+    m = re.search(r"forktest: remap ok \(.*, (\d+) mappings made and unmapped\)", out)
+    assert m and int(m.group(1)) > 0, out[-3000:]
     # The child and the grandchild each brought what they hold of the buffer down to the budget
     # (forktest waits for it, and fails past 30 s): pagers of their own.
     for who in ("child holds", "grandchild holds"):

@@ -99,11 +99,12 @@ static pthread_mutex_t resv_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER; /* glibc's heaps (below, at malloc) */
 /*
  * Held across an mremap of paged memory and a big block's remap or move
- * (big_remapped, big_moved), and by a fork from before its pagers prepare
- * (fork_before) until they are done in the parent (remap_let_go_by_fork):
- * a remap moves a range's books and registration in steps (uffd/remap.c),
- * and a fork between them gives the child books for a range not mapped
- * there; the fork's handlers mark the paged ranges DOFORK and then DONTFORK
+ * (big_remapped, big_moved), an munmap of paged memory, an mmap the pager
+ * may take (or a MAP_FIXED one, which may replace paged memory), and by a
+ * fork from before its pagers prepare (fork_before) until they are done in
+ * the parent (remap_let_go_by_fork): each of those changes a range's books
+ * and registration in steps (uffd/remap.c), and a fork between them gives
+ * the child books for a range not mapped there, or a paged range unpaged; the fork's handlers mark the paged ranges DOFORK and then DONTFORK
  * again, and a range grown in between is split in two mappings (below).
  * Nothing else of the shim's is held when it is taken.
  */
@@ -409,6 +410,12 @@ static int hooks_on(void)
 		return 0;
 	load_config();
 	return atomic_load(&state) != 4;
+}
+
+/* 1 when a call of the program's may change what the running pager pages: it takes remap_lock. */
+static int remap_locks(void)
+{
+	return pager && atomic_load(&state) == 2 && !in_farmem;
 }
 
 /*
@@ -933,11 +940,10 @@ static int resv_commit(void *addr, size_t len)
 	return 1;
 }
 
-EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+static void *mmap_hooked(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	void *p;
 
-	child_wait();
 	/*
 	 * MAP_FIXED over paged memory replaces it, like munmap then mmap: the
 	 * pager lets go of the range first. Otherwise the evictor may drop pages
@@ -970,6 +976,29 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 	return p;
 }
 
+/*
+ * A mapping the pager takes or lets go of is mapped and registered (or let go
+ * and mapped over) under remap_lock, as munmap lets go and unmaps: a fork
+ * between the steps would give the child a paged range unpaged, or books for
+ * a range no longer mapped.
+ */
+EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	void *p;
+	int locked, e;
+
+	child_wait();
+	locked = remap_locks() && ((flags & MAP_FIXED) || qualifies(len, prot, flags, fd));
+	if (locked)
+		pthread_mutex_lock(&remap_lock);
+	p = mmap_hooked(addr, len, prot, flags, fd, off);
+	e = errno;
+	if (locked)
+		pthread_mutex_unlock(&remap_lock);
+	errno = e;
+	return p;
+}
+
 EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	return mmap(addr, len, prot, flags, fd, off);
@@ -978,11 +1007,17 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 EXPORT int munmap(void *addr, size_t len)
 {
 	long r;
+	int locked;
 
 	child_wait();
-	if (pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, addr, len))
+	locked = remap_locks() && fm_pager_owns(pager, addr, len);
+	if (locked) {
+		pthread_mutex_lock(&remap_lock);
 		fm_pager_unregister(pager, addr, len);
+	}
 	r = syscall(SYS_munmap, addr, len);
+	if (locked)
+		pthread_mutex_unlock(&remap_lock);
 	if (!r)
 		resv_cut(addr, len);
 	return r ? -1 : 0;
@@ -1266,7 +1301,7 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		va_end(ap);
 	}
 	child_wait();
-	locked = pager && atomic_load(&state) == 2 && !in_farmem;
+	locked = remap_locks();
 	if (locked)
 		pthread_mutex_lock(&remap_lock);
 	p = mremap_hooked(old, old_len, new_len, flags, new_addr);

@@ -20,9 +20,10 @@
  *   - A child made by a raw clone(), which runs no fork handlers, and reads
  *     a paged page: it must die (SIGSEGV), never read a wrong byte.
  *   - Forks while another thread grows a paged mapping with mremap (the
- *     pager's remap, uffd/remap.c, moves the range's books in steps): each
- *     child starts its pager with no range it cannot page (the launcher's
- *     output says so), and every byte of the mapping is right at the end.
+ *     pager's remap, uffd/remap.c, moves the range's books in steps) and
+ *     maps, writes and unmaps another paged mapping: each child starts its
+ *     pager with no range it cannot page (the launcher's output says so),
+ *     and every byte of the grown mapping is right at the end.
  *
  * Prints "forktest: <part> ok" per part; exits 1 with a reason otherwise.
  */
@@ -52,6 +53,7 @@ static uint8_t *rbuf;
 static size_t rpages;
 static atomic_int stop_remap;
 static int remap_failed;
+static size_t unmaps;
 
 #define REMAP_FIRST (64ul << 20)  /* farmem run's threshold: paged from the start */
 #define REMAP_STEP 256ul          /* pages a growth adds */
@@ -171,6 +173,22 @@ static void *remapper(void *arg)
 		}
 		rbuf = q;
 		rpages = want;
+
+		/* A paged mapping made and let go of, pages written in it: mmap and munmap beside the forks. */
+		q = mmap(NULL, REMAP_FIRST, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (q == MAP_FAILED) {
+			printf("forktest: remap FAILED: mmap: %s\n", strerror(errno));
+			remap_failed = 1;
+			return NULL;
+		}
+		for (size_t i = 0; i < REMAP_FIRST / PG; i += REMAP_STEP)
+			fill(q + i * PG, 6, i);
+		if (!holds(q, 6, 0) || munmap(q, REMAP_FIRST)) {
+			printf("forktest: remap FAILED: a fresh mapping's first page, or its munmap: %s\n", strerror(errno));
+			remap_failed = 1;
+			return NULL;
+		}
+		unmaps++;
 	}
 	return NULL;
 }
@@ -391,7 +409,8 @@ int main(int argc, char **argv)
 			bad_pages += !holds(rbuf + i * PG, 5, i);
 		if (bad_pages)
 			return fail("remap (the grown mapping)", bad_pages, 0);
-		printf("forktest: remap ok (%d forks, the mapping at %zu MiB)\n", REMAP_FORKS, rpages >> 8);
+		printf("forktest: remap ok (%d forks, the mapping at %zu MiB, %zu mappings made and unmapped)\n",
+		       REMAP_FORKS, rpages >> 8, unmaps);
 	}
 
 	atomic_store(&stop_churn, 1);
