@@ -373,6 +373,8 @@ def test_gcchurn_gc_farmem_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_
     assert s["gc_conc_faults"] <= s["gc_faults"], s
     # clean destination pages were opened by the moves (not handed back), the heap verified after
     assert s["compact_opened"] > 0, s
+    # and clean pages after one a pause worker's write faulted on were opened with it (fault.c)
+    assert s["wp_opened_ahead"] > 0, s
 
 
 def test_gc_farmem_marks_primitive_arrays_in_place(farmem_jdk, farmem_cmd, build, jvm_built):

@@ -29,6 +29,8 @@
 
 /* A written garbage page opens this many pages of its run at once (allocation streams on). */
 #define GARBAGE_RUN_PAGES 512
+/* A pause worker's write to a clean page opens at most this many clean pages after it (open_clean). */
+#define OPEN_AHEAD_PAGES 32
 
 /* 0, FM_GC_PAUSE or FM_GC_CONC (pager.h). */
 static int is_gc(struct fm_pager *p, pid_t tid)
@@ -244,9 +246,11 @@ static int open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r, 
 	uintptr_t addr = r->base + (i << PG_SHIFT);
 	uint8_t fl = (uint8_t)((b | FM_PGF_REF) & ~(FM_PGF_PREFETCH | FM_PGF_GARBAGE));
 	uint8_t held = pg_make(FM_PG_UPDATING, b);
-	uint64_t n = 1;
+	uint8_t ahead[OPEN_AHEAD_PAGES];
+	uint64_t n = 1, na = 0;
+	int gc = is_gc(p, f->fc.tid);
 
-	if (!is_gc(p, f->fc.tid))
+	if (!gc)
 		fl &= (uint8_t)~FM_PGF_GC;
 	if (!pg_cas(&r->pg[i], &b, held))
 		return 0;
@@ -262,11 +266,32 @@ static int open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r, 
 			n++;
 		}
 		STAT_ADD(p, garbage_reused, n);
+	} else if (gc == FM_GC_PAUSE) {
+		/*
+		 * A pause worker writing an old page goes on to the pages after
+		 * it: a full GC forwards, adjusts and compacts region by region
+		 * in address order. The clean ones after it open with it, one
+		 * unprotect (one TLB shootdown) for the run, where each was a
+		 * fault and a shootdown, a fifth of a full GC's time. A guess
+		 * (FM_PGF_REWRITE): on shm one left unwritten leaves clean
+		 * (evict.c), elsewhere it costs a write-back.
+		 */
+		while (na < OPEN_AHEAD_PAGES && i + n < r->npages) {
+			uint8_t c = pg_load(&r->pg[i + n]);
+			if (fm_pg_state(c) != FM_PG_CLEAN || (c & FM_PGF_GARBAGE) ||
+			    !pg_cas(&r->pg[i + n], &c, pg_make(FM_PG_UPDATING, c)))
+				break;
+			ahead[na++] = c;
+			n++;
+		}
+		STAT_ADD(p, wp_opened_ahead, na);
 	}
 	/* Unprotect before DIRTY is visible: the evictor must not protect a page we then open. */
 	fm_uffd_wp(r->uffd, addr, (size_t)n << PG_SHIFT, 0);
 	for (uint64_t k = 1; k < n; k++)
-		pg_release_from(&r->pg[i + k], FM_PG_UPDATING, pg_make(FM_PG_DIRTY, FM_PGF_REF));
+		pg_release_from(&r->pg[i + k], FM_PG_UPDATING,
+				na ? pg_make(FM_PG_DIRTY, (uint8_t)((ahead[k - 1] & ~FM_PGF_PREFETCH) | FM_PGF_REWRITE))
+				   : pg_make(FM_PG_DIRTY, FM_PGF_REF));
 	fm_release(p, &r->pg[i], held, pg_make(FM_PG_DIRTY, fl));
 	STAT_ADD(p, wp_faults, 1);
 	return 1;

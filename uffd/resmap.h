@@ -220,7 +220,9 @@ struct fm_pager_stats {
 	uint64_t remap_pages_kept;
 	/* Clean pages a collector's move wrote, unprotected by the move (in runs) rather than by a fault each. */
 	uint64_t compact_opened;
-	uint64_t reserved2[18];
+	/* Clean pages after one a pause worker's write faulted on, opened with it (a guess: uffd/fault.c). */
+	uint64_t wp_opened_ahead;
+	uint64_t reserved2[17];
 };
 
 struct fm_resmap_hdr {

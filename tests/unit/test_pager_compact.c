@@ -18,7 +18,8 @@
  * Both fault modes; memd's store mapped here (shm) and over the wire (memd's
  * EDIT, on a Unix socket and over TCP); several memds, which cannot EDIT.
  * A move memd stops (full) after a page it opened to overwrite leaves that
- * page as it was.
+ * page as it was. A pause worker's write to a clean page opens the clean
+ * pages after it (uffd/fault.c).
  * Run from the repository root.
  */
 #include <errno.h>
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "pager.h"
@@ -342,6 +344,92 @@ static void small(const char *addr, const char *transport)
 	fm_pager_stop(p);
 }
 
+/* The collector's pause worker while one is named (0: none), as the agent's is_gc_thread says. */
+static atomic_long pause_worker;
+
+static int pause_worker_is(pid_t tid)
+{
+	return tid == atomic_load(&pause_worker) ? FM_GC_PAUSE : 0;
+}
+
+static unsigned byte_at(struct fm_resmap_hdr *h, uint64_t page)
+{
+	const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
+	return map[page];
+}
+
+/*
+ * A pause worker's write to a clean page opens the clean pages after it with
+ * it, in one unprotect (uffd/fault.c's open_clean): they are DIRTY on the
+ * rewrite guess, and writing them then costs no fault. The run stops at the
+ * first page that is not clean, and at OPEN_AHEAD_PAGES. A write of one of
+ * the program's threads opens only its own page. Every byte reads back right.
+ * In the faulting thread: a region a handler thread serves installs every
+ * page writable (fm_region_installs_open), so none is clean.
+ */
+static void open_ahead(const char *addr)
+{
+	struct fm_pager_cfg cfg;
+	struct fm_pager *p = NULL;
+	struct fm_resmap_hdr *h;
+	char err[512];
+	uint8_t *a;
+	uint64_t wp, ahead;
+
+	fm_pager_cfg_defaults(&cfg);
+	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "0", err, sizeof(err)) == 0);
+	CHECK(fm_pager_cfg_set(&cfg, "fault", "signal", err, sizeof(err)) == 0);
+	cfg.is_gc_thread = pause_worker_is;
+	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
+		fprintf(stderr, "fm_pager_start (open ahead): %s\n", err);
+		failures++;
+		return;
+	}
+	h = fm_pager_map(p);
+	a = unit_region(p, 64 * PG, FM_REG_HEAP);
+	if (!a) {
+		fm_pager_stop(p);
+		return;
+	}
+	/* Read, so clean (write-protected zeros): pages 0-39 and 41-63; 40 stays untouched. */
+	for (uint64_t i = 0; i < 64; i++)
+		if (i != 40)
+			CHECK(((volatile uint8_t *)a)[i * PG] == 0);
+	CHECK(state_at(h, 1) == FM_PG_CLEAN && state_at(h, 40) == FM_PG_UNTOUCHED);
+
+	wp = h->stats.wp_faults;
+	ahead = h->stats.wp_opened_ahead;
+	a[0] = 1; /* the program's write: its page alone */
+	CHECK(h->stats.wp_faults == wp + 1 && h->stats.wp_opened_ahead == ahead);
+	CHECK(state_at(h, 0) == FM_PG_DIRTY && state_at(h, 1) == FM_PG_CLEAN);
+
+	atomic_store(&pause_worker, (long)syscall(SYS_gettid));
+	a[2 * PG] = 2; /* opens 3-34 with it */
+	CHECK(h->stats.wp_faults == wp + 2 && h->stats.wp_opened_ahead == ahead + 32);
+	for (uint64_t i = 2; i <= 34; i++)
+		CHECK(state_at(h, i) == FM_PG_DIRTY && (i == 2 || (byte_at(h, i) & FM_PGF_REWRITE)));
+	CHECK(state_at(h, 35) == FM_PG_CLEAN);
+	for (uint64_t i = 3; i <= 34; i++)
+		a[i * PG + 7] = (uint8_t)i;
+	CHECK(h->stats.wp_faults == wp + 2);
+	a[36 * PG] = 36; /* opens 37-39: 40 is not clean */
+	CHECK(h->stats.wp_faults == wp + 3 && h->stats.wp_opened_ahead == ahead + 35);
+	CHECK(state_at(h, 39) == FM_PG_DIRTY && state_at(h, 41) == FM_PG_CLEAN);
+	atomic_store(&pause_worker, 0);
+
+	for (uint64_t i = 0; i < 64; i++) {
+		uint8_t want0 = i == 0 ? 1 : i == 2 ? 2 : i == 36 ? 36 : 0;
+		uint8_t want7 = i >= 3 && i <= 34 ? (uint8_t)i : 0;
+		CHECK(a[i * PG] == want0 && a[i * PG + 7] == want7);
+	}
+	CHECK(fm_pager_unregister(p, a, 64 * PG) == 0);
+	munmap(a, 64 * PG);
+	fm_pager_stop(p);
+}
+
 /*
  * A page is let go as soon as the next move does not use it, sealed first:
  * a page a later move of the same call writes again is held, checked and
@@ -573,6 +661,7 @@ int main(void)
 	scenario(tcp, "stream", "thread");
 	small(unix_addr, "shm");
 	small(tcp, "stream");
+	open_ahead(unix_addr);
 	let_go_between_moves(unix_addr);
 	snprintf(sock2, sizeof(sock2), "/tmp/farmem-unit-compact2-%d.sock", getpid());
 	memd2 = unit_start_memd(sock2, "64M");
