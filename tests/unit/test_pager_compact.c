@@ -369,25 +369,15 @@ static unsigned byte_at(struct fm_resmap_hdr *h, uint64_t page)
  */
 static void open_ahead(const char *addr)
 {
-	struct fm_pager_cfg cfg;
-	struct fm_pager *p = NULL;
+	struct fm_pager *p = unit_pager_gc("open ahead", addr, "1M",
+					   (const char *const[]){ "prefetch", "0", "fault", "signal", NULL },
+					   pause_worker_is);
 	struct fm_resmap_hdr *h;
-	char err[512];
 	uint8_t *a;
 	uint64_t wp, ahead;
 
-	fm_pager_cfg_defaults(&cfg);
-	CHECK(fm_pager_cfg_set(&cfg, "memd", addr, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "secret", UNIT_MEMD_SECRET, err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "local", "1M", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "prefetch", "0", err, sizeof(err)) == 0);
-	CHECK(fm_pager_cfg_set(&cfg, "fault", "signal", err, sizeof(err)) == 0);
-	cfg.is_gc_thread = pause_worker_is;
-	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
-		fprintf(stderr, "fm_pager_start (open ahead): %s\n", err);
-		failures++;
+	if (!p)
 		return;
-	}
 	h = fm_pager_map(p);
 	a = unit_region(p, 64 * PG, FM_REG_HEAP);
 	if (!a) {

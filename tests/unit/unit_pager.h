@@ -16,10 +16,11 @@
 /*
  * A pager on memd at addr ("unix:PATH", or a list) with a local budget and the
  * settings in more (key, value, ..., NULL); NULL, counted as a failure, if it
- * does not start. what names the case in the failure's message.
+ * does not start. what names the case in the failure's message. is_gc_thread
+ * stands for the JVM agent's (NULL: no collector).
  */
-static inline struct fm_pager *unit_pager(const char *what, const char *addr, const char *local,
-					  const char *const *more)
+static inline struct fm_pager *unit_pager_gc(const char *what, const char *addr, const char *local,
+					     const char *const *more, int (*is_gc_thread)(pid_t tid))
 {
 	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
@@ -31,12 +32,19 @@ static inline struct fm_pager *unit_pager(const char *what, const char *addr, co
 	CHECK(fm_pager_cfg_set(&cfg, "local", local, err, sizeof(err)) == 0);
 	for (; more && more[0]; more += 2)
 		CHECK(fm_pager_cfg_set(&cfg, more[0], more[1], err, sizeof(err)) == 0);
+	cfg.is_gc_thread = is_gc_thread;
 	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
 		fprintf(stderr, "fm_pager_start (%s): %s\n", what, err);
 		failures++;
 		return NULL;
 	}
 	return p;
+}
+
+static inline struct fm_pager *unit_pager(const char *what, const char *addr, const char *local,
+					  const char *const *more)
+{
+	return unit_pager_gc(what, addr, local, more, NULL);
 }
 
 /* len bytes of fresh anonymous memory, registered with p (flags: FM_REG_*); NULL, counted, if not. */
