@@ -109,7 +109,8 @@ static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER; /* glibc's heaps (
  * Nothing else of the shim's is held when it is taken.
  */
 static pthread_mutex_t remap_lock = PTHREAD_MUTEX_INITIALIZER;
-static int remap_held_by_fork;
+/* The thread whose fork holds remap_lock (0: none): its own fork handlers' calls do not wait for it. */
+static _Atomic pid_t remap_fork_tid;
 
 static int reserved_paged(void);
 static void heaps_keep(void);
@@ -412,10 +413,20 @@ static int hooks_on(void)
 	return atomic_load(&state) != 4;
 }
 
-/* 1 when a call of the program's may change what the running pager pages: it takes remap_lock. */
+/*
+ * 1 when a call of the program's may change what the running pager pages: it
+ * takes remap_lock. Not in the forking thread while its fork holds the lock
+ * (a fork handler of another library's that maps, unmaps or allocates big):
+ * nothing else runs those steps meanwhile.
+ */
 static int remap_locks(void)
 {
-	return pager && atomic_load(&state) == 2 && !in_farmem;
+	pid_t f;
+
+	if (!pager || atomic_load(&state) != 2 || in_farmem)
+		return 0;
+	f = atomic_load_explicit(&remap_fork_tid, memory_order_relaxed);
+	return !f || f != gettid();
 }
 
 /*
@@ -449,13 +460,13 @@ static void fork_before(void)
 {
 	child_wait();
 	pthread_mutex_lock(&remap_lock);
-	remap_held_by_fork = 1;
+	atomic_store(&remap_fork_tid, gettid());
 }
 
 static void remap_let_go_by_fork(void)
 {
-	if (remap_held_by_fork) {
-		remap_held_by_fork = 0;
+	if (atomic_load(&remap_fork_tid)) {
+		atomic_store(&remap_fork_tid, 0);
 		pthread_mutex_unlock(&remap_lock);
 	}
 }
@@ -1544,15 +1555,23 @@ static void *big_alloc(size_t n, size_t align)
 	size_t extra = align > PAGE ? align - PAGE : 0;
 	uintptr_t a;
 	void *p;
+	/* Mapped and registered as one step to a fork, as the mmap hook does. */
+	int locked = remap_locks();
 
+	if (locked)
+		pthread_mutex_lock(&remap_lock);
 	pthread_mutex_lock(&big_lock);
 	if (atomic_load(&nbig) >= MAX_BIG) {
 		pthread_mutex_unlock(&big_lock);
+		if (locked)
+			pthread_mutex_unlock(&remap_lock);
 		return NULL;
 	}
 	p = sys_mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) {
 		pthread_mutex_unlock(&big_lock);
+		if (locked)
+			pthread_mutex_unlock(&remap_lock);
 		return NULL;
 	}
 	a = ((uintptr_t)p + extra) & ~(uintptr_t)(align > PAGE ? align - 1 : PAGE - 1);
@@ -1566,6 +1585,8 @@ static void *big_alloc(size_t n, size_t align)
 	atomic_fetch_add(&nbig, 1);
 	pthread_mutex_unlock(&big_lock);
 	maybe_register(p, len);
+	if (locked)
+		pthread_mutex_unlock(&remap_lock);
 	return p;
 }
 
@@ -1618,7 +1639,7 @@ static int big_moved(void *q, const void *p, size_t len)
 {
 	int rc;
 
-	if (!pager || atomic_load(&state) != 2 || in_farmem || big_len(q) < len)
+	if (!remap_locks() || big_len(q) < len)
 		return 0;
 	in_farmem++;
 	pthread_mutex_lock(&remap_lock);
@@ -1641,7 +1662,7 @@ static void *big_remapped(void *p, size_t old, size_t n)
 	void *q = NULL;
 	int done, i;
 
-	if (!pager || atomic_load(&state) != 2 || in_farmem || len <= old)
+	if (!remap_locks() || len <= old)
 		return NULL;
 	pthread_mutex_lock(&remap_lock);
 	done = remap_by_pager(p, old, len, MREMAP_MAYMOVE, NULL, &q);

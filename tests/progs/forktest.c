@@ -24,6 +24,10 @@
  *     maps, writes and unmaps another paged mapping: each child starts its
  *     pager with no range it cannot page (the launcher's output says so),
  *     and every byte of the grown mapping is right at the end.
+ *   - A fork whose prepare handler, registered before the pager started (so
+ *     it runs after the pager's), maps, writes and unmaps a paged mapping:
+ *     the fork completes (the shim's hooks do not wait on the fork's own
+ *     lock in the forking thread), and the child runs.
  *
  * Prints "forktest: <part> ok" per part; exits 1 with a reason otherwise.
  */
@@ -193,6 +197,26 @@ static void *remapper(void *arg)
 	return NULL;
 }
 
+/* Set while the "handler" part forks: the prepare handler then maps, writes and unmaps a paged mapping. */
+static atomic_int handler_maps;
+static int handler_ok = 1;
+
+static void prepare_maps(void)
+{
+	uint8_t *q;
+
+	if (!atomic_load(&handler_maps))
+		return;
+	q = mmap(NULL, REMAP_FIRST, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (q == MAP_FAILED) {
+		handler_ok = 0;
+		return;
+	}
+	fill(q, 7, 0);
+	if (!holds(q, 7, 0) || munmap(q, REMAP_FIRST))
+		handler_ok = 0;
+}
+
 static int fail(const char *what, size_t bad, size_t first)
 {
 	printf("forktest: %s FAILED: %zu pages wrong, the first %zu\n", what, bad, first);
@@ -280,6 +304,8 @@ int main(int argc, char **argv)
 	pid_t pid;
 	int st;
 
+	/* Before the first paged mapping starts the pager (and its fork handlers): this one runs after theirs. */
+	pthread_atfork(prepare_maps, NULL, NULL);
 	npages = (mib << 20) / PG;
 	budget_pages = (local_mib << 20) / PG;
 	nchurn = npages / 2;
@@ -412,6 +438,21 @@ int main(int argc, char **argv)
 		printf("forktest: remap ok (%d forks, the mapping at %zu MiB, %zu mappings made and unmapped)\n",
 		       REMAP_FORKS, rpages >> 8, unmaps);
 	}
+
+	/* A fork whose prepare handler maps, writes and unmaps a paged mapping (alarm: a hang fails). */
+	alarm(60);
+	atomic_store(&handler_maps, 1);
+	fflush(stdout);
+	pid = fork();
+	atomic_store(&handler_maps, 0);
+	if (pid == 0)
+		_exit(0);
+	if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) || !handler_ok) {
+		printf("forktest: handler FAILED: status %#x, mapping %s\n", st, handler_ok ? "ok" : "wrong");
+		return 1;
+	}
+	alarm(0);
+	printf("forktest: handler ok\n");
 
 	atomic_store(&stop_churn, 1);
 	for (int t = 0; t < 2; t++)
