@@ -266,15 +266,17 @@ static int open_clean(struct fm_pager *p, struct fm_fault *f, struct region *r, 
 			n++;
 		}
 		STAT_ADD(p, garbage_reused, n);
-	} else if (gc == FM_GC_PAUSE) {
+	} else if (gc == FM_GC_PAUSE && fm_xport_kind(p->x) == FM_XPORT_SHM) {
 		/*
 		 * A pause worker writing an old page goes on to the pages after
 		 * it: a full GC forwards, adjusts and compacts region by region
 		 * in address order. The clean ones after it open with it, one
 		 * unprotect (one TLB shootdown) for the run, where each was a
 		 * fault and a shootdown, a fifth of a full GC's time. A guess
-		 * (FM_PGF_REWRITE): on shm one left unwritten leaves clean
-		 * (evict.c), elsewhere it costs a write-back.
+		 * (FM_PGF_REWRITE), taken only where one left unwritten leaves
+		 * clean (shm: eviction compares it with memd's copy, evict.c);
+		 * elsewhere each is a write-back (GcChurn over TCP: half again
+		 * the remote writes, 7% slower).
 		 */
 		while (na < OPEN_AHEAD_PAGES && i + n < r->npages) {
 			uint8_t c = pg_load(&r->pg[i + n]);
