@@ -104,9 +104,11 @@ static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER; /* glibc's heaps (
  * fork from before its pagers prepare (fork_before) until they are done in
  * the parent (remap_let_go_by_fork): each of those changes a range's books
  * and registration in steps (uffd/remap.c), and a fork between them gives
- * the child books for a range not mapped there, or a paged range unpaged; the fork's handlers mark the paged ranges DOFORK and then DONTFORK
- * again, and a range grown in between is split in two mappings (below).
- * Nothing else of the shim's is held when it is taken.
+ * the child books for a range not mapped there, or a paged range unpaged;
+ * the fork's handlers mark the paged ranges DOFORK and then DONTFORK again,
+ * and a range grown in between is split in two mappings (below). Nothing
+ * else of the shim's is held when it is taken (big_alloc takes big_lock
+ * under it).
  */
 static pthread_mutex_t remap_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The thread whose fork holds remap_lock (0: none): its own fork handlers' calls do not wait for it. */
