@@ -304,6 +304,8 @@ PROMOTE_LINE = re.compile(r"promotion in place since the last full GC: (\d+) pri
 IN_PLACE_LINE = re.compile(r"in place: phase 1 marked (\d+) primitive arrays, phase 2 sized (\d+) and forwarded "
                            r"(\d+) objects, phase 3 skipped (\d+) and read (\d+) forwarding pointers, where their "
                            r"pages lie; concurrent marking since: (\d+) primitive arrays; block sizes read there since: (\d+)")
+KEPT_LINE = re.compile(r"headers kept from phases 1 and 2: (\d+) objects, (\d+) reads of memd saved by them, "
+                       r"(\d+) not kept")
 LEFT_LINE = re.compile(r"left in place: (\d+) regions mostly in memd with at most (\d+)% garbage \((\d+) KiB live\); "
                        r"left out of mixed collections since the last full GC: (\d+) regions")
 
@@ -362,6 +364,9 @@ def test_gcchurn_gc_farmem_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_
     assert moved > 1000 and kib > 10 * 1024 and calls > 0, compact
     marked, sized, forwarded, skipped, forwardees = (sum(c[i] for c in in_place) for i in range(5))
     assert marked > 0 and sized > 0 and forwarded > 0 and skipped > 0 and forwardees > 0, in_place
+    # what phases 1 and 2 read and wrote there was kept for the phases after, the heap verified
+    kept = [tuple(int(x) for x in m.groups()) for m in KEPT_LINE.finditer(r.stdout)]
+    assert len(kept) == len(compact) and sum(k[0] for k in kept) > 0 and sum(k[1] for k in kept) > 0, kept
     promoted = [tuple(int(x) for x in m.groups()) for m in PROMOTE_LINE.finditer(r.stdout)]
     assert promoted and sum(p[0] for p in promoted) > 0 and sum(p[2] for p in promoted) > 0, promoted
     # regions mostly in memd and mostly live stayed where they lie, the heap verified around them
