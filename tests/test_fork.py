@@ -8,8 +8,8 @@ on unpaged, every byte right; a raw clone(), which runs no fork handlers, gets n
 all (it dies of SIGSEGV rather than read a zero); forks beside another thread's mremaps, mmaps
 and munmaps of paged memory leave the parent's mapping whole (its next growing mremap works) and
 give no child books for a range it does not have; a fork handler of the program's that runs
-after the pager's may map and unmap paged memory. In both fault modes. Programs from Debian that fork (Redis's
-BGSAVE, a multiprocessing pool) are in test_compat.py."""
+after the pager's may map and unmap paged memory. In both fault modes. Programs from Debian that
+fork (Redis's BGSAVE, a multiprocessing pool) are in test_compat.py."""
 
 import json
 import os

@@ -57,10 +57,15 @@ static uint64_t rnd(void)
 	return rnd_state;
 }
 
-static unsigned state_at(struct fm_resmap_hdr *h, uint64_t page)
+static unsigned byte_at(struct fm_resmap_hdr *h, uint64_t page)
 {
 	const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
-	return map[page] & FM_PG_STATE_MASK;
+	return map[page];
+}
+
+static unsigned state_at(struct fm_resmap_hdr *h, uint64_t page)
+{
+	return byte_at(h, page) & FM_PG_STATE_MASK;
 }
 
 struct presser {
@@ -352,12 +357,6 @@ static int pause_worker_is(pid_t tid)
 	return tid == atomic_load(&pause_worker) ? FM_GC_PAUSE : 0;
 }
 
-static unsigned byte_at(struct fm_resmap_hdr *h, uint64_t page)
-{
-	const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
-	return map[page];
-}
-
 /*
  * A pause worker's write to a clean page opens the clean pages after it with
  * it, in one unprotect (uffd/fault.c's open_clean): they are DIRTY on the
@@ -365,13 +364,17 @@ static unsigned byte_at(struct fm_resmap_hdr *h, uint64_t page)
  * first page that is not clean, and at OPEN_AHEAD_PAGES. A write of one of
  * the program's threads opens only its own page. Every byte reads back right.
  * In the faulting thread: a region a handler thread serves installs every
- * page writable (fm_region_installs_open), so none is clean.
+ * page writable (fm_region_installs_open), so none is clean. Over the wire
+ * (stream) the pause worker opens only its page too: there a page opened and
+ * not written would be a write-back.
  */
-static void open_ahead(const char *addr)
+static void open_ahead(const char *addr, const char *transport)
 {
 	struct fm_pager *p = unit_pager_gc("open ahead", addr, "1M",
-					   (const char *const[]){ "prefetch", "0", "fault", "signal", NULL },
+					   (const char *const[]){ "prefetch", "0", "fault", "signal", "transport",
+								   transport, NULL },
 					   pause_worker_is);
+	unsigned run = strcmp(transport, "shm") ? 0 : 32, tail = strcmp(transport, "shm") ? 0 : 3;
 	struct fm_resmap_hdr *h;
 	uint8_t *a;
 	uint64_t wp, ahead;
@@ -397,17 +400,18 @@ static void open_ahead(const char *addr)
 	CHECK(state_at(h, 0) == FM_PG_DIRTY && state_at(h, 1) == FM_PG_CLEAN);
 
 	atomic_store(&pause_worker, (long)syscall(SYS_gettid));
-	a[2 * PG] = 2; /* opens 3-34 with it */
-	CHECK(h->stats.wp_faults == wp + 2 && h->stats.wp_opened_ahead == ahead + 32);
-	for (uint64_t i = 2; i <= 34; i++)
+	a[2 * PG] = 2; /* on shm opens 3-34 with it */
+	CHECK(h->stats.wp_faults == wp + 2 && h->stats.wp_opened_ahead == ahead + run);
+	for (uint64_t i = 2; i <= 2 + run; i++)
 		CHECK(state_at(h, i) == FM_PG_DIRTY && (i == 2 || (byte_at(h, i) & FM_PGF_REWRITE)));
-	CHECK(state_at(h, 35) == FM_PG_CLEAN);
+	CHECK(state_at(h, 3 + run) == FM_PG_CLEAN);
 	for (uint64_t i = 3; i <= 34; i++)
 		a[i * PG + 7] = (uint8_t)i;
-	CHECK(h->stats.wp_faults == wp + 2);
-	a[36 * PG] = 36; /* opens 37-39: 40 is not clean */
-	CHECK(h->stats.wp_faults == wp + 3 && h->stats.wp_opened_ahead == ahead + 35);
-	CHECK(state_at(h, 39) == FM_PG_DIRTY && state_at(h, 41) == FM_PG_CLEAN);
+	CHECK(h->stats.wp_faults == wp + 2 + (run ? 0 : 32));
+	wp = h->stats.wp_faults;
+	a[36 * PG] = 36; /* on shm opens 37-39: 40 is not clean */
+	CHECK(h->stats.wp_faults == wp + 1 && h->stats.wp_opened_ahead == ahead + run + tail);
+	CHECK(state_at(h, 37) == (run ? FM_PG_DIRTY : FM_PG_CLEAN) && state_at(h, 41) == FM_PG_CLEAN);
 	atomic_store(&pause_worker, 0);
 
 	for (uint64_t i = 0; i < 64; i++) {
@@ -651,7 +655,8 @@ int main(void)
 	scenario(tcp, "stream", "thread");
 	small(unix_addr, "shm");
 	small(tcp, "stream");
-	open_ahead(unix_addr);
+	open_ahead(unix_addr, "shm");
+	open_ahead(tcp, "stream");
 	let_go_between_moves(unix_addr);
 	snprintf(sock2, sizeof(sock2), "/tmp/farmem-unit-compact2-%d.sock", getpid());
 	memd2 = unit_start_memd(sock2, "64M");
