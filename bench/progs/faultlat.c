@@ -123,34 +123,10 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	uint64_t size = m.size, seed = m.seed, passes = m.passes;
-	int random_order = m.random_order, do_write = m.do_write, json = m.json;
-	enum fill_kind fill = m.fill;
-	double thr_us = m.thr_us;
-	uint64_t npages = size / PGSZ;
-	uint64_t naccess = npages * passes;
-
-	/* Bookkeeping arrays: small malloc'd buffers, well below the shim's threshold
-	 * for the sizes the benchmarks use (8 bytes a page a pass). */
-	uint32_t *order = malloc(npages * sizeof *order);
-	uint32_t *lat = malloc(naccess * sizeof *lat);
-	if (!order || !lat) {
-		fprintf(stderr, PROG ": out of memory\n");
+	uint64_t size = m.size, npages = size / PGSZ;
+	uint32_t *order, *lat;
+	if (measure_prepare(PROG, &m, &order, &lat))
 		return 3;
-	}
-	for (uint64_t i = 0; i < npages; i++)
-		order[i] = (uint32_t)i;
-	if (random_order) {
-		uint64_t s = splitmix64(seed ^ 0x7065726d) | 1;
-		for (uint64_t i = npages - 1; i > 0; i--) {
-			uint64_t j = xs_next(&s) % (i + 1);
-			uint32_t t = order[i];
-			order[i] = order[j];
-			order[j] = t;
-		}
-	}
-	/* touch the bookkeeping now, so none of its faults land in the measured pass */
-	memset(lat, 0, naccess * sizeof *lat);
 
 	uint8_t *region = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (region == MAP_FAILED) {
@@ -162,8 +138,8 @@ int main(int argc, char **argv)
 
 	uint64_t f0 = now_ns();
 	for (uint64_t p = 0; p < npages; p++)
-		fill_page(region + p * PGSZ, seed, p, fill);
-	uint64_t fill_ns = now_ns() - f0;
+		fill_page(region + p * PGSZ, m.seed, p, m.fill);
+	struct measure_result r = { .fill_s = (now_ns() - f0) / 1e9 };
 
 	const struct fm_resmap_hdr *rm = NULL;
 	struct split_snap sp0 = { 0 }, sp1 = { 0 };
@@ -176,94 +152,33 @@ int main(int argc, char **argv)
 		}
 	}
 	struct rusage ru0, ru1;
-	uint64_t bad = 0, sink = 0;
-	int cpu_start = sched_getcpu();
+	uint64_t sink = 0;
+	r.cpu_start = sched_getcpu();
 	getrusage(RUSAGE_SELF, &ru0);
 	if (rm)
 		sp0 = split_read(rm);
 	uint64_t w0 = now_ns();
-	uint64_t k = 0;
-	for (uint64_t pass = 0; pass < passes; pass++) {
-		for (uint64_t i = 0; i < npages; i++, k++) {
-			uint32_t p = order[i];
-			volatile uint64_t *w = (volatile uint64_t *)(region + (uint64_t)p * PGSZ);
-			uint64_t a, b, v = 0;
-			if (do_write) {
-				uint64_t nv = pass + 1;
-				a = now_ns();
-				w[1] = nv;
-				b = now_ns();
-			} else {
-				a = now_ns();
-				v = w[0];
-				b = now_ns();
-			}
-			uint64_t d = b - a;
-			lat[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
-			if (!do_write) {
-				sink += v;
-				if (v != page_word0(seed, p))
-					bad++;
-			}
-		}
-	}
+	for (uint64_t pass = 0; pass < m.passes; pass++)
+		r.bad += measure_pass(region, order, &m, pass, lat + pass * npages, &sink);
 	uint64_t wall_ns = now_ns() - w0;
 	if (rm)
 		sp1 = split_read(rm);
 	getrusage(RUSAGE_SELF, &ru1);
-	int cpu_end = sched_getcpu();
+	r.cpu_end = sched_getcpu();
+	measure_rank(&m, lat, wall_ns, &ru0, &ru1, &r);
 
-	/* statistics */
-	uint64_t thr_ns = (uint64_t)(thr_us * 1000.0);
-	uint64_t nf = 0;
-	double sum_all = 0;
-	for (uint64_t i = 0; i < naccess; i++) {
-		sum_all += lat[i];
-		if (lat[i] > thr_ns)
-			lat[nf++] = lat[i];   /* compact the faults to the front */
-	}
-	qsort(lat, nf, sizeof *lat, cmp_u32);
-	double wall_s = wall_ns / 1e9;
-	double p50 = pct_us(lat, nf, 0.50), p90 = pct_us(lat, nf, 0.90);
-	double p99 = pct_us(lat, nf, 0.99), p999 = pct_us(lat, nf, 0.999);
-	double fmax = nf ? lat[nf - 1] / 1000.0 : 0.0;
-	double fmean = 0;
-	for (uint64_t i = 0; i < nf; i++)
-		fmean += lat[i];
-	fmean = nf ? fmean / nf / 1000.0 : 0.0;
 	/* Per remote fault, in us: the measured wait and the pager's parts of it. */
 	uint64_t sn = sp1.faults - sp0.faults;
-	double s_wait = fmean, s_hand = 0, s_xp = 0, s_cp = 0, s_kern = 0;
+	double s_wait = r.fmean, s_hand = 0, s_xp = 0, s_cp = 0, s_kern = 0;
 	if (sn) {
 		s_xp = (sp1.transport_ns - sp0.transport_ns) / 1e3 / sn;
 		s_cp = (sp1.copy_ns - sp0.copy_ns) / 1e3 / sn;
 		s_hand = (sp1.handler_ns - sp0.handler_ns) / 1e3 / sn - s_xp - s_cp;
 		s_kern = s_wait - (s_hand + s_xp + s_cp);
 	}
-	double pps = wall_s > 0 ? naccess / wall_s : 0;
-	double mbps = wall_s > 0 ? naccess * (double)PGSZ / wall_s / 1e6 : 0;
-	double fps = wall_s > 0 ? nf / wall_s : 0;
-	long majflt = ru1.ru_majflt - ru0.ru_majflt, minflt = ru1.ru_minflt - ru0.ru_minflt;
-	long vcsw = ru1.ru_nvcsw - ru0.ru_nvcsw, ivcsw = ru1.ru_nivcsw - ru0.ru_nivcsw;
-	const char *pat = random_order ? "random" : "seq";
-	const char *op = do_write ? "write" : "read";
-	const char *fills = fill == FILL_RANDOM ? "random" : fill == FILL_COMPRESSIBLE ? "compressible" : "zero";
 
-	if (json) {
-		printf("{\"program\": \"" PROG "\", \"pattern\": \"%s\", \"op\": \"%s\", \"fill\": \"%s\", "
-		       "\"size_bytes\": %" PRIu64 ", \"page_size\": %u, \"pages\": %" PRIu64 ", "
-		       "\"passes\": %" PRIu64 ", \"accesses\": %" PRIu64 ", \"fill_s\": %.6f, "
-		       "\"pass_wall_s\": %.6f, \"pages_per_s\": %.1f, \"mb_per_s\": %.2f, "
-		       "\"fault_threshold_us\": %.3f, \"faults\": %" PRIu64 ", \"faults_per_s\": %.1f, "
-		       "\"fault_p50_us\": %.3f, \"fault_p90_us\": %.3f, \"fault_p99_us\": %.3f, "
-		       "\"fault_p999_us\": %.3f, \"fault_max_us\": %.3f, \"fault_mean_us\": %.3f, "
-		       "\"access_mean_us\": %.3f, \"majflt\": %ld, \"minflt\": %ld, "
-		       "\"vcsw\": %ld, \"ivcsw\": %ld, \"cpu_start\": %d, \"cpu_end\": %d, "
-		       "\"bad_words\": %" PRIu64 "",
-		       pat, op, fills, size, PGSZ, npages, passes, naccess, fill_ns / 1e9,
-		       wall_s, pps, mbps, thr_us, nf, fps, p50, p90, p99, p999, fmax, fmean,
-		       naccess ? sum_all / naccess / 1000.0 : 0.0, majflt, minflt, vcsw, ivcsw,
-		       cpu_start, cpu_end, bad);
+	if (m.json) {
+		measure_json(PROG, &m, &r);
 		if (rm)
 			printf(", \"split_remote_faults\": %" PRIu64 ", \"split_wait_us\": %.3f, "
 			       "\"split_kernel_us\": %.3f, \"split_handler_us\": %.3f, "
@@ -272,18 +187,16 @@ int main(int argc, char **argv)
 		printf("}\n");
 	} else {
 		printf(PROG ": %s %s, %" PRIu64 " pages (%" PRIu64 " MiB) x %" PRIu64 " passes, fill %s %.3f s\n",
-		       pat, op, npages, size >> 20, passes, fills, fill_ns / 1e9);
-		printf(PROG ": pass %.3f s, %.0f pages/s, %.1f MB/s, mean access %.3f us\n",
-		       wall_s, pps, mbps, naccess ? sum_all / naccess / 1000.0 : 0.0);
-		printf(PROG ": faults (>%.1f us): %" PRIu64 ", %.0f/s, p50 %.2f p90 %.2f p99 %.2f p99.9 %.2f max %.1f us\n",
-		       thr_us, nf, fps, p50, p90, p99, p999, fmax);
+		       m.random_order ? "random" : "seq", m.do_write ? "write" : "read", npages, size >> 20, m.passes,
+		       measure_fill_name(m.fill), r.fill_s);
+		measure_text(PROG, &m, &r);
 		printf(PROG ": majflt %ld minflt %ld vcsw %ld ivcsw %ld cpu %d->%d bad_words %" PRIu64 "\n",
-		       majflt, minflt, vcsw, ivcsw, cpu_start, cpu_end, bad);
+		       r.majflt, r.minflt, r.vcsw, r.ivcsw, r.cpu_start, r.cpu_end, r.bad);
 		if (rm && sn && s_wait > 0)
 			printf(PROG ": split of %" PRIu64 " remote faults (pager) vs %" PRIu64 " measured: "
 			       "%.1f us/fault = kernel %.1f (%.0f%%) + handler %.1f (%.0f%%) + "
 			       "transport %.1f (%.0f%%) + copy %.1f (%.0f%%)\n",
-			       sn, nf, s_wait, s_kern, 100 * s_kern / s_wait, s_hand, 100 * s_hand / s_wait,
+			       sn, r.faults, s_wait, s_kern, 100 * s_kern / s_wait, s_hand, 100 * s_hand / s_wait,
 			       s_xp, 100 * s_xp / s_wait, s_cp, 100 * s_cp / s_wait);
 		else if (rm)
 			printf(PROG ": split: no remote faults in the measured pass\n");
@@ -293,8 +206,8 @@ int main(int argc, char **argv)
 	free(order);
 	free(lat);
 	munmap(region, size);
-	if (bad) {
-		fprintf(stderr, PROG ": %" PRIu64 " reads returned the wrong data\n", bad);
+	if (r.bad) {
+		fprintf(stderr, PROG ": %" PRIu64 " reads returned the wrong data\n", r.bad);
 		return 1;
 	}
 	return 0;

@@ -9,10 +9,12 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #define PGSZ 4096u
@@ -218,6 +220,149 @@ static int measure_opts_check(const char *prog, const struct measure_opts *m, in
 		return -1;
 	}
 	return 0;
+}
+
+/* ---- the measured pass and its figures, the same on both sides ---- */
+
+/*
+ * The pass's page order (a permutation from the seed, or in address order)
+ * and a latency slot per access, the slots touched now so that none of their
+ * faults lands in the pass. Small malloc'd buffers, below the shim's
+ * threshold for the sizes the benchmarks use (8 bytes a page a pass).
+ */
+static int measure_prepare(const char *prog, const struct measure_opts *m, uint32_t **order, uint32_t **lat)
+{
+	uint64_t npages = m->size / PGSZ, naccess = npages * m->passes;
+
+	*order = malloc(npages * sizeof **order);
+	*lat = malloc(naccess * sizeof **lat);
+	if (!*order || !*lat) {
+		fprintf(stderr, "%s: out of memory\n", prog);
+		return -1;
+	}
+	for (uint64_t i = 0; i < npages; i++)
+		(*order)[i] = (uint32_t)i;
+	if (m->random_order) {
+		uint64_t s = splitmix64(m->seed ^ 0x7065726d) | 1;
+		for (uint64_t i = npages - 1; i > 0; i--) {
+			uint64_t j = xs_next(&s) % (i + 1);
+			uint32_t t = (*order)[i];
+			(*order)[i] = (*order)[j];
+			(*order)[j] = t;
+		}
+	}
+	memset(*lat, 0, naccess * sizeof **lat);
+	return 0;
+}
+
+/*
+ * Pass number `pass` over the region in order: one 8-byte word of each page
+ * read (checked against the fill) or written, each access timed alone into
+ * lat[0, npages). Returns the words read wrong; what was read goes into *sink.
+ */
+static uint64_t measure_pass(uint8_t *region, const uint32_t *order, const struct measure_opts *m, uint64_t pass,
+			     uint32_t *lat, uint64_t *sink)
+{
+	uint64_t npages = m->size / PGSZ, bad = 0;
+
+	for (uint64_t i = 0; i < npages; i++) {
+		uint32_t p = order[i];
+		volatile uint64_t *w = (volatile uint64_t *)(region + (uint64_t)p * PGSZ);
+		uint64_t a, b, v = 0;
+		if (m->do_write) {
+			uint64_t nv = pass + 1;
+			a = now_ns();
+			w[1] = nv;
+			b = now_ns();
+		} else {
+			a = now_ns();
+			v = w[0];
+			b = now_ns();
+		}
+		uint64_t d = b - a;
+		lat[i] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+		if (!m->do_write) {
+			*sink += v;
+			if (v != page_word0(m->seed, p))
+				bad++;
+		}
+	}
+	return bad;
+}
+
+/* What the pass measured: its accesses over the fault threshold ranked, its rates. */
+struct measure_result {
+	uint64_t naccess, faults, bad;
+	double fill_s, wall_s, p50, p90, p99, p999, fmax, fmean, access_mean, pps, mbps, fps;
+	long majflt, minflt, vcsw, ivcsw;
+	int cpu_start, cpu_end;
+};
+
+/* The pass's figures into r: lat's slots over the threshold are moved to its front and sorted. */
+static void measure_rank(const struct measure_opts *m, uint32_t *lat, uint64_t wall_ns, const struct rusage *ru0,
+			   const struct rusage *ru1, struct measure_result *r)
+{
+	uint64_t thr_ns = (uint64_t)(m->thr_us * 1000.0), naccess = m->size / PGSZ * m->passes, nf = 0;
+	double sum_all = 0, fsum = 0;
+
+	for (uint64_t i = 0; i < naccess; i++) {
+		sum_all += lat[i];
+		if (lat[i] > thr_ns)
+			lat[nf++] = lat[i];
+	}
+	qsort(lat, nf, sizeof *lat, cmp_u32);
+	for (uint64_t i = 0; i < nf; i++)
+		fsum += lat[i];
+	r->naccess = naccess;
+	r->faults = nf;
+	r->wall_s = wall_ns / 1e9;
+	r->p50 = pct_us(lat, nf, 0.50);
+	r->p90 = pct_us(lat, nf, 0.90);
+	r->p99 = pct_us(lat, nf, 0.99);
+	r->p999 = pct_us(lat, nf, 0.999);
+	r->fmax = nf ? lat[nf - 1] / 1000.0 : 0.0;
+	r->fmean = nf ? fsum / nf / 1000.0 : 0.0;
+	r->access_mean = naccess ? sum_all / naccess / 1000.0 : 0.0;
+	r->pps = r->wall_s > 0 ? naccess / r->wall_s : 0;
+	r->mbps = r->wall_s > 0 ? naccess * (double)PGSZ / r->wall_s / 1e6 : 0;
+	r->fps = r->wall_s > 0 ? nf / r->wall_s : 0;
+	r->majflt = ru1->ru_majflt - ru0->ru_majflt;
+	r->minflt = ru1->ru_minflt - ru0->ru_minflt;
+	r->vcsw = ru1->ru_nvcsw - ru0->ru_nvcsw;
+	r->ivcsw = ru1->ru_nivcsw - ru0->ru_nivcsw;
+}
+
+static const char *measure_fill_name(enum fill_kind f)
+{
+	return f == FILL_RANDOM ? "random" : f == FILL_COMPRESSIBLE ? "compressible" : "zero";
+}
+
+/* The keys both programs print, as one JSON object left open for each program's own. */
+static void measure_json(const char *prog, const struct measure_opts *m, const struct measure_result *r)
+{
+	printf("{\"program\": \"%s\", \"pattern\": \"%s\", \"op\": \"%s\", \"fill\": \"%s\", "
+	       "\"size_bytes\": %" PRIu64 ", \"page_size\": %u, \"pages\": %" PRIu64 ", "
+	       "\"passes\": %" PRIu64 ", \"accesses\": %" PRIu64 ", \"fill_s\": %.6f, "
+	       "\"pass_wall_s\": %.6f, \"pages_per_s\": %.1f, \"mb_per_s\": %.2f, "
+	       "\"fault_threshold_us\": %.3f, \"faults\": %" PRIu64 ", \"faults_per_s\": %.1f, "
+	       "\"fault_p50_us\": %.3f, \"fault_p90_us\": %.3f, \"fault_p99_us\": %.3f, "
+	       "\"fault_p999_us\": %.3f, \"fault_max_us\": %.3f, \"fault_mean_us\": %.3f, "
+	       "\"access_mean_us\": %.3f, \"majflt\": %ld, \"minflt\": %ld, "
+	       "\"vcsw\": %ld, \"ivcsw\": %ld, \"cpu_start\": %d, \"cpu_end\": %d, "
+	       "\"bad_words\": %" PRIu64 "",
+	       prog, m->random_order ? "random" : "seq", m->do_write ? "write" : "read", measure_fill_name(m->fill),
+	       m->size, PGSZ, m->size / PGSZ, m->passes, r->naccess, r->fill_s, r->wall_s, r->pps, r->mbps, m->thr_us,
+	       r->faults, r->fps, r->p50, r->p90, r->p99, r->p999, r->fmax, r->fmean, r->access_mean, r->majflt,
+	       r->minflt, r->vcsw, r->ivcsw, r->cpu_start, r->cpu_end, r->bad);
+}
+
+/* The text lines both programs print: the pass, then its faults. */
+static void measure_text(const char *prog, const struct measure_opts *m, const struct measure_result *r)
+{
+	printf("%s: pass %.3f s, %.0f pages/s, %.1f MB/s, mean access %.3f us\n", prog, r->wall_s, r->pps, r->mbps,
+	       r->access_mean);
+	printf("%s: faults (>%.1f us): %" PRIu64 ", %.0f/s, p50 %.2f p90 %.2f p99 %.2f p99.9 %.2f max %.1f us\n",
+	       prog, m->thr_us, r->faults, r->fps, r->p50, r->p90, r->p99, r->p999, r->fmax);
 }
 
 #endif

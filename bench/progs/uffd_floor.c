@@ -202,31 +202,10 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	uint64_t size = m.size, seed = m.seed, passes = m.passes;
-	int random_order = m.random_order, do_write = m.do_write, json = m.json;
-	enum fill_kind fill = m.fill;
-	double thr_us = m.thr_us;
-	uint64_t npages = size / PGSZ;
-	uint64_t naccess = npages * passes;
-
-	uint32_t *order = malloc(npages * sizeof *order);
-	uint32_t *lat = malloc(naccess * sizeof *lat);
-	if (!order || !lat) {
-		fprintf(stderr, PROG ": out of memory\n");
+	uint64_t size = m.size, npages = size / PGSZ;
+	uint32_t *order, *lat;
+	if (measure_prepare(PROG, &m, &order, &lat))
 		return 3;
-	}
-	for (uint64_t i = 0; i < npages; i++)
-		order[i] = (uint32_t)i;
-	if (random_order) {
-		uint64_t s = splitmix64(seed ^ 0x7065726d) | 1;
-		for (uint64_t i = npages - 1; i > 0; i--) {
-			uint64_t j = xs_next(&s) % (i + 1);
-			uint32_t t = order[i];
-			order[i] = order[j];
-			order[j] = t;
-		}
-	}
-	memset(lat, 0, naccess * sizeof *lat);
 
 	/* The store: what a memory server would hold, here local and pre-filled. */
 	uint8_t *store = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -239,8 +218,8 @@ int main(int argc, char **argv)
 	madvise(region, size + PGSZ, MADV_NOHUGEPAGE);
 	uint64_t f0 = now_ns();
 	for (uint64_t p = 0; p < npages; p++)
-		fill_page(store + p * PGSZ, seed, p, fill);
-	uint64_t fill_ns = now_ns() - f0;
+		fill_page(store + p * PGSZ, m.seed, p, m.fill);
+	struct measure_result r = { .fill_s = (now_ns() - f0) / 1e9 };
 
 	int uffd = open_uffd();
 	if (uffd < 0) {
@@ -285,98 +264,38 @@ int main(int argc, char **argv)
 	}
 
 	struct rusage ru0, ru1;
-	uint64_t bad = 0, sink = 0, wall_ns = 0;
-	int cpu_start = sched_getcpu();
+	uint64_t sink = 0, wall_ns = 0;
+	r.cpu_start = sched_getcpu();
 	getrusage(RUSAGE_SELF, &ru0);
-	uint64_t k = 0;
-	for (uint64_t pass = 0; pass < passes; pass++) {
+	for (uint64_t pass = 0; pass < m.passes; pass++) {
 		if (pass)
 			madvise(region, size, MADV_DONTNEED);   /* every pass faults again */
 		uint64_t w0 = now_ns();
-		for (uint64_t i = 0; i < npages; i++, k++) {
-			uint32_t p = order[i];
-			volatile uint64_t *w = (volatile uint64_t *)(region + (uint64_t)p * PGSZ);
-			uint64_t a, b, v = 0;
-			if (do_write) {
-				uint64_t nv = pass + 1;
-				a = now_ns();
-				w[1] = nv;
-				b = now_ns();
-			} else {
-				a = now_ns();
-				v = w[0];
-				b = now_ns();
-			}
-			uint64_t d = b - a;
-			lat[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
-			if (!do_write) {
-				sink += v;
-				if (v != page_word0(seed, p))
-					bad++;
-			}
-		}
+		r.bad += measure_pass(region, order, &m, pass, lat + pass * npages, &sink);
 		wall_ns += now_ns() - w0;
 	}
 	getrusage(RUSAGE_SELF, &ru1);
-	int cpu_end = sched_getcpu();
+	r.cpu_end = sched_getcpu();
 	atomic_store(&h.stop, 1);
 	(void)*(volatile uint8_t *)(region + size);   /* the handler serves it and exits */
 	pthread_join(ht, NULL);
 
-	uint64_t thr_ns = (uint64_t)(thr_us * 1000.0);
-	uint64_t nf = 0;
-	double sum_all = 0;
-	for (uint64_t i = 0; i < naccess; i++) {
-		sum_all += lat[i];
-		if (lat[i] > thr_ns)
-			lat[nf++] = lat[i];
-	}
-	qsort(lat, nf, sizeof *lat, cmp_u32);
-	double wall_s = wall_ns / 1e9;
-	double p50 = pct_us(lat, nf, 0.50), p90 = pct_us(lat, nf, 0.90);
-	double p99 = pct_us(lat, nf, 0.99), p999 = pct_us(lat, nf, 0.999);
-	double fmax = nf ? lat[nf - 1] / 1000.0 : 0.0;
-	double fmean = 0;
-	for (uint64_t i = 0; i < nf; i++)
-		fmean += lat[i];
-	fmean = nf ? fmean / nf / 1000.0 : 0.0;
-	double pps = wall_s > 0 ? naccess / wall_s : 0;
-	double mbps = wall_s > 0 ? naccess * (double)PGSZ / wall_s / 1e6 : 0;
-	double fps = wall_s > 0 ? nf / wall_s : 0;
-	long majflt = ru1.ru_majflt - ru0.ru_majflt, minflt = ru1.ru_minflt - ru0.ru_minflt;
-	long vcsw = ru1.ru_nvcsw - ru0.ru_nvcsw, ivcsw = ru1.ru_nivcsw - ru0.ru_nivcsw;
+	measure_rank(&m, lat, wall_ns, &ru0, &ru1, &r);
 	uint64_t served = atomic_load(&h.served), retries = atomic_load(&h.retries);
 	int hcpu = atomic_load(&h.cpu);
-	const char *pat = random_order ? "random" : "seq";
-	const char *op = do_write ? "write" : "read";
-	const char *fills = fill == FILL_RANDOM ? "random" : fill == FILL_COMPRESSIBLE ? "compressible" : "zero";
 
-	if (json) {
-		printf("{\"program\": \"" PROG "\", \"pattern\": \"%s\", \"op\": \"%s\", \"fill\": \"%s\", "
-		       "\"size_bytes\": %" PRIu64 ", \"page_size\": %u, \"pages\": %" PRIu64 ", "
-		       "\"passes\": %" PRIu64 ", \"accesses\": %" PRIu64 ", \"fill_s\": %.6f, "
-		       "\"pass_wall_s\": %.6f, \"pages_per_s\": %.1f, \"mb_per_s\": %.2f, "
-		       "\"fault_threshold_us\": %.3f, \"faults\": %" PRIu64 ", \"faults_per_s\": %.1f, "
-		       "\"fault_p50_us\": %.3f, \"fault_p90_us\": %.3f, \"fault_p99_us\": %.3f, "
-		       "\"fault_p999_us\": %.3f, \"fault_max_us\": %.3f, \"fault_mean_us\": %.3f, "
-		       "\"access_mean_us\": %.3f, \"majflt\": %ld, \"minflt\": %ld, "
-		       "\"vcsw\": %ld, \"ivcsw\": %ld, \"cpu_start\": %d, \"cpu_end\": %d, "
-		       "\"bad_words\": %" PRIu64 ", \"uffd_faults\": %" PRIu64 ", \"copy_retries\": %" PRIu64 ", "
-		       "\"handler_cpu\": %d, \"pin\": \"%s\"}\n",
-		       pat, op, fills, size, PGSZ, npages, passes, naccess, fill_ns / 1e9,
-		       wall_s, pps, mbps, thr_us, nf, fps, p50, p90, p99, p999, fmax, fmean,
-		       naccess ? sum_all / naccess / 1000.0 : 0.0, majflt, minflt, vcsw, ivcsw,
-		       cpu_start, cpu_end, bad, served, retries, hcpu, pin);
+	if (m.json) {
+		measure_json(PROG, &m, &r);
+		printf(", \"uffd_faults\": %" PRIu64 ", \"copy_retries\": %" PRIu64 ", \"handler_cpu\": %d, "
+		       "\"pin\": \"%s\"}\n", served, retries, hcpu, pin);
 	} else {
 		printf(PROG ": %s %s, %" PRIu64 " pages (%" PRIu64 " MiB) x %" PRIu64 " passes, store fill %s %.3f s, pin %s\n",
-		       pat, op, npages, size >> 20, passes, fills, fill_ns / 1e9, pin);
-		printf(PROG ": pass %.3f s, %.0f pages/s, %.1f MB/s, mean access %.3f us\n",
-		       wall_s, pps, mbps, naccess ? sum_all / naccess / 1000.0 : 0.0);
-		printf(PROG ": faults (>%.1f us): %" PRIu64 ", %.0f/s, p50 %.2f p90 %.2f p99 %.2f p99.9 %.2f max %.1f us\n",
-		       thr_us, nf, fps, p50, p90, p99, p999, fmax);
+		       m.random_order ? "random" : "seq", m.do_write ? "write" : "read", npages, size >> 20, m.passes,
+		       measure_fill_name(m.fill), r.fill_s, pin);
+		measure_text(PROG, &m, &r);
 		printf(PROG ": uffd faults served %" PRIu64 " (retries %" PRIu64 "), handler cpu %d, "
 		       "majflt %ld minflt %ld vcsw %ld ivcsw %ld cpu %d->%d bad_words %" PRIu64 "\n",
-		       served, retries, hcpu, majflt, minflt, vcsw, ivcsw, cpu_start, cpu_end, bad);
+		       served, retries, hcpu, r.majflt, r.minflt, r.vcsw, r.ivcsw, r.cpu_start, r.cpu_end, r.bad);
 	}
 	fflush(stdout);
 	(void)sink;
@@ -385,8 +304,8 @@ int main(int argc, char **argv)
 	munmap(region, size + PGSZ);
 	munmap(store, size);
 	close(uffd);
-	if (bad) {
-		fprintf(stderr, PROG ": %" PRIu64 " reads returned the wrong data\n", bad);
+	if (r.bad) {
+		fprintf(stderr, PROG ": %" PRIu64 " reads returned the wrong data\n", r.bad);
 		return 1;
 	}
 	return 0;
