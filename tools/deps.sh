@@ -20,6 +20,8 @@ PKGS=(
 	postgresql-15 postgresql-client-15
 	# bench/bench_sweep.py: Debian programs under farmem, their peak RSS by GNU time
 	time jq bzip2 zstd
+	# bench/bench_fault.py's perf stat -a, bench/gc_profile.py's perf record
+	linux-perf
 )
 
 missing=()
