@@ -2,7 +2,8 @@
 /*
  * What faultlat and uffd_floor share, so that the two sides of the floor
  * comparison fill, time and rank pages the same way: page patterns, the clock,
- * sizes, percentiles. Header-only: each benchmark stays one program.
+ * sizes, options, the measured pass, its percentiles and the keys both print.
+ * Header-only: each benchmark stays one program.
  */
 #ifndef FARMEM_BENCH_MEASURE_H
 #define FARMEM_BENCH_MEASURE_H
