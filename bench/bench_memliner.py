@@ -32,6 +32,7 @@ Needs `make all` and `make jdk` (it runs hotspot/build.sh, a cache hit, to find 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -43,6 +44,10 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if importlib.util.find_spec("farmem") is None:  # run by a Python without the CLI: use its sources
+    sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
+from farmem import procmap  # noqa: E402
+
 CLASSES = os.path.join(ROOT, "build", "bench-java")
 WORKLOADS = {
     "objgraph": (["ObjGraph", "--live-mb", "150", "--sweeps", "30"], "objgraph: ok"),
@@ -70,18 +75,11 @@ def compile_java() -> None:
 
 
 def java_pid(parent: int, deadline: float):
-    """The java process `farmem run` started (a child of it)."""
+    """The java process `farmem run` started (under it)."""
     while time.monotonic() < deadline:
-        try:
-            kids = open(f"/proc/{parent}/task/{parent}/children").read().split()
-        except OSError:
-            return None
-        for k in kids:
-            try:
-                if open(f"/proc/{k}/comm").read().strip() == "java":
-                    return int(k)
-            except OSError:
-                pass
+        pid = procmap.descendant_named(parent, "java")
+        if pid:
+            return pid
         time.sleep(0.02)
     return None
 

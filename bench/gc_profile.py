@@ -20,6 +20,7 @@ under "other". The exit status is the command's.
 """
 import argparse
 import collections
+import importlib.util
 import json
 import os
 import re
@@ -29,6 +30,11 @@ import subprocess
 import sys
 import tempfile
 import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if importlib.util.find_spec("farmem") is None:  # run by a Python without the CLI: use its sources
+    sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
+from farmem import procmap  # noqa: E402
 
 # Outermost frames that name what a GC thread is doing (G1, JDK 17), checked from the stack's root.
 TASKS = ("G1FullGCMarkTask", "G1FullGCPrepareTask", "G1FullGCAdjustTask", "G1FullGCCompactTask",
@@ -112,23 +118,11 @@ def report(r: dict, top: int) -> str:
 
 
 def find_java(root: int, deadline: float) -> int:
-    """The first process named java among root and its descendants."""
+    """The first process named java among root and its descendants (0: none by the deadline)."""
     while time.monotonic() < deadline:
-        seen, todo = set(), [root]
-        while todo:
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            try:
-                with open(f"/proc/{pid}/comm") as f:
-                    if f.read().strip() == "java":
-                        return pid
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    with open(f"/proc/{pid}/task/{tid}/children") as f:
-                        todo.extend(int(c) for c in f.read().split())
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue
+        pid = procmap.descendant_named(root, "java")
+        if pid:
+            return pid
         time.sleep(0.05)
     return 0
 

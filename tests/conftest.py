@@ -20,6 +20,8 @@ BUILD = REPO / "build"
 if importlib.util.find_spec("farmem") is None:  # not installed in this Python: use the sources
     sys.path.insert(0, str(REPO / "cli" / "src"))
 
+from farmem import procmap  # noqa: E402
+
 MARKERS = {
     "root": "needs root (changes user, reads other users' processes)",
     "bpf": "loads eBPF programs",
@@ -79,31 +81,6 @@ def private_tmp():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _descendant_named(root: int, comm: str):
-    """A process named comm that descends from root (root itself included), or None."""
-    parent = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = open(f"/proc/{d}/stat").read()
-        except OSError:
-            continue
-        parent[int(d)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    for pid in parent:
-        p = pid
-        while p > 1 and p != root:
-            p = parent.get(p, 0)
-        if p != root:
-            continue
-        try:
-            if open(f"/proc/{pid}/comm").read().strip() == comm:
-                return pid
-        except OSError:
-            continue
-    return None
-
-
 @pytest.fixture(scope="session")
 def wait_paging(farmem_cmd):
     """wait_paging(proc, comm, seconds=60) -> pid: wait until the process named comm under proc
@@ -113,7 +90,7 @@ def wait_paging(farmem_cmd):
     def wait(proc, comm, seconds=60.0, evicted=True):
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and proc.poll() is None:
-            pid = _descendant_named(proc.pid, comm)
+            pid = procmap.descendant_named(proc.pid, comm)
             if pid is not None:
                 if not evicted:
                     return pid

@@ -9,6 +9,34 @@ from farmem import resmap
 from farmem.errors import FarmemError
 
 
+def descendant_named(root: int, comm: str):
+    """A process named comm that descends from root (root itself included), or None: the JVM
+    under `farmem run`, a shell and its launchers."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        parent[int(d)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    for pid in parent:
+        p = pid
+        while p > 1 and p != root:
+            p = parent.get(p, 0)
+        if p != root:
+            continue
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == comm:
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
 def farmem_pids() -> list:
     """Processes holding a farmem-map memfd, found through /proc/*/fd."""
     out = []
