@@ -106,7 +106,7 @@ struct fm_pager_stats {
 	uint64_t evictions_dirty;    /* written back, then dropped */
 	uint64_t discards;           /* dropped because the program freed them */
 	uint64_t prefetch_issued;
-	uint64_t prefetch_used;
+	uint64_t prefetch_used;      /* seen used: written, or run through (a lower bound) */
 	uint64_t gc_faults;          /* faults taken by GC threads */
 	uint64_t app_faults;         /* faults taken by every other thread */
 	uint64_t resident_pages;     /* gauge */

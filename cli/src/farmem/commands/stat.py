@@ -19,7 +19,7 @@ def render(s: dict) -> list:
         f"pages zero-filled {s['zero_fills']}, fault p50 {s['fault_p50_us']:.2f} us, p99 {s['fault_p99_us']:.2f} us",
         f"remote reads {s['remote_reads']}, writes {s['remote_writes']}, evictions {s['evictions']} "
         f"({s['evictions_clean']} clean, {s['evictions_dirty']} dirty), prefetch {s['prefetch_issued']} "
-        f"issued / {s['prefetch_used']} used",
+        f"issued / {s['prefetch_used']} seen used",
         f"swap epoch {s['swap_epoch']}, gc cycles {s['gc_cycles']}"
         + (" (GC running)" if s["gc_active"] else "")
         + f", memd full {s['memd_full']}, crc errors {s['crc_errors']}, transport errors {s['transport_errors']}",
