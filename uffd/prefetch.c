@@ -198,16 +198,22 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 			 * fault sorts it out.
 			 */
 			if (skipped & (1ull << q)) {
-				fm_release(p, &r->pg[want[k + q]], held, b);
+				pg_release(&r->pg[want[k + q]], held, b);
 				fm_resident_add(p, -1);
 			} else {
-				fm_release(p, &r->pg[want[k + q]], held, is_remote
+				pg_release(&r->pg[want[k + q]], held, is_remote
 				 ? pg_make(open ? FM_PG_DIRTY : FM_PG_CLEAN,
 					   (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | cold |
 						     (open ? FM_PGF_REWRITE : 0)))
 				 : pg_make(open_fresh ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
 			}
 		}
+		/*
+		 * One wake for the run: with anyone waiting on any page, each
+		 * release's wake is a system call that rouses every waiter (a
+		 * collector's other worker, faulting on a page of this run).
+		 */
+		fm_settled(p);
 		if (is_remote) {
 			got += n;
 			ri += n;
