@@ -61,7 +61,7 @@ X(secret, FM_KT_SECRET, CFG(secret), "FARMEM_SECRET", "", 0, 0, "", FM_KS_OPT, "
 X(secret_file, FM_KT_PATH, AGENT(secret_file), NULL, "", 0, 0, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--secret-file", "FILE", \
   "read memd's secret from FILE (a trailing newline is stripped)") \
 X(transport, FM_KT_ENUM, CFG(xport_pref), "FARMEM_TRANSPORT", "auto", 0, 0, "auto|stream|shm", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--transport", "auto|stream|shm", \
-  "shm: one-sided access to a same-host memd's store (a memfd passed after authentication); stream: a request and a reply per batch of pages; auto takes shm when memd offers it") \
+  "shm: one-sided access to a same-host memd's store (a memfd passed after authentication); stream: a request and a reply per batch of pages; auto takes shm when memd offers it. With shm the store's pages are charged to the memory cgroup of the process that first writes them, the paged program's; with stream, to memd's (docs/compatibility.md)") \
 X(fault, FM_KT_ENUM, CFG(fault_mode), "FARMEM_FAULT", "auto", 0, 0, "auto|signal|thread", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--fault", "auto|signal|thread", \
   "where a fault is served: signal, in the faulting thread's SIGBUS handler on its own CPU (UFFD_FEATURE_SIGBUS); thread, by handler threads while the faulting thread sleeps in the kernel (system calls on paged memory then wait for their pages; each fault is passed between two threads, see fill_spin_us). auto: signal, but thread for a program linked with liburing or libaio (docs/pager.md)") \
 X(fill_threads, FM_KT_UINT, CFG(fill_threads), "FARMEM_FILL_THREADS", "1", 1, 16, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--fill-threads", "N", \
