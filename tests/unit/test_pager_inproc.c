@@ -7,6 +7,7 @@
  * build/bin/farmem-memd).
  */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +34,27 @@ static uint8_t page_byte(struct fm_resmap_hdr *h, uint64_t i)
 	const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
 
 	return __atomic_load_n(&map[i], __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Page i's byte once no one holds it. With fault=thread a handler installs
+ * the page (which wakes the faulting thread) before it lets go of its hold:
+ * on a busy machine the reader runs first and finds the page FILLING for as
+ * long as the handler waits for a CPU. Bounded: a hold that never ends is a
+ * leak, and the byte then says so.
+ */
+static uint8_t settled_byte(struct fm_resmap_hdr *h, uint64_t i)
+{
+	uint8_t b = page_byte(h, i);
+
+	for (unsigned n = 0; n < 100000; n++) {
+		unsigned s = fm_pg_state(b);
+		if (s != FM_PG_FILLING && s != FM_PG_UPDATING && s != FM_PG_LEAVING)
+			break;
+		sched_yield();
+		b = page_byte(h, i);
+	}
+	return b;
 }
 
 /* Read other pages until pages i and j are remote (reads alone, and never i or j themselves). */
@@ -81,7 +103,7 @@ static void rewrite_guess(struct fm_resmap_hdr *h, uint8_t *a, uint32_t *ver, in
 			continue;
 		}
 		CHECK(page_ok(a, i, ver[i]));
-		b = page_byte(h, i);
+		b = settled_byte(h, i);
 		if (fm_pg_state(b) != FM_PG_DIRTY) {
 			gone++; /* gone again already, or fetched ahead */
 			continue;
@@ -93,7 +115,7 @@ static void rewrite_guess(struct fm_resmap_hdr *h, uint8_t *a, uint32_t *ver, in
 		}
 		wp = h->stats.wp_faults;
 		write_page(a, i, ++ver[i]);
-		b = page_byte(h, i);
+		b = settled_byte(h, i);
 		if (fm_pg_state(b) == FM_PG_DIRTY && (b & FM_PGF_REWRITE)) {
 			CHECK(h->stats.wp_faults == wp); /* installed writable: the write did not fault */
 			w = i;
