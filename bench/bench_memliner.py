@@ -74,16 +74,6 @@ def compile_java() -> None:
     subprocess.run(["javac", "-nowarn", "-d", CLASSES, *srcs], check=True)
 
 
-def java_pid(parent: int, deadline: float):
-    """The java process `farmem run` started (under it)."""
-    while time.monotonic() < deadline:
-        pid = procmap.descendant_named(parent, "java")
-        if pid:
-            return pid
-        time.sleep(0.02)
-    return None
-
-
 def trace_threads(pid: int, out: dict) -> None:
     """farmem-trace -p PID until it exits: pager faults (uffd waits) per thread kind.
 
@@ -128,7 +118,7 @@ def run_one(args, config: str, workload: str, jdk: str, workdir: str, rep: int) 
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     traced, tr = {}, None
     if args.threads:
-        jp = java_pid(p.pid, time.monotonic() + 30)
+        jp = procmap.wait_descendant_named(p.pid, "java", time.monotonic() + 30)
         if jp:
             tr = threading.Thread(target=trace_threads, args=(jp, traced))
             tr.start()

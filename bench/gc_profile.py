@@ -117,16 +117,6 @@ def report(r: dict, top: int) -> str:
     return "\n".join(out)
 
 
-def find_java(root: int, deadline: float) -> int:
-    """The first process named java among root and its descendants (0: none by the deadline)."""
-    while time.monotonic() < deadline:
-        pid = procmap.descendant_named(root, "java")
-        if pid:
-            return pid
-        time.sleep(0.05)
-    return 0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,7 +141,7 @@ def main() -> int:
     data = os.path.join(work, "perf.data")
     p = subprocess.Popen(cmd, start_new_session=True)
     try:
-        pid = find_java(p.pid, time.monotonic() + a.after + 30)
+        pid = procmap.wait_descendant_named(p.pid, "java", time.monotonic() + a.after + 30, poll=0.05)
         if not pid:
             print("gc_profile: no java process under the command", file=sys.stderr)
             return p.wait() or 1

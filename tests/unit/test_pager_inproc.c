@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "fm_util.h"
+#include "page.h"
 #include "pager.h"
 #include "resmap.h"
 #include "transport.h"
@@ -47,10 +48,7 @@ static uint8_t settled_byte(struct fm_resmap_hdr *h, uint64_t i)
 {
 	uint8_t b = page_byte(h, i);
 
-	for (unsigned n = 0; n < 100000; n++) {
-		unsigned s = fm_pg_state(b);
-		if (s != FM_PG_FILLING && s != FM_PG_UPDATING && s != FM_PG_LEAVING)
-			break;
+	for (unsigned n = 0; n < 100000 && pg_is_hold(fm_pg_state(b)); n++) {
 		sched_yield();
 		b = page_byte(h, i);
 	}

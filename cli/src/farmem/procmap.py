@@ -37,6 +37,17 @@ def descendant_named(root: int, comm: str):
     return None
 
 
+def wait_descendant_named(root: int, comm: str, deadline: float, poll: float = 0.02):
+    """descendant_named, asked again every `poll` seconds until time.monotonic() passes
+    deadline; None then."""
+    while time.monotonic() < deadline:
+        pid = descendant_named(root, comm)
+        if pid:
+            return pid
+        time.sleep(poll)
+    return None
+
+
 def farmem_pids() -> list:
     """Processes holding a farmem-map memfd, found through /proc/*/fd."""
     out = []
