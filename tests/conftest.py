@@ -102,3 +102,43 @@ def wait_paging(farmem_cmd):
         assert proc.poll() is None, f"{comm} ended before the test could act"
         pytest.fail(f"{comm} did not {'start evicting' if evicted else 'start'} within {seconds} s")
     return wait
+
+
+def in_cgroup(cg, argv):
+    """argv run inside the memory cgroup cg (farmem.swap's): the shell joins it, then becomes argv."""
+    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs, *map(str, argv)]
+
+
+def start_unix_memd(build, tmp_path, *extra, cgroup=None):
+    """A memd of this checkout on a Unix socket in tmp_path (in the memory cgroup cgroup, if given),
+    once it says it is ready: (process, address, secret)."""
+    secret = tmp_path / "secret"
+    secret.write_text("shm-test\n")
+    sock = tmp_path / "memd.sock"
+    r, w = os.pipe()
+    argv = [str(build / "bin/farmem-memd"), "--unix", str(sock), "--secret-file", str(secret),
+            "--ready-fd", str(w), *extra]
+    p = subprocess.Popen(in_cgroup(cgroup, argv) if cgroup else argv, pass_fds=(w,), stderr=subprocess.PIPE,
+                         text=True)
+    os.close(w)
+    with os.fdopen(r) as ready:
+        assert ready.readline() == "ready\n", p.stderr.read() if p.poll() is not None else "no ready line"
+    return p, f"unix:{sock}", "shm-test"
+
+
+@pytest.fixture
+def memory_cgroups():
+    """Two memory cgroups, memd's and the paged program's (v1 or v2, made as farmem's swap mode
+    makes its own), removed afterwards."""
+    from farmem.swap import SwapSetupError, _Cgroup
+    made = []
+    try:
+        for name in ("memd", "prog"):
+            made.append(_Cgroup(8 << 30, f"farmem-test-{name}-{os.getpid()}"))
+    except SwapSetupError as e:
+        for cg in made:
+            cg.remove()
+        pytest.skip(f"no memory cgroup here: {e}")
+    yield made
+    for cg in made:
+        cg.remove()

@@ -303,7 +303,7 @@ def test_wrong_version(memd):
 
 def test_unknown_op_keeps_connection(memd):
     c = memd.connect()
-    for op in (0, 16, 500, mp.ERROR):  # 13 is RDMA_MAP, 14 COPY, 15 EDIT
+    for op in (0, 17, 500, mp.ERROR):  # 13 is RDMA_MAP, 14 COPY, 15 EDIT, 16 SHM_ALLOC
         expect_status(mp.E_OP, c.request, op, b"abc")
     assert c.space_open(4) >= 1
     assert memd.stats()["errors"] >= 4
@@ -385,10 +385,10 @@ def test_count_over_batch(memd):
 def _random_frame(rng, space):
     op = rng.choice([mp.HELLO, mp.AUTH, mp.SESSION_NEW, mp.SESSION_JOIN, mp.SPACE_OPEN,
                      mp.SPACE_CLOSE, mp.READ, mp.WRITE, mp.DISCARD, mp.STATS, mp.SHM_MAP,
-                     mp.QUOTA, 0, 13, 4242, mp.ERROR])
+                     mp.QUOTA, mp.SHM_ALLOC, 0, 13, 4242, mp.ERROR])
     count = rng.choice([0, 0, 1, 2, 3, rng.randrange(1 << 32)])
     small = lambda n: bytes(rng.choice([0, 1, 2, 3, space, 255]) for _ in range(n))  # noqa: E731
-    shapes = {mp.READ: (8, 8), mp.WRITE: (8, 16 + PAGE), mp.DISCARD: (8, 16),
+    shapes = {mp.READ: (8, 8), mp.WRITE: (8, 16 + PAGE), mp.DISCARD: (8, 16), mp.SHM_ALLOC: (8, 16),
               mp.SPACE_OPEN: (16, 0), mp.SPACE_CLOSE: (8, 0), mp.SHM_MAP: (8, 0),
               mp.QUOTA: (8, 0), mp.SESSION_JOIN: (24, 0), mp.STATS: (0, 0),
               mp.SESSION_NEW: (0, 0), mp.HELLO: (40, 0), mp.AUTH: (32, 0)}

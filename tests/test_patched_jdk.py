@@ -6,12 +6,15 @@ Every test here needs the patched JDK. The session fixture builds it with hotspo
 Select with `-m patched_jdk`, leave out with `-m "not patched_jdk"`.
 """
 
+import json
 import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from conftest import in_cgroup, start_unix_memd
 
 pytestmark = [pytest.mark.patched_jdk, pytest.mark.jvm, pytest.mark.memd, pytest.mark.pager]
 
@@ -380,6 +383,32 @@ def test_gcchurn_gc_farmem_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_
     assert s["compact_opened"] > 0, s
     # and clean pages after one a pause worker's write faulted on were opened with it (fault.c)
     assert s["wp_opened_ahead"] > 0, s
+
+
+def test_gc_farmem_with_memd_in_another_memory_cgroup_verified(farmem_jdk, farmem_cmd, build, jvm_built, tmp_path,
+                                                              memory_cgroups):
+    """memd in a memory cgroup of its own, as a sidecar: the collector's moves open new pages of
+    memd's store a run at a time, memd allocating each run (SHM_ALLOC) so that its cgroup pays, and
+    evictions write into slots that kept their memory. G1 verifies the heap around every pause and
+    GcChurn checks every word of its live set; the JVM's cgroup holds its budget and the JVM, not the
+    store."""
+    memd_cg, prog_cg = memory_cgroups
+    memd, addr, _ = start_unix_memd(build, tmp_path, cgroup=memd_cg)
+    try:
+        r = run(in_cgroup(prog_cg, farmem_cmd + ["run", "--gc", "farmem", "--local", "25%", "--memd", addr,
+                                                 "--secret-file", tmp_path / "secret", "--log", "info",
+                                                 "--summary-json", tmp_path / "s.json", "--", "java", *VERIFY,
+                                                 "-Xlog:gc+farmem", *tight_churn(8)]), timeout=900, cwd=REPO)
+    finally:
+        memd.kill()
+        memd.wait()
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout and "hs_err" not in out
+    assert "is in another memory cgroup: it allocates its store's pages" in r.stderr, r.stderr[-3000:]
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["compact_moves"] > 1000 and s["compact_pages"] > 0 and s["crc_errors"] == 0, s
+    assert memd_cg.peak() > 64 << 20, f"memd's cgroup held {memd_cg.peak() >> 20} MiB"
 
 
 def test_gc_farmem_marks_primitive_arrays_in_place(farmem_jdk, farmem_cmd, build, jvm_built):

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from conftest import in_cgroup, start_unix_memd
+
 pytestmark = [pytest.mark.memd, pytest.mark.pager]
 
 
@@ -19,19 +21,6 @@ def pagetest(built):
     built("build/lib/libfarmem_preload.so")
     built("build/bin/farmem-memd")
     return built("build/tests/pagetest")
-
-
-def start_memd(build, tmp_path, *extra):
-    secret = tmp_path / "secret"
-    secret.write_text("shm-test\n")
-    sock = tmp_path / "memd.sock"
-    r, w = os.pipe()
-    p = subprocess.Popen([str(build / "bin/farmem-memd"), "--unix", str(sock), "--secret-file", str(secret),
-                          "--ready-fd", str(w), *extra], pass_fds=(w,), stderr=subprocess.PIPE, text=True)
-    os.close(w)
-    with os.fdopen(r) as ready:
-        assert ready.readline() == "ready\n", p.stderr.read() if p.poll() is not None else "no ready line"
-    return p, f"unix:{sock}", "shm-test"
 
 
 def paged_env(build, addr, secret, **knobs):
@@ -53,7 +42,7 @@ def test_numa_node_binds_the_store_for_both_sides(build, tmp_path, pagetest):
     nodes = sorted(int(m.group(1)) for d in os.listdir("/sys/devices/system/node")
                    if (m := re.fullmatch(r"node(\d+)", d)))
     node = nodes[-1]
-    memd, addr, secret = start_memd(build, tmp_path, "--numa-node", str(node))
+    memd, addr, secret = start_unix_memd(build, tmp_path, "--numa-node", str(node))
     try:
         prog = subprocess.Popen([str(pagetest), "--size", "128M", "--rounds", "6"],
                                 env=paged_env(build, addr, secret, local="16M"),
@@ -86,7 +75,7 @@ def test_numa_node_that_does_not_exist_is_refused(build, tmp_path):
 def test_memd_death_while_mapped(build, tmp_path, pagetest, wait_paging):
     """memd dies mid-run. The pager notices (its control socket hangs up), stops evicting, and
     keeps reading back only pages it finished writing, each checked against its crc."""
-    memd, addr, secret = start_memd(build, tmp_path)
+    memd, addr, secret = start_unix_memd(build, tmp_path)
     prog = subprocess.Popen([str(pagetest), "--size", "160M", "--rounds", "4"],
                             env=paged_env(build, addr, secret, local="24M"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -96,3 +85,25 @@ def test_memd_death_while_mapped(build, tmp_path, pagetest, wait_paging):
     out, err = prog.communicate(timeout=180)
     assert prog.returncode == 0, err
     assert "lost memd" in err and "evicting stops" in err, err
+
+
+def test_memd_in_another_memory_cgroup_pays_for_its_store(build, tmp_path, pagetest, memory_cgroups):
+    """The kernel charges a shared-memory page to the cgroup of the task that first touches it: with
+    one-sided writes, the paged program. A program whose memory cgroup is not memd's has memd
+    allocate each slot before its first write (SHM_ALLOC), so its own cgroup holds its local budget,
+    not the 448 MiB it pushed into memd's store (1,301 MiB for a 1 GiB range before, RESULTS), and
+    memd's cgroup holds the store."""
+    memd_cg, prog_cg = memory_cgroups
+    memd, addr, secret = start_unix_memd(build, tmp_path, cgroup=memd_cg)
+    try:
+        prog = subprocess.run(in_cgroup(prog_cg, [pagetest, "--size", "512M", "--rewrites", "1"]),
+                              env=paged_env(build, addr, secret, local="64M", log="info"),
+                              capture_output=True, text=True, timeout=300)
+        assert prog.returncode == 0, prog.stderr
+        assert "is in another memory cgroup: it allocates its store's pages" in prog.stderr, prog.stderr
+        prog_peak, memd_peak = prog_cg.peak() >> 20, memd_cg.peak() >> 20
+        assert prog_peak < 200, f"the program's cgroup peaked at {prog_peak} MiB with 64 MiB local"
+        assert memd_peak > 400, f"memd's cgroup peaked at {memd_peak} MiB for a 448 MiB store"
+    finally:
+        memd.kill()
+        memd.wait()

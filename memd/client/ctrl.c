@@ -278,3 +278,25 @@ int fm_session_xport_space_close(struct fm_xport *x, uint32_t space_id)
 int fm_session_xport_stats(struct fm_xport *x, struct fm_stats *st) { return fm_ctrl_stats(&to_sx(x)->ctrl, st); }
 int fm_session_xport_alive(struct fm_xport *x) { return fm_ctrl_alive(&to_sx(x)->ctrl); }
 void fm_session_xport_hangup(struct fm_xport *x) { fm_ctrl_hangup(&to_sx(x)->ctrl); }
+
+int fm_ctrl_shm_alloc(struct fm_ctrl *c, uint32_t space_id, const struct fm_range *r, unsigned n)
+{
+	struct fm_space_ref ref = { .space_id = space_id };
+	struct fm_iov iov[2] = { { &ref, sizeof(ref) }, { r, n * sizeof(*r) } };
+	size_t len;
+	uint16_t st;
+	int rc = -EPIPE;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->conn.fd >= 0)
+		rc = fm_conn_call(&c->conn, FM_OP_SHM_ALLOC, n, iov, 2, NULL, 0, &len, &st, NULL,
+				  fm_deadline_in(c->timeout_ms));
+	pthread_mutex_unlock(&c->lock);
+	if (rc) {
+		mark_dead(c, rc == -ETIMEDOUT ? "no answer in time" : fm_strerror(rc));
+		return rc;
+	}
+	if (st == FM_E_FULL)
+		return -ENOSPC;
+	return st ? -EPROTO : 0;
+}

@@ -75,6 +75,13 @@ void fm_ctrl_hangup(struct fm_ctrl *c);
 int fm_ctrl_take_grant(struct fm_ctrl *c);
 /* Pages that left memd (a discard) or were not used after all. */
 void fm_ctrl_return_grant(struct fm_ctrl *c, uint64_t pages);
+/*
+ * memd allocates the memory of a mapped space's slots in the ranges, charged
+ * to its memory cgroup (protocol.h, FM_HELLO_F_ALLOC); each slot holds a page
+ * of the grant. 0; -ENOSPC when memd refuses; -EPROTO; else the connection
+ * failed (memd lost).
+ */
+int fm_ctrl_shm_alloc(struct fm_ctrl *c, uint32_t space_id, const struct fm_range *r, unsigned n);
 
 /*
  * The start of a transport over one memd session (stream, shm, rdma): what

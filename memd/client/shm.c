@@ -13,7 +13,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "ctrl.h"
@@ -46,6 +48,13 @@ struct shm {
 	unsigned pauses;           /* fm_xport_pause nesting, under lock */
 	uint32_t pause_id;         /* the pause under way, 0 when none: read without the lock */
 	uint32_t last_pause_id;
+	/*
+	 * memd lives in another memory cgroup and allocates the slots before
+	 * their first write (protocol.h, FM_HELLO_F_ALLOC): its cgroup, not
+	 * ours, pays for its store. The grant then counts slots with memory,
+	 * kept ones too, not pages: memd never holds more than it granted.
+	 */
+	int memd_allocates;
 };
 
 static struct shm *to_shm(struct fm_xport *x) { return (struct shm *)x; }
@@ -88,18 +97,88 @@ static void summed(struct shm *s, struct space_map *sm, uint64_t p)
 		__atomic_store_n(&sm->checked[p], now, __ATOMIC_RELAXED);
 }
 
-/* Slot p, which memd holds no page in, is written: memory it kept is in use again. */
-static void slot_filled(struct space_map *sm, uint64_t p)
+/* Slot p, which memd holds no page in, is written: memory it kept is in use again. 1 if it had memory. */
+static int slot_filled(struct space_map *sm, uint64_t p)
 {
-	if (__atomic_exchange_n(&sm->mem[p], 1, __ATOMIC_RELAXED))
-		__atomic_fetch_sub(&sm->kept, 1, __ATOMIC_RELAXED);
+	if (!__atomic_exchange_n(&sm->mem[p], 1, __ATOMIC_RELAXED))
+		return 0;
+	__atomic_fetch_sub(&sm->kept, 1, __ATOMIC_RELAXED);
+	return 1;
 }
 
-/* Slot p's memory goes back to the system (a hole is punched there next). */
-static void slot_punched(struct space_map *sm, uint64_t p, int was_present)
+/* Slot p's memory goes back to the system (a hole is punched there next). 1 if it had memory. */
+static int slot_punched(struct space_map *sm, uint64_t p, int was_present)
 {
-	if (__atomic_exchange_n(&sm->mem[p], 0, __ATOMIC_RELAXED) && !was_present)
+	if (!__atomic_exchange_n(&sm->mem[p], 0, __ATOMIC_RELAXED))
+		return 0;
+	if (!was_present)
 		__atomic_fetch_sub(&sm->kept, 1, __ATOMIC_RELAXED);
+	return 1;
+}
+
+/*
+ * Does writing slot p, which holds no page, take a page of the grant? Always
+ * when the grant counts pages; when memd allocates (memd_allocates), it
+ * counts slots with memory, so not for one that kept its memory.
+ */
+static int takes_grant(struct shm *s, struct space_map *sm, uint64_t p)
+{
+	return !s->memd_allocates || !__atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED);
+}
+
+/*
+ * Does slot p hold a page? With memd allocating, one without memory does
+ * not (a page is written only into memory), and its meta is not read:
+ * reading a hole of a shared mapping allocates it, in our cgroup.
+ */
+static int slot_present(struct shm *s, struct space_map *sm, uint64_t p)
+{
+	if (s->memd_allocates && !__atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED))
+		return 0;
+	return !!(__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT);
+}
+
+#define ALLOC_RANGES 64 /* per request: a scattered batch takes a few */
+
+/*
+ * Slots among pages[0..n) that take a page of the grant and have no memory
+ * yet get it from memd, a request per ALLOC_RANGES runs. 0; -ENOSPC when
+ * memd refused (or answered what it should not), with nothing of it left
+ * behind; else memd is lost.
+ */
+
+static int memd_allocate(struct shm *s, struct space_map *sm, const uint64_t *pages, unsigned n)
+{
+	struct fm_range r[ALLOC_RANGES];
+	unsigned i = 0;
+	int rc = 0;
+
+	while (i < n && !rc) {
+		unsigned nr = 0;
+
+		for (; i < n; i++) {
+			if (__atomic_load_n(&sm->mem[pages[i]], __ATOMIC_RELAXED))
+				continue;
+			if (nr && r[nr - 1].first + r[nr - 1].npages == pages[i]) {
+				r[nr - 1].npages++;
+				continue;
+			}
+			if (nr == ALLOC_RANGES)
+				break;
+			r[nr++] = (struct fm_range){ pages[i], 1 };
+		}
+		if (!nr)
+			break;
+		rc = fm_ctrl_shm_alloc(&s->sx.ctrl, sm->id, r, nr);
+	}
+	if (rc != -ENOSPC && rc != -EPROTO)
+		return rc;
+	/* Refused, maybe after some was allocated (this request's or an earlier one's): that memory would be no slot's. */
+	for (i = 0; i < n; i++)
+		if (!__atomic_load_n(&sm->mem[pages[i]], __ATOMIC_RELAXED))
+			fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				  (off_t)(pages[i] * FM_PAGE_SIZE), FM_PAGE_SIZE);
+	return -ENOSPC;
 }
 
 static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
@@ -248,10 +327,98 @@ static int shm_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, un
 	return 0;
 }
 
+/*
+ * With memd allocating: the pages of a write new to the store (status
+ * FM_E_ABSENT; present FM_OK; refused FM_E_FULL). One whose slot has no
+ * memory takes a page of the grant (its bit in took) and memd's memory, one
+ * request for the batch. 0, or memd is lost (every grant taken is back).
+ */
+static int allocate_new(struct shm *s, struct space_map *sm, const uint64_t *pages, unsigned n,
+			uint32_t *status, uint64_t *took)
+{
+	uint64_t fresh[FM_MAX_BATCH];
+	unsigned nf = 0;
+	int rc;
+
+	for (unsigned i = 0; i < n; i++) {
+		status[i] = FM_OK;
+		if (slot_present(s, sm, pages[i]))
+			continue;
+		status[i] = FM_E_ABSENT;
+		if (!takes_grant(s, sm, pages[i]))
+			continue;
+		if (i >= FM_MAX_BATCH || !fm_ctrl_take_grant(&s->sx.ctrl)) {
+			status[i] = FM_E_FULL;
+			continue;
+		}
+		took[i / 64] |= 1ull << (i % 64);
+		fresh[nf++] = pages[i];
+	}
+	if (!nf)
+		return 0;
+	rc = memd_allocate(s, sm, fresh, nf);
+	if (!rc)
+		return 0;
+	for (unsigned i = 0; i < n && i < FM_MAX_BATCH; i++)
+		if (took[i / 64] & (1ull << (i % 64)))
+			status[i] = FM_E_FULL;
+	memset(took, 0, FM_MAX_BATCH / 8);
+	fm_ctrl_return_grant(&s->sx.ctrl, nf);
+	return rc == -ENOSPC ? 0 : rc;
+}
+
+#define RUN_AHEAD 64 /* slots allocated at once for a run being filled */
+
+/*
+ * Slot page, whose grant the caller took and which it holds, gets memory
+ * from memd; so do, when the slot before it has memory (a run being filled,
+ * as a collector's promotion fills one), up to RUN_AHEAD-1 after it that
+ * have none, each with a page of the grant, kept (memory, no page) until
+ * written: one request for the run instead of one a page. Those are not
+ * held: a slot another thread gave memory meanwhile keeps its own grant.
+ * 0; -ENOSPC when memd refused; else memd is lost.
+ */
+static int allocate_run(struct shm *s, struct space_map *sm, uint64_t page)
+{
+	struct fm_range r = { page, 1 };
+	int rc;
+
+	if (page && __atomic_load_n(&sm->mem[page - 1], __ATOMIC_RELAXED))
+		while (r.npages < RUN_AHEAD && page + r.npages < sm->npages &&
+		       !__atomic_load_n(&sm->mem[page + r.npages], __ATOMIC_RELAXED) &&
+		       fm_ctrl_take_grant(&s->sx.ctrl))
+			r.npages++;
+	rc = fm_ctrl_shm_alloc(&s->sx.ctrl, sm->id, &r, 1);
+	if (rc) {
+		fm_ctrl_return_grant(&s->sx.ctrl, r.npages - 1);
+		if (rc != -ENOSPC && rc != -EPROTO)
+			return rc;
+		/*
+		 * Only the slot held is punched: another thread may be filling
+		 * one after it. What memd gave those before it refused stays
+		 * until their range is discarded.
+		 */
+		if (!__atomic_load_n(&sm->mem[page], __ATOMIC_RELAXED))
+			fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(page * FM_PAGE_SIZE),
+				  FM_PAGE_SIZE);
+		return -ENOSPC;
+	}
+	for (uint64_t q = page + 1; q < page + r.npages; q++) {
+		uint8_t none = 0;
+
+		if (__atomic_compare_exchange_n(&sm->mem[q], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			__atomic_fetch_add(&sm->kept, 1, __ATOMIC_RELAXED);
+		else
+			fm_ctrl_return_grant(&s->sx.ctrl, 1);
+	}
+	return 0;
+}
+
 static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
 		     const void *const *data, uint32_t *status)
 {
 	struct shm *s = to_shm(c->x);
+	uint64_t took[FM_MAX_BATCH / 64] = { 0 };
 	struct space_map *sm;
 
 	/* memd's control connection hung up: it is gone, do not trust it with a page. */
@@ -260,14 +427,27 @@ static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 	sm = find_space(s, space);
 	if (!sm)
 		return -ENOENT;
+	for (unsigned i = 0; i < n; i++)
+		if (pages[i] >= sm->npages)
+			return -ERANGE;
+	if (s->memd_allocates) {
+		int rc = allocate_new(s, sm, pages, n, status, took);
+
+		if (rc)
+			return rc;
+	}
 	for (unsigned i = 0; i < n; i++) {
 		uint64_t p = pages[i];
-		struct fm_shm_meta *m;
+		struct fm_shm_meta *m = &sm->meta[p];
 
-		if (p >= sm->npages)
-			return -ERANGE;
-		m = &sm->meta[p];
-		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
+		if (s->memd_allocates) {
+			if (status[i] == FM_E_FULL)
+				continue;
+			/* A slot given memory by another thread's run meanwhile came with its own grant. */
+			if (status[i] == FM_E_ABSENT && slot_filled(sm, p) && i < FM_MAX_BATCH &&
+			    (took[i / 64] & (1ull << (i % 64))))
+				fm_ctrl_return_grant(&s->sx.ctrl, 1);
+		} else if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
 			if (!fm_ctrl_take_grant(&s->sx.ctrl)) {
 				status[i] = FM_E_FULL;
 				continue;
@@ -326,12 +506,23 @@ static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uin
 		if (ss == ds && sp == dp)
 			continue;
 		m = &ds->meta[dp];
-		if (!(__atomic_load_n(&m->flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
-			if (!fm_ctrl_take_grant(&s->sx.ctrl)) {
+		if (!slot_present(s, ds, dp)) {
+			int rc, took = takes_grant(s, ds, dp);
+
+			if (took && !fm_ctrl_take_grant(&s->sx.ctrl)) {
 				status[i] = FM_E_FULL;
 				continue;
 			}
-			slot_filled(ds, dp);
+			rc = took && s->memd_allocates ? memd_allocate(s, ds, &dp, 1) : 0;
+			if (rc) {
+				fm_ctrl_return_grant(&s->sx.ctrl, 1);
+				if (rc != -ENOSPC)
+					return rc;
+				status[i] = FM_E_FULL;
+				continue;
+			}
+			if (slot_filled(ds, dp) && took && s->memd_allocates)
+				fm_ctrl_return_grant(&s->sx.ctrl, 1);
 		}
 		/* The acquire above published the source's crc and bytes; the flag goes last, as in a write. */
 		crc = ss->meta[sp].crc;
@@ -358,12 +549,19 @@ static int forget_ranges(struct fm_chan *c, uint32_t space, const struct fm_rang
 		if (r[i].first >= sm->npages || r[i].npages > sm->npages - r[i].first)
 			return -ERANGE;
 		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++) {
-			int was = !!(__atomic_exchange_n(&sm->meta[p].flags, 0, __ATOMIC_ACQ_REL) & FM_SHM_PRESENT);
-			freed += (uint64_t)was;
-			if (punch)
-				slot_punched(sm, p, was);
-			else if (was && __atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED))
+			int was = 0, had;
+
+			if (!s->memd_allocates || __atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED))
+				was = !!(__atomic_exchange_n(&sm->meta[p].flags, 0, __ATOMIC_ACQ_REL) & FM_SHM_PRESENT);
+			had = punch ? slot_punched(sm, p, was) : __atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED);
+
+			if (!punch && was && had)
 				__atomic_fetch_add(&sm->kept, 1, __ATOMIC_RELAXED);
+			/* Counting slots with memory, the grant goes back with the memory (takes_grant). */
+			if (s->memd_allocates)
+				freed += (uint64_t)(punch ? (had || was) : (was && !had));
+			else
+				freed += (uint64_t)was;
 		}
 		if (punch)
 			fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -387,13 +585,17 @@ static int shm_forget(struct fm_chan *c, uint32_t space, const struct fm_range *
 	return forget_ranges(c, space, r, n, 0);
 }
 
-static void punch(struct space_map *sm, uint64_t first, uint64_t end)
+static void punch(struct shm *s, struct space_map *sm, uint64_t first, uint64_t end)
 {
+	uint64_t had = 0;
+
 	for (uint64_t p = first; p < end; p++)
-		slot_punched(sm, p, 0);
+		had += (uint64_t)slot_punched(sm, p, 0);
 	if (end > first)
 		fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(first * FM_PAGE_SIZE),
 			  (off_t)((end - first) * FM_PAGE_SIZE));
+	if (s->memd_allocates)
+		fm_ctrl_return_grant(&s->sx.ctrl, had);
 }
 
 /*
@@ -404,7 +606,8 @@ static void punch(struct space_map *sm, uint64_t first, uint64_t end)
  */
 static int shm_release(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
 {
-	struct space_map *sm = find_space(to_shm(c->x), space);
+	struct shm *s = to_shm(c->x);
+	struct space_map *sm = find_space(s, space);
 
 	if (!sm)
 		return -ENOENT;
@@ -415,12 +618,12 @@ static int shm_release(struct fm_chan *c, uint32_t space, const struct fm_range 
 		run = r[i].first;
 		/* Runs of slots with memory and no page: a hole is punched only where there is something. */
 		for (uint64_t p = r[i].first; p < end; p++)
-			if ((__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) ||
-			    !__atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED)) {
-				punch(sm, run, p);
+			if (!__atomic_load_n(&sm->mem[p], __ATOMIC_RELAXED) ||
+			    (__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT)) {
+				punch(s, sm, run, p);
 				run = p + 1;
 			}
-		punch(sm, run, end);
+		punch(s, sm, run, end);
 	}
 	return 0;
 }
@@ -465,7 +668,7 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsig
 	if (page >= sm->npages)
 		return -ERANGE;
 	d = sm->data + page * FM_PAGE_SIZE;
-	if (__atomic_load_n(&sm->meta[page].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT) {
+	if (slot_present(s, sm, page)) {
 		if (!(flags & FM_PAGE_OVERWRITE) && !intact(s, sm, page))
 			return -EIO;
 	} else {
@@ -473,9 +676,20 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsig
 			return -ENOENT;
 		if (!alive_lately(s))
 			return -EPIPE;
-		if (!fm_ctrl_take_grant(&s->sx.ctrl))
+		int took = takes_grant(s, sm, page);
+
+		if (took && !fm_ctrl_take_grant(&s->sx.ctrl))
 			return -ENOSPC;
-		slot_filled(sm, page);
+		if (took && s->memd_allocates) {
+			int rc = allocate_run(s, sm, page);
+
+			if (rc) {
+				fm_ctrl_return_grant(&s->sx.ctrl, 1);
+				return rc == -ENOSPC ? rc : -EPIPE;
+			}
+		}
+		if (slot_filled(sm, page) && took && s->memd_allocates)
+			fm_ctrl_return_grant(&s->sx.ctrl, 1);
 		if (!(flags & FM_PAGE_OVERWRITE))
 			memset(d, 0, FM_PAGE_SIZE);
 	}
@@ -557,6 +771,62 @@ static const struct fm_xport_ops shm_ops = {
 	.page_seal = shm_page_seal,
 };
 
+/*
+ * The memory cgroup /proc/PID/cgroup names: cgroup v1's memory hierarchy,
+ * else v2's. 0, or -1 when it cannot be read.
+ */
+static int memory_cgroup(pid_t pid, char *out, size_t cap)
+{
+	char path[64], buf[2048], *line, *save = NULL;
+	ssize_t len;
+	int fd, found = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	len = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (len <= 0)
+		return -1;
+	buf[len] = 0;
+	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *ctl = strchr(line, ':'), *cg = ctl ? strchr(ctl + 1, ':') : NULL;
+
+		if (!cg)
+			continue;
+		*cg++ = 0;
+		ctl++;
+		if (strcmp(ctl, "memory") && strncmp(ctl, "memory,", 7) && !strstr(ctl, ",memory") &&
+		    !(found == 0 && !strcmp(line, "0") && !*ctl))
+			continue;
+		snprintf(out, cap, "%s", cg);
+		found = 1;
+		if (*ctl)  /* v1's memory line wins over v2's */
+			break;
+	}
+	return found ? 0 : -1;
+}
+
+/*
+ * Is memd (the peer of the Unix socket fd) in another memory cgroup than
+ * this process? When that cannot be told (another pid namespace, no /proc),
+ * say yes: the cost is a request a batch, where the other answer would let
+ * this process's cgroup pay for memd's store.
+ */
+static int memd_in_other_cgroup(int fd)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+	char mine[256], its[256];
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) || cr.pid <= 0)
+		return 1;
+	if (memory_cgroup(getpid(), mine, sizeof(mine)) || memory_cgroup(cr.pid, its, sizeof(its)))
+		return 1;
+	return strcmp(mine, its) != 0;
+}
+
 int fm_shm_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *err, size_t errlen)
 {
 	struct fm_session_xport *sx;
@@ -573,6 +843,16 @@ int fm_shm_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char *
 		return -EOPNOTSUPP;
 	}
 	pthread_mutex_init(&s->lock, NULL);
+	if (memd_in_other_cgroup(sx->ctrl.conn.fd)) {
+		if (sx->ctrl.conn.server_flags & FM_HELLO_F_ALLOC) {
+			s->memd_allocates = 1;
+			fm_info("memd at %s is in another memory cgroup: it allocates its store's pages", cfg->addr);
+		} else {
+			fm_warn("memd at %s is in another memory cgroup and predates SHM_ALLOC: this process's "
+				"cgroup is charged for the pages it writes to memd's store (--transport stream is not)",
+				cfg->addr);
+		}
+	}
 	/* Slot to slot in the shared store: no request to memd, so no server that predates COPY. */
 	sx->base.can_copy = 1;
 	*out = &sx->base;

@@ -49,6 +49,8 @@ enum fm_op {
 	                          * (only to a memd that sets FM_HELLO_F_COPY) */
 	FM_OP_EDIT         = 15, /* C: fm_space_ref + fm_edit_ent[count] + the PUT entries' bytes;
 	                          * S: the GET entries' bytes (only to a memd that sets FM_HELLO_F_EDIT) */
+	FM_OP_SHM_ALLOC    = 16, /* C: fm_space_ref + fm_range[count]; S: - (a mapped space, over a
+	                          * Unix socket, only to a memd that sets FM_HELLO_F_ALLOC) */
 	FM_OP_ERROR        = 0x7fff, /* S only: status in header, UTF-8 message as payload */
 };
 
@@ -88,6 +90,16 @@ struct fm_hdr {
 #define FM_HELLO_F_COPY 2u
 /* server: knows EDIT (the same rule as COPY). */
 #define FM_HELLO_F_EDIT 4u
+/*
+ * server: knows SHM_ALLOC. The kernel charges a shared-memory page to the
+ * memory cgroup of the task that first touches it, and with the shm
+ * transport that is the client writing a page into memd's store. A client
+ * in another memory cgroup than memd's asks memd to allocate the slots it is
+ * about to fill, so that memd's cgroup pays for memd's store. memd allocates
+ * no more memory in a session's spaces than its grant (and the spaces'
+ * meta): a slot allocated holds a page of the grant, written or about to be.
+ */
+#define FM_HELLO_F_ALLOC 8u
 
 struct fm_hello_req {
 	uint16_t min_version;

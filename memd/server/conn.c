@@ -60,6 +60,8 @@ static const struct op_shape op_shapes[] = {
 				 FM_MAX_BATCH, "COPY" },
 	[FM_OP_EDIT]         = { sizeof(struct fm_space_ref), sizeof(struct fm_edit_ent),
 				 FM_MAX_EDITS, "EDIT", true },
+	[FM_OP_SHM_ALLOC]    = { sizeof(struct fm_space_ref), sizeof(struct fm_range),
+				 FM_MAX_RANGES, "SHM_ALLOC" },
 };
 
 static const struct op_shape *shape_of(uint16_t op)
@@ -305,7 +307,7 @@ static int op_hello(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 	}
 	memset(&rep, 0, sizeof(rep));
 	rep.version = FM_PROTO_VERSION;
-	rep.flags = (c->is_unix ? FM_HELLO_F_SHM : 0) | FM_HELLO_F_COPY | FM_HELLO_F_EDIT;
+	rep.flags = (c->is_unix ? FM_HELLO_F_SHM | FM_HELLO_F_ALLOC : 0) | FM_HELLO_F_COPY | FM_HELLO_F_EDIT;
 	memcpy(rep.server_nonce, c->snonce, FM_NONCE_LEN);
 	p = reply(c, h, 0, sizeof(rep), -1);
 	if (!p)
@@ -442,8 +444,9 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 			return nospace(c, h, ref.space_id);
 		return reply(c, h, 0, 0, -1) ? 0 : -ENOMEM;
 	}
-	if (h->op == FM_OP_SHM_MAP && !c->is_unix)
-		return reply_err(c, h, FM_E_NOSHM, "SHM_MAP needs a Unix-socket connection");
+	if ((h->op == FM_OP_SHM_MAP || h->op == FM_OP_SHM_ALLOC) && !c->is_unix)
+		return reply_err(c, h, FM_E_NOSHM, "%s needs a Unix-socket connection",
+				 h->op == FM_OP_SHM_MAP ? "SHM_MAP" : "SHM_ALLOC");
 	sp = memd_space_get(c->st, c->sess, ref.space_id);
 	if (!sp)
 		return nospace(c, h, ref.space_id);
@@ -486,6 +489,26 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		if (ret == -ERANGE) {
 			memd_space_put(c->st, sp);
 			return reply_err(c, h, FM_E_RANGE, "a range leaves space %u", ref.space_id);
+		}
+		if (!ret && !reply(c, h, 0, 0, -1))
+			ret = -ENOMEM;
+		break;
+	case FM_OP_SHM_ALLOC:
+		ret = memd_space_shm_alloc(c->st, sp, (const struct fm_range *)(pl + sizeof(ref)), h->count);
+		if (ret == -ERANGE || ret == -EPERM || ret == -ENOSPC) {
+			memd_space_put(c->st, sp);
+			if (ret == -ERANGE)
+				return reply_err(c, h, FM_E_RANGE, "a range leaves space %u", ref.space_id);
+			if (ret == -EPERM)
+				return reply_err(c, h, FM_E_STATE, "SHM_ALLOC: space %u is not mapped (SHM_MAP)",
+						 ref.space_id);
+			return reply_err(c, h, FM_E_FULL, "SHM_ALLOC: the session's spaces would hold more "
+					 "memory than its grant");
+		}
+		if (ret && ret != -ENOENT) {
+			memd_space_put(c->st, sp);
+			return reply_err(c, h, FM_E_FULL, "SHM_ALLOC: cannot allocate in space %u: %s",
+					 ref.space_id, strerror(-ret));
 		}
 		if (!ret && !reply(c, h, 0, 0, -1))
 			ret = -ENOMEM;

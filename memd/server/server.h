@@ -146,6 +146,13 @@ int memd_space_rdma(struct memd_store *st, struct memd_space *sp, struct fm_rdma
 /* Switch the space to grant accounting; *fd is a dup the caller owns. */
 int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 		   struct fm_shm_map_rep *rep, int *fd);
+/*
+ * Allocate the memory of a mapped space's slots in the ranges (and of their
+ * meta), charged to memd (protocol.h, FM_HELLO_F_ALLOC). -ERANGE: a range
+ * leaves the space; -EPERM: not mapped by SHM_MAP; -ENOSPC: the session's
+ * spaces would hold more than its grant; else -errno from fallocate.
+ */
+int memd_space_shm_alloc(struct memd_store *st, struct memd_space *sp, const struct fm_range *r, uint32_t n);
 /* Change the session's grant by delta pages; returns the grant after. */
 uint64_t memd_quota(struct memd_store *st, struct memd_session *s, int64_t delta);
 

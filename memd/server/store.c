@@ -24,6 +24,7 @@
 #include <numaif.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <linux/falloc.h>
 
@@ -1170,6 +1171,89 @@ int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 	rep->data_offset = 0;
 	rep->meta_offset = sp->meta_offset;
 	rep->map_len = sp->map_len;
+out:
+	pthread_rwlock_unlock(&sp->rw);
+	return ret;
+}
+
+/*
+ * Memory in the session's memfds now, data and meta, in pages, and what it
+ * may hold: its grant and the pages memd wrote itself, plus every space's
+ * meta. A slot the client asks for holds a page of the grant (protocol.h),
+ * so an honest client never meets the bound. Caller holds st->lock.
+ */
+static bool session_may_allocate(struct memd_session *s, uint64_t more)
+{
+	uint64_t held = 0, allowed = s->grant + s->pages;
+	struct stat sb;
+
+	for (struct memd_space *x = s->spaces; x; x = x->next) {
+		if (x->fd < 0)
+			continue;
+		allowed += (x->map_len - x->meta_offset) / FM_PAGE_SIZE;
+		if (fstat(x->fd, &sb) == 0)
+			held += (uint64_t)sb.st_blocks / (FM_PAGE_SIZE / 512);
+	}
+	return held + more <= allowed;
+}
+
+int memd_space_shm_alloc(struct memd_store *st, struct memd_space *sp, const struct fm_range *r, uint32_t n)
+{
+	uint64_t want = 0;
+	int ret = 0;
+
+	pthread_rwlock_rdlock(&sp->rw);
+	if (sp->dead) {
+		ret = -ENOENT;
+		goto out;
+	}
+	if (sp->idmap || !sp->mapped) {
+		ret = -EPERM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct fm_range x;
+
+		memcpy(&x, &r[i], sizeof(x));
+		if (x.first > sp->npages || x.npages > sp->npages - x.first) {
+			ret = -ERANGE;
+			goto out;
+		}
+		want += x.npages;
+	}
+	/* Under the lock from the count to the allocation: two requests cannot both pass on the same room. */
+	pthread_mutex_lock(&st->lock);
+	if (!session_may_allocate(sp->sess, want)) {
+		ret = -ENOSPC;
+		goto unlock;
+	}
+	for (uint32_t i = 0; i < n && !ret; i++) {
+		struct fm_range x;
+		uint64_t mp, last_mp;
+
+		memcpy(&x, &r[i], sizeof(x));
+		if (!x.npages)
+			continue;
+		if (fallocate(sp->fd, FALLOC_FL_KEEP_SIZE, (off_t)(x.first * FM_PAGE_SIZE),
+			      (off_t)(x.npages * FM_PAGE_SIZE)) < 0) {
+			ret = -errno;
+			break;
+		}
+		/* The client reads a slot's meta before it writes the slot: that page is memd's too. */
+		last_mp = (x.first + x.npages - 1) / MEMD_META_PER_PAGE;
+		for (mp = x.first / MEMD_META_PER_PAGE; mp <= last_mp; mp++) {
+			if (known_test(sp, mp))
+				continue;
+			if (fallocate(sp->fd, FALLOC_FL_KEEP_SIZE, (off_t)(sp->meta_offset + mp * FM_PAGE_SIZE),
+				      FM_PAGE_SIZE) < 0) {
+				ret = -errno;
+				break;
+			}
+			known_set(sp, mp);
+		}
+	}
+unlock:
+	pthread_mutex_unlock(&st->lock);
 out:
 	pthread_rwlock_unlock(&sp->rw);
 	return ret;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -154,6 +155,7 @@ static void handshake(struct memd_conn *c)
 	memcpy(&hp, r.payload, sizeof(hp));
 	CHECK(hp.version == 1, "version");
 	CHECK(!!(hp.flags & FM_HELLO_F_SHM) == c->is_unix, "shm flag");
+	CHECK(!!(hp.flags & FM_HELLO_F_ALLOC) == c->is_unix, "alloc flag");
 	rep_free(&r);
 	fm_auth_client_mac(SECRET, strlen(SECRET), hp.server_nonce, hr.client_nonce, ar.mac);
 	r = expect_ok(c, FM_OP_AUTH, 0, &ar, sizeof(ar));
@@ -325,7 +327,10 @@ static void test_frame_check(void)
 		{ FM_PROTO_MAGIC, FM_OP_HELLO, 0, 40, MEMD_C_AUTH, MEMD_V_CLOSE, FM_E_STATE },
 		{ FM_PROTO_MAGIC, FM_OP_HELLO, 0, 40, MEMD_C_READY, MEMD_V_CLOSE, FM_E_STATE },
 		{ FM_PROTO_MAGIC, 0, 0, 0, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
-		{ FM_PROTO_MAGIC, 16, 0, 100, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
+		{ FM_PROTO_MAGIC, 17, 0, 100, MEMD_C_READY, MEMD_V_ERR, FM_E_OP },
+		{ FM_PROTO_MAGIC, FM_OP_SHM_ALLOC, 1024, 8 + 1024 * 16, MEMD_C_READY, MEMD_V_OK, 0 },
+		{ FM_PROTO_MAGIC, FM_OP_SHM_ALLOC, 1025, 8 + 1025 * 16, MEMD_C_READY, MEMD_V_ERR, FM_E_TOOBIG },
+		{ FM_PROTO_MAGIC, FM_OP_SHM_ALLOC, 2, 8 + 16, MEMD_C_READY, MEMD_V_CLOSE, FM_E_PROTO },
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 256, 8 + 256 * 16, MEMD_C_READY, MEMD_V_OK, 0 },
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 0, 8, MEMD_C_READY, MEMD_V_OK, 0 },
 		{ FM_PROTO_MAGIC, FM_OP_COPY, 257, 8 + 257 * 16, MEMD_C_READY, MEMD_V_ERR, FM_E_TOOBIG },
@@ -670,6 +675,94 @@ static void test_shm(void)
 	munmap(map, mr.map_len);
 	memd_conn_fini(&c);
 	CHECK(st.used == 0, "grant returned at session end");
+	memd_store_fini(&st);
+}
+
+/* Pages of memory in the memfd, data and meta (shmem counts what it allocated). */
+static uint64_t memfd_pages(int fd)
+{
+	struct stat sb;
+
+	CHECK(fstat(fd, &sb) == 0, "fstat");
+	return (uint64_t)sb.st_blocks / (FM_PAGE_SIZE / 512);
+}
+
+/*
+ * SHM_ALLOC: memd allocates slots of a mapped space (and their meta) in its
+ * own memfd, never more than the session's grant and the spaces' meta, and
+ * only for a space mapped over a Unix socket.
+ */
+static void test_shm_alloc(void)
+{
+	struct memd_store st;
+	struct memd_conn c, tcp;
+	struct { struct fm_space_ref ref; struct fm_range r[2]; } __attribute__((packed)) q;
+	struct fm_quota_req grant = { 10 };
+	uint32_t sp;
+	uint64_t before;
+	struct rep r, m;
+	uint8_t *map;
+
+	CHECK(memd_store_init(&st, 100, 100) == 0, "init");
+	conn_open(&c, &st, true);
+	new_session(&c);
+	sp = space_open(&c, 1000);
+	q.ref = (struct fm_space_ref){ .space_id = sp };
+	q.r[0] = (struct fm_range){ 0, 8 };
+	q.r[1] = (struct fm_range){ 600, 1 };
+	expect_error(&c, FM_OP_SHM_ALLOC, 1, &q, sizeof(q.ref) + sizeof(q.r[0]), FM_E_STATE, false);
+	m = expect_ok(&c, FM_OP_SHM_MAP, 0, &q.ref, sizeof(q.ref));
+	r = expect_ok(&c, FM_OP_QUOTA, 0, &grant, sizeof(grant));
+	rep_free(&r);
+	CHECK(memfd_pages(m.fd) == 0, "a new space holds no memory");
+	/* Eight slots and one in the second meta page: 9 data pages, 2 meta pages. */
+	r = expect_ok(&c, FM_OP_SHM_ALLOC, 2, &q, sizeof(q));
+	rep_free(&r);
+	CHECK(memfd_pages(m.fd) == 11, "allocated %llu pages, want 11", (unsigned long long)memfd_pages(m.fd));
+	/*
+	 * A slot asked for again allocates nothing (fallocate keeps what is
+	 * there), though memd counts it against the bound (11 + 1 <= 12): it
+	 * cannot tell a slot it allocated from a hole (SEEK_DATA calls both
+	 * holes), and a client asks only for slots it has no memory in.
+	 */
+	q.r[0] = (struct fm_range){ 3, 1 };
+	r = expect_ok(&c, FM_OP_SHM_ALLOC, 1, &q, sizeof(q.ref) + sizeof(q.r[0]));
+	rep_free(&r);
+	CHECK(memfd_pages(m.fd) == 11, "a second SHM_ALLOC of the same slots allocates nothing");
+	/* The client's writes into them allocate nothing more: the memory is memd's. */
+	map = mmap(NULL, 1000 * FM_PAGE_SIZE + 2 * FM_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
+	CHECK(map != MAP_FAILED, "mmap");
+	before = memfd_pages(m.fd);
+	for (uint64_t p = 0; p < 8; p++)
+		fill_page(map + p * FM_PAGE_SIZE, p, 1);
+	fill_page(map + 600 * FM_PAGE_SIZE, 600, 1);
+	map[1000 * FM_PAGE_SIZE] = 1;
+	map[1000 * FM_PAGE_SIZE + FM_PAGE_SIZE] = 1;
+	CHECK(memfd_pages(m.fd) == before, "writes into allocated slots and meta allocate nothing");
+	/* 11 held + 2 more > a grant of 10 and 2 meta pages: refused, nothing allocated. */
+	q.r[0] = (struct fm_range){ 100, 2 };
+	expect_error(&c, FM_OP_SHM_ALLOC, 1, &q, sizeof(q.ref) + sizeof(q.r[0]), FM_E_FULL, false);
+	CHECK(memfd_pages(m.fd) == 11, "a refused SHM_ALLOC allocates nothing");
+	/* One more fits: 11 + 1 = 12. */
+	q.r[0] = (struct fm_range){ 100, 1 };
+	r = expect_ok(&c, FM_OP_SHM_ALLOC, 1, &q, sizeof(q.ref) + sizeof(q.r[0]));
+	rep_free(&r);
+	CHECK(memfd_pages(m.fd) == 12, "allocated %llu pages, want 12", (unsigned long long)memfd_pages(m.fd));
+	q.r[0] = (struct fm_range){ 999, 2 };
+	expect_error(&c, FM_OP_SHM_ALLOC, 1, &q, sizeof(q.ref) + sizeof(q.r[0]), FM_E_RANGE, false);
+	q.ref.space_id = sp + 100;
+	expect_error(&c, FM_OP_SHM_ALLOC, 1, &q, sizeof(q.ref) + sizeof(q.r[0]), FM_E_NOSPACE, false);
+	/* Over TCP there is no memfd to share, so nothing to allocate in it for the client. */
+	conn_open(&tcp, &st, false);
+	new_session(&tcp);
+	q.ref.space_id = space_open(&tcp, 16);
+	q.r[0] = (struct fm_range){ 0, 1 };
+	expect_error(&tcp, FM_OP_SHM_ALLOC, 1, &q, sizeof(q.ref) + sizeof(q.r[0]), FM_E_NOSHM, false);
+	memd_conn_fini(&tcp);
+	munmap(map, 1000 * FM_PAGE_SIZE + 2 * FM_PAGE_SIZE);
+	rep_free(&m);
+	memd_conn_fini(&c);
+	CHECK(st.used == 0 && st.nsessions == 0, "all freed");
 	memd_store_fini(&st);
 }
 
@@ -1205,6 +1298,7 @@ int main(void)
 	test_pages(&st);
 	test_capacity_and_isolation();
 	test_shm();
+	test_shm_alloc();
 	test_copy();
 	test_edit();
 	test_pipelining_and_partial(&st);
