@@ -69,6 +69,7 @@ struct memd_session {
 	uint32_t next_space_id;
 	uint64_t pages;                /* pages of unmapped spaces */
 	uint64_t grant;                /* QUOTA grant */
+	uint64_t alloc_bound;          /* >= data pages SHM_ALLOC gave its memfds (under st->lock; session_may_allocate) */
 	void *rdma_pd;                 /* its RDMA protection domain (server_rdma.c) */
 };
 
@@ -1177,16 +1178,23 @@ out:
 }
 
 /*
- * Memory in the session's memfds now, data and meta, in pages, and what it
- * may hold: its grant and the pages memd wrote itself, plus every space's
- * meta. A slot the client asks for holds a page of the grant (protocol.h),
- * so an honest client never meets the bound. Caller holds st->lock.
+ * May memd allocate more pages in the session's memfds? What they may hold:
+ * its grant and the pages memd wrote itself, plus every space's meta. A slot
+ * the client asks for holds a page of the grant (protocol.h), so an honest
+ * client never meets the bound. What they hold is counted from the files
+ * (st_blocks, data and meta) only when the running bound of what SHM_ALLOC
+ * gave does not leave room: a stat per space per request was most of a
+ * request's cost with many spaces. Caller holds st->lock.
  */
 static bool session_may_allocate(struct memd_session *s, uint64_t more)
 {
 	uint64_t held = 0, allowed = s->grant + s->pages;
 	struct stat sb;
 
+	if (s->alloc_bound + more <= allowed) {
+		s->alloc_bound += more;
+		return true;
+	}
 	for (struct memd_space *x = s->spaces; x; x = x->next) {
 		if (x->fd < 0)
 			continue;
@@ -1194,7 +1202,11 @@ static bool session_may_allocate(struct memd_session *s, uint64_t more)
 		if (fstat(x->fd, &sb) == 0)
 			held += (uint64_t)sb.st_blocks / (FM_PAGE_SIZE / 512);
 	}
-	return held + more <= allowed;
+	if (held + more > allowed)
+		return false;
+	/* What the files hold counts meta too: an upper bound of the data SHM_ALLOC gave. */
+	s->alloc_bound = held + more;
+	return true;
 }
 
 int memd_space_shm_alloc(struct memd_store *st, struct memd_space *sp, const struct fm_range *r, uint32_t n)
