@@ -138,13 +138,59 @@ static int slot_present(struct shm *s, struct space_map *sm, uint64_t p)
 	return !!(__atomic_load_n(&sm->meta[p].flags, __ATOMIC_ACQUIRE) & FM_SHM_PRESENT);
 }
 
+#define RUN_AHEAD 256 /* slots given memory past a run being filled, at most */
+
+/*
+ * A run of slots about to be filled continues one that has memory (the slot
+ * before it has some: a collector's promotion, a first fill evicted in
+ * order): stretch it over up to RUN_AHEAD slots after it that have none,
+ * each taking a page of the grant, so that the run's next pages need no
+ * request. Returns how many it added.
+ */
+static uint64_t stretch_run(struct shm *s, struct space_map *sm, struct fm_range *r)
+{
+	uint64_t end = r->first + r->npages, added = 0;
+
+	if (!r->first || !__atomic_load_n(&sm->mem[r->first - 1], __ATOMIC_RELAXED))
+		return 0;
+	while (added < RUN_AHEAD && end + added < sm->npages &&
+	       !__atomic_load_n(&sm->mem[end + added], __ATOMIC_RELAXED) && fm_ctrl_take_grant(&s->sx.ctrl))
+		added++;
+	r->npages += added;
+	return added;
+}
+
+/*
+ * The n slots from first that stretch_run added, which the caller does not
+ * hold: allocated (ok), they are kept (memory, no page) with their grant,
+ * unless another thread gave one memory meanwhile with a grant of its own.
+ * Refused, their grants go back, and what memd gave them before it refused
+ * stays until their range is discarded: another thread may be filling one,
+ * so no hole is punched there.
+ */
+static void settle_stretch(struct shm *s, struct space_map *sm, uint64_t first, uint64_t n, int ok)
+{
+	uint64_t back = ok ? 0 : n;
+
+	for (uint64_t q = first; ok && q < first + n; q++) {
+		uint8_t none = 0;
+
+		if (__atomic_compare_exchange_n(&sm->mem[q], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			__atomic_fetch_add(&sm->kept, 1, __ATOMIC_RELAXED);
+		else
+			back++;
+	}
+	fm_ctrl_return_grant(&s->sx.ctrl, back);
+}
+
 #define ALLOC_RANGES 64 /* per request: a scattered batch takes a few */
 
 /*
- * Slots among pages[0..n) that take a page of the grant and have no memory
- * yet get it from memd, a request per ALLOC_RANGES runs. 0; -ENOSPC when
- * memd refused (or answered what it should not), with nothing of it left
- * behind; else memd is lost.
+ * Slots among pages[0..n), held by the caller, that take a page of the grant
+ * and have no memory yet get it from memd, a request per ALLOC_RANGES runs;
+ * the last run is stretched (stretch_run). 0; -ENOSPC when memd refused (or
+ * answered what it should not), with nothing of it left behind in the
+ * slots held; else memd is lost.
  */
 
 static int memd_allocate(struct shm *s, struct space_map *sm, const uint64_t *pages, unsigned n)
@@ -169,7 +215,14 @@ static int memd_allocate(struct shm *s, struct space_map *sm, const uint64_t *pa
 		}
 		if (!nr)
 			break;
-		rc = fm_ctrl_shm_alloc(&s->sx.ctrl, sm->id, r, nr);
+		if (i == n) {
+			uint64_t end = r[nr - 1].first + r[nr - 1].npages, added = stretch_run(s, sm, &r[nr - 1]);
+
+			rc = fm_ctrl_shm_alloc(&s->sx.ctrl, sm->id, r, nr);
+			settle_stretch(s, sm, end, added, !rc);
+		} else {
+			rc = fm_ctrl_shm_alloc(&s->sx.ctrl, sm->id, r, nr);
+		}
 	}
 	if (rc != -ENOSPC && rc != -EPROTO)
 		return rc;
@@ -367,52 +420,6 @@ static int allocate_new(struct shm *s, struct space_map *sm, const uint64_t *pag
 	return rc == -ENOSPC ? 0 : rc;
 }
 
-#define RUN_AHEAD 64 /* slots allocated at once for a run being filled */
-
-/*
- * Slot page, whose grant the caller took and which it holds, gets memory
- * from memd; so do, when the slot before it has memory (a run being filled,
- * as a collector's promotion fills one), up to RUN_AHEAD-1 after it that
- * have none, each with a page of the grant, kept (memory, no page) until
- * written: one request for the run instead of one a page. Those are not
- * held: a slot another thread gave memory meanwhile keeps its own grant.
- * 0; -ENOSPC when memd refused; else memd is lost.
- */
-static int allocate_run(struct shm *s, struct space_map *sm, uint64_t page)
-{
-	struct fm_range r = { page, 1 };
-	int rc;
-
-	if (page && __atomic_load_n(&sm->mem[page - 1], __ATOMIC_RELAXED))
-		while (r.npages < RUN_AHEAD && page + r.npages < sm->npages &&
-		       !__atomic_load_n(&sm->mem[page + r.npages], __ATOMIC_RELAXED) &&
-		       fm_ctrl_take_grant(&s->sx.ctrl))
-			r.npages++;
-	rc = fm_ctrl_shm_alloc(&s->sx.ctrl, sm->id, &r, 1);
-	if (rc) {
-		fm_ctrl_return_grant(&s->sx.ctrl, r.npages - 1);
-		if (rc != -ENOSPC && rc != -EPROTO)
-			return rc;
-		/*
-		 * Only the slot held is punched: another thread may be filling
-		 * one after it. What memd gave those before it refused stays
-		 * until their range is discarded.
-		 */
-		if (!__atomic_load_n(&sm->mem[page], __ATOMIC_RELAXED))
-			fallocate(sm->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(page * FM_PAGE_SIZE),
-				  FM_PAGE_SIZE);
-		return -ENOSPC;
-	}
-	for (uint64_t q = page + 1; q < page + r.npages; q++) {
-		uint8_t none = 0;
-
-		if (__atomic_compare_exchange_n(&sm->mem[q], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-			__atomic_fetch_add(&sm->kept, 1, __ATOMIC_RELAXED);
-		else
-			fm_ctrl_return_grant(&s->sx.ctrl, 1);
-	}
-	return 0;
-}
 
 static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
 		     const void *const *data, uint32_t *status)
@@ -681,7 +688,7 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsig
 		if (took && !fm_ctrl_take_grant(&s->sx.ctrl))
 			return -ENOSPC;
 		if (took && s->memd_allocates) {
-			int rc = allocate_run(s, sm, page);
+			int rc = memd_allocate(s, sm, &page, 1);
 
 			if (rc) {
 				fm_ctrl_return_grant(&s->sx.ctrl, 1);
