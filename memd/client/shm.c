@@ -192,7 +192,6 @@ static void settle_stretch(struct shm *s, struct space_map *sm, uint64_t first, 
  * answered what it should not), with nothing of it left behind in the
  * slots held; else memd is lost.
  */
-
 static int memd_allocate(struct shm *s, struct space_map *sm, const uint64_t *pages, unsigned n)
 {
 	struct fm_range r[ALLOC_RANGES];
@@ -419,7 +418,6 @@ static int allocate_new(struct shm *s, struct space_map *sm, const uint64_t *pag
 	fm_ctrl_return_grant(&s->sx.ctrl, nf);
 	return rc == -ENOSPC ? 0 : rc;
 }
-
 
 static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
 		     const void *const *data, uint32_t *status)
@@ -668,6 +666,7 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsig
 	struct shm *s = to_shm(c->x);
 	struct space_map *sm;
 	uint8_t *d;
+	int took;
 
 	sm = find_space(s, space);
 	if (!sm)
@@ -683,8 +682,7 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsig
 			return -ENOENT;
 		if (!alive_lately(s))
 			return -EPIPE;
-		int took = takes_grant(s, sm, page);
-
+		took = takes_grant(s, sm, page);
 		if (took && !fm_ctrl_take_grant(&s->sx.ctrl))
 			return -ENOSPC;
 		if (took && s->memd_allocates) {
@@ -778,15 +776,12 @@ static const struct fm_xport_ops shm_ops = {
 	.page_seal = shm_page_seal,
 };
 
-/*
- * The memory cgroup /proc/PID/cgroup names: cgroup v1's memory hierarchy,
- * else v2's. 0, or -1 when it cannot be read.
- */
+/* The memory cgroup of process pid (fm_memory_cgroup). 0, or -1 when it cannot be read. */
 static int memory_cgroup(pid_t pid, char *out, size_t cap)
 {
-	char path[64], buf[2048], *line, *save = NULL;
+	char path[64], buf[2048];
 	ssize_t len;
-	int fd, found = 0;
+	int fd;
 
 	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -797,22 +792,7 @@ static int memory_cgroup(pid_t pid, char *out, size_t cap)
 	if (len <= 0)
 		return -1;
 	buf[len] = 0;
-	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		char *ctl = strchr(line, ':'), *cg = ctl ? strchr(ctl + 1, ':') : NULL;
-
-		if (!cg)
-			continue;
-		*cg++ = 0;
-		ctl++;
-		if (strcmp(ctl, "memory") && strncmp(ctl, "memory,", 7) && !strstr(ctl, ",memory") &&
-		    !(found == 0 && !strcmp(line, "0") && !*ctl))
-			continue;
-		snprintf(out, cap, "%s", cg);
-		found = 1;
-		if (*ctl)  /* v1's memory line wins over v2's */
-			break;
-	}
-	return found ? 0 : -1;
+	return fm_memory_cgroup(buf, out, cap);
 }
 
 /*

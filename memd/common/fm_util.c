@@ -421,3 +421,29 @@ int fm_sys_madvise(void *addr, size_t len, int advice)
 	long r = syscall(SYS_madvise, addr, len, advice);
 	return r ? -1 : 0;
 }
+
+int fm_memory_cgroup(char *text, char *out, size_t cap)
+{
+	char *line, *save = NULL;
+	int found = 0;
+
+	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *ctl = strchr(line, ':'), *cg = ctl ? strchr(ctl + 1, ':') : NULL;
+		int v1;
+
+		if (!cg)
+			continue;
+		*ctl++ = 0;
+		*cg++ = 0;
+		v1 = !strcmp(ctl, "memory") || !strncmp(ctl, "memory,", 7) || strstr(ctl, ",memory,") ||
+		     (strlen(ctl) >= 7 && !strcmp(ctl + strlen(ctl) - 7, ",memory"));
+		if (!v1 && !(!strcmp(line, "0") && !*ctl))
+			continue;
+		if (fm_fmt(out, cap, "%s", cg) >= (int)cap)
+			return -1;
+		found = 1;
+		if (v1)
+			break;
+	}
+	return found ? 0 : -1;
+}

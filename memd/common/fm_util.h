@@ -128,6 +128,12 @@ long fm_sys_recvmsg(int fd, struct msghdr *m, int flags);
 int fm_random(void *buf, size_t len);
 
 /* Read and write exactly len bytes, retrying on EINTR and short transfers. */
+/*
+ * The memory cgroup named in text, the contents of /proc/PID/cgroup (taken
+ * apart in place): cgroup v1's memory hierarchy, else v2's unified one
+ * ("0::PATH"). 0, or -1 when it names neither or out is too short.
+ */
+int fm_memory_cgroup(char *text, char *out, size_t cap);
 int fm_read_full(int fd, void *buf, size_t len);
 int fm_write_full(int fd, const void *buf, size_t len);
 

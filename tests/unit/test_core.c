@@ -172,6 +172,24 @@ static void test_fmt(void)
 	same_as_snprintf(1, "%s", "x");
 }
 
+static void test_memory_cgroup(void)
+{
+	char v1[] = "9:name=systemd:/\n4:memory:/process_api/6d03\n0::/\n";
+	char v2[] = "0::/user.slice/user-0.slice/session-3.scope\n";
+	char joined[] = "5:cpu,memory,pids:/a/b\n0::/\n";
+	char last[] = "5:cpu,memory:/c\n";
+	char none[] = "1:cpu:/\n2:memoryx:/x\n";
+	char out[64], tiny[4];
+
+	CHECK(fm_memory_cgroup(v1, out, sizeof(out)) == 0 && !strcmp(out, "/process_api/6d03"));
+	CHECK(fm_memory_cgroup(v2, out, sizeof(out)) == 0 && !strcmp(out, "/user.slice/user-0.slice/session-3.scope"));
+	CHECK(fm_memory_cgroup(joined, out, sizeof(out)) == 0 && !strcmp(out, "/a/b"));
+	CHECK(fm_memory_cgroup(last, out, sizeof(out)) == 0 && !strcmp(out, "/c"));
+	CHECK(fm_memory_cgroup(none, out, sizeof(out)) == -1);
+	strcpy(v2, "0::/user.slice\n");
+	CHECK(fm_memory_cgroup(v2, tiny, sizeof(tiny)) == -1);
+}
+
 static void test_page_bytes(void)
 {
 	CHECK(fm_pg_is_remote(FM_PG_REMOTE | FM_PGF_HAS_REMOTE));
@@ -191,6 +209,7 @@ int main(void)
 	test_auth();
 	test_hmac();
 	test_fmt();
+	test_memory_cgroup();
 	test_page_bytes();
 	if (failures) {
 		fprintf(stderr, "test_core: %d checks failed\n", failures);
