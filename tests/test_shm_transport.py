@@ -3,6 +3,7 @@
 be bound to a NUMA node, and a memd that dies while the pager holds its store mapped never costs a
 byte. The integrity workloads over it are in test_pager.py (the embedded default is shm)."""
 
+import json
 import os
 import re
 import signal
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import in_cgroup, start_unix_memd
+from conftest import REPO, in_cgroup, start_unix_memd
 
 pytestmark = [pytest.mark.memd, pytest.mark.pager]
 
@@ -107,3 +108,44 @@ def test_memd_in_another_memory_cgroup_pays_for_its_store(build, tmp_path, paget
     finally:
         memd.kill()
         memd.wait()
+
+
+def test_memd_in_another_memory_cgroup_full_holds_no_more_than_its_capacity(build, tmp_path, pagetest,
+                                                                              memory_cgroups):
+    """memd allocates no more than it granted (protocol.md, SHM_ALLOC), runs stretched ahead and
+    kept slots included: at a capacity of 32 MiB its cgroup stays near 32 MiB while the program
+    pages 128 MiB at 32 MiB local, and the pages memd refuses stay with the program, every byte
+    checked."""
+    memd_cg, prog_cg = memory_cgroups
+    memd, addr, secret = start_unix_memd(build, tmp_path, "--capacity", "32M", cgroup=memd_cg)
+    try:
+        out = tmp_path / "s.json"
+        prog = subprocess.run(in_cgroup(prog_cg, [REPO / "farmem", "run", "--local", "32M", "--memd", addr,
+                                                  "--secret-file", tmp_path / "secret", "--summary-json", out,
+                                                  "--", pagetest,
+                                                  "--size", "128M", "--rewrites", "2"]),
+                              capture_output=True, text=True, timeout=300)
+        assert prog.returncode == 0, prog.stderr
+        s = json.loads(out.read_text())
+        assert s["memd_full"] > 0 and s["remote_writes"] > 0, s
+        memd_peak = memd_cg.peak() >> 20
+        assert memd_peak < 32 + 16, f"memd's cgroup peaked at {memd_peak} MiB with a capacity of 32 MiB"
+    finally:
+        memd.kill()
+        memd.wait()
+
+
+def test_memd_in_another_memory_cgroup_lost_mid_run(build, tmp_path, pagetest, memory_cgroups, wait_paging):
+    """memd dies while the pager asks it for slots: evicting stops, and what was written is still
+    read back from the store the pager holds mapped, each page checked."""
+    memd_cg, prog_cg = memory_cgroups
+    memd, addr, secret = start_unix_memd(build, tmp_path, cgroup=memd_cg)
+    prog = subprocess.Popen(in_cgroup(prog_cg, [pagetest, "--size", "160M", "--rounds", "4"]),
+                            env=paged_env(build, addr, secret, local="24M"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_paging(prog, "pagetest")
+    memd.send_signal(signal.SIGKILL)
+    memd.wait()
+    out, err = prog.communicate(timeout=180)
+    assert prog.returncode == 0, err
+    assert "lost memd" in err and "evicting stops" in err, err

@@ -69,7 +69,8 @@ struct memd_session {
 	uint32_t next_space_id;
 	uint64_t pages;                /* pages of unmapped spaces */
 	uint64_t grant;                /* QUOTA grant */
-	uint64_t alloc_bound;          /* >= data pages SHM_ALLOC gave its memfds (under st->lock; session_may_allocate) */
+	uint64_t alloc_bound;          /* >= data pages SHM_ALLOC gave its memfds (under alloc_lock) */
+	pthread_mutex_t alloc_lock;    /* one SHM_ALLOC at a time, from its count of room to its fallocate */
 	void *rdma_pd;                 /* its RDMA protection domain (server_rdma.c) */
 };
 
@@ -245,6 +246,7 @@ int memd_session_new(struct memd_store *st, struct memd_session **out,
 	if (ret)
 		goto fail;
 	s->conns = 1;
+	pthread_mutex_init(&s->alloc_lock, NULL);
 	pthread_mutex_lock(&st->lock);
 	/* Ids are random so that they cannot be guessed; keep them unique and non-zero. */
 	for (;;) {
@@ -268,6 +270,7 @@ int memd_session_new(struct memd_store *st, struct memd_session **out,
 	*out = s;
 	return 0;
 fail:
+	pthread_mutex_destroy(&s->alloc_lock);
 	free(s);
 	return ret;
 }
@@ -382,6 +385,7 @@ void memd_session_put(struct memd_store *st, struct memd_session *s)
 	if (s->rdma_pd)
 		st->rdma->pd_free(s->rdma_pd);
 	fm_debug("session %016llx ended", (unsigned long long)s->id);
+	pthread_mutex_destroy(&s->alloc_lock);
 	free(s);
 }
 
@@ -1184,14 +1188,18 @@ out:
  * client never meets the bound. What they hold is counted from the files
  * (st_blocks, data and meta) only when the running bound of what SHM_ALLOC
  * gave does not leave room: a stat per space per request was most of a
- * request's cost with many spaces. Caller holds st->lock.
+ * request's cost with many spaces. Caller holds s->alloc_lock.
  */
-static bool session_may_allocate(struct memd_session *s, uint64_t more)
+static bool session_may_allocate(struct memd_store *st, struct memd_session *s, uint64_t more)
 {
-	uint64_t held = 0, allowed = s->grant + s->pages;
+	uint64_t held = 0, allowed;
 	struct stat sb;
+	bool ok;
 
+	pthread_mutex_lock(&st->lock);
+	allowed = s->grant + s->pages;
 	if (s->alloc_bound + more <= allowed) {
+		pthread_mutex_unlock(&st->lock);
 		s->alloc_bound += more;
 		return true;
 	}
@@ -1202,11 +1210,12 @@ static bool session_may_allocate(struct memd_session *s, uint64_t more)
 		if (fstat(x->fd, &sb) == 0)
 			held += (uint64_t)sb.st_blocks / (FM_PAGE_SIZE / 512);
 	}
-	if (held + more > allowed)
-		return false;
+	pthread_mutex_unlock(&st->lock);
+	ok = held + more <= allowed;
 	/* What the files hold counts meta too: an upper bound of the data SHM_ALLOC gave. */
-	s->alloc_bound = held + more;
-	return true;
+	if (ok)
+		s->alloc_bound = held + more;
+	return ok;
 }
 
 int memd_space_shm_alloc(struct memd_store *st, struct memd_space *sp, const struct fm_range *r, uint32_t n)
@@ -1233,12 +1242,14 @@ int memd_space_shm_alloc(struct memd_store *st, struct memd_space *sp, const str
 		}
 		want += x.npages;
 	}
-	/* Under the lock from the count to the allocation: two requests cannot both pass on the same room. */
-	pthread_mutex_lock(&st->lock);
-	if (!session_may_allocate(sp->sess, want)) {
+	/*
+	 * From the count of room to the allocation, one request of the session
+	 * at a time (alloc_lock): two cannot both pass on the same room, and
+	 * st->lock is not held across a fallocate.
+	 */
+	pthread_mutex_lock(&sp->sess->alloc_lock);
+	if (!session_may_allocate(st, sp->sess, want))
 		ret = -ENOSPC;
-		goto unlock;
-	}
 	for (uint32_t i = 0; i < n && !ret; i++) {
 		struct fm_range x;
 		uint64_t mp, last_mp;
@@ -1264,8 +1275,7 @@ int memd_space_shm_alloc(struct memd_store *st, struct memd_space *sp, const str
 			known_set(sp, mp);
 		}
 	}
-unlock:
-	pthread_mutex_unlock(&st->lock);
+	pthread_mutex_unlock(&sp->sess->alloc_lock);
 out:
 	pthread_rwlock_unlock(&sp->rw);
 	return ret;
