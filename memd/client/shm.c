@@ -185,6 +185,15 @@ static void settle_stretch(struct shm *s, struct space_map *sm, uint64_t first, 
 
 #define ALLOC_RANGES 64 /* per request: a scattered batch takes a few */
 
+/* A channel: the scratch of memd allocating, kept here and not on a signal handler's stack (transport.h). */
+struct shm_chan {
+	struct fm_chan base;
+	uint64_t fresh[FM_MAX_BATCH];
+	struct fm_range ranges[ALLOC_RANGES];
+};
+
+static struct shm_chan *to_chan(struct fm_chan *c) { return (struct shm_chan *)c; }
+
 /*
  * Slots among pages[0..n), held by the caller, that take a page of the grant
  * and have no memory yet get it from memd, a request per ALLOC_RANGES runs;
@@ -192,9 +201,9 @@ static void settle_stretch(struct shm *s, struct space_map *sm, uint64_t first, 
  * answered what it should not), with nothing of it left behind in the
  * slots held; else memd is lost.
  */
-static int memd_allocate(struct shm *s, struct space_map *sm, const uint64_t *pages, unsigned n)
+static int memd_allocate(struct shm *s, struct shm_chan *ch, struct space_map *sm, const uint64_t *pages, unsigned n)
 {
-	struct fm_range r[ALLOC_RANGES];
+	struct fm_range *r = ch->ranges;
 	unsigned i = 0;
 	int rc = 0;
 
@@ -347,12 +356,12 @@ static void shm_close(struct fm_xport *x)
 
 static int shm_chan_open(struct fm_xport *x, struct fm_chan **out)
 {
-	struct fm_chan *c = calloc(1, sizeof(*c));
+	struct shm_chan *c = calloc(1, sizeof(*c));
 
 	if (!c)
 		return -ENOMEM;
-	c->x = x;
-	*out = c;
+	c->base.x = x;
+	*out = &c->base;
 	return 0;
 }
 
@@ -385,10 +394,10 @@ static int shm_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, un
  * memory takes a page of the grant (its bit in took) and memd's memory, one
  * request for the batch. 0, or memd is lost (every grant taken is back).
  */
-static int allocate_new(struct shm *s, struct space_map *sm, const uint64_t *pages, unsigned n,
-			uint32_t *status, uint64_t *took)
+static int allocate_new(struct shm *s, struct shm_chan *ch, struct space_map *sm, const uint64_t *pages,
+			unsigned n, uint32_t *status, uint64_t *took)
 {
-	uint64_t fresh[FM_MAX_BATCH];
+	uint64_t *fresh = ch->fresh;
 	unsigned nf = 0;
 	int rc;
 
@@ -408,7 +417,7 @@ static int allocate_new(struct shm *s, struct space_map *sm, const uint64_t *pag
 	}
 	if (!nf)
 		return 0;
-	rc = memd_allocate(s, sm, fresh, nf);
+	rc = memd_allocate(s, ch, sm, fresh, nf);
 	if (!rc)
 		return 0;
 	for (unsigned i = 0; i < n && i < FM_MAX_BATCH; i++)
@@ -436,7 +445,7 @@ static int shm_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 		if (pages[i] >= sm->npages)
 			return -ERANGE;
 	if (s->memd_allocates) {
-		int rc = allocate_new(s, sm, pages, n, status, took);
+		int rc = allocate_new(s, to_chan(c), sm, pages, n, status, took);
 
 		if (rc)
 			return rc;
@@ -518,7 +527,7 @@ static int shm_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, uin
 				status[i] = FM_E_FULL;
 				continue;
 			}
-			rc = took && s->memd_allocates ? memd_allocate(s, ds, &dp, 1) : 0;
+			rc = took && s->memd_allocates ? memd_allocate(s, to_chan(c), ds, &dp, 1) : 0;
 			if (rc) {
 				fm_ctrl_return_grant(&s->sx.ctrl, 1);
 				if (rc != -ENOSPC)
@@ -686,7 +695,7 @@ static int shm_page_open(struct fm_chan *c, uint32_t space, uint64_t page, unsig
 		if (took && !fm_ctrl_take_grant(&s->sx.ctrl))
 			return -ENOSPC;
 		if (took && s->memd_allocates) {
-			int rc = memd_allocate(s, sm, &page, 1);
+			int rc = memd_allocate(s, to_chan(c), sm, &page, 1);
 
 			if (rc) {
 				fm_ctrl_return_grant(&s->sx.ctrl, 1);
