@@ -653,18 +653,10 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted)
 {
 	uint64_t total = 0, res;
-	int rc;
 
 	if (atomic_load(&p->resident) <= atomic_load(&p->limit))
 		return 0;
 	pthread_mutex_lock(&p->reg_lock);
-	if (!p->reg_chan && (rc = fm_chan_open(p->x, &p->reg_chan))) {
-		p->reg_chan = NULL;
-		pthread_mutex_unlock(&p->reg_lock);
-		fm_warn("cannot open a channel to memd to bring resident pages under the budget: %s; "
-			"faults will evict them", strerror(-rc));
-		return 0;
-	}
 	while (!atomic_load(&p->evict_broken) && (res = atomic_load(&p->resident)) > atomic_load(&p->limit)) {
 		uint64_t over = res - atomic_load(&p->limit);
 		unsigned n = fm_evict_batch(p, p->reg_chan, over < p->cfg.evict_batch ? (unsigned)over

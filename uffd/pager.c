@@ -203,6 +203,8 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	rc = fm_chan_open(p->x, &p->misc_chan);
 	if (!rc)
 		rc = fm_chan_open(p->x, &p->ev_chan);
+	if (!rc)
+		rc = fm_chan_open(p->x, &p->reg_chan);
 	if (!rc && p->in_thread)
 		rc = fm_pool_open(p, pool_size());
 	if (!rc && p->in_thread && cfg->evict_capture)

@@ -232,10 +232,13 @@ struct fm_pager {
 	pthread_mutex_t misc_lock;      /* misc_chan, for calls from program threads */
 	struct fm_chan *misc_chan;
 	/*
-	 * The channel of fm_evict_to_budget (evict.h), opened at its first
-	 * use: a registration that finds more pages present than the budget
-	 * holds, or a fork that brought everything home, evicts in the calling
-	 * thread.
+	 * The channel of fm_evict_to_budget (evict.h): a registration that
+	 * finds more pages present than the budget holds, or a fork that
+	 * brought everything home, evicts in the calling thread. Opened at
+	 * start: opened at first use, it was allocated in a fork's parent
+	 * handler, where another library's allocator may still hold its locks
+	 * (jemalloc's, in Redis's BGSAVE, once the channel grew past its
+	 * thread cache's sizes).
 	 */
 	pthread_mutex_t reg_lock;
 	struct fm_chan *reg_chan;

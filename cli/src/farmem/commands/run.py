@@ -116,6 +116,8 @@ def _run(args) -> int:
     if args.memd:
         secret = read_secret(args.secret_file)
         probe_memds(args.memd, secret)
+        if getattr(args, "user_entry", None):
+            check_reachable_as(args.memd, args.user_entry)
     else:
         doctor.require("farmem-memd")
     tmpdir = private_tmpdir()
@@ -208,6 +210,41 @@ def probe_memds(addrs: list, secret: str) -> None:
             raise FarmemError(str(e), exit_code=EXIT_CONFIG) from None
         except OSError as e:
             raise FarmemError(f"cannot reach memd at {addr}: {e.strerror or e}", exit_code=EXIT_CONFIG) from None
+
+
+def check_reachable_as(addrs: list, user) -> None:
+    """--user with a memd of one's own: CMD's processes connect to it themselves, as that user,
+    and one that may not would stop at its first paged mapping (exit 78), in the middle of its
+    work (a PostgreSQL backend, its query). So connect to each Unix socket as that user first, in
+    a child that takes the user's ids (system calls only, then _exit)."""
+    import socket
+    for addr in addrs:
+        if not addr.startswith("unix:"):
+            continue
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(r)
+                os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
+                os.setgid(user.pw_gid)
+                os.setuid(user.pw_uid)
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(5)
+                s.connect(addr[len("unix:"):])
+            except OSError as e:
+                os.write(w, str(e.strerror or e).encode()[:300])
+                code = 1
+            os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            why = f.read().decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status):
+            raise FarmemError(f"--user {user.pw_name}: CMD's processes could not connect to memd at {addr} "
+                              f"({why or 'the check failed'}): give {user.pw_name} access to the socket "
+                              f"(write on it, search on its directories)", exit_code=EXIT_CONFIG)
 
 
 def private_tmpdir() -> str:
