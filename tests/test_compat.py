@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import start_unix_memd
+
 pytestmark = [pytest.mark.memd, pytest.mark.pager]
 
 @pytest.fixture(scope="module")
@@ -170,6 +172,35 @@ def test_run_as_another_user_pages_it(shim, tmp_path, farmem_cmd):
     r = subprocess.run([*farmem_cmd, "run", "--user", "nobody", "--fault", "thread", "--", "true"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--fault thread" in r.stderr, r.stderr
+
+
+def test_run_as_another_user_with_a_memd_it_cannot_reach_is_refused(build, built, farmem_cmd):
+    """--user with a memd of one's own: CMD's processes connect to it as that user. A socket they
+    may not open is refused before CMD starts (a PostgreSQL backend used to stop with exit 78 in the
+    middle of its query); once the user may, CMD runs."""
+    import shutil
+    import tempfile
+    built("build/bin/farmem-memd")
+    home = Path(tempfile.mkdtemp(prefix="farmem-user-", dir="/tmp"))
+    try:
+        memd, addr, _ = start_unix_memd(build, home)
+        try:
+            cmd = [*farmem_cmd, "run", "--user", "nobody", "--memd", addr, "--secret-file", str(home / "secret"),
+                   "--", "id", "-un"]
+            os.chmod(home, 0o755)
+            os.chmod(home / "memd.sock", 0o755)  # root's: nobody may not write it
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 78, r.stderr
+            assert "--user nobody: CMD's processes could not connect to memd" in r.stderr, r.stderr
+            assert "Permission denied" in r.stderr and "nobody" not in r.stdout, r.stderr
+            os.chmod(home / "memd.sock", 0o777)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and r.stdout.strip() == "nobody", r.stderr
+        finally:
+            memd.kill()
+            memd.wait()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_memory_locking_is_refused_not_run_on(shim, tmp_path, farmem_cmd):
