@@ -2,6 +2,7 @@
 /* GC threads by name (gcthreads.h). */
 #include "gcthreads.h"
 
+#include "fm_util.h"
 #include "pager.h"
 
 #include <fcntl.h>
@@ -51,8 +52,7 @@ int fm_agent_is_gc_thread(pid_t tid)
 {
 	unsigned h = ((unsigned)tid * 2654435761u) & (TID_SLOTS - 1);
 	char path[64], name[32] = "";
-	int fd, gc;
-	ssize_t n;
+	int gc;
 
 	for (unsigned k = 0; k < 16; k++) {
 		uint64_t e = atomic_load_explicit(&tid_cache[(h + k) & (TID_SLOTS - 1)], memory_order_relaxed);
@@ -63,14 +63,8 @@ int fm_agent_is_gc_thread(pid_t tid)
 	}
 	/* comm is read under the task lock only: safe while the thread sits in a fault. */
 	snprintf(path, sizeof(path), "/proc/self/task/%d/comm", (int)tid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (fm_read_file(path, name, sizeof(name)) < 0)
 		return 0;
-	n = read(fd, name, sizeof(name) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	name[n] = '\0';
 	gc = gc_kind(name);
 	for (unsigned k = 0; k < 16; k++) {
 		uint64_t zero = 0;

@@ -82,7 +82,7 @@ def test_memd_death_while_mapped(where, build, tmp_path, pagetest, wait_paging, 
     memd, addr, secret = start_unix_memd(build, tmp_path, cgroup=memd_cg)
     argv = [pagetest, "--size", "160M", "--rounds", "4"]
     prog = subprocess.Popen(in_cgroup(prog_cg, argv) if prog_cg else [str(a) for a in argv],
-                            env=paged_env(build, addr, secret, local="24M"),
+                            env=paged_env(build, addr, secret, local="24M", log="info"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_paging(prog, "pagetest")
     memd.send_signal(signal.SIGKILL)
@@ -90,6 +90,7 @@ def test_memd_death_while_mapped(where, build, tmp_path, pagetest, wait_paging, 
     out, err = prog.communicate(timeout=180)
     assert prog.returncode == 0, err
     assert "lost memd" in err and "evicting stops" in err, err
+    assert ("is in another memory cgroup: it allocates" in err) == (where == "memd-elsewhere"), err
 
 
 def test_memd_in_another_memory_cgroup_pays_for_its_store(build, tmp_path, pagetest, memory_cgroups):
@@ -126,10 +127,11 @@ def test_memd_in_another_memory_cgroup_full_holds_no_more_than_its_capacity(buil
         out = tmp_path / "s.json"
         prog = subprocess.run(in_cgroup(prog_cg, [REPO / "farmem", "run", "--local", "32M", "--memd", addr,
                                                   "--secret-file", tmp_path / "secret", "--summary-json", out,
-                                                  "--", pagetest,
-                                                  "--size", "128M", "--rewrites", "2"]),
+                                                  "--log", "info", "--", pagetest, "--size", "128M",
+                                                  "--rewrites", "2"]),
                               capture_output=True, text=True, timeout=300)
         assert prog.returncode == 0, prog.stderr
+        assert "is in another memory cgroup: it allocates its store's pages" in prog.stderr, prog.stderr
         s = json.loads(out.read_text())
         assert s["memd_full"] > 0 and s["remote_writes"] > 0, s
         memd_peak = memd_cg.peak() >> 20

@@ -62,17 +62,10 @@ static pid_t reset_in; /* the process whose copy of the list fm_fork_child has c
 static uint64_t available_pages(void)
 {
 	char buf[4096];
-	ssize_t n;
-	int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
 	const char *s;
 
-	if (fd < 0)
+	if (fm_read_file("/proc/meminfo", buf, sizeof(buf)) < 0)
 		return UINT64_MAX;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return UINT64_MAX;
-	buf[n] = 0;
 	s = strstr(buf, "MemAvailable:");
 	if (!s)
 		return UINT64_MAX;

@@ -1916,16 +1916,10 @@ static int brk_bounds(uintptr_t *base, uintptr_t *next)
 {
 	char buf[4096], *f;
 	uintptr_t cur = (uintptr_t)syscall(SYS_brk, 0);
-	ssize_t n;
-	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC), field;
+	int field;
 
-	if (fd < 0)
+	if (fm_read_file("/proc/self/stat", buf, sizeof(buf)) < 0)
 		return -1;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return -1;
-	buf[n] = 0;
 	/* After the command name, which may hold anything: field 3 is the first after its ')'. */
 	f = strrchr(buf, ')');
 	for (field = 2; f && field < 47; field++)

@@ -789,19 +789,9 @@ static const struct fm_xport_ops shm_ops = {
 static int memory_cgroup(pid_t pid, char *out, size_t cap)
 {
 	char path[64], buf[2048];
-	ssize_t len;
-	int fd;
 
 	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	len = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (len <= 0)
-		return -1;
-	buf[len] = 0;
-	return fm_memory_cgroup(buf, out, cap);
+	return fm_read_file(path, buf, sizeof(buf)) < 0 ? -1 : fm_memory_cgroup(buf, out, cap);
 }
 
 /*

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -420,6 +421,21 @@ int fm_sys_madvise(void *addr, size_t len, int advice)
 {
 	long r = syscall(SYS_madvise, addr, len, advice);
 	return r ? -1 : 0;
+}
+
+long fm_read_file(const char *path, char *buf, size_t cap)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	long n;
+
+	if (fd < 0)
+		return -1;
+	n = fm_sys_read(fd, buf, cap - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	return n;
 }
 
 int fm_memory_cgroup(char *text, char *out, size_t cap)

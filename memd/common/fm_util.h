@@ -127,13 +127,19 @@ long fm_sys_recvmsg(int fd, struct msghdr *m, int flags);
 /* Fill buf with len bytes from getrandom(2). Returns 0 or -errno. */
 int fm_random(void *buf, size_t len);
 
-/* Read and write exactly len bytes, retrying on EINTR and short transfers. */
 /*
  * The memory cgroup named in text, the contents of /proc/PID/cgroup (taken
  * apart in place): cgroup v1's memory hierarchy, else v2's unified one
  * ("0::PATH"). 0, or -1 when it names neither or out is too short.
  */
 int fm_memory_cgroup(char *text, char *out, size_t cap);
+/*
+ * A small file (a /proc one) in buf, NUL-terminated, with one read
+ * (fm_sys_read: no shim cover): its length, or -1 when it cannot be read or
+ * is empty. At most cap - 1 bytes.
+ */
+long fm_read_file(const char *path, char *buf, size_t cap);
+/* Read and write exactly len bytes, retrying on EINTR and short transfers. */
 int fm_read_full(int fd, void *buf, size_t len);
 int fm_write_full(int fd, const void *buf, size_t len);
 

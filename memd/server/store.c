@@ -1213,8 +1213,7 @@ static bool session_may_allocate(struct memd_store *st, struct memd_session *s, 
 	pthread_mutex_unlock(&st->lock);
 	ok = held + more <= allowed;
 	/* What the files hold counts meta too: an upper bound of the data SHM_ALLOC gave. */
-	if (ok)
-		s->alloc_bound = held + more;
+	s->alloc_bound = held + (ok ? more : 0);
 	return ok;
 }
 
@@ -1262,7 +1261,7 @@ int memd_space_shm_alloc(struct memd_store *st, struct memd_space *sp, const str
 			ret = -errno;
 			break;
 		}
-		/* The client reads a slot's meta before it writes the slot: that page is memd's too. */
+		/* The client writes the slot's checksum and flag into its meta: that page is memd's too. */
 		last_mp = (x.first + x.npages - 1) / MEMD_META_PER_PAGE;
 		for (mp = x.first / MEMD_META_PER_PAGE; mp <= last_mp; mp++) {
 			if (known_test(sp, mp))
