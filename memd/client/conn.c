@@ -425,7 +425,8 @@ int fm_conn_edit_recv(struct fm_conn *c, void *get, size_t get_len, uint64_t dea
 
 int fm_conn_open(struct fm_conn *c, const struct fm_peer *p, uint64_t deadline, char *err, size_t errlen)
 {
-	struct fm_hello_req hreq = { .min_version = FM_PROTO_VERSION, .max_version = FM_PROTO_VERSION };
+	struct fm_hello_req hreq = { .min_version = FM_PROTO_VERSION, .max_version = FM_PROTO_VERSION,
+				       .flags = FM_HELLO_F_RDMA_REG };
 	struct fm_hello_rep hrep;
 	struct fm_auth_req areq;
 	struct fm_auth_rep arep;

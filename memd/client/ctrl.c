@@ -300,3 +300,32 @@ int fm_ctrl_shm_alloc(struct fm_ctrl *c, uint32_t space_id, const struct fm_rang
 		return -ENOSPC;
 	return st ? -EPROTO : 0;
 }
+
+int fm_ctrl_rdma_reg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunks, unsigned n,
+		     struct fm_rdma_reg_ent *out)
+{
+	struct fm_space_ref ref = { .space_id = space_id };
+	struct fm_iov iov[2] = { { &ref, sizeof(ref) }, { chunks, n * sizeof(*chunks) } };
+	size_t len;
+	uint16_t st;
+	int rc = -EPIPE;
+
+	/* memd refused a chunk a moment ago: do not ask again for every batch. */
+	if (fm_now_ns() < atomic_load(&c->full_until_ns))
+		return -ENOSPC;
+	pthread_mutex_lock(&c->lock);
+	if (c->conn.fd >= 0)
+		rc = fm_conn_call(&c->conn, FM_OP_RDMA_REG, n, iov, 2, out, n * sizeof(*out), &len, &st, NULL,
+				  fm_deadline_in(c->timeout_ms));
+	pthread_mutex_unlock(&c->lock);
+	if (rc) {
+		mark_dead(c, rc == -ETIMEDOUT ? "no answer in time" : fm_strerror(rc));
+		return rc;
+	}
+	if (st || len != n * sizeof(*out))
+		return -EPROTO;
+	for (unsigned i = 0; i < n; i++)
+		if (out[i].status == FM_E_FULL)
+			atomic_store(&c->full_until_ns, fm_now_ns() + QUOTA_BACKOFF_NS);
+	return 0;
+}

@@ -82,6 +82,13 @@ void fm_ctrl_return_grant(struct fm_ctrl *c, uint64_t pages);
  * failed (memd lost).
  */
 int fm_ctrl_shm_alloc(struct fm_ctrl *c, uint32_t space_id, const struct fm_range *r, unsigned n);
+/*
+ * RDMA_REG: memd registers chunks[0..n) of an RDMA_MAP'd space; out[i] has
+ * each one's status and rkeys (protocol.h). 0; -ENOSPC without asking while
+ * memd refused one a moment ago; -EPROTO; else memd is lost.
+ */
+int fm_ctrl_rdma_reg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunks, unsigned n,
+		     struct fm_rdma_reg_ent *out);
 
 /*
  * The start of a transport over one memd session (stream, shm, rdma): what

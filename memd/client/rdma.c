@@ -15,8 +15,13 @@
  *  discard: RDMA WRITE of zeroed meta (no hole punching: the region is pinned).
  *  copy:  COPY over the TCP control connection: memd copies slot to slot.
  *
- * Capacity: pages new to memd take the session's QUOTA grant, as over shm;
- * this client is the only writer of its spaces, so which pages are present is
+ * Capacity: registration pins memory, so memd registers a space chunk by
+ * chunk (RDMA_REG) as this client first writes into each, and a chunk
+ * registered is the grant of its pages: memd holds what was written, not
+ * every space's full size. A chunk memd refuses leaves its pages with the
+ * pager, as a full memd does. (A memd before FM_HELLO_F_RDMA_REG registers
+ * the whole region and pages take the QUOTA grant, as over shm.) This
+ * client is the only writer of its spaces, so which pages are present is
  * kept in a local bitmap.
  */
 #include "rdma.h"
@@ -106,8 +111,11 @@ struct rspace {
 	uint32_t id;
 	uint64_t npages;
 	uint64_t data_addr, meta_addr;
-	uint32_t rkey;
+	uint32_t rkey;     /* the whole region's, when chunk_pages is 0 */
 	uint8_t *present;  /* bitmap, atomics */
+	uint64_t chunk_pages, nchunks;
+	struct rkeys { uint32_t data, meta; } *keys;
+	uint8_t *reg;      /* reg[c]: chunk c is registered and keys[c] set (release) */
 	int valid;         /* published last */
 };
 
@@ -139,6 +147,9 @@ struct rchan {
 	uint32_t cst[FM_MAX_BATCH];
 	unsigned cidx[FM_MAX_BATCH];
 	uint8_t took[FM_MAX_BATCH];
+	/* register_chunks' scratch */
+	uint64_t rchunks[FM_MAX_RDMA_REG];
+	struct fm_rdma_reg_ent rents[FM_MAX_RDMA_REG];
 };
 
 static struct rdma *to_rdma(struct fm_xport *x) { return (struct rdma *)x; }
@@ -171,6 +182,10 @@ static int space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
 		fm_err("memd at %s has no RDMA listener (start it with --rdma ADDR:PORT)", r->sx.base.addr);
 		return -EOPNOTSUPP;
 	}
+	if (st == FM_E_STATE) {
+		fm_err("memd at %s refused to register space %u for RDMA (its log says why)", r->sx.base.addr, id);
+		return -EPROTO;
+	}
 	if (st || len != sizeof(rep) || rep.npages != npages ||
 	    rep.meta_offset < rep.data_offset + npages * FM_PAGE_SIZE ||
 	    rep.map_len < rep.meta_offset + npages * sizeof(struct fm_shm_meta))
@@ -182,8 +197,21 @@ static int space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
 	if (!s && r->nsp < FM_XPORT_MAX_SPACES)
 		s = &r->sp[r->nsp];
 	if (s) {
+		uint64_t nchunks = rep.chunk_pages ? (npages + rep.chunk_pages - 1) / rep.chunk_pages : 0;
+
+		free(s->present);
+		free(s->keys);
+		free(s->reg);
 		s->present = calloc((npages + 7) / 8, 1);
+		s->keys = nchunks ? calloc(nchunks, sizeof(*s->keys)) : NULL;
+		s->reg = nchunks ? calloc(nchunks, 1) : NULL;
+		if (s->present && nchunks && (!s->keys || !s->reg)) {
+			free(s->present);
+			s->present = NULL;
+		}
 		if (s->present) {
+			s->chunk_pages = rep.chunk_pages;
+			s->nchunks = nchunks;
 			s->id = id;
 			s->npages = npages;
 			s->data_addr = rep.addr + rep.data_offset;
@@ -213,6 +241,9 @@ static int rdma_space_close(struct fm_xport *x, uint32_t space_id)
 		__atomic_store_n(&s->valid, 0, __ATOMIC_RELEASE);
 		/* The bitmap stays allocated (a channel may still look at it); the slot is not reused. */
 		pthread_mutex_unlock(&r->lock);
+		/* Its chunks' memory goes back to memd's capacity: a refused chunk may fit now. */
+		if (s->chunk_pages)
+			atomic_store(&r->sx.ctrl.full_until_ns, 0);
 	}
 	return fm_session_xport_space_close(x, space_id);
 }
@@ -221,8 +252,11 @@ static void rdma_close(struct fm_xport *x)
 {
 	struct rdma *r = to_rdma(x);
 
-	for (unsigned i = 0; i < r->nsp; i++)
+	for (unsigned i = 0; i < r->nsp; i++) {
 		free(r->sp[i].present);
+		free(r->sp[i].keys);
+		free(r->sp[i].reg);
+	}
 	pthread_mutex_destroy(&r->lock);
 	fm_session_xport_free(&r->sx);
 }
@@ -452,6 +486,74 @@ static int post_wait(struct rchan *rc, unsigned n)
 	return rcode;
 }
 
+/* The rkeys of page p's data and meta: 1, or 0 when its chunk is not registered (memd holds nothing of it). */
+static int rkeys_of(const struct rspace *s, uint64_t p, uint32_t *data, uint32_t *meta)
+{
+	uint64_t c;
+
+	if (!s->chunk_pages) {
+		*data = *meta = s->rkey;
+		return 1;
+	}
+	c = p / s->chunk_pages;
+	if (!__atomic_load_n(&s->reg[c], __ATOMIC_ACQUIRE))
+		return 0;
+	*data = s->keys[c].data;
+	*meta = s->keys[c].meta;
+	return 1;
+}
+
+/* RDMA_REG of rc->rchunks[0..k) and what memd registered of them published. */
+static int register_listed(struct rdma *r, struct rchan *rc, struct rspace *s, unsigned k)
+{
+	int ret = fm_ctrl_rdma_reg(&r->sx.ctrl, s->id, rc->rchunks, k, rc->rents);
+
+	/* Refused (full, or an answer that makes no sense): their pages stay with the pager. */
+	if (ret == -ENOSPC || ret == -EPROTO)
+		return 0;
+	for (unsigned j = 0; !ret && j < k; j++) {
+		uint64_t c = rc->rchunks[j];
+
+		if (rc->rents[j].status != FM_OK)
+			continue;
+		s->keys[c] = (struct rkeys){ rc->rents[j].data_rkey, rc->rents[j].meta_rkey };
+		__atomic_store_n(&s->reg[c], 1, __ATOMIC_RELEASE);
+	}
+	return ret;
+}
+
+/*
+ * The chunks of pages[0..n) (in range) not registered yet are, one RDMA_REG
+ * per FM_MAX_RDMA_REG of them; a chunk memd refuses stays unregistered, and
+ * the caller refuses its pages as full. 0, or memd is lost.
+ */
+static int register_chunks(struct rdma *r, struct rchan *rc, struct rspace *s, const uint64_t *pages,
+			   unsigned n)
+{
+	unsigned k = 0;
+
+	for (unsigned i = 0; s->chunk_pages && i < n; i++) {
+		uint64_t c = pages[i] / s->chunk_pages;
+		unsigned j = 0;
+
+		if (pages[i] >= s->npages || __atomic_load_n(&s->reg[c], __ATOMIC_ACQUIRE))
+			continue;
+		while (j < k && rc->rchunks[j] != c)
+			j++;
+		if (j < k)
+			continue;
+		rc->rchunks[k++] = c;
+		if (k == FM_MAX_RDMA_REG) {
+			int ret = register_listed(r, rc, s, k);
+
+			if (ret)
+				return ret;
+			k = 0;
+		}
+	}
+	return k ? register_listed(r, rc, s, k) : 0;
+}
+
 static int rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
 		     const void **src)
 {
@@ -464,12 +566,16 @@ static int rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 		return -ENOENT;
 	for (unsigned i = 0; i < n; i++) {
 		uint64_t p = pages[i];
+		uint32_t dk, mk;
+
 		if (p >= s->npages)
 			return -ERANGE;
+		if (!rkeys_of(s, p, &dk, &mk))
+			return -ENOENT;
 		add_wr(rc, k++, IBV_WR_RDMA_READ, rc->buf + (size_t)i * FM_PAGE_SIZE, FM_PAGE_SIZE,
-		       s->data_addr + p * FM_PAGE_SIZE, s->rkey);
+		       s->data_addr + p * FM_PAGE_SIZE, dk);
 		add_wr(rc, k++, IBV_WR_RDMA_READ, &rc->meta[i], sizeof(struct fm_shm_meta),
-		       s->meta_addr + p * sizeof(struct fm_shm_meta), s->rkey);
+		       s->meta_addr + p * sizeof(struct fm_shm_meta), mk);
 	}
 	ret = post_wait(rc, k);
 	if (ret)
@@ -492,6 +598,7 @@ static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 	struct rdma *r = to_rdma(c->x);
 	struct rspace *s;
 	unsigned k = 0;
+	int ret;
 
 	/* memd's control connection hung up: it is gone, do not trust it with a page. */
 	if (!fm_ctrl_alive(&r->sx.ctrl))
@@ -499,16 +606,26 @@ static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 	s = find_rspace(r, space);
 	if (!s)
 		return -ENOENT;
+	ret = register_chunks(r, rc, s, pages, n);
+	if (ret)
+		return ret;
 	for (unsigned i = 0; i < n; i++) {
 		uint64_t p = pages[i];
 		uint8_t bit, old;
 		uint8_t *d = rc->buf + (size_t)i * FM_PAGE_SIZE;
+		uint32_t dk, mk;
 
 		if (p >= s->npages)
 			return -ERANGE;
+		if (!rkeys_of(s, p, &dk, &mk)) {
+			status[i] = FM_E_FULL;
+			continue;
+		}
 		bit = (uint8_t)(1u << (p & 7));
 		old = __atomic_load_n(&s->present[p >> 3], __ATOMIC_ACQUIRE);
-		if (!(old & bit)) {
+		if (!(old & bit) && s->chunk_pages) {
+			__atomic_fetch_or(&s->present[p >> 3], bit, __ATOMIC_ACQ_REL);
+		} else if (!(old & bit)) {
 			if (!fm_ctrl_take_grant(&r->sx.ctrl)) {
 				status[i] = FM_E_FULL;
 				continue;
@@ -520,10 +637,9 @@ static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 		rc->meta[i] = (struct fm_shm_meta){ .crc = fm_crc32c(d, FM_PAGE_SIZE),
 						    .flags = FM_SHM_PRESENT };
 		/* Data, then {crc, flags}: flags last. */
-		add_wr(rc, k++, IBV_WR_RDMA_WRITE, d, FM_PAGE_SIZE, s->data_addr + p * FM_PAGE_SIZE,
-		       s->rkey);
+		add_wr(rc, k++, IBV_WR_RDMA_WRITE, d, FM_PAGE_SIZE, s->data_addr + p * FM_PAGE_SIZE, dk);
 		add_wr(rc, k++, IBV_WR_RDMA_WRITE, &rc->meta[i], sizeof(struct fm_shm_meta),
-		       s->meta_addr + p * sizeof(struct fm_shm_meta), s->rkey);
+		       s->meta_addr + p * sizeof(struct fm_shm_meta), mk);
 		status[i] = FM_OK;
 	}
 	return k ? post_wait(rc, k) : 0;
@@ -548,13 +664,20 @@ static int rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range
 			if (__atomic_fetch_and(&s->present[p >> 3], (uint8_t)~bit, __ATOMIC_ACQ_REL) & bit)
 				freed++;
 		}
-		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p += RDMA_ZERO_META) {
-			uint64_t m = r[i].first + r[i].npages - p;
+		for (uint64_t p = r[i].first, m; p < r[i].first + r[i].npages; p += m) {
+			uint32_t dk, mk;
+
+			m = r[i].first + r[i].npages - p;
 			if (m > RDMA_ZERO_META)
 				m = RDMA_ZERO_META;
+			/* A work request stays within one chunk's region; a chunk not registered holds nothing. */
+			if (s->chunk_pages && m > s->chunk_pages - p % s->chunk_pages)
+				m = s->chunk_pages - p % s->chunk_pages;
+			if (!rkeys_of(s, p, &dk, &mk))
+				continue;
 			add_wr(rc, k++, IBV_WR_RDMA_WRITE, rc->zero,
 			       (uint32_t)(m * sizeof(struct fm_shm_meta)),
-			       s->meta_addr + p * sizeof(struct fm_shm_meta), s->rkey);
+			       s->meta_addr + p * sizeof(struct fm_shm_meta), mk);
 			if (k == 2 * FM_MAX_BATCH) {
 				ret = post_wait(rc, k);
 				if (ret)
@@ -562,7 +685,9 @@ static int rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range
 				k = 0;
 			}
 		}
-		fm_ctrl_return_grant(&rd->sx.ctrl, freed);
+		/* A chunk's memory stays registered until the space closes: it was the grant. */
+		if (!s->chunk_pages)
+			fm_ctrl_return_grant(&rd->sx.ctrl, freed);
 	}
 	return k ? post_wait(rc, k) : 0;
 }
@@ -590,7 +715,13 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 	ds = find_rspace(r, dst);
 	if (!ss || !ds)
 		return -ENOENT;
+	/* memd writes a destination page only into a registered chunk (it is the page's grant). */
+	rc = register_chunks(r, rch, ds, dpages, n);
+	if (rc)
+		return rc;
 	for (unsigned i = 0; i < n; i++) {
+		uint32_t dk, mk;
+
 		uint64_t s = spages[i], d = dpages[i];
 
 		if (s >= ss->npages || d >= ds->npages) {
@@ -606,7 +737,11 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 		if (ss == ds && s == d)
 			continue;
 		rch->took[m] = 0;
-		if (!(__atomic_load_n(&ds->present[d >> 3], __ATOMIC_ACQUIRE) & (1u << (d & 7)))) {
+		if (!rkeys_of(ds, d, &dk, &mk)) {
+			status[i] = FM_E_FULL;
+			continue;
+		}
+		if (!ds->chunk_pages && !(__atomic_load_n(&ds->present[d >> 3], __ATOMIC_ACQUIRE) & (1u << (d & 7)))) {
 			if (!fm_ctrl_take_grant(&r->sx.ctrl)) {
 				status[i] = FM_E_FULL;
 				continue;
@@ -625,6 +760,8 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 		uint8_t bit = (uint8_t)(1u << (d & 7));
 
 		status[rch->cidx[j]] = rc ? FM_E_INTERNAL : rch->cst[j];
+		if (ds->chunk_pages && !rc && rch->cst[j] == FM_OK)
+			__atomic_fetch_or(&ds->present[d >> 3], bit, __ATOMIC_ACQ_REL);
 		if (!rch->took[j])
 			continue;
 		if (rc || rch->cst[j] != FM_OK)
@@ -698,11 +835,23 @@ int fm_rdma_test_region(struct fm_xport *x, uint32_t space, uint64_t *data_addr,
 			uint32_t *rkey)
 {
 	struct rspace *s = x->kind == FM_XPORT_RDMA ? find_rspace(to_rdma(x), space) : NULL;
+	uint64_t first = 0;
+	struct fm_rdma_reg_ent e;
+	uint32_t meta;
+	int rc;
 
 	if (!s)
 		return -ENOENT;
+	/* Chunked: the first chunk's region, registered now if it is not yet. */
+	if (s->chunk_pages && !rkeys_of(s, 0, rkey, &meta)) {
+		rc = fm_ctrl_rdma_reg(&to_rdma(x)->sx.ctrl, space, &first, 1, &e);
+		if (rc || e.status != FM_OK)
+			return rc ? rc : -ENOSPC;
+		s->keys[0] = (struct rkeys){ e.data_rkey, e.meta_rkey };
+		__atomic_store_n(&s->reg[0], 1, __ATOMIC_RELEASE);
+	}
+	rkeys_of(s, 0, rkey, &meta);
 	*data_addr = s->data_addr;
-	*npages = s->npages;
-	*rkey = s->rkey;
+	*npages = s->chunk_pages && s->chunk_pages < s->npages ? s->chunk_pages : s->npages;
 	return 0;
 }

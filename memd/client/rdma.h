@@ -15,7 +15,7 @@
 
 /* One RDMA READ of len bytes at any remote address with any rkey: -EIO when the device refused it. */
 int fm_rdma_test_raw_read(struct fm_chan *c, uint64_t raddr, uint32_t rkey, uint32_t len);
-/* A space's region: its data address, pages and rkey. */
+/* A space's region (its first chunk's, registered now if need be): its data address, pages and rkey. */
 int fm_rdma_test_region(struct fm_xport *x, uint32_t space, uint64_t *data_addr, uint64_t *npages,
 			uint32_t *rkey);
 

@@ -27,6 +27,7 @@
 #define FM_MAX_EDITS        512u        /* entries per EDIT */
 #define FM_MAX_EDIT_PAGES   256u        /* distinct pages one EDIT touches */
 #define FM_MAX_SPACE_PAGES  (1ull << 36) /* 256 TiB of 4 KiB pages */
+#define FM_MAX_RDMA_REG     64u         /* chunks per RDMA_REG */
 #define FM_MAX_PAYLOAD      (FM_MAX_BATCH * (FM_PAGE_SIZE + 16u) + 64u)
 
 enum fm_op {
@@ -51,6 +52,8 @@ enum fm_op {
 	                          * S: the GET entries' bytes (only to a memd that sets FM_HELLO_F_EDIT) */
 	FM_OP_SHM_ALLOC    = 16, /* C: fm_space_ref + fm_range[count]; S: - (a mapped space, over a
 	                          * Unix socket, only to a memd that sets FM_HELLO_F_ALLOC) */
+	FM_OP_RDMA_REG     = 17, /* C: fm_space_ref + u64 chunk[count]; S: fm_rdma_reg_ent[count]
+	                          * (an RDMA_MAP'd space, only to a memd that sets FM_HELLO_F_RDMA_REG) */
 	FM_OP_ERROR        = 0x7fff, /* S only: status in header, UTF-8 message as payload */
 };
 
@@ -100,6 +103,17 @@ struct fm_hdr {
  * meta): a slot allocated holds a page of the grant, written or about to be.
  */
 #define FM_HELLO_F_ALLOC 8u
+/*
+ * client and server: RDMA regions are registered chunk by chunk
+ * (RDMA_REG), when the client first writes into a chunk, not whole at
+ * RDMA_MAP. Registration pins memory: a space registered whole held its
+ * full size in memd whatever was stored, outside memd's capacity. A chunk
+ * registered takes its pages (data and meta) from capacity and the
+ * session's quota, and is the grant of every page in it: an RDMA client
+ * takes no QUOTA. memd refuses RDMA_MAP from a client that does not set
+ * this flag (it would use one rkey for the whole region).
+ */
+#define FM_HELLO_F_RDMA_REG 16u
 
 struct fm_hello_req {
 	uint16_t min_version;
@@ -225,7 +239,20 @@ struct fm_rdma_map_rep {
 	uint64_t meta_offset;
 	uint64_t map_len;
 	uint64_t addr;             /* remote virtual address of offset 0 */
-	uint32_t rkey;
+	uint32_t rkey;             /* 0 when chunked: each chunk has its own (RDMA_REG) */
+	uint32_t chunk_pages;      /* pages per chunk (FM_HELLO_F_RDMA_REG); 0: one region, rkey */
+} __attribute__((packed));
+
+/*
+ * RDMA_REG, per chunk asked for: FM_OK and the rkeys of the chunk's data
+ * (pages chunk * chunk_pages onward) and of its meta; FM_E_FULL (no room
+ * for its pages in capacity or quota, or the device refused: nothing
+ * registered); FM_E_RANGE. A chunk registered already answers its rkeys.
+ */
+struct fm_rdma_reg_ent {
+	uint32_t status;
+	uint32_t data_rkey;
+	uint32_t meta_rkey;
 	uint32_t reserved;
 } __attribute__((packed));
 
@@ -265,5 +292,6 @@ _Static_assert(sizeof(struct fm_write_ent) == 16, "write entry");
 _Static_assert(sizeof(struct fm_shm_meta) == 8, "shm meta");
 _Static_assert(sizeof(struct fm_copy_req) == 8 && sizeof(struct fm_copy_ent) == 16, "copy");
 _Static_assert(sizeof(struct fm_edit_ent) == 24, "edit");
+_Static_assert(sizeof(struct fm_rdma_map_rep) == 48 && sizeof(struct fm_rdma_reg_ent) == 16, "rdma");
 
 #endif /* FARMEM_PROTOCOL_H */

@@ -62,6 +62,8 @@ static const struct op_shape op_shapes[] = {
 				 FM_MAX_EDITS, "EDIT", true },
 	[FM_OP_SHM_ALLOC]    = { sizeof(struct fm_space_ref), sizeof(struct fm_range),
 				 FM_MAX_RANGES, "SHM_ALLOC" },
+	[FM_OP_RDMA_REG]     = { sizeof(struct fm_space_ref), sizeof(uint64_t),
+				 FM_MAX_RDMA_REG, "RDMA_REG" },
 };
 
 static const struct op_shape *shape_of(uint16_t op)
@@ -301,13 +303,15 @@ static int op_hello(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 				 req.min_version, req.max_version, FM_PROTO_VERSION);
 	}
 	memcpy(c->cnonce, req.client_nonce, FM_NONCE_LEN);
+	c->client_flags = req.flags;
 	if (fm_random(c->snonce, FM_NONCE_LEN)) {
 		c->closing = true;
 		return reply_err(c, h, FM_E_INTERNAL, "no randomness for the nonce");
 	}
 	memset(&rep, 0, sizeof(rep));
 	rep.version = FM_PROTO_VERSION;
-	rep.flags = (c->is_unix ? FM_HELLO_F_SHM | FM_HELLO_F_ALLOC : 0) | FM_HELLO_F_COPY | FM_HELLO_F_EDIT;
+	rep.flags = (c->is_unix ? FM_HELLO_F_SHM | FM_HELLO_F_ALLOC : 0) | FM_HELLO_F_COPY | FM_HELLO_F_EDIT |
+		    FM_HELLO_F_RDMA_REG;
 	memcpy(rep.server_nonce, c->snonce, FM_NONCE_LEN);
 	p = reply(c, h, 0, sizeof(rep), -1);
 	if (!p)
@@ -513,10 +517,20 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		if (!ret && !reply(c, h, 0, 0, -1))
 			ret = -ENOMEM;
 		break;
-	case FM_OP_RDMA_MAP: {  /* register in the session's protection domain, hand out the rkey */
+	case FM_OP_RDMA_MAP: {  /* chunks are registered at RDMA_REG, in the session's protection domain */
 		struct fm_rdma_map_rep rrep;
 
+		if (c->st->rdma && !(c->client_flags & FM_HELLO_F_RDMA_REG)) {
+			memd_space_put(c->st, sp);
+			return reply_err(c, h, FM_E_STATE, "RDMA_MAP: memd registers regions chunk by chunk "
+					 "(RDMA_REG) and this client does not: upgrade it");
+		}
 		ret = memd_space_rdma(c->st, sp, &rrep);
+		if (ret == -EBUSY) {
+			memd_space_put(c->st, sp);
+			return reply_err(c, h, FM_E_STATE, "RDMA_MAP: space %u is shared by SHM_MAP",
+					 ref.space_id);
+		}
 		if (ret == -EPROTONOSUPPORT) {
 			memd_space_put(c->st, sp);
 			return reply_err(c, h, FM_E_NOSHM, "RDMA_MAP: memd keeps spaces in "
@@ -541,10 +555,35 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		memcpy(p, &rrep, sizeof(rrep));
 		break;
 	}
+	case FM_OP_RDMA_REG: {
+		size_t len = (size_t)h->count * sizeof(struct fm_rdma_reg_ent);
+
+		p = reply(c, h, h->count, len, -1);
+		ret = -ENOMEM;
+		if (!p)
+			break;
+		/* The reply buffer may be unaligned; the entries are packed. */
+		ret = memd_space_rdma_reg(c->st, sp, (const uint64_t *)(pl + sizeof(ref)), h->count,
+					  (struct fm_rdma_reg_ent *)p);
+		if (ret) {
+			tx_unreserve(c, HDR_LEN + len);
+			if (ret == -EPERM) {
+				memd_space_put(c->st, sp);
+				return reply_err(c, h, FM_E_STATE, "RDMA_REG: space %u is not RDMA_MAP'd",
+						 ref.space_id);
+			}
+		}
+		break;
+	}
 	case FM_OP_SHM_MAP: {
 		struct fm_shm_map_rep rep;
 
 		ret = memd_space_shm(c->st, sp, &rep, &fd);
+		if (ret == -EBUSY) {
+			memd_space_put(c->st, sp);
+			return reply_err(c, h, FM_E_STATE, "SHM_MAP: space %u is registered for RDMA",
+					 ref.space_id);
+		}
 		if (ret == -EOPNOTSUPP) {
 			memd_space_put(c->st, sp);
 			return reply_err(c, h, FM_E_NOSHM, "SHM_MAP: memd keeps spaces in "

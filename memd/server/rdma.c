@@ -4,13 +4,14 @@
  * it accepts RC connections and gives each its own QP, then takes no further
  * part in the data path: clients read and write spaces with one-sided verbs.
  *
- * A client learns a region (address, rkey, length) only through RDMA_MAP on
- * its authenticated TCP control connection (same port number, docs/protocol.md
- * "RDMA"); the region is the space's own mapping of its memfd, registered with
- * ibv_reg_mr (which pins it) in the protection domain of the client's session.
+ * A client learns a region (address, rkey, length) only through RDMA_MAP and
+ * RDMA_REG on its authenticated TCP control connection (same port number,
+ * docs/protocol.md "RDMA"); a region is a chunk of the space's own mapping of
+ * its memfd, registered with ibv_reg_mr (which pins it) in the protection
+ * domain of the client's session.
  * A QP is accepted only with that session's id and key in its connect private
  * data, and is created in the same domain: an rkey is worthless on any other
- * session's QPs. SPACE_CLOSE deregisters (unpins) the region; the session's
+ * session's QPs. SPACE_CLOSE deregisters (unpins) the regions; the session's
  * end frees the domain. A QP that touches memory with a wrong rkey, out of
  * range, or in a deregistered region is moved to the error state by the
  * device; the client sees its QP fail, and when it disconnects or exits we
@@ -80,7 +81,7 @@ static int rdma_reg(void **pd_slot, void *addr, size_t len, void **mr_out, uint3
 		fm_warn("rdma: cannot allocate a protection domain: %s", strerror(e));
 		return -e;
 	}
-	/* Pins the whole space until SPACE_CLOSE or the session's end. */
+	/* Pins it until SPACE_CLOSE or the session's end. */
 	mr = ibv_reg_mr(pd, addr, len,
 			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
 	if (!mr) {

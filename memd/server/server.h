@@ -136,13 +136,20 @@ long memd_space_edit(struct memd_store *st, struct memd_space *sp, const struct 
 int memd_space_discard(struct memd_store *st, struct memd_space *sp,
 		       const struct fm_range *r, uint32_t n);
 /*
- * RDMA_MAP: register the space's mapping in its session's protection domain
- * (once; later calls give the same region) and switch it to grant
+ * RDMA_MAP: cut the space's mapping into chunks, registered later one by one
+ * (RDMA_REG; once: later calls give the same layout), and switch it to grant
  * accounting. -EOPNOTSUPP without an RDMA listener, -EPROTONOSUPPORT for an
- * identity-mapped space (--idmap). SPACE_CLOSE and the
- * session's end deregister it.
+ * identity-mapped space (--idmap), -EBUSY for a space shared by SHM_MAP.
+ * SPACE_CLOSE and the session's end deregister its chunks.
  */
 int memd_space_rdma(struct memd_store *st, struct memd_space *sp, struct fm_rdma_map_rep *rep);
+/*
+ * RDMA_REG: register chunks[0..n) of an RDMA_MAP'd space, each taking its
+ * pages from capacity and quota; out[i] says how each went (protocol.h).
+ * -EPERM: not RDMA_MAP'd; -ENOENT: closed.
+ */
+int memd_space_rdma_reg(struct memd_store *st, struct memd_space *sp, const uint64_t *chunks, uint32_t n,
+			struct fm_rdma_reg_ent *out);
 /* Switch the space to grant accounting; *fd is a dup the caller owns. */
 int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 		   struct fm_shm_map_rep *rep, int *fd);
@@ -203,6 +210,7 @@ struct memd_conn {
 	size_t secret_len;
 	int fd;                    /* -1 in unit tests */
 	bool is_unix;              /* can pass fds: SHM_MAP allowed */
+	uint32_t client_flags;     /* its HELLO's FM_HELLO_F_* */
 	int state;                 /* enum memd_conn_state */
 	bool closing;              /* stop reading; close when tx is empty */
 	bool eof;                  /* the peer shut down its side */

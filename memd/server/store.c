@@ -55,8 +55,19 @@ struct memd_space {
 	uint64_t *known;
 	size_t known_len;
 	uint64_t present;              /* pages counted against capacity (atomic) */
-	void *rdma_mr;                 /* RDMA_MAP's registration of map, under rw */
-	uint32_t rdma_rkey;
+	/*
+	 * RDMA_MAP: the space is registered chunk by chunk, each chunk at its
+	 * first RDMA_REG (FM_HELLO_F_RDMA_REG); the array and the chunks change
+	 * under rw held for writing. rdma_pinned: the pages registered, data
+	 * and meta, taken from capacity with reserve().
+	 */
+	struct memd_rdma_chunk *rdma_chunks;
+	uint64_t rdma_nchunks, rdma_chunk_pages, rdma_pinned;
+};
+
+struct memd_rdma_chunk {
+	void *data_mr, *meta_mr;       /* both or neither */
+	uint32_t data_rkey, meta_rkey;
 };
 
 struct memd_session {
@@ -324,10 +335,16 @@ static void space_kill(struct memd_store *st, struct memd_space *sp)
 		}
 	}
 	/* Unpinned now, not when the last reference goes: a QP still using the rkey fails. */
-	if (sp->rdma_mr) {
-		st->rdma->dereg(sp->rdma_mr);
-		sp->rdma_mr = NULL;
+	for (uint64_t c = 0; sp->rdma_chunks && c < sp->rdma_nchunks; c++) {
+		if (!sp->rdma_chunks[c].data_mr)
+			continue;
+		st->rdma->dereg(sp->rdma_chunks[c].data_mr);
+		st->rdma->dereg(sp->rdma_chunks[c].meta_mr);
 	}
+	free(sp->rdma_chunks);
+	sp->rdma_chunks = NULL;
+	n += sp->rdma_pinned;
+	sp->rdma_pinned = 0;
 	pthread_rwlock_unlock(&sp->rw);
 	unreserve(st, sp->sess, n);
 }
@@ -627,6 +644,16 @@ static inline struct fm_shm_meta *meta_of(struct memd_space *sp, uint64_t page)
 	return &sp->meta[page];
 }
 
+/*
+ * In an RDMA space memd writes a page only in a chunk registered (pinned,
+ * counted against capacity): anywhere else it would allocate memory no one
+ * accounted for. Caller holds rw.
+ */
+static bool rdma_unpinned(const struct memd_space *sp, uint64_t page)
+{
+	return sp->rdma_chunks && !sp->rdma_chunks[page / sp->rdma_chunk_pages].data_mr;
+}
+
 static bool page_present(struct memd_space *sp, uint64_t page)
 {
 	if (!meta_exists(sp, page / MEMD_META_PER_PAGE))
@@ -724,8 +751,12 @@ int memd_space_write(struct memd_store *st, struct memd_space *sp,
 			status[i] = FM_E_RANGE;
 		else if (fm_crc32c(data + (size_t)i * FM_PAGE_SIZE, FM_PAGE_SIZE) != e.crc)
 			status[i] = FM_E_CRC;
+		else if (rdma_unpinned(sp, e.page))
+			status[i] = FM_E_FULL;
 		else
 			status[i] = FM_OK;
+		if (status[i] == FM_E_FULL)
+			full++;
 		if (status[i] == FM_OK && counted && !page_present(sp, e.page))
 			want++;
 	}
@@ -799,6 +830,10 @@ int memd_space_copy(struct memd_store *st, struct memd_space *src, struct memd_s
 
 		memcpy(&e, &ents[i], sizeof(e));
 		status[i] = e.src_page >= src->npages || e.dst_page >= dst->npages ? FM_E_RANGE : FM_OK;
+		if (status[i] == FM_OK && rdma_unpinned(dst, e.dst_page)) {
+			status[i] = FM_E_FULL;
+			full++;
+		}
 		if (status[i] == FM_OK && counted && page_present(src, e.src_page) &&
 		    !page_present(dst, e.dst_page))
 			want++;
@@ -963,6 +998,10 @@ long memd_space_edit(struct memd_store *st, struct memd_space *sp, const struct 
 		}
 		if (p->written && !p->present)
 			want++;
+		if (p->written && rdma_unpinned(sp, p->page)) {
+			ret = -FM_E_FULL;
+			goto out;
+		}
 	}
 	if (counted && want) {
 		held = reserve(st, sp->sess, want);
@@ -1083,7 +1122,8 @@ int memd_space_discard(struct memd_store *st, struct memd_space *sp,
 		/* Flags first: a reader never finds PRESENT over punched data for long. */
 		c = clear_range(sp, x.first, x.first + x.npages);
 		cleared += c;
-		if (!sp->idmap && fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+		/* Not in an RDMA space: a hole would part memd's mapping from the registered pages. */
+		if (!sp->idmap && !sp->rdma_chunks && fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 			      (off_t)(x.first * FM_PAGE_SIZE),
 			      (off_t)(x.npages * FM_PAGE_SIZE)) < 0)
 			fm_warn("space %u: punching pages %llu+%llu: %s", sp->id,
@@ -1118,6 +1158,10 @@ static void to_grant(struct memd_store *st, struct memd_space *sp)
 	sp->mapped = true;
 }
 
+/* Chunks of at least 2 MiB (a meta page each), at most MEMD_RDMA_MAX_CHUNKS a space: the device's MRs are few. */
+#define MEMD_RDMA_MIN_CHUNK_PAGES 512u
+#define MEMD_RDMA_MAX_CHUNKS 1024u
+
 int memd_space_rdma(struct memd_store *st, struct memd_space *sp, struct fm_rdma_map_rep *rep)
 {
 	int ret = 0;
@@ -1131,23 +1175,99 @@ int memd_space_rdma(struct memd_store *st, struct memd_space *sp, struct fm_rdma
 		ret = -EPROTONOSUPPORT;
 		goto out;
 	}
-	if (!sp->rdma_mr) {
-		if (!st->rdma) {
-			ret = -EOPNOTSUPP; /* no listener */
+	if (!st->rdma) {
+		ret = -EOPNOTSUPP; /* no listener */
+		goto out;
+	}
+	if (sp->mapped && !sp->rdma_chunks) {
+		ret = -EBUSY; /* shared with a Unix-socket client by SHM_MAP */
+		goto out;
+	}
+	if (!sp->rdma_chunks) {
+		uint64_t cp = MEMD_RDMA_MIN_CHUNK_PAGES;
+
+		while ((sp->npages + cp - 1) / cp > MEMD_RDMA_MAX_CHUNKS)
+			cp *= 2;
+		sp->rdma_chunks = calloc((sp->npages + cp - 1) / cp, sizeof(*sp->rdma_chunks));
+		if (!sp->rdma_chunks) {
+			ret = -ENOMEM;
 			goto out;
 		}
-		/* The session's domain: another session's QPs cannot use this rkey. */
-		ret = st->rdma->reg(memd_session_rdma_pd(sp->sess), sp->map, sp->map_len,
-				    &sp->rdma_mr, &sp->rdma_rkey);
-		if (ret)
-			goto out;
+		sp->rdma_chunk_pages = cp;
+		sp->rdma_nchunks = (sp->npages + cp - 1) / cp;
 	}
 	to_grant(st, sp);
 	*rep = (struct fm_rdma_map_rep){
 		.npages = sp->npages, .data_offset = 0, .meta_offset = sp->meta_offset,
-		.map_len = sp->map_len, .addr = (uint64_t)(uintptr_t)sp->map, .rkey = sp->rdma_rkey,
+		.map_len = sp->map_len, .addr = (uint64_t)(uintptr_t)sp->map,
+		.chunk_pages = (uint32_t)sp->rdma_chunk_pages,
 	};
 out:
+	pthread_rwlock_unlock(&sp->rw);
+	return ret;
+}
+
+/* Register chunk c of an RDMA space (rw held for writing): its data and its meta, counted against capacity. */
+static uint32_t rdma_reg_chunk(struct memd_store *st, struct memd_space *sp, uint64_t c)
+{
+	struct memd_rdma_chunk *ch = &sp->rdma_chunks[c];
+	uint64_t first = c * sp->rdma_chunk_pages, n = sp->npages - first, cost, got;
+	void **pd = memd_session_rdma_pd(sp->sess);
+
+	if (ch->data_mr)
+		return FM_OK;
+	if (n > sp->rdma_chunk_pages)
+		n = sp->rdma_chunk_pages;
+	cost = n + (n * sizeof(struct fm_shm_meta) + FM_PAGE_SIZE - 1) / FM_PAGE_SIZE;
+	got = reserve(st, sp->sess, cost);
+	if (got < cost) {
+		unreserve(st, sp->sess, got);
+		return FM_E_FULL;
+	}
+	if (st->rdma->reg(pd, sp->map + first * FM_PAGE_SIZE, n * FM_PAGE_SIZE, &ch->data_mr,
+			  &ch->data_rkey)) {
+		ch->data_mr = NULL;
+		unreserve(st, sp->sess, cost);
+		return FM_E_FULL;
+	}
+	if (st->rdma->reg(pd, sp->meta + first, n * sizeof(struct fm_shm_meta), &ch->meta_mr,
+			  &ch->meta_rkey)) {
+		st->rdma->dereg(ch->data_mr);
+		ch->data_mr = NULL;
+		unreserve(st, sp->sess, cost);
+		return FM_E_FULL;
+	}
+	/* Registration faulted the meta pages in: reading them allocates nothing more. */
+	for (uint64_t mp = first / MEMD_META_PER_PAGE; mp <= (first + n - 1) / MEMD_META_PER_PAGE; mp++)
+		known_set(sp, mp);
+	sp->rdma_pinned += cost;
+	return FM_OK;
+}
+
+int memd_space_rdma_reg(struct memd_store *st, struct memd_space *sp, const uint64_t *chunks, uint32_t n,
+			struct fm_rdma_reg_ent *out)
+{
+	int ret = 0;
+
+	pthread_rwlock_wrlock(&sp->rw);
+	if (sp->dead)
+		ret = -ENOENT;
+	else if (!sp->rdma_chunks)
+		ret = -EPERM;
+	for (uint32_t i = 0; !ret && i < n; i++) {
+		uint64_t c;
+		struct fm_rdma_reg_ent e = { .status = FM_E_RANGE };
+
+		memcpy(&c, &chunks[i], sizeof(c));
+		if (c < sp->rdma_nchunks) {
+			e.status = rdma_reg_chunk(st, sp, c);
+			if (e.status == FM_OK) {
+				e.data_rkey = sp->rdma_chunks[c].data_rkey;
+				e.meta_rkey = sp->rdma_chunks[c].meta_rkey;
+			}
+		}
+		memcpy(&out[i], &e, sizeof(e));
+	}
 	pthread_rwlock_unlock(&sp->rw);
 	return ret;
 }
@@ -1164,6 +1284,10 @@ int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 	}
 	if (sp->idmap) {  /* not a file: a client cannot map it */
 		ret = -EOPNOTSUPP;
+		goto out;
+	}
+	if (sp->rdma_chunks) {  /* its client writes only into registered chunks; this one would not */
+		ret = -EBUSY;
 		goto out;
 	}
 	*fd = fcntl(sp->fd, F_DUPFD_CLOEXEC, 3);
@@ -1227,7 +1351,7 @@ int memd_space_shm_alloc(struct memd_store *st, struct memd_space *sp, const str
 		ret = -ENOENT;
 		goto out;
 	}
-	if (sp->idmap || !sp->mapped) {
+	if (sp->idmap || !sp->mapped || sp->rdma_chunks) {
 		ret = -EPERM;
 		goto out;
 	}

@@ -12,6 +12,8 @@
  *       fails (memd deregistered it at SPACE_CLOSE) and memd goes on serving
  *       the good client and a third one. COPY between two of the good
  *       client's spaces (memd copies; the copies read back over RDMA).
+ *       Chunked registration: memd pins what was written, counted against
+ *       its capacity, and refuses chunks past it.
  *   rdma_peer bench rdma://ADDR:PORT tcp:ADDR:PORT [PAGES]
  *       per-page write (batches of 16) and read (batches of 1: a fault) times
  *       for both transports, and their ratio.
@@ -115,10 +117,120 @@ static long verify_all(struct fm_chan *c, uint32_t sp, uint64_t n, unsigned gen,
 	return verify_from(c, sp, 0, n, gen, b, buf);
 }
 
+/* pages[0..n) (generation gen), each one's status in st[]; how many memd took, or -errno. */
+static long write_pages(struct fm_chan *c, uint32_t sp, const uint64_t *pages, unsigned n, unsigned gen,
+			uint8_t *buf, uint32_t *st, long *full)
+{
+	const void *data[16] = { 0 };
+	long ok = 0;
+
+	if (n > 16)
+		return -E2BIG;
+	int rc;
+
+	for (unsigned i = 0; i < n; i++) {
+		fill(buf + i * PG, pages[i], gen);
+		data[i] = buf + i * PG;
+	}
+	rc = fm_chan_write(c, sp, pages, n, data, st);
+	if (rc)
+		return rc;
+	for (unsigned i = 0; i < n; i++) {
+		ok += st[i] == FM_OK;
+		*full += st[i] == FM_E_FULL;
+	}
+	return ok;
+}
+
+static uint64_t used_pages(struct fm_xport *x)
+{
+	struct fm_stats st;
+
+	return fm_xport_stats(x, &st) ? ~0ull : st.used_pages;
+}
+
+/*
+ * Registration pins memory, so memd registers a space chunk by chunk when
+ * the client first writes into it, each chunk counted against its capacity:
+ * a 1 GiB space with two pages written holds two chunks (STATS used_pages),
+ * and a page in every chunk of a 4 GiB space runs into memd's capacity
+ * (512 MiB in the lane): refused as full, the pages taken read back, and
+ * closing the space gives every chunk back.
+ */
+static void chunked(struct fm_xport *x, struct fm_chan *c, uint8_t *buf)
+{
+	uint64_t before = used_pages(x), pages[16], addr, cp = 0, per_chunk;
+	uint32_t sp, rkey, st[16];
+	long ok, full = 0, bad = 0;
+
+	CHECK(fm_xport_space_open(x, 1ull << 18, &sp) == 0, "chunked: open 1 GiB");
+	CHECK(used_pages(x) == before, "chunked: RDMA_MAP pinned %llu pages",
+	      (unsigned long long)(used_pages(x) - before));
+	pages[0] = 0;
+	pages[1] = 200000;
+	ok = write_pages(c, sp, pages, 2, 5, buf, st, &full);
+	CHECK(ok == 2, "chunked: two pages written: %ld", ok);
+	CHECK(fm_rdma_test_region(x, sp, &addr, &cp, &rkey) == 0 && cp >= 512 && cp < (1ull << 18),
+	      "chunked: chunk of %llu pages", (unsigned long long)cp);
+	per_chunk = cp + (cp * 8 + PG - 1) / PG;
+	CHECK(used_pages(x) - before == 2 * per_chunk, "chunked: two chunks hold %llu pages, want %llu",
+	      (unsigned long long)(used_pages(x) - before), (unsigned long long)(2 * per_chunk));
+	for (unsigned i = 0; i < 2; i++)
+		CHECK(verify_from(c, sp, pages[i], pages[i] + 1, 5, 1, buf) == 0, "chunked: page %llu reads back",
+		      (unsigned long long)pages[i]);
+	{
+		uint64_t pg = 100000;
+		const void *src[1];
+		CHECK(fm_chan_read(c, sp, &pg, 1, src) == -ENOENT, "chunked: a page of a chunk never written");
+	}
+	CHECK(fm_xport_space_close(x, sp) == 0, "chunked: close");
+	CHECK(used_pages(x) == before, "chunked: close gave back all but %lld pages",
+	      (long long)(used_pages(x) - before));
+
+	/* 4 GiB: more chunks than memd's capacity holds. */
+	CHECK(fm_xport_space_open(x, 1ull << 20, &sp) == 0, "chunked: open 4 GiB");
+	pages[0] = 0;
+	CHECK(write_pages(c, sp, pages, 1, 6, buf, st, &full) == 1, "chunked: first page of 4 GiB");
+	CHECK(fm_rdma_test_region(x, sp, &addr, &cp, &rkey) == 0, "chunked: 4 GiB region");
+	ok = 1;
+	for (uint64_t ch = 1; cp && ch * cp < (1ull << 20); ch += 16) {
+		unsigned m = 0;
+		long r;
+
+		for (; m < 16 && (ch + m) * cp < (1ull << 20); m++)
+			pages[m] = (ch + m) * cp + m;
+		r = write_pages(c, sp, pages, m, 6, buf, st, &full);
+		if (r < 0) {
+			CHECK(0, "chunked: write: %s", strerror((int)-r));
+			break;
+		}
+		ok += r;
+		/* Every page taken reads back; a refused one is absent. */
+		for (unsigned i = 0; i < m; i++) {
+			const void *src[1];
+			int rr = fm_chan_read(c, sp, &pages[i], 1, src);
+
+			fill(buf, pages[i], 6);
+			if (st[i] == FM_OK ? rr || memcmp(buf, src[0], PG) : rr != -ENOENT)
+				bad++;
+		}
+	}
+	printf("rdma_peer: 4 GiB space, a page per %llu-page chunk: %ld taken, %ld refused as full, "
+	       "memd used %llu pages\n", (unsigned long long)cp, ok, full, (unsigned long long)used_pages(x));
+	CHECK(ok > 1 && full > 0, "chunked: memd's capacity took %ld chunks and refused %ld", ok, full);
+	CHECK(bad == 0, "chunked: %ld pages wrong", bad);
+	CHECK(used_pages(x) <= (512ull << 20) / PG, "chunked: memd uses %llu pages, over its capacity",
+	      (unsigned long long)used_pages(x));
+	CHECK(fm_xport_space_close(x, sp) == 0, "chunked: close 4 GiB");
+	CHECK(used_pages(x) == before, "chunked: close gave back all but %lld pages",
+	      (long long)(used_pages(x) - before));
+	printf("rdma_peer: chunked registration: memd pins what was written, within its capacity\n");
+}
+
 static int check(const char *addr)
 {
 	static uint8_t buf[64 * PG];
-	const uint64_t n = 2048; /* 8 MiB: registration pins it */
+	const uint64_t n = 2048; /* 8 MiB */
 	struct fm_xport *good = conn(addr), *evil = conn(addr);
 	struct fm_chan *gc = NULL, *gc2 = NULL, *ec = NULL, *ec2 = NULL;
 	uint32_t gsp, esp, rkey, grkey;
@@ -180,6 +292,8 @@ static int check(const char *addr)
 		CHECK(fm_xport_space_close(good, csp) == 0, "copy: space_close");
 		printf("rdma_peer: COPY of 64 pages between registered spaces verified over RDMA\n");
 	}
+
+	chunked(good, gc, buf);
 
 	/* The hostile peer: authenticated, its own session and space. */
 	CHECK(fm_xport_space_open(evil, 16, &esp) == 0, "evil space_open");
