@@ -19,7 +19,7 @@ Workloads (--workloads):
                                  its budget, with the default discard
 
 Configurations (--configs): local, swap, farmem, farmem-thread (fault=thread), before
-(with --before). Every figure is the median over the repeats; counts are per fault
+and before-thread (the checkout of --before, fault=signal and fault=thread). Every figure is the median over the repeats; counts are per fault
 (faults: farmem's own count of faults it served, missing plus write-protect; for swap
 and local the kernel's major faults of the run), TLB flushes per evicted page.
 
@@ -115,7 +115,7 @@ def run_one(cfg: str, wl: dict, args, tmp: str) -> dict:
     for f in (perf_out, summary):
         if os.path.exists(f):
             os.unlink(f)
-    checkout = args.before if cfg == "before" else ROOT
+    checkout = args.before if cfg.startswith("before") else ROOT
     argv = [os.path.join(checkout, a) if a.startswith("build/") else a for a in wl["argv"]]
     argv = [a.replace("build/java", os.path.join(checkout, "build/java")) if "build/java" in a and not a.startswith("/") else a
             for a in argv]
@@ -131,7 +131,7 @@ def run_one(cfg: str, wl: dict, args, tmp: str) -> dict:
         if cfg == "local":
             cmd, env = perf_argv(perf_out) + argv, None
         else:
-            fcmd, env = farmem_cmd(checkout, wl["local"], argv, summary, "thread" if cfg == "farmem-thread" else None)
+            fcmd, env = farmem_cmd(checkout, wl["local"], argv, summary, "thread" if cfg.endswith("-thread") else None)
             cmd = perf_argv(perf_out) + fcmd
         p = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=args.timeout)
         out, status = p.stdout, p.returncode
@@ -180,7 +180,7 @@ def main() -> int:
     args = ap.parse_args()
     size = swap.parse_size(args.size)
     configs = args.configs.split(",")
-    if args.before:
+    if args.before and not any(c.startswith("before") for c in configs):
         configs.append("before")
     if not shutil.which("perf"):
         raise SystemExit("bench_fault: needs perf (linux-perf)")

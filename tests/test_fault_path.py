@@ -105,6 +105,35 @@ def test_lost_write_race_eight_threads(built, farmem_cmd, tmp_path, fault, captu
     assert s["peak_resident_bytes"] <= s["local_limit_bytes"], s
 
 
+def test_the_handler_follows_the_faulting_thread(built, farmem_cmd, tmp_path):
+    """fault=thread: one thread rewrites random pages, alone on the machine; the handler moves
+    to its CPU at idle priority (uffd/follow.h) and every page is right at the end. Without
+    CAP_SYS_NICE (a thread at idle priority could not come back to normal) it stays put."""
+    prog = built("build/tests/hogtest")
+    built("build/lib/libfarmem_preload.so")
+    argv = [str(prog), "--size", "128M", "--hogs", "0", "--seconds", "2"]
+    r, s = run(farmem_cmd, tmp_path, argv, env_extra={"FARMEM_FAULT": "thread"})
+    assert r.returncode == 0 and "hogtest: OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    assert s["follows"] >= 1 and s["evictions_dirty"] > 10000, s
+    r, s = run(farmem_cmd, tmp_path, ["setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice",
+                                      "--", *argv], env_extra={"FARMEM_FAULT": "thread"})
+    assert r.returncode == 0 and "hogtest: OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    assert s["follows"] == 0, s
+
+
+def test_a_handler_that_followed_is_not_starved(built, farmem_cmd, tmp_path):
+    """The handler followed a thread to its CPU at idle priority, then threads that never
+    fault take every CPU: the watch puts the handler back (or it leaves, the machine
+    crowded) and no access waits a second for its page (hogtest exits 4 if one does)."""
+    prog = built("build/tests/hogtest")
+    built("build/lib/libfarmem_preload.so")
+    ncpu = len(os.sched_getaffinity(0))
+    r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "128M", "--hogs", str(ncpu), "--hogs-after", "700",
+                                      "--seconds", "3", "--max-ms", "1000"], env_extra={"FARMEM_FAULT": "thread"})
+    assert r.returncode == 0 and "hogtest: OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    assert s["follows"] >= 1, s
+
+
 def test_jvm_keeps_its_own_signal_handlers(jvm_built, build, farmem_cmd, tmp_path):
     """HotSpot turns a SIGBUS on a truncated mapped file into an InternalError and SIGSEGVs
     into NullPointerExceptions and StackOverflowErrors; the pager's SIGBUS handler, installed

@@ -68,8 +68,10 @@ X(fill_threads, FM_KT_UINT, CFG(fill_threads), "FARMEM_FILL_THREADS", "1", 1, 16
   "fault=thread: fault-handler threads (UMap's UMAP_PAGE_FILLERS). One by default: a second, on another CPU, adds a cross-CPU wakeup to every fault") \
 X(fill_spin_us, FM_KT_UINT, CFG(fill_spin_us), "FARMEM_FILL_SPIN_US", "50", 0, 10000, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--fill-spin", "US", \
   "fault=thread: a handler that served a fault reads on for US microseconds before it sleeps, yielding its CPU to any thread that wants it, so that the next fault need not wake it on another CPU (one cross-CPU wakeup per fault instead of two). 0: sleep at once") \
+X(fill_follow, FM_KT_BOOL, CFG(fill_follow), "FARMEM_FILL_FOLLOW", "1", 0, 1, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--[no-]fill-follow", "", \
+  "the handler thread that serves faults the faulting thread sleeps for (glibc's heaps with fault=signal, every fault with fault=thread) moves to the CPU of the threads it serves, at idle priority, once it served a run of faults from one CPU: the fault then passes between two threads on one CPU, with no wakeup of an idle CPU (uffd/follow.h); a watch puts it back when it is starved there. 0: it stays where the scheduler puts it") \
 X(evict_threads, FM_KT_ENUM, CFG(evict_threads), "FARMEM_EVICT_THREADS", "auto", 0, 0, "auto|0|1", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-threads", "auto|0|1", \
-  "1: an evictor thread keeps resident pages between the watermarks; 0: a thread that faults at the budget evicts a batch itself, on its own CPU (no cross-CPU TLB shootdowns). auto: 0 with fault=signal, 1 with fault=thread") \
+  "1: an evictor thread keeps resident pages between the watermarks; 0: a thread that faults at the budget evicts a batch itself, on its own CPU (no cross-CPU TLB shootdowns). auto: 0, but 1 with fault=thread and fill_follow=0") \
 X(evict_high, FM_KT_PCT, CFG(evict_high), "FARMEM_EVICT_HIGH", "95", 10, 100, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-high", "PCT", \
   "resident share of the budget that wakes the evictor thread (UMap's high water mark)") \
 X(evict_low, FM_KT_PCT, CFG(evict_low), "FARMEM_EVICT_LOW", "90", 5, 99, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-low", "PCT", \

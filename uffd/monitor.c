@@ -187,15 +187,23 @@ static void *handler_main(void *arg)
 	 * sleeps, yielding its CPU to any thread that wants it meanwhile.
 	 */
 	uint64_t spin_ns = events_only ? 0 : (uint64_t)p->cfg.fill_spin_us * 1000, spin_until = 0;
+	struct fm_follower fol = { .at = -1, .seen = -1 };
 
+	/* One handler follows the threads it serves (follow.h): the first that serves faults. */
+	if (idx == (p->in_thread ? 1u : 0u))
+		fm_follower_init(p, &fol, fd);
 	for (;;) {
 		ssize_t n;
+
+		fm_follow_turn(p, &fol, fm_now_ns());
 		if (!spin_until || fm_now_ns() >= spin_until) {
 			spin_until = 0;
-			if (poll(pfd, 2, -1) < 0 && errno != EINTR)
+			if (poll(pfd, 2, fm_follow_poll_ms(&fol)) < 0 && errno != EINTR)
 				fm_fatal("polling userfaultfd failed: %s", strerror(errno));
 			if (pfd[1].revents)
 				return NULL;
+			if (!pfd[0].revents)
+				continue;
 		}
 		n = fm_sys_read(fd, msgs, sizeof(msgs));
 		if (n < 0) {
@@ -220,6 +228,7 @@ static void *handler_main(void *arg)
 					.t0 = fm_now_ns(),
 				};
 				fm_fault(p, &f);
+				fm_follow_fault(p, &fol, f.fc.tid, fm_now_ns());
 				if (spin_ns)
 					spin_until = fm_now_ns() + spin_ns;
 				break;
@@ -300,6 +309,7 @@ int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
 {
 	int rc;
 
+	fm_follow_init(&p->follow);
 	p->stop_fd = eventfd(0, EFD_CLOEXEC);
 	if (p->stop_fd < 0) {
 		snprintf(err, errlen, "eventfd: %s", strerror(errno));
@@ -332,6 +342,8 @@ void fm_monitor_stop(struct fm_pager *p)
 
 	if (p->in_thread)
 		sigbus_remove(p);
+	/* The watch acts on a handler by its thread id: it stops before they do. */
+	fm_follow_stop(p);
 	pthread_mutex_lock(&p->waits_lock); /* no handler 1 starts now */
 	if (p->stop_fd >= 0 && fm_sys_write(p->stop_fd, &one, sizeof(one)) < 0)
 		fm_warn("cannot stop the fault handlers: %s", strerror(errno));

@@ -14,7 +14,8 @@
  * fault=thread: handler threads read faults off the uffd and serve them
  * while the faulting thread sleeps in the kernel. Every system call on paged
  * memory then just waits; each fault costs two cross-CPU wakeups when the
- * scheduler puts the two threads on different CPUs.
+ * scheduler puts the two threads on different CPUs, which is why the
+ * handler that serves them moves beside the faulting thread (follow.h).
  */
 #ifndef FARMEM_MONITOR_H
 #define FARMEM_MONITOR_H

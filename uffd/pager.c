@@ -222,7 +222,8 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	 * at the limit pay local flushes. So with faults served in the faulting
 	 * thread there is none unless asked for.
 	 */
-	evict_thread = cfg->evict_threads ? cfg->evict_threads - 1 : !p->in_thread; /* auto|0|1 */
+	/* auto|0|1; auto: with a handler that follows, it evicts faster itself than a thread beside it. */
+	evict_thread = cfg->evict_threads ? cfg->evict_threads - 1 : !p->in_thread && !cfg->fill_follow;
 	if (evict_thread) {
 		rc = -pthread_create(&p->evictor, NULL, fm_evictor_main, p);
 		if (rc) {

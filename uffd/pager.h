@@ -29,8 +29,9 @@ struct fm_pager_cfg {
 	unsigned local_pct;      /* local as a percentage of registered memory */
 	unsigned fill_threads;
 	unsigned fill_spin_us;
+	int fill_follow;
 	int fault_mode;          /* fault: enum fm_fault_mode (0 auto, 1 signal, 2 thread) */
-	int evict_threads;       /* evict_threads: 0 auto (an evictor thread with fault=thread only), 1 none, 2 one */
+	int evict_threads;       /* evict_threads: 0 auto (an evictor thread with fault=thread and no fill_follow only), 1 none, 2 one */
 	unsigned evict_high;
 	unsigned evict_low;
 	unsigned evict_batch;

@@ -31,6 +31,7 @@
 
 #include "capture.h"
 #include "fatal.h"
+#include "follow.h"
 #include "page.h"
 #include "pager.h"
 #include "resmap.h"
@@ -168,6 +169,7 @@ struct fm_pager {
 	unsigned nhandlers;
 	struct fm_handler_arg { struct fm_pager *p; unsigned idx; } handler_args[MAX_HANDLERS];
 	pthread_mutex_t waits_lock;     /* the start of uffd_waits and its handler */
+	struct fm_follow follow;        /* the handler that follows faulting threads to their CPUs */
 	int stop_fd;                    /* eventfd: the handler threads stop when it is readable */
 
 	struct chan_slot pool[MAX_POOL];

@@ -222,7 +222,14 @@ struct fm_pager_stats {
 	uint64_t compact_opened;
 	/* Clean pages after one a pause worker's write faulted on, opened with it (a guess: uffd/fault.c). */
 	uint64_t wp_opened_ahead;
-	uint64_t reserved2[17];
+	/*
+	 * The handler that serves faults the faulting thread sleeps for, moved
+	 * to a faulting thread's CPU at idle priority (uffd/follow.h), and put
+	 * back by its watch because it was starved there.
+	 */
+	uint64_t follows;
+	uint64_t follow_stalls;
+	uint64_t reserved2[15];
 };
 
 struct fm_resmap_hdr {

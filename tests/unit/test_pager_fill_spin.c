@@ -57,7 +57,9 @@ static void read_back(const char *addr, const char *fault, const char *spin, uin
 	*sleeps = -1;
 	snprintf(what, sizeof(what), "fault=%s fill_spin_us=%s", fault, spin);
 	p = unit_pager(what, addr, "2M",
-		       (const char *const[]){ "transport", "shm", "prefetch", "0", "fault", fault, "fill_spin_us", spin, NULL });
+		       (const char *const[]){ "transport", "shm", "prefetch", "0", "fault", fault, "fill_spin_us", spin,
+						/* beside the faulting thread the handler need not sleep, spin or not */
+						"fill_follow", "0", NULL });
 	if (!p)
 		return;
 	h = fm_pager_map(p);

@@ -190,9 +190,12 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	/* An evictor thread keeps resident pages under the high mark; faulting threads evict at the limit. */
+	/*
+	 * An evictor thread (fault=thread without fill_follow) keeps resident
+	 * pages under the high mark; faulting threads and handlers evict at the limit.
+	 */
 	fm_pager_cfg_defaults(&cfg);
-	high = strcmp(fault, "thread") ? limit_pages : limit_pages * cfg.evict_high / 100;
+	high = strcmp(fault, "thread") || cfg.fill_follow ? limit_pages : limit_pages * cfg.evict_high / 100;
 	a = map_heap_file();
 	ver = calloc(NPAGES, sizeof(*ver));
 	CHECK(a != MAP_FAILED && ver);

@@ -88,10 +88,12 @@ TAIL_FIELDS = (MULTI_FIELDS + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAP
 # heaps of a pager that serves the others in the faulting thread; the program's mremaps done by the
 # kernel's mremap with the books going along (uffd/remap.c), their resident pages and the pages in memd
 # that stayed in their slots; clean pages a collector's move wrote, unprotected by the move; clean
-# pages opened with the one a pause worker's write faulted on.
+# pages opened with the one a pause worker's write faulted on; the fault handler moved beside a
+# faulting thread at idle priority (uffd/follow.h), and put back by its watch, starved there.
 JVM_FIELDS = ("gc_conc_faults", "compact_moves", "compact_bytes", "compact_pages", "compact_declined",
               "discard_kept", "discard_released", "evictions_in_place", "refaults_soon", "heap_faults",
-              "remaps", "remap_pages_resident", "remap_pages_kept", "compact_opened", "wp_opened_ahead")
+              "remaps", "remap_pages_resident", "remap_pages_kept", "compact_opened", "wp_opened_ahead",
+              "follows", "follow_stalls")
 
 
 class PagerStats(ctypes.Structure):

@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Where a fault-handler thread runs: follow.h says why. */
+#include "follow.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fm_util.h"
+#include "pager_internal.h"
+
+#define FOLLOW_STREAK 4
+#define FOLLOW_QUIET_MS 50
+#define FOLLOW_WATCH_MS 4
+#define FOLLOW_HOLDOFF_MS 100
+#define FOLLOW_RECHECK_NS (10ull * 1000 * 1000)
+/* While it follows: of FOLLOW_WINDOW faults, more than FOLLOW_FOREIGN from other CPUs end it. */
+#define FOLLOW_WINDOW 64
+#define FOLLOW_FOREIGN 16
+
+#define MS_NS (1000ull * 1000)
+
+void fm_follow_init(struct fm_follow *fw)
+{
+	memset(fw, 0, sizeof(*fw));
+	fw->fd = -1;
+	pthread_mutex_init(&fw->lock, NULL);
+	pthread_cond_init(&fw->cond, NULL);
+}
+
+/*
+ * May this thread leave SCHED_IDLE again? The kernel takes SCHED_IDLE for
+ * nice 20 and lets it back to SCHED_OTHER only within RLIMIT_NICE, or with
+ * CAP_SYS_NICE (root has it; a program run as another user mostly not).
+ */
+static int may_come_back(void)
+{
+	struct rlimit rl;
+	char buf[2048], *s;
+	unsigned long long eff;
+
+	if (!getrlimit(RLIMIT_NICE, &rl) && rl.rlim_cur >= 20)
+		return 1;
+	if (fm_read_file("/proc/thread-self/status", buf, sizeof(buf)) <= 0 || !(s = strstr(buf, "CapEff:")))
+		return 0;
+	eff = strtoull(s + 7, NULL, 16);
+	return !!(eff & (1ull << 23)); /* CAP_SYS_NICE */
+}
+
+void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd)
+{
+	struct fm_follow *fw = &p->follow;
+
+	memset(f, 0, sizeof(*f));
+	f->at = f->seen = -1;
+	f->enabled = p->cfg.fill_follow && !sched_getaffinity(0, sizeof(fw->cpus), &fw->cpus) &&
+		     CPU_COUNT(&fw->cpus) > 1 && may_come_back();
+	f->self = gettid();
+	atomic_store(&fw->tid, f->self);
+	fw->fd = fd;
+}
+
+/* The CPU thread tid last ran on: /proc's stat, field 39. -1 when it cannot be read. */
+static int proc_cpu(pid_t tid)
+{
+	char path[64], buf[1024], *s;
+	int field = 2;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	if (fm_read_file(path, buf, sizeof(buf)) <= 0)
+		return -1;
+	/* Field 2, the name, is in parentheses and may hold spaces: count from its end. */
+	s = strrchr(buf, ')');
+	while (s && *s && field < 39)
+		if (*s++ == ' ')
+			field++;
+	return s && *s ? atoi(s) : -1;
+}
+
+/*
+ * More tasks want to run than the handler's CPUs: then a faulting thread's
+ * CPU does not go idle while it waits (another takes it), following gains
+ * nothing, and a handler at idle priority would wait behind them all.
+ * /proc/loadavg's fourth field: runnable tasks now, the reader included.
+ */
+static int crowded(const struct fm_follow *fw)
+{
+	char buf[128], *s;
+	long running;
+
+	if (fm_read_file("/proc/loadavg", buf, sizeof(buf)) <= 0 || !(s = strchr(buf, '/')))
+		return 1;
+	while (s > buf && s[-1] != ' ')
+		s--;
+	running = strtol(s, NULL, 10);
+	return running > CPU_COUNT(&fw->cpus);
+}
+
+/* A faulting thread's CPU, looked up again after FOLLOW_RECHECK_NS (it may have moved). */
+static int cpu_of(struct fm_follower *f, pid_t tid, uint64_t now)
+{
+	unsigned k;
+
+	for (k = 0; k < FOLLOW_CPUS_SEEN; k++)
+		if (f->cpus[k].tid == tid)
+			break;
+	if (k == FOLLOW_CPUS_SEEN) {
+		k = f->next_slot++ % FOLLOW_CPUS_SEEN;
+		f->cpus[k].tid = tid;
+		f->cpus[k].checked_ns = 0;
+	}
+	if (!f->cpus[k].checked_ns || now - f->cpus[k].checked_ns > FOLLOW_RECHECK_NS) {
+		f->cpus[k].cpu = proc_cpu(tid);
+		f->cpus[k].checked_ns = now;
+		f->recheck = 1;
+	}
+	return f->cpus[k].cpu;
+}
+
+/* Back on the handler's own CPUs at normal priority (from the handler, or from the watch with its tid). */
+static void restore(struct fm_follow *fw, pid_t tid)
+{
+	struct sched_param sp = { 0 };
+
+	if (sched_setscheduler(tid, SCHED_OTHER, &sp) || sched_setaffinity(tid, sizeof(fw->cpus), &fw->cpus))
+		fm_debug("follow: cannot put handler %d back: %s", (int)tid, strerror(errno));
+}
+
+static void *watch_main(void *arg)
+{
+	struct fm_pager *p = arg;
+	struct fm_follow *fw = &p->follow;
+
+	pthread_setname_np(pthread_self(), "farmem-watch");
+	pthread_mutex_lock(&fw->lock);
+	while (!fw->stop) {
+		uint64_t beat;
+		struct pollfd pf = { .fd = fw->fd, .events = POLLIN };
+		struct timespec ts = { 0, FOLLOW_WATCH_MS * MS_NS };
+		int on = FM_FOLLOW_ON;
+
+		if (atomic_load(&fw->state) != FM_FOLLOW_ON) {
+			pthread_cond_wait(&fw->cond, &fw->lock);
+			continue;
+		}
+		pthread_mutex_unlock(&fw->lock);
+		beat = atomic_load(&fw->beat);
+		nanosleep(&ts, NULL);
+		/* No turn of its loop in a whole tick while a fault waits: it is starved where it is pinned. */
+		if (atomic_load(&fw->beat) == beat && poll(&pf, 1, 0) > 0 &&
+		    atomic_compare_exchange_strong(&fw->state, &on, FM_FOLLOW_STALLED)) {
+			restore(fw, (pid_t)atomic_load(&fw->tid));
+			STAT_ADD(p, follow_stalls, 1);
+		}
+		pthread_mutex_lock(&fw->lock);
+	}
+	pthread_mutex_unlock(&fw->lock);
+	return NULL;
+}
+
+/* The watch, at normal priority: a thread made by one at SCHED_IDLE would be SCHED_IDLE too. */
+static int start_watch(struct fm_pager *p)
+{
+	struct fm_follow *fw = &p->follow;
+	struct sched_param sp = { 0 };
+	pthread_attr_t a;
+	int rc;
+
+	if (pthread_attr_init(&a))
+		return -1;
+	rc = pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED) ||
+	     pthread_attr_setschedpolicy(&a, SCHED_OTHER) || pthread_attr_setschedparam(&a, &sp) ||
+	     pthread_create(&fw->watch, &a, watch_main, p);
+	pthread_attr_destroy(&a);
+	return rc ? -1 : 0;
+}
+
+static void leave(struct fm_pager *p, struct fm_follower *f, uint64_t holdoff_until)
+{
+	struct fm_follow *fw = &p->follow;
+	int on = FM_FOLLOW_ON;
+
+	/* The watch may have put it back already (STALLED), and it may have pinned itself again since. */
+	atomic_compare_exchange_strong(&fw->state, &on, FM_FOLLOW_OFF);
+	if (f->at >= 0)
+		restore(fw, 0);
+	atomic_store(&fw->state, FM_FOLLOW_OFF);
+	f->at = -1;
+	f->streak = 0;
+	f->holdoff_until_ns = holdoff_until;
+}
+
+static void follow_to(struct fm_pager *p, struct fm_follower *f, int cpu)
+{
+	struct fm_follow *fw = &p->follow;
+	struct sched_param sp = { 0 };
+	cpu_set_t one;
+
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	if (sched_setaffinity(0, sizeof(one), &one))
+		return; /* not one of ours (a cpuset): stay */
+	if (f->at < 0 && sched_setscheduler(0, SCHED_IDLE, &sp)) {
+		sched_setaffinity(0, sizeof(fw->cpus), &fw->cpus);
+		return;
+	}
+	f->window = f->foreign = 0;
+	if (f->at >= 0) {
+		f->at = cpu;
+		pthread_mutex_lock(&fw->lock);
+		if (fw->watch_started)
+			pthread_setaffinity_np(fw->watch, sizeof(one), &one);
+		pthread_mutex_unlock(&fw->lock);
+		return;
+	}
+	f->at = cpu;
+	STAT_ADD(p, follows, 1);
+	pthread_mutex_lock(&fw->lock);
+	atomic_store(&fw->state, FM_FOLLOW_ON);
+	if (!fw->watch_started && !fw->stop)
+		fw->watch_started = !start_watch(p);
+	/*
+	 * The watch runs where the handler does: a thread of ours that ran on
+	 * another CPU would make that CPU take every eviction's TLB shootdown,
+	 * woken from idle for it.
+	 */
+	if (fw->watch_started)
+		pthread_setaffinity_np(fw->watch, sizeof(one), &one);
+	pthread_cond_signal(&fw->cond);
+	pthread_mutex_unlock(&fw->lock);
+	/* Without a watch nothing would catch a starved handler: do not follow. */
+	if (!fw->watch_started)
+		leave(p, f, UINT64_MAX);
+}
+
+void fm_follow_fault(struct fm_pager *p, struct fm_follower *f, pid_t tid, uint64_t now)
+{
+	int cpu;
+
+	if (!f->enabled || tid <= 0)
+		return;
+	f->last_fault_ns = now;
+	cpu = cpu_of(f, tid, now);
+	if (cpu < 0)
+		return;
+	if (f->recheck) {
+		f->recheck = 0;
+		if (f->at >= 0 && crowded(&p->follow)) {
+			leave(p, f, now + FOLLOW_HOLDOFF_MS * MS_NS);
+			return;
+		}
+	}
+	if (f->at >= 0) {
+		f->window++;
+		f->foreign += cpu != f->at;
+		if (f->window == FOLLOW_WINDOW) {
+			if (f->foreign > FOLLOW_FOREIGN) {
+				/* Faulting threads on several CPUs: one handler cannot be beside them all. */
+				leave(p, f, now + FOLLOW_HOLDOFF_MS * MS_NS);
+				return;
+			}
+			f->window = f->foreign = 0;
+		}
+	}
+	if (cpu == f->at) {
+		f->streak = 0;
+		return;
+	}
+	if (cpu != f->seen) {
+		f->seen = cpu;
+		f->streak = 0;
+	}
+	if (++f->streak < FOLLOW_STREAK || now < f->holdoff_until_ns)
+		return;
+	f->streak = 0;
+	if (crowded(&p->follow)) {
+		f->holdoff_until_ns = now + FOLLOW_HOLDOFF_MS * MS_NS;
+		return;
+	}
+	follow_to(p, f, cpu);
+}
+
+int fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now)
+{
+	struct fm_follow *fw = &p->follow;
+
+	if (!f->enabled)
+		return 0;
+	atomic_fetch_add_explicit(&fw->beat, 1, memory_order_relaxed);
+	if (f->at < 0)
+		return 0;
+	if (atomic_load(&fw->state) == FM_FOLLOW_STALLED) {
+		/* Starved where it followed to: each time again, it waits twice as long before it follows. */
+		if (f->stalls < 7)
+			f->stalls++;
+		leave(p, f, now + (FOLLOW_HOLDOFF_MS * MS_NS << f->stalls));
+	}
+	else if (now - f->last_fault_ns > FOLLOW_QUIET_MS * MS_NS)
+		leave(p, f, 0);
+	return f->at >= 0;
+}
+
+int fm_follow_poll_ms(const struct fm_follower *f)
+{
+	return f->at >= 0 ? FOLLOW_QUIET_MS : -1;
+}
+
+void fm_follow_stop(struct fm_pager *p)
+{
+	struct fm_follow *fw = &p->follow;
+	int started;
+
+	pthread_mutex_lock(&fw->lock);
+	fw->stop = 1;
+	started = fw->watch_started;
+	/* The handlers are about to stop: none may be left waiting, starved, to read that. */
+	if (atomic_load(&fw->state) == FM_FOLLOW_ON) {
+		int on = FM_FOLLOW_ON;
+
+		if (atomic_compare_exchange_strong(&fw->state, &on, FM_FOLLOW_STALLED))
+			restore(fw, (pid_t)atomic_load(&fw->tid));
+	}
+	pthread_cond_broadcast(&fw->cond);
+	pthread_mutex_unlock(&fw->lock);
+	if (started)
+		pthread_join(fw->watch, NULL);
+}

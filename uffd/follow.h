@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Where a fault-handler thread runs (fill_follow).
+ *
+ * A fault the faulting thread sleeps for (glibc's heaps with fault=signal,
+ * every fault with fault=thread) passes from that thread to a handler and
+ * back. On two CPUs the faulting thread's CPU goes idle while it waits, and
+ * waking it there again (an IPI; on a VM an exit to the host when the idle
+ * vCPU halted) cost more than the rest of the fault: a random rewrite took
+ * 2.6x as long as with both threads on one CPU (bench/RESULTS.md).
+ *
+ * So the handler follows: once it served FOLLOW_STREAK faults in a row from
+ * threads on one CPU, it pins itself there at SCHED_IDLE. A thread that
+ * faults there leaves the CPU to the handler (the only other task on it,
+ * woken there), and the handler's wakeup of it finds a CPU the scheduler
+ * counts as idle (only SCHED_IDLE work), so it comes back to that CPU and
+ * takes it from the handler at once: no IPI, no halt, and the handler takes
+ * no time from the program. It stops following after FOLLOW_QUIET_MS
+ * without a fault, or when faults come from other CPUs too.
+ *
+ * A SCHED_IDLE thread gets almost no time on a CPU that has other work, so a
+ * fault from another CPU could wait behind that work. A watch thread (normal
+ * priority, awake only while a handler follows) checks every FOLLOW_WATCH_MS
+ * that the handler made progress whenever a fault is waiting, and otherwise
+ * puts it back (its CPUs, SCHED_OTHER) for FOLLOW_HOLDOFF_MS.
+ */
+#ifndef FARMEM_FOLLOW_H
+#define FARMEM_FOLLOW_H
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct fm_pager;
+
+#define FOLLOW_CPUS_SEEN 16
+
+/* The following handler's own books (its stack). */
+struct fm_follower {
+	int enabled;
+	pid_t self;
+	int at;                   /* the CPU it is pinned to, -1 when it does not follow */
+	int seen;                 /* the CPU of the faults of its current streak */
+	unsigned streak;
+	unsigned window, foreign; /* while following: faults, and those from other CPUs */
+	uint64_t last_fault_ns;
+	uint64_t holdoff_until_ns;
+	struct { pid_t tid; int cpu; uint64_t checked_ns; } cpus[FOLLOW_CPUS_SEEN];
+	unsigned next_slot;
+	int recheck;              /* a CPU was looked up again: see whether the machine is crowded too */
+	unsigned stalls;          /* times the watch put it back: the holdoff doubles with each */
+};
+
+/* The pager's part, shared with the watch thread (struct fm_pager.follow). */
+struct fm_follow {
+	atomic_int state;             /* FM_FOLLOW_* */
+	atomic_int tid;               /* the handler that follows */
+	atomic_uint_fast64_t beat;    /* that handler's loop turns */
+	int fd;                       /* the uffd it reads: a fault waiting there shows as POLLIN */
+	cpu_set_t cpus;               /* its CPUs before it followed */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;          /* the watch sleeps on it while nobody follows */
+	pthread_t watch;
+	int watch_started, stop;
+};
+
+enum { FM_FOLLOW_OFF, FM_FOLLOW_ON, FM_FOLLOW_STALLED };
+
+void fm_follow_init(struct fm_follow *fw);
+/* In the handler thread that is to follow (fd: the uffd it reads). */
+void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd);
+/* After each fault it served (tid: the faulting thread's, from the uffd message). */
+void fm_follow_fault(struct fm_pager *p, struct fm_follower *f, pid_t tid, uint64_t now);
+/* Each turn of its loop; 1 while it follows (then it sleeps in poll rather than spin). */
+int fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now);
+/* The poll timeout: FOLLOW_QUIET_MS while it follows (to stop when faults stop), else -1. */
+int fm_follow_poll_ms(const struct fm_follower *f);
+/* Stop the watch thread: before the handlers stop (it acts on a handler's thread id). */
+void fm_follow_stop(struct fm_pager *p);
+
+#endif
