@@ -194,6 +194,12 @@ def test_devices_and_system_lines(here, build):
         assert idle["available"] == (window > 0) and idle["data"]["guest_halt_poll_ns"] == window
     else:
         assert idle["available"] == (not in_vm)
+    # the handler may follow: more than one CPU, and CAP_SYS_NICE or RLIMIT_NICE 20 (uffd/follow.h)
+    import resource
+    cap = int(next(x for x in read("/proc/self/status").splitlines() if x.startswith("CapEff:")).split()[1], 16)
+    nice = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    assert lines["handler-follow"]["available"] == (len(os.sched_getaffinity(0)) > 1 and (
+        bool(cap >> 23 & 1) or nice == resource.RLIM_INFINITY or nice >= 20)), lines["handler-follow"]
     assert lines["farmem-memd"]["available"] == os.access(build / "bin" / "farmem-memd", os.X_OK)
     assert lines["farmem-preload"]["available"] == (build / "lib" / "libfarmem_preload.so").is_file()
     # the tracer and the agent: built, and usable here (eBPF; a JVM)

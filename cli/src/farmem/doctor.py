@@ -811,6 +811,32 @@ def check_idle_polling():
                    "driver (modprobe cpuidle-haltpoll force=1) polls first"), data
 
 
+CAP_SYS_NICE = 23
+
+
+@check("handler-follow", "a fault served by a handler thread (glibc's heaps, fault=thread) passes between "
+       "two CPUs: the handler cannot wait beside the faulting thread at idle priority (fill_follow), "
+       "since the kernel lets a thread back from SCHED_IDLE only with CAP_SYS_NICE or an RLIMIT_NICE of 20 "
+       "(fault=thread's random rewrite 3.3 s against 2.4 s, bench/RESULTS.md)")
+def check_handler_follow():
+    """Whether this user's programs can have the handler follow (uffd/follow.h): more than one
+    CPU, and a way back from SCHED_IDLE."""
+    import resource
+    cpus = len(os.sched_getaffinity(0))
+    nice = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    cap = next((int(line.split()[1], 16) for line in _read("/proc/self/status").splitlines()
+                if line.startswith("CapEff:")), 0)
+    data = {"cpus": cpus, "rlimit_nice": nice, "cap_sys_nice": bool(cap >> CAP_SYS_NICE & 1)}
+    if cpus < 2:
+        return False, "one CPU: nothing to follow across", data
+    if data["cap_sys_nice"]:
+        return True, "CAP_SYS_NICE: the handler may go to SCHED_IDLE and back", data
+    if nice == resource.RLIM_INFINITY or nice >= 20:
+        return True, f"RLIMIT_NICE {nice}: the handler may go to SCHED_IDLE and back", data
+    return False, (f"no CAP_SYS_NICE and RLIMIT_NICE {nice} (below 20): a handler at SCHED_IDLE could not "
+                   "come back, so it does not follow"), data
+
+
 # --- farmem's own build, the JVM ------------------------------------------------------------------
 
 def _elf_type(path: Path) -> int:
