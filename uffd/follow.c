@@ -58,7 +58,8 @@ void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd)
 
 	memset(f, 0, sizeof(*f));
 	f->at = f->seen = -1;
-	f->enabled = p->cfg.fill_follow && !sched_getaffinity(0, sizeof(fw->cpus), &fw->cpus) &&
+	/* Without a watch nothing would catch it starved: it does not follow. */
+	f->enabled = p->cfg.fill_follow && fw->watch_started && !sched_getaffinity(0, sizeof(fw->cpus), &fw->cpus) &&
 		     CPU_COUNT(&fw->cpus) > 1 && may_come_back();
 	f->self = gettid();
 	atomic_store(&fw->tid, f->self);
@@ -151,8 +152,14 @@ static void *watch_main(void *arg)
 		pthread_mutex_unlock(&fw->lock);
 		beat = atomic_load(&fw->beat);
 		nanosleep(&ts, NULL);
-		/* No turn of its loop in a whole tick while a fault waits: it is starved where it is pinned. */
-		if (atomic_load(&fw->beat) == beat && poll(&pf, 1, 0) > 0 &&
+		/*
+		 * No turn of its loop in a whole tick while it served a fault
+		 * (maybe holding a page others wait for) or while one waited: it
+		 * is starved where it is pinned, or slow, and better off unpinned.
+		 * Spinning with nothing to do, it may well not run: the program
+		 * has its CPU, as it should.
+		 */
+		if (atomic_load(&fw->beat) == beat && (atomic_load(&fw->serving) || poll(&pf, 1, 0) > 0) &&
 		    atomic_compare_exchange_strong(&fw->state, &on, FM_FOLLOW_STALLED)) {
 			restore(fw, (pid_t)atomic_load(&fw->tid));
 			STAT_ADD(p, follow_stalls, 1);
@@ -163,21 +170,35 @@ static void *watch_main(void *arg)
 	return NULL;
 }
 
-/* The watch, at normal priority: a thread made by one at SCHED_IDLE would be SCHED_IDLE too. */
-static int start_watch(struct fm_pager *p)
+/*
+ * The watch, at normal priority (a thread made by one at SCHED_IDLE would be
+ * SCHED_IDLE too), made beside the handler that may follow, never by it: a
+ * handler in pthread_create waits for glibc's locks, which a thread that
+ * faults on paged memory may hold (a child after fork: glibc's stack cache,
+ * then its main arena, then a fault in that arena).
+ */
+void fm_follow_prepare(struct fm_pager *p)
 {
 	struct fm_follow *fw = &p->follow;
 	struct sched_param sp = { 0 };
 	pthread_attr_t a;
+	cpu_set_t cpus;
 	int rc;
 
-	if (pthread_attr_init(&a))
-		return -1;
+	if (!p->cfg.fill_follow || sched_getaffinity(0, sizeof(cpus), &cpus) || CPU_COUNT(&cpus) < 2 ||
+	    !may_come_back())
+		return;
+	pthread_mutex_lock(&fw->lock);
+	if (fw->watch_started || fw->stop || pthread_attr_init(&a)) {
+		pthread_mutex_unlock(&fw->lock);
+		return;
+	}
 	rc = pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED) ||
 	     pthread_attr_setschedpolicy(&a, SCHED_OTHER) || pthread_attr_setschedparam(&a, &sp) ||
 	     pthread_create(&fw->watch, &a, watch_main, p);
 	pthread_attr_destroy(&a);
-	return rc ? -1 : 0;
+	fw->watch_started = !rc;
+	pthread_mutex_unlock(&fw->lock);
 }
 
 static void leave(struct fm_pager *p, struct fm_follower *f, uint64_t holdoff_until)
@@ -222,8 +243,6 @@ static void follow_to(struct fm_pager *p, struct fm_follower *f, int cpu)
 	STAT_ADD(p, follows, 1);
 	pthread_mutex_lock(&fw->lock);
 	atomic_store(&fw->state, FM_FOLLOW_ON);
-	if (!fw->watch_started && !fw->stop)
-		fw->watch_started = !start_watch(p);
 	/*
 	 * The watch runs where the handler does: a thread of ours that ran on
 	 * another CPU would make that CPU take every eviction's TLB shootdown,
@@ -233,9 +252,6 @@ static void follow_to(struct fm_pager *p, struct fm_follower *f, int cpu)
 		pthread_setaffinity_np(fw->watch, sizeof(one), &one);
 	pthread_cond_signal(&fw->cond);
 	pthread_mutex_unlock(&fw->lock);
-	/* Without a watch nothing would catch a starved handler: do not follow. */
-	if (!fw->watch_started)
-		leave(p, f, UINT64_MAX);
 }
 
 void fm_follow_fault(struct fm_pager *p, struct fm_follower *f, pid_t tid, uint64_t now)
@@ -308,6 +324,12 @@ int fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now)
 int fm_follow_poll_ms(const struct fm_follower *f)
 {
 	return f->at >= 0 ? FOLLOW_QUIET_MS : -1;
+}
+
+void fm_follow_serving(struct fm_pager *p, const struct fm_follower *f, int serving)
+{
+	if (f->enabled)
+		atomic_store_explicit(&p->follow.serving, serving, memory_order_relaxed);
 }
 
 void fm_follow_stop(struct fm_pager *p)

@@ -19,10 +19,13 @@
  * without a fault, or when faults come from other CPUs too.
  *
  * A SCHED_IDLE thread gets almost no time on a CPU that has other work, so a
- * fault from another CPU could wait behind that work. A watch thread (normal
+ * fault from another CPU could wait behind that work, and so could every
+ * thread waiting for a page the handler holds. A watch thread (normal
  * priority, awake only while a handler follows) checks every FOLLOW_WATCH_MS
- * that the handler made progress whenever a fault is waiting, and otherwise
- * puts it back (its CPUs, SCHED_OTHER) for FOLLOW_HOLDOFF_MS.
+ * that the handler turned its loop while it served a fault or one waited on
+ * its uffd (not while it spins or sleeps with nothing to do), and otherwise
+ * puts it back (its CPUs, SCHED_OTHER) for
+ * FOLLOW_HOLDOFF_MS, doubled each time.
  */
 #ifndef FARMEM_FOLLOW_H
 #define FARMEM_FOLLOW_H
@@ -58,6 +61,7 @@ struct fm_follow {
 	atomic_int state;             /* FM_FOLLOW_* */
 	atomic_int tid;               /* the handler that follows */
 	atomic_uint_fast64_t beat;    /* that handler's loop turns */
+	atomic_int serving;           /* it is serving a fault (it may hold pages others wait for) */
 	int fd;                       /* the uffd it reads: a fault waiting there shows as POLLIN */
 	cpu_set_t cpus;               /* its CPUs before it followed */
 	pthread_mutex_t lock;
@@ -69,6 +73,12 @@ struct fm_follow {
 enum { FM_FOLLOW_OFF, FM_FOLLOW_ON, FM_FOLLOW_STALLED };
 
 void fm_follow_init(struct fm_follow *fw);
+/*
+ * Before the handler that may follow starts, in the thread that starts it:
+ * the watch thread, when following can happen here (fill_follow, more than
+ * one CPU, a way back from SCHED_IDLE). A handler never creates a thread.
+ */
+void fm_follow_prepare(struct fm_pager *p);
 /* In the handler thread that is to follow (fd: the uffd it reads). */
 void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd);
 /* After each fault it served (tid: the faulting thread's, from the uffd message). */
@@ -77,6 +87,8 @@ void fm_follow_fault(struct fm_pager *p, struct fm_follower *f, pid_t tid, uint6
 int fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now);
 /* The poll timeout: FOLLOW_QUIET_MS while it follows (to stop when faults stop), else -1. */
 int fm_follow_poll_ms(const struct fm_follower *f);
+/* Around what it read off the uffd: the watch looks for progress then even with no fault waiting. */
+void fm_follow_serving(struct fm_pager *p, const struct fm_follower *f, int serving);
 /* Stop the watch thread: before the handlers stop (it acts on a handler's thread id). */
 void fm_follow_stop(struct fm_pager *p);
 

@@ -213,6 +213,8 @@ static void *handler_main(void *arg)
 				continue;
 			fm_fatal("reading userfaultfd failed: %s", strerror(errno));
 		}
+		/* What it read may hold pages and locks others wait for: the watch watches it now. */
+		fm_follow_serving(p, &fol, 1);
 		for (ssize_t k = 0; k < n / (ssize_t)sizeof(msgs[0]); k++) {
 			struct uffd_msg *m = &msgs[k];
 			switch (m->event) {
@@ -248,6 +250,7 @@ static void *handler_main(void *arg)
 				fm_warn("ignoring userfaultfd event %u", m->event);
 			}
 		}
+		fm_follow_serving(p, &fol, 0);
 	}
 }
 
@@ -292,7 +295,8 @@ int fm_monitor_waits_fd(struct fm_pager *p, char *err, size_t errlen)
 	if (rc < 0)
 		goto out;
 	p->uffd_waits = rc;
-	/* Handler 1; the stop joins handlers [0, nhandlers). */
+	/* Handler 1, which may follow (follow.h); the stop joins handlers [0, nhandlers). */
+	fm_follow_prepare(p);
 	rc = handler_start(p, 1, 1, err, errlen);
 	if (rc) {
 		close(p->uffd_waits);
@@ -325,6 +329,7 @@ int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
 	} else {
 		p->nhandlers = p->cfg.fill_threads < 1 ? 1 : p->cfg.fill_threads > MAX_HANDLERS ? MAX_HANDLERS
 											  : p->cfg.fill_threads;
+		fm_follow_prepare(p); /* handler 0 may follow */
 	}
 	for (unsigned i = 0; i < p->nhandlers; i++) {
 		rc = handler_start(p, i, !p->in_thread, err, errlen);
