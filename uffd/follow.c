@@ -58,11 +58,9 @@ void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd)
 
 	memset(f, 0, sizeof(*f));
 	f->at = f->seen = -1;
-	/* Without a watch nothing would catch it starved: it does not follow. */
-	f->enabled = p->cfg.fill_follow && fw->watch_started && !sched_getaffinity(0, sizeof(fw->cpus), &fw->cpus) &&
-		     CPU_COUNT(&fw->cpus) > 1 && may_come_back();
-	f->self = gettid();
-	atomic_store(&fw->tid, f->self);
+	/* The watch was made only where following can happen; without it nothing would catch it starved. */
+	f->enabled = fw->watch_started && !sched_getaffinity(0, sizeof(fw->cpus), &fw->cpus);
+	atomic_store(&fw->tid, gettid());
 	fw->fd = fd;
 }
 
@@ -301,15 +299,15 @@ void fm_follow_fault(struct fm_pager *p, struct fm_follower *f, pid_t tid, uint6
 	follow_to(p, f, cpu);
 }
 
-int fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now)
+void fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now)
 {
 	struct fm_follow *fw = &p->follow;
 
 	if (!f->enabled)
-		return 0;
+		return;
 	atomic_fetch_add_explicit(&fw->beat, 1, memory_order_relaxed);
 	if (f->at < 0)
-		return 0;
+		return;
 	if (atomic_load(&fw->state) == FM_FOLLOW_STALLED) {
 		/* Starved where it followed to: each time again, it waits twice as long before it follows. */
 		if (f->stalls < 7)
@@ -318,7 +316,6 @@ int fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now)
 	}
 	else if (now - f->last_fault_ns > FOLLOW_QUIET_MS * MS_NS)
 		leave(p, f, 0);
-	return f->at >= 0;
 }
 
 int fm_follow_poll_ms(const struct fm_follower *f)

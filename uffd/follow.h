@@ -43,7 +43,6 @@ struct fm_pager;
 /* The following handler's own books (its stack). */
 struct fm_follower {
 	int enabled;
-	pid_t self;
 	int at;                   /* the CPU it is pinned to, -1 when it does not follow */
 	int seen;                 /* the CPU of the faults of its current streak */
 	unsigned streak;
@@ -83,8 +82,8 @@ void fm_follow_prepare(struct fm_pager *p);
 void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd);
 /* After each fault it served (tid: the faulting thread's, from the uffd message). */
 void fm_follow_fault(struct fm_pager *p, struct fm_follower *f, pid_t tid, uint64_t now);
-/* Each turn of its loop; 1 while it follows (then it sleeps in poll rather than spin). */
-int fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now);
+/* Each turn of its loop: its heartbeat for the watch, and where it stops following. */
+void fm_follow_turn(struct fm_pager *p, struct fm_follower *f, uint64_t now);
 /* The poll timeout: FOLLOW_QUIET_MS while it follows (to stop when faults stop), else -1. */
 int fm_follow_poll_ms(const struct fm_follower *f);
 /* Around what it read off the uffd: the watch looks for progress then even with no fault waiting. */

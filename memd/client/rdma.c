@@ -503,6 +503,13 @@ static int rkeys_of(const struct rspace *s, uint64_t p, uint32_t *data, uint32_t
 	return 1;
 }
 
+/* Chunk c's rkeys, from memd's answer, published (reg[c] last). */
+static void chunk_registered(struct rspace *s, uint64_t c, const struct fm_rdma_reg_ent *e)
+{
+	s->keys[c] = (struct rkeys){ e->data_rkey, e->meta_rkey };
+	__atomic_store_n(&s->reg[c], 1, __ATOMIC_RELEASE);
+}
+
 /* RDMA_REG of rc->rchunks[0..k) and what memd registered of them published. */
 static int register_listed(struct rdma *r, struct rchan *rc, struct rspace *s, unsigned k)
 {
@@ -514,10 +521,8 @@ static int register_listed(struct rdma *r, struct rchan *rc, struct rspace *s, u
 	for (unsigned j = 0; !ret && j < k; j++) {
 		uint64_t c = rc->rchunks[j];
 
-		if (rc->rents[j].status != FM_OK)
-			continue;
-		s->keys[c] = (struct rkeys){ rc->rents[j].data_rkey, rc->rents[j].meta_rkey };
-		__atomic_store_n(&s->reg[c], 1, __ATOMIC_RELEASE);
+		if (rc->rents[j].status == FM_OK)
+			chunk_registered(s, c, &rc->rents[j]);
 	}
 	return ret;
 }
@@ -847,8 +852,7 @@ int fm_rdma_test_region(struct fm_xport *x, uint32_t space, uint64_t *data_addr,
 		rc = fm_ctrl_rdma_reg(&to_rdma(x)->sx.ctrl, space, &first, 1, &e);
 		if (rc || e.status != FM_OK)
 			return rc ? rc : -ENOSPC;
-		s->keys[0] = (struct rkeys){ e.data_rkey, e.meta_rkey };
-		__atomic_store_n(&s->reg[0], 1, __ATOMIC_RELEASE);
+		chunk_registered(s, 0, &e);
 	}
 	rkeys_of(s, 0, rkey, &meta);
 	*data_addr = s->data_addr;
