@@ -19,6 +19,13 @@
 #define FOLLOW_WATCH_MS 4
 #define FOLLOW_HOLDOFF_MS 100
 #define FOLLOW_RECHECK_NS (10ull * 1000 * 1000)
+/*
+ * At most one round of /proc reads per FOLLOW_READ_NS on the handler's path:
+ * with many faulting threads (arenatest: 120) each new or stale thread
+ * would otherwise cost a read per fault. A fault of a thread it cannot look
+ * up now is left out of the streaks.
+ */
+#define FOLLOW_READ_NS (1000ull * 1000)
 /* While it follows: of FOLLOW_WINDOW faults, more than FOLLOW_FOREIGN from other CPUs end it. */
 #define FOLLOW_WINDOW 64
 #define FOLLOW_FOREIGN 16
@@ -100,7 +107,19 @@ static int crowded(const struct fm_follow *fw)
 	return running > CPU_COUNT(&fw->cpus);
 }
 
-/* A faulting thread's CPU, looked up again after FOLLOW_RECHECK_NS (it may have moved). */
+static int may_read(struct fm_follower *f, uint64_t now)
+{
+	if (now < f->next_read_ns)
+		return 0;
+	f->next_read_ns = now + FOLLOW_READ_NS;
+	return 1;
+}
+
+/*
+ * A faulting thread's CPU, looked up again after FOLLOW_RECHECK_NS (it may
+ * have moved) when the read budget allows; -1 for a thread not known yet
+ * when it does not.
+ */
 static int cpu_of(struct fm_follower *f, pid_t tid, uint64_t now)
 {
 	unsigned k;
@@ -109,15 +128,17 @@ static int cpu_of(struct fm_follower *f, pid_t tid, uint64_t now)
 		if (f->cpus[k].tid == tid)
 			break;
 	if (k == FOLLOW_CPUS_SEEN) {
+		if (!may_read(f, now))
+			return -1;
 		k = f->next_slot++ % FOLLOW_CPUS_SEEN;
 		f->cpus[k].tid = tid;
 		f->cpus[k].checked_ns = 0;
+	} else if (now - f->cpus[k].checked_ns <= FOLLOW_RECHECK_NS || !may_read(f, now)) {
+		return f->cpus[k].cpu;
 	}
-	if (!f->cpus[k].checked_ns || now - f->cpus[k].checked_ns > FOLLOW_RECHECK_NS) {
-		f->cpus[k].cpu = proc_cpu(tid);
-		f->cpus[k].checked_ns = now;
-		f->recheck = 1;
-	}
+	f->cpus[k].cpu = proc_cpu(tid);
+	f->cpus[k].checked_ns = now;
+	f->recheck = 1; /* the crowded check after it rides on this read's budget */
 	return f->cpus[k].cpu;
 }
 
@@ -291,11 +312,19 @@ void fm_follow_fault(struct fm_pager *p, struct fm_follower *f, pid_t tid, uint6
 	}
 	if (++f->streak < FOLLOW_STREAK || now < f->holdoff_until_ns)
 		return;
-	f->streak = 0;
-	if (crowded(&p->follow)) {
-		f->holdoff_until_ns = now + FOLLOW_HOLDOFF_MS * MS_NS;
-		return;
+	/* Already following, it moves along at once: its rechecks look at the load. */
+	if (f->at < 0) {
+		if (!may_read(f, now)) {
+			f->streak--; /* the next fault of the streak looks at the load */
+			return;
+		}
+		if (crowded(&p->follow)) {
+			f->streak = 0;
+			f->holdoff_until_ns = now + FOLLOW_HOLDOFF_MS * MS_NS;
+			return;
+		}
 	}
+	f->streak = 0;
 	follow_to(p, f, cpu);
 }
 

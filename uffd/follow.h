@@ -52,6 +52,7 @@ struct fm_follower {
 	struct { pid_t tid; int cpu; uint64_t checked_ns; } cpus[FOLLOW_CPUS_SEEN];
 	unsigned next_slot;
 	int recheck;              /* a CPU was looked up again: see whether the machine is crowded too */
+	uint64_t next_read_ns;    /* the next /proc read on the handler's path, no sooner */
 	unsigned stalls;          /* times the watch put it back: the holdoff doubles with each */
 };
 
