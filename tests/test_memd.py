@@ -297,20 +297,20 @@ def test_wrong_version(memd):
     assert "1" in e.message
     expect_closed(c)
     c = memd.raw()
-    # a range that includes 1 gets 1; TCP: no SHM flag, COPY, EDIT and chunked RDMA announced
-    assert c.hello(0, 5) == (1, mp.HELLO_F_COPY | mp.HELLO_F_EDIT | mp.HELLO_F_RDMA_REG)
+    # a range that includes 1 gets 1; TCP: no SHM flag, COPY, EDIT and chunked RDMA (both ways) announced
+    assert c.hello(0, 5) == (1, mp.HELLO_F_COPY | mp.HELLO_F_EDIT | mp.HELLO_F_RDMA_REG | mp.HELLO_F_RDMA_UNREG)
 
 
 def test_unknown_op_keeps_connection(memd):
     c = memd.connect()
-    for op in (0, 18, 500, mp.ERROR):  # 13 is RDMA_MAP, 14 COPY, 15 EDIT, 16 SHM_ALLOC, 17 RDMA_REG
+    for op in (0, 19, 500, mp.ERROR):  # 13 is RDMA_MAP, 14 COPY, 15 EDIT, 16 SHM_ALLOC, 17/18 RDMA_(UN)REG
         expect_status(mp.E_OP, c.request, op, b"abc")
     assert c.space_open(4) >= 1
     assert memd.stats()["errors"] >= 4
 
 
 def test_rdma_ops_without_an_rdma_listener(memd):
-    """RDMA_MAP and RDMA_REG to a memd without --rdma: a clear error each, and the connection
+    """RDMA_MAP, RDMA_REG and RDMA_UNREG to a memd without --rdma: a clear error each, and the connection
     and its space go on (registration itself runs in the qemu lane: tests/vm/rdma_peer.c)."""
     c = memd.connect(unix=False)
     sp = c.space_open(8)
@@ -321,6 +321,10 @@ def test_rdma_ops_without_an_rdma_listener(memd):
     assert "RDMA_MAP" in e.message
     expect_status(mp.E_TOOBIG, c.request, mp.RDMA_REG, ref + bytes(8 * 65), 65)
     expect_status(mp.E_NOSPACE, c.request, mp.RDMA_REG, mp.SPACE_REF.pack(sp + 99, 0) + bytes(8), 1)
+    e = expect_status(mp.E_STATE, c.request, mp.RDMA_UNREG, ref + bytes(8), 1)
+    assert "RDMA_MAP" in e.message
+    expect_status(mp.E_TOOBIG, c.request, mp.RDMA_UNREG, ref + bytes(8 * 65), 65)
+    expect_status(mp.E_NOSPACE, c.request, mp.RDMA_UNREG, mp.SPACE_REF.pack(sp + 99, 0) + bytes(8), 1)
     assert c.write(sp, [(0, page_bytes("rdma", 0))]) == [mp.OK]
     assert c.read(sp, [0])[0][2] == page_bytes("rdma", 0)
 

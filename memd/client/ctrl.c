@@ -329,3 +329,27 @@ int fm_ctrl_rdma_reg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunk
 			atomic_store(&c->full_until_ns, fm_now_ns() + QUOTA_BACKOFF_NS);
 	return 0;
 }
+
+int fm_ctrl_rdma_unreg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunks, unsigned n)
+{
+	struct fm_space_ref ref = { .space_id = space_id };
+	struct fm_iov iov[2] = { { &ref, sizeof(ref) }, { chunks, n * sizeof(*chunks) } };
+	size_t len;
+	uint16_t st;
+	int rc = -EPIPE;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->conn.fd >= 0)
+		rc = fm_conn_call(&c->conn, FM_OP_RDMA_UNREG, n, iov, 2, NULL, 0, &len, &st, NULL,
+				  fm_deadline_in(c->timeout_ms));
+	pthread_mutex_unlock(&c->lock);
+	if (rc) {
+		mark_dead(c, rc == -ETIMEDOUT ? "no answer in time" : fm_strerror(rc));
+		return rc;
+	}
+	if (st || len)
+		return -EPROTO;
+	/* Their memory is memd's again: a chunk refused as full a moment ago may fit now. */
+	atomic_store(&c->full_until_ns, 0);
+	return 0;
+}

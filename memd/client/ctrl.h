@@ -89,6 +89,12 @@ int fm_ctrl_shm_alloc(struct fm_ctrl *c, uint32_t space_id, const struct fm_rang
  */
 int fm_ctrl_rdma_reg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunks, unsigned n,
 		     struct fm_rdma_reg_ent *out);
+/*
+ * RDMA_UNREG: memd deregisters chunks[0..n) and frees them (a memd that sets
+ * FM_HELLO_F_RDMA_UNREG). 0; -EPROTO (memd refused: they stay registered);
+ * else memd is lost.
+ */
+int fm_ctrl_rdma_unreg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunks, unsigned n);
 
 /*
  * The start of a transport over one memd session (stream, shm, rdma): what

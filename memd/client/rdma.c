@@ -12,7 +12,8 @@
  *         the data followed by RDMA WRITE of {crc, PRESENT} (flags last);
  *         the signalled completion of the last one means memd's memory holds
  *         every byte, so the pager may drop its copy.
- *  discard: RDMA WRITE of zeroed meta (no hole punching: the region is pinned).
+ *  discard: RDMA WRITE of zeroed meta (no hole punching: the region is pinned);
+ *         a chunk left with no page goes back to memd (RDMA_UNREG).
  *  copy:  COPY over the TCP control connection: memd copies slot to slot.
  *
  * Capacity: registration pins memory, so memd registers a space chunk by
@@ -22,7 +23,20 @@
  * pager, as a full memd does. (A memd before FM_HELLO_F_RDMA_REG registers
  * the whole region and pages take the QUOTA grant, as over shm.) This
  * client is the only writer of its spaces, so which pages are present is
- * kept in a local bitmap.
+ * kept in a local bitmap, and how many each chunk holds.
+ *
+ * A chunk whose last page was discarded goes back to memd (RDMA_UNREG, a
+ * memd that sets FM_HELLO_F_RDMA_UNREG): a JVM's free regions would
+ * otherwise stay pinned at their peak. memd deregisters it, and a work
+ * request that used its rkeys then would fail and take the QP with it, so
+ * every work request holds its chunk (busy[c]) from reading the rkeys until
+ * its completion, and the release waits for none to be held: it marks the
+ * chunk RELEASING first, which makes a new work request wait (a write) or
+ * find the page absent (a read: the chunk holds no page). A signal handler
+ * that interrupted its own thread's work request or release must not wait
+ * for it: a thread that holds chunks releases none, and a write in the
+ * thread that is releasing does not wait for the release (its page is
+ * refused as full and stays with the pager).
  */
 #include "rdma.h"
 #include "ops.h"
@@ -37,6 +51,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -107,6 +122,13 @@ static int verbs_load(char *err, size_t errlen)
 
 #define RDMA_ZERO_META 4096u  /* metas zeroed per discard work request */
 
+enum { CHUNK_UNREG, CHUNK_REG, CHUNK_RELEASING };
+#define RDMA_REG_TRIES 8  /* a write's registrations of one chunk, each released again before its hold */
+
+/* This thread's chunk holds, and whether it is releasing chunks (it may be interrupted in either). */
+static __thread unsigned tls_holds __attribute__((tls_model("initial-exec")));
+static __thread int tls_releasing __attribute__((tls_model("initial-exec")));
+
 struct rspace {
 	uint32_t id;
 	uint64_t npages;
@@ -115,7 +137,9 @@ struct rspace {
 	uint8_t *present;  /* bitmap, atomics */
 	uint64_t chunk_pages, nchunks;
 	struct rkeys { uint32_t data, meta; } *keys;
-	uint8_t *reg;      /* reg[c]: chunk c is registered and keys[c] set (release) */
+	uint8_t *reg;      /* reg[c]: CHUNK_*; CHUNK_REG once keys[c] is set (release) */
+	uint32_t *held;    /* held[c]: chunk c's present pages */
+	uint32_t *busy;    /* busy[c]: work requests that hold chunk c (posted or about to be) */
 	int valid;         /* published last */
 };
 
@@ -124,6 +148,11 @@ struct rdma {
 	char host[256];
 	char port[16];
 	pthread_mutex_t lock;        /* the space table's changes */
+	/*
+	 * Over an RDMA_REG or RDMA_UNREG and the chunk states it changes: an
+	 * answer published after a later release would bring back dead rkeys.
+	 */
+	pthread_mutex_t reg_lock;
 	struct rspace sp[FM_XPORT_MAX_SPACES];
 	unsigned nsp;
 };
@@ -147,13 +176,22 @@ struct rchan {
 	uint32_t cst[FM_MAX_BATCH];
 	unsigned cidx[FM_MAX_BATCH];
 	uint8_t took[FM_MAX_BATCH];
-	/* register_chunks' scratch */
+	/* register_chunks' and release_chunks' scratch */
 	uint64_t rchunks[FM_MAX_RDMA_REG];
 	struct fm_rdma_reg_ent rents[FM_MAX_RDMA_REG];
+	/* the chunks this call's work requests hold, one entry per request */
+	uint64_t holds[2 * FM_MAX_BATCH];
+	unsigned nholds;
 };
 
 static struct rdma *to_rdma(struct fm_xport *x) { return (struct rdma *)x; }
 static struct rchan *to_rchan(struct fm_chan *c) { return (struct rchan *)c; }
+
+/* How long a release waits for work requests, a write for a release: each ends within a call's deadline. */
+static uint64_t chunk_wait_ns(const struct rchan *rc)
+{
+	return 2ull * (uint64_t)rc->base.x->timeout_ms * 1000 * 1000;
+}
 
 static struct rspace *find_rspace(struct rdma *r, uint32_t id)
 {
@@ -202,10 +240,14 @@ static int space_map(struct fm_xport *x, uint32_t id, uint64_t npages)
 		free(s->present);
 		free(s->keys);
 		free(s->reg);
+		free(s->held);
+		free(s->busy);
 		s->present = calloc((npages + 7) / 8, 1);
 		s->keys = nchunks ? calloc(nchunks, sizeof(*s->keys)) : NULL;
 		s->reg = nchunks ? calloc(nchunks, 1) : NULL;
-		if (s->present && nchunks && (!s->keys || !s->reg)) {
+		s->held = nchunks ? calloc(nchunks, sizeof(*s->held)) : NULL;
+		s->busy = nchunks ? calloc(nchunks, sizeof(*s->busy)) : NULL;
+		if (s->present && nchunks && (!s->keys || !s->reg || !s->held || !s->busy)) {
 			free(s->present);
 			s->present = NULL;
 		}
@@ -256,8 +298,11 @@ static void rdma_close(struct fm_xport *x)
 		free(r->sp[i].present);
 		free(r->sp[i].keys);
 		free(r->sp[i].reg);
+		free(r->sp[i].held);
+		free(r->sp[i].busy);
 	}
 	pthread_mutex_destroy(&r->lock);
+	pthread_mutex_destroy(&r->reg_lock);
 	fm_session_xport_free(&r->sx);
 }
 
@@ -486,45 +531,184 @@ static int post_wait(struct rchan *rc, unsigned n)
 	return rcode;
 }
 
-/* The rkeys of page p's data and meta: 1, or 0 when its chunk is not registered (memd holds nothing of it). */
-static int rkeys_of(const struct rspace *s, uint64_t p, uint32_t *data, uint32_t *meta)
+static int holds_already(const struct rchan *rc, uint64_t c)
 {
-	uint64_t c;
+	for (unsigned i = 0; i < rc->nholds; i++)
+		if (rc->holds[i] == c)
+			return 1;
+	return 0;
+}
+
+/*
+ * The rkeys of page p's data and meta for a work request of this call, its
+ * chunk held until unhold_all: 1, or 0 when its chunk is not registered
+ * (memd holds nothing of it). A chunk being released that holds a page is
+ * as good as registered: its release will find the page and give up. One
+ * that holds none is as good as gone, or waited for when the caller wants
+ * it registered (a write), unless this thread is the one releasing. One
+ * this call holds already stays good: its release waits for this call.
+ */
+static int rkeys_hold(struct rchan *rc, struct rspace *s, uint64_t p, int wait, uint32_t *data, uint32_t *meta)
+{
+	uint64_t c, until = 0;
+	uint8_t st;
 
 	if (!s->chunk_pages) {
 		*data = *meta = s->rkey;
 		return 1;
 	}
 	c = p / s->chunk_pages;
-	if (!__atomic_load_n(&s->reg[c], __ATOMIC_ACQUIRE))
-		return 0;
+	for (;;) {
+		/* busy before reg, as release_chunks sets reg before it reads busy: one of them sees the other. */
+		__atomic_add_fetch(&s->busy[c], 1, __ATOMIC_SEQ_CST);
+		st = __atomic_load_n(&s->reg[c], __ATOMIC_SEQ_CST);
+		if (st == CHUNK_REG || (st == CHUNK_RELEASING && (__atomic_load_n(&s->held[c], __ATOMIC_SEQ_CST) ||
+								  holds_already(rc, c))))
+			break;
+		__atomic_sub_fetch(&s->busy[c], 1, __ATOMIC_RELEASE);
+		if (st == CHUNK_UNREG || !wait || tls_releasing)
+			return 0;
+		if (!until)
+			until = fm_now_ns() + chunk_wait_ns(rc);
+		else if (fm_now_ns() >= until)
+			return 0;
+		sched_yield();
+	}
+	rc->holds[rc->nholds++] = c;
+	tls_holds++;
 	*data = s->keys[c].data;
 	*meta = s->keys[c].meta;
 	return 1;
 }
 
-/* Chunk c's rkeys, from memd's answer, published (reg[c] last). */
+/* The holds of this call's work requests given up: they completed, or were never posted. */
+static void unhold_all(struct rchan *rc, struct rspace *s)
+{
+	for (unsigned i = 0; i < rc->nholds; i++)
+		__atomic_sub_fetch(&s->busy[rc->holds[i]], 1, __ATOMIC_RELEASE);
+	tls_holds -= rc->nholds;
+	rc->nholds = 0;
+}
+
+/* The present bit of page p set: 1 when it was not (chunk counts follow). */
+static int mark_present(struct rspace *s, uint64_t p)
+{
+	uint8_t bit = (uint8_t)(1u << (p & 7));
+
+	if (__atomic_fetch_or(&s->present[p >> 3], bit, __ATOMIC_ACQ_REL) & bit)
+		return 0;
+	if (s->chunk_pages)
+		__atomic_add_fetch(&s->held[p / s->chunk_pages], 1, __ATOMIC_SEQ_CST);
+	return 1;
+}
+
+/*
+ * Chunk c's rkeys, from memd's answer, published (reg[c] last), reg_lock
+ * held. Registered already (by another channel: the same rkeys) or being
+ * released, it is left as it is.
+ */
 static void chunk_registered(struct rspace *s, uint64_t c, const struct fm_rdma_reg_ent *e)
 {
+	if (__atomic_load_n(&s->reg[c], __ATOMIC_ACQUIRE) != CHUNK_UNREG)
+		return;
 	s->keys[c] = (struct rkeys){ e->data_rkey, e->meta_rkey };
-	__atomic_store_n(&s->reg[c], 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->reg[c], CHUNK_REG, __ATOMIC_RELEASE);
 }
 
 /* RDMA_REG of rc->rchunks[0..k) and what memd registered of them published. */
 static int register_listed(struct rdma *r, struct rchan *rc, struct rspace *s, unsigned k)
 {
-	int ret = fm_ctrl_rdma_reg(&r->sx.ctrl, s->id, rc->rchunks, k, rc->rents);
+	int ret;
 
-	/* Refused (full, or an answer that makes no sense): their pages stay with the pager. */
-	if (ret == -ENOSPC || ret == -EPROTO)
-		return 0;
-	for (unsigned j = 0; !ret && j < k; j++) {
-		uint64_t c = rc->rchunks[j];
-
+	pthread_mutex_lock(&r->reg_lock);
+	ret = fm_ctrl_rdma_reg(&r->sx.ctrl, s->id, rc->rchunks, k, rc->rents);
+	for (unsigned j = 0; !ret && j < k; j++)
 		if (rc->rents[j].status == FM_OK)
-			chunk_registered(s, c, &rc->rents[j]);
+			chunk_registered(s, rc->rchunks[j], &rc->rents[j]);
+	pthread_mutex_unlock(&r->reg_lock);
+	/* Refused (full, or an answer that makes no sense): their pages stay with the pager. */
+	return ret == -ENOSPC || ret == -EPROTO ? 0 : ret;
+}
+
+/* RDMA_UNREG of rc->rchunks[0..k), each RELEASING with no work request held: unregistered, or back. */
+static void unregister_listed(struct rdma *r, struct rchan *rc, struct rspace *s, unsigned k)
+{
+	int ret;
+
+	pthread_mutex_lock(&r->reg_lock);
+	ret = fm_ctrl_rdma_unreg(&r->sx.ctrl, s->id, rc->rchunks, k);
+	for (unsigned j = 0; j < k; j++)
+		__atomic_store_n(&s->reg[rc->rchunks[j]], ret ? CHUNK_REG : CHUNK_UNREG, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&r->reg_lock);
+}
+
+/*
+ * Wait until no work request holds chunk c (RELEASING now): 1 when it then
+ * holds no page either, else it is registered as before and 0 (a work
+ * request still holding it after chunk_wait_ns, or a write that held it
+ * before it was RELEASING, or a work request that found a page there).
+ */
+static int release_drained(struct rchan *rc, struct rspace *s, uint64_t c)
+{
+	uint64_t until = 0;
+
+	while (__atomic_load_n(&s->busy[c], __ATOMIC_SEQ_CST)) {
+		if (!until)
+			until = fm_now_ns() + chunk_wait_ns(rc);
+		else if (fm_now_ns() >= until)
+			break;
+		sched_yield();
 	}
-	return ret;
+	if (__atomic_load_n(&s->busy[c], __ATOMIC_SEQ_CST) || __atomic_load_n(&s->held[c], __ATOMIC_SEQ_CST)) {
+		__atomic_store_n(&s->reg[c], CHUNK_REG, __ATOMIC_RELEASE);
+		return 0;
+	}
+	return 1;
+}
+
+/*
+ * The chunks that ranges r[0..n) touch, those left with no page given back
+ * to memd, up to FM_MAX_RDMA_REG a request. While it waits for a chunk's
+ * work requests it has no other chunk RELEASING: a write that waits for
+ * one of those may hold this one.
+ */
+static void release_chunks(struct rdma *rd, struct rchan *rc, struct rspace *s, const struct fm_range *r,
+			   unsigned n)
+{
+	unsigned k = 0;
+
+	/* A thread interrupted with chunks held (or releasing) would wait for itself. */
+	if (!s->chunk_pages || !(rd->sx.ctrl.conn.server_flags & FM_HELLO_F_RDMA_UNREG) || tls_holds ||
+	    tls_releasing)
+		return;
+	tls_releasing = 1;
+	for (unsigned i = 0; i < n; i++) {
+		if (!r[i].npages)
+			continue;
+		for (uint64_t c = r[i].first / s->chunk_pages; c <= (r[i].first + r[i].npages - 1) / s->chunk_pages;
+		     c++) {
+			uint8_t want = CHUNK_REG;
+
+			if (__atomic_load_n(&s->held[c], __ATOMIC_SEQ_CST) ||
+			    !__atomic_compare_exchange_n(&s->reg[c], &want, CHUNK_RELEASING, 0, __ATOMIC_SEQ_CST,
+							 __ATOMIC_SEQ_CST))
+				continue;
+			if (k && __atomic_load_n(&s->busy[c], __ATOMIC_SEQ_CST)) {
+				unregister_listed(rd, rc, s, k);
+				k = 0;
+			}
+			if (!release_drained(rc, s, c))
+				continue;
+			rc->rchunks[k++] = c;
+			if (k == FM_MAX_RDMA_REG) {
+				unregister_listed(rd, rc, s, k);
+				k = 0;
+			}
+		}
+	}
+	if (k)
+		unregister_listed(rd, rc, s, k);
+	tls_releasing = 0;
 }
 
 /*
@@ -541,7 +725,7 @@ static int register_chunks(struct rdma *r, struct rchan *rc, struct rspace *s, c
 		uint64_t c = pages[i] / s->chunk_pages;
 		unsigned j = 0;
 
-		if (pages[i] >= s->npages || __atomic_load_n(&s->reg[c], __ATOMIC_ACQUIRE))
+		if (pages[i] >= s->npages || __atomic_load_n(&s->reg[c], __ATOMIC_ACQUIRE) != CHUNK_UNREG)
 			continue;
 		while (j < k && rc->rchunks[j] != c)
 			j++;
@@ -569,20 +753,23 @@ static int rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 
 	if (!s)
 		return -ENOENT;
+	rc->nholds = 0;
 	for (unsigned i = 0; i < n; i++) {
 		uint64_t p = pages[i];
 		uint32_t dk, mk;
 
-		if (p >= s->npages)
-			return -ERANGE;
-		if (!rkeys_of(s, p, &dk, &mk))
-			return -ENOENT;
+		ret = p >= s->npages ? -ERANGE : !rkeys_hold(rc, s, p, 0, &dk, &mk) ? -ENOENT : 0;
+		if (ret) {
+			unhold_all(rc, s);
+			return ret;
+		}
 		add_wr(rc, k++, IBV_WR_RDMA_READ, rc->buf + (size_t)i * FM_PAGE_SIZE, FM_PAGE_SIZE,
 		       s->data_addr + p * FM_PAGE_SIZE, dk);
 		add_wr(rc, k++, IBV_WR_RDMA_READ, &rc->meta[i], sizeof(struct fm_shm_meta),
 		       s->meta_addr + p * sizeof(struct fm_shm_meta), mk);
 	}
 	ret = post_wait(rc, k);
+	unhold_all(rc, s);
 	if (ret)
 		return ret;
 	for (unsigned i = 0; i < n; i++) {
@@ -594,6 +781,27 @@ static int rdma_read(struct fm_chan *c, uint32_t space, const uint64_t *pages, u
 		src[i] = d;
 	}
 	return 0;
+}
+
+/*
+ * Page p's rkeys held for a write, its chunk registered again when another
+ * page's discard emptied and released it since register_chunks. 1; 0 when
+ * memd refuses the chunk (full); else memd is lost.
+ */
+static int hold_for_write(struct rdma *r, struct rchan *rc, struct rspace *s, uint64_t p, uint32_t *dk,
+			  uint32_t *mk)
+{
+	for (unsigned tries = 0;; tries++) {
+		int ret;
+
+		if (rkeys_hold(rc, s, p, 1, dk, mk))
+			return 1;
+		if (!s->chunk_pages || tries == RDMA_REG_TRIES)
+			return 0;
+		ret = register_chunks(r, rc, s, &p, 1);
+		if (ret)
+			return ret;
+	}
 }
 
 static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, unsigned n,
@@ -611,25 +819,32 @@ static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 	s = find_rspace(r, space);
 	if (!s)
 		return -ENOENT;
+	for (unsigned i = 0; i < n; i++)
+		if (pages[i] >= s->npages)
+			return -ERANGE;
 	ret = register_chunks(r, rc, s, pages, n);
 	if (ret)
 		return ret;
+	rc->nholds = 0;
 	for (unsigned i = 0; i < n; i++) {
 		uint64_t p = pages[i];
 		uint8_t bit, old;
 		uint8_t *d = rc->buf + (size_t)i * FM_PAGE_SIZE;
 		uint32_t dk, mk;
 
-		if (p >= s->npages)
-			return -ERANGE;
-		if (!rkeys_of(s, p, &dk, &mk)) {
+		ret = hold_for_write(r, rc, s, p, &dk, &mk);
+		if (ret < 0) {
+			unhold_all(rc, s);
+			return ret;
+		}
+		if (!ret) {
 			status[i] = FM_E_FULL;
 			continue;
 		}
 		bit = (uint8_t)(1u << (p & 7));
 		old = __atomic_load_n(&s->present[p >> 3], __ATOMIC_ACQUIRE);
 		if (!(old & bit) && s->chunk_pages) {
-			__atomic_fetch_or(&s->present[p >> 3], bit, __ATOMIC_ACQ_REL);
+			mark_present(s, p);
 		} else if (!(old & bit)) {
 			if (!fm_ctrl_take_grant(&r->sx.ctrl)) {
 				status[i] = FM_E_FULL;
@@ -647,7 +862,9 @@ static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 		       s->meta_addr + p * sizeof(struct fm_shm_meta), mk);
 		status[i] = FM_OK;
 	}
-	return k ? post_wait(rc, k) : 0;
+	ret = k ? post_wait(rc, k) : 0;
+	unhold_all(rc, s);
+	return ret;
 }
 
 static int rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range *r, unsigned n)
@@ -660,14 +877,19 @@ static int rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range
 
 	if (!s)
 		return -ENOENT;
-	for (unsigned i = 0; i < n; i++) {
-		uint64_t freed = 0;
+	for (unsigned i = 0; i < n; i++)
 		if (r[i].first >= s->npages || r[i].npages > s->npages - r[i].first)
 			return -ERANGE;
+	rc->nholds = 0;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t freed = 0;
 		for (uint64_t p = r[i].first; p < r[i].first + r[i].npages; p++) {
 			uint8_t bit = (uint8_t)(1u << (p & 7));
-			if (__atomic_fetch_and(&s->present[p >> 3], (uint8_t)~bit, __ATOMIC_ACQ_REL) & bit)
-				freed++;
+			if (!(__atomic_fetch_and(&s->present[p >> 3], (uint8_t)~bit, __ATOMIC_ACQ_REL) & bit))
+				continue;
+			freed++;
+			if (s->chunk_pages)
+				__atomic_sub_fetch(&s->held[p / s->chunk_pages], 1, __ATOMIC_SEQ_CST);
 		}
 		for (uint64_t p = r[i].first, m; p < r[i].first + r[i].npages; p += m) {
 			uint32_t dk, mk;
@@ -678,23 +900,28 @@ static int rdma_discard(struct fm_chan *c, uint32_t space, const struct fm_range
 			/* A work request stays within one chunk's region; a chunk not registered holds nothing. */
 			if (s->chunk_pages && m > s->chunk_pages - p % s->chunk_pages)
 				m = s->chunk_pages - p % s->chunk_pages;
-			if (!rkeys_of(s, p, &dk, &mk))
+			if (!rkeys_hold(rc, s, p, 0, &dk, &mk))
 				continue;
 			add_wr(rc, k++, IBV_WR_RDMA_WRITE, rc->zero,
 			       (uint32_t)(m * sizeof(struct fm_shm_meta)),
 			       s->meta_addr + p * sizeof(struct fm_shm_meta), mk);
 			if (k == 2 * FM_MAX_BATCH) {
 				ret = post_wait(rc, k);
+				unhold_all(rc, s);
 				if (ret)
 					return ret;
 				k = 0;
 			}
 		}
-		/* A chunk's memory stays registered until the space closes: it was the grant. */
+		/* A chunk's memory is the grant of its pages: it goes back whole, below. */
 		if (!s->chunk_pages)
 			fm_ctrl_return_grant(&rd->sx.ctrl, freed);
 	}
-	return k ? post_wait(rc, k) : 0;
+	ret = k ? post_wait(rc, k) : 0;
+	unhold_all(rc, s);
+	if (!ret)
+		release_chunks(rd, rc, s, r, n);
+	return ret;
 }
 
 /*
@@ -724,6 +951,8 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 	rc = register_chunks(r, rch, ds, dpages, n);
 	if (rc)
 		return rc;
+	/* Held over the COPY too: memd writes there, and a release would free what it wrote. */
+	rch->nholds = 0;
 	for (unsigned i = 0; i < n; i++) {
 		uint32_t dk, mk;
 
@@ -742,7 +971,12 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 		if (ss == ds && s == d)
 			continue;
 		rch->took[m] = 0;
-		if (!rkeys_of(ds, d, &dk, &mk)) {
+		rc = hold_for_write(r, rch, ds, d, &dk, &mk);
+		if (rc < 0) {
+			unhold_all(rch, ds);
+			return rc;
+		}
+		if (!rc) {
 			status[i] = FM_E_FULL;
 			continue;
 		}
@@ -757,8 +991,10 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 		rch->cdp[m] = d;
 		rch->cidx[m++] = i;
 	}
-	if (!m)
+	if (!m) {
+		unhold_all(rch, ds);
 		return 0;
+	}
 	rc = fm_ctrl_copy(&r->sx.ctrl, src, rch->csp, dst, rch->cdp, m, rch->cst);
 	for (unsigned j = 0; j < m; j++) {
 		uint64_t d = rch->cdp[j];
@@ -766,7 +1002,7 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 
 		status[rch->cidx[j]] = rc ? FM_E_INTERNAL : rch->cst[j];
 		if (ds->chunk_pages && !rc && rch->cst[j] == FM_OK)
-			__atomic_fetch_or(&ds->present[d >> 3], bit, __ATOMIC_ACQ_REL);
+			mark_present(ds, d);
 		if (!rch->took[j])
 			continue;
 		if (rc || rch->cst[j] != FM_OK)
@@ -774,6 +1010,7 @@ static int rdma_copy(struct fm_chan *c, uint32_t src, const uint64_t *spages, ui
 		else if (__atomic_fetch_or(&ds->present[d >> 3], bit, __ATOMIC_ACQ_REL) & bit)
 			fm_ctrl_return_grant(&r->sx.ctrl, 1);  /* another channel won */
 	}
+	unhold_all(rch, ds);
 	return rc;
 }
 
@@ -816,6 +1053,7 @@ int fm_rdma_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char 
 	memcpy(r->host, hp, (size_t)(colon - hp));
 	fm_fmt(r->port, sizeof(r->port), "%s", colon + 1);
 	pthread_mutex_init(&r->lock, NULL);
+	pthread_mutex_init(&r->reg_lock, NULL);
 	*out = &sx->base;
 	return 0;
 }
@@ -840,22 +1078,28 @@ int fm_rdma_test_region(struct fm_xport *x, uint32_t space, uint64_t *data_addr,
 			uint32_t *rkey)
 {
 	struct rspace *s = x->kind == FM_XPORT_RDMA ? find_rspace(to_rdma(x), space) : NULL;
+	struct rdma *r = to_rdma(x);
 	uint64_t first = 0;
 	struct fm_rdma_reg_ent e;
-	uint32_t meta;
-	int rc;
+	int rc = 0;
 
 	if (!s)
 		return -ENOENT;
+	*rkey = s->rkey;
 	/* Chunked: the first chunk's region, registered now if it is not yet. */
-	if (s->chunk_pages && !rkeys_of(s, 0, rkey, &meta)) {
-		rc = fm_ctrl_rdma_reg(&to_rdma(x)->sx.ctrl, space, &first, 1, &e);
-		if (rc || e.status != FM_OK)
-			return rc ? rc : -ENOSPC;
-		chunk_registered(s, 0, &e);
+	if (s->chunk_pages) {
+		pthread_mutex_lock(&r->reg_lock);
+		if (__atomic_load_n(&s->reg[0], __ATOMIC_ACQUIRE) != CHUNK_REG) {
+			rc = fm_ctrl_rdma_reg(&r->sx.ctrl, space, &first, 1, &e);
+			if (!rc && e.status != FM_OK)
+				rc = -ENOSPC;
+			if (!rc)
+				chunk_registered(s, 0, &e);
+		}
+		*rkey = s->keys[0].data;
+		pthread_mutex_unlock(&r->reg_lock);
 	}
-	rkeys_of(s, 0, rkey, &meta);
 	*data_addr = s->data_addr;
 	*npages = s->chunk_pages && s->chunk_pages < s->npages ? s->chunk_pages : s->npages;
-	return 0;
+	return rc;
 }

@@ -54,6 +54,8 @@ enum fm_op {
 	                          * Unix socket, only to a memd that sets FM_HELLO_F_ALLOC) */
 	FM_OP_RDMA_REG     = 17, /* C: fm_space_ref + u64 chunk[count]; S: fm_rdma_reg_ent[count]
 	                          * (an RDMA_MAP'd space, only to a memd that sets FM_HELLO_F_RDMA_REG) */
+	FM_OP_RDMA_UNREG   = 18, /* C: fm_space_ref + u64 chunk[count]; S: - (only to a memd that
+	                          * sets FM_HELLO_F_RDMA_UNREG) */
 	FM_OP_ERROR        = 0x7fff, /* S only: status in header, UTF-8 message as payload */
 };
 
@@ -114,6 +116,15 @@ struct fm_hdr {
  * this flag (it would use one rkey for the whole region).
  */
 #define FM_HELLO_F_RDMA_REG 16u
+/*
+ * server: knows RDMA_UNREG. A chunk whose pages the client discarded, every
+ * one, goes back: memd deregisters it and frees its memory, back to
+ * capacity and quota (a JVM's free regions, over RDMA, were otherwise held
+ * at their peak until the space closed). The client sends it only for a
+ * chunk it has no work request in flight to and none to come until memd
+ * answered; its next write there registers the chunk again.
+ */
+#define FM_HELLO_F_RDMA_UNREG 32u
 
 struct fm_hello_req {
 	uint16_t min_version;

@@ -64,6 +64,8 @@ static const struct op_shape op_shapes[] = {
 				 FM_MAX_RANGES, "SHM_ALLOC" },
 	[FM_OP_RDMA_REG]     = { sizeof(struct fm_space_ref), sizeof(uint64_t),
 				 FM_MAX_RDMA_REG, "RDMA_REG" },
+	[FM_OP_RDMA_UNREG]   = { sizeof(struct fm_space_ref), sizeof(uint64_t),
+				 FM_MAX_RDMA_REG, "RDMA_UNREG" },
 };
 
 static const struct op_shape *shape_of(uint16_t op)
@@ -311,7 +313,7 @@ static int op_hello(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 	memset(&rep, 0, sizeof(rep));
 	rep.version = FM_PROTO_VERSION;
 	rep.flags = (c->is_unix ? FM_HELLO_F_SHM | FM_HELLO_F_ALLOC : 0) | FM_HELLO_F_COPY | FM_HELLO_F_EDIT |
-		    FM_HELLO_F_RDMA_REG;
+		    FM_HELLO_F_RDMA_REG | FM_HELLO_F_RDMA_UNREG;
 	memcpy(rep.server_nonce, c->snonce, FM_NONCE_LEN);
 	p = reply(c, h, 0, sizeof(rep), -1);
 	if (!p)
@@ -575,6 +577,18 @@ static int op_space(struct memd_conn *c, const struct memd_hdr *h, const uint8_t
 		}
 		break;
 	}
+	case FM_OP_RDMA_UNREG:
+		ret = memd_space_rdma_unreg(c->st, sp, (const uint64_t *)(pl + sizeof(ref)), h->count);
+		if (ret == -ERANGE || ret == -EPERM) {
+			memd_space_put(c->st, sp);
+			if (ret == -ERANGE)
+				return reply_err(c, h, FM_E_RANGE, "RDMA_UNREG: a chunk out of space %u",
+						 ref.space_id);
+			return reply_err(c, h, FM_E_STATE, "RDMA_UNREG: space %u is not RDMA_MAP'd", ref.space_id);
+		}
+		if (!ret && !reply(c, h, 0, 0, -1))
+			ret = -ENOMEM;
+		break;
 	case FM_OP_SHM_MAP: {
 		struct fm_shm_map_rep rep;
 

@@ -150,6 +150,12 @@ int memd_space_rdma(struct memd_store *st, struct memd_space *sp, struct fm_rdma
  */
 int memd_space_rdma_reg(struct memd_store *st, struct memd_space *sp, const uint64_t *chunks, uint32_t n,
 			struct fm_rdma_reg_ent *out);
+/*
+ * RDMA_UNREG: deregister chunks[0..n) and free their memory, back to
+ * capacity and quota (a chunk not registered is left as it is). -ERANGE
+ * (nothing freed) if a chunk is out of range; -EPERM, -ENOENT as RDMA_REG.
+ */
+int memd_space_rdma_unreg(struct memd_store *st, struct memd_space *sp, const uint64_t *chunks, uint32_t n);
 /* Switch the space to grant accounting; *fd is a dup the caller owns. */
 int memd_space_shm(struct memd_store *st, struct memd_space *sp,
 		   struct fm_shm_map_rep *rep, int *fd);

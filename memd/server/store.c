@@ -617,6 +617,11 @@ static void known_set(struct memd_space *sp, uint64_t mp)
 		__atomic_fetch_or(&sp->known[mp / 64], 1ull << (mp % 64), __ATOMIC_RELAXED);
 }
 
+static void known_clear(struct memd_space *sp, uint64_t mp)
+{
+	__atomic_fetch_and(&sp->known[mp / 64], ~(1ull << (mp % 64)), __ATOMIC_RELAXED);
+}
+
 /*
  * Does meta page mp exist in the memfd, so that reading it allocates
  * nothing? memd knows every page it wrote itself; in a mapped space the
@@ -1267,6 +1272,65 @@ int memd_space_rdma_reg(struct memd_store *st, struct memd_space *sp, const uint
 			}
 		}
 		memcpy(&out[i], &e, sizeof(e));
+	}
+	pthread_rwlock_unlock(&sp->rw);
+	return ret;
+}
+
+/*
+ * Deregister chunk c (rw held for writing) and give its memory back: the
+ * client holds no page in it any more (it discarded them all) and has no
+ * work request in flight there (its own rule: a QP that used the rkey now
+ * would fail).
+ */
+static void rdma_unreg_chunk(struct memd_store *st, struct memd_space *sp, uint64_t c)
+{
+	struct memd_rdma_chunk *ch = &sp->rdma_chunks[c];
+	uint64_t first = c * sp->rdma_chunk_pages, n = sp->npages - first, cost;
+
+	if (!ch->data_mr)
+		return;
+	if (n > sp->rdma_chunk_pages)
+		n = sp->rdma_chunk_pages;
+	cost = n + (n * sizeof(struct fm_shm_meta) + FM_PAGE_SIZE - 1) / FM_PAGE_SIZE;
+	st->rdma->dereg(ch->data_mr);
+	st->rdma->dereg(ch->meta_mr);
+	memset(ch, 0, sizeof(*ch));
+	/* Chunks are whole meta pages (chunk_pages is a multiple of MEMD_META_PER_PAGE). */
+	if (fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(first * FM_PAGE_SIZE),
+		      (off_t)(n * FM_PAGE_SIZE)) < 0 ||
+	    fallocate(sp->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+		      (off_t)(sp->meta_offset + first * sizeof(struct fm_shm_meta)),
+		      (off_t)((n * sizeof(struct fm_shm_meta) + FM_PAGE_SIZE - 1) & ~(uint64_t)(FM_PAGE_SIZE - 1))) < 0)
+		fm_warn("space %u: freeing RDMA chunk %llu: %s", sp->id, (unsigned long long)c, strerror(errno));
+	for (uint64_t mp = first / MEMD_META_PER_PAGE; mp <= (first + n - 1) / MEMD_META_PER_PAGE; mp++)
+		known_clear(sp, mp);
+	sp->rdma_pinned -= cost;
+	unreserve(st, sp->sess, cost);
+}
+
+int memd_space_rdma_unreg(struct memd_store *st, struct memd_space *sp, const uint64_t *chunks, uint32_t n)
+{
+	int ret = 0;
+
+	pthread_rwlock_wrlock(&sp->rw);
+	if (sp->dead)
+		ret = -ENOENT;
+	else if (!sp->rdma_chunks)
+		ret = -EPERM;
+	/* All or nothing: every chunk checked before any is freed. */
+	for (uint32_t i = 0; !ret && i < n; i++) {
+		uint64_t c;
+
+		memcpy(&c, &chunks[i], sizeof(c));
+		if (c >= sp->rdma_nchunks)
+			ret = -ERANGE;
+	}
+	for (uint32_t i = 0; !ret && i < n; i++) {
+		uint64_t c;
+
+		memcpy(&c, &chunks[i], sizeof(c));
+		rdma_unreg_chunk(st, sp, c);
 	}
 	pthread_rwlock_unlock(&sp->rw);
 	return ret;

@@ -13,7 +13,8 @@
  *       the good client and a third one. COPY between two of the good
  *       client's spaces (memd copies; the copies read back over RDMA).
  *       Chunked registration: memd pins what was written, counted against
- *       its capacity, and refuses chunks past it.
+ *       its capacity, and refuses chunks past it; a chunk emptied by discards
+ *       goes back (RDMA_UNREG), also while other threads write into it.
  *   rdma_peer bench rdma://ADDR:PORT tcp:ADDR:PORT [PAGES]
  *       per-page write (batches of 16) and read (batches of 1: a fault) times
  *       for both transports, and their ratio.
@@ -21,6 +22,7 @@
  * FARMEM_SECRET holds memd's secret. Exit 0 when every check passed.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +185,38 @@ static void chunked(struct fm_xport *x, struct fm_chan *c, uint8_t *buf)
 		const void *src[1];
 		CHECK(fm_chan_read(c, sp, &pg, 1, src) == -ENOENT, "chunked: a page of a chunk never written");
 	}
+	/*
+	 * RDMA_UNREG: a chunk whose every page was discarded goes back to memd;
+	 * one with a page left stays. Written again, it is registered again
+	 * (new rkeys) and reads back.
+	 */
+	{
+		struct fm_range one = { .first = 200000, .npages = 1 };
+		struct fm_range part = { .first = 1, .npages = 1 };
+		uint64_t pg = 1;
+		const void *src[1];
+
+		CHECK(write_pages(c, sp, &pg, 1, 5, buf, st, &full) == 1, "chunked: a second page in chunk 0");
+		CHECK(fm_chan_discard(c, sp, &part, 1) == 0, "chunked: discard page 1");
+		CHECK(used_pages(x) - before == 2 * per_chunk, "chunked: chunk 0 with a page left stays: %llu",
+		      (unsigned long long)(used_pages(x) - before));
+		CHECK(fm_chan_discard(c, sp, &one, 1) == 0, "chunked: discard page 200000");
+		CHECK(used_pages(x) - before == per_chunk, "chunked: an emptied chunk went back: %llu pages "
+		      "held, want %llu", (unsigned long long)(used_pages(x) - before), (unsigned long long)per_chunk);
+		pg = 200000;
+		CHECK(fm_chan_read(c, sp, &pg, 1, src) == -ENOENT, "chunked: a page of a chunk given back");
+		CHECK(verify_from(c, sp, 0, 1, 5, 1, buf) == 0, "chunked: page 0 reads back after the release");
+		pages[0] = 200000;
+		pages[1] = 200001;
+		CHECK(write_pages(c, sp, pages, 2, 7, buf, st, &full) == 2, "chunked: the chunk written again");
+		CHECK(used_pages(x) - before == 2 * per_chunk, "chunked: registered again: %llu",
+		      (unsigned long long)(used_pages(x) - before));
+		CHECK(verify_from(c, sp, 200000, 2, 7, 1, buf) == 0, "chunked: it reads back");
+		one.npages = 2;
+		CHECK(fm_chan_discard(c, sp, &one, 1) == 0 && used_pages(x) - before == per_chunk,
+		      "chunked: given back again");
+		printf("rdma_peer: a chunk emptied by discards went back to memd and came again\n");
+	}
 	CHECK(fm_xport_space_close(x, sp) == 0, "chunked: close");
 	CHECK(used_pages(x) == before, "chunked: close gave back all but %lld pages",
 	      (long long)(used_pages(x) - before));
@@ -225,6 +259,115 @@ static void chunked(struct fm_xport *x, struct fm_chan *c, uint8_t *buf)
 	CHECK(used_pages(x) == before, "chunked: close gave back all but %lld pages",
 	      (long long)(used_pages(x) - before));
 	printf("rdma_peer: chunked registration: memd pins what was written, within its capacity\n");
+}
+
+/*
+ * Chunks released while others write into them: each thread, on its own
+ * channel, writes its own page of the same two chunks, reads it back and
+ * discards it, so that the chunks empty (and go back to memd) again and
+ * again while the other thread's work requests are about to use, or use,
+ * their rkeys. A release under a work request in flight would fail it and
+ * take its QP (-EIO); a page refused as full (a release it waited for too
+ * long) is counted, not an error.
+ */
+#define RACE_THREADS 3
+#define RACE_ROUNDS 150
+
+static int racers_left;
+
+struct racer {
+	struct fm_xport *x;
+	uint32_t sp;
+	unsigned idx;
+	long bad, full, done;
+	uint8_t buf[PG];
+};
+
+static void *racer_main(void *arg)
+{
+	struct racer *t = arg;
+	struct fm_chan *c = NULL;
+
+	if (fm_chan_open(t->x, &c)) {
+		t->bad = -1;
+		return NULL;
+	}
+	for (unsigned r = 0; r < RACE_ROUNDS; r++) {
+		/* Chunk 0 and chunk 1 (of 512 pages or more), a page each thread. */
+		uint64_t pg = (r & 1) * 512 + t->idx;
+		struct fm_range rg = { .first = pg, .npages = 1 };
+		const void *src[1];
+		uint32_t st;
+		int rc;
+
+		rc = (int)write_pages(c, t->sp, &pg, 1, r + 10, t->buf, &st, &t->full);
+		if (rc < 0) {
+			printf("rdma_peer: racer %u: write: %s\n", t->idx, strerror(-rc));
+			t->bad++;
+			break;
+		}
+		if (rc == 1) {
+			rc = fm_chan_read(c, t->sp, &pg, 1, src);
+			fill(t->buf, pg, r + 10);
+			if (rc || memcmp(t->buf, src[0], PG)) {
+				printf("rdma_peer: racer %u: page %llu read back: %s\n", t->idx,
+				       (unsigned long long)pg, rc ? strerror(-rc) : "wrong bytes");
+				t->bad++;
+			}
+		}
+		rc = fm_chan_discard(c, t->sp, &rg, 1);
+		if (rc) {
+			printf("rdma_peer: racer %u: discard: %s\n", t->idx, strerror(-rc));
+			t->bad++;
+			break;
+		}
+		t->done++;
+	}
+	fm_chan_close(c);
+	__atomic_add_fetch(&racers_left, -1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static void release_race(struct fm_xport *x)
+{
+	static struct racer t[RACE_THREADS];
+	pthread_t th[RACE_THREADS];
+	uint64_t before = used_pages(x);
+	long bad = 0, full = 0, done = 0, moves = 0;
+	uint64_t last = before, u;
+	uint32_t sp;
+
+	CHECK(fm_xport_space_open(x, 4096, &sp) == 0, "release race: open");
+	racers_left = RACE_THREADS;
+	for (unsigned i = 0; i < RACE_THREADS; i++) {
+		t[i] = (struct racer){ .x = x, .sp = sp, .idx = i };
+		CHECK(pthread_create(&th[i], NULL, racer_main, &t[i]) == 0, "release race: thread");
+	}
+	/* memd's holdings sampled meanwhile: they go down (a release) and up (a registration) during the race. */
+	while (__atomic_load_n(&racers_left, __ATOMIC_ACQUIRE) > 0) {
+		struct timespec ts = { 0, 2 * 1000 * 1000 };
+
+		u = used_pages(x);
+		moves += u < last;
+		last = u;
+		nanosleep(&ts, NULL);
+	}
+	for (unsigned i = 0; i < RACE_THREADS; i++) {
+		pthread_join(th[i], NULL);
+		bad += t[i].bad;
+		full += t[i].full;
+		done += t[i].done;
+	}
+	printf("rdma_peer: release race: %d threads, %ld rounds, %ld pages refused as full, %ld releases seen "
+	       "during it, memd holds %llu pages more than before\n", RACE_THREADS, done, full, moves,
+	       (unsigned long long)(used_pages(x) - before));
+	CHECK(moves >= 2, "release race: memd's holdings went down %ld times while it ran", moves);
+	CHECK(bad == 0 && done == RACE_THREADS * RACE_ROUNDS, "release race: %ld failures, %ld rounds", bad, done);
+	CHECK(full < done / 10, "release race: %ld of %ld writes refused", full, done);
+	/* Every page discarded: every chunk went back (the last discard of each released it). */
+	CHECK(used_pages(x) == before, "release race: %lld pages still held",
+	      (long long)(used_pages(x) - before));
+	CHECK(fm_xport_space_close(x, sp) == 0, "release race: close");
 }
 
 static int check(const char *addr)
@@ -294,6 +437,7 @@ static int check(const char *addr)
 	}
 
 	chunked(good, gc, buf);
+	release_race(good);
 
 	/* The hostile peer: authenticated, its own session and space. */
 	CHECK(fm_xport_space_open(evil, 16, &esp) == 0, "evil space_open");

@@ -41,12 +41,14 @@ HELLO_F_COPY = 2   # memd knows COPY (an optional op of version 1)
 HELLO_F_EDIT = 4   # memd knows EDIT (byte-granular changes in its store, another optional op)
 HELLO_F_ALLOC = 8  # memd knows SHM_ALLOC (it allocates a mapped space's slots, charged to its cgroup)
 HELLO_F_RDMA_REG = 16  # both sides: RDMA regions are registered chunk by chunk (RDMA_REG)
+HELLO_F_RDMA_UNREG = 32  # memd knows RDMA_UNREG (an emptied chunk goes back)
 SHM_PRESENT = 1
 
 # Ops
 HELLO, AUTH, SESSION_NEW, SESSION_JOIN = 1, 2, 3, 4
 SPACE_OPEN, SPACE_CLOSE, READ, WRITE, DISCARD = 5, 6, 7, 8, 9
 STATS, SHM_MAP, QUOTA, RDMA_MAP, COPY, EDIT, SHM_ALLOC, RDMA_REG = 10, 11, 12, 13, 14, 15, 16, 17
+RDMA_UNREG = 18
 ERROR = 0x7FFF
 
 # Status codes (header status of FM_OP_ERROR replies, and per-page statuses)
