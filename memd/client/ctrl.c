@@ -279,23 +279,34 @@ int fm_session_xport_stats(struct fm_xport *x, struct fm_stats *st) { return fm_
 int fm_session_xport_alive(struct fm_xport *x) { return fm_ctrl_alive(&to_sx(x)->ctrl); }
 void fm_session_xport_hangup(struct fm_xport *x) { fm_ctrl_hangup(&to_sx(x)->ctrl); }
 
-int fm_ctrl_shm_alloc(struct fm_ctrl *c, uint32_t space_id, const struct fm_range *r, unsigned n)
+/*
+ * One request about a space: ref, then n items of size each; the reply into
+ * out (cap bytes). 0 and *len, *st; else the connection failed (memd lost).
+ */
+static int space_call(struct fm_ctrl *c, uint16_t op, uint32_t space_id, const void *items, size_t size,
+		      unsigned n, void *out, size_t cap, size_t *len, uint16_t *st)
 {
 	struct fm_space_ref ref = { .space_id = space_id };
-	struct fm_iov iov[2] = { { &ref, sizeof(ref) }, { r, n * sizeof(*r) } };
-	size_t len;
-	uint16_t st;
+	struct fm_iov iov[2] = { { &ref, sizeof(ref) }, { items, n * size } };
 	int rc = -EPIPE;
 
 	pthread_mutex_lock(&c->lock);
 	if (c->conn.fd >= 0)
-		rc = fm_conn_call(&c->conn, FM_OP_SHM_ALLOC, n, iov, 2, NULL, 0, &len, &st, NULL,
-				  fm_deadline_in(c->timeout_ms));
+		rc = fm_conn_call(&c->conn, op, n, iov, 2, out, cap, len, st, NULL, fm_deadline_in(c->timeout_ms));
 	pthread_mutex_unlock(&c->lock);
-	if (rc) {
+	if (rc)
 		mark_dead(c, rc == -ETIMEDOUT ? "no answer in time" : fm_strerror(rc));
+	return rc;
+}
+
+int fm_ctrl_shm_alloc(struct fm_ctrl *c, uint32_t space_id, const struct fm_range *r, unsigned n)
+{
+	size_t len;
+	uint16_t st;
+	int rc = space_call(c, FM_OP_SHM_ALLOC, space_id, r, sizeof(*r), n, NULL, 0, &len, &st);
+
+	if (rc)
 		return rc;
-	}
 	if (st == FM_E_FULL)
 		return -ENOSPC;
 	return st ? -EPROTO : 0;
@@ -304,24 +315,16 @@ int fm_ctrl_shm_alloc(struct fm_ctrl *c, uint32_t space_id, const struct fm_rang
 int fm_ctrl_rdma_reg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunks, unsigned n,
 		     struct fm_rdma_reg_ent *out)
 {
-	struct fm_space_ref ref = { .space_id = space_id };
-	struct fm_iov iov[2] = { { &ref, sizeof(ref) }, { chunks, n * sizeof(*chunks) } };
 	size_t len;
 	uint16_t st;
-	int rc = -EPIPE;
+	int rc;
 
 	/* memd refused a chunk a moment ago: do not ask again for every batch. */
 	if (fm_now_ns() < atomic_load(&c->full_until_ns))
 		return -ENOSPC;
-	pthread_mutex_lock(&c->lock);
-	if (c->conn.fd >= 0)
-		rc = fm_conn_call(&c->conn, FM_OP_RDMA_REG, n, iov, 2, out, n * sizeof(*out), &len, &st, NULL,
-				  fm_deadline_in(c->timeout_ms));
-	pthread_mutex_unlock(&c->lock);
-	if (rc) {
-		mark_dead(c, rc == -ETIMEDOUT ? "no answer in time" : fm_strerror(rc));
+	rc = space_call(c, FM_OP_RDMA_REG, space_id, chunks, sizeof(*chunks), n, out, n * sizeof(*out), &len, &st);
+	if (rc)
 		return rc;
-	}
 	if (st || len != n * sizeof(*out))
 		return -EPROTO;
 	for (unsigned i = 0; i < n; i++)
@@ -332,21 +335,12 @@ int fm_ctrl_rdma_reg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunk
 
 int fm_ctrl_rdma_unreg(struct fm_ctrl *c, uint32_t space_id, const uint64_t *chunks, unsigned n)
 {
-	struct fm_space_ref ref = { .space_id = space_id };
-	struct fm_iov iov[2] = { { &ref, sizeof(ref) }, { chunks, n * sizeof(*chunks) } };
 	size_t len;
 	uint16_t st;
-	int rc = -EPIPE;
+	int rc = space_call(c, FM_OP_RDMA_UNREG, space_id, chunks, sizeof(*chunks), n, NULL, 0, &len, &st);
 
-	pthread_mutex_lock(&c->lock);
-	if (c->conn.fd >= 0)
-		rc = fm_conn_call(&c->conn, FM_OP_RDMA_UNREG, n, iov, 2, NULL, 0, &len, &st, NULL,
-				  fm_deadline_in(c->timeout_ms));
-	pthread_mutex_unlock(&c->lock);
-	if (rc) {
-		mark_dead(c, rc == -ETIMEDOUT ? "no answer in time" : fm_strerror(rc));
+	if (rc)
 		return rc;
-	}
 	if (st || len)
 		return -EPROTO;
 	/* Their memory is memd's again: a chunk refused as full a moment ago may fit now. */

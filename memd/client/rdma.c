@@ -559,6 +559,9 @@ static int rkeys_hold(struct rchan *rc, struct rspace *s, uint64_t p, int wait, 
 	}
 	c = p / s->chunk_pages;
 	for (;;) {
+		/* Counted as this thread's before busy: a signal handler here must not wait for it. */
+		tls_holds++;
+		__atomic_signal_fence(__ATOMIC_SEQ_CST);
 		/* busy before reg, as release_chunks sets reg before it reads busy: one of them sees the other. */
 		__atomic_add_fetch(&s->busy[c], 1, __ATOMIC_SEQ_CST);
 		st = __atomic_load_n(&s->reg[c], __ATOMIC_SEQ_CST);
@@ -566,6 +569,8 @@ static int rkeys_hold(struct rchan *rc, struct rspace *s, uint64_t p, int wait, 
 								  holds_already(rc, c))))
 			break;
 		__atomic_sub_fetch(&s->busy[c], 1, __ATOMIC_RELEASE);
+		__atomic_signal_fence(__ATOMIC_SEQ_CST);
+		tls_holds--;
 		if (st == CHUNK_UNREG || !wait || tls_releasing)
 			return 0;
 		if (!until)
@@ -575,7 +580,6 @@ static int rkeys_hold(struct rchan *rc, struct rspace *s, uint64_t p, int wait, 
 		sched_yield();
 	}
 	rc->holds[rc->nholds++] = c;
-	tls_holds++;
 	*data = s->keys[c].data;
 	*meta = s->keys[c].meta;
 	return 1;
@@ -584,9 +588,11 @@ static int rkeys_hold(struct rchan *rc, struct rspace *s, uint64_t p, int wait, 
 /* The holds of this call's work requests given up: they completed, or were never posted. */
 static void unhold_all(struct rchan *rc, struct rspace *s)
 {
-	for (unsigned i = 0; i < rc->nholds; i++)
+	for (unsigned i = 0; i < rc->nholds; i++) {
 		__atomic_sub_fetch(&s->busy[rc->holds[i]], 1, __ATOMIC_RELEASE);
-	tls_holds -= rc->nholds;
+		__atomic_signal_fence(__ATOMIC_SEQ_CST);
+		tls_holds--;
+	}
 	rc->nholds = 0;
 }
 

@@ -1212,18 +1212,33 @@ out:
 	return ret;
 }
 
+/* Chunk c's first page and pages (the last chunk is shorter); returns what it costs pinned, data and meta. */
+static uint64_t rdma_chunk_span(const struct memd_space *sp, uint64_t c, uint64_t *first, uint64_t *n)
+{
+	*first = c * sp->rdma_chunk_pages;
+	*n = sp->npages - *first;
+	if (*n > sp->rdma_chunk_pages)
+		*n = sp->rdma_chunk_pages;
+	return *n + (*n * sizeof(struct fm_shm_meta) + FM_PAGE_SIZE - 1) / FM_PAGE_SIZE;
+}
+
+/* rw taken for writing: 0, or -ENOENT (closed) or -EPERM (not RDMA_MAP'd). */
+static int rdma_space_wrlock(struct memd_space *sp)
+{
+	pthread_rwlock_wrlock(&sp->rw);
+	return sp->dead ? -ENOENT : !sp->rdma_chunks ? -EPERM : 0;
+}
+
 /* Register chunk c of an RDMA space (rw held for writing): its data and its meta, counted against capacity. */
 static uint32_t rdma_reg_chunk(struct memd_store *st, struct memd_space *sp, uint64_t c)
 {
 	struct memd_rdma_chunk *ch = &sp->rdma_chunks[c];
-	uint64_t first = c * sp->rdma_chunk_pages, n = sp->npages - first, cost, got;
+	uint64_t first, n, cost, got;
 	void **pd = memd_session_rdma_pd(sp->sess);
 
 	if (ch->data_mr)
 		return FM_OK;
-	if (n > sp->rdma_chunk_pages)
-		n = sp->rdma_chunk_pages;
-	cost = n + (n * sizeof(struct fm_shm_meta) + FM_PAGE_SIZE - 1) / FM_PAGE_SIZE;
+	cost = rdma_chunk_span(sp, c, &first, &n);
 	got = reserve(st, sp->sess, cost);
 	if (got < cost) {
 		unreserve(st, sp->sess, got);
@@ -1252,13 +1267,8 @@ static uint32_t rdma_reg_chunk(struct memd_store *st, struct memd_space *sp, uin
 int memd_space_rdma_reg(struct memd_store *st, struct memd_space *sp, const uint64_t *chunks, uint32_t n,
 			struct fm_rdma_reg_ent *out)
 {
-	int ret = 0;
+	int ret = rdma_space_wrlock(sp);
 
-	pthread_rwlock_wrlock(&sp->rw);
-	if (sp->dead)
-		ret = -ENOENT;
-	else if (!sp->rdma_chunks)
-		ret = -EPERM;
 	for (uint32_t i = 0; !ret && i < n; i++) {
 		uint64_t c;
 		struct fm_rdma_reg_ent e = { .status = FM_E_RANGE };
@@ -1286,13 +1296,11 @@ int memd_space_rdma_reg(struct memd_store *st, struct memd_space *sp, const uint
 static void rdma_unreg_chunk(struct memd_store *st, struct memd_space *sp, uint64_t c)
 {
 	struct memd_rdma_chunk *ch = &sp->rdma_chunks[c];
-	uint64_t first = c * sp->rdma_chunk_pages, n = sp->npages - first, cost;
+	uint64_t first, n, cost;
 
 	if (!ch->data_mr)
 		return;
-	if (n > sp->rdma_chunk_pages)
-		n = sp->rdma_chunk_pages;
-	cost = n + (n * sizeof(struct fm_shm_meta) + FM_PAGE_SIZE - 1) / FM_PAGE_SIZE;
+	cost = rdma_chunk_span(sp, c, &first, &n);
 	st->rdma->dereg(ch->data_mr);
 	st->rdma->dereg(ch->meta_mr);
 	memset(ch, 0, sizeof(*ch));
@@ -1311,13 +1319,8 @@ static void rdma_unreg_chunk(struct memd_store *st, struct memd_space *sp, uint6
 
 int memd_space_rdma_unreg(struct memd_store *st, struct memd_space *sp, const uint64_t *chunks, uint32_t n)
 {
-	int ret = 0;
+	int ret = rdma_space_wrlock(sp);
 
-	pthread_rwlock_wrlock(&sp->rw);
-	if (sp->dead)
-		ret = -ENOENT;
-	else if (!sp->rdma_chunks)
-		ret = -EPERM;
 	/* All or nothing: every chunk checked before any is freed. */
 	for (uint32_t i = 0; !ret && i < n; i++) {
 		uint64_t c;
