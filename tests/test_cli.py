@@ -342,6 +342,25 @@ def test_summary_from_the_control_socket(tmp_path, farmem_cmd):
 
 @pytest.mark.memd
 @pytest.mark.pager
+def test_summary_of_a_process_that_execs(tmp_path, farmem_cmd, built):
+    """A process paged before and after an exec (a shell or a script that execs its program) has a
+    pager, and a map, for each image: it is one process, with the budget once, not twice."""
+    pagetest = built("build/tests/pagetest")
+    out = tmp_path / "s.json"
+    prog = ("import mmap, os, sys; m = mmap.mmap(-1, 8 << 20); m.write(b'x' * (8 << 20)); "
+            "os.execv(sys.argv[1], sys.argv[1:])")
+    r = farmem(farmem_cmd, "run", "--threshold", "1M", "--local", "16M", "--summary-json", out, "--",
+               sys.executable, "-c", prog, pagetest, "--size", "64M", "--rounds", "1", env=clean_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(out.read_text())
+    assert len(s["pids"]) == 2 and len(set(s["pids"])) == 1, s  # python's pager, then pagetest's
+    assert s["processes"] == 1 and "1 process;" in r.stderr, r.stderr
+    assert s["local_limit_bytes"] == 16 << 20, s
+    assert 8 << 20 <= s["peak_resident_bytes"] <= 16 << 20, s
+
+
+@pytest.mark.memd
+@pytest.mark.pager
 def test_summary_of_a_real_pager(tmp_path, farmem_cmd, built):
     pagetest = built("build/tests/pagetest")
     out = tmp_path / "s.json"

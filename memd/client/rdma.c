@@ -596,16 +596,13 @@ static void unhold_all(struct rchan *rc, struct rspace *s)
 	rc->nholds = 0;
 }
 
-/* The present bit of page p set: 1 when it was not (chunk counts follow). */
-static int mark_present(struct rspace *s, uint64_t p)
+/* Page p of a chunked space present: its bit set, and its chunk's count if the bit was new. */
+static void mark_present(struct rspace *s, uint64_t p)
 {
 	uint8_t bit = (uint8_t)(1u << (p & 7));
 
-	if (__atomic_fetch_or(&s->present[p >> 3], bit, __ATOMIC_ACQ_REL) & bit)
-		return 0;
-	if (s->chunk_pages)
+	if (!(__atomic_fetch_or(&s->present[p >> 3], bit, __ATOMIC_ACQ_REL) & bit))
 		__atomic_add_fetch(&s->held[p / s->chunk_pages], 1, __ATOMIC_SEQ_CST);
-	return 1;
 }
 
 /*
@@ -849,7 +846,7 @@ static int rdma_write(struct fm_chan *c, uint32_t space, const uint64_t *pages, 
 		}
 		bit = (uint8_t)(1u << (p & 7));
 		old = __atomic_load_n(&s->present[p >> 3], __ATOMIC_ACQUIRE);
-		if (!(old & bit) && s->chunk_pages) {
+		if (s->chunk_pages) {
 			mark_present(s, p);
 		} else if (!(old & bit)) {
 			if (!fm_ctrl_take_grant(&r->sx.ctrl)) {

@@ -250,7 +250,9 @@ SUMMED = (
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
     + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
-# Page gauges, reported in bytes.
+# Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
+# its images: the last one's gauges are the process's, and a peak is the highest of them.
+PEAK_GAUGES = ("peak_resident_pages", "adopt_peak_pages")
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",
     "peak_resident_pages": "peak_resident_bytes",
@@ -267,12 +269,18 @@ def figures(hdrs) -> dict:
     hist = [0] * LAT_BUCKETS
     transport = "none"
     modes: set = set()
+    latest: dict = {}  # pid: (start_time_ns, gauges) of its last image
+    peaks: dict = {}
     for hdr in hdrs:
         st = hdr.stats
         for key in SUMMED:
             out[key] += getattr(st, key)
-        for field, key in GAUGES.items():
-            out[key] += getattr(st, field) << hdr.page_shift
+        gauges = {field: getattr(st, field) << hdr.page_shift for field in GAUGES}
+        peak = peaks.setdefault(hdr.pid, dict.fromkeys(PEAK_GAUGES, 0))
+        for field in PEAK_GAUGES:
+            peak[field] = max(peak[field], gauges[field])
+        if hdr.pid not in latest or hdr.start_time_ns >= latest[hdr.pid][0]:
+            latest[hdr.pid] = (hdr.start_time_ns, gauges)
         for b in range(LAT_BUCKETS):
             hist[b] += st.lat_hist[b]
         if transport == "none":
@@ -280,12 +288,16 @@ def figures(hdrs) -> dict:
         mode = FAULT_MODES.get(st.fault_mode)
         if mode:
             modes.add(mode)
+    for pid, (_, gauges) in latest.items():
+        gauges.update(peaks[pid])
+        for field, key in GAUGES.items():
+            out[key] += gauges[field]
     out["evictions"] = out["evictions_clean"] + out["evictions_dirty"]
     out["fault_p50_us"] = percentile_us(hist, 50)
     out["fault_p99_us"] = percentile_us(hist, 99)
     out["transport"] = transport
     out["fault_mode"] = ",".join(sorted(modes)) or "none"
-    out["processes"] = len(hdrs)
+    out["processes"] = len(latest)
     return out
 
 
