@@ -13,6 +13,7 @@
 
 #include "fm_util.h"
 #include "pager_internal.h"
+#include "uffd_ops.h"
 
 #define FOLLOW_STREAK 4
 #define FOLLOW_QUIET_MS 50
@@ -67,6 +68,8 @@ void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd)
 	f->at = f->seen = -1;
 	/* The watch was made only where following can happen; without it nothing would catch it starved. */
 	f->enabled = fw->watch_started && !sched_getaffinity(0, sizeof(fw->cpus), &fw->cpus);
+	/* A thread it wakes takes its CPU at once: it is not at work for the watch then (follow.h). */
+	fm_uffd_mark_wakes(f->enabled ? &fw->serving : NULL);
 	atomic_store(&fw->tid, gettid());
 	fw->fd = fd;
 }
@@ -173,12 +176,15 @@ static void *watch_main(void *arg)
 		nanosleep(&ts, NULL);
 		/*
 		 * No turn of its loop in a whole tick while it served a fault
-		 * (maybe holding a page others wait for) or while one waited: it
-		 * is starved where it is pinned, or slow, and better off unpinned.
-		 * Spinning with nothing to do, it may well not run: the program
-		 * has its CPU, as it should.
+		 * (maybe holding a page others wait for), or while a fault, a
+		 * page or the region lock waited: it is starved where it is
+		 * pinned, or slow, and better off unpinned. Spinning with
+		 * nothing to do, or just after it woke the thread it served, it
+		 * may well not run: the program has its CPU, as it should.
 		 */
-		if (atomic_load(&fw->beat) == beat && (atomic_load(&fw->serving) || poll(&pf, 1, 0) > 0) &&
+		if (atomic_load(&fw->beat) == beat &&
+		    (atomic_load(&fw->serving) || atomic_load(&p->settle_waiters) ||
+		     atomic_load(&p->rlock_writers) || poll(&pf, 1, 0) > 0) &&
 		    atomic_compare_exchange_strong(&fw->state, &on, FM_FOLLOW_STALLED)) {
 			restore(fw, (pid_t)atomic_load(&fw->tid));
 			STAT_ADD(p, follow_stalls, 1);

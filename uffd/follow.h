@@ -22,10 +22,17 @@
  * fault from another CPU could wait behind that work, and so could every
  * thread waiting for a page the handler holds. A watch thread (normal
  * priority, awake only while a handler follows) checks every FOLLOW_WATCH_MS
- * that the handler turned its loop while it served a fault or one waited on
- * its uffd (not while it spins or sleeps with nothing to do), and otherwise
- * puts it back (its CPUs, SCHED_OTHER) for
- * FOLLOW_HOLDOFF_MS, doubled each time.
+ * that the handler turned its loop while it served a fault, while one waited
+ * on its uffd, or while a thread waited for a page to settle or for the
+ * region lock (not while it spins or sleeps with nothing to do), and
+ * otherwise puts it back (its CPUs, SCHED_OTHER) for FOLLOW_HOLDOFF_MS,
+ * doubled each time. Waking the thread it served (an install, an unprotect)
+ * does not count as serving (fm_uffd_mark_wakes): that thread takes the CPU
+ * at once, and often runs on for longer than a tick without a fault, while
+ * the handler holds only pages and the region lock for reading, which the
+ * waits above cover. Counted as starved then, it was put back at every
+ * stretch of the program's own work (Perl's sort: 3-5 times a run, each time
+ * for a holdoff of cross-CPU faults).
  */
 #ifndef FARMEM_FOLLOW_H
 #define FARMEM_FOLLOW_H

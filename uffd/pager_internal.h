@@ -22,6 +22,7 @@
 #ifndef FARMEM_PAGER_INTERNAL_H
 #define FARMEM_PAGER_INTERNAL_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -150,6 +151,7 @@ struct fm_pager {
 	struct fm_pager_stats *st;
 
 	pthread_rwlock_t rlock;         /* region table: read for faults, write to change it */
+	atomic_uint rlock_writers;      /* threads waiting to take it for writing (the follow watch looks) */
 	struct region regions[FM_RESMAP_SLOTS];
 	int nregions;                   /* high-water mark of used slots */
 	/* Region bounds for a lock-free "is this address ours" (the SIGBUS handler, the shim). */
@@ -260,7 +262,15 @@ struct fm_pager {
 
 /* The region table's lock. A failure here is a bug in the pager, never the program's. */
 #define rlock_rd(p) do { int e_ = pthread_rwlock_rdlock(&(p)->rlock); if (e_) fm_fatal("region lock (read): %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
-#define rlock_wr(p) do { int e_ = pthread_rwlock_wrlock(&(p)->rlock); if (e_) fm_fatal("region lock (write): %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
+#define rlock_wr(p) do { \
+	int e_ = pthread_rwlock_trywrlock(&(p)->rlock); \
+	if (e_ == EBUSY) { \
+		atomic_fetch_add(&(p)->rlock_writers, 1); \
+		e_ = pthread_rwlock_wrlock(&(p)->rlock); \
+		atomic_fetch_sub(&(p)->rlock_writers, 1); \
+	} \
+	if (e_) fm_fatal("region lock (write): %s at %s:%d", strerror(e_), __FILE__, __LINE__); \
+} while (0)
 #define rlock_un(p) do { int e_ = pthread_rwlock_unlock(&(p)->rlock); if (e_) fm_fatal("region unlock: %s at %s:%d", strerror(e_), __FILE__, __LINE__); } while (0)
 
 #define STAT_ADD(p, field, n) __atomic_fetch_add(&(p)->st->field, (uint64_t)(n), __ATOMIC_RELAXED)

@@ -15,6 +15,26 @@
 
 #define PG 4096u
 
+/* initial-exec: a dynamic TLS access may call malloc, and a handler must never (the heap may be paged). */
+static __thread atomic_int *wakes_flag __attribute__((tls_model("initial-exec")));
+
+void fm_uffd_mark_wakes(atomic_int *flag)
+{
+	wakes_flag = flag;
+}
+
+/* Returns what to put back (wake_end), -1 for nothing. */
+static int wake_begin(int wake)
+{
+	return wake && wakes_flag ? atomic_exchange_explicit(wakes_flag, 0, memory_order_relaxed) : -1;
+}
+
+static void wake_end(int was)
+{
+	if (was >= 0)
+		atomic_store_explicit(wakes_flag, was, memory_order_relaxed);
+}
+
 /*
  * A uffd that serves kernel faults too (/dev/userfaultfd, else the system
  * call, which needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1), else,
@@ -142,7 +162,9 @@ int fm_uffd_copy(int uffd, uintptr_t dst, const void *src, size_t len, int wp, i
 		.dst = dst, .src = (uintptr_t)src, .len = len,
 		.mode = (wp ? UFFDIO_COPY_MODE_WP : 0) | (wake ? 0 : UFFDIO_COPY_MODE_DONTWAKE),
 	};
-	int rc = ioctl(uffd, UFFDIO_COPY, &c) ? -errno : 0;
+	int was = wake_begin(wake), rc = ioctl(uffd, UFFDIO_COPY, &c) ? -errno : 0;
+
+	wake_end(was);
 
 	if (done)
 		*done = rc ? (c.copy > 0 ? c.copy : 0) : (int64_t)len;
@@ -181,11 +203,11 @@ int fm_uffd_continue(int uffd, uintptr_t addr, int wp, int wake)
 		.range = { .start = addr, .len = PG },
 		.mode = (wp ? UFFDIO_CONTINUE_MODE_WP : 0) | (wake ? 0 : UFFDIO_CONTINUE_MODE_DONTWAKE),
 	};
-	int e;
+	int was = wake_begin(wake), rc = ioctl(uffd, UFFDIO_CONTINUE, &c), e = errno;
 
-	if (ioctl(uffd, UFFDIO_CONTINUE, &c) == 0)
+	wake_end(was);
+	if (rc == 0)
 		return 0;
-	e = errno;
 	if (e != EEXIST && e != EFAULT && e != EAGAIN)
 		fm_fatal("UFFDIO_CONTINUE at %#lx failed: %s", (unsigned long)addr, strerror(e));
 	if (wake)
@@ -199,8 +221,11 @@ void fm_uffd_wp(int uffd, uintptr_t addr, size_t len, int protect)
 		.range = { .start = addr, .len = len },
 		.mode = protect ? UFFDIO_WRITEPROTECT_MODE_WP : 0,
 	};
+	/* Unprotecting wakes the writers that wait there. */
+	int was = wake_begin(!protect), rc = ioctl(uffd, UFFDIO_WRITEPROTECT, &wp);
 
-	if (ioctl(uffd, UFFDIO_WRITEPROTECT, &wp))
+	wake_end(was);
+	if (rc)
 		fm_fatal("UFFDIO_WRITEPROTECT %s of %#lx+%zu pages failed: %s", protect ? "on" : "off",
 			 (unsigned long)addr, len / PG, strerror(errno));
 }
@@ -208,9 +233,11 @@ void fm_uffd_wp(int uffd, uintptr_t addr, size_t len, int protect)
 void fm_uffd_wake(int uffd, uintptr_t addr, size_t len)
 {
 	struct uffdio_range r = { .start = addr, .len = len };
+	int was = wake_begin(1);
 
 	/* Only fails for a range that is not registered any more: then nobody waits there. */
 	(void)ioctl(uffd, UFFDIO_WAKE, &r);
+	wake_end(was);
 }
 
 int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int64_t *done)
@@ -218,7 +245,9 @@ int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int64_t *do
 	struct uffdio_move m = {
 		.dst = dst, .src = src, .len = len, .mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
 	};
-	int rc = ioctl(uffd, UFFDIO_MOVE, &m) ? -errno : 0;
+	int was = wake_begin(1), rc = ioctl(uffd, UFFDIO_MOVE, &m) ? -errno : 0;
+
+	wake_end(was);
 
 	*done = rc ? (m.move > 0 ? m.move : 0) : (int64_t)len;
 	return rc;

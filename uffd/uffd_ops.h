@@ -18,6 +18,7 @@
 #ifndef FARMEM_UFFD_OPS_H
 #define FARMEM_UFFD_OPS_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -77,5 +78,12 @@ void fm_uffd_wake(int uffd, uintptr_t addr, size_t len);
  */
 int fm_uffd_copy(int uffd, uintptr_t dst, const void *src, size_t len, int wp, int wake, int64_t *done);
 int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int64_t *done);
+/*
+ * For the calling thread from now on (NULL: none): each ioctl above that may
+ * wake a thread asleep in a fault sets *flag to 0 while it runs, then back to
+ * what it was. The handler that follows (follow.h) marks its "serving" flag
+ * so: the thread it wakes on its CPU takes that CPU at once.
+ */
+void fm_uffd_mark_wakes(atomic_int *flag);
 
 #endif /* FARMEM_UFFD_OPS_H */
