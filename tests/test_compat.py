@@ -328,8 +328,10 @@ def test_more_heaps_than_the_first_region_table(shim, built, tmp_path, farmem_cm
 def test_reservation_paged_as_it_is_made_writable(shim, built, tmp_path, farmem_cmd, fault):
     """A 192 MiB PROT_NONE reservation made writable 4 MiB at a time with mprotect (V8's and .NET's
     way) is paged part by part, in either fault mode; a part made unreadable and readable again
-    keeps its bytes, one replaced in place by MAP_FIXED reads zeros, and what is left after an
-    unmap is checked."""
+    keeps its bytes; a part with a guard page every 16 pages (V8's code space) has the pages
+    between them evicted dirty in batches around the guards (a write-protect reaching over a guard
+    failed whole: node under fault=thread stopped); one replaced in place by MAP_FIXED reads zeros,
+    and what is left after an unmap is checked."""
     prog = built("build/tests/arenatest")
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--fault", fault, "--transport",
                       "stream", "--", prog, "--reserve", "--mib", 128, timeout=300)

@@ -337,7 +337,10 @@ static void drop(struct fm_pager *p, struct victim *v, unsigned n)
  * writable meanwhile (a fill that lands now) is booked DIRTY while protected,
  * which its next write finds and mends (fault.c, a stale write-protect
  * fault). So a batch of scattered victims costs fewer calls, and fewer TLB
- * shootdowns, than one per victim.
+ * shootdowns, than one per victim. Not over a page we do not manage: the
+ * program may have taken it out of the uffd's reach (a guard page made
+ * PROT_NONE inside V8's code space), and a call that meets a range the uffd
+ * does not cover fails whole (ENOENT).
  */
 static int gap_is_protectable(struct region *r, uint64_t i0, uint64_t i1)
 {
@@ -345,7 +348,7 @@ static int gap_is_protectable(struct region *r, uint64_t i0, uint64_t i1)
 		return 0;
 	for (uint64_t i = i0; i < i1; i++) {
 		unsigned s = fm_pg_state(pg_load(&r->pg[i]));
-		if (s == FM_PG_DIRTY || s == FM_PG_UPDATING || s == FM_PG_FILLING)
+		if (s == FM_PG_DIRTY || s == FM_PG_UPDATING || s == FM_PG_FILLING || s == FM_PG_UNMANAGED)
 			return 0;
 	}
 	return 1;

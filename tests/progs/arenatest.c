@@ -31,7 +31,9 @@
  * PROT_NONE the way V8's and .NET's heaps are, whose parts the program makes
  * writable with mprotect, 4 MiB at a time, and fills. Then, each part checked
  * after: one part is made unreadable and readable again (its bytes stay), one
- * is replaced by a fresh writable mapping (MAP_FIXED: zeros), the last eighth
+ * gets a guard page (PROT_NONE) every GUARD_EVERY pages, as V8's code space
+ * has, and the pages between them are written again and left cold, one is
+ * replaced by a fresh writable mapping (MAP_FIXED: zeros), the last eighth
  * is unmapped, and a new reservation is made and committed in that hole.
  *
  * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
@@ -367,19 +369,53 @@ static int check_part(const uint8_t *base, size_t part, unsigned salt, const cha
 	return 0;
 }
 
-static void fill_part(uint8_t *base, size_t part, unsigned salt)
+static void fill_words(uint8_t *base, size_t part, size_t first, size_t n, unsigned salt)
 {
 	uint64_t *w = (void *)(base + part * PART);
 
-	for (size_t k = 0; k < PART / 8; k++)
+	for (size_t k = first; k < first + n; k++)
 		w[k] = mix(part * PART + k * 8 + salt);
+}
+
+static void fill_part(uint8_t *base, size_t part, unsigned salt)
+{
+	fill_words(base, part, 0, PART / 8, salt);
+}
+
+#define GUARD_EVERY 16
+#define PAGE_WORDS (4096 / 8)
+
+/*
+ * Guard pages in a part (PROT_NONE, out of the pager's reach), the pages
+ * between them written again, then every other part read so that those
+ * leave, dirty, in batches that reach over the guards; then the guards are
+ * made writable and written too. Returns 0 when the part holds salt 3.
+ */
+static int guarded_part(uint8_t *base, size_t parts, size_t part)
+{
+	size_t pages = PART / 4096;
+	int bad = 0;
+
+	for (size_t pg = 1; pg < pages; pg += GUARD_EVERY)
+		bad |= mprotect(base + part * PART + pg * 4096, 4096, PROT_NONE);
+	for (size_t pg = 0; pg < pages; pg++)
+		if (pg % GUARD_EVERY != 1)
+			fill_words(base, part, pg * PAGE_WORDS, PAGE_WORDS, 3);
+	for (size_t k = 0; k < parts && !bad; k++)
+		if (k != part)
+			bad = check_part(base, k, 1, "beside the guarded part");
+	for (size_t pg = 1; pg < pages && !bad; pg += GUARD_EVERY) {
+		bad = mprotect(base + part * PART + pg * 4096, 4096, PROT_READ | PROT_WRITE);
+		fill_words(base, part, pg * PAGE_WORDS, PAGE_WORDS, 3);
+	}
+	return bad || check_part(base, part, 3, "guarded");
 }
 
 static int reserve(unsigned long mib)
 {
 	size_t parts = (mib << 20) / PART, len = parts * PART * 3 / 2, hole = parts / 8;
 	uint8_t *base = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	size_t mid = parts / 2, fresh = parts / 4;
+	size_t mid = parts / 2, fresh = parts / 4, guarded = parts / 4 + 1;
 	int bad = 0;
 
 	if (base == MAP_FAILED || parts < 16) {
@@ -399,6 +435,7 @@ static int reserve(unsigned long mib)
 	bad |= mprotect(base + mid * PART, PART, PROT_NONE) || mprotect(base + mid * PART, PART, PROT_READ | PROT_WRITE);
 	for (size_t k = 0; k < parts && !bad; k++)
 		bad = check_part(base, k, 1, "after the round trip through PROT_NONE");
+	bad = bad || guarded_part(base, parts, guarded);
 	/* Replaced in place by fresh memory: zeros, then written again. */
 	if (!bad && mmap(base + fresh * PART, PART, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
 		    MAP_FAILED)
@@ -409,7 +446,7 @@ static int reserve(unsigned long mib)
 	/* The last eighth goes, and a new reservation may take its place. */
 	bad = bad || munmap(base + (parts - hole) * PART, hole * PART);
 	for (size_t k = 0; k < parts - hole && !bad; k++)
-		bad = check_part(base, k, k == fresh ? 2 : 1, "after the unmap");
+		bad = check_part(base, k, k == fresh ? 2 : k == guarded ? 3 : 1, "after the unmap");
 	if (!bad) {
 		uint8_t *again = mmap(base + (parts - hole) * PART, hole * PART, PROT_NONE,
 				      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
