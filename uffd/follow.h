@@ -31,7 +31,7 @@
  * at once, and often runs on for longer than a tick without a fault, while
  * the handler holds only pages and the region lock for reading, which the
  * waits above cover. Counted as starved then, it was put back at every
- * stretch of the program's own work (Perl's sort: 3-5 times a run, each time
+ * stretch of the program's own work (Perl's hash: 4-6 times a run, each time
  * for a holdoff of cross-CPU faults).
  */
 #ifndef FARMEM_FOLLOW_H

@@ -398,16 +398,15 @@ static int guarded_part(uint8_t *base, size_t parts, size_t part)
 
 	for (size_t pg = 1; pg < pages; pg += GUARD_EVERY)
 		bad |= mprotect(base + part * PART + pg * 4096, 4096, PROT_NONE);
-	for (size_t pg = 0; pg < pages; pg++)
+	for (size_t pg = 0; pg < pages && !bad; pg++)
 		if (pg % GUARD_EVERY != 1)
 			fill_words(base, part, pg * PAGE_WORDS, PAGE_WORDS, 3);
 	for (size_t k = 0; k < parts && !bad; k++)
 		if (k != part)
 			bad = check_part(base, k, 1, "beside the guarded part");
-	for (size_t pg = 1; pg < pages && !bad; pg += GUARD_EVERY) {
-		bad = mprotect(base + part * PART + pg * 4096, 4096, PROT_READ | PROT_WRITE);
-		fill_words(base, part, pg * PAGE_WORDS, PAGE_WORDS, 3);
-	}
+	for (size_t pg = 1; pg < pages && !bad; pg += GUARD_EVERY)
+		if (!(bad = mprotect(base + part * PART + pg * 4096, 4096, PROT_READ | PROT_WRITE)))
+			fill_words(base, part, pg * PAGE_WORDS, PAGE_WORDS, 3);
 	return bad || check_part(base, part, 3, "guarded");
 }
 
