@@ -113,9 +113,14 @@ $(B)/lib/libfarmem_pager.a: $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRCS))
 
 # --wrap: the pager's threads are started through the shim, which marks them as farmem's own
 # (they allocate from its private arena, never from the program's allocator; uffd/preload.c).
+# -z now: every symbol the pager calls is bound when the library loads. Bound lazily, a handler's
+# first call of a function walks the dynamic linker's link maps and scope lists, which a program
+# that dlopens (PHP's extensions) keeps in blocks of its paged heap: the handler faults on a page
+# only it can bring in, and the program hangs (arenatest --dlopen).
+PAGER_LDFLAGS := -Wl,-z,now -Wl,-z,relro
 $(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/obj/uffd/preload_sync.o $(B)/lib/libfarmem_pager.a uffd/preload.map
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=uffd/preload.map \
+	$(CC) $(CFLAGS) -shared $(PAGER_LDFLAGS) -Wl,--as-needed -Wl,--version-script=uffd/preload.map \
 		-Wl,--wrap=pthread_create -o $@ $(filter %.o,$^) \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
@@ -123,7 +128,7 @@ $(B)/obj/jvmti-agent/%.o: INC := -isystem $(JAVA_HOME)/include -isystem $(JAVA_H
 
 $(B)/lib/libfarmem_agent.so: $(patsubst %.c,$(B)/obj/%.o,$(AGENT_SRCS)) $(B)/lib/libfarmem_pager.a jvmti-agent/agent.map
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,--as-needed -Wl,--version-script=jvmti-agent/agent.map -o $@ $(filter %.o,$^) \
+	$(CC) $(CFLAGS) -shared $(PAGER_LDFLAGS) -Wl,--as-needed -Wl,--version-script=jvmti-agent/agent.map -o $@ $(filter %.o,$^) \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
 $(patsubst %.c,$(B)/obj/%.o,$(AGENT_SRCS)): $(wildcard jvmti-agent/*.h)

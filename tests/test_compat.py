@@ -307,6 +307,22 @@ def test_main_heap_paged_past_the_threshold(shim, built, tmp_path, farmem_cmd, f
     assert s["processes"] == 0, s
 
 
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_program_that_dlopens_before_its_heap_is_paged(shim, built, tmp_path, farmem_cmd, fault):
+    """A library opened with dlopen (PHP's and Python's extensions) leaves the dynamic linker's link
+    map and its grown global scope in blocks of the main heap, which are paged and evicted like the
+    rest. A symbol lookup walks them: before session 32 the first eviction (fault=signal: its
+    capture read the pipe through the shim's readv cover, whose first call looked libc's readv up)
+    faulted on a page it was evicting itself, and the program hung for good (PHP at startup)."""
+    prog = built("build/tests/arenatest")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "8M", "--threshold", "1M", "--fault", fault,
+                      "--", prog, "--main", "--mib", 64, "--rounds", 1, "--dlopen", "libm.so.6", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert re.search(r"arenatest: ok threads=main .* syscalls=1536", r.stdout), r.stdout + r.stderr[-3000:]
+    assert_paged(s, "arenatest --main --dlopen")
+    assert s["evictions"] > 10000, s
+
+
 def test_more_heaps_than_the_first_region_table(shim, built, tmp_path, farmem_cmd):
     """120 threads with up to 128 arenas (a many-core server's glibc makes 8 per core): each heap is a
     region of its own, more than the residency map's first 64 slots. Every heap is paged (before,

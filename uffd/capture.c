@@ -112,7 +112,7 @@ void fm_capture_collect(struct fm_capture *c, struct iovec *left, unsigned niov)
 	unsigned first = 0;
 
 	while (first < niov) {
-		ssize_t k = readv(c->rd, left + first, (int)(niov - first));
+		ssize_t k = fm_sys_readv(c->rd, left + first, (int)(niov - first));
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k <= 0)

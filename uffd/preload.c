@@ -130,7 +130,7 @@ static void die_config(const char *msg)
 	char line[600];
 	int n = snprintf(line, sizeof(line), "farmem: error: %s\n", msg);
 
-	if (write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
+	if (fm_sys_write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
 		n = 0;
 	_exit(78);
 }
@@ -625,6 +625,7 @@ static void fork_child(void)
 
 __attribute__((constructor)) static void preload_init(void)
 {
+	fm_io_bind();
 	load_config();
 	app_alloc();
 	/* Decided here, before the program's threads exist (heaps_keep). */
@@ -710,6 +711,8 @@ static struct fm_pager *get_pager(void)
 		int other = other_user();
 		const char *why = other == 1 ? "it runs as another user than farmem run, whose memd it cannot reach"
 				  : !fm_uffd_probe() ? "userfaultfd is not available to it" : NULL;
+		/* A hook may start the pager before our constructor ran. */
+		fm_io_bind();
 		rc = why ? -1 : fm_pager_start(&cfg, &pager, err, sizeof(err));
 		if (rc && (why || other)) {
 			/*
@@ -1052,7 +1055,7 @@ static int maps_each(int (*fn)(const char *line, void *arg), void *arg)
 		return -1;
 	while (!rc) {
 		char *line, *nl;
-		ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
+		ssize_t n = fm_sys_read(fd, buf + have, sizeof(buf) - 1 - have);
 		if (n < 0)
 			rc = -1;
 		if (n <= 0)
@@ -1378,7 +1381,7 @@ static void lock_refused(const char *call)
 			 "farmem: warning: %s refused: this program's memory is paged by farmem, and locked "
 			 "memory cannot be paged (run it without memory locking, or without farmem)\n", call);
 
-	if (write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
+	if (fm_sys_write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
 		n = 0;
 }
 
@@ -1450,7 +1453,7 @@ static int uring_refused(void)
 		"the kernel writes a registered buffer behind the pager's back (use plain reads, or run "
 		"without farmem)\n";
 
-	if (write(2, msg, sizeof(msg) - 1) < 0)
+	if (fm_sys_write(2, msg, sizeof(msg) - 1) < 0)
 		return -EOPNOTSUPP;
 	return -EOPNOTSUPP;
 }
@@ -1769,7 +1772,7 @@ EXPORT int mallopt(int param, int value)
 
 EXPORT int malloc_trim(size_t pad)
 {
-	static void *next;
+	FM_IO_NEXT(next, "malloc_trim");
 	int (*trim)(size_t);
 
 	if (atomic_load(&heaps_kept))

@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct fm_pager;
 
@@ -54,16 +55,40 @@ void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write);
 void fm_io_unpin(struct fm_io_pins *io);
 /* For pthread_cleanup_push: a thread cancelled inside a covered call gives its pins back. */
 void fm_io_unpin_on_cancel(void *io);
-/* libc's function NAME after the shim's, looked up once into *cache (NULL: libc has none). */
+/*
+ * libc's function NAME after the shim's, in *cache. Every cache is declared
+ * with FM_IO_NEXT (a table in section fm_io_next_refs) and filled by fm_io_bind
+ * before anything is paged: a lookup walks the dynamic linker's link maps
+ * and scope lists, which a program that dlopens keeps in its paged heap, and
+ * a lookup made later by a pager thread (its locks go through the covers)
+ * could fault on a page only that thread can bring in. A function libc
+ * lacks is cached as FM_IO_NONE, so it too is looked up once.
+ */
+struct fm_io_next_ref {
+	void **cache;
+	const char *name;
+};
+#define FM_IO_NEXT(cache, name)                                                                        \
+	static void *cache;                                                                            \
+	static const struct fm_io_next_ref cache##_ref_ __attribute__((used, section("fm_io_next_refs"))) = { \
+		&cache, name                                                                           \
+	}
+
+/* Fill every FM_IO_NEXT cache. In the program's context, before the pager starts. */
+void fm_io_bind(void);
+
+#define FM_IO_NONE ((void *)~(uintptr_t)0)
+
+/* NULL when libc has no NAME. */
 static inline void *fm_io_next(void **cache, const char *name)
 {
 	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
 
 	if (!f) {
 		f = dlsym(RTLD_NEXT, name);
-		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
+		__atomic_store_n(cache, f ? f : FM_IO_NONE, __ATOMIC_RELEASE);
 	}
-	return f;
+	return f == FM_IO_NONE ? NULL : f;
 }
 
 #endif

@@ -101,9 +101,31 @@ void fm_io_unpin(struct fm_io_pins *io)
  * blocked in it could not be cancelled).
  */
 #define LIBC(name) ((__typeof__(&name))fm_io_next(&name##_next, #name))
-static void *read_next, *pread_next, *readv_next, *preadv_next, *preadv2_next, *write_next, *pwrite_next,
-	*writev_next, *pwritev_next, *pwritev2_next, *recvfrom_next, *recvmsg_next, *recvmmsg_next, *sendto_next,
-	*sendmsg_next, *sendmmsg_next, *getrandom_next;
+FM_IO_NEXT(read_next, "read");
+FM_IO_NEXT(pread_next, "pread");
+FM_IO_NEXT(readv_next, "readv");
+FM_IO_NEXT(preadv_next, "preadv");
+FM_IO_NEXT(preadv2_next, "preadv2");
+FM_IO_NEXT(write_next, "write");
+FM_IO_NEXT(pwrite_next, "pwrite");
+FM_IO_NEXT(writev_next, "writev");
+FM_IO_NEXT(pwritev_next, "pwritev");
+FM_IO_NEXT(pwritev2_next, "pwritev2");
+FM_IO_NEXT(recvfrom_next, "recvfrom");
+FM_IO_NEXT(recvmsg_next, "recvmsg");
+FM_IO_NEXT(recvmmsg_next, "recvmmsg");
+FM_IO_NEXT(sendto_next, "sendto");
+FM_IO_NEXT(sendmsg_next, "sendmsg");
+FM_IO_NEXT(sendmmsg_next, "sendmmsg");
+FM_IO_NEXT(getrandom_next, "getrandom");
+
+extern const struct fm_io_next_ref __start_fm_io_next_refs[], __stop_fm_io_next_refs[];
+
+void fm_io_bind(void)
+{
+	for (const struct fm_io_next_ref *r = __start_fm_io_next_refs; r < __stop_fm_io_next_refs; r++)
+		fm_io_next(r->cache, r->name);
+}
 
 /* A thread cancelled in the call gives its pins back on the way out. */
 void fm_io_unpin_on_cancel(void *io)
@@ -382,28 +404,28 @@ static size_t stdio_covered(stdio_fn next, void *ptr, size_t size, size_t n, FIL
 
 EXPORT size_t fread(void *ptr, size_t size, size_t n, FILE *fp)
 {
-	static void *next;
+	FM_IO_NEXT(next, "fread");
 
 	return stdio_covered((stdio_fn)fm_io_next(&next, "fread"), ptr, size, n, fp, 1);
 }
 
 EXPORT size_t fread_unlocked(void *ptr, size_t size, size_t n, FILE *fp)
 {
-	static void *next;
+	FM_IO_NEXT(next, "fread_unlocked");
 
 	return stdio_covered((stdio_fn)fm_io_next(&next, "fread_unlocked"), ptr, size, n, fp, 1);
 }
 
 EXPORT size_t fwrite(const void *ptr, size_t size, size_t n, FILE *fp)
 {
-	static void *next;
+	FM_IO_NEXT(next, "fwrite");
 
 	return stdio_covered((stdio_fn)fm_io_next(&next, "fwrite"), (void *)ptr, size, n, fp, 0);
 }
 
 EXPORT size_t fwrite_unlocked(const void *ptr, size_t size, size_t n, FILE *fp)
 {
-	static void *next;
+	FM_IO_NEXT(next, "fwrite_unlocked");
 
 	return stdio_covered((stdio_fn)fm_io_next(&next, "fwrite_unlocked"), (void *)ptr, size, n, fp, 0);
 }

@@ -55,7 +55,7 @@
 #define WAIT_COVER(type, name, params, args, nosys, pins)                               \
 	EXPORT type name params                                                         \
 	{                                                                               \
-		static void *next_;                                                     \
+		FM_IO_NEXT(next_, #name);                                               \
 		type (*volatile f_) params = (type (*) params)fm_io_next(&next_, #name);   \
 		struct fm_io_pins io_;                                                  \
 		type r_;                                                                \
@@ -120,7 +120,8 @@ WAIT_COVER(int, pthread_rwlock_clockwrlock, (pthread_rwlock_t *l, clockid_t k, c
 #define LOCK_COVER(type, name, try_name, nosys, busy)                                   \
 	EXPORT int name(type *m)                                                        \
 	{                                                                               \
-		static void *lock_, *try_;                                              \
+		FM_IO_NEXT(lock_, #name);                                               \
+		FM_IO_NEXT(try_, #try_name);                                            \
 		int (*lock)(type *) = (int (*)(type *))fm_io_next(&lock_, #name);          \
 		int (*try)(type *) = (int (*)(type *))fm_io_next(&try_, #try_name);        \
 		struct fm_io_pins io_;                                                  \
@@ -159,7 +160,7 @@ WAIT_COVER(int, mtx_timedlock, (mtx_t *restrict m, const struct timespec *restri
 
 EXPORT void call_once(once_flag *o, void (*init)(void))
 {
-	static void *next;
+	FM_IO_NEXT(next, "call_once");
 	void (*f)(once_flag *, void (*)(void)) = (void (*)(once_flag *, void (*)(void)))fm_io_next(&next, "call_once");
 	struct fm_io_pins io_ = { .p = fm_preload_pager_nowait() };
 
@@ -172,7 +173,7 @@ EXPORT void call_once(once_flag *o, void (*init)(void))
 
 EXPORT void cnd_destroy(cnd_t *c)
 {
-	static void *next;
+	FM_IO_NEXT(next, "cnd_destroy");
 	void (*f)(cnd_t *) = (void (*)(cnd_t *))fm_io_next(&next, "cnd_destroy");
 	struct fm_io_pins io_ = { .p = fm_preload_pager_nowait() };
 

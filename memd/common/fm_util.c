@@ -328,7 +328,7 @@ int fm_random(void *buf, size_t len)
 {
 	uint8_t *p = buf;
 	while (len) {
-		ssize_t n = getrandom(p, len, 0);
+		ssize_t n = syscall(SYS_getrandom, p, len, 0);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -395,6 +395,11 @@ int fm_sys_munmap(void *addr, size_t len)
 long fm_sys_read(int fd, void *buf, size_t len)
 {
 	return syscall(SYS_read, fd, buf, len);
+}
+
+long fm_sys_readv(int fd, const struct iovec *iov, int n)
+{
+	return syscall(SYS_readv, fd, iov, n);
 }
 
 long fm_sys_write(int fd, const void *buf, size_t len)

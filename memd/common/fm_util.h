@@ -118,7 +118,9 @@ int fm_sys_madvise(void *addr, size_t len, int advice);
  * evicting) must never wait on itself there.
  */
 struct msghdr;
+struct iovec;
 long fm_sys_read(int fd, void *buf, size_t len);
+long fm_sys_readv(int fd, const struct iovec *iov, int n);
 long fm_sys_write(int fd, const void *buf, size_t len);
 long fm_sys_send(int fd, const void *buf, size_t len, int flags);
 long fm_sys_sendmsg(int fd, const struct msghdr *m, int flags);

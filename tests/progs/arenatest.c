@@ -27,6 +27,11 @@
  * With --main, the main thread does all of that alone (one list, no
  * fork): its blocks come from glibc's main heap, which grows with brk.
  *
+ * With --dlopen LIB, the library is opened first (RTLD_GLOBAL), as PHP and
+ * Python open their extensions: the dynamic linker keeps what it needs to
+ * look up a symbol (the library's link map, the grown global scope) in
+ * blocks of the main heap, which get paged and go cold like the rest.
+ *
  * With --reserve, no threads: one reservation of 1.5 times --mib, made
  * PROT_NONE the way V8's and .NET's heaps are, whose parts the program makes
  * writable with mprotect, 4 MiB at a time, and fills. Then, each part checked
@@ -40,9 +45,10 @@
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main] [--dlopen LIB]
  */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -467,6 +473,7 @@ int main(int argc, char **argv)
 		{ "rounds", required_argument, NULL, 'r' },
 		{ "reserve", no_argument, NULL, 'R' },
 		{ "main", no_argument, NULL, 'M' },
+		{ "dlopen", required_argument, NULL, 'D' },
 		{ 0 },
 	};
 	unsigned long mib = 192;
@@ -487,9 +494,16 @@ int main(int argc, char **argv)
 			main_only |= c == 'M';
 			continue;
 		}
+		if (c == 'D') {
+			if (!dlopen(optarg, RTLD_NOW | RTLD_GLOBAL)) {
+				fprintf(stderr, "arenatest: %s\n", dlerror());
+				return 2;
+			}
+			continue;
+		}
 		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main] [--dlopen LIB]\n");
 			return 2;
 		}
 		if (c == 't')
