@@ -42,6 +42,18 @@ PERL = """my $n = N; my %h; for my $i (0..$n) { $h{"k$i"} = [$i, "v" x ($i % 50)
 my $s = 0; for my $r (0..2) { for (my $i = 0; $i < $n; $i += 3) { my $k = "k" . (($i * 7919) % $n); $h{$k}[0] += $r; $s += $h{$k}[0] % 13; } }
 my @k = sort keys %h; print "$s ", scalar(@k), " $k[12345 % $n]\\n";
 """
+PHP = """<?php $n = N; $h = []; for ($i = 0; $i <= $n; $i++) $h["k$i"] = [$i, str_repeat("v", $i % 50)];
+$s = 0; for ($r = 0; $r < 3; $r++) for ($i = 0; $i < $n; $i += 3) { $k = "k" . (($i * 7919) % $n); $h[$k][0] += $r; $s += $h[$k][0] % 13; }
+$k = array_keys($h); sort($k, SORT_STRING); echo "$s " . count($k) . " " . $k[12345 % $n] . "\\n";
+"""
+RUBY = """n = N; h = {}; (0..n).each { |i| h["k#{i}"] = [i, "v" * (i % 50)] }
+s = 0; 3.times { |r| (0...n).step(3) { |i| o = h["k#{(i * 7919) % n}"]; o[0] += r; s += o[0] % 13 } }
+k = h.keys.sort; puts "#{s} #{k.size} #{k[12345 % n]}"
+"""
+LUA = """local n = N; local h = {}; for i = 0, n do h["k" .. i] = {i, string.rep("v", i % 50)} end
+local s = 0; for r = 0, 2 do for i = 0, n - 1, 3 do local o = h["k" .. ((i * 7919) % n)]; o[1] = o[1] + r; s = s + o[1] % 13 end end
+local k = {}; for key in pairs(h) do k[#k + 1] = key end; table.sort(k); print(s, #k, k[(12345 % n) + 1])
+"""
 PY = """n = N
 d = {}
 for i in range(n): d["k%d" % i] = [i, "v" * (i % 50)]
@@ -56,6 +68,9 @@ k = sorted(d); print(s, len(k), k[12345 % n])
 PROGRAMS = [
     ("python", "python3", "python3 prog.py"),
     ("perl", "perl", "perl prog.pl"),
+    ("php", "php", "php -d memory_limit=-1 prog.php"),
+    ("ruby", "ruby", "ruby prog.rb"),
+    ("lua", "lua5.4", "lua5.4 prog.lua"),
     ("node", "node", "node prog.js"),
     ("jq", "jq", "jq -c '[.[] | select(.v > 0.5) | .name] | sort | .[1000:1010]' big.json"),
     ("gcc", "gcc", "gcc -O2 -c big.c -o big.o && sha256sum big.o"),
@@ -92,6 +107,9 @@ def make_inputs(work: Path, scale: float) -> None:
     keys = str(int(2000000 * scale))
     (work / "prog.py").write_text(PY.replace("N", keys, 1))
     (work / "prog.pl").write_text(PERL.replace("N", keys, 1))
+    (work / "prog.php").write_text(PHP.replace("N", keys, 1))
+    (work / "prog.rb").write_text(RUBY.replace("N", keys, 1))
+    (work / "prog.lua").write_text(LUA.replace("N", keys, 1))
     (work / "prog.js").write_text(JS.replace("N", str(int(3000000 * scale)), 1))
 
 

@@ -478,6 +478,15 @@ def test_sort_freads_into_its_paged_buffer(shim, tmp_path):
     assert_paged(got["summary"], "sort")
 
 
+def test_php_with_its_extensions(shim, tmp_path):
+    """PHP opens its extensions with dlopen at startup; at a 1 MiB threshold its main heap, with the
+    dynamic linker's books of those libraries in it, is paged from the start. Before session 32 it
+    hung at its first eviction (fault=signal). Every figure is computed again here."""
+    got = compat.php(farmem(threshold="1M"), tmp_path, n=300_000, timeout=120)
+    assert_paged(got["summary"], "php")
+    assert got["summary"]["evictions"] > 0, got["summary"]
+
+
 def test_bench_sweep_driver(shim, tmp_path):
     """bench/bench_sweep.py end to end on small data: Python and GNU sort, paged at a 1 MiB threshold,
     give the same output as all local, and the driver reports them as paged."""

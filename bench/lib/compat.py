@@ -776,6 +776,52 @@ def sort(launch: Launch, workdir: Path, mib: int = 16) -> dict:
     return {"summary": summary, "seconds": round(secs, 2)}
 
 
+# --- PHP -----------------------------------------------------------------------------------------
+
+PHP = r"""<?php
+$n = (int)$argv[1]; $h = [];
+for ($i = 0; $i < $n; $i++) $h["k$i"] = [$i, str_repeat("v", $i % 50)];
+$s = 0;
+for ($r = 0; $r < 3; $r++)
+    for ($i = 0; $i < $n; $i += 3) { $k = "k" . (($i * 7919) % $n); $h[$k][0] += $r; $s += $h[$k][0] % 13; }
+$len = 0; $sum = 0; foreach ($h as $v) { $len += strlen($v[1]); $sum += $v[0]; }
+$k = array_keys($h); sort($k, SORT_STRING);
+echo "php $s " . count($k) . " " . $k[12345 % $n] . " $len $sum " . count(get_loaded_extensions()) . "
+";
+"""
+
+
+def php_expected(n: int) -> str:
+    vals = list(range(n))
+    s = 0
+    for r in range(3):
+        for i in range(0, n, 3):
+            j = (i * 7919) % n
+            vals[j] += r
+            s += vals[j] % 13
+    keys = sorted(f"k{i}" for i in range(n))
+    return f"php {s} {n} {keys[12345 % n]} {sum(i % 50 for i in range(n))} {sum(vals)}"
+
+
+def php(launch: Launch, workdir: Path, n: int = 400_000, timeout: float = 1800) -> dict:
+    """PHP's command line (Debian's php-cli) with its extensions, which it opens with dlopen at
+    startup (the dynamic linker's books of them then live in the paged main heap): an array of N
+    entries built, a third of them updated three times in a scattered order, summed and its keys
+    sorted; every figure computed again here. The last field, the number of extensions loaded,
+    must match a run of php outside farmem."""
+    need("php")
+    script = workdir / "prog.php"
+    script.write_text(PHP)
+    base = subprocess.run(["php", "-r", "echo count(get_loaded_extensions());"], capture_output=True, text=True,
+                          timeout=60)
+    want = f"{php_expected(n)} {base.stdout.strip()}"
+    r, summary, secs = run(launch, ["php", "-d", "memory_limit=-1", script, str(n)], workdir, "php", timeout=timeout)
+    out = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not out or out[-1] != want:
+        raise Failed(f"php: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
+    return {"summary": summary, "seconds": round(secs, 2)}
+
+
 WORKLOADS = {
     "redis": redis,
     "redis-bgsave": redis_bgsave,
@@ -789,6 +835,7 @@ WORKLOADS = {
     "sysio": sysio,
     "xz": xz,
     "sort": sort,
+    "php": php,
 }
 
 if __name__ == "__main__":
