@@ -469,13 +469,30 @@ EXPORT sighandler_t sysv_signal(int sig, sighandler_t h)
 	return set_handler(sig, h, (int)(SA_RESETHAND | SA_NODEFER));
 }
 
-static int mask(int how, const sigset_t *set, sigset_t *old, const char *name)
+/*
+ * What signal() is in a program built for strict ISO C (-std=c99 without
+ * _GNU_SOURCE): zstd's crash handler for SIGBUS came in this way, past the
+ * covers above, and took every paging fault for a crash.
+ */
+EXPORT sighandler_t __sysv_signal(int sig, sighandler_t h)
 {
-	static int (*next)(int, const sigset_t *, sigset_t *);
+	return sysv_signal(sig, h);
+}
+
+/* SVID's ssignal is glibc's BSD signal. */
+EXPORT sighandler_t ssignal(int sig, sighandler_t h)
+{
+	return set_handler(sig, h, SA_RESTART);
+}
+
+FM_IO_NEXT(pthread_sigmask_next, "pthread_sigmask");
+FM_IO_NEXT(sigprocmask_next, "sigprocmask");
+
+static int mask(int how, const sigset_t *set, sigset_t *old, void **cache, const char *name)
+{
+	int (*next)(int, const sigset_t *, sigset_t *) = (int (*)(int, const sigset_t *, sigset_t *))fm_io_next(cache, name);
 	sigset_t s;
 
-	if (!next)
-		next = (int (*)(int, const sigset_t *, sigset_t *))dlsym(RTLD_NEXT, name);
 	if (!next)
 		return ENOSYS;
 	if (set && fm_preload_pager() && (how == SIG_BLOCK || how == SIG_SETMASK)) {
@@ -488,12 +505,12 @@ static int mask(int how, const sigset_t *set, sigset_t *old, const char *name)
 
 EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
 {
-	return mask(how, set, old, "pthread_sigmask");
+	return mask(how, set, old, &pthread_sigmask_next, "pthread_sigmask");
 }
 
 EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 {
-	int rc = mask(how, set, old, "sigprocmask");
+	int rc = mask(how, set, old, &sigprocmask_next, "sigprocmask");
 
 	/* sigprocmask says -1 and errno; pthread_sigmask returns the error. */
 	if (rc == ENOSYS) {
