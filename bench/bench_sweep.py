@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,9 +116,17 @@ def make_inputs(work: Path, scale: float) -> None:
 
 
 def run(argv: list, work: Path, timeout: float) -> tuple:
+    """Run argv in a session of its own; past the timeout the whole session is killed (the shell's
+    pipeline too, not only its first process) and the run counts as failed (status -9)."""
     t0 = time.monotonic()
-    r = subprocess.run(argv, cwd=work, capture_output=True, timeout=timeout)
-    return r, time.monotonic() - t0
+    proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\nbench_sweep: killed after {timeout:.0f} s\n".encode()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), time.monotonic() - t0
 
 
 def main() -> int:
