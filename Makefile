@@ -116,7 +116,7 @@ $(B)/lib/libfarmem_pager.a: $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRCS))
 # -z now: every symbol the pager calls is bound when the library loads. Bound lazily, a handler's
 # first call of a function walks the dynamic linker's link maps and scope lists, which a program
 # that dlopens (PHP's extensions) keeps in blocks of its paged heap: the handler faults on a page
-# only it can bring in, and the program hangs (arenatest --dlopen).
+# only it can bring in, and the program hangs (PHP did, in the capture's readv before session 32).
 PAGER_LDFLAGS := -Wl,-z,now -Wl,-z,relro
 $(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/obj/uffd/preload_sync.o $(B)/lib/libfarmem_pager.a uffd/preload.map
 	@mkdir -p $(dir $@)

@@ -1458,7 +1458,11 @@ static int uring_refused(void)
 	return -EOPNOTSUPP;
 }
 
-/* liburing's own function after ours, looked up once. */
+/*
+ * liburing's own function after ours, looked up on its first call, not with
+ * the covers' (FM_IO_NEXT): a program may dlopen liburing after the shim
+ * bound those, and a miss is not kept. Only the program's threads call these.
+ */
 static void *uring_next(_Atomic(void *) *slot, const char *name)
 {
 	void *f = atomic_load(slot);
@@ -1777,7 +1781,7 @@ EXPORT int malloc_trim(size_t pad)
 
 	if (atomic_load(&heaps_kept))
 		return 0;
-	trim = (int (*)(size_t))fm_io_next(&next, "malloc_trim");
+	trim = (int (*)(size_t))fm_io_next(&next);
 	return trim ? trim(pad) : 0;
 }
 

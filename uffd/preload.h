@@ -56,37 +56,35 @@ void fm_io_unpin(struct fm_io_pins *io);
 /* For pthread_cleanup_push: a thread cancelled inside a covered call gives its pins back. */
 void fm_io_unpin_on_cancel(void *io);
 /*
- * libc's function NAME after the shim's, in *cache. Every cache is declared
- * with FM_IO_NEXT (a table in section fm_io_next_refs) and filled by fm_io_bind
+ * libc's function NAME after the shim's. Every one is declared with
+ * FM_IO_NEXT (a table in section fm_io_next_refs) and bound by fm_io_bind
  * before anything is paged: a lookup walks the dynamic linker's link maps
  * and scope lists, which a program that dlopens keeps in its paged heap, and
  * a lookup made later by a pager thread (its locks go through the covers)
  * could fault on a page only that thread can bring in. A function libc
- * lacks is cached as FM_IO_NONE, so it too is looked up once.
+ * lacks is kept as FM_IO_NONE, so it too is looked up once.
  */
+/* Aligned to its size, so that the section is an array with no gaps between entries. */
 struct fm_io_next_ref {
-	void **cache;
+	void *fn;
 	const char *name;
-};
-#define FM_IO_NEXT(cache, name)                                                                        \
-	static void *cache;                                                                            \
-	static const struct fm_io_next_ref cache##_ref_ __attribute__((used, section("fm_io_next_refs"))) = { \
-		&cache, name                                                                           \
-	}
+} __attribute__((aligned(16)));
+#define FM_IO_NEXT(var, fname) \
+	static struct fm_io_next_ref var __attribute__((used, section("fm_io_next_refs"))) = { NULL, fname }
 
-/* Fill every FM_IO_NEXT cache. In the program's context, before the pager starts. */
+/* Bind every FM_IO_NEXT. In the program's context, before the pager starts. */
 void fm_io_bind(void);
 
 #define FM_IO_NONE ((void *)~(uintptr_t)0)
 
-/* NULL when libc has no NAME. */
-static inline void *fm_io_next(void **cache, const char *name)
+/* The function, or NULL when libc has none. */
+static inline void *fm_io_next(struct fm_io_next_ref *r)
 {
-	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+	void *f = __atomic_load_n(&r->fn, __ATOMIC_ACQUIRE);
 
 	if (!f) {
-		f = dlsym(RTLD_NEXT, name);
-		__atomic_store_n(cache, f ? f : FM_IO_NONE, __ATOMIC_RELEASE);
+		f = dlsym(RTLD_NEXT, r->name);
+		__atomic_store_n(&r->fn, f ? f : FM_IO_NONE, __ATOMIC_RELEASE);
 	}
 	return f == FM_IO_NONE ? NULL : f;
 }

@@ -100,7 +100,7 @@ void fm_io_unpin(struct fm_io_pins *io)
  * point where the program's was (a raw system call is not, and a thread
  * blocked in it could not be cancelled).
  */
-#define LIBC(name) ((__typeof__(&name))fm_io_next(&name##_next, #name))
+#define LIBC(name) ((__typeof__(&name))fm_io_next(&name##_next))
 FM_IO_NEXT(read_next, "read");
 FM_IO_NEXT(pread_next, "pread");
 FM_IO_NEXT(readv_next, "readv");
@@ -119,12 +119,12 @@ FM_IO_NEXT(sendmsg_next, "sendmsg");
 FM_IO_NEXT(sendmmsg_next, "sendmmsg");
 FM_IO_NEXT(getrandom_next, "getrandom");
 
-extern const struct fm_io_next_ref __start_fm_io_next_refs[], __stop_fm_io_next_refs[];
+extern struct fm_io_next_ref __start_fm_io_next_refs[], __stop_fm_io_next_refs[];
 
 void fm_io_bind(void)
 {
-	for (const struct fm_io_next_ref *r = __start_fm_io_next_refs; r < __stop_fm_io_next_refs; r++)
-		fm_io_next(r->cache, r->name);
+	for (struct fm_io_next_ref *r = __start_fm_io_next_refs; r < __stop_fm_io_next_refs; r++)
+		fm_io_next(r);
 }
 
 /* A thread cancelled in the call gives its pins back on the way out. */
@@ -406,28 +406,28 @@ EXPORT size_t fread(void *ptr, size_t size, size_t n, FILE *fp)
 {
 	FM_IO_NEXT(next, "fread");
 
-	return stdio_covered((stdio_fn)fm_io_next(&next, "fread"), ptr, size, n, fp, 1);
+	return stdio_covered((stdio_fn)fm_io_next(&next), ptr, size, n, fp, 1);
 }
 
 EXPORT size_t fread_unlocked(void *ptr, size_t size, size_t n, FILE *fp)
 {
 	FM_IO_NEXT(next, "fread_unlocked");
 
-	return stdio_covered((stdio_fn)fm_io_next(&next, "fread_unlocked"), ptr, size, n, fp, 1);
+	return stdio_covered((stdio_fn)fm_io_next(&next), ptr, size, n, fp, 1);
 }
 
 EXPORT size_t fwrite(const void *ptr, size_t size, size_t n, FILE *fp)
 {
 	FM_IO_NEXT(next, "fwrite");
 
-	return stdio_covered((stdio_fn)fm_io_next(&next, "fwrite"), (void *)ptr, size, n, fp, 0);
+	return stdio_covered((stdio_fn)fm_io_next(&next), (void *)ptr, size, n, fp, 0);
 }
 
 EXPORT size_t fwrite_unlocked(const void *ptr, size_t size, size_t n, FILE *fp)
 {
 	FM_IO_NEXT(next, "fwrite_unlocked");
 
-	return stdio_covered((stdio_fn)fm_io_next(&next, "fwrite_unlocked"), (void *)ptr, size, n, fp, 0);
+	return stdio_covered((stdio_fn)fm_io_next(&next), (void *)ptr, size, n, fp, 0);
 }
 
 /* --- SIGBUS ------------------------------------------------------------------------ */
@@ -488,9 +488,9 @@ EXPORT sighandler_t ssignal(int sig, sighandler_t h)
 FM_IO_NEXT(pthread_sigmask_next, "pthread_sigmask");
 FM_IO_NEXT(sigprocmask_next, "sigprocmask");
 
-static int mask(int how, const sigset_t *set, sigset_t *old, void **cache, const char *name)
+static int mask(int how, const sigset_t *set, sigset_t *old, struct fm_io_next_ref *libc)
 {
-	int (*next)(int, const sigset_t *, sigset_t *) = (int (*)(int, const sigset_t *, sigset_t *))fm_io_next(cache, name);
+	int (*next)(int, const sigset_t *, sigset_t *) = (int (*)(int, const sigset_t *, sigset_t *))fm_io_next(libc);
 	sigset_t s;
 
 	if (!next)
@@ -505,12 +505,12 @@ static int mask(int how, const sigset_t *set, sigset_t *old, void **cache, const
 
 EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
 {
-	return mask(how, set, old, &pthread_sigmask_next, "pthread_sigmask");
+	return mask(how, set, old, &pthread_sigmask_next);
 }
 
 EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 {
-	int rc = mask(how, set, old, &sigprocmask_next, "sigprocmask");
+	int rc = mask(how, set, old, &sigprocmask_next);
 
 	/* sigprocmask says -1 and errno; pthread_sigmask returns the error. */
 	if (rc == ENOSYS) {

@@ -56,7 +56,7 @@
 	EXPORT type name params                                                         \
 	{                                                                               \
 		FM_IO_NEXT(next_, #name);                                               \
-		type (*volatile f_) params = (type (*) params)fm_io_next(&next_, #name);   \
+		type (*volatile f_) params = (type (*) params)fm_io_next(&next_);            \
 		struct fm_io_pins io_;                                                  \
 		type r_;                                                                \
 		int e_;                                                                 \
@@ -122,8 +122,8 @@ WAIT_COVER(int, pthread_rwlock_clockwrlock, (pthread_rwlock_t *l, clockid_t k, c
 	{                                                                               \
 		FM_IO_NEXT(lock_, #name);                                               \
 		FM_IO_NEXT(try_, #try_name);                                            \
-		int (*lock)(type *) = (int (*)(type *))fm_io_next(&lock_, #name);          \
-		int (*try)(type *) = (int (*)(type *))fm_io_next(&try_, #try_name);        \
+		int (*lock)(type *) = (int (*)(type *))fm_io_next(&lock_);                   \
+		int (*try)(type *) = (int (*)(type *))fm_io_next(&try_);                    \
 		struct fm_io_pins io_;                                                  \
 		int r;                                                                  \
 		if (!lock || !try)                                                      \
@@ -161,7 +161,7 @@ WAIT_COVER(int, mtx_timedlock, (mtx_t *restrict m, const struct timespec *restri
 EXPORT void call_once(once_flag *o, void (*init)(void))
 {
 	FM_IO_NEXT(next, "call_once");
-	void (*f)(once_flag *, void (*)(void)) = (void (*)(once_flag *, void (*)(void)))fm_io_next(&next, "call_once");
+	void (*f)(once_flag *, void (*)(void)) = (void (*)(once_flag *, void (*)(void)))fm_io_next(&next);
 	struct fm_io_pins io_ = { .p = fm_preload_pager_nowait() };
 
 	if (!f)
@@ -174,7 +174,7 @@ EXPORT void call_once(once_flag *o, void (*init)(void))
 EXPORT void cnd_destroy(cnd_t *c)
 {
 	FM_IO_NEXT(next, "cnd_destroy");
-	void (*f)(cnd_t *) = (void (*)(cnd_t *))fm_io_next(&next, "cnd_destroy");
+	void (*f)(cnd_t *) = (void (*)(cnd_t *))fm_io_next(&next);
 	struct fm_io_pins io_ = { .p = fm_preload_pager_nowait() };
 
 	if (!f)
