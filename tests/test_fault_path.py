@@ -35,7 +35,12 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     made PROT_NONE leaves paged memory with its bytes instead of faulting in the evictor.
     glibc's semaphores, mutexes, condition variables, rwlocks and barriers in paged memory, used by
     8 threads under eviction: no abort ("The futex facility returned an unexpected error code"),
-    and with faults served in the faulting thread each wait keeps its object's page resident."""
+    and with faults served in the faulting thread each wait keeps its object's page resident.
+    A SIGBUS handler the program installs after the pager started, by any of glibc's seven names
+    for it, gets its own SIGBUS and never a paging fault (by sigset it took them all before session
+    33). SIGBUS blocked every way glibc has (pthread_sigmask, sigprocmask, sighold, sigset's
+    SIG_HOLD, sigblock, sigsetmask), by a handler's mask, inside sigsuspend, or ignored by
+    sigignore: paging goes on (all but the first two killed the process with SIGBUS before)."""
     prog = built("build/tests/iotest")
     built("build/lib/libfarmem_preload.so")
     r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],

@@ -116,7 +116,7 @@ static int sigbus_install(struct fm_pager *p, char *err, size_t errlen)
 			return -errno;
 		}
 		chained = old;
-		sig_installed = 1;
+		__atomic_store_n(&sig_installed, 1, __ATOMIC_RELEASE);
 	}
 	atomic_store(&sig_pagers[slot], p);
 	pthread_mutex_unlock(&sig_lock);
@@ -141,6 +141,12 @@ void fm_monitor_child_reset(void)
 		atomic_store(&sig_pagers[k], NULL);
 	atomic_store(&sig_inside, 0);
 	pthread_mutex_init(&sig_lock, NULL);
+}
+
+/* No lock: sigaction and sigsuspend, which ask, may be called from a signal handler. */
+int fm_monitor_sigbus_ours(void)
+{
+	return __atomic_load_n(&sig_installed, __ATOMIC_ACQUIRE);
 }
 
 int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old)

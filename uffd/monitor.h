@@ -51,5 +51,7 @@ int fm_monitor_waits_fd(struct fm_pager *p, char *err, size_t errlen);
 void fm_monitor_child_reset(void);
 
 int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old);
+/* Whether the pager's SIGBUS handler is installed: then nothing may block SIGBUS. */
+int fm_monitor_sigbus_ours(void);
 
 #endif

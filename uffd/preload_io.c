@@ -434,10 +434,22 @@ EXPORT size_t fwrite_unlocked(const void *ptr, size_t size, size_t n, FILE *fp)
 
 extern int __sigaction(int sig, const struct sigaction *act, struct sigaction *old);
 
+/*
+ * A handler whose mask blocks SIGBUS (sigfillset(&sa.sa_mask) is common)
+ * would die of the first paging fault it takes: the kernel cannot deliver a
+ * fault's SIGBUS to a thread that blocks it, and kills the process.
+ */
 EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
+	struct sigaction open;
+
 	if (sig == SIGBUS && fm_monitor_sigbus_action(act, old))
 		return 0;
+	if (act && sigismember(&act->sa_mask, SIGBUS) == 1 && fm_monitor_sigbus_ours()) {
+		open = *act;
+		sigdelset(&open.sa_mask, SIGBUS);
+		act = &open;
+	}
 	return __sigaction(sig, act, old);
 }
 
@@ -485,6 +497,83 @@ EXPORT sighandler_t ssignal(int sig, sighandler_t h)
 	return set_handler(sig, h, SA_RESTART);
 }
 
+/*
+ * SysV's sigset, sigignore and sighold, as glibc has them but through the
+ * covers here: glibc's own call its internal sigaction and sigprocmask,
+ * which no cover sees (a handler installed by sigset replaced the pager's).
+ */
+EXPORT sighandler_t sigset(int sig, sighandler_t h)
+{
+	struct sigaction sa = { .sa_handler = h }, old;
+	sigset_t one, was;
+
+	if (h == SIG_ERR || sig < 1 || sig >= NSIG) {
+		errno = EINVAL;
+		return SIG_ERR;
+	}
+	sigemptyset(&one);
+	sigaddset(&one, sig);
+	if (h == SIG_HOLD) {
+		if (sigprocmask(SIG_BLOCK, &one, &was) < 0)
+			return SIG_ERR;
+		if (sigismember(&was, sig))
+			return SIG_HOLD;
+		if (sigaction(sig, NULL, &old) < 0)
+			return SIG_ERR;
+		return old.sa_handler;
+	}
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(sig, &sa, &old) < 0 || sigprocmask(SIG_UNBLOCK, &one, &was) < 0)
+		return SIG_ERR;
+	return sigismember(&was, sig) ? SIG_HOLD : old.sa_handler;
+}
+
+EXPORT int sigignore(int sig)
+{
+	struct sigaction sa = { .sa_handler = SIG_IGN };
+
+	sigemptyset(&sa.sa_mask);
+	return sigaction(sig, &sa, NULL);
+}
+
+EXPORT int sighold(int sig)
+{
+	sigset_t one;
+
+	sigemptyset(&one);
+	if (sigaddset(&one, sig) < 0)
+		return -1;
+	return sigprocmask(SIG_BLOCK, &one, NULL);
+}
+
+/* BSD's masks are ints, bit sig - 1 for signals 1 to 31, as glibc keeps them. */
+static int bsd_mask(int how, int bits)
+{
+	sigset_t set, was;
+	int out = 0;
+
+	sigemptyset(&set);
+	for (int sig = 1; sig < 32; sig++)
+		if ((unsigned)bits & (1u << (sig - 1)))
+			sigaddset(&set, sig);
+	if (sigprocmask(how, &set, &was) < 0)
+		return -1;
+	for (int sig = 1; sig < 32; sig++)
+		if (sigismember(&was, sig) == 1)
+			out |= (int)(1u << (sig - 1));
+	return out;
+}
+
+EXPORT int sigblock(int bits)
+{
+	return bsd_mask(SIG_BLOCK, bits);
+}
+
+EXPORT int sigsetmask(int bits)
+{
+	return bsd_mask(SIG_SETMASK, bits);
+}
+
 FM_IO_NEXT(pthread_sigmask_next, "pthread_sigmask");
 FM_IO_NEXT(sigprocmask_next, "sigprocmask");
 
@@ -518,4 +607,24 @@ EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 		return -1;
 	}
 	return rc;
+}
+
+FM_IO_NEXT(sigsuspend_next, "sigsuspend");
+
+/* A handler that runs inside sigsuspend runs with its mask. */
+EXPORT int sigsuspend(const sigset_t *set)
+{
+	int (*next)(const sigset_t *) = (int (*)(const sigset_t *))fm_io_next(&sigsuspend_next);
+	sigset_t s;
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (sigismember(set, SIGBUS) == 1 && fm_monitor_sigbus_ours()) {
+		s = *set;
+		sigdelset(&s, SIGBUS);
+		set = &s;
+	}
+	return next(set);
 }
