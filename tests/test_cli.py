@@ -216,6 +216,46 @@ def test_run_forwards_signals_to_cmd(signo, code, tmp_path, farmem_cmd):
             proc.wait()
 
 
+def gone(pid: int) -> bool:
+    """No such process, or a zombie nobody has reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.memd
+@pytest.mark.pager
+def test_cmd_dies_with_a_killed_launcher(tmp_path, farmem_cmd):
+    """`farmem run` killed by SIGKILL cannot forward it, and its memd goes with it: CMD must not run
+    on orphaned (before session 33 it did, unpaged, with no budget). It gets SIGTERM."""
+    started = tmp_path / "started"
+    proc = subprocess.Popen([*farmem_cmd, "run", "--", "sh", "-c", f"echo $$ > {started}.tmp && "
+                             f"mv {started}.tmp {started} && exec sleep 300"], env=clean_env(),
+                            stderr=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline, "CMD never started"
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.02)
+        pid = int(started.read_text())
+        assert not gone(pid)
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 10
+        while not gone(pid):
+            assert time.monotonic() < deadline, f"CMD (pid {pid}) still runs 10 s after farmem run was killed"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if pid and not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.memd
 @pytest.mark.pager
 def test_run_environment_contract(tmp_path, farmem_cmd, build):

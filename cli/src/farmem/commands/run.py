@@ -21,6 +21,7 @@ The end-of-run figures come from the residency maps the pagers passed over FARME
 (farmem/control.py), read after CMD has exited.
 """
 
+import ctypes
 import json
 import logging
 import os
@@ -295,6 +296,17 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     return env
 
 
+def die_with_launcher(launcher: int):
+    """In CMD's child, before exec: SIGTERM when farmem run dies, even by SIGKILL (which it cannot forward)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG; kept across exec and the --user switch before it
+        if os.getppid() != launcher:  # it died before the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
 def run_child(cmd: list, env: dict, user=None) -> tuple:
     """Run CMD, forwarding SIGINT/SIGTERM/SIGHUP to it; return (shell-style status, seconds)."""
     child = None
@@ -317,7 +329,9 @@ def run_child(cmd: list, env: dict, user=None) -> tuple:
             if user:
                 ids = dict(user=user.pw_uid, group=user.pw_gid,
                            extra_groups=os.getgrouplist(user.pw_name, user.pw_gid))
-            child = subprocess.Popen(cmd, env=env, **ids)
+            # CMD's far memory is this run's memd, which dies with us: so does CMD (an orphan ran on
+            # with no budget and no memd, or stopped at its first page that memd had held).
+            child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_launcher(os.getpid()), **ids)
         except FileNotFoundError:
             raise FarmemError(f"cannot run {cmd[0]}: command not found", exit_code=127) from None
         except OSError as e:
