@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -68,6 +69,39 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
         assert s["io_prefaults"] == 0, s
         # The kernel waits for a page: nothing is pinned, so the same check sees the pages leave.
         assert held[1] == "0", held[0]
+
+
+BLOCK_SIGBUS_RAW = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+bus = ctypes.c_ulong(1 << (7 - 1))  # SIGBUS, blocked by the raw system call: no cover sees it
+assert libc.syscall(14, 0, ctypes.byref(bus), None, 8) == 0  # rt_sigprocmask(SIG_BLOCK, ...)
+b = bytearray(128 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print("sum", sum(b[i] for i in range(0, len(b), 4096)))
+"""
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_a_death_by_sigbus_says_what_to_try(built, farmem_cmd, tmp_path, fault):
+    """SIGBUS blocked behind the shim's back (a raw rt_sigprocmask): under fault=signal the first paging
+    fault kills the program, and farmem says so by name and points at --fault thread, which pages the
+    same program to its end."""
+    built("build/lib/libfarmem_preload.so")
+    summary = tmp_path / "s.json"
+    env = {k: v for k, v in os.environ.items() if k != "FARMEM_FAULT"}
+    r = subprocess.run([*farmem_cmd, "run", "--threshold", "1M", "--local", "25%", "--fault", fault,
+                        "--summary-json", str(summary), "--", sys.executable, "-c", BLOCK_SIGBUS_RAW],
+                       capture_output=True, text=True, timeout=300, env=env)
+    s = json.loads(summary.read_text())
+    if fault == "signal":
+        assert r.returncode == 135 and s["killed_by"] == "SIGBUS", r.stderr[-3000:]
+        assert "exit status 135 (killed by SIGBUS)" in r.stderr and "--fault thread" in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0 and "sum 32768" in r.stdout, r.stdout + r.stderr[-3000:]
+        assert s["killed_by"] is None and s["evictions"] > 0, s
+        assert "killed by" not in r.stderr and "--fault thread" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("fault,expect", [("signal", "raw: efault"), ("thread", "raw: ok")])

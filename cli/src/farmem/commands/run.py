@@ -158,9 +158,9 @@ def _run(args) -> int:
         if user:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
             env["FARMEM_LAUNCH_UID"] = str(user.pw_uid)
-        status, elapsed = run_child(cmd, env, user)
+        status, elapsed, killed_by = run_child(cmd, env, user)
         control.stop()
-        summary = summarise(control.snapshot(), status, elapsed)
+        summary = summarise(control.snapshot(), status, elapsed, killed_by)
     finally:
         if control is not None:
             control.close()
@@ -169,7 +169,8 @@ def _run(args) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
     hint = (gc_hint(summary, java.collector(args.cmd)) if is_java and getattr(args, "gc", None) in (None, "stock")
             else None)
-    for line in summary_lines(summary) + ([hint] if hint else []):
+    hints = [h for h in (hint, sigbus_hint(summary)) if h]
+    for line in summary_lines(summary) + hints:
         print(line, file=sys.stderr)
     if args.summary_json:
         write_json(args.summary_json, summary)
@@ -308,7 +309,8 @@ def die_with_launcher(launcher: int):
 
 
 def run_child(cmd: list, env: dict, user=None) -> tuple:
-    """Run CMD, forwarding SIGINT/SIGTERM/SIGHUP to it; return (shell-style status, seconds)."""
+    """Run CMD, forwarding SIGINT/SIGTERM/SIGHUP to it; return (shell-style status, seconds, the name of
+    the signal that killed it or None)."""
     child = None
     pending = []
 
@@ -343,10 +345,10 @@ def run_child(cmd: list, env: dict, user=None) -> tuple:
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    return (128 - rc if rc < 0 else rc), elapsed
+    return (128 - rc if rc < 0 else rc), elapsed, (signal.Signals(-rc).name if rc < 0 else None)
 
 
-def summarise(pagers: list, status: int, elapsed: float) -> dict:
+def summarise(pagers: list, status: int, elapsed: float, killed_by: str | None = None) -> dict:
     hdrs = []
     for p in pagers:
         try:
@@ -356,6 +358,7 @@ def summarise(pagers: list, status: int, elapsed: float) -> dict:
     out = resmap.figures(hdrs)
     out["pids"] = [int(h.pid) for h in hdrs]
     out["exit_status"] = status
+    out["killed_by"] = killed_by
     out["elapsed_s"] = round(elapsed, 3)
     return out
 
@@ -364,7 +367,8 @@ FAULT_MODE_WORDS = {"signal": "in the faulting thread", "thread": "by handler th
 
 
 def summary_lines(s: dict) -> list:
-    tail = f"exit status {s['exit_status']}, {s['elapsed_s']:.2f} s"
+    killed = f" (killed by {s['killed_by']})" if s.get("killed_by") else ""
+    tail = f"exit status {s['exit_status']}{killed}, {s['elapsed_s']:.2f} s"
     if s["processes"] == 0:
         return [f"farmem: no pager started (nothing was mapped at or above the threshold, or no process could be paged: "
                 f"see any warning above; small blocks until glibc's heaps pass the threshold, and with --no-reservations "
@@ -431,6 +435,16 @@ def gc_hint(s: dict, collector: str = "G1") -> str | None:
     return (f"farmem: the collector's threads took {share}: `farmem run "
             "--gc farmem` runs the farmem JDK (`make jdk`), whose G1 postpones marking pages that are in memd "
             "and does a full GC's work where its pages lie (docs/patched-jdk.md)")
+
+
+def sigbus_hint(s: dict) -> str | None:
+    """CMD died of SIGBUS while faults were served in the faulting thread: a SIGBUS of its own, or a paging
+    fault that reached it past the shim's covers (a raw rt_sigaction or rt_sigprocmask, docs/pager.md)."""
+    if s.get("killed_by") != "SIGBUS" or "signal" not in s.get("fault_mode", ""):
+        return None
+    return ("farmem: CMD died of SIGBUS while farmem served its faults by SIGBUS: if it was not CMD's own, "
+            "a handler or signal mask past farmem's covers took a paging fault; `farmem run --fault thread` "
+            "pages it without signals (docs/compatibility.md)")
 
 
 def write_json(path: str, data: dict) -> None:
