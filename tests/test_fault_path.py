@@ -41,14 +41,16 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     for it, gets its own SIGBUS and never a paging fault (by sigset it took them all before session
     33). SIGBUS blocked every way glibc has (pthread_sigmask, sigprocmask, sighold, sigset's
     SIG_HOLD, sigblock, sigsetmask), by a handler's mask, inside sigsuspend, or ignored by
-    sigignore: paging goes on (all but the first two killed the process with SIGBUS before)."""
+    sigignore: paging goes on (all but the first two killed the process with SIGBUS before).
+    Coroutines (makecontext), a thread (pthread_attr_setstack) and a signal handler (sigaltstack) on
+    stacks of paged memory run to their end (under fault=signal they died before session 33)."""
     prog = built("build/tests/iotest")
     built("build/lib/libfarmem_preload.so")
     r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],
                env_extra={"FARMEM_FAULT": fault})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    for name in ("read", "write", "stdio", "big", "socket", "sigbus", "blocked", "protect", "cancel", "sync"):
+    for name in ("read", "write", "stdio", "big", "socket", "sigbus", "blocked", "protect", "cancel", "sync", "stacks"):
         assert f"iotest: {name} ok" in out, out[-3000:]
     assert s["fault_mode"] == fault
     # `big` moves 48 MiB in one call under a 32 MiB budget: the covers' pieces keep to it.

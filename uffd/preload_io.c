@@ -28,9 +28,13 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <time.h>
+#include <ucontext.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -38,9 +42,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fm_util.h"
 #include "monitor.h"
 #include "pager.h"
 #include "preload.h"
+#include "region.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define EFAULT_TRIES 8
@@ -607,6 +613,99 @@ EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 		return -1;
 	}
 	return rc;
+}
+
+/* --- Stacks made of the program's memory ----------------------------------------------- */
+
+/*
+ * A stack in memory whose faults come by SIGBUS cannot take one: the kernel
+ * writes the signal's frame below the stack pointer, on that stack, and a
+ * page there that is not resident fails the delivery (SIGSEGV). A program's
+ * coroutines on stacks it carved from malloc died so at their first fault.
+ * glibc's thread stacks (MAP_STACK) are never paged; a stack the program
+ * makes itself leaves paged memory when it is handed over: to makecontext,
+ * pthread_attr_setstack or sigaltstack. Where the kernel waits for a page
+ * (fault=thread, glibc's heaps) it stays paged.
+ */
+static void stack_stays_local(const void *sp, size_t size)
+{
+	static atomic_int told;
+	struct fm_pager *p;
+	uintptr_t a = (uintptr_t)sp & ~(uintptr_t)4095, e = ((uintptr_t)sp + size + 4095) & ~(uintptr_t)4095;
+
+	if (!sp || !size || e <= a || !(p = fm_preload_pager()) || !fm_region_signals(p, a, e))
+		return;
+	/*
+	 * In pieces, each made resident the way a fault would (within the
+	 * budget) and pinned until it has left the books: an evicted page of
+	 * it unregistered would read back as zeros.
+	 */
+	for (uintptr_t x = a; x < e; x += FM_IO_PIECE) {
+		size_t n = e - x < FM_IO_PIECE ? e - x : FM_IO_PIECE;
+		int pin = fm_pager_io_begin(p, (void *)x, n, 0);
+
+		if (pin < 0)
+			fm_pager_fetch_all(p, (void *)x, n); /* the pin table full: hold its whole region instead */
+		fm_pager_unregister(p, (void *)x, n);
+		if (pin >= 0)
+			fm_pager_io_end(p, pin);
+	}
+	if (!atomic_exchange(&told, 1))
+		fm_info("a stack the program made of paged memory stays local (%zu KiB at %p): faults on it could not come "
+			"by SIGBUS", (size_t)(e - a) >> 10, (void *)a);
+}
+
+/* glibc takes up to any number of arguments; more than this many is not seen in programs. */
+#define MAKECONTEXT_ARGS 12
+
+FM_IO_NEXT(makecontext_next, "makecontext");
+
+EXPORT void makecontext(ucontext_t *ucp, void (*fn)(void), int argc, ...)
+{
+	void (*next)(ucontext_t *, void (*)(void), int, ...) =
+		(void (*)(ucontext_t *, void (*)(void), int, ...))fm_io_next(&makecontext_next);
+	long v[MAKECONTEXT_ARGS] = { 0 };
+	va_list ap;
+
+	if (argc < 0 || argc > MAKECONTEXT_ARGS) {
+		fm_err("makecontext with %d arguments: farmem passes on at most %d; stopping rather than run the "
+			 "coroutine with the wrong ones", argc, MAKECONTEXT_ARGS);
+		abort();
+	}
+	stack_stays_local(ucp->uc_stack.ss_sp, ucp->uc_stack.ss_size);
+	va_start(ap, argc);
+	for (int k = 0; k < argc; k++)
+		v[k] = va_arg(ap, long); /* glibc reads them as greg_t, a long here */
+	va_end(ap);
+	next(ucp, fn, argc, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]);
+}
+
+FM_IO_NEXT(pthread_attr_setstack_next, "pthread_attr_setstack");
+
+EXPORT int pthread_attr_setstack(pthread_attr_t *attr, void *stack, size_t size)
+{
+	int (*next)(pthread_attr_t *, void *, size_t) =
+		(int (*)(pthread_attr_t *, void *, size_t))fm_io_next(&pthread_attr_setstack_next);
+
+	if (!next)
+		return ENOSYS;
+	stack_stays_local(stack, size);
+	return next(attr, stack, size);
+}
+
+FM_IO_NEXT(sigaltstack_next, "sigaltstack");
+
+EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
+{
+	int (*next)(const stack_t *, stack_t *) = (int (*)(const stack_t *, stack_t *))fm_io_next(&sigaltstack_next);
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (ss && !(ss->ss_flags & SS_DISABLE))
+		stack_stays_local(ss->ss_sp, ss->ss_size);
+	return next(ss, old);
 }
 
 FM_IO_NEXT(sigsuspend_next, "sigsuspend");

@@ -44,6 +44,12 @@
  *                        an unexpected error code") when the kernel's read of a
  *                        waiter's futex word fails with EFAULT (uffd/preload_sync.c);
  *                        then 100 sleepers at once, each on a page of its own
+ *   stacks               32 coroutines (makecontext) on stacks carved from the
+ *                        buffer, switched through under eviction; a thread on a
+ *                        stack there (pthread_attr_setstack); a handler on an
+ *                        alternate stack there (sigaltstack): with faults served in
+ *                        the faulting thread the coroutines died of SIGSEGV at their
+ *                        first fault before the shim kept such stacks local
  *   raw                  (not in the default set) a raw read(2) system call, which no
  *                        cover sees, into the evicted buffer: prints "raw: efault" or
  *                        "raw: ok" (with faults served in the faulting thread it fails:
@@ -71,6 +77,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #define PAGE 4096ul
@@ -518,6 +525,110 @@ static void t_blocked(void)
 	signal(SIGBUS, SIG_DFL);
 }
 
+/*
+ * Stacks the program makes of paged memory: coroutines (makecontext), a
+ * thread on a stack of its own (pthread_attr_setstack) and an alternate
+ * signal stack. A paging fault on such a stack cannot come by SIGBUS (the
+ * kernel writes the signal's frame on that stack): coroutines on stacks
+ * carved from a malloc'd block died of SIGSEGV at their first fault.
+ */
+#define COROUTINES 32
+#define CO_STACK (128u << 10)
+static ucontext_t co_main, co_ctx[COROUTINES];
+static uint64_t co_sum[COROUTINES];
+
+static uint64_t co_deep(int depth, int id)
+{
+	volatile uint8_t frame[2048];
+
+	for (size_t i = 0; i < sizeof(frame); i++)
+		frame[i] = (uint8_t)(i + (size_t)depth + (size_t)id);
+	if (depth == 0) {
+		swapcontext(&co_ctx[id], &co_main); /* out with the whole depth on this stack */
+		return frame[11];
+	}
+	return co_deep(depth - 1, id) + frame[depth % sizeof(frame)];
+}
+
+static void co_body(int id)
+{
+	for (int round = 0; round < 3; round++)
+		co_sum[id] += co_deep(20 + id, id);
+}
+
+static uint64_t co_want(int id)
+{
+	uint64_t one = (uint8_t)(11 + id);
+
+	for (int d = 1; d <= 20 + id; d++)
+		one += (uint8_t)(d % 2048 + (size_t)d + (size_t)id);
+	return 3 * one;
+}
+
+static void *own_stack_worker(void *arg)
+{
+	fill(buf + CHUNK, CHUNK, CHUNK, 41);
+	evict_buf();
+	check(buf + CHUNK, CHUNK, CHUNK, 41, "a thread on a stack of paged memory");
+	return arg;
+}
+
+static volatile sig_atomic_t alt_ran;
+
+static void on_usr_alt(int sig)
+{
+	volatile uint8_t frame[4096];
+
+	for (size_t i = 0; i < sizeof(frame); i++)
+		frame[i] = (uint8_t)i;
+	alt_ran = sig + frame[100];
+}
+
+static void t_stacks(void)
+{
+	uint8_t *stacks = buf + size - 16 * CHUNK / 4; /* 16 MiB at the end, apart from the other parts */
+	struct sigaction sa = { .sa_handler = on_usr_alt, .sa_flags = SA_ONSTACK };
+	stack_t alt = { .ss_sp = stacks + COROUTINES * CO_STACK + (4u << 20), .ss_size = 256u << 10 };
+	pthread_attr_t attr;
+	pthread_t th;
+	void *back = NULL;
+
+	for (int i = 0; i < COROUTINES; i++) {
+		getcontext(&co_ctx[i]);
+		co_ctx[i].uc_stack.ss_sp = stacks + (size_t)i * CO_STACK;
+		co_ctx[i].uc_stack.ss_size = CO_STACK;
+		co_ctx[i].uc_link = &co_main;
+		makecontext(&co_ctx[i], (void (*)(void))co_body, 1, i);
+	}
+	for (int round = 0; round < 4; round++) {
+		evict_buf();
+		for (int i = 0; i < COROUTINES; i++)
+			swapcontext(&co_main, &co_ctx[i]);
+	}
+	for (int i = 0; i < COROUTINES; i++)
+		if (co_sum[i] != co_want(i))
+			FAIL("coroutine %d on a stack of paged memory summed %llu, not %llu", i,
+			     (unsigned long long)co_sum[i], (unsigned long long)co_want(i));
+
+	pthread_attr_init(&attr);
+	pthread_attr_setstack(&attr, stacks + COROUTINES * CO_STACK, 2u << 20);
+	if (pthread_create(&th, &attr, own_stack_worker, stacks) || pthread_join(th, &back) || back != stacks)
+		FAIL("a thread on a stack of paged memory did not run to its end");
+	pthread_attr_destroy(&attr);
+
+	evict_buf();
+	sigemptyset(&sa.sa_mask);
+	if (sigaltstack(&alt, NULL) || sigaction(SIGUSR1, &sa, NULL)) {
+		FAIL("sigaltstack: %s", strerror(errno));
+		return;
+	}
+	raise(SIGUSR1);
+	if (alt_ran != SIGUSR1 + 100)
+		FAIL("a handler on an alternate stack of paged memory did not run");
+	alt.ss_flags = SS_DISABLE;
+	sigaltstack(&alt, NULL);
+}
+
 static void t_protect(void)
 {
 	uint8_t *at = buf + size / 2 + 256 * PAGE;
@@ -926,7 +1037,8 @@ int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "big", t_big }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "raw", t_raw },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks },
+		{ "raw", t_raw },
 	};
 	static const struct option opts[] = {
 		{ "size", required_argument, NULL, 's' },
