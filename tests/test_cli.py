@@ -216,6 +216,22 @@ def test_run_forwards_signals_to_cmd(signo, code, tmp_path, farmem_cmd):
             proc.wait()
 
 
+@pytest.mark.memd
+@pytest.mark.pager
+def test_run_says_when_cmd_is_statically_linked(tmp_path, farmem_cmd):
+    """LD_PRELOAD cannot reach a static executable (a Go program, a static build): farmem says so instead
+    of leaving the user with "no pager started"; a dynamic one gets no such word."""
+    src = tmp_path / "hello.c"
+    src.write_text('#include <stdio.h>\nint main(void) { puts("hello"); return 0; }\n')
+    static = tmp_path / "hello-static"
+    subprocess.run(["cc", "-static", "-O2", "-o", str(static), str(src)], check=True, capture_output=True)
+    r = farmem(farmem_cmd, "run", "--", static, env=clean_env())
+    assert r.returncode == 0 and r.stdout == "hello\n", r.stderr
+    assert f"{static} is statically linked" in r.stderr, r.stderr
+    r = farmem(farmem_cmd, "run", "--", "true", env=clean_env())
+    assert r.returncode == 0 and "statically linked" not in r.stderr, r.stderr
+
+
 def gone(pid: int) -> bool:
     """No such process, or a zombie nobody has reaped yet."""
     try:

@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,10 @@ def _run(args) -> int:
         java.prepare(args, "unix:check", "check", quiet=True)  # refuse before anything starts
     else:
         doctor.require("farmem-preload")
+        static = statically_linked(args.cmd[0])
+        if static:
+            log.warning("%s is statically linked: the preload shim cannot reach it (LD_PRELOAD needs the dynamic "
+                        "linker), so none of its memory is paged; it runs as it would without farmem", static)
     if args.memd:
         secret = read_secret(args.secret_file)
         probe_memds(args.memd, secret)
@@ -178,6 +183,28 @@ def _run(args) -> int:
 
 
 # --- the pieces -----------------------------------------------------------------------------------
+
+def statically_linked(name: str) -> str | None:
+    """The path of CMD's executable if it is an ELF file without a dynamic linker (Go's programs, static
+    builds), else None. A script or anything unreadable is not judged."""
+    path = shutil.which(name) if "/" not in name else name
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:  # 64-bit little-endian
+                return None
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except OSError:
+        return None
+    types = [struct.unpack_from("<I", table, k * phentsize)[0] for k in range(len(table) // phentsize)]
+    PT_INTERP = 3
+    return None if PT_INTERP in types else path
+
 
 def read_secret(path: str | None) -> str:
     if path:
