@@ -8,6 +8,7 @@ threads (fault=thread)."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -104,6 +105,28 @@ def test_a_death_by_sigbus_says_what_to_try(built, farmem_cmd, tmp_path, fault):
         assert r.returncode == 0 and "sum 32768" in r.stdout, r.stdout + r.stderr[-3000:]
         assert s["killed_by"] is None and s["evictions"] > 0, s
         assert "killed by" not in r.stderr and "--fault thread" not in r.stderr, r.stderr
+
+
+PAGE_THROUGH = """
+b = bytearray(128 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print("sum", sum(b[i] for i in range(0, len(b), 4096)))
+"""
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_sigbus_blocked_by_the_parent(built, farmem_cmd, tmp_path, fault):
+    """A program started with SIGBUS blocked in the mask it inherited (its parent blocked it, and the
+    mask survives exec) still pages: before session 33 it died of SIGBUS at its first paging fault
+    under fault=signal. The shim unblocks SIGBUS in the main thread and where the pager starts."""
+    built("build/lib/libfarmem_preload.so")
+    env = {k: v for k, v in os.environ.items() if k != "FARMEM_FAULT"}
+    r = subprocess.run([*farmem_cmd, "run", "--threshold", "1M", "--local", "25%", "--fault", fault, "--",
+                        sys.executable, "-c", PAGE_THROUGH], capture_output=True, text=True, timeout=300, env=env,
+                       preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGBUS}))
+    assert r.returncode == 0 and "sum 32768" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "evictions (" in r.stderr and " 0 evictions" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("fault,expect", [("signal", "raw: efault"), ("thread", "raw: ok")])

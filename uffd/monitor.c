@@ -118,6 +118,18 @@ static int sigbus_install(struct fm_pager *p, char *err, size_t errlen)
 		chained = old;
 		__atomic_store_n(&sig_installed, 1, __ATOMIC_RELEASE);
 	}
+	{
+		/*
+		 * A mask inherited across exec may block SIGBUS (a parent that
+		 * blocked it): the first paging fault would kill the process. The
+		 * threads this one starts inherit its mask.
+		 */
+		sigset_t bus;
+
+		sigemptyset(&bus);
+		sigaddset(&bus, SIGBUS);
+		pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+	}
 	atomic_store(&sig_pagers[slot], p);
 	pthread_mutex_unlock(&sig_lock);
 	return 0;

@@ -28,6 +28,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -625,7 +626,17 @@ static void fork_child(void)
 
 __attribute__((constructor)) static void preload_init(void)
 {
+	sigset_t bus;
+
 	fm_io_bind();
+	/*
+	 * SIGBUS blocked in the mask this process inherited (its parent blocked
+	 * it) would kill it at its first paging fault under fault=signal; the
+	 * pager may start later, in another thread (monitor.c unblocks there).
+	 */
+	sigemptyset(&bus);
+	sigaddset(&bus, SIGBUS);
+	pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
 	load_config();
 	app_alloc();
 	/* Decided here, before the program's threads exist (heaps_keep). */
