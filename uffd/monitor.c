@@ -45,6 +45,9 @@ static void chain(int sig, siginfo_t *si, void *uc)
 		c.sa_handler(sig);
 		return;
 	}
+	/* An ignored SIGBUS that was sent stays ignored; one of a fault kills, as the kernel would. */
+	if (c.sa_handler == SIG_IGN && si->si_code <= 0)
+		return;
 	/*
 	 * The default: die of it. A fault re-runs the access when we return, and
 	 * it is delivered again, now with nobody in the way; a SIGBUS that was
