@@ -129,6 +129,22 @@ def test_sigbus_blocked_by_the_parent(built, farmem_cmd, tmp_path, fault):
     assert "evictions (" in r.stderr and " 0 evictions" not in r.stderr, r.stderr
 
 
+def test_a_program_under_an_address_space_limit(built, farmem_cmd, tmp_path):
+    """`ulimit -S -v`: the pager's maps (16 TiB of state bytes, a 1 GiB arena, all NORESERVE) counted
+    against it, and until session 33 no pager started under 2 GB ("cannot create the residency map",
+    exit 78). Now they are sized to the limit, memd is let out of it, and the program pages."""
+    import resource
+    built("build/lib/libfarmem_preload.so")
+    limit = 1 << 30
+    env = {k: v for k, v in os.environ.items() if k != "FARMEM_FAULT"}
+    r = subprocess.run([*farmem_cmd, "run", "--threshold", "1M", "--local", "25%", "--", sys.executable, "-c",
+                        PAGE_THROUGH], capture_output=True, text=True, timeout=300, env=env,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY)))
+    assert r.returncode == 0 and "sum 32768" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "evictions (" in r.stderr and " 0 evictions" not in r.stderr, r.stderr
+    assert "refused" not in r.stderr and "error" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("fault,expect", [("signal", "raw: efault"), ("thread", "raw: ok")])
 def test_a_raw_system_call_is_what_the_covers_are_for(built, farmem_cmd, tmp_path, fault, expect):
     """Without a cover, a system call into an evicted page fails with EFAULT when faults are

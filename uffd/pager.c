@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -27,11 +28,29 @@
 
 #define MAP_CAPACITY (1ull << 32) /* state bytes: 16 TiB of registered memory */
 
+/*
+ * The state bytes (and as many heat bytes) this process can use: no more
+ * pages than its address space may hold. Both maps are NORESERVE and cost
+ * nothing untouched, but they count against RLIMIT_AS, and 8 GiB of them
+ * made `ulimit -v 2000000` refuse every pager.
+ */
+static size_t map_capacity(void)
+{
+	struct rlimit as;
+	uint64_t cap = MAP_CAPACITY;
+
+	/* Registered ranges may be reserved, not all mapped (a sparse heap's 4 GiB): room for more than fits. */
+	if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY && 4 * (as.rlim_cur / PG_SIZE) + (8u << 20) < cap)
+		cap = (4 * (as.rlim_cur / PG_SIZE) + (8u << 20) + PG_SIZE - 1) & ~(uint64_t)(PG_SIZE - 1);
+	return (size_t)cap;
+}
+
 /* --- residency map --------------------------------------------------------- */
 
 static int map_create(struct fm_pager *p)
 {
-	p->map_len = FM_RESMAP_MAP_OFFSET + MAP_CAPACITY;
+	p->map_cap = map_capacity();
+	p->map_len = FM_RESMAP_MAP_OFFSET + p->map_cap;
 	p->map_fd = memfd_create("farmem-map", MFD_CLOEXEC);
 	if (p->map_fd < 0)
 		return -errno;
@@ -44,7 +63,7 @@ static int map_create(struct fm_pager *p)
 	}
 	p->map = (uint8_t *)p->hdr + FM_RESMAP_MAP_OFFSET;
 	/* Only what regions use is ever touched; without it eviction is a plain clock. */
-	p->heat = fm_sys_mmap(NULL, MAP_CAPACITY, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+	p->heat = fm_sys_mmap(NULL, p->map_cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 			      -1, 0);
 	if (p->heat == MAP_FAILED)
 		p->heat = NULL;
@@ -53,7 +72,7 @@ static int map_create(struct fm_pager *p)
 	p->hdr->hdr_size = FM_RESMAP_MAP_OFFSET;
 	p->hdr->pid = (uint64_t)getpid();
 	p->hdr->epoch_churn_pct = p->cfg.epoch_pct;
-	p->hdr->map_capacity = MAP_CAPACITY;
+	p->hdr->map_capacity = p->map_cap;
 	{
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -141,6 +160,8 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	struct fm_pager *p;
 	int rc, evict_thread;
 
+	if (errlen)
+		err[0] = '\0'; /* a failure that says nothing still says why (below) */
 	if (!cfg->memd[0]) {
 		snprintf(err, errlen, "no memd address (FARMEM_MEMD or memd=)");
 		return -EINVAL;
@@ -150,8 +171,10 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		return -EINVAL;
 	}
 	p = calloc(1, sizeof(*p));
-	if (!p)
+	if (!p) {
+		snprintf(err, errlen, "cannot start the pager: %s", strerror(ENOMEM));
 		return -ENOMEM;
+	}
 	p->cfg = *cfg;
 	p->uffd = p->uffd_waits = p->uffd_waits_spare = p->pidfd = p->map_fd = p->stop_fd = -1;
 	fm_log_level = cfg->log_level;
@@ -241,6 +264,8 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	*out = p;
 	return 0;
 fail:
+	if (!err[0])
+		snprintf(err, errlen, "cannot start the pager: %s", strerror(rc < 0 ? -rc : EIO));
 	fm_pager_stop(p);
 	return rc < 0 ? rc : -EIO;
 }
@@ -313,7 +338,7 @@ int fm_pager_stop(struct fm_pager *p)
 	if (p->hdr)
 		fm_sys_munmap(p->hdr, p->map_len);
 	if (p->heat)
-		fm_sys_munmap(p->heat, MAP_CAPACITY);
+		fm_sys_munmap(p->heat, p->map_cap);
 	if (p->map_fd >= 0)
 		close(p->map_fd);
 	free(p->zero_run);

@@ -148,6 +148,7 @@ struct fm_pager {
 	uint8_t *map;
 	uint8_t *heat;                  /* a byte per state byte, at the same offset (evict.h) */
 	size_t map_len;
+	size_t map_cap;                 /* bytes of state (and of heat): pager.c's map_capacity */
 	struct fm_pager_stats *st;
 
 	pthread_rwlock_t rlock;         /* region table: read for faults, write to change it */

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -153,6 +154,7 @@ static void die_config(const char *msg)
 #define PAGE_CLS 12u
 
 static _Atomic uintptr_t arena_base;
+static size_t arena_len = ARENA_SIZE; /* less under a low RLIMIT_AS (ulimit -v): set before arena_base */
 static uint8_t arena_cls[ARENA_PAGES];
 static size_t arena_used; /* pages handed out, under arena_lock */
 static void *arena_list[ARENA_MAX_CLS + 1];
@@ -162,7 +164,7 @@ static int arena_owns(const void *p)
 {
 	uintptr_t b = atomic_load_explicit(&arena_base, memory_order_acquire);
 
-	return b && (uintptr_t)p - b < ARENA_SIZE;
+	return b && (uintptr_t)p - b < arena_len;
 }
 
 static void *arena_alloc(size_t n, size_t align)
@@ -181,8 +183,19 @@ static void *arena_alloc(size_t n, size_t align)
 	pthread_mutex_lock(&arena_lock);
 	b = atomic_load_explicit(&arena_base, memory_order_relaxed);
 	if (!b) {
-		void *m = sys_mmap(NULL, ARENA_SIZE, PROT_READ | PROT_WRITE,
-				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		void *m = MAP_FAILED;
+
+		/* NORESERVE costs nothing untouched, but counts against RLIMIT_AS: an eighth of it at most. */
+		struct rlimit as;
+		size_t first = ARENA_SIZE;
+
+		if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY)
+			while (first > ARENA_SIZE / 16 && first > as.rlim_cur / 8)
+				first /= 2;
+		for (size_t size = first; m == MAP_FAILED && size >= ARENA_SIZE / 16; size /= 2) {
+			m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+			arena_len = size;
+		}
 		if (m == MAP_FAILED)
 			goto out;
 		b = (uintptr_t)m;
@@ -194,7 +207,7 @@ static void *arena_alloc(size_t n, size_t align)
 	} else if (k < PAGE_CLS) {
 		size_t bs = (size_t)1 << k;
 
-		if (arena_used >= ARENA_PAGES)
+		if (arena_used >= arena_len / PAGE)
 			goto out;
 		p = (char *)b + arena_used * PAGE;
 		arena_cls[arena_used++] = (uint8_t)k;
@@ -207,7 +220,7 @@ static void *arena_alloc(size_t n, size_t align)
 		size_t apg = align > PAGE ? align / PAGE : 1;
 		size_t first = (arena_used + apg - 1) / apg * apg;
 
-		if (first + npg > ARENA_PAGES)
+		if (first + npg > arena_len / PAGE)
 			goto out;
 		arena_cls[first] = (uint8_t)k;
 		arena_used = first + npg;
@@ -1929,6 +1942,16 @@ static int first_above_break(const char *line, void *arg)
 	return 1;
 }
 
+/* BRK_SPAN, or a quarter of the address space a limit (ulimit -v) leaves: the span is a space in memd, mapped here. */
+static uintptr_t brk_span(void)
+{
+	struct rlimit as;
+
+	if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY && as.rlim_cur / 4 < BRK_SPAN)
+		return (uintptr_t)(as.rlim_cur / 4) & ~(uintptr_t)(GLIBC_HEAP_MAX - 1);
+	return BRK_SPAN;
+}
+
 /* The first break (/proc/self/stat's start_brk) and the start of the next mapping above the break. */
 static int brk_bounds(uintptr_t *base, uintptr_t *next)
 {
@@ -1944,7 +1967,7 @@ static int brk_bounds(uintptr_t *base, uintptr_t *next)
 		f = strchr(f + 1, ' ');
 	if (!f || sscanf(f + 1, "%lu", base) != 1 || !*base || *base > cur)
 		return -1;
-	*next = *base + BRK_SPAN;
+	*next = *base + brk_span();
 	return maps_each(first_above_break, &(struct above_break){ .base = *base, .cur = cur, .next = next }) < 0
 		       ? -1 : 0;
 }

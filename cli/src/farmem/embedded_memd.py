@@ -8,6 +8,7 @@ it) and gets SIGTERM if the process that started it dies, so none is ever left b
 import ctypes
 import logging
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -23,8 +24,17 @@ STOP_TIMEOUT_S = 5.0
 
 
 def die_with_parent() -> None:
-    """In a memd child: get SIGTERM if farmem itself dies, so that no memd is left behind."""
+    """In a memd child: get SIGTERM if farmem itself dies, so that no memd is left behind. A limit on the
+    address space (`ulimit -v`) is meant for CMD, not for the memory that holds CMD's pages: lifted as far
+    as the hard limit lets (memd refused every space it could not map)."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    for limit in (resource.RLIM_INFINITY, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            break
+        except (ValueError, OSError):
+            continue
 
 
 def default_capacity() -> int:

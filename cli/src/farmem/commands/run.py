@@ -25,6 +25,7 @@ import ctypes
 import json
 import logging
 import os
+import resource
 import shutil
 import signal
 import struct
@@ -126,6 +127,11 @@ def _run(args) -> int:
             check_reachable_as(args.memd, args.user_entry)
     else:
         doctor.require("farmem-memd")
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            log.warning("an address-space limit (ulimit -v, hard %s) holds farmem's memd as well as CMD, unless "
+                        "farmem may raise it: memd then keeps at most that much of CMD's memory; `ulimit -S -v` "
+                        "limits CMD alone", fmt_bytes(hard))
     tmpdir = private_tmpdir()
     memd = control = None
     try:
