@@ -194,6 +194,15 @@ def test_run_signal_death_is_128_plus_n(signo, farmem_cmd):
     assert r.returncode == 128 + signo, r.stderr
 
 
+def wait_started(proc, started: Path) -> None:
+    """Until CMD of the `farmem run` PROC has created STARTED."""
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert time.monotonic() < deadline, "CMD never started"
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.02)
+
+
 @pytest.mark.memd
 @pytest.mark.pager
 @pytest.mark.parametrize("signo,code", [(signal.SIGTERM, 42), (signal.SIGINT, 43)])
@@ -203,11 +212,7 @@ def test_run_forwards_signals_to_cmd(signo, code, tmp_path, farmem_cmd):
     proc = subprocess.Popen([*farmem_cmd, "run", "--", "sh", "-c", script], env=clean_env(),
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not started.exists():
-            assert time.monotonic() < deadline, "CMD never started"
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.02)
+        wait_started(proc, started)
         proc.send_signal(signo)
         assert proc.wait(30) == code, proc.stderr.read()
     finally:
@@ -251,11 +256,7 @@ def test_cmd_dies_with_a_killed_launcher(tmp_path, farmem_cmd):
                             stderr=subprocess.PIPE, text=True)
     pid = None
     try:
-        deadline = time.monotonic() + 30
-        while not started.exists():
-            assert time.monotonic() < deadline, "CMD never started"
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.02)
+        wait_started(proc, started)
         pid = int(started.read_text())
         assert not gone(pid)
         proc.kill()
