@@ -45,14 +45,16 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     SIG_HOLD, sigblock, sigsetmask), by a handler's mask, inside sigsuspend, or ignored by
     sigignore: paging goes on (all but the first two killed the process with SIGBUS before).
     Coroutines (makecontext), a thread (pthread_attr_setstack) and a signal handler (sigaltstack) on
-    stacks of paged memory run to their end (under fault=signal they died before session 33)."""
+    stacks of paged memory run to their end (under fault=signal they died before session 33).
+    Every descriptor but 0-2 closed as daemons do (a loop, close_range, closefrom): the pager's
+    survive, and the program's next file holds only its own bytes (it was stopped, 70, before)."""
     prog = built("build/tests/iotest")
     built("build/lib/libfarmem_preload.so")
     r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],
                env_extra={"FARMEM_FAULT": fault})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    for name in ("read", "write", "stdio", "big", "socket", "sigbus", "blocked", "protect", "cancel", "sync", "stacks"):
+    for name in ("read", "write", "stdio", "fortify", "big", "socket", "sigbus", "blocked", "protect", "cancel", "sync", "stacks", "close"):
         assert f"iotest: {name} ok" in out, out[-3000:]
     assert s["fault_mode"] == fault
     # `big` moves 48 MiB in one call under a 32 MiB budget: the covers' pieces keep to it.

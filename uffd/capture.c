@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Dirty victims' bytes held by a pipe across their drop (capture.h). */
+#include "fm_fds.h"
 #include "capture.h"
 
 #include <errno.h>
@@ -36,6 +37,8 @@ void fm_captures_open(struct fm_pager *p, unsigned n)
 		}
 		c->rd = fd[0];
 		c->wr = fd[1];
+		fm_fd_own(fd[0]);
+		fm_fd_own(fd[1]);
 		atomic_store(&c->busy, 0);
 	}
 	if (p->ncaptures < n)

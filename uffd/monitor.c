@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Where faults arrive (monitor.h). */
+#include "fm_fds.h"
 #include "monitor.h"
 
 #include <errno.h>
@@ -336,6 +337,7 @@ int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
 
 	fm_follow_init(&p->follow);
 	p->stop_fd = eventfd(0, EFD_CLOEXEC);
+	fm_fd_own(p->stop_fd);
 	if (p->stop_fd < 0) {
 		snprintf(err, errlen, "eventfd: %s", strerror(errno));
 		return -errno;

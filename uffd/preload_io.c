@@ -25,6 +25,7 @@
  * blocks it would kill the process).
  */
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -35,13 +36,17 @@
 #include <stdio.h>
 #include <time.h>
 #include <ucontext.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fm_fds.h"
 #include "fm_util.h"
 #include "monitor.h"
 #include "pager.h"
@@ -127,10 +132,38 @@ FM_IO_NEXT(getrandom_next, "getrandom");
 
 extern struct fm_io_next_ref __start_fm_io_next_refs[], __stop_fm_io_next_refs[];
 
+/* The shim's own code: a close from there is farmem's (pager.c, memd/client), not the program's. */
+static uintptr_t text_lo, text_hi;
+
+static int find_text(struct dl_phdr_info *info, size_t size, void *data)
+{
+	uintptr_t me = (uintptr_t)data;
+
+	(void)size;
+	for (int k = 0; k < info->dlpi_phnum; k++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[k];
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+
+		if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X) && me >= lo && me < hi) {
+			text_lo = lo;
+			text_hi = hi;
+			return 1;
+		}
+	}
+	return 0;
+}
+
 void fm_io_bind(void)
 {
 	for (struct fm_io_next_ref *r = __start_fm_io_next_refs; r < __stop_fm_io_next_refs; r++)
 		fm_io_next(r);
+	if (!text_hi)
+		dl_iterate_phdr(find_text, (void *)(uintptr_t)&fm_io_bind);
+}
+
+static int farmem_calls(const void *ret)
+{
+	return (uintptr_t)ret >= text_lo && (uintptr_t)ret < text_hi;
 }
 
 /* A thread cancelled in the call gives its pins back on the way out. */
@@ -436,6 +469,130 @@ EXPORT size_t fwrite_unlocked(const void *ptr, size_t size, size_t n, FILE *fp)
 	return stdio_covered((stdio_fn)fm_io_next(&next), (void *)ptr, size, n, fp, 0);
 }
 
+/* --- Closing what farmem keeps open (memd/common/fm_fds.h) ----------------------------- */
+
+FM_IO_NEXT(close_next, "close");
+
+/*
+ * A daemon closes every descriptor up to the limit; farmem's are not the
+ * program's to close, so to it they are not there (EBADF). Before, the
+ * pager's next step met a closed userfaultfd and stopped the program (70).
+ */
+EXPORT int close(int fd)
+{
+	if (fm_fd_owned(fd) && !farmem_calls(__builtin_return_address(0))) {
+		errno = EBADF;
+		return -1;
+	}
+	return LIBC(close)(fd);
+}
+
+FM_IO_NEXT(close_range_next, "close_range");
+
+/* [first, last] less farmem's descriptors, one range at a time. */
+static int close_ranges(unsigned first, unsigned last, int flags)
+{
+	int (*next)(unsigned, unsigned, int) = (int (*)(unsigned, unsigned, int))fm_io_next(&close_range_next);
+	unsigned from = first;
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	for (unsigned fd = first; fd <= last && fd < 4096; fd++) {
+		if (!fm_fd_owned((int)fd))
+			continue;
+		if (fd > from && next(from, fd - 1, flags))
+			return -1;
+		from = fd + 1;
+	}
+	return from > last ? 0 : next(from, last, flags);
+}
+
+EXPORT int close_range(unsigned first, unsigned last, int flags)
+{
+	if (farmem_calls(__builtin_return_address(0)) || first > last)
+		return LIBC(close_range)(first, last, flags);
+	return close_ranges(first, last, flags);
+}
+
+EXPORT void closefrom(int low)
+{
+	if (low < 0)
+		low = 0;
+	/* glibc's closefrom aborts when it cannot close them all; so do we. */
+	if (close_ranges((unsigned)low, ~0u, 0))
+		abort();
+}
+
+/* --- _FORTIFY_SOURCE's checked forms ---------------------------------------------------- */
+
+/*
+ * A program built with _FORTIFY_SOURCE (Debian builds its packages so) calls
+ * these when the compiler knows the buffer's size but not the length asked
+ * for: a read of a variable length into a block malloc'd at a fixed size.
+ * glibc's own go to its internal read, past the covers above, so such a read
+ * into evicted memory failed with EFAULT (fread: 0 and the error set). Each
+ * checks as glibc does, then goes through the cover.
+ */
+extern void __chk_fail(void) __attribute__((noreturn));
+
+EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
+{
+	if (n > buflen)
+		__chk_fail();
+	return read(fd, buf, n);
+}
+
+EXPORT ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
+{
+	if (n > buflen)
+		__chk_fail();
+	return pread(fd, buf, n, off);
+}
+
+EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
+{
+	if (n > buflen)
+		__chk_fail();
+	return pread(fd, buf, n, off);
+}
+
+EXPORT ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags)
+{
+	if (n > buflen)
+		__chk_fail();
+	return recv(fd, buf, n, flags);
+}
+
+EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags, struct sockaddr *sa,
+			      socklen_t *salen)
+{
+	if (n > buflen)
+		__chk_fail();
+	return recvfrom(fd, buf, n, flags, sa, salen);
+}
+
+static void fread_check(size_t ptrlen, size_t size, size_t n)
+{
+	size_t want;
+
+	if (__builtin_mul_overflow(size, n, &want) || want > ptrlen)
+		__chk_fail();
+}
+
+EXPORT size_t __fread_chk(void *ptr, size_t ptrlen, size_t size, size_t n, FILE *fp)
+{
+	fread_check(ptrlen, size, n);
+	return fread(ptr, size, n, fp);
+}
+
+EXPORT size_t __fread_unlocked_chk(void *ptr, size_t ptrlen, size_t size, size_t n, FILE *fp)
+{
+	fread_check(ptrlen, size, n);
+	return fread_unlocked(ptr, size, n, fp);
+}
+
 /* --- SIGBUS ------------------------------------------------------------------------ */
 
 extern int __sigaction(int sig, const struct sigaction *act, struct sigaction *old);
@@ -708,9 +865,21 @@ EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
 	return next(ss, old);
 }
 
+/*
+ * The mask a call holds while it sleeps: a handler that runs then runs with
+ * it. SIGBUS left out of it while the pager serves faults by SIGBUS.
+ */
+static const sigset_t *open_sigbus(const sigset_t *set, sigset_t *copy)
+{
+	if (!set || sigismember(set, SIGBUS) != 1 || !fm_monitor_sigbus_ours())
+		return set;
+	*copy = *set;
+	sigdelset(copy, SIGBUS);
+	return copy;
+}
+
 FM_IO_NEXT(sigsuspend_next, "sigsuspend");
 
-/* A handler that runs inside sigsuspend runs with its mask. */
 EXPORT int sigsuspend(const sigset_t *set)
 {
 	int (*next)(const sigset_t *) = (int (*)(const sigset_t *))fm_io_next(&sigsuspend_next);
@@ -720,10 +889,74 @@ EXPORT int sigsuspend(const sigset_t *set)
 		errno = ENOSYS;
 		return -1;
 	}
-	if (sigismember(set, SIGBUS) == 1 && fm_monitor_sigbus_ours()) {
-		s = *set;
-		sigdelset(&s, SIGBUS);
-		set = &s;
+	return next(open_sigbus(set, &s));
+}
+
+FM_IO_NEXT(ppoll_next, "ppoll");
+
+EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *set)
+{
+	int (*next)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *) =
+		(int (*)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *))fm_io_next(&ppoll_next);
+	sigset_t s;
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
 	}
-	return next(set);
+	return next(fds, n, tmo, open_sigbus(set, &s));
+}
+
+EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *set, size_t fdslen)
+{
+	if (fdslen / sizeof(*fds) < n)
+		__chk_fail();
+	return ppoll(fds, n, tmo, set);
+}
+
+FM_IO_NEXT(pselect_next, "pselect");
+
+EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *tmo, const sigset_t *set)
+{
+	int (*next)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *) =
+		(int (*)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *))fm_io_next(
+			&pselect_next);
+	sigset_t s;
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return next(n, r, w, e, tmo, open_sigbus(set, &s));
+}
+
+FM_IO_NEXT(epoll_pwait_next, "epoll_pwait");
+
+EXPORT int epoll_pwait(int fd, struct epoll_event *ev, int max, int tmo, const sigset_t *set)
+{
+	int (*next)(int, struct epoll_event *, int, int, const sigset_t *) =
+		(int (*)(int, struct epoll_event *, int, int, const sigset_t *))fm_io_next(&epoll_pwait_next);
+	sigset_t s;
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return next(fd, ev, max, tmo, open_sigbus(set, &s));
+}
+
+FM_IO_NEXT(epoll_pwait2_next, "epoll_pwait2");
+
+EXPORT int epoll_pwait2(int fd, struct epoll_event *ev, int max, const struct timespec *tmo, const sigset_t *set)
+{
+	int (*next)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *) =
+		(int (*)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *))fm_io_next(
+			&epoll_pwait2_next);
+	sigset_t s;
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return next(fd, ev, max, tmo, open_sigbus(set, &s));
 }

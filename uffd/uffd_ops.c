@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Every UFFDIO_* ioctl of the pager (uffd_ops.h says why they are in one place). */
+#include "fm_fds.h"
 #include "uffd_ops.h"
 
 #include <errno.h>
@@ -62,7 +63,10 @@ static int open_raw(int user_only_ok, int *user_only)
 		else
 			errno = full_errno;
 	}
-	return fd < 0 ? -errno : fd;
+	if (fd < 0)
+		return -errno;
+	fm_fd_own(fd);
+	return fd;
 }
 
 /* A uffd takes one UFFDIO_API: a throwaway one asks what the kernel offers. */

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /* The client's end of one memd connection: connect, authenticate, exchange frames, all by a deadline. */
+#include "fm_fds.h"
 #include "conn.h"
 
 #include <errno.h>
@@ -109,6 +110,7 @@ static int connect_one(const struct sockaddr *sa, socklen_t len, int is_unix, ui
 
 	if (fd < 0)
 		return -errno;
+	fm_fd_own(fd);
 	while (connect(fd, sa, len) < 0) {
 		if (errno == EINTR)
 			continue;
@@ -285,8 +287,10 @@ static int recv_frame(struct fm_conn *c, const struct fm_iov *rep, unsigned nrep
 			return -ECONNRESET;
 		if (want_fd && m.msg_controllen) {
 			struct cmsghdr *cmh = CMSG_FIRSTHDR(&m);
-			if (cmh && cmh->cmsg_level == SOL_SOCKET && cmh->cmsg_type == SCM_RIGHTS)
+			if (cmh && cmh->cmsg_level == SOL_SOCKET && cmh->cmsg_type == SCM_RIGHTS) {
 				memcpy(rep_fd, CMSG_DATA(cmh), sizeof(int));
+				fm_fd_own(*rep_fd);
+			}
 			want_fd = 0;
 		}
 		got += (size_t)n;

@@ -12,6 +12,9 @@
  *   stdio                fread into and fwrite out of the evicted buffer: glibc
  *                        moves a request larger than the stream's buffer with its
  *                        own read and write, which only the fread/fwrite covers see
+ *   fortify              __read_chk, __pread_chk, __fread_chk and __recv_chk (what
+ *                        a program built with _FORTIFY_SOURCE calls) into the evicted
+ *                        buffer: glibc's own go to its internal read, past the covers
  *   big                  pread, read, write and getrandom of three quarters of the
  *                        buffer, more than the budget: the shim moves them in pieces,
  *                        so the budget holds (the test compares the summary's peak
@@ -28,7 +31,8 @@
  *                        blocks them (pthread_sigmask, sigprocmask, sighold,
  *                        sigset's SIG_HOLD, sigblock, sigsetmask); so does a
  *                        handler whose mask blocks every signal, one run inside
- *                        sigsuspend with every other signal blocked, and a program
+ *                        sigsuspend, ppoll, pselect or epoll_pwait with every other
+ *                        signal blocked, and a program
  *                        that ignores SIGBUS (sigignore), which then ignores one sent
  *   protect              a part of the buffer made PROT_NONE, then pressure, then
  *                        made readable again: every byte as it was (the evictor
@@ -50,6 +54,10 @@
  *                        alternate stack there (sigaltstack): with faults served in
  *                        the faulting thread the coroutines died of SIGSEGV at their
  *                        first fault before the shim kept such stacks local
+ *   close                every descriptor but 0-2 closed the ways a daemon does it
+ *                        (a loop to 1024, close_range, closefrom): paging goes on
+ *                        and the file the program opens next holds only its bytes
+ *                        (the pager stopped it, 70, at its next eviction before)
  *   raw                  (not in the default set) a raw read(2) system call, which no
  *                        cover sees, into the evicted buffer: prints "raw: efault" or
  *                        "raw: ok" (with faults served in the faulting thread it fails:
@@ -72,7 +80,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/select.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -229,6 +240,57 @@ static void t_stdio(void)
 	fclose(f);
 	free(src);
 	free(back);
+}
+
+/*
+ * What a program built with _FORTIFY_SOURCE calls for a read of a variable
+ * length into a buffer of a size the compiler knows (a fixed-size malloc):
+ * glibc's own go to its internal read, past the covers.
+ */
+extern ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen);
+extern ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen);
+extern ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags);
+extern size_t __fread_chk(void *ptr, size_t ptrlen, size_t size, size_t n, FILE *fp);
+
+static void t_fortify(void)
+{
+	uint8_t *src = malloc(CHUNK), *at = buf + 300 * PAGE;
+	int fd, sv[2];
+	FILE *f;
+
+	fill(src, CHUNK, 0, 43);
+	fd = temp_file(src, CHUNK);
+	evict_buf();
+	if (__pread_chk(fd, at, CHUNK, 0, CHUNK) != (ssize_t)CHUNK)
+		FAIL("__pread_chk into an evicted buffer: %s", strerror(errno));
+	else
+		check(at, CHUNK, 0, 43, "__pread_chk");
+	evict_buf();
+	if (lseek(fd, 0, SEEK_SET) < 0 || __read_chk(fd, at, CHUNK, CHUNK) != (ssize_t)CHUNK)
+		FAIL("__read_chk into an evicted buffer: %s", strerror(errno));
+	else
+		check(at, CHUNK, 0, 43, "__read_chk");
+	f = fdopen(fd, "r");
+	evict_buf();
+	if (!f || fseek(f, 0, SEEK_SET) || __fread_chk(at, CHUNK, 1, CHUNK, f) != CHUNK)
+		FAIL("__fread_chk into an evicted buffer: %s", f && ferror(f) ? strerror(errno) : "end of file");
+	else
+		check(at, CHUNK, 0, 43, "__fread_chk");
+	if (f)
+		fclose(f);
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+		FAIL("socketpair: %s", strerror(errno));
+	} else {
+		evict_buf();
+		if (write(sv[0], src, 64 * 1024) != 64 * 1024 ||
+		    __recv_chk(sv[1], at, 64 * 1024, CHUNK, MSG_WAITALL) != 64 * 1024)
+			FAIL("__recv_chk into an evicted buffer: %s", strerror(errno));
+		else
+			check(at, 64 * 1024, 0, 43, "__recv_chk");
+		close(sv[0]);
+		close(sv[1]);
+	}
+	free(src);
 }
 
 static void t_big(void)
@@ -477,7 +539,7 @@ static void *blocked_worker(void *arg)
 static void on_usr_paging(int sig)
 {
 	check(buf + 2 * CHUNK, CHUNK, 2 * CHUNK, 31, sig == SIGUSR1 ? "a handler that blocks every signal" :
-	      "a handler run inside sigsuspend with every other signal blocked");
+	      "a handler run inside sigsuspend, ppoll, pselect or epoll_pwait with every other signal blocked");
 }
 
 /*
@@ -502,17 +564,32 @@ static void t_blocked(void)
 	evict_buf();
 	raise(SIGUSR1);
 
+	/* The same handler run inside each call that sleeps with a mask of its own. */
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGUSR2, &sa, NULL);
 	sigemptyset(&usr2);
 	sigaddset(&usr2, SIGUSR2);
-	sigprocmask(SIG_BLOCK, &usr2, &old);
-	raise(SIGUSR2);
-	evict_buf();
 	sigfillset(&all_but);
 	sigdelset(&all_but, SIGUSR2);
-	sigsuspend(&all_but);
-	sigprocmask(SIG_SETMASK, &old, NULL);
+	for (int k = 0; k < 4; k++) {
+		struct timespec soon = { .tv_sec = 5 };
+		int ep = epoll_create1(EPOLL_CLOEXEC);
+		struct epoll_event ev;
+
+		sigprocmask(SIG_BLOCK, &usr2, &old);
+		raise(SIGUSR2);
+		evict_buf();
+		if (k == 0)
+			sigsuspend(&all_but);
+		else if (k == 1)
+			ppoll(NULL, 0, &soon, &all_but);
+		else if (k == 2)
+			pselect(0, NULL, NULL, NULL, &soon, &all_but);
+		else
+			epoll_pwait(ep, &ev, 1, 5000, &all_but);
+		sigprocmask(SIG_SETMASK, &old, NULL);
+		close(ep);
+	}
 
 	/* SIGBUS ignored: paging faults are still the pager's. */
 #pragma GCC diagnostic push
@@ -628,6 +705,40 @@ static void t_stacks(void)
 		FAIL("a handler on an alternate stack of paged memory did not run");
 	alt.ss_flags = SS_DISABLE;
 	sigaltstack(&alt, NULL);
+}
+
+/*
+ * A daemon's way of starting clean: close every descriptor but 0-2, by a loop
+ * up to the limit, close_range and closefrom. The pager's userfaultfd, memd
+ * connections and pipes must survive it, and a file the program opens next
+ * (on a number one of them may have had) must hold only what it wrote.
+ */
+static void t_close(void)
+{
+	static const char line[] = "only this\n";
+	char back[64] = { 0 };
+	int fd;
+
+	fill(buf, 4 * CHUNK, 0, 47);
+	for (int k = 3; k < 1024; k++)
+		close(k);
+	close_range(3, ~0u, 0);
+	closefrom(3);
+	fd = open("/tmp", O_TMPFILE | O_RDWR, 0600);
+	if (fd < 0) {
+		FAIL("close: a file after closing everything: %s", strerror(errno));
+		return;
+	}
+	if (write(fd, line, sizeof(line) - 1) != (ssize_t)sizeof(line) - 1)
+		FAIL("close: write: %s", strerror(errno));
+	evict_buf();
+	check(buf, 4 * CHUNK, 0, 47, "paging after every descriptor was closed");
+	fill(buf + 4 * CHUNK, 4 * CHUNK, 0, 53);
+	evict_buf();
+	check(buf + 4 * CHUNK, 4 * CHUNK, 0, 53, "paging after every descriptor was closed");
+	if (pread(fd, back, sizeof(back) - 1, 0) != (ssize_t)sizeof(line) - 1 || strcmp(back, line))
+		FAIL("close: the program's file holds %zu bytes, not only its own line", strlen(back));
+	close(fd);
 }
 
 static void t_protect(void)
@@ -1037,8 +1148,8 @@ static int parse_size(const char *s, size_t *out)
 int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
-		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "big", t_big }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks },
+		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "fortify", t_fortify }, { "big", t_big }, { "socket", t_socket },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks }, { "close", t_close },
 		{ "raw", t_raw },
 	};
 	static const struct option opts[] = {
