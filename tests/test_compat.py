@@ -503,6 +503,28 @@ def test_zstd_whose_crash_handler_comes_in_by_sysv_signal(shim, tmp_path, farmem
     assert_paged(s, "zstd")
 
 
+def test_a_script_that_opens_its_own_descriptor_numbers(shim, tmp_path, farmem_cmd):
+    """A shell script's `exec 4>file` is a dup2 onto 4. Each process under the shim holds a
+    userfaultfd from its start (and paged ones memd connections and pipes); until session 33 they sat
+    at the lowest free numbers, so the script's file took the spare userfaultfd's number, and every
+    subshell and command then found "4: Bad file descriptor" (the forked shim closed "its" 4).
+    Now farmem's descriptors sit high and a fork closes one only if it is still farmem's. Here
+    bash opens 3 to 9 itself while it and a paged Python write to them."""
+    py = ("import os, sys\n"
+          "b = bytearray(64 << 20)\n"
+          "for i in range(0, len(b), 4096): b[i] = 7\n"
+          "for n in range(3, 10): os.write(n, b'python %d\\n' % sum(b[i] for i in range(0, len(b), 4096)))\n")
+    script = (f"for n in 3 4 5 6 7 8 9; do eval \"exec $n>{tmp_path}/f$n\"; done; "
+              "for n in 3 4 5 6 7 8 9; do echo shell >&$n; (echo subshell >&$n); /bin/echo external >&$n; done; "
+              f"{sys.executable} -c \"$PY\"")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "25%", "--threshold", "1M", "--",
+                      "bash", "-c", script, env=dict(os.environ, PY=py), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for n in range(3, 10):
+        assert (tmp_path / f"f{n}").read_text() == "shell\nsubshell\nexternal\npython 114688\n", n
+    assert_paged(s, "the script's Python")
+
+
 def test_bench_sweep_driver(shim, tmp_path):
     """bench/bench_sweep.py end to end on small data: Python and GNU sort, paged at a 1 MiB threshold,
     give the same output as all local, and the driver reports them as paged."""

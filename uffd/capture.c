@@ -35,10 +35,8 @@ void fm_captures_open(struct fm_pager *p, unsigned n)
 			close(fd[1]);
 			break;
 		}
-		c->rd = fd[0];
-		c->wr = fd[1];
-		fm_fd_own(fd[0]);
-		fm_fd_own(fd[1]);
+		c->rd = fm_fd_keep(fd[0]);
+		c->wr = fm_fd_keep(fd[1]);
 		atomic_store(&c->busy, 0);
 	}
 	if (p->ncaptures < n)

@@ -336,8 +336,7 @@ int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
 	int rc;
 
 	fm_follow_init(&p->follow);
-	p->stop_fd = eventfd(0, EFD_CLOEXEC);
-	fm_fd_own(p->stop_fd);
+	p->stop_fd = fm_fd_keep(eventfd(0, EFD_CLOEXEC));
 	if (p->stop_fd < 0) {
 		snprintf(err, errlen, "eventfd: %s", strerror(errno));
 		return -errno;

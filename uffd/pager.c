@@ -55,7 +55,7 @@ static int map_create(struct fm_pager *p)
 	p->map_fd = memfd_create("farmem-map", MFD_CLOEXEC);
 	if (p->map_fd < 0)
 		return -errno;
-	fm_fd_own(p->map_fd);
+	p->map_fd = fm_fd_keep(p->map_fd);
 	if (ftruncate(p->map_fd, (off_t)p->map_len))
 		return -errno;
 	p->hdr = fm_sys_mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, p->map_fd, 0);
@@ -208,8 +208,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	}
 	p->can_move = !!(p->features & UFFD_FEATURE_MOVE);
 	p->shmem_ok = (p->features & FM_UFFD_SHMEM) == FM_UFFD_SHMEM;
-	p->pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-	fm_fd_own(p->pidfd);
+	p->pidfd = fm_fd_keep((int)syscall(SYS_pidfd_open, getpid(), 0));
 
 	rc = fm_xport_connect(&xc, &p->x, err, errlen);
 	if (rc)

@@ -41,6 +41,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fm_fds.h"
 #include "fm_util.h"
 #include "fork.h"
 #include "pager.h"
@@ -586,9 +587,9 @@ static void fork_child(void)
 	pthread_t th;
 	int rc;
 
-	/* The parent's: it serves the parent's memory only. */
+	/* The parent's: it serves the parent's memory only. Unless the program put a file of its own there. */
 	if (waits_spare >= 0)
-		close(waits_spare);
+		fm_fd_close(waits_spare);
 	waits_spare = -1;
 
 	pthread_mutex_unlock(&heap_lock);

@@ -65,8 +65,7 @@ static int open_raw(int user_only_ok, int *user_only)
 	}
 	if (fd < 0)
 		return -errno;
-	fm_fd_own(fd);
-	return fd;
+	return fm_fd_keep(fd);
 }
 
 /* A uffd takes one UFFDIO_API: a throwaway one asks what the kernel offers. */

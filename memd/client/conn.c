@@ -110,7 +110,7 @@ static int connect_one(const struct sockaddr *sa, socklen_t len, int is_unix, ui
 
 	if (fd < 0)
 		return -errno;
-	fm_fd_own(fd);
+	fd = fm_fd_keep(fd);
 	while (connect(fd, sa, len) < 0) {
 		if (errno == EINTR)
 			continue;
@@ -289,7 +289,7 @@ static int recv_frame(struct fm_conn *c, const struct fm_iov *rep, unsigned nrep
 			struct cmsghdr *cmh = CMSG_FIRSTHDR(&m);
 			if (cmh && cmh->cmsg_level == SOL_SOCKET && cmh->cmsg_type == SCM_RIGHTS) {
 				memcpy(rep_fd, CMSG_DATA(cmh), sizeof(int));
-				fm_fd_own(*rep_fd);
+				*rep_fd = fm_fd_keep(*rep_fd);
 			}
 			want_fd = 0;
 		}

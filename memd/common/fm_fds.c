@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fm_fds.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define FDS_MAX 4096
+#define FDS_HIGH 512 /* where farmem's descriptors go: above what programs and scripts pick, a small fd table */
 
 struct fd_key {
 	uint64_t dev, ino;
@@ -60,6 +64,27 @@ int fm_fd_owned(int fd)
 
 int fm_fd_close(int fd)
 {
+	if (!fm_fd_owned(fd)) {
+		errno = EBADF;
+		return -1;
+	}
 	fm_fd_disown(fd);
 	return (int)syscall(SYS_close, fd);
+}
+
+int fm_fd_keep(int fd)
+{
+	struct rlimit nofile;
+	long base = FDS_HIGH, hi;
+
+	if (fd < 0)
+		return fd;
+	if (!getrlimit(RLIMIT_NOFILE, &nofile) && nofile.rlim_cur != RLIM_INFINITY && (long)nofile.rlim_cur / 2 < base)
+		base = (long)nofile.rlim_cur / 2;
+	if (fd < base && (hi = syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, base)) >= 0) {
+		syscall(SYS_close, fd);
+		fd = (int)hi;
+	}
+	fm_fd_own(fd);
+	return fd;
 }

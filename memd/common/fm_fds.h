@@ -12,6 +12,12 @@
 
 /* fd is farmem's from now on (a number past the table is not kept). */
 void fm_fd_own(int fd);
+/*
+ * fd, just opened, moved up out of the numbers programs pick themselves
+ * (a script's `exec 4>file` is a dup2 onto 4), then owned: returns the
+ * number to use from now on (fd itself if it cannot be moved).
+ */
+int fm_fd_keep(int fd);
 /* fd is about to be closed by farmem. */
 void fm_fd_disown(int fd);
 /*
@@ -20,7 +26,10 @@ void fm_fd_disown(int fd);
  * forgotten disown never keeps the program from its own descriptor.
  */
 int fm_fd_owned(int fd);
-/* Close fd, farmem's own: fm_fd_disown, then close. */
+/*
+ * Close fd, farmem's own, if it still is: one the program replaced (dup2
+ * onto it) is the program's now and stays open. 0, or -1 with EBADF.
+ */
 int fm_fd_close(int fd);
 
 #endif
