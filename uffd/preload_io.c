@@ -499,7 +499,7 @@ static int close_ranges(unsigned first, unsigned last, int flags)
 		errno = ENOSYS;
 		return -1;
 	}
-	for (unsigned fd = first; fd <= last && fd < 4096; fd++) {
+	for (unsigned fd = first; fd <= last && fd < FM_FDS_MAX; fd++) {
 		if (!fm_fd_owned((int)fd))
 			continue;
 		if (fd > from && next(from, fd - 1, flags))

@@ -9,15 +9,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define FDS_MAX 4096
 #define FDS_HIGH 512 /* where farmem's descriptors go: above what programs and scripts pick, a small fd table */
 
 struct fd_key {
 	uint64_t dev, ino;
 };
 
-static uint64_t owned[FDS_MAX / 64];
-static struct fd_key keys[FDS_MAX];
+static uint64_t owned[FM_FDS_MAX / 64];
+static struct fd_key keys[FM_FDS_MAX];
 
 /* Raw: the shim's covers are not to see farmem's own calls. */
 static int key_of(int fd, struct fd_key *k)
@@ -35,7 +34,7 @@ void fm_fd_own(int fd)
 {
 	struct fd_key k;
 
-	if (fd < 0 || fd >= FDS_MAX || key_of(fd, &k))
+	if (fd < 0 || fd >= FM_FDS_MAX || key_of(fd, &k))
 		return;
 	__atomic_store_n(&keys[fd].dev, k.dev, __ATOMIC_RELAXED);
 	__atomic_store_n(&keys[fd].ino, k.ino, __ATOMIC_RELAXED);
@@ -44,7 +43,7 @@ void fm_fd_own(int fd)
 
 void fm_fd_disown(int fd)
 {
-	if (fd >= 0 && fd < FDS_MAX)
+	if (fd >= 0 && fd < FM_FDS_MAX)
 		__atomic_fetch_and(&owned[fd / 64], ~(1ull << (fd % 64)), __ATOMIC_RELEASE);
 }
 
@@ -52,7 +51,7 @@ int fm_fd_owned(int fd)
 {
 	struct fd_key k;
 
-	if (fd < 0 || fd >= FDS_MAX || !(__atomic_load_n(&owned[fd / 64], __ATOMIC_ACQUIRE) & (1ull << (fd % 64))))
+	if (fd < 0 || fd >= FM_FDS_MAX || !(__atomic_load_n(&owned[fd / 64], __ATOMIC_ACQUIRE) & (1ull << (fd % 64))))
 		return 0;
 	if (key_of(fd, &k) || k.dev != __atomic_load_n(&keys[fd].dev, __ATOMIC_RELAXED) ||
 	    k.ino != __atomic_load_n(&keys[fd].ino, __ATOMIC_RELAXED)) {

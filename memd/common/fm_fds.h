@@ -10,7 +10,10 @@
 #ifndef FARMEM_FDS_H
 #define FARMEM_FDS_H
 
-/* fd is farmem's from now on (a number past the table is not kept). */
+/* Numbers from FM_FDS_MAX on are not kept (fm_fd_keep puts farmem's far below it). */
+#define FM_FDS_MAX 4096
+
+/* fd is farmem's from now on. */
 void fm_fd_own(int fd);
 /*
  * fd, just opened, moved up out of the numbers programs pick themselves

@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Unit tests of the pieces every component shares: units, knobs, checksums, histogram, auth, formatting. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "auth.h"
+#include "fm_fds.h"
 #include "fm_util.h"
 #include "pager.h"
 #include "resmap.h"
@@ -200,6 +204,24 @@ static void test_page_bytes(void)
 	CHECK(fm_pg_state(FM_PG_LEAVING | FM_PGF_GARBAGE | FM_PGF_GC) == FM_PG_LEAVING);
 }
 
+/* farmem's descriptors: moved up, known by their file, let go when the program put its own there. */
+static void test_fds(void)
+{
+	int fd = fm_fd_keep(eventfd(0, EFD_CLOEXEC)), mine;
+
+	CHECK(fd >= 64 && fd < FM_FDS_MAX); /* out of the numbers a script picks (half the limit, at most 512) */
+	CHECK(fcntl(fd, F_GETFD) == FD_CLOEXEC);
+	CHECK(fm_fd_owned(fd) && !fm_fd_owned(0));
+	mine = open("/dev/null", O_RDONLY);
+	CHECK(mine >= 0 && dup2(mine, fd) == fd); /* the program's file on farmem's number */
+	CHECK(!fm_fd_owned(fd));
+	CHECK(fm_fd_close(fd) == -1 && errno == EBADF && fcntl(fd, F_GETFD) >= 0); /* not farmem's to close */
+	close(fd);
+	close(mine);
+	fd = fm_fd_keep(eventfd(0, EFD_CLOEXEC));
+	CHECK(fm_fd_close(fd) == 0 && fcntl(fd, F_GETFD) == -1 && !fm_fd_owned(fd));
+}
+
 int main(void)
 {
 	test_units();
@@ -211,6 +233,7 @@ int main(void)
 	test_fmt();
 	test_memory_cgroup();
 	test_page_bytes();
+	test_fds();
 	if (failures) {
 		fprintf(stderr, "test_core: %d checks failed\n", failures);
 		return 1;
