@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Dirty victims' bytes held by a pipe across their drop (capture.h). */
-#include "fm_fds.h"
 #include "capture.h"
 
 #include <errno.h>
@@ -12,6 +11,7 @@
 #include <unistd.h>
 
 #include "evict.h"
+#include "fm_fds.h"
 #include "fm_util.h"
 #include "pager_internal.h"
 

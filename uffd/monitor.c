@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Where faults arrive (monitor.h). */
-#include "fm_fds.h"
 #include "monitor.h"
 
 #include <errno.h>
@@ -15,6 +14,7 @@
 
 #include "chanpool.h"
 #include "fault.h"
+#include "fm_fds.h"
 #include "fm_util.h"
 #include "pager_internal.h"
 #include "region.h"
@@ -122,18 +122,7 @@ static int sigbus_install(struct fm_pager *p, char *err, size_t errlen)
 		chained = old;
 		__atomic_store_n(&sig_installed, 1, __ATOMIC_RELEASE);
 	}
-	{
-		/*
-		 * A mask inherited across exec may block SIGBUS (a parent that
-		 * blocked it): the first paging fault would kill the process. The
-		 * threads this one starts inherit its mask.
-		 */
-		sigset_t bus;
-
-		sigemptyset(&bus);
-		sigaddset(&bus, SIGBUS);
-		pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
-	}
+	fm_monitor_unblock_sigbus();
 	atomic_store(&sig_pagers[slot], p);
 	pthread_mutex_unlock(&sig_lock);
 	return 0;
@@ -157,6 +146,15 @@ void fm_monitor_child_reset(void)
 		atomic_store(&sig_pagers[k], NULL);
 	atomic_store(&sig_inside, 0);
 	pthread_mutex_init(&sig_lock, NULL);
+}
+
+void fm_monitor_unblock_sigbus(void)
+{
+	sigset_t bus;
+
+	sigemptyset(&bus);
+	sigaddset(&bus, SIGBUS);
+	pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
 }
 
 /* No lock: sigaction and sigsuspend, which ask, may be called from a signal handler. */

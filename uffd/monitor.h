@@ -51,6 +51,12 @@ int fm_monitor_waits_fd(struct fm_pager *p, char *err, size_t errlen);
 void fm_monitor_child_reset(void);
 
 int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old);
+/*
+ * SIGBUS unblocked in the calling thread: a mask inherited across exec may
+ * block it (a parent that blocked it), and the first paging fault would kill
+ * the process. The threads this one starts inherit its mask.
+ */
+void fm_monitor_unblock_sigbus(void);
 /* Whether the pager's SIGBUS handler is installed: then nothing may block SIGBUS. */
 int fm_monitor_sigbus_ours(void);
 

@@ -3,7 +3,6 @@
  * Start and stop: the residency map, the memd transport, the fault monitor,
  * the evictor thread. pager_internal.h says which room does what.
  */
-#include "fm_fds.h"
 #include "pager_internal.h"
 
 #include <errno.h>
@@ -21,6 +20,7 @@
 #include "budget.h"
 #include "chanpool.h"
 #include "evict.h"
+#include "fm_fds.h"
 #include "fm_util.h"
 #include "fork.h"
 #include "monitor.h"

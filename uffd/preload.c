@@ -44,6 +44,7 @@
 #include "fm_fds.h"
 #include "fm_util.h"
 #include "fork.h"
+#include "monitor.h"
 #include "pager.h"
 #include "preload.h"
 #include "uffd_ops.h"
@@ -556,27 +557,14 @@ static void *child_pager_main(void *arg)
  */
 static int waits_spare = -1;
 
-/* fd is still the userfaultfd we opened (a program may close every fd it did not open itself). */
-static int still_uffd(int fd)
-{
-	char path[32], link[64];
-	ssize_t n;
-
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	n = readlink(path, link, sizeof(link) - 1);
-	if (n < 0)
-		return 0;
-	link[n] = 0;
-	return strcmp(link, "anon_inode:[userfaultfd]") == 0;
-}
-
 /* The pager that just started takes the spare, if it is still ours. Caller is in farmem. */
 static void waits_spare_give(struct fm_pager *pg)
 {
 	int fd = waits_spare;
 
 	waits_spare = -1;
-	if (fd >= 0 && still_uffd(fd))
+	/* Still ours: a program may close every fd it did not open itself, or put its own on the number. */
+	if (fd >= 0 && fm_fd_owned(fd))
 		fm_pager_kernel_waits_give(pg, fd);
 }
 
@@ -640,17 +628,9 @@ static void fork_child(void)
 
 __attribute__((constructor)) static void preload_init(void)
 {
-	sigset_t bus;
-
 	fm_io_bind();
-	/*
-	 * SIGBUS blocked in the mask this process inherited (its parent blocked
-	 * it) would kill it at its first paging fault under fault=signal; the
-	 * pager may start later, in another thread (monitor.c unblocks there).
-	 */
-	sigemptyset(&bus);
-	sigaddset(&bus, SIGBUS);
-	pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+	/* The main thread; the pager may start later, in another thread (which unblocks it too). */
+	fm_monitor_unblock_sigbus();
 	load_config();
 	app_alloc();
 	/* Decided here, before the program's threads exist (heaps_keep). */

@@ -598,6 +598,19 @@ EXPORT size_t __fread_unlocked_chk(void *ptr, size_t ptrlen, size_t size, size_t
 extern int __sigaction(int sig, const struct sigaction *act, struct sigaction *old);
 
 /*
+ * The mask a call holds while it sleeps: a handler that runs then runs with
+ * it. SIGBUS left out of it while the pager serves faults by SIGBUS.
+ */
+static const sigset_t *open_sigbus(const sigset_t *set, sigset_t *copy)
+{
+	if (!set || sigismember(set, SIGBUS) != 1 || !fm_monitor_sigbus_ours())
+		return set;
+	*copy = *set;
+	sigdelset(copy, SIGBUS);
+	return copy;
+}
+
+/*
  * A handler whose mask blocks SIGBUS (sigfillset(&sa.sa_mask) is common)
  * would die of the first paging fault it takes: the kernel cannot deliver a
  * fault's SIGBUS to a thread that blocks it, and kills the process.
@@ -608,9 +621,11 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 
 	if (sig == SIGBUS && fm_monitor_sigbus_action(act, old))
 		return 0;
-	if (act && sigismember(&act->sa_mask, SIGBUS) == 1 && fm_monitor_sigbus_ours()) {
+	if (act && open_sigbus(&act->sa_mask, &open.sa_mask) != &act->sa_mask) {
+		sigset_t mask = open.sa_mask;
+
 		open = *act;
-		sigdelset(&open.sa_mask, SIGBUS);
+		open.sa_mask = mask;
 		act = &open;
 	}
 	return __sigaction(sig, act, old);
@@ -863,19 +878,6 @@ EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
 	if (ss && !(ss->ss_flags & SS_DISABLE))
 		stack_stays_local(ss->ss_sp, ss->ss_size);
 	return next(ss, old);
-}
-
-/*
- * The mask a call holds while it sleeps: a handler that runs then runs with
- * it. SIGBUS left out of it while the pager serves faults by SIGBUS.
- */
-static const sigset_t *open_sigbus(const sigset_t *set, sigset_t *copy)
-{
-	if (!set || sigismember(set, SIGBUS) != 1 || !fm_monitor_sigbus_ours())
-		return set;
-	*copy = *set;
-	sigdelset(copy, SIGBUS);
-	return copy;
 }
 
 FM_IO_NEXT(sigsuspend_next, "sigsuspend");

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 /* Every UFFDIO_* ioctl of the pager (uffd_ops.h says why they are in one place). */
-#include "fm_fds.h"
 #include "uffd_ops.h"
 
 #include <errno.h>
@@ -11,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fm_fds.h"
 #include "fm_util.h"
 #include "fatal.h"
 

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 /* The client's end of one memd connection: connect, authenticate, exchange frames, all by a deadline. */
-#include "fm_fds.h"
 #include "conn.h"
 
 #include <errno.h>
@@ -16,6 +15,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "fm_fds.h"
 #include "fm_util.h"
 
 int fm_peer_resolve(struct fm_peer *p, const char *addr, const void *secret, size_t secret_len,
