@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench" / "lib"))
+from compat import ERLANG  # noqa: E402  (the same program as the compatibility matrix's)
 
 JS = """const m = new Map(); let s = 0; const n = N;
 for (let i = 0; i < n; i++) m.set('k' + i, {i, v: [i, i * 2, 'x' + (i % 1000)]});
@@ -74,6 +76,7 @@ PROGRAMS = [
     ("ruby", "ruby", "ruby prog.rb"),
     ("lua", "lua5.4", "lua5.4 prog.lua"),
     ("node", "node", "node prog.js"),
+    ("erlang", "erl", "erl -noshell -eval \"$(cat prog.erl)\""),
     ("jq", "jq", "jq -c '[.[] | select(.v > 0.5) | .name] | sort | .[1000:1010]' big.json"),
     ("gcc", "gcc", "gcc -O2 -c big.c -o big.o && sha256sum big.o"),
     ("mawk", "mawk", "mawk '{for(i=1;i<=NF;i++) c[$i]++} END {n=0; for(w in c) n+=c[w]; print n, length(c)}' text.txt"),
@@ -113,6 +116,7 @@ def make_inputs(work: Path, scale: float) -> None:
     (work / "prog.rb").write_text(RUBY.replace("N", keys, 1))
     (work / "prog.lua").write_text(LUA.replace("N", keys, 1))
     (work / "prog.js").write_text(JS.replace("N", str(int(3000000 * scale)), 1))
+    (work / "prog.erl").write_text(ERLANG.format(n=int(400000 * scale)))
 
 
 def run(argv: list, work: Path, timeout: float) -> tuple:

@@ -488,6 +488,19 @@ def test_php_with_its_extensions(shim, tmp_path):
     assert got["summary"]["evictions"] > 0, got["summary"]
 
 
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_erlang_whose_jit_runs_on_stacks_in_its_heap(shim, tmp_path, fault):
+    """Erlang/OTP at a 1 MiB threshold, a quarter local. Its JIT runs Erlang code on each process's
+    stack, which lives in the runtime's own heap (paged), switched to by its own code; its poll
+    thread waits in epoll_wait with the events in its allocator's blocks (paged). Before session 34,
+    under the default fault=signal, the poll failed with EFAULT ("erts_poll_wait() failed: efault")
+    and the runtime hung, and a fault served on a process's stack hung on a page of that stack.
+    Every figure is computed again here."""
+    got = compat.erlang(farmem(threshold="1M", extra=["--fault", fault]), tmp_path, n=50_000, timeout=240)
+    assert_paged(got["summary"], "erlang")
+    assert got["summary"]["fault_mode"] == fault, got["summary"]
+
+
 def test_zstd_whose_crash_handler_comes_in_by_sysv_signal(shim, tmp_path, farmem_cmd):
     """zstd, built for strict ISO C, installs its crash handler for SIGBUS with glibc's
     `__sysv_signal` (what `signal` is there). Before session 32 that call went past the shim's

@@ -184,7 +184,7 @@ static void *watch_main(void *arg)
 		 */
 		if (atomic_load(&fw->beat) == beat &&
 		    (atomic_load(&fw->serving) || atomic_load(&p->settle_waiters) ||
-		     atomic_load(&p->rlock_writers) || poll(&pf, 1, 0) > 0) &&
+		     atomic_load(&p->rlock_writers) || fm_sys_poll(&pf, 1, 0) > 0) &&
 		    atomic_compare_exchange_strong(&fw->state, &on, FM_FOLLOW_STALLED)) {
 			restore(fw, (pid_t)atomic_load(&fw->tid));
 			STAT_ADD(p, follow_stalls, 1);

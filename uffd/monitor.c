@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -60,45 +62,171 @@ static void chain(int sig, siginfo_t *si, void *uc)
 		kill(getpid(), SIGBUS);
 }
 
+/*
+ * The stack the handler works on. A program may run its code on stacks of its
+ * own making in paged memory, switched by its own assembly (Erlang's JIT runs
+ * Erlang code on each process's stack, which lives in its heap; coroutine
+ * libraries): the pager's work there pushed its frames onto pages it may
+ * evict, or that wait for a handler thread while this thread holds the
+ * pager's locks (Erlang under fault=signal hung so, session 34). And on such
+ * a stack in a region that raises SIGBUS the kernel cannot even write the
+ * signal's frame. So every thread that faults gets a stack of farmem's, off
+ * paged memory: the signal arrives on it (SA_ONSTACK, ours as the thread's
+ * alternate stack unless the program has one) and the fault is served on it
+ * (switched to at once where the signal came on the program's alternate
+ * stack, which may be small: the fault path takes several KiB). A dead
+ * thread's stack goes to the next thread that needs one.
+ */
+#define HSTACK_SIZE (256u << 10)
+#define HSTACK_GUARD 4096u
+#define HSTACK_POOL 256
+
+static struct {
+	_Atomic pid_t owner;
+	char *lo; /* above the guard page */
+} hstacks[HSTACK_POOL];
+static __thread char *my_hstack __attribute__((tls_model("initial-exec")));
+
+static char *hstack_take(void)
+{
+	pid_t me = gettid(), pid = getpid();
+	char *m;
+
+	for (int k = 0; k < HSTACK_POOL; k++) {
+		pid_t o = atomic_load(&hstacks[k].owner);
+		char *lo = __atomic_load_n(&hstacks[k].lo, __ATOMIC_ACQUIRE);
+		if (o > 0 && lo && syscall(SYS_tgkill, pid, o, 0) != 0 && errno == ESRCH &&
+		    atomic_compare_exchange_strong(&hstacks[k].owner, &o, me))
+			return lo;
+	}
+	m = fm_sys_mmap(NULL, HSTACK_GUARD + HSTACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
+			-1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	syscall(SYS_mprotect, m, HSTACK_GUARD, PROT_NONE);
+	for (int k = 0; k < HSTACK_POOL; k++) {
+		pid_t free_slot = 0;
+		if (atomic_compare_exchange_strong(&hstacks[k].owner, &free_slot, me)) {
+			__atomic_store_n(&hstacks[k].lo, m + HSTACK_GUARD, __ATOMIC_RELEASE);
+			break;
+		}
+	}
+	return m + HSTACK_GUARD;
+}
+
+/* This thread's stack of farmem's, made its alternate signal stack if it has none. NULL when none can be had. */
+static char *hstack(void)
+{
+	stack_t cur;
+
+	if (my_hstack)
+		return my_hstack;
+	if (!(my_hstack = hstack_take()))
+		return NULL;
+	if (syscall(SYS_sigaltstack, NULL, &cur) == 0 && (cur.ss_flags & SS_DISABLE)) {
+		stack_t ss = { .ss_sp = my_hstack, .ss_size = HSTACK_SIZE };
+		syscall(SYS_sigaltstack, &ss, NULL);
+	}
+	return my_hstack;
+}
+
+void fm_monitor_altstack_released(void)
+{
+	stack_t ss = { .ss_sp = my_hstack, .ss_size = HSTACK_SIZE };
+
+	if (my_hstack && __atomic_load_n(&sig_installed, __ATOMIC_ACQUIRE))
+		syscall(SYS_sigaltstack, &ss, NULL);
+}
+
+#if defined(__x86_64__)
+/* fn(arg) on the stack whose top is top; the frame pointer chain runs on through the switch. */
+void fm_call_on_stack(void (*fn)(void *), void *arg, void *top);
+__asm__(".text\n"
+	".globl fm_call_on_stack\n"
+	".hidden fm_call_on_stack\n"
+	".type fm_call_on_stack, @function\n"
+	"fm_call_on_stack:\n"
+	".cfi_startproc\n"
+	"	push %rbp\n"
+	".cfi_def_cfa_offset 16\n"
+	".cfi_offset %rbp, -16\n"
+	"	mov %rsp, %rbp\n"
+	".cfi_def_cfa_register %rbp\n"
+	"	mov %rdx, %rsp\n"
+	"	mov %rdi, %rax\n"
+	"	mov %rsi, %rdi\n"
+	"	call *%rax\n"
+	"	mov %rbp, %rsp\n"
+	"	pop %rbp\n"
+	".cfi_def_cfa %rsp, 8\n"
+	"	ret\n"
+	".cfi_endproc\n"
+	".size fm_call_on_stack, .-fm_call_on_stack\n");
+#else
+static void fm_call_on_stack(void (*fn)(void *), void *arg, void *top)
+{
+	(void)top;
+	fn(arg);
+}
+#endif
+
+struct sigbus_call {
+	siginfo_t *si;
+	void *uc;
+	int served;
+};
+
+static void serve_sigbus(void *v)
+{
+	struct sigbus_call *c = v;
+	uintptr_t a = (uintptr_t)c->si->si_addr;
+
+	for (int k = 0; k < MAX_SIG_PAGERS; k++) {
+		struct fm_pager *p = atomic_load(&sig_pagers[k]);
+		struct fm_fault f = { .addr = a, .in_thread = 1 };
+		if (!p || !fm_region_maybe(p, a, a + 1))
+			continue;
+		f.t0 = fm_now_ns();
+		f.fc.tid = fm_thread_id();
+#if defined(__x86_64__)
+		{
+			/* The page-fault error code: bit 0, the page was present (so a write to a protected one); bit 1, a write. */
+			unsigned long ec = (unsigned long)((ucontext_t *)c->uc)->uc_mcontext.gregs[REG_ERR];
+			f.kind = (ec & 1) ? FM_FAULT_WP : FM_FAULT_MISSING;
+			f.write = !!(ec & 2);
+		}
+#else
+		f.kind = FM_FAULT_GUESS;
+#endif
+		if (fm_fault(p, &f) == 0 || fm_region_gone_recently(p, a)) {
+			c->served = 1;
+			return;
+		}
+	}
+}
+
 static void on_sigbus(int sig, siginfo_t *si, void *ucv)
 {
 	int saved = errno;
-	uintptr_t a = (uintptr_t)si->si_addr;
+	struct sigbus_call c = { .si = si, .uc = ucv };
 
 	atomic_fetch_add(&sig_inside, 1);
 	if (si->si_code == BUS_ADRERR) {
-		for (int k = 0; k < MAX_SIG_PAGERS; k++) {
-			struct fm_pager *p = atomic_load(&sig_pagers[k]);
-			struct fm_fault f = { .addr = a, .in_thread = 1 };
-			if (!p || !fm_region_maybe(p, a, a + 1))
-				continue;
-			f.t0 = fm_now_ns();
-			f.fc.tid = fm_thread_id();
-#if defined(__x86_64__)
-			{
-				/* The page-fault error code: bit 0, the page was present (so a write to a protected one); bit 1, a write. */
-				unsigned long ec = (unsigned long)((ucontext_t *)ucv)->uc_mcontext.gregs[REG_ERR];
-				f.kind = (ec & 1) ? FM_FAULT_WP : FM_FAULT_MISSING;
-				f.write = !!(ec & 2);
-			}
-#else
-			f.kind = FM_FAULT_GUESS;
-#endif
-			if (fm_fault(p, &f) == 0 || fm_region_gone_recently(p, a)) {
-				atomic_fetch_sub(&sig_inside, 1);
-				errno = saved;
-				return;
-			}
-		}
+		char *lo = hstack(), *here = (char *)&c;
+		if (lo && !(here >= lo && here < lo + HSTACK_SIZE))
+			fm_call_on_stack(serve_sigbus, &c, lo + HSTACK_SIZE);
+		else
+			serve_sigbus(&c); /* on farmem's stack already (a nested fault), or none to be had */
 	}
 	atomic_fetch_sub(&sig_inside, 1);
 	errno = saved;
-	chain(sig, si, ucv);
+	if (!c.served)
+		chain(sig, si, ucv);
 }
 
 static int sigbus_install(struct fm_pager *p, char *err, size_t errlen)
 {
-	struct sigaction sa = { .sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_RESTART };
+	struct sigaction sa = { .sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK };
 	int slot = -1;
 
 	/* Nothing interrupts a fault being served: the handler holds pager locks for a moment. */
@@ -123,6 +251,7 @@ static int sigbus_install(struct fm_pager *p, char *err, size_t errlen)
 		__atomic_store_n(&sig_installed, 1, __ATOMIC_RELEASE);
 	}
 	fm_monitor_unblock_sigbus();
+	hstack();
 	atomic_store(&sig_pagers[slot], p);
 	pthread_mutex_unlock(&sig_lock);
 	return 0;
@@ -144,6 +273,10 @@ void fm_monitor_child_reset(void)
 {
 	for (int k = 0; k < MAX_SIG_PAGERS; k++)
 		atomic_store(&sig_pagers[k], NULL);
+	/* The forking thread's stack is this child's thread's now; the other threads' stacks are free to take. */
+	for (int k = 0; k < HSTACK_POOL; k++)
+		if (my_hstack && __atomic_load_n(&hstacks[k].lo, __ATOMIC_ACQUIRE) == my_hstack)
+			atomic_store(&hstacks[k].owner, gettid());
 	atomic_store(&sig_inside, 0);
 	pthread_mutex_init(&sig_lock, NULL);
 }
@@ -218,7 +351,7 @@ static void *handler_main(void *arg)
 		fm_follow_turn(p, &fol, fm_now_ns());
 		if (!spin_until || fm_now_ns() >= spin_until) {
 			spin_until = 0;
-			if (poll(pfd, 2, fm_follow_poll_ms(&fol)) < 0 && errno != EINTR)
+			if (fm_sys_poll(pfd, 2, fm_follow_poll_ms(&fol)) < 0 && errno != EINTR)
 				fm_fatal("polling userfaultfd failed: %s", strerror(errno));
 			if (pfd[1].revents)
 				return NULL;

@@ -57,6 +57,8 @@ int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old)
  * the process. The threads this one starts inherit its mask.
  */
 void fm_monitor_unblock_sigbus(void);
+/* The program disabled this thread's alternate stack: farmem's is its alternate stack again. */
+void fm_monitor_altstack_released(void);
 /* Whether the pager's SIGBUS handler is installed: then nothing may block SIGBUS. */
 int fm_monitor_sigbus_ours(void);
 

@@ -877,7 +877,11 @@ EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
 	}
 	if (ss && !(ss->ss_flags & SS_DISABLE))
 		stack_stays_local(ss->ss_sp, ss->ss_size);
-	return next(ss, old);
+	if (next(ss, old))
+		return -1;
+	if (ss && (ss->ss_flags & SS_DISABLE))
+		fm_monitor_altstack_released();
+	return 0;
 }
 
 FM_IO_NEXT(sigsuspend_next, "sigsuspend");
@@ -894,19 +898,53 @@ EXPORT int sigsuspend(const sigset_t *set)
 	return next(open_sigbus(set, &s));
 }
 
+/*
+ * The waits for descriptors: the kernel reads the program's arrays and
+ * writes its answers into them, and with faults served in the faulting
+ * thread it cannot wait for a page of them (EFAULT). Erlang keeps its poll
+ * set's events in its own allocator's blocks, paged: erts_poll_wait failed
+ * with efault and the runtime hung (session 34). The arrays are pinned for
+ * the call, as a read's buffer is; a wait may last, and its pages stay
+ * resident while it does, as a sleeping lock's do (preload_sync.c). The
+ * sleeping ones also open SIGBUS in their masks.
+ */
+FM_IO_NEXT(poll_next, "poll");
 FM_IO_NEXT(ppoll_next, "ppoll");
+FM_IO_NEXT(select_next, "select");
+FM_IO_NEXT(pselect_next, "pselect");
+FM_IO_NEXT(epoll_wait_next, "epoll_wait");
+FM_IO_NEXT(epoll_pwait_next, "epoll_pwait");
+FM_IO_NEXT(epoll_pwait2_next, "epoll_pwait2");
+
+static void pin_fdsets(struct fm_io_pins *io, int n, fd_set *r, fd_set *w, fd_set *e)
+{
+	size_t len = n > 0 ? ((size_t)n + 7) / 8 : 0;
+
+	fm_io_pin(io, r, len, 1);
+	fm_io_pin(io, w, len, 1);
+	fm_io_pin(io, e, len, 1);
+}
+
+EXPORT int poll(struct pollfd *fds, nfds_t n, int tmo)
+{
+	COVERED(fm_io_pin(&io_, fds, n * sizeof(*fds), 1), LIBC(poll)(fds, n, tmo));
+}
+
+EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int tmo, size_t fdslen)
+{
+	if (fdslen / sizeof(*fds) < n)
+		__chk_fail();
+	return poll(fds, n, tmo);
+}
 
 EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *set)
 {
-	int (*next)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *) =
-		(int (*)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *))fm_io_next(&ppoll_next);
 	sigset_t s;
+	const sigset_t *m = open_sigbus(set, &s);
 
-	if (!next) {
-		errno = ENOSYS;
-		return -1;
-	}
-	return next(fds, n, tmo, open_sigbus(set, &s));
+	COVERED((fm_io_pin(&io_, fds, n * sizeof(*fds), 1), fm_io_pin(&io_, tmo, sizeof(*tmo), 0),
+		 fm_io_pin(&io_, m, sizeof(*m), 0)),
+		LIBC(ppoll)(fds, n, tmo, m));
 }
 
 EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *set, size_t fdslen)
@@ -916,49 +954,40 @@ EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
 	return ppoll(fds, n, tmo, set);
 }
 
-FM_IO_NEXT(pselect_next, "pselect");
+EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *e, struct timeval *tmo)
+{
+	COVERED((pin_fdsets(&io_, n, r, w, e), fm_io_pin(&io_, tmo, sizeof(*tmo), 1)), LIBC(select)(n, r, w, e, tmo));
+}
 
 EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *tmo, const sigset_t *set)
 {
-	int (*next)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *) =
-		(int (*)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *))fm_io_next(
-			&pselect_next);
 	sigset_t s;
+	const sigset_t *m = open_sigbus(set, &s);
 
-	if (!next) {
-		errno = ENOSYS;
-		return -1;
-	}
-	return next(n, r, w, e, tmo, open_sigbus(set, &s));
+	COVERED((pin_fdsets(&io_, n, r, w, e), fm_io_pin(&io_, tmo, sizeof(*tmo), 0), fm_io_pin(&io_, m, sizeof(*m), 0)),
+		LIBC(pselect)(n, r, w, e, tmo, m));
 }
 
-FM_IO_NEXT(epoll_pwait_next, "epoll_pwait");
+EXPORT int epoll_wait(int fd, struct epoll_event *ev, int max, int tmo)
+{
+	COVERED(fm_io_pin(&io_, ev, max > 0 ? (size_t)max * sizeof(*ev) : 0, 1), LIBC(epoll_wait)(fd, ev, max, tmo));
+}
 
 EXPORT int epoll_pwait(int fd, struct epoll_event *ev, int max, int tmo, const sigset_t *set)
 {
-	int (*next)(int, struct epoll_event *, int, int, const sigset_t *) =
-		(int (*)(int, struct epoll_event *, int, int, const sigset_t *))fm_io_next(&epoll_pwait_next);
 	sigset_t s;
+	const sigset_t *m = open_sigbus(set, &s);
 
-	if (!next) {
-		errno = ENOSYS;
-		return -1;
-	}
-	return next(fd, ev, max, tmo, open_sigbus(set, &s));
+	COVERED((fm_io_pin(&io_, ev, max > 0 ? (size_t)max * sizeof(*ev) : 0, 1), fm_io_pin(&io_, m, sizeof(*m), 0)),
+		LIBC(epoll_pwait)(fd, ev, max, tmo, m));
 }
-
-FM_IO_NEXT(epoll_pwait2_next, "epoll_pwait2");
 
 EXPORT int epoll_pwait2(int fd, struct epoll_event *ev, int max, const struct timespec *tmo, const sigset_t *set)
 {
-	int (*next)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *) =
-		(int (*)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *))fm_io_next(
-			&epoll_pwait2_next);
 	sigset_t s;
+	const sigset_t *m = open_sigbus(set, &s);
 
-	if (!next) {
-		errno = ENOSYS;
-		return -1;
-	}
-	return next(fd, ev, max, tmo, open_sigbus(set, &s));
+	COVERED((fm_io_pin(&io_, ev, max > 0 ? (size_t)max * sizeof(*ev) : 0, 1), fm_io_pin(&io_, tmo, sizeof(*tmo), 0),
+		 fm_io_pin(&io_, m, sizeof(*m), 0)),
+		LIBC(epoll_pwait2)(fd, ev, max, tmo, m));
 }

@@ -822,6 +822,32 @@ def php(launch: Launch, workdir: Path, n: int = 400_000, timeout: float = 1800) 
     return {"summary": summary, "seconds": round(secs, 2)}
 
 
+ERLANG = """N = {n},
+M = maps:from_list([{{integer_to_list(I), {{I, lists:duplicate(I rem 50, $v)}}}} || I <- lists:seq(0, N)]),
+S = lists:foldl(fun(R, Acc) -> lists:foldl(fun(I, A2) -> K = integer_to_list((I * 7919) rem N),
+    {{V, _}} = maps:get(K, M), A2 + (V + R) rem 13 end, Acc, lists:seq(0, N - 1, 3)) end, 0, [0, 1, 2]),
+Ks = lists:sort(maps:keys(M)),
+io:format("erlang ~p ~p ~s~n", [S, length(Ks), lists:nth(12345 rem N + 1, Ks)]),
+halt()."""
+
+
+def erlang(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 1800) -> dict:
+    """Erlang/OTP (Debian's erlang-base, its JIT): a map of N+1 string keys built, looked up a third
+    at a time three times in a scattered order, its keys sorted; every figure computed again here.
+    Its JIT runs Erlang code on each process's stack, which lives in the runtime's own heap, and its
+    poll thread keeps the poll set's events in its own allocator's blocks."""
+    need("erl")
+    s = sum((((i * 7919) % n) + r) % 13 for r in range(3) for i in range(0, n, 3))
+    keys = sorted(str(i) for i in range(n + 1))
+    want = f"erlang {s} {n + 1} {keys[12345 % n]}"
+    r, summary, secs = run(launch, ["erl", "-noshell", "-eval", ERLANG.format(n=n)], workdir, "erlang",
+                           timeout=timeout)
+    out = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not out or out[-1] != want:
+        raise Failed(f"erlang: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
+    return {"summary": summary, "seconds": round(secs, 2)}
+
+
 WORKLOADS = {
     "redis": redis,
     "redis-bgsave": redis_bgsave,
@@ -836,6 +862,7 @@ WORKLOADS = {
     "xz": xz,
     "sort": sort,
     "php": php,
+    "erlang": erlang,
 }
 
 if __name__ == "__main__":

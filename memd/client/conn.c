@@ -94,7 +94,7 @@ static int wait_fd(int fd, short ev, uint64_t deadline)
 		if (now >= deadline)
 			return -ETIMEDOUT;
 		/* Rounded up: a wait that ends early would only come round again. */
-		r = poll(&p, 1, (int)((deadline - now + 999999) / 1000000));
+		r = fm_sys_poll(&p, 1, (int)((deadline - now + 999999) / 1000000));
 		if (r > 0)
 			return (p.revents & POLLNVAL) ? -EBADF : 0;
 		if (r < 0 && errno != EINTR)

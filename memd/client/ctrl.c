@@ -165,7 +165,7 @@ int fm_ctrl_alive(struct fm_ctrl *c)
 
 	if (atomic_load(&c->dead))
 		return 0;
-	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL))) {
+	if (fm_sys_poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL))) {
 		mark_dead(c, "its connection closed");
 		return 0;
 	}

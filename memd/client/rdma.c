@@ -314,7 +314,7 @@ static int cm_wait(struct rchan *rc, enum rdma_cm_event_type want, int timeout_m
 	enum rdma_cm_event_type t;
 	int st;
 
-	if (poll(&p, 1, timeout_ms) <= 0)
+	if (fm_sys_poll(&p, 1, timeout_ms) <= 0)
 		return -ETIMEDOUT;
 	if (verbs.rdma_get_cm_event(rc->ec, &ev))
 		return -errno;
@@ -504,7 +504,7 @@ static int post_wait(struct rchan *rc, unsigned n)
 			struct pollfd p = { .fd = rc->cc->fd, .events = POLLIN };
 			struct ibv_cq *cq;
 			void *ctx;
-			int r = now < deadline ? poll(&p, 1, (int)((deadline - now + 999999) / 1000000)) : 0;
+			int r = now < deadline ? fm_sys_poll(&p, 1, (int)((deadline - now + 999999) / 1000000)) : 0;
 
 			if (r < 0 && errno == EINTR)
 				continue;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <poll.h>
 #include <sys/random.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -420,6 +421,13 @@ long fm_sys_sendmsg(int fd, const struct msghdr *m, int flags)
 long fm_sys_recvmsg(int fd, struct msghdr *m, int flags)
 {
 	return syscall(SYS_recvmsg, fd, m, flags);
+}
+
+int fm_sys_poll(struct pollfd *fds, unsigned long n, int timeout_ms)
+{
+	struct timespec t = { .tv_sec = timeout_ms / 1000, .tv_nsec = (long)(timeout_ms % 1000) * 1000000 };
+
+	return (int)syscall(SYS_ppoll, fds, n, timeout_ms < 0 ? NULL : &t, NULL, 0);
 }
 
 int fm_sys_madvise(void *addr, size_t len, int advice)

@@ -125,6 +125,9 @@ long fm_sys_write(int fd, const void *buf, size_t len);
 long fm_sys_send(int fd, const void *buf, size_t len, int flags);
 long fm_sys_sendmsg(int fd, const struct msghdr *m, int flags);
 long fm_sys_recvmsg(int fd, struct msghdr *m, int flags);
+/* And the wait for a descriptor (the shim's poll pins the program's arrays, under the pager's locks). */
+struct pollfd;
+int fm_sys_poll(struct pollfd *fds, unsigned long n, int timeout_ms);
 
 /* Fill buf with len bytes from getrandom(2). Returns 0 or -errno. */
 int fm_random(void *buf, size_t len);

@@ -54,6 +54,13 @@
  *                        alternate stack there (sigaltstack): with faults served in
  *                        the faulting thread the coroutines died of SIGSEGV at their
  *                        first fault before the shim kept such stacks local
+ *   ownstack             (x86-64) a stack switched to by the program's own assembly,
+ *                        as Erlang's JIT does, in the buffer, evicted: paged memory
+ *                        read and written from it under eviction, its own frame
+ *                        kept (it died of SIGSEGV at its first fault before session 34)
+ *   poll                 epoll_wait, epoll_pwait, poll, ppoll, select and pselect
+ *                        with their arrays in the evicted buffer: each finds the one
+ *                        ready descriptor (each failed with EFAULT before session 34)
  *   close                every descriptor but 0-2 closed the ways a daemon does it
  *                        (a loop to 1024, close_range, closefrom): paging goes on
  *                        and the file the program opens next holds only its bytes
@@ -708,6 +715,124 @@ static void t_stacks(void)
 }
 
 /*
+ * A stack the program switches to by its own assembly, as Erlang's JIT does
+ * (each Erlang process's stack lives in its heap) and coroutine libraries
+ * do: no call the shim sees hands it over, so it stays paged. Faults taken
+ * there, and the evictions they cause, run on the pager's own stack: before
+ * session 34 the kernel could not write the signal's frame on an evicted
+ * page of it (SIGSEGV), and the handler's frames went onto pages it evicts.
+ */
+#if defined(__x86_64__)
+static void on_own_stack(void (*fn)(void), void *top)
+{
+	__asm__ volatile("mov %%rsp, %%rbx\n\t"
+			 "mov %1, %%rsp\n\t"
+			 "call *%0\n\t"
+			 "mov %%rbx, %%rsp\n\t"
+			 :
+			 : "r"(fn), "r"(top)
+			 : "rbx", "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "xmm0", "xmm1", "xmm2",
+			   "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13",
+			   "xmm14", "xmm15", "memory", "cc");
+}
+#endif
+
+static void own_stack_body(void)
+{
+	volatile uint8_t frame[3 * PAGE]; /* the body's own frame spans pages of the paged stack */
+
+	for (int round = 0; round < 3; round++) {
+		for (size_t i = 0; i < sizeof(frame); i++)
+			frame[i] = (uint8_t)(i * 7 + (size_t)round);
+		fill(buf + CHUNK, CHUNK, CHUNK, (unsigned)(51 + round));
+		evict_buf();
+		check(buf + CHUNK, CHUNK, CHUNK, (unsigned)(51 + round), "paged memory read from a stack of paged memory");
+		for (size_t i = 0; i < sizeof(frame); i++)
+			if (frame[i] != (uint8_t)(i * 7 + (size_t)round)) {
+				FAIL("a stack of paged memory lost byte %zu of its frame", i);
+				return;
+			}
+	}
+}
+
+static void t_ownstack(void)
+{
+#if defined(__x86_64__)
+	/* 1 MiB of the buffer, its top 16-byte aligned; what was there is not needed by this part. */
+	uint8_t *top = buf + 3 * size / 8 + (1u << 20);
+
+	evict_buf(); /* the stack's pages are out before it is switched to */
+	on_own_stack(own_stack_body, top);
+#endif
+}
+
+/*
+ * The waits for descriptors with their arrays in evicted paged memory: the
+ * kernel reads them and writes its answers there (epoll_wait's events,
+ * poll's revents, select's fd sets), and cannot wait for a page with faults
+ * served in the faulting thread: each failed with EFAULT before session 34
+ * (Erlang's poll thread: "erts_poll_wait() failed: efault", and it hung).
+ */
+static void t_poll(void)
+{
+	int sv[2], ep;
+	struct epoll_event ev = { .events = EPOLLIN };
+	struct epoll_event *evs = (struct epoll_event *)(buf + 5 * CHUNK + 3 * PAGE);
+	struct pollfd *pf = (struct pollfd *)(buf + 6 * CHUNK + 5 * PAGE);
+	fd_set *rs = (fd_set *)(buf + 7 * CHUNK + 2 * PAGE);
+	struct timespec zero = { 0 };
+	sigset_t none;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || write(sv[1], "x", 1) != 1 || (ep = epoll_create1(0)) < 0) {
+		FAIL("poll: setup: %s", strerror(errno));
+		return;
+	}
+	ev.data.u64 = 0x5ca1ab1e;
+	epoll_ctl(ep, EPOLL_CTL_ADD, sv[0], &ev);
+	sigemptyset(&none);
+	for (int kind = 0; kind < 6; kind++) {
+		static const char *const names[] = { "epoll_wait", "epoll_pwait", "poll", "ppoll", "select", "pselect" };
+		int r = -1;
+
+		evict_buf();
+		switch (kind) {
+		case 0:
+			r = epoll_wait(ep, evs, 64, 1000);
+			break;
+		case 1:
+			r = epoll_pwait(ep, evs, 64, 1000, &none);
+			break;
+		case 2:
+		case 3:
+			pf[0] = (struct pollfd){ .fd = sv[0], .events = POLLIN };
+			pf[1] = (struct pollfd){ .fd = sv[1], .events = POLLIN };
+			evict_buf();
+			r = kind == 2 ? poll(pf, 2, 1000) : ppoll(pf, 2, NULL, &none);
+			break;
+		default:
+			FD_ZERO(rs);
+			FD_SET(sv[0], rs);
+			FD_SET(sv[1], rs);
+			evict_buf();
+			r = kind == 4 ? select(sv[1] + 1, rs, NULL, NULL, NULL) : pselect(sv[1] + 1, rs, NULL, NULL, &zero, &none);
+			break;
+		}
+		if (r != 1)
+			FAIL("%s with its array in evicted paged memory returned %d (%s), not 1", names[kind], r,
+			     r < 0 ? strerror(errno) : "no error");
+		else if (kind < 2 && (evs[0].data.u64 != 0x5ca1ab1e || !(evs[0].events & EPOLLIN)))
+			FAIL("%s wrote the wrong event", names[kind]);
+		else if ((kind == 2 || kind == 3) && (!(pf[0].revents & POLLIN) || (pf[1].revents & POLLIN)))
+			FAIL("%s wrote the wrong revents", names[kind]);
+		else if (kind >= 4 && (!FD_ISSET(sv[0], rs) || FD_ISSET(sv[1], rs)))
+			FAIL("%s wrote the wrong fd set", names[kind]);
+	}
+	close(ep);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/*
  * A daemon's way of starting clean: close every descriptor but 0-2, by a loop
  * up to the limit, close_range and closefrom. The pager's userfaultfd, memd
  * connections and pipes must survive it, and a file the program opens next
@@ -1149,7 +1274,7 @@ int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "fortify", t_fortify }, { "big", t_big }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks }, { "close", t_close },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks }, { "ownstack", t_ownstack }, { "poll", t_poll }, { "close", t_close },
 		{ "raw", t_raw },
 	};
 	static const struct option opts[] = {
