@@ -679,6 +679,7 @@ void *fm_evictor_main(void *arg)
 {
 	struct fm_pager *p = arg;
 
+	fm_thread_c_locale();
 	pthread_setname_np(pthread_self(), "farmem-evict");
 	while (!atomic_load(&p->stopping)) {
 		fm_evictor_sleep(p, 0);

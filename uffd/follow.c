@@ -74,13 +74,19 @@ void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd)
 	fw->fd = fd;
 }
 
-/* The CPU thread tid last ran on: /proc's stat, field 39. -1 when it cannot be read. */
+/*
+ * The CPU thread tid last ran on: /proc's stat, field 39. -1 when it cannot be
+ * read. No printf or scanf here, on a handler's path: they look up the
+ * program's registered printf handlers (register_printf_specifier, which R's
+ * libraries call), kept in its heap, which may be paged; a handler that
+ * faulted there waited for itself.
+ */
 static int proc_cpu(pid_t tid)
 {
-	char path[64], buf[1024], *s;
-	int field = 2;
+	char path[64] = "/proc/self/task/", buf[1024], *s;
+	int field = 2, cpu = 0;
 
-	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	strcpy(fm_fmt_uint(path + strlen(path), (unsigned long)tid), "/stat");
 	if (fm_read_file(path, buf, sizeof(buf)) <= 0)
 		return -1;
 	/* Field 2, the name, is in parentheses and may hold spaces: count from its end. */
@@ -88,7 +94,11 @@ static int proc_cpu(pid_t tid)
 	while (s && *s && field < 39)
 		if (*s++ == ' ')
 			field++;
-	return s && *s ? atoi(s) : -1;
+	if (!s || *s < '0' || *s > '9')
+		return -1;
+	while (*s >= '0' && *s <= '9')
+		cpu = cpu * 10 + (*s++ - '0');
+	return cpu;
 }
 
 /*

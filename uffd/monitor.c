@@ -331,7 +331,11 @@ static void *handler_main(void *arg)
 	struct pollfd pfd[2] = { { .fd = fd, .events = POLLIN }, { .fd = p->stop_fd, .events = POLLIN } };
 	char name[16];
 
-	snprintf(name, sizeof(name), events_only ? "farmem-events" : "farmem-fault%u", idx);
+	fm_thread_c_locale();
+	if (events_only)
+		strcpy(name, "farmem-events");
+	else
+		fm_fmt_uint(name + strlen(strcpy(name, "farmem-fault")), idx);
 	pthread_setname_np(pthread_self(), name);
 	/*
 	 * A handler asleep between faults is woken for the next one, and the
