@@ -324,6 +324,23 @@ def test_program_that_dlopens_before_its_heap_is_paged(shim, built, tmp_path, fa
     assert s["evictions"] > 10000, s
 
 
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_program_with_its_own_printf_specifier_and_locale(shim, built, tmp_path, farmem_cmd, fault):
+    """A program that registers a printf specifier of its own (R's libraries do) and takes its locale
+    from the environment: glibc keeps both in blocks of the main heap, paged and evicted like the
+    rest. Before session 34 the heaps' handler thread formatted a /proc path with snprintf, which
+    looks the program's specifiers up: it faulted on a page only it could bring in, and the program
+    hung for good (R, in both modes). The specifier still works at the end."""
+    prog = built("build/tests/arenatest")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "8M", "--threshold", "1M", "--fault", fault,
+                      "--", prog, "--main", "--mib", 64, "--rounds", 1, "--printf", timeout=120,
+                      env=dict(os.environ, LANG="C.UTF-8"))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert re.search(r"arenatest: ok threads=main .* syscalls=1536", r.stdout), r.stdout + r.stderr[-3000:]
+    assert_paged(s, "arenatest --main --printf")
+    assert s["evictions"] > 10000, s
+
+
 def test_more_heaps_than_the_first_region_table(shim, built, tmp_path, farmem_cmd):
     """120 threads with up to 128 arenas (a many-core server's glibc makes 8 per core): each heap is a
     region of its own, more than the residency map's first 64 slots. Every heap is paged (before,

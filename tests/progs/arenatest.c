@@ -32,6 +32,11 @@
  * look up a symbol (the library's link map, the grown global scope) in
  * blocks of the main heap, which get paged and go cold like the rest.
  *
+ * With --printf, a printf specifier is registered first (%Y, as R's libraries
+ * register theirs) and the locale is taken from the environment: glibc keeps
+ * both in blocks of the main heap, which go cold like the rest. A pager
+ * thread that formatted with printf read them (R hung so).
+ *
  * With --reserve, no threads: one reservation of 1.5 times --mib, made
  * PROT_NONE the way V8's and .NET's heaps are, whose parts the program makes
  * writable with mprotect, 4 MiB at a time, and fills. Then, each part checked
@@ -45,11 +50,13 @@
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main] [--dlopen LIB]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main] [--dlopen LIB] [--printf]
  */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <getopt.h>
+#include <locale.h>
+#include <printf.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -465,6 +472,22 @@ static int reserve(unsigned long mib)
 	return 0;
 }
 
+/* --printf: a specifier of the program's own, %Y, the number in brackets. */
+static int print_y(FILE *f, const struct printf_info *info, const void *const *args)
+{
+	(void)info;
+	return fprintf(f, "[%d]", *(const int *)args[0]);
+}
+
+static int print_y_arginfo(const struct printf_info *info, size_t n, int *types, int *sizes)
+{
+	(void)info;
+	(void)sizes;
+	if (n > 0)
+		types[0] = PA_INT;
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -474,6 +497,7 @@ int main(int argc, char **argv)
 		{ "reserve", no_argument, NULL, 'R' },
 		{ "main", no_argument, NULL, 'M' },
 		{ "dlopen", required_argument, NULL, 'D' },
+		{ "printf", no_argument, NULL, 'P' },
 		{ 0 },
 	};
 	unsigned long mib = 192;
@@ -483,7 +507,7 @@ int main(int argc, char **argv)
 	pthread_t *th;
 	int c;
 
-	int reserved = 0, main_only = 0;
+	int reserved = 0, main_only = 0, printf_own = 0;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		char *end;
@@ -492,6 +516,12 @@ int main(int argc, char **argv)
 		if (c == 'R' || c == 'M') {
 			reserved |= c == 'R';
 			main_only |= c == 'M';
+			continue;
+		}
+		if (c == 'P') {
+			setlocale(LC_ALL, "");
+			register_printf_specifier('Y', print_y, print_y_arginfo);
+			printf_own = 1;
 			continue;
 		}
 		if (c == 'D') {
@@ -503,7 +533,7 @@ int main(int argc, char **argv)
 		}
 		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main] [--dlopen LIB]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main] [--dlopen LIB] [--printf]\n");
 			return 2;
 		}
 		if (c == 't')
@@ -552,6 +582,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "arenatest: the stream holds %lu lines, %lu were written\n", lines,
 			atomic_load(&lines_written));
 		return 1;
+	}
+	if (printf_own) {
+		const char *own = "%Y"; /* a variable: the compiler does not know the program's specifier */
+
+		snprintf(line, sizeof(line), own, 7);
+		if (strcmp(line, "[7]")) {
+			fprintf(stderr, "arenatest: the program's own printf specifier gave %s\n", line);
+			return 1;
+		}
 	}
 	if (main_only)
 		snprintf(line, sizeof(line), "main");
