@@ -41,7 +41,7 @@ void fm_captures_open(struct fm_pager *p, unsigned n)
 	}
 	if (p->ncaptures < n)
 		fm_info("eviction write-protects dirty pages (pipes for %u of %u captures: %s)", p->ncaptures, n,
-			strerror(errno));
+			fm_strerror(errno));
 }
 
 void fm_captures_close(struct fm_pager *p)
@@ -118,7 +118,7 @@ void fm_capture_collect(struct fm_capture *c, struct iovec *left, unsigned niov)
 			continue;
 		if (k <= 0)
 			fm_fatal("cannot read evicted pages back from their pipe: %s",
-				 k < 0 ? strerror(errno) : "it ran dry");
+				 k < 0 ? fm_strerror(errno) : "it ran dry");
 		/* A short read stops anywhere: step over what it filled. */
 		while (first < niov && (size_t)k >= left[first].iov_len)
 			k -= (ssize_t)left[first++].iov_len;

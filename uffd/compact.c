@@ -79,7 +79,7 @@ static struct fm_chan *chan(struct call *c)
 
 	if (c->own || !c->p->npool) {
 		if (!c->own && (rc = fm_chan_open(c->p->x, &c->own)))
-			fm_fatal("cannot open a channel to memd for a collector's move: %s", strerror(-rc));
+			fm_fatal("cannot open a channel to memd for a collector's move: %s", fm_strerror(-rc));
 		return c->own;
 	}
 	return fm_borrow(c->p, &c->fc);
@@ -231,7 +231,7 @@ static int open_store(struct call *c, unsigned from)
 			if (rc == -EIO)
 				STAT_ADD(p, crc_errors, 1);
 			fm_fatal("page %#lx is in memd but cannot be read back for a collector's move (%s%s)",
-				 (unsigned long)(c->r->base + (e->i << PG_SHIFT)), strerror(-rc),
+				 (unsigned long)(c->r->base + (e->i << PG_SHIFT)), fm_strerror(-rc),
 				 rc == -EIO ? ": checksum mismatch" : "");
 		}
 	}
@@ -543,7 +543,7 @@ static int send_batch(struct call *c, struct edit_batch *b)
 			if (rc == -EIO)
 				STAT_ADD(p, crc_errors, 1);
 			fm_fatal("memd at %s could not do a collector's moves in its store (%s%s): the heap's pages "
-				 "there cannot be trusted", fm_xport_addr(p->x), strerror(-rc),
+				 "there cannot be trusted", fm_xport_addr(p->x), fm_strerror(-rc),
 				 rc == -EIO ? ": checksum mismatch" : "");
 		}
 		STAT_ADD(p, remote_read_bytes, b->get_len);
@@ -780,7 +780,7 @@ static int words_edit(struct fm_pager *p, uintptr_t a, void *buf, size_t len, in
 			if (rc && !refused(rc)) {
 				STAT_ADD(p, transport_errors, 1);
 				fm_fatal("memd at %s could not %s a collector's header word in its store (%s)",
-					 fm_xport_addr(p->x), write ? "write" : "read", strerror(-rc));
+					 fm_xport_addr(p->x), write ? "write" : "read", fm_strerror(-rc));
 			}
 		}
 		h->write = (uint8_t)(write && !rc);

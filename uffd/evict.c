@@ -322,7 +322,7 @@ static void drop(struct fm_pager *p, struct victim *v, unsigned n)
 	}
 	for (unsigned k = 0; k < niov; k++) {
 		if (fm_sys_madvise(iov[k].iov_base, iov[k].iov_len, MADV_DONTNEED))
-			fm_fatal("madvise(DONTNEED) of an evicted page failed: %s", strerror(errno));
+			fm_fatal("madvise(DONTNEED) of an evicted page failed: %s", fm_strerror(errno));
 		STAT_ADD(p, evict_syscalls, 1);
 	}
 }
@@ -464,7 +464,7 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 		if (rc) {
 			if (!atomic_exchange(&p->evict_broken, 1))
 				fm_err("cannot write pages to memd at %s (%s): eviction stops and pages stay local, "
-				       "over the budget if need be", p->cfg.memd, strerror(-rc));
+				       "over the budget if need be", p->cfg.memd, fm_strerror(-rc));
 			STAT_ADD(p, transport_errors, 1);
 		}
 		for (unsigned j = 0; j < m; j++) {
@@ -679,7 +679,6 @@ void *fm_evictor_main(void *arg)
 {
 	struct fm_pager *p = arg;
 
-	fm_thread_c_locale();
 	pthread_setname_np(pthread_self(), "farmem-evict");
 	while (!atomic_load(&p->stopping)) {
 		fm_evictor_sleep(p, 0);

@@ -13,7 +13,7 @@ void fm_fatal(const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	fm_vfmt(msg, sizeof(msg), fmt, ap); /* no locale, no allocation: it may run in a fault handler */
 	va_end(ap);
 	fm_err("%s; stopping the program so that it never runs on with wrong memory", msg);
 	_exit(70);

@@ -60,7 +60,7 @@ static const void *fetch_one(struct fm_pager *p, struct fm_fault *f, struct regi
 		if (rc == -EIO)
 			STAT_ADD(p, crc_errors, 1);
 		fm_fatal("page %#lx is in memd but cannot be read back (%s%s)",
-			 (unsigned long)(r->base + (i << PG_SHIFT)), strerror(-rc),
+			 (unsigned long)(r->base + (i << PG_SHIFT)), fm_strerror(-rc),
 			 rc == -EIO ? ": checksum mismatch" : "");
 	}
 	STAT_ADD(p, remote_reads, 1);
@@ -500,8 +500,13 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 	struct fm_overlap o = { 0 };
 	int slot;
 
-	/* With handler threads the kernel waits for a page a system call touches. */
-	if (!p->in_thread || !len || !fm_region_maybe(p, a, e))
+	/*
+	 * With handler threads, and in a heap's region, the kernel waits for a
+	 * page a system call touches. Nothing pinned for a range with no paged
+	 * page (a poll's array on the stack, slept on for hours, would hold a
+	 * pin slot for nothing).
+	 */
+	if (!len || !fm_pager_io_needed(p, addr, len))
 		return -1;
 	slot = fm_pin(p, a, e);
 	f.fc.tid = gettid();

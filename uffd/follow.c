@@ -76,17 +76,17 @@ void fm_follower_init(struct fm_pager *p, struct fm_follower *f, int fd)
 
 /*
  * The CPU thread tid last ran on: /proc's stat, field 39. -1 when it cannot be
- * read. No printf or scanf here, on a handler's path: they look up the
- * program's registered printf handlers (register_printf_specifier, which R's
- * libraries call), kept in its heap, which may be paged; a handler that
+ * read. No printf or scanf here, on a handler's path (fm_fmt): they look up
+ * the program's registered printf handlers (register_printf_specifier, which
+ * R's libraries call), kept in its heap, which may be paged; a handler that
  * faulted there waited for itself.
  */
 static int proc_cpu(pid_t tid)
 {
-	char path[64] = "/proc/self/task/", buf[1024], *s;
+	char path[64], buf[1024], *s;
 	int field = 2, cpu = 0;
 
-	strcpy(fm_fmt_uint(path + strlen(path), (unsigned long)tid), "/stat");
+	fm_fmt(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
 	if (fm_read_file(path, buf, sizeof(buf)) <= 0)
 		return -1;
 	/* Field 2, the name, is in parentheses and may hold spaces: count from its end. */
@@ -161,7 +161,7 @@ static void restore(struct fm_follow *fw, pid_t tid)
 	struct sched_param sp = { 0 };
 
 	if (sched_setscheduler(tid, SCHED_OTHER, &sp) || sched_setaffinity(tid, sizeof(fw->cpus), &fw->cpus))
-		fm_debug("follow: cannot put handler %d back: %s", (int)tid, strerror(errno));
+		fm_debug("follow: cannot put handler %d back: %s", (int)tid, fm_strerror(errno));
 }
 
 static void *watch_main(void *arg)

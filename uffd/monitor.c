@@ -244,7 +244,7 @@ static int sigbus_install(struct fm_pager *p, char *err, size_t errlen)
 		struct sigaction old;
 		if (__sigaction(SIGBUS, &sa, &old)) {
 			pthread_mutex_unlock(&sig_lock);
-			snprintf(err, errlen, "cannot install the SIGBUS handler: %s", strerror(errno));
+			snprintf(err, errlen, "cannot install the SIGBUS handler: %s", fm_strerror(errno));
 			return -errno;
 		}
 		chained = old;
@@ -331,11 +331,7 @@ static void *handler_main(void *arg)
 	struct pollfd pfd[2] = { { .fd = fd, .events = POLLIN }, { .fd = p->stop_fd, .events = POLLIN } };
 	char name[16];
 
-	fm_thread_c_locale();
-	if (events_only)
-		strcpy(name, "farmem-events");
-	else
-		fm_fmt_uint(name + strlen(strcpy(name, "farmem-fault")), idx);
+	fm_fmt(name, sizeof(name), events_only ? "farmem-events" : "farmem-fault%u", idx);
 	pthread_setname_np(pthread_self(), name);
 	/*
 	 * A handler asleep between faults is woken for the next one, and the
@@ -356,7 +352,7 @@ static void *handler_main(void *arg)
 		if (!spin_until || fm_now_ns() >= spin_until) {
 			spin_until = 0;
 			if (fm_sys_poll(pfd, 2, fm_follow_poll_ms(&fol)) < 0 && errno != EINTR)
-				fm_fatal("polling userfaultfd failed: %s", strerror(errno));
+				fm_fatal("polling userfaultfd failed: %s", fm_strerror(errno));
 			if (pfd[1].revents)
 				return NULL;
 			if (!pfd[0].revents)
@@ -368,7 +364,7 @@ static void *handler_main(void *arg)
 				sched_yield();
 			if (errno == EINTR || errno == EAGAIN)
 				continue;
-			fm_fatal("reading userfaultfd failed: %s", strerror(errno));
+			fm_fatal("reading userfaultfd failed: %s", fm_strerror(errno));
 		}
 		/* What it read may hold pages and locks others wait for: the watch watches it now. */
 		fm_follow_serving(p, &fol, 1);
@@ -418,7 +414,7 @@ static int handler_start(struct fm_pager *p, unsigned i, int with_chan, char *er
 	if (with_chan) {
 		rc = fm_chan_open(p->x, &p->handler_chan[i]);
 		if (rc) {
-			snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
+			snprintf(err, errlen, "cannot open a channel to memd: %s", fm_strerror(-rc));
 			return rc;
 		}
 	}
@@ -427,7 +423,7 @@ static int handler_start(struct fm_pager *p, unsigned i, int with_chan, char *er
 	if (rc) {
 		fm_chan_close(p->handler_chan[i]);
 		p->handler_chan[i] = NULL;
-		snprintf(err, errlen, "cannot start a fault handler: %s", strerror(-rc));
+		snprintf(err, errlen, "cannot start a fault handler: %s", fm_strerror(-rc));
 	}
 	return rc;
 }
@@ -473,7 +469,7 @@ int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
 	fm_follow_init(&p->follow);
 	p->stop_fd = fm_fd_keep(eventfd(0, EFD_CLOEXEC));
 	if (p->stop_fd < 0) {
-		snprintf(err, errlen, "eventfd: %s", strerror(errno));
+		snprintf(err, errlen, "eventfd: %s", fm_strerror(errno));
 		return -errno;
 	}
 	if (p->in_thread) {
@@ -508,7 +504,7 @@ void fm_monitor_stop(struct fm_pager *p)
 	fm_follow_stop(p);
 	pthread_mutex_lock(&p->waits_lock); /* no handler 1 starts now */
 	if (p->stop_fd >= 0 && fm_sys_write(p->stop_fd, &one, sizeof(one)) < 0)
-		fm_warn("cannot stop the fault handlers: %s", strerror(errno));
+		fm_warn("cannot stop the fault handlers: %s", fm_strerror(errno));
 	for (unsigned i = 0; i < p->nhandlers; i++) {
 		pthread_join(p->handlers[i], NULL);
 		if (p->handler_chan[i])

@@ -8,6 +8,7 @@
 #include "budget.h"
 #include "chanpool.h"
 #include "evict.h"
+#include "fm_util.h"
 #include "pager_internal.h"
 #include "uffd_ops.h"
 #include "wait.h"
@@ -167,7 +168,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	if (nr) {
 		int rc = fm_chan_read(fm_borrow(p, fc), r->space, remote, nr, src);
 		if (rc)
-			fm_fatal("prefetch of %u pages from memd failed: %s", nr, strerror(-rc));
+			fm_fatal("prefetch of %u pages from memd failed: %s", nr, fm_strerror(-rc));
 		STAT_ADD(p, remote_reads, nr);
 		STAT_ADD(p, remote_read_bytes, (uint64_t)nr * PG_SIZE);
 		fm_churn(p, nr);

@@ -287,7 +287,6 @@ static void *farmem_thread_main(void *v)
 
 	arena_free(v);
 	in_farmem = 1;
-	fm_thread_c_locale();
 	return t.fn(t.arg);
 }
 

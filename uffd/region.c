@@ -432,7 +432,7 @@ int fm_region_uffd_register(const struct region *r, uintptr_t a, size_t len, int
 		if (!rc)
 			fm_uffd_unregister(r->uffd, a, len);
 		if (rc)
-			fm_warn("UFFDIO_REGISTER of %#lx+%zu failed: %s", (unsigned long)a, len, strerror(-rc));
+			fm_warn("UFFDIO_REGISTER of %#lx+%zu failed: %s", (unsigned long)a, len, fm_strerror(-rc));
 		else
 			fm_warn("%#lx+%zu cannot be paged (no copy, continue or write-protect on this mapping)",
 				(unsigned long)a, len);
@@ -597,7 +597,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	rc = fm_xport_space_open(p->x, npages, &space);
 	if (rc) {
 		rlock_un(p);
-		fm_warn("memd refused a space of %llu pages: %s", (unsigned long long)npages, strerror(-rc));
+		fm_warn("memd refused a space of %llu pages: %s", (unsigned long long)npages, fm_strerror(-rc));
 		return rc;
 	}
 	r->space = space;
@@ -612,7 +612,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 		rlock_un(p);
 		fm_xport_space_close(p->x, space);
 		fm_warn("cannot map the shared-memory range %p+%zu MiB a second time: %s", addr, len >> 20,
-			strerror(-rc));
+			fm_strerror(-rc));
 		return rc;
 	}
 	/*
@@ -742,7 +742,7 @@ static void uffd_let_go(struct fm_pager *p, const struct fm_overlap *o)
 		fm_sys_madvise((void *)s, (size_t)(stop - i) << PG_SHIFT, MADV_DOFORK);
 		if (rc)
 			fm_warn("UFFDIO_UNREGISTER of %#lx+%lu failed: %s", (unsigned long)s,
-				(unsigned long)((stop - i) << PG_SHIFT), strerror(-rc));
+				(unsigned long)((stop - i) << PG_SHIFT), fm_strerror(-rc));
 		i = run_end(r, stop, end, 1);
 	}
 }

@@ -106,7 +106,7 @@ int fm_uffd_open_on(int fd, uint64_t want, uint64_t *got, char *err, size_t errl
 		fd = open_raw(!!(want & offered & UFFD_FEATURE_SIGBUS), &user_only);
 	if (fd < 0) {
 		snprintf(err, errlen, "userfaultfd is not available to this process (%s): %s; run `farmem doctor`",
-			 strerror(-fd),
+			 fm_strerror(-fd),
 			 want & UFFD_FEATURE_SIGBUS
 				 ? "this kernel has no UFFD_USER_MODE_ONLY (5.11+), and a userfaultfd for kernel faults "
 				   "needs root, access to /dev/userfaultfd, or vm.unprivileged_userfaultfd=1"
@@ -123,7 +123,7 @@ int fm_uffd_open_on(int fd, uint64_t want, uint64_t *got, char *err, size_t errl
 	if (ioctl(fd, UFFDIO_API, &api)) {
 		snprintf(err, errlen, "UFFDIO_API refused features 0x%llx (%s): this kernel lacks "
 			 "write-protect or thread-id support; run `farmem doctor`",
-			 (unsigned long long)ask, strerror(errno));
+			 (unsigned long long)ask, fm_strerror(errno));
 		close(fd);
 		return -ENOTSUP;
 	}
@@ -185,7 +185,7 @@ void fm_uffd_install(int uffd, uintptr_t dst, const void *src, unsigned n, int w
 	if (!rc)
 		return;
 	if (rc != -EEXIST && rc != -EAGAIN && rc != -ENOENT)
-		fm_fatal("UFFDIO_COPY of %u pages at %#lx failed: %s", n, (unsigned long)dst, strerror(-rc));
+		fm_fatal("UFFDIO_COPY of %u pages at %#lx failed: %s", n, (unsigned long)dst, fm_strerror(-rc));
 	/* The rest one by one: a page the kernel skips is not ours, the ones after it may be. */
 	for (k = (unsigned)(done / PG); k < n; k++) {
 		uintptr_t d = dst + (uintptr_t)k * PG;
@@ -195,7 +195,7 @@ void fm_uffd_install(int uffd, uintptr_t dst, const void *src, unsigned n, int w
 			if (wake)
 				fm_uffd_wake(uffd, d, PG);
 		} else if (rc) {
-			fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)d, strerror(-rc));
+			fm_fatal("UFFDIO_COPY at %#lx failed: %s", (unsigned long)d, fm_strerror(-rc));
 		}
 	}
 }
@@ -212,7 +212,7 @@ int fm_uffd_continue(int uffd, uintptr_t addr, int wp, int wake)
 	if (rc == 0)
 		return 0;
 	if (e != EEXIST && e != EFAULT && e != EAGAIN)
-		fm_fatal("UFFDIO_CONTINUE at %#lx failed: %s", (unsigned long)addr, strerror(e));
+		fm_fatal("UFFDIO_CONTINUE at %#lx failed: %s", (unsigned long)addr, fm_strerror(e));
 	if (wake)
 		fm_uffd_wake(uffd, addr, PG);
 	return e == EEXIST ? 0 : -e;
@@ -230,7 +230,7 @@ void fm_uffd_wp(int uffd, uintptr_t addr, size_t len, int protect)
 	wake_end(was);
 	if (rc)
 		fm_fatal("UFFDIO_WRITEPROTECT %s of %#lx+%zu pages failed: %s", protect ? "on" : "off",
-			 (unsigned long)addr, len / PG, strerror(errno));
+			 (unsigned long)addr, len / PG, fm_strerror(errno));
 }
 
 void fm_uffd_wake(int uffd, uintptr_t addr, size_t len)

@@ -4,7 +4,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <locale.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -422,29 +421,6 @@ long fm_sys_sendmsg(int fd, const struct msghdr *m, int flags)
 long fm_sys_recvmsg(int fd, struct msghdr *m, int flags)
 {
 	return syscall(SYS_recvmsg, fd, m, flags);
-}
-
-void fm_thread_c_locale(void)
-{
-	/* "C" needs no allocation: glibc returns its own static locale object. */
-	locale_t c = newlocale(LC_ALL_MASK, "C", (locale_t)0);
-
-	if (c)
-		uselocale(c);
-}
-
-char *fm_fmt_uint(char *out, unsigned long v)
-{
-	char digits[24];
-	int n = 0;
-
-	do
-		digits[n++] = (char)('0' + v % 10);
-	while ((v /= 10));
-	while (n)
-		*out++ = digits[--n];
-	*out = '\0';
-	return out;
 }
 
 int fm_sys_poll(struct pollfd *fds, unsigned long n, int timeout_ms)

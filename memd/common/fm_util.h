@@ -129,17 +129,6 @@ long fm_sys_recvmsg(int fd, struct msghdr *m, int flags);
 struct pollfd;
 int fm_sys_poll(struct pollfd *fds, unsigned long n, int timeout_ms);
 
-/*
- * The calling thread's locale made the C one, which lives in libc's own data.
- * A program's setlocale puts its locale's books in its heap, which may be
- * paged: a pager thread's snprintf (a /proc path) or strerror read them, and
- * a handler thread could fault on a page only it can bring in. Every pager
- * thread calls this first. (The program's registered printf handlers are in
- * its heap too: a handler's own path formats without printf.)
- */
-void fm_thread_c_locale(void);
-/* v in decimal at out, NUL-terminated; the end. For the paths a handler makes, where printf may not run (above). */
-char *fm_fmt_uint(char *out, unsigned long v);
 
 /* Fill buf with len bytes from getrandom(2). Returns 0 or -errno. */
 int fm_random(void *buf, size_t len);
