@@ -350,6 +350,7 @@ FAKE_PAGER = textwrap.dedent("""
     st.faults, st.remote_reads, st.remote_writes, st.zero_fills = 1000, 300, 200, 700
     st.evictions_clean, st.evictions_dirty = 50, 150
     st.local_limit_pages, st.peak_resident_pages, st.registered_pages = 1024, 1000, 4096
+    st.peak_limit_pages = 1024                                   # a budget that never fell: said once
     st.adopt_peak_pages, st.adopt_evictions = 2048, 1100       # found over the limit at registration
     st.lat_hist[resmap.lat_bucket(5000)] = 98
     st.lat_hist[resmap.lat_bucket(200000)] = 2
@@ -383,8 +384,9 @@ def test_summary_from_the_control_socket(tmp_path, farmem_cmd):
     assert s["faults"] == 1234, "the figures must be read after the process exited"
     assert (s["remote_reads"], s["remote_writes"], s["zero_fills"]) == (300, 200, 700)
     assert (s["evictions"], s["evictions_clean"], s["evictions_dirty"]) == (200, 50, 150)
-    assert s["local_limit_bytes"] == 1024 * 4096
+    assert s["local_limit_bytes"] == s["peak_limit_bytes"] == 1024 * 4096
     assert s["peak_resident_bytes"] == 1000 * 4096
+    assert "local limit 4.0 MiB, peak resident" in r.stderr, r.stderr
     assert s["registered_bytes"] == 4096 * 4096
     assert s["transport"] == "shm"
     assert s["fault_p50_us"] == round(resmap.lat_bucket_floor(resmap.lat_bucket(5000)) / 1000, 2)

@@ -6,6 +6,15 @@
 
 #define MIN_LIMIT_PAGES 256
 
+/* A gauge of the most there ever was: *word becomes now if now is more. */
+static void raise_peak(uint64_t *word, uint64_t now)
+{
+	uint64_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
+
+	while (now > seen && !__atomic_compare_exchange_n(word, &seen, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
 void fm_budget_set(struct fm_pager *p)
 {
 	uint64_t reg = atomic_load(&p->registered);
@@ -23,17 +32,9 @@ void fm_budget_set(struct fm_pager *p)
 	 */
 	if (reg) {
 		__atomic_store_n(&p->st->local_limit_pages, lim, __ATOMIC_RELAXED);
+		raise_peak(&p->st->peak_limit_pages, lim);
 		__atomic_store_n(&p->st->registered_pages, reg, __ATOMIC_RELAXED);
 	}
-}
-
-/* A gauge of the most there ever was: *word becomes now if now is more. */
-static void raise_peak(uint64_t *word, uint64_t now)
-{
-	uint64_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
-
-	while (now > seen && !__atomic_compare_exchange_n(word, &seen, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
 }
 
 static void changed(struct fm_pager *p, uint64_t now, int grew)

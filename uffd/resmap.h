@@ -229,7 +229,13 @@ struct fm_pager_stats {
 	 */
 	uint64_t follows;
 	uint64_t follow_stalls;
-	uint64_t reserved2[15];
+	/*
+	 * A gauge: the highest budget in force. A percentage budget follows the
+	 * registered pages, and falls when the program unmaps: local_limit_pages
+	 * is then below a peak_resident_pages that was within the budget of its day.
+	 */
+	uint64_t peak_limit_pages;
+	uint64_t reserved2[14];
 };
 
 struct fm_resmap_hdr {

@@ -38,6 +38,7 @@ int main(void)
 	printf("  \"offsetof_evictions_in_place\": %zu,\n", offsetof(struct fm_pager_stats, evictions_in_place));
 	printf("  \"offsetof_refaults_soon\": %zu,\n", offsetof(struct fm_pager_stats, refaults_soon));
 	printf("  \"offsetof_heap_faults\": %zu,\n", offsetof(struct fm_pager_stats, heap_faults));
+	printf("  \"offsetof_peak_limit_pages\": %zu,\n", offsetof(struct fm_pager_stats, peak_limit_pages));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

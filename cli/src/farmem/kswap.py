@@ -250,6 +250,7 @@ class KswapMonitor:
     def update_counters(self, limit_bytes: int, trace_proc) -> None:
         st = self.hdr.stats
         st.local_limit_pages = limit_bytes >> PAGE_SHIFT
+        st.peak_limit_pages = max(st.peak_limit_pages, st.local_limit_pages)
         try:
             with open(f"/proc/{self.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()

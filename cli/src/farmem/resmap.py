@@ -94,6 +94,8 @@ JVM_FIELDS = ("gc_conc_faults", "compact_moves", "compact_bytes", "compact_pages
               "discard_kept", "discard_released", "evictions_in_place", "refaults_soon", "heap_faults",
               "remaps", "remap_pages_resident", "remap_pages_kept", "compact_opened", "wp_opened_ahead",
               "follows", "follow_stalls")
+# After them, gauges: the highest budget in force (a percentage budget falls when the program unmaps).
+BUDGET_FIELDS = ("peak_limit_pages",)
 
 
 class PagerStats(ctypes.Structure):
@@ -101,8 +103,8 @@ class PagerStats(ctypes.Structure):
         ("lat_hist", u64 * LAT_BUCKETS),
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
-    ] + [(name, u64) for name in JVM_FIELDS] + [
-        ("reserved2", u64 * (32 - len(JVM_FIELDS))),
+    ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS] + [
+        ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS))),
     ]
 
 
@@ -160,6 +162,7 @@ def layout() -> dict:
         "offsetof_evictions_in_place": PagerStats.evictions_in_place.offset,
         "offsetof_refaults_soon": PagerStats.refaults_soon.offset,
         "offsetof_heap_faults": PagerStats.heap_faults.offset,
+        "offsetof_peak_limit_pages": PagerStats.peak_limit_pages.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -252,9 +255,10 @@ SUMMED = (
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.
-PEAK_GAUGES = ("peak_resident_pages", "adopt_peak_pages")
+PEAK_GAUGES = ("peak_resident_pages", "adopt_peak_pages", "peak_limit_pages")
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",
+    "peak_limit_pages": "peak_limit_bytes",
     "peak_resident_pages": "peak_resident_bytes",
     "resident_pages": "resident_bytes",
     "registered_pages": "registered_bytes",

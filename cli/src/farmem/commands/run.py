@@ -423,7 +423,11 @@ def summary_lines(s: dict) -> list:
     if s.get("heap_faults"):
         # Regions the kernel waits for (glibc's heaps): a handler thread served them, in any mode.
         served += f" ({s['heap_faults']} of them in malloc heaps, by a handler thread)"
-    second = (f"farmem: local limit {fmt_bytes(s['local_limit_bytes'])}, peak resident "
+    # A percentage budget follows the registered pages: when the program unmapped, the peak was
+    # reached under a higher limit than the last, which is said beside it.
+    highest = s.get("peak_limit_bytes", 0)
+    highest = f" ({fmt_bytes(highest)} at its highest)" if highest > s["local_limit_bytes"] else ""
+    second = (f"farmem: local limit {fmt_bytes(s['local_limit_bytes'])}{highest}, peak resident "
               f"{fmt_bytes(s['peak_resident_bytes'])}{' (' + adopted + ')' if adopted else ''}{registered}; "
               f"transport {s['transport']}, faults served {served}, "
               f"{procs}; " + ("; ".join(problems) + "; " if problems else "") + tail)
