@@ -92,6 +92,18 @@ static char *hstack_take(void)
 	pid_t me = gettid(), pid = getpid();
 	char *m;
 
+	/* A stack its thread gave back at its end (fm_monitor_thread_end): no system call. */
+	for (int k = 0; k < HSTACK_POOL; k++) {
+		pid_t o = 0;
+		if (__atomic_load_n(&hstacks[k].lo, __ATOMIC_ACQUIRE) && atomic_load(&hstacks[k].owner) == 0 &&
+		    atomic_compare_exchange_strong(&hstacks[k].owner, &o, me)) {
+			char *lo = __atomic_load_n(&hstacks[k].lo, __ATOMIC_ACQUIRE);
+			if (lo)
+				return lo;
+			atomic_store(&hstacks[k].owner, 0);
+		}
+	}
+	/* One whose thread ended without giving it back (pthread_exit, or it got it at a fault). */
 	for (int k = 0; k < HSTACK_POOL; k++) {
 		pid_t o = atomic_load(&hstacks[k].owner);
 		char *lo = __atomic_load_n(&hstacks[k].lo, __ATOMIC_ACQUIRE);
@@ -106,9 +118,13 @@ static char *hstack_take(void)
 	syscall(SYS_mprotect, m, HSTACK_GUARD, PROT_NONE);
 	for (int k = 0; k < HSTACK_POOL; k++) {
 		pid_t free_slot = 0;
-		if (atomic_compare_exchange_strong(&hstacks[k].owner, &free_slot, me)) {
-			__atomic_store_n(&hstacks[k].lo, m + HSTACK_GUARD, __ATOMIC_RELEASE);
-			break;
+		if (!__atomic_load_n(&hstacks[k].lo, __ATOMIC_ACQUIRE) &&
+		    atomic_compare_exchange_strong(&hstacks[k].owner, &free_slot, me)) {
+			if (!__atomic_load_n(&hstacks[k].lo, __ATOMIC_ACQUIRE)) {
+				__atomic_store_n(&hstacks[k].lo, m + HSTACK_GUARD, __ATOMIC_RELEASE);
+				break;
+			}
+			atomic_store(&hstacks[k].owner, 0); /* filled meanwhile: someone else's to take */
 		}
 	}
 	return m + HSTACK_GUARD;
@@ -128,6 +144,40 @@ static char *hstack(void)
 		syscall(SYS_sigaltstack, &ss, NULL);
 	}
 	return my_hstack;
+}
+
+/*
+ * A thread of the program, at its start (the shim's pthread_create cover):
+ * its stack of farmem's is its alternate stack before its first fault, which
+ * may come while its code runs on a stack of the program's making in paged
+ * memory, where the kernel could not write the signal's frame.
+ */
+void fm_monitor_thread_start(void)
+{
+	if (__atomic_load_n(&sig_installed, __ATOMIC_ACQUIRE))
+		hstack();
+}
+
+/* Its start routine returned: the stack goes back to the pool, or away if the pool had no room for it. */
+void fm_monitor_thread_end(void)
+{
+	char *mine = my_hstack;
+	stack_t cur;
+
+	if (!mine)
+		return;
+	if (syscall(SYS_sigaltstack, NULL, &cur) == 0 && !(cur.ss_flags & SS_DISABLE) && cur.ss_sp == mine) {
+		stack_t off = { .ss_flags = SS_DISABLE };
+		if (cur.ss_flags & SS_ONSTACK || syscall(SYS_sigaltstack, &off, NULL) != 0)
+			return; /* still in use: the pool's scan takes it back once the thread is gone */
+	}
+	my_hstack = NULL;
+	for (int k = 0; k < HSTACK_POOL; k++)
+		if (__atomic_load_n(&hstacks[k].lo, __ATOMIC_ACQUIRE) == mine) {
+			atomic_store(&hstacks[k].owner, 0);
+			return;
+		}
+	fm_sys_munmap(mine - HSTACK_GUARD, HSTACK_GUARD + HSTACK_SIZE);
 }
 
 void fm_monitor_altstack_released(void)

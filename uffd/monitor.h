@@ -59,6 +59,9 @@ int fm_monitor_sigbus_action(const struct sigaction *act, struct sigaction *old)
 void fm_monitor_unblock_sigbus(void);
 /* The program disabled this thread's alternate stack: farmem's is its alternate stack again. */
 void fm_monitor_altstack_released(void);
+/* A program thread's start and the return of its start routine (the shim's pthread_create cover). */
+void fm_monitor_thread_start(void);
+void fm_monitor_thread_end(void);
 /* Whether the pager's SIGBUS handler is installed: then nothing may block SIGBUS. */
 int fm_monitor_sigbus_ours(void);
 

@@ -307,6 +307,54 @@ int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 	return rc;
 }
 
+/*
+ * The program's threads start through program_thread_main while a pager
+ * takes faults by SIGBUS: a thread's stack of farmem's (monitor.c) is its
+ * alternate signal stack from its start, not from its first fault. Code that
+ * switches to a stack of its own making in paged memory by assembly (Erlang's
+ * JIT, on each process's stack in its heap) could take its thread's first
+ * fault there, and the kernel cannot write the signal's frame on a page that
+ * is not resident. The pager's threads (in_farmem) and a program with no such
+ * pager pass straight through.
+ */
+struct program_thread {
+	void *(*fn)(void *);
+	void *arg;
+};
+
+static void *program_thread_main(void *v)
+{
+	struct program_thread t = *(struct program_thread *)v;
+	void *ret;
+
+	arena_free(v);
+	fm_monitor_thread_start();
+	ret = t.fn(t.arg);
+	fm_monitor_thread_end();
+	return ret;
+}
+
+FM_IO_NEXT(pthread_create_next, "pthread_create");
+
+EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	int (*next)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *) =
+		(int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))fm_io_next(&pthread_create_next);
+	struct program_thread *t;
+	int rc;
+
+	if (!next)
+		return EAGAIN;
+	if (in_farmem || !fm_monitor_sigbus_ours() || !(t = arena_alloc(sizeof(*t), 16)))
+		return next(th, attr, fn, arg);
+	t->fn = fn;
+	t->arg = arg;
+	rc = next(th, attr, program_thread_main, t);
+	if (rc)
+		arena_free(t);
+	return rc;
+}
+
 /* --- the program's allocator --------------------------------------------------- */
 
 /*

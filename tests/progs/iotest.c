@@ -57,7 +57,9 @@
  *   ownstack             (x86-64) a stack switched to by the program's own assembly,
  *                        as Erlang's JIT does, in the buffer, evicted: paged memory
  *                        read and written from it under eviction, its own frame
- *                        kept (it died of SIGSEGV at its first fault before session 34)
+ *                        kept (it died of SIGSEGV at its first fault before session 34);
+ *                        then a new thread whose first fault is there (before session
+ *                        35 it died: its alternate stack was set at its first fault)
  *   poll                 epoll_wait, epoll_pwait, poll, ppoll, select and pselect
  *                        with their arrays in the evicted buffer: each finds the one
  *                        ready descriptor (each failed with EFAULT before session 34)
@@ -755,14 +757,29 @@ static void own_stack_body(void)
 	}
 }
 
+#if defined(__x86_64__)
+static void *own_stack_first(void *top)
+{
+	/* Nothing paged touched before: this thread's first fault is on the evicted stack. */
+	on_own_stack(own_stack_body, top);
+	return top;
+}
+#endif
+
 static void t_ownstack(void)
 {
 #if defined(__x86_64__)
 	/* 1 MiB of the buffer, its top 16-byte aligned; what was there is not needed by this part. */
 	uint8_t *top = buf + 3 * size / 8 + (1u << 20);
+	pthread_t th;
+	void *back = NULL;
 
 	evict_buf(); /* the stack's pages are out before it is switched to */
 	on_own_stack(own_stack_body, top);
+	/* A new thread whose very first fault comes there: it died of SIGSEGV before session 35. */
+	evict_buf();
+	if (pthread_create(&th, NULL, own_stack_first, top) || pthread_join(th, &back) || back != top)
+		FAIL("a thread whose first fault is on a stack of paged memory did not run to its end");
 #endif
 }
 
