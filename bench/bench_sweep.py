@@ -58,6 +58,14 @@ LUA = """local n = N; local h = {}; for i = 0, n do h["k" .. i] = {i, string.rep
 local s = 0; for r = 0, 2 do for i = 0, n - 1, 3 do local o = h["k" .. ((i * 7919) % n)]; o[1] = o[1] + r; s = s + o[1] % 13 end end
 local k = {}; for key in pairs(h) do k[#k + 1] = key end; table.sort(k); print(s, #k, k[(12345 % n) + 1])
 """
+R = """set.seed(1); n <- N
+x <- runif(n); k <- sprintf("k%d", sample.int(n))
+d <- data.frame(k = k, x = x, g = sample.int(1000, n, TRUE))
+a <- aggregate(x ~ g, data = d, FUN = sum)
+s <- sort(k)
+m <- matrix(runif(600 * 600), 600); p <- m %*% m
+cat(sprintf("%.6f %s %.6f %d\\n", sum(a$x), s[12345], sum(diag(p)), length(unique(d$g))))
+"""
 PY = """n = N
 d = {}
 for i in range(n): d["k%d" % i] = [i, "v" * (i % 50)]
@@ -77,6 +85,9 @@ PROGRAMS = [
     ("lua", "lua5.4", "lua5.4 prog.lua"),
     ("node", "node", "node prog.js"),
     ("erlang", "erl", "erl -noshell -eval \"$(cat prog.erl)\""),
+    ("r", "Rscript", "Rscript prog.R"),
+    ("ffmpeg-threads", "ffmpeg", "ffmpeg -hide_banner -loglevel error -f lavfi -i testsrc2=size=1280x720:rate=25 -t 10 "
+     "-c:v libx264 -preset medium -threads 2 -f md5 -"),
     ("jq", "jq", "jq -c '[.[] | select(.v > 0.5) | .name] | sort | .[1000:1010]' big.json"),
     ("gcc", "gcc", "gcc -O2 -c big.c -o big.o && sha256sum big.o"),
     ("mawk", "mawk", "mawk '{for(i=1;i<=NF;i++) c[$i]++} END {n=0; for(w in c) n+=c[w]; print n, length(c)}' text.txt"),
@@ -117,6 +128,7 @@ def make_inputs(work: Path, scale: float) -> None:
     (work / "prog.lua").write_text(LUA.replace("N", keys, 1))
     (work / "prog.js").write_text(JS.replace("N", str(int(3000000 * scale)), 1))
     (work / "prog.erl").write_text(ERLANG.format(n=int(400000 * scale)))
+    (work / "prog.R").write_text(R.replace("N", str(int(600000 * scale)), 1))
 
 
 def run(argv: list, work: Path, timeout: float) -> tuple:

@@ -797,3 +797,16 @@ def test_collector_of_a_java_command(monkeypatch):
     assert collector(["java", "-XX:+UseParallelGC", "Main"]) == "UseParallelGC"
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:+UseShenandoahGC")
     assert collector(["java", "Main"]) == "Shenandoah"
+
+
+def test_adoption_over_the_budget_is_said_against_its_highest():
+    """ffmpeg's heaps, adopted at 45.8 MiB resident under a 25% budget of 50.9 MiB that later fell
+    to 1.2 MiB, were reported "over the limit: 0 pages evicted at once"."""
+    mib = 1 << 20
+    fell = {"adopt_peak_bytes": 46 * mib, "adopt_evictions": 0, "local_limit_bytes": 1 * mib,
+            "peak_limit_bytes": 51 * mib}
+    assert resmap.adopt_note(fell) == ""
+    over = {**fell, "adopt_peak_bytes": 60 * mib, "adopt_evictions": 2304}
+    assert resmap.adopt_note(over) == "60.0 MiB resident when registered, over the limit: 2304 pages evicted at once"
+    older_map = {"adopt_peak_bytes": 8 * mib, "adopt_evictions": 1024, "local_limit_bytes": 4 * mib}
+    assert "over the limit: 1024 pages" in resmap.adopt_note(older_map)

@@ -308,7 +308,9 @@ def figures(hdrs) -> dict:
 def adopt_note(s: dict) -> str:
     """What registration found over the budget (a JVM at attach: its heap as it was) and brought under
     it at once, for the summary and `farmem stat`; empty when it found nothing over the budget."""
-    found, limit = s.get("adopt_peak_bytes", 0), s.get("local_limit_bytes", 0)
+    # Against the highest budget: a percentage budget that fell later was not what the adoption met.
+    found = s.get("adopt_peak_bytes", 0)
+    limit = max(s.get("local_limit_bytes", 0), s.get("peak_limit_bytes", 0))
     if not limit or found <= limit:
         return ""
     from farmem.units import fmt_bytes
