@@ -51,7 +51,8 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     (session 35). epoll_wait, epoll_pwait, poll, ppoll, select and
     pselect with their arrays in evicted memory find the ready descriptor (EFAULT before session 34).
     Every descriptor but 0-2 closed as daemons do (a loop, close_range, closefrom): the pager's
-    survive, and the program's next file holds only its own bytes (it was stopped, 70, before)."""
+    survive, and the program's next file holds only its own bytes (it was stopped, 70, before);
+    its dup2 and dup3 onto farmem's are refused with EBUSY (the pager stopped it, 70, before)."""
     prog = built("build/tests/iotest")
     built("build/lib/libfarmem_preload.so")
     r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],
@@ -64,6 +65,9 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     # `big` moves 48 MiB in one call under a 32 MiB budget: the covers' pieces keep to it.
     assert s["peak_resident_bytes"] <= s["local_limit_bytes"], s
     assert s["evictions"] > 20000, s  # the buffer really was evicted between the calls
+    # A dup2 (dup3) onto each number below 1024: farmem's refuse (EBUSY), and the file keeps its line.
+    refused = re.search(r"close: (\d+) dup2s onto farmem's descriptors refused", out)
+    assert refused and int(refused[1]) >= 2, out[-3000:]  # its userfaultfd and memd connection at least
     held = re.search(r"sync: (\d+) of (\d+) waits kept their page", out)
     crowd = re.search(r"sync: (\d+) of (\d+) sleepers at once kept their page", out)
     assert held and crowd, out[-3000:]

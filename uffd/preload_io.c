@@ -525,6 +525,43 @@ EXPORT void closefrom(int low)
 		abort();
 }
 
+/*
+ * A dup2 or dup3 onto a number farmem holds would close the pager's
+ * descriptor under it and put the program's file in its place: the pager's
+ * next write to memd would go into that file, and its pages with it. The
+ * call fails with EBUSY instead (which Linux's dup2 may return), and says
+ * why: the program goes on, or stops on the error it met, with its memory whole.
+ */
+static int dup_onto_farmem(int oldfd, int newfd, const char *how, const void *caller)
+{
+	static atomic_int told;
+
+	if (oldfd == newfd || !fm_fd_owned(newfd) || farmem_calls(caller))
+		return 0;
+	if (!atomic_exchange(&told, 1))
+		fm_warn("the program's %s onto descriptor %d, which farmem's pager holds (its memd connection, "
+			"userfaultfd or residency map): refused with EBUSY", how, newfd);
+	errno = EBUSY;
+	return 1;
+}
+
+FM_IO_NEXT(dup2_next, "dup2");
+FM_IO_NEXT(dup3_next, "dup3");
+
+EXPORT int dup2(int oldfd, int newfd)
+{
+	if (dup_onto_farmem(oldfd, newfd, "dup2", __builtin_return_address(0)))
+		return -1;
+	return LIBC(dup2)(oldfd, newfd);
+}
+
+EXPORT int dup3(int oldfd, int newfd, int flags)
+{
+	if (dup_onto_farmem(oldfd, newfd, "dup3", __builtin_return_address(0)))
+		return -1;
+	return LIBC(dup3)(oldfd, newfd, flags);
+}
+
 /* --- _FORTIFY_SOURCE's checked forms ---------------------------------------------------- */
 
 /*

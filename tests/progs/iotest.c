@@ -66,7 +66,10 @@
  *   close                every descriptor but 0-2 closed the ways a daemon does it
  *                        (a loop to 1024, close_range, closefrom): paging goes on
  *                        and the file the program opens next holds only its bytes
- *                        (the pager stopped it, 70, at its next eviction before)
+ *                        (the pager stopped it, 70, at its next eviction before); then
+ *                        the file dup2'd (and dup3'd) onto every other number below
+ *                        1024: farmem's refuse with EBUSY (before session 35 the pager's
+ *                        traffic went into the file)
  *   raw                  (not in the default set) a raw read(2) system call, which no
  *                        cover sees, into the evicted buffer: prints "raw: efault" or
  *                        "raw: ok" (with faults served in the faulting thread it fails:
@@ -873,6 +876,21 @@ static void t_close(void)
 	}
 	if (write(fd, line, sizeof(line) - 1) != (ssize_t)sizeof(line) - 1)
 		FAIL("close: write: %s", strerror(errno));
+	/* Every other number made a copy of the file, and closed again: farmem's refuse (EBUSY). */
+	for (int k = 3, busy = 0; k < 1024 + 1; k++) {
+		if (k == 1024) {
+			printf("iotest: close: %d dup2s onto farmem's descriptors refused\n", busy);
+			break;
+		}
+		if (k != fd && (k & 1 ? dup2(fd, k) : dup3(fd, k, O_CLOEXEC)) < 0) {
+			if (errno != EBUSY)
+				FAIL("close: dup2 onto %d: %s", k, strerror(errno));
+			busy++;
+		}
+	}
+	for (int k = 3; k < 1024; k++)
+		if (k != fd)
+			close(k);
 	evict_buf();
 	check(buf, 4 * CHUNK, 0, 47, "paging after every descriptor was closed");
 	fill(buf + 4 * CHUNK, 4 * CHUNK, 0, 53);
