@@ -33,6 +33,7 @@ def run(farmem_cmd, tmp_path, argv, local="32M", env_extra=None, timeout=300):
 def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     """read/pread/readv (with the iovec array itself paged), write/writev, stdio's fread and fwrite,
     send/recv, sendmsg/recvmsg and sendmmsg/recvmmsg on buffers that were just evicted: every byte right, in both modes.
+    A stream whose own buffer (setvbuf) is paged keeps every line (EFAULT at fflush before session 35).
     A read, write and getrandom larger than the budget keep to it (moved in pinned pieces).
     Threads blocked in a covered read or wait can be cancelled, and give their pins back. A range
     made PROT_NONE leaves paged memory with its bytes instead of faulting in the evictor.

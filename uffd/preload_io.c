@@ -836,9 +836,8 @@ EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
  * pthread_attr_setstack or sigaltstack. Where the kernel waits for a page
  * (fault=thread, glibc's heaps) it stays paged.
  */
-static void stack_stays_local(const void *sp, size_t size)
+static void stays_local(const void *sp, size_t size, atomic_int *told, const char *what)
 {
-	static atomic_int told;
 	struct fm_pager *p;
 	uintptr_t a = (uintptr_t)sp & ~(uintptr_t)4095, e = ((uintptr_t)sp + size + 4095) & ~(uintptr_t)4095;
 
@@ -859,9 +858,15 @@ static void stack_stays_local(const void *sp, size_t size)
 		if (pin >= 0)
 			fm_pager_io_end(p, pin);
 	}
-	if (!atomic_exchange(&told, 1))
-		fm_info("a stack the program made of paged memory stays local (%zu KiB at %p): faults on it could not come "
-			"by SIGBUS", (size_t)(e - a) >> 10, (void *)a);
+	if (!atomic_exchange(told, 1))
+		fm_info("%s stays local (%zu KiB at %p)", what, (size_t)(e - a) >> 10, (void *)a);
+}
+
+static void stack_stays_local(const void *sp, size_t size)
+{
+	static atomic_int told;
+
+	stays_local(sp, size, &told, "a stack the program made of paged memory (faults on it could not come by SIGBUS)");
 }
 
 /* glibc takes up to any number of arguments; more than this many is not seen in programs. */
@@ -919,6 +924,54 @@ EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
 	if (ss && (ss->ss_flags & SS_DISABLE))
 		fm_monitor_altstack_released();
 	return 0;
+}
+
+/* --- A stream's buffer of the program's memory ------------------------------------------ */
+
+/*
+ * setvbuf and setbuffer make the program's memory a stream's buffer, which
+ * glibc fills and drains with its own read and write, past the covers: in
+ * memory whose faults come by SIGBUS, an evicted page of it failed them with
+ * EFAULT (the stream's written lines lost, its reads at an error). Such a
+ * buffer leaves paged memory when it is handed over, as a stack does.
+ */
+static void stream_buffer_stays_local(const char *b, size_t size)
+{
+	static atomic_int told;
+
+	stays_local(b, size, &told, "a stream's buffer the program made of paged memory (setvbuf; glibc reads and "
+		    "writes it past the covers)");
+}
+
+FM_IO_NEXT(setvbuf_next, "setvbuf");
+FM_IO_NEXT(setbuffer_next, "setbuffer");
+
+EXPORT int setvbuf(FILE *fp, char *b, int mode, size_t size)
+{
+	int (*next)(FILE *, char *, int, size_t) = (int (*)(FILE *, char *, int, size_t))fm_io_next(&setvbuf_next);
+
+	if (!next) {
+		errno = ENOSYS;
+		return EOF;
+	}
+	if (b && mode != _IONBF)
+		stream_buffer_stays_local(b, size);
+	return next(fp, b, mode, size);
+}
+
+EXPORT void setbuffer(FILE *fp, char *b, size_t size)
+{
+	void (*next)(FILE *, char *, size_t) = (void (*)(FILE *, char *, size_t))fm_io_next(&setbuffer_next);
+
+	stream_buffer_stays_local(b, size);
+	if (next)
+		next(fp, b, size);
+}
+
+EXPORT void setbuf(FILE *fp, char *b)
+{
+	/* glibc's setbuf is setbuffer(fp, b, BUFSIZ), within libc: past this cover's setbuffer. */
+	setbuffer(fp, b, BUFSIZ);
 }
 
 FM_IO_NEXT(sigsuspend_next, "sigsuspend");

@@ -11,7 +11,10 @@
  *   write, writev        the evicted buffer out to a file, read back
  *   stdio                fread into and fwrite out of the evicted buffer: glibc
  *                        moves a request larger than the stream's buffer with its
- *                        own read and write, which only the fread/fwrite covers see
+ *                        own read and write, which only the fread/fwrite covers see;
+ *                        then a stream whose buffer (setvbuf) is in the buffer, written
+ *                        and read back while it is evicted (under fault=signal its
+ *                        lines were lost, "Bad address" at fflush, before session 35)
  *   fortify              __read_chk, __pread_chk, __fread_chk and __recv_chk (what
  *                        a program built with _FORTIFY_SOURCE calls) into the evicted
  *                        buffer: glibc's own go to its internal read, past the covers
@@ -250,6 +253,45 @@ static void t_stdio(void)
 	else
 		check(back, CHUNK, 5, 15, "fwrite");
 	fclose(f);
+
+	/*
+	 * A stream whose buffer is the program's, in paged memory (setvbuf): glibc
+	 * fills and drains it with its own read and write, past the covers.
+	 */
+	{
+		uint8_t *vbuf = buf + 5 * size / 8 + 3 * PAGE;
+		char line[64], want[64];
+		size_t vlen = 64 * PAGE;
+		int bad = 0;
+
+		fd = temp_file(src, 0);
+		f = fdopen(fd, "w+");
+		if (!f || setvbuf(f, (char *)vbuf, _IOFBF, vlen)) {
+			FAIL("setvbuf: %s", strerror(errno));
+			free(src);
+			free(back);
+			return;
+		}
+		for (int k = 0; k < 20000 && !bad; k++) {
+			if (k % 4000 == 0)
+				evict_buf(); /* the stream's buffer leaves between its fills */
+			bad = fprintf(f, "line %d of a stream with its buffer in paged memory\n", k) < 0;
+		}
+		evict_buf();
+		if (bad || fflush(f) || fseek(f, 0, SEEK_SET))
+			FAIL("setvbuf: writing a stream through a paged buffer: %s", strerror(errno));
+		for (int k = 0; k < 20000 && !bad; k++) {
+			if (k % 4000 == 0)
+				evict_buf();
+			snprintf(want, sizeof(want), "line %d of a stream with its buffer in paged memory\n", k);
+			if (!fgets(line, sizeof(line), f) || strcmp(line, want)) {
+				FAIL("setvbuf: line %d read back through a paged buffer: %s", k,
+				     ferror(f) ? strerror(errno) : "not as written");
+				bad = 1;
+			}
+		}
+		fclose(f);
+	}
 	free(src);
 	free(back);
 }
