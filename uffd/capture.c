@@ -94,7 +94,7 @@ int fm_capture_splice(struct fm_capture *c, const struct iovec *iov, unsigned ni
 
 	/* The pipe has room for every page: vmsplice stops early only at a page it cannot get. */
 	do
-		k = vmsplice(c->wr, iov, niov, 0);
+		k = fm_sys_vmsplice(c->wr, iov, niov, 0);
 	while (k < 0 && errno == EINTR);
 	if (k > 0)
 		got = (size_t)k;

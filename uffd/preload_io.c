@@ -27,6 +27,8 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -122,6 +124,7 @@ FM_IO_NEXT(pwrite_next, "pwrite");
 FM_IO_NEXT(writev_next, "writev");
 FM_IO_NEXT(pwritev_next, "pwritev");
 FM_IO_NEXT(pwritev2_next, "pwritev2");
+FM_IO_NEXT(vmsplice_next, "vmsplice");
 FM_IO_NEXT(recvfrom_next, "recvfrom");
 FM_IO_NEXT(recvmsg_next, "recvmsg");
 FM_IO_NEXT(recvmmsg_next, "recvmmsg");
@@ -344,6 +347,24 @@ EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
 	COVERED(pin_iov(&io_, iov, n, 0), LIBC(pwritev2)(fd, iov, n, off, flags));
+}
+
+/*
+ * vmsplice: a pipe's write end takes the pages themselves (references, read
+ * from); its read end copies into them. Either way the kernel cannot wait
+ * for a page whose fault comes by SIGBUS (EFAULT).
+ */
+static int pipe_read_end(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	return fl >= 0 && (fl & O_ACCMODE) == O_RDONLY;
+}
+
+EXPORT ssize_t vmsplice(int fd, const struct iovec *iov, size_t n, unsigned int flags)
+{
+	COVERED(pin_iov(&io_, iov, n > INT_MAX ? INT_MAX : (int)n, io_.p && pipe_read_end(fd)),
+		LIBC(vmsplice)(fd, iov, n, flags));
 }
 
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)

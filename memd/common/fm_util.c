@@ -430,6 +430,11 @@ int fm_sys_poll(struct pollfd *fds, unsigned long n, int timeout_ms)
 	return (int)syscall(SYS_ppoll, fds, n, timeout_ms < 0 ? NULL : &t, NULL, 0);
 }
 
+long fm_sys_vmsplice(int fd, const struct iovec *iov, unsigned long n, unsigned int flags)
+{
+	return syscall(SYS_vmsplice, fd, iov, n, flags);
+}
+
 int fm_sys_madvise(void *addr, size_t len, int advice)
 {
 	long r = syscall(SYS_madvise, addr, len, advice);

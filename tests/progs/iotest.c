@@ -223,6 +223,34 @@ static void t_write(void)
 	/* The buffer itself is intact. */
 	check(buf + 40 * PAGE, CHUNK, 40 * PAGE, 9, "buffer after write");
 	close(fd);
+
+	/*
+	 * vmsplice: a pipe's write end takes the evicted pages themselves, its
+	 * read end copies into evicted pages (EFAULT under fault=signal before
+	 * session 35).
+	 */
+	{
+		int pv[2];
+		size_t n = 16 * PAGE;
+		struct iovec from = { buf + 40 * PAGE, n }, into = { buf + size / 2 + 77 * PAGE, n };
+
+		if (pipe(pv)) {
+			FAIL("pipe: %s", strerror(errno));
+		} else {
+			fcntl(pv[1], F_SETPIPE_SZ, (int)n);
+			evict_buf();
+			if (vmsplice(pv[1], &from, 1, SPLICE_F_NONBLOCK) != (ssize_t)n)
+				FAIL("vmsplice from an evicted buffer: %s", strerror(errno));
+			evict_buf();
+			if (vmsplice(pv[0], &into, 1, SPLICE_F_NONBLOCK) != (ssize_t)n)
+				FAIL("vmsplice into an evicted buffer: %s", strerror(errno));
+			else
+				check(buf + size / 2 + 77 * PAGE, n, 40 * PAGE, 9, "vmsplice through a pipe");
+			close(pv[0]);
+			close(pv[1]);
+			fill(buf + size / 2 + 77 * PAGE, n, size / 2 + 77 * PAGE, 1); /* as main left it */
+		}
+	}
 	free(back);
 }
 
