@@ -854,15 +854,16 @@ EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
  * coroutines on stacks it carved from malloc died so at their first fault.
  * glibc's thread stacks (MAP_STACK) are never paged; a stack the program
  * makes itself leaves paged memory when it is handed over: to makecontext,
- * pthread_attr_setstack or sigaltstack. Where the kernel waits for a page
- * (fault=thread, glibc's heaps) it stays paged.
+ * pthread_attr_setstack or sigaltstack (and a stream's buffer, below, for a
+ * reason of its own). Where the kernel waits for a page (fault=thread,
+ * glibc's heaps) it stays paged.
  */
-static void stays_local(const void *sp, size_t size, atomic_int *told, const char *what)
+static void stays_local(const void *at, size_t size, atomic_int *told, const char *what)
 {
 	struct fm_pager *p;
-	uintptr_t a = (uintptr_t)sp & ~(uintptr_t)4095, e = ((uintptr_t)sp + size + 4095) & ~(uintptr_t)4095;
+	uintptr_t a = (uintptr_t)at & ~(uintptr_t)4095, e = ((uintptr_t)at + size + 4095) & ~(uintptr_t)4095;
 
-	if (!sp || !size || e <= a || !(p = fm_preload_pager()) || !fm_region_signals(p, a, e))
+	if (!at || !size || e <= a || !(p = fm_preload_pager()) || !fm_region_signals(p, a, e))
 		return;
 	/*
 	 * In pieces, each made resident the way a fault would (within the

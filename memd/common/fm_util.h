@@ -131,7 +131,6 @@ int fm_sys_poll(struct pollfd *fds, unsigned long n, int timeout_ms);
 /* And the capture's splice of pages into its pipe (the shim's vmsplice pins the program's pages). */
 long fm_sys_vmsplice(int fd, const struct iovec *iov, unsigned long n, unsigned int flags);
 
-
 /* Fill buf with len bytes from getrandom(2). Returns 0 or -errno. */
 int fm_random(void *buf, size_t len);
 
