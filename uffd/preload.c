@@ -322,6 +322,13 @@ struct program_thread {
 	void *arg;
 };
 
+static void program_thread_ended(void *unused)
+{
+	(void)unused;
+	fm_monitor_thread_end();
+}
+
+/* Its stack goes back to the pool however the thread ends: a return, pthread_exit, or cancellation. */
 static void *program_thread_main(void *v)
 {
 	struct program_thread t = *(struct program_thread *)v;
@@ -329,8 +336,9 @@ static void *program_thread_main(void *v)
 
 	arena_free(v);
 	fm_monitor_thread_start();
+	pthread_cleanup_push(program_thread_ended, NULL);
 	ret = t.fn(t.arg);
-	fm_monitor_thread_end();
+	pthread_cleanup_pop(1);
 	return ret;
 }
 

@@ -63,6 +63,8 @@
  *                        kept (it died of SIGSEGV at its first fault before session 34);
  *                        then a new thread whose first fault is there (before session
  *                        35 it died: its alternate stack was set at its first fault)
+ *   exits                200 threads, one after another, each reading an evicted page
+ *                        and ending by pthread_exit or by cancellation
  *   poll                 epoll_wait, epoll_pwait, poll, ppoll, select and pselect
  *                        with their arrays in the evicted buffer: each finds the one
  *                        ready descriptor (each failed with EFAULT before session 34)
@@ -857,6 +859,50 @@ static void t_ownstack(void)
 }
 
 /*
+ * Threads that end by pthread_exit or by cancellation, one after another,
+ * each after a fault on an evicted page: the shim gives each one's stack of
+ * farmem's back to the pool as it ends (the pthread_exit and cancellation
+ * ends left theirs to be found by a tgkill scan at the next thread's start
+ * before session 36; tests/test_fault_path.py counts those system calls).
+ */
+#define EXIT_THREADS 200
+
+static void *exit_worker(void *arg)
+{
+	size_t i = (size_t)(uintptr_t)arg;
+	const uint8_t *page = buf + 8 * CHUNK + i * PAGE;
+
+	if (check(page, PAGE, i * PAGE, 61, "a page read by a thread that ends by pthread_exit or cancellation"))
+		return NULL;
+	if (i % 2 == 0)
+		pthread_exit(arg);
+	for (;;)
+		pthread_testcancel(); /* its creator cancels it */
+	return NULL;
+}
+
+static void t_exits(void)
+{
+	fill(buf + 8 * CHUNK, EXIT_THREADS * PAGE, 0, 61);
+	for (size_t i = 0; i < EXIT_THREADS && !failed; i++) {
+		pthread_t th;
+		void *back = NULL;
+
+		if (i % 50 == 0)
+			evict_buf();
+		if (pthread_create(&th, NULL, exit_worker, (void *)(uintptr_t)i)) {
+			FAIL("exits: pthread_create: %s", strerror(errno));
+			return;
+		}
+		if (i % 2)
+			pthread_cancel(th);
+		pthread_join(th, &back);
+		if (back != (i % 2 ? PTHREAD_CANCELED : (void *)(uintptr_t)i) && !failed)
+			FAIL("exits: thread %zu ended with %p", i, back);
+	}
+}
+
+/*
  * The waits for descriptors with their arrays in evicted paged memory: the
  * kernel reads them and writes its answers there (epoll_wait's events,
  * poll's revents, select's fd sets), and cannot wait for a page with faults
@@ -1379,7 +1425,7 @@ int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "fortify", t_fortify }, { "big", t_big }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks }, { "ownstack", t_ownstack }, { "poll", t_poll }, { "close", t_close },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks }, { "ownstack", t_ownstack }, { "exits", t_exits }, { "poll", t_poll }, { "close", t_close },
 		{ "raw", t_raw },
 	};
 	static const struct option opts[] = {
