@@ -66,6 +66,15 @@ s <- sort(k)
 m <- matrix(runif(600 * 600), 600); p <- m %*% m
 cat(sprintf("%.6f %s %.6f %d\\n", sum(a$x), s[12345], sum(diag(p)), length(unique(d$g))))
 """
+OCTAVE = """rand("seed", 7); n = N;
+A = rand(n) + n*eye(n); x = A \\ (A*ones(n,1)); assert(norm(x - 1, inf) < 1e-8);
+[Q, R] = qr(A); assert(norm(Q*R - A, 1) / norm(A, 1) < 1e-12);
+v = rand(8*n*n, 1); s = sort(v); assert(issorted(s));
+c = cellfun(@(k) sprintf("k%d", k), num2cell(1:50*n), "UniformOutput", false);
+p = strsplit(strjoin(c, ","), ","); assert(isequal(p, c));
+y = real(ifft(fft(cumsum(v(1:2^20))))); assert(norm(y - cumsum(v(1:2^20)), inf) < 1e-6);
+printf("%.6f %.6f %s %d\\n", sum(diag(R)) / n, s(12345), p{777}, numel(p));
+"""
 PY = """n = N
 d = {}
 for i in range(n): d["k%d" % i] = [i, "v" * (i % 50)]
@@ -86,6 +95,7 @@ PROGRAMS = [
     ("node", "node", "node prog.js"),
     ("erlang", "erl", "erl -noshell -eval \"$(cat prog.erl)\""),
     ("r", "Rscript", "Rscript prog.R"),
+    ("octave", "octave-cli", "octave-cli -q prog.m"),
     ("ffmpeg-threads", "ffmpeg", "ffmpeg -hide_banner -loglevel error -f lavfi -i testsrc2=size=1280x720:rate=25 -t 10 "
      "-c:v libx264 -preset medium -threads 2 -f md5 -"),
     ("jq", "jq", "jq -c '[.[] | select(.v > 0.5) | .name] | sort | .[1000:1010]' big.json"),
@@ -129,6 +139,7 @@ def make_inputs(work: Path, scale: float) -> None:
     (work / "prog.js").write_text(JS.replace("N", str(int(3000000 * scale)), 1))
     (work / "prog.erl").write_text(ERLANG.format(n=int(400000 * scale)))
     (work / "prog.R").write_text(R.replace("N", str(int(600000 * scale)), 1))
+    (work / "prog.m").write_text(OCTAVE.replace("N", str(int(1500 * scale)), 1))
 
 
 def run(argv: list, work: Path, timeout: float) -> tuple:

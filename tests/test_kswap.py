@@ -7,6 +7,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import time
 
 import pytest
@@ -115,3 +116,20 @@ def test_java_selfcheck_under_kswap(farmem_cmd, built, tmp_path):
     assert s["evictions"] > 0 and s["faults"] > 0  # pages went to swap and came back
     assert s["registered_bytes"] >= 256 << 20
     assert s["gc_faults"] + s["app_faults"] > 0
+
+
+def test_a_percentage_budget_at_its_highest_is_not_the_machine(farmem_cmd, built, tmp_path):
+    """`--mode kswap --local 25%` for a program that is not a JVM: the cgroup holds the whole machine
+    until the first paged mapping is seen. Before session 36 the summary's highest budget
+    (peak_limit_bytes) was that stand-in, 23.5 GiB here, for a program whose budget never passed
+    a few hundred MiB."""
+    built("build/bin/farmem-trace")
+    summary = tmp_path / "s.json"
+    script = "import time; time.sleep(1.5); b = bytearray(200 << 20); print(sum(b[::4096]))"
+    r = subprocess.run(farmem_cmd + ["run", "--mode", "kswap", "--local", "25%", "--summary-json", str(summary),
+                                     "--", sys.executable, "-c", script],
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr
+    s = json.loads(summary.read_text())
+    assert s["cgroup_limit_bytes"] < 1 << 30, s
+    assert 0 < s["peak_limit_bytes"] <= s["cgroup_limit_bytes"], s

@@ -247,10 +247,13 @@ class KswapMonitor:
                     self.add_churn(1)
                 return
 
-    def update_counters(self, limit_bytes: int, trace_proc) -> None:
+    def update_counters(self, limit_bytes: int, trace_proc, budget: bool = True) -> None:
+        """BUDGET false: LIMIT_BYTES is a stand-in until the paged mappings are seen (a percentage
+        of them), not a budget the program ran under, so it is no one's highest."""
         st = self.hdr.stats
         st.local_limit_pages = limit_bytes >> PAGE_SHIFT
-        st.peak_limit_pages = max(st.peak_limit_pages, st.local_limit_pages)
+        if budget:
+            st.peak_limit_pages = max(st.peak_limit_pages, st.local_limit_pages)
         try:
             with open(f"/proc/{self.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()

@@ -134,6 +134,7 @@ def cmd_run_kswap(args) -> int:
                                 try:
                                     _set_limit(env, want)
                                     monitor.limit = want
+                                    monitor.stand_in = False
                                 except OSError as e:
                                     # v1 answers EBUSY while it cannot reclaim down to the new
                                     # limit yet: try again at the next scan
@@ -141,10 +142,12 @@ def cmd_run_kswap(args) -> int:
                                         "kswap: cannot set the cgroup limit to %s: %s", fmt_bytes(want), e)
                         mon.scan()
                         mon.update_counters(monitor.limit,
-                                            tracer.proc_stats(child.pid) if tracer else None)
+                                            tracer.proc_stats(child.pid) if tracer else None,
+                                            budget=not monitor.stand_in)
                         mon.wake.wait(args.kswap_scan_ms / 1000)
                         mon.wake.clear()
                 monitor.limit = limit
+                monitor.stand_in = pct is not None and not heap  # the whole machine until the paged mappings are seen
                 th = threading.Thread(target=monitor, daemon=True)
                 th.start()
                 status = child.wait()
@@ -162,7 +165,8 @@ def cmd_run_kswap(args) -> int:
                     # Its last line totals the run to the end; the monitor's last look may predate the last faults.
                     final = tracer.proc_stats(child.pid)
                     if final:
-                        mon.update_counters(getattr(monitor, "limit", limit), final)
+                        mon.update_counters(getattr(monitor, "limit", limit), final,
+                                            budget=not getattr(monitor, "stand_in", False))
             elapsed = time.monotonic() - t0
             s = resmap.figures([mon.hdr])
             summary = {"mode": "kswap", "exit_status": status, "elapsed_s": round(elapsed, 3),
