@@ -298,7 +298,7 @@ def test_main_heap_paged_past_the_threshold(shim, built, tmp_path, farmem_cmd, f
     # Every fault was in the heap: served by the handler thread, counted apart with fault=signal.
     assert s["heap_faults"] == (s["faults"] if fault == "signal" else 0), s
     if fault == "signal":
-        assert f"({s['heap_faults']} of them in malloc heaps, by a handler thread)" in r.stderr, r.stderr[-2000:]
+        assert f"({s['heap_faults']} of them in malloc heaps and reservations, by a handler thread)" in r.stderr, r.stderr[-2000:]
     # The first 64 MiB fill before the heap is paged, and are evicted then.
     assert int(m[1]) < 100, (m[0], s)
     assert s["registered_bytes"] >= 128 << 20, s
@@ -376,6 +376,26 @@ def test_reservation_paged_as_it_is_made_writable(shim, built, tmp_path, farmem_
     assert int(m[1]) < 64, m[0]
     # The part brought home to be made unreadable is adopted when it is made writable again.
     assert s["peak_resident_bytes"] <= s["local_limit_bytes"] + (4 << 20), s
+
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_a_terabyte_reservation_is_paged_where_it_is_committed(shim, built, tmp_path, farmem_cmd, fault):
+    """GHC's runtime reserves 1 TiB PROT_NONE for its heap and commits it 1 MiB at a time with mmap
+    MAP_FIXED. arenatest --reserve --wide does the same with 128 MiB in 4 MiB parts (one across a
+    4 GiB boundary of the address space, one 700 GiB in) under a 32 MiB budget: every part is paged,
+    every byte is right after eviction, and a part given back and committed again reads zeros.
+    Before session 36 the whole reservation was to be one region: memd refused a space of 1 TiB
+    (at every commit) and nothing of it was paged (pandoc ran with 1 MiB registered)."""
+    prog = built("build/tests/arenatest")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--fault", fault, "--", prog,
+                      "--reserve", "--wide", "--mib", 128, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "arenatest: ok reserve-wide parts=32" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "refused" not in r.stderr, r.stderr[-3000:]
+    assert_paged(s, "arenatest --reserve --wide")
+    assert s["registered_bytes"] >= 120 << 20, s
+    assert s["peak_resident_bytes"] <= s["local_limit_bytes"], s
 
 
 import compat  # noqa: E402

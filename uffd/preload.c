@@ -989,6 +989,40 @@ static int reserves(size_t len, int prot, int flags, int fd)
 }
 
 /*
+ * A reservation up to RESV_WHOLE bytes becomes one region at its first
+ * commit (a JVM's heap). A larger one becomes a region per RESV_WINDOW of
+ * address space (aligned to it, within the reservation), each at the first
+ * commit inside it: a region's books, a byte or two per page, and its space
+ * in memd are as large as the region, and a runtime may reserve far more
+ * than it will ever commit. GHC's runtime reserves 1 TiB for its heap:
+ * memd refused a space that large (at every 1 MiB commit), and none of
+ * a Haskell program's heap was paged before session 36.
+ */
+#define RESV_WHOLE (64ull << 30)
+#define RESV_WINDOW (4ull << 30)
+
+/* Page [a, e) of the reservation [base, end), registering the regions that hold it first where there are none. */
+static void resv_page(struct fm_pager *pg, uintptr_t a, uintptr_t e, uintptr_t base, uintptr_t end)
+{
+	while (a < e) {
+		uintptr_t lo = base, hi = end, part;
+
+		if (end - base > RESV_WHOLE) {
+			uintptr_t w = a & ~(uintptr_t)(RESV_WINDOW - 1);
+			lo = w > base ? w : base;
+			hi = w + RESV_WINDOW < end ? w + RESV_WINDOW : end;
+		}
+		part = hi < e ? hi : e;
+		if (fm_pager_commit(pg, (void *)a, part - a) == -ENOENT && kernel_waits_open(pg)) {
+			/* The first part made writable: its window becomes a region, nothing of it paged yet. */
+			fm_pager_register(pg, (void *)lo, hi - lo, FM_REG_SPARSE | FM_REG_KERNEL_WAITS);
+			fm_pager_commit(pg, (void *)a, part - a);
+		}
+		a = part;
+	}
+}
+
+/*
  * [addr, addr+len) was made writable. Inside a reservation it becomes paged
  * memory: 1, whether or not the pager took it. Else 0.
  *
@@ -1008,11 +1042,7 @@ static int resv_commit(void *addr, size_t len)
 	if (a >= e || !reserved_paged() || !(pg = get_pager()))
 		return 1;
 	in_farmem++;
-	if (fm_pager_commit(pg, (void *)a, e - a) == -ENOENT && kernel_waits_open(pg)) {
-		/* The first part made writable: the whole reservation becomes a region, nothing of it paged yet. */
-		fm_pager_register(pg, (void *)base, end - base, FM_REG_SPARSE | FM_REG_KERNEL_WAITS);
-		fm_pager_commit(pg, (void *)a, e - a);
-	}
+	resv_page(pg, a, e, base, end);
 	in_farmem--;
 	return 1;
 }

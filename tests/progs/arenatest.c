@@ -45,12 +45,13 @@
  * has, and the pages between them are written again and left cold, one is
  * replaced by a fresh writable mapping (MAP_FIXED: zeros), the last eighth
  * is unmapped, and a new reservation is made and committed in that hole.
+ * With --reserve --wide, GHC's way instead (reserve_wide).
  *
  * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main] [--dlopen LIB] [--printf]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide] | --main] [--dlopen LIB] [--printf]
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -369,9 +370,10 @@ static long hwm_mib(void)
 
 #define PART (4ul << 20)
 
-static int check_part(const uint8_t *base, size_t part, unsigned salt, const char *what)
+/* The part numbered part, at p: each word its offset's mix (salt 0: zeros). */
+static int check_at(const uint8_t *p, size_t part, unsigned salt, const char *what)
 {
-	const uint64_t *w = (const void *)(base + part * PART);
+	const uint64_t *w = (const void *)p;
 
 	for (size_t k = 0; k < PART / 8; k++)
 		if (w[k] != (salt ? mix(part * PART + k * 8 + salt) : 0)) {
@@ -380,6 +382,19 @@ static int check_part(const uint8_t *base, size_t part, unsigned salt, const cha
 			return 1;
 		}
 	return 0;
+}
+
+static int check_part(const uint8_t *base, size_t part, unsigned salt, const char *what)
+{
+	return check_at(base + part * PART, part, salt, what);
+}
+
+static void fill_at(uint8_t *p, size_t part, unsigned salt)
+{
+	uint64_t *w = (void *)p;
+
+	for (size_t k = 0; k < PART / 8; k++)
+		w[k] = mix(part * PART + k * 8 + salt);
 }
 
 static void fill_words(uint8_t *base, size_t part, size_t first, size_t n, unsigned salt)
@@ -472,6 +487,53 @@ static int reserve(unsigned long mib)
 	return 0;
 }
 
+/*
+ * --reserve --wide: GHC's heap. 1 TiB reserved PROT_NONE (its runtime's
+ * reservation), parts made memory by mmap MAP_FIXED (its commit), most from
+ * the start upwards as its heap grows, one across a 4 GiB boundary of the
+ * address space and one 700 GiB in. Filled, then checked twice under
+ * eviction; one part given back (mmap PROT_NONE over it) and made memory
+ * again reads zeros.
+ */
+static int reserve_wide(unsigned long mib)
+{
+	size_t parts = (mib << 20) / PART, len = (1ull << 40) + PART;
+	uint8_t *base = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	uint8_t **at = calloc(parts, sizeof(*at));
+	uintptr_t boundary;
+	int bad = 0;
+
+	if (base == MAP_FAILED || !at || parts < 4) {
+		fprintf(stderr, "arenatest: reserve --wide: cannot reserve %zu bytes\n", len);
+		return 1;
+	}
+	boundary = (((uintptr_t)base + (8ull << 30)) | ((4ull << 30) - 1)) + 1;
+	for (size_t k = 0; k < parts; k++)
+		at[k] = base + k * PART;
+	at[parts - 2] = (uint8_t *)boundary - PART / 2;
+	at[parts - 1] = base + (700ull << 30);
+	for (size_t k = 0; k < parts; k++) {
+		if (mmap(at[k], PART, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != at[k]) {
+			perror("arenatest: reserve --wide: mmap MAP_FIXED");
+			return 1;
+		}
+		fill_at(at[k], k, 1);
+	}
+	for (int round = 0; round < 2; round++)
+		for (size_t k = 0; k < parts && !bad; k++)
+			bad = check_at(at[k], k, 1, "a wide reservation's part");
+	if (!bad && (mmap(at[1], PART, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) != at[1] ||
+		     mmap(at[1], PART, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != at[1]))
+		bad = 1;
+	bad = bad || check_at(at[1], 1, 0, "a wide reservation's part given back and made memory again");
+	for (size_t k = 0; k < parts && !bad; k++)
+		bad = k != 1 && check_at(at[k], k, 1, "a wide reservation's part, after one was given back");
+	if (bad)
+		return 1;
+	printf("arenatest: ok reserve-wide parts=%zu hwm=%ld MiB\n", parts, hwm_mib());
+	return 0;
+}
+
 /* --printf: a specifier of the program's own, %Y, the number in brackets. */
 static int print_y(FILE *f, const struct printf_info *info, const void *const *args)
 {
@@ -495,6 +557,7 @@ int main(int argc, char **argv)
 		{ "mib", required_argument, NULL, 'm' },
 		{ "rounds", required_argument, NULL, 'r' },
 		{ "reserve", no_argument, NULL, 'R' },
+		{ "wide", no_argument, NULL, 'W' },
 		{ "main", no_argument, NULL, 'M' },
 		{ "dlopen", required_argument, NULL, 'D' },
 		{ "printf", no_argument, NULL, 'P' },
@@ -507,14 +570,15 @@ int main(int argc, char **argv)
 	pthread_t *th;
 	int c;
 
-	int reserved = 0, main_only = 0, printf_own = 0;
+	int reserved = 0, main_only = 0, printf_own = 0, wide = 0;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		char *end;
 		unsigned long v;
 
-		if (c == 'R' || c == 'M') {
+		if (c == 'R' || c == 'M' || c == 'W') {
 			reserved |= c == 'R';
+			wide |= c == 'W';
 			main_only |= c == 'M';
 			continue;
 		}
@@ -533,7 +597,7 @@ int main(int argc, char **argv)
 		}
 		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve | --main] [--dlopen LIB] [--printf]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide] | --main] [--dlopen LIB] [--printf]\n");
 			return 2;
 		}
 		if (c == 't')
@@ -546,7 +610,7 @@ int main(int argc, char **argv)
 			return 2;
 	}
 	if (reserved)
-		return reserve(mib);
+		return wide ? reserve_wide(mib) : reserve(mib);
 	if (main_only)
 		nthreads = 1;
 	per_thread = (mib << 20) / nthreads;
