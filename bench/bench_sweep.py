@@ -96,6 +96,7 @@ PROGRAMS = [
     ("erlang", "erl", "erl -noshell -eval \"$(cat prog.erl)\""),
     ("r", "Rscript", "Rscript prog.R"),
     ("octave", "octave-cli", "octave-cli -q prog.m"),
+    ("pandoc", "pandoc", "pandoc doc.md -t html | sha256sum"),
     ("ffmpeg-threads", "ffmpeg", "ffmpeg -hide_banner -loglevel error -f lavfi -i testsrc2=size=1280x720:rate=25 -t 10 "
      "-c:v libx264 -preset medium -threads 2 -f md5 -"),
     ("jq", "jq", "jq -c '[.[] | select(.v > 0.5) | .name] | sort | .[1000:1010]' big.json"),
@@ -130,6 +131,10 @@ def make_inputs(work: Path, scale: float) -> None:
             f.write(f"int f{i}(int x){{ int a[16]; for(int j=0;j<16;j++) a[j]=x*{i}+j; int s=0; "
                     f"for(int j=0;j<16;j++) s+=a[j]*a[(j*{i % 7 + 1})%16]; return s ^ {rng.randint(0, 999)}; }}\n")
         f.write("int main(void){ int s=0;\n" + "".join(f"s+=f{i}({i});\n" for i in range(funcs)) + "return s & 1; }\n")
+    with open(work / "doc.md", "w") as f:
+        for i in range(int(2500 * scale)):
+            f.write(f"# Section {i}\n\n" + " ".join(rng.choice(words) for _ in range(80)) +
+                    f"\n\n* item *em* **strong** `code`\n* [link](http://x/{i})\n\n")
     keys = str(int(2000000 * scale))
     (work / "prog.py").write_text(PY.replace("N", keys, 1))
     (work / "prog.pl").write_text(PERL.replace("N", keys, 1))
