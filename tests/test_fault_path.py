@@ -49,7 +49,9 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     SIG_HOLD, sigblock, sigsetmask), by a handler's mask, inside sigsuspend, or ignored by
     sigignore: paging goes on (all but the first two killed the process with SIGBUS before).
     Coroutines (makecontext), a thread (pthread_attr_setstack) and a signal handler (sigaltstack) on
-    stacks of paged memory run to their end (under fault=signal they died before session 33), and so
+    stacks of paged memory run to their end (under fault=signal they died before session 33); a
+    thread given its stack's top only (pthread_attr_setstackaddr) starts and fstats into its frame
+    (the process died of SIGBUS at its start before session 36); and so
     does code on a stack switched to by the program's own assembly, as Erlang's JIT does (it died of
     SIGSEGV at its first fault before session 34), also in a new thread whose first fault comes there
     (session 35). epoll_wait, epoll_pwait, poll, ppoll, select and

@@ -353,7 +353,10 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 
 	if (!next)
 		return EAGAIN;
-	if (in_farmem || !fm_monitor_sigbus_ours() || !(t = arena_alloc(sizeof(*t), 16)))
+	if (in_farmem || !fm_monitor_sigbus_ours())
+		return next(th, attr, fn, arg);
+	fm_thread_stack_stays_local(attr);
+	if (!(t = arena_alloc(sizeof(*t), 16)))
 		return next(th, attr, fn, arg);
 	t->fn = fn;
 	t->arg = arg;

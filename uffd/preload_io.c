@@ -891,6 +891,18 @@ static void stack_stays_local(const void *sp, size_t size)
 	stays_local(sp, size, &told, "a stack the program made of paged memory (faults on it could not come by SIGBUS)");
 }
 
+void fm_thread_stack_stays_local(const pthread_attr_t *attr)
+{
+	void *low = NULL;
+	size_t size = 0;
+
+	/* glibc gives the top less the size: with no stack set, the top is NULL and the sum 0. */
+	if (!attr || pthread_attr_getstack(attr, &low, &size) || !size || (uintptr_t)low + size == 0 ||
+	    (uintptr_t)low + size < (uintptr_t)low)
+		return;
+	stack_stays_local(low, size);
+}
+
 /* glibc takes up to any number of arguments; more than this many is not seen in programs. */
 #define MAKECONTEXT_ARGS 12
 

@@ -53,7 +53,9 @@
  *                        then 100 sleepers at once, each on a page of its own
  *   stacks               32 coroutines (makecontext) on stacks carved from the
  *                        buffer, switched through under eviction; a thread on a
- *                        stack there (pthread_attr_setstack); a handler on an
+ *                        stack there (pthread_attr_setstack), another given its
+ *                        top only (pthread_attr_setstackaddr), which died of
+ *                        SIGBUS at its start before session 36; a handler on an
  *                        alternate stack there (sigaltstack): with faults served in
  *                        the faulting thread the coroutines died of SIGSEGV at their
  *                        first fault before the shim kept such stacks local
@@ -85,6 +87,7 @@
  *
  *   iotest [--size 128M] [--pressure 256M] [--only NAME]
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -103,6 +106,7 @@
 #include <sys/select.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <ucontext.h>
@@ -735,6 +739,24 @@ static void *own_stack_worker(void *arg)
 	return arg;
 }
 
+/*
+ * A thread on a stack given by pthread_attr_setstackaddr (its top only) and
+ * pthread_attr_setstacksize, evicted before it starts; then fstat into its
+ * frame, on a page it has not touched. Under fault=signal before session 36
+ * (only pthread_attr_setstack handed the shim the whole stack) the process
+ * died of SIGBUS: the thread's first fault on its stack came while glibc
+ * starts it with every signal blocked.
+ */
+static void *top_only_stack_worker(void *arg)
+{
+	struct stat sts[64]; /* 9 KiB: its middle pages untouched before the call */
+	int fd = *(int *)arg;
+
+	if (fstat(fd, &sts[32]))
+		return (void *)(intptr_t)errno;
+	return sts[32].st_size == 4321 ? NULL : (void *)(intptr_t)-1;
+}
+
 static volatile sig_atomic_t alt_ran;
 
 static void on_usr_alt(int sig)
@@ -777,6 +799,28 @@ static void t_stacks(void)
 	if (pthread_create(&th, &attr, own_stack_worker, stacks) || pthread_join(th, &back) || back != stacks)
 		FAIL("a thread on a stack of paged memory did not run to its end");
 	pthread_attr_destroy(&attr);
+
+	{
+		int fd = temp_file(NULL, 0);
+		void *top = stacks + COROUTINES * CO_STACK + (11u << 20); /* 2 MiB below it, apart from the rest */
+
+		if (ftruncate(fd, 4321))
+			FAIL("ftruncate: %s", strerror(errno));
+		/* By name: the linker warns of every use of the old call, and this one is meant. */
+		int (*setstackaddr)(pthread_attr_t *, void *) =
+			(int (*)(pthread_attr_t *, void *))dlsym(RTLD_DEFAULT, "pthread_attr_setstackaddr");
+
+		pthread_attr_init(&attr);
+		if (!setstackaddr || setstackaddr(&attr, top) || pthread_attr_setstacksize(&attr, 2u << 20))
+			FAIL("pthread_attr_setstackaddr: not there or refused");
+		evict_buf();
+		back = (void *)1;
+		if (pthread_create(&th, &attr, top_only_stack_worker, &fd) || pthread_join(th, &back) || back)
+			FAIL("a thread on a stack given by pthread_attr_setstackaddr: fstat into its frame: %s",
+			     back == (void *)(intptr_t)-1 ? "wrong size" : strerror((int)(intptr_t)back));
+		pthread_attr_destroy(&attr);
+		close(fd);
+	}
 
 	evict_buf();
 	sigemptyset(&sa.sa_mask);
