@@ -378,7 +378,6 @@ def test_reservation_paged_as_it_is_made_writable(shim, built, tmp_path, farmem_
     assert s["peak_resident_bytes"] <= s["local_limit_bytes"] + (4 << 20), s
 
 
-
 @pytest.mark.parametrize("fault", ["signal", "thread"])
 def test_a_terabyte_reservation_is_paged_where_it_is_committed(shim, built, tmp_path, farmem_cmd, fault):
     """GHC's runtime reserves 1 TiB PROT_NONE for its heap and commits it 1 MiB at a time with mmap

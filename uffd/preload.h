@@ -76,10 +76,10 @@ struct fm_io_next_ref {
 /* Bind every FM_IO_NEXT. In the program's context, before the pager starts. */
 void fm_io_bind(void);
 /*
- * A thread's stack the program gave by pthread_attr_setstackaddr, which hands
- * over its top only (its size may come after, by pthread_attr_setstacksize):
- * at pthread_create it is known whole and leaves paged memory as a stack given
- * by pthread_attr_setstack does. Nothing when attr gives no stack of its own.
+ * A thread's stack of the program's own, in attr (pthread_attr_setstack, or
+ * pthread_attr_setstackaddr, which hands over its top only, its size perhaps
+ * after): at pthread_create it is known whole and leaves paged memory there.
+ * Nothing when attr gives no stack of its own.
  */
 void fm_thread_stack_stays_local(const pthread_attr_t *attr);
 

@@ -854,7 +854,7 @@ EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
  * coroutines on stacks it carved from malloc died so at their first fault.
  * glibc's thread stacks (MAP_STACK) are never paged; a stack the program
  * makes itself leaves paged memory when it is handed over: to makecontext,
- * pthread_attr_setstack or sigaltstack (and a stream's buffer, below, for a
+ * pthread_create (by its attr) or sigaltstack (and a stream's buffer, below, for a
  * reason of its own). Where the kernel waits for a page (fault=thread,
  * glibc's heaps) it stays paged.
  */
@@ -926,19 +926,6 @@ EXPORT void makecontext(ucontext_t *ucp, void (*fn)(void), int argc, ...)
 		v[k] = va_arg(ap, long); /* glibc reads them as greg_t, a long here */
 	va_end(ap);
 	next(ucp, fn, argc, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]);
-}
-
-FM_IO_NEXT(pthread_attr_setstack_next, "pthread_attr_setstack");
-
-EXPORT int pthread_attr_setstack(pthread_attr_t *attr, void *stack, size_t size)
-{
-	int (*next)(pthread_attr_t *, void *, size_t) =
-		(int (*)(pthread_attr_t *, void *, size_t))fm_io_next(&pthread_attr_setstack_next);
-
-	if (!next)
-		return ENOSYS;
-	stack_stays_local(stack, size);
-	return next(attr, stack, size);
 }
 
 FM_IO_NEXT(sigaltstack_next, "sigaltstack");
