@@ -100,6 +100,15 @@ static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct { uintptr_t base, end; } resv[MAX_RESV];
 static atomic_int nresv;
 static pthread_mutex_t resv_lock = PTHREAD_MUTEX_INITIALIZER;
+/*
+ * Parts of reservations the pager would not take (the region table full,
+ * memd refusing the space): their commits stay local memory, not offered
+ * again at every commit, each with its warning. Forgotten with the
+ * reservation. Under resv_lock.
+ */
+#define MAX_REFUSED 256
+static struct { uintptr_t lo, hi; } refused[MAX_REFUSED];
+static int nrefused;
 static pthread_mutex_t heap_lock = PTHREAD_MUTEX_INITIALIZER; /* glibc's heaps (below, at malloc) */
 /*
  * Held across an mremap of paged memory and a big block's remap or move
@@ -918,6 +927,10 @@ static void resv_cut_locked(uintptr_t a, uintptr_t e)
 {
 	int n = atomic_load(&nresv);
 
+	for (int k = 0; k < nrefused; k++)
+		if (a < refused[k].hi && e > refused[k].lo)
+			refused[k--] = refused[--nrefused];
+
 	for (int k = 0; k < n; k++) {
 		uintptr_t b = resv[k].base, t = resv[k].end;
 		if (e <= b || a >= t)
@@ -1004,6 +1017,36 @@ static int reserves(size_t len, int prot, int flags, int fd)
 #define RESV_WHOLE (64ull << 30)
 #define RESV_WINDOW (4ull << 30)
 
+static int was_refused(uintptr_t lo, uintptr_t hi)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&resv_lock);
+	for (int k = 0; k < nrefused && !found; k++)
+		found = refused[k].lo <= lo && hi <= refused[k].hi;
+	pthread_mutex_unlock(&resv_lock);
+	return found;
+}
+
+/* Windows refused one after another are one entry. */
+static void remember_refused(uintptr_t lo, uintptr_t hi)
+{
+	int k;
+
+	pthread_mutex_lock(&resv_lock);
+	for (k = 0; k < nrefused && refused[k].hi != lo && refused[k].lo != hi; k++)
+		;
+	if (k < nrefused) {
+		refused[k].lo = lo < refused[k].lo ? lo : refused[k].lo;
+		refused[k].hi = hi > refused[k].hi ? hi : refused[k].hi;
+	} else if (nrefused < MAX_REFUSED) {
+		refused[nrefused].lo = lo;
+		refused[nrefused].hi = hi;
+		nrefused++;
+	}
+	pthread_mutex_unlock(&resv_lock);
+}
+
 /* Page [a, e) of the reservation [base, end), registering the regions that hold it first where there are none. */
 static void resv_page(struct fm_pager *pg, uintptr_t a, uintptr_t e, uintptr_t base, uintptr_t end)
 {
@@ -1016,10 +1059,15 @@ static void resv_page(struct fm_pager *pg, uintptr_t a, uintptr_t e, uintptr_t b
 			hi = w + RESV_WINDOW < end ? w + RESV_WINDOW : end;
 		}
 		part = hi < e ? hi : e;
-		if (fm_pager_commit(pg, (void *)a, part - a) == -ENOENT && kernel_waits_open(pg)) {
+		if (fm_pager_commit(pg, (void *)a, part - a) == -ENOENT && kernel_waits_open(pg) &&
+		    !was_refused(lo, hi)) {
 			/* The first part made writable: its window becomes a region, nothing of it paged yet. */
-			fm_pager_register(pg, (void *)lo, hi - lo, FM_REG_SPARSE | FM_REG_KERNEL_WAITS);
-			fm_pager_commit(pg, (void *)a, part - a);
+			int rc = fm_pager_register(pg, (void *)lo, hi - lo, FM_REG_SPARSE | FM_REG_KERNEL_WAITS);
+
+			if (rc && rc != -EEXIST)
+				remember_refused(lo, hi);
+			else
+				fm_pager_commit(pg, (void *)a, part - a);
 		}
 		a = part;
 	}

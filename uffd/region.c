@@ -556,6 +556,23 @@ void fm_region_retire(struct fm_pager *p, struct region *r, int close_space)
 	map_release(p, r);
 }
 
+/*
+ * Whether a range the pager cannot take is told: the first few are, the
+ * rest only counted (a runtime that commits in many windows of address
+ * space made a warning per window, hundreds of them).
+ */
+#define REFUSALS_TOLD 8
+
+static int refusal_told(struct fm_pager *p)
+{
+	return atomic_fetch_add(&p->refusals, 1) < REFUSALS_TOLD;
+}
+
+static const char *refusals_left(struct fm_pager *p)
+{
+	return atomic_load(&p->refusals) == REFUSALS_TOLD ? " (more such ranges stay local, not told)" : "";
+}
+
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
 {
 	uintptr_t a = (uintptr_t)addr;
@@ -591,13 +608,16 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	r = fm_region_book(p, a, npages, npages, 0, fd);
 	if (!r) {
 		rlock_un(p);
-		fm_warn("cannot page %zu more bytes at %p: region table full", len, addr);
+		if (refusal_told(p))
+			fm_warn("cannot page %zu more bytes at %p: region table full%s", len, addr, refusals_left(p));
 		return -ENOSPC;
 	}
 	rc = fm_xport_space_open(p->x, npages, &space);
 	if (rc) {
 		rlock_un(p);
-		fm_warn("memd refused a space of %llu pages: %s", (unsigned long long)npages, fm_strerror(-rc));
+		if (refusal_told(p))
+			fm_warn("memd refused a space of %llu pages: %s%s", (unsigned long long)npages, fm_strerror(-rc),
+				refusals_left(p));
 		return rc;
 	}
 	r->space = space;

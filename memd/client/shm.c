@@ -37,7 +37,33 @@ struct space_map {
 	uint64_t kept;
 	/* checked[p]: the pause in which slot p's bytes last matched its checksum (fm_xport_pause). */
 	uint32_t *checked;
+	size_t books_len;          /* mem and checked, one mapping */
 };
+
+/*
+ * mem and checked for a space of npages, in one anonymous mapping: zero
+ * until used, so a space that is mostly never paged (a runtime's 4 GiB
+ * window of address space with a few MiB in it) costs what it uses, not
+ * five bytes a page taken from the pager's own arena (which ran out at
+ * 204 such spaces).
+ */
+static uint8_t *books_map(uint64_t npages, size_t *len)
+{
+	uint64_t n = npages ? npages : 1;
+	void *p;
+
+	*len = (size_t)((n * (1 + sizeof(uint32_t)) + sizeof(uint32_t) + FM_PAGE_SIZE - 1) & ~(uint64_t)(FM_PAGE_SIZE - 1));
+	p = fm_sys_mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* checked follows mem, aligned for its words. */
+static uint32_t *books_checked(uint8_t *mem, uint64_t npages)
+{
+	uint64_t n = npages ? npages : 1;
+
+	return (uint32_t *)(void *)(mem + ((n + sizeof(uint32_t) - 1) & ~(uint64_t)(sizeof(uint32_t) - 1)));
+}
 
 struct shm {
 	struct fm_session_xport sx;
@@ -248,11 +274,10 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 	struct fm_space_ref ref = { .space_id = id };
 	struct fm_shm_map_rep rep;
 	struct space_map *sm = NULL;
-	size_t len;
+	size_t len, books_len;
 	uint16_t st;
 	int fd = -1, rc;
 	uint8_t *mem;
-	uint32_t *checked;
 	void *p;
 
 	rc = fm_ctrl_call(&s->sx.ctrl, FM_OP_SHM_MAP, &ref, sizeof(ref), &rep, sizeof(rep), &len, &st, &fd);
@@ -270,11 +295,8 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 		rc = -errno;
 		goto fail;
 	}
-	mem = calloc(npages ? npages : 1, 1);
-	checked = calloc(npages ? npages : 1, sizeof(*checked));
-	if (!mem || !checked) {
-		free(mem);
-		free(checked);
+	mem = books_map(npages, &books_len);
+	if (!mem) {
 		fm_sys_munmap(p, rep.map_len);
 		rc = -ENOMEM;
 		goto fail;
@@ -293,7 +315,8 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 		sm->meta = (struct fm_shm_meta *)((uint8_t *)p + rep.meta_offset);
 		sm->mem = mem;
 		sm->kept = 0;
-		sm->checked = checked;
+		sm->checked = books_checked(mem, npages);
+		sm->books_len = books_len;
 		__atomic_store_n(&sm->data, (uint8_t *)p + rep.data_offset, __ATOMIC_RELEASE);
 		if (sm == &s->spaces[s->nspaces])
 			__atomic_store_n(&s->nspaces, s->nspaces + 1, __ATOMIC_RELEASE);
@@ -301,8 +324,7 @@ static int map_space(struct fm_xport *x, uint32_t id, uint64_t npages)
 	pthread_mutex_unlock(&s->lock);
 	if (!sm) {
 		fm_sys_munmap(p, rep.map_len);
-		free(mem);
-		free(checked);
+		fm_sys_munmap(mem, books_len);
 		rc = -ENOSPC;
 		goto fail;
 	}
@@ -329,9 +351,8 @@ static int shm_space_close(struct fm_xport *x, uint32_t space_id)
 		close(sm->memfd);
 		__atomic_store_n(&sm->data, NULL, __ATOMIC_RELEASE);
 		sm->memfd = -1;
-		free(sm->mem);
+		fm_sys_munmap(sm->mem, sm->books_len);
 		sm->mem = NULL;
-		free(sm->checked);
 		sm->checked = NULL;
 		pthread_mutex_unlock(&s->lock);
 	}
@@ -347,8 +368,8 @@ static void shm_close(struct fm_xport *x)
 			fm_sys_munmap(s->spaces[i].data, s->spaces[i].map_len);
 		if (s->spaces[i].data && s->spaces[i].memfd >= 0)
 			close(s->spaces[i].memfd);
-		free(s->spaces[i].mem);
-		free(s->spaces[i].checked);
+		if (s->spaces[i].mem)
+			fm_sys_munmap(s->spaces[i].mem, s->spaces[i].books_len);
 	}
 	pthread_mutex_destroy(&s->lock);
 	fm_session_xport_free(&s->sx);

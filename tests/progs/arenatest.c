@@ -45,13 +45,14 @@
  * has, and the pages between them are written again and left cold, one is
  * replaced by a fresh writable mapping (MAP_FIXED: zeros), the last eighth
  * is unmapped, and a new reservation is made and committed in that hole.
- * With --reserve --wide, GHC's way instead (reserve_wide).
+ * With --reserve --wide, GHC's way instead (reserve_wide); with --windows N
+ * too, small parts in N windows of 4 GiB each (reserve_windows).
  *
  * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide] | --main] [--dlopen LIB] [--printf]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --main] [--dlopen LIB] [--printf]
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -534,6 +535,61 @@ static int reserve_wide(unsigned long mib)
 	return 0;
 }
 
+/*
+ * --reserve --wide --windows N: a reservation of N + 1 windows of 4 GiB, and
+ * in each of N windows four small parts made memory one after another, as
+ * a runtime commits its heap here and there. More windows than the pager
+ * has regions for: the windows it cannot take stay local memory, their
+ * bytes as right as the paged ones', and each is offered to the pager once
+ * (the caller counts the warnings).
+ */
+#define WINDOW (4ull << 30)
+#define WINDOW_PARTS 4
+#define WINDOW_PART (16ul << 10)
+
+static uint64_t window_word(size_t win, size_t part, size_t k)
+{
+	return mix(((win * WINDOW_PARTS + part) << 20) + k * 8 + 1);
+}
+
+static int reserve_windows(unsigned long nwin)
+{
+	size_t len = (nwin + 1) * WINDOW;
+	uint8_t *base = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0), *first;
+
+	if (base == MAP_FAILED) {
+		fprintf(stderr, "arenatest: reserve --windows: cannot reserve %zu bytes\n", len);
+		return 1;
+	}
+	first = (uint8_t *)(((uintptr_t)base + WINDOW - 1) & ~(uintptr_t)(WINDOW - 1));
+	for (size_t win = 0; win < nwin; win++)
+		for (size_t part = 0; part < WINDOW_PARTS; part++) {
+			uint8_t *at = first + win * WINDOW + part * (1ul << 20);
+			uint64_t *w = (void *)at;
+
+			if (mmap(at, WINDOW_PART, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != at) {
+				perror("arenatest: reserve --windows: mmap MAP_FIXED");
+				return 1;
+			}
+			for (size_t k = 0; k < WINDOW_PART / 8; k++)
+				w[k] = window_word(win, part, k);
+		}
+	for (int round = 0; round < 2; round++)
+		for (size_t win = 0; win < nwin; win++)
+			for (size_t part = 0; part < WINDOW_PARTS; part++) {
+				const uint64_t *w = (const void *)(first + win * WINDOW + part * (1ul << 20));
+
+				for (size_t k = 0; k < WINDOW_PART / 8; k++)
+					if (w[k] != window_word(win, part, k)) {
+						fprintf(stderr, "arenatest: reserve --windows: window %zu part %zu word %zu is %#llx\n",
+							win, part, k, (unsigned long long)w[k]);
+						return 1;
+					}
+			}
+	printf("arenatest: ok reserve-windows windows=%lu hwm=%ld MiB\n", nwin, hwm_mib());
+	return 0;
+}
+
 /* --printf: a specifier of the program's own, %Y, the number in brackets. */
 static int print_y(FILE *f, const struct printf_info *info, const void *const *args)
 {
@@ -558,12 +614,13 @@ int main(int argc, char **argv)
 		{ "rounds", required_argument, NULL, 'r' },
 		{ "reserve", no_argument, NULL, 'R' },
 		{ "wide", no_argument, NULL, 'W' },
+		{ "windows", required_argument, NULL, 'w' },
 		{ "main", no_argument, NULL, 'M' },
 		{ "dlopen", required_argument, NULL, 'D' },
 		{ "printf", no_argument, NULL, 'P' },
 		{ 0 },
 	};
-	unsigned long mib = 192;
+	unsigned long mib = 192, windows = 0;
 	unsigned long lines = 0;
 	long hwm;
 	char line[128];
@@ -597,7 +654,7 @@ int main(int argc, char **argv)
 		}
 		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide] | --main] [--dlopen LIB] [--printf]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --main] [--dlopen LIB] [--printf]\n");
 			return 2;
 		}
 		if (c == 't')
@@ -606,11 +663,13 @@ int main(int argc, char **argv)
 			mib = v;
 		else if (c == 'r')
 			rounds = (unsigned)v;
+		else if (c == 'w')
+			windows = v;
 		else
 			return 2;
 	}
 	if (reserved)
-		return wide ? reserve_wide(mib) : reserve(mib);
+		return wide && windows ? reserve_windows(windows) : wide ? reserve_wide(mib) : reserve(mib);
 	if (main_only)
 		nthreads = 1;
 	per_thread = (mib << 20) / nthreads;
