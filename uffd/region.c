@@ -563,8 +563,10 @@ void fm_region_retire(struct fm_pager *p, struct region *r, int close_space)
  */
 #define REFUSALS_TOLD 8
 
-static int refusal_told(struct fm_pager *p)
+static int refusal_told(struct fm_pager *p, size_t len)
 {
+	STAT_ADD(p, refused_ranges, 1);
+	STAT_ADD(p, refused_bytes, len);
 	return atomic_fetch_add(&p->refusals, 1) < REFUSALS_TOLD;
 }
 
@@ -608,14 +610,14 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	r = fm_region_book(p, a, npages, npages, 0, fd);
 	if (!r) {
 		rlock_un(p);
-		if (refusal_told(p))
+		if (refusal_told(p, len))
 			fm_warn("cannot page %zu more bytes at %p: region table full%s", len, addr, refusals_left(p));
 		return -ENOSPC;
 	}
 	rc = fm_xport_space_open(p->x, npages, &space);
 	if (rc) {
 		rlock_un(p);
-		if (refusal_told(p))
+		if (refusal_told(p, len))
 			fm_warn("memd refused a space of %llu pages: %s%s", (unsigned long long)npages, fm_strerror(-rc),
 				refusals_left(p));
 		return rc;

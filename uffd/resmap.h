@@ -235,7 +235,13 @@ struct fm_pager_stats {
 	 * is then below a peak_resident_pages that was within the budget of its day.
 	 */
 	uint64_t peak_limit_pages;
-	uint64_t reserved2[14];
+	/*
+	 * Ranges the program made that the pager could not take (its region
+	 * table full, memd refusing the space): they stay local memory.
+	 */
+	uint64_t refused_ranges;
+	uint64_t refused_bytes;
+	uint64_t reserved2[12];
 };
 
 struct fm_resmap_hdr {

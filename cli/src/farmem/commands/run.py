@@ -415,6 +415,11 @@ def summary_lines(s: dict) -> list:
     problems = [f"{s[k]} {k.replace('_', ' ')}" for k in ("memd_full", "crc_errors", "transport_errors",
                                                          "memd_servers_lost", "memd_timeouts", "memd_failovers")
                 if s.get(k)]
+    if s.get("refused_ranges"):
+        # What the program would have had paged and the pager could not take: said here, not only in
+        # the warnings above (a whole heap left local went unnoticed for sessions, docs/compatibility.md).
+        problems.append(f"{s['refused_ranges']} ranges ({fmt_bytes(s['refused_bytes'])} of address space) not paged: "
+                        f"region table full or memd refused them")
     procs = f"{s['processes']} process" + ("es" if s["processes"] != 1 else "")
     # registered_bytes is a gauge: 0 once the program has unmapped its memory, so say it only if not.
     registered = f", registered {fmt_bytes(s['registered_bytes'])}" if s["registered_bytes"] else ""
