@@ -161,11 +161,18 @@ def make_inputs(work: Path, scale: float) -> None:
     (work / "prog.m").write_text(OCTAVE.replace("N", str(int(1500 * scale)), 1))
 
 
+# Debian's programs, not what a machine puts before them in PATH: this one's python3 was pyenv's
+# shim, a bash script that forked 40 times before Python started (each fork under farmem brings
+# the paged memory home first).
+DEBIAN_ENV = dict(os.environ, PATH="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
+
+
 def run(argv: list, work: Path, timeout: float) -> tuple:
     """Run argv in a session of its own; past the timeout the whole session is killed (the shell's
     pipeline too, not only its first process) and the run counts as failed (status -9)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env=DEBIAN_ENV)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -193,7 +200,7 @@ def main() -> int:
         for name, need, cmd in PROGRAMS:
             if name not in only:
                 continue
-            if not shutil.which(need):
+            if not shutil.which(need, path=DEBIAN_ENV["PATH"]):
                 print(f"{name}: skipped ({need} is not installed)", flush=True)
                 continue
             rss = work / f"{name}.rss"
