@@ -557,22 +557,22 @@ void fm_region_retire(struct fm_pager *p, struct region *r, int close_space)
 }
 
 /*
- * Whether a range the pager cannot take is told: the first few are, the
+ * A range the pager cannot take is counted; the first few are told, the
  * rest only counted (a runtime that commits in many windows of address
- * space made a warning per window, hundreds of them).
+ * space made a warning per window, hundreds of them). Its number, from 0.
  */
-#define REFUSALS_TOLD 8
+#define REFUSALS_TOLD 8u
 
-static int refusal_told(struct fm_pager *p, size_t len)
+static unsigned refusal(struct fm_pager *p, size_t len)
 {
 	STAT_ADD(p, refused_ranges, 1);
 	STAT_ADD(p, refused_bytes, len);
-	return atomic_fetch_add(&p->refusals, 1) < REFUSALS_TOLD;
+	return atomic_fetch_add(&p->refusals, 1);
 }
 
-static const char *refusals_left(struct fm_pager *p)
+static const char *refusals_left(unsigned n)
 {
-	return atomic_load(&p->refusals) == REFUSALS_TOLD ? " (more such ranges stay local, not told)" : "";
+	return n + 1 == REFUSALS_TOLD ? " (more such ranges stay local, not told)" : "";
 }
 
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
@@ -609,17 +609,21 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	}
 	r = fm_region_book(p, a, npages, npages, 0, fd);
 	if (!r) {
+		unsigned n = refusal(p, len);
+
 		rlock_un(p);
-		if (refusal_told(p, len))
-			fm_warn("cannot page %zu more bytes at %p: region table full%s", len, addr, refusals_left(p));
+		if (n < REFUSALS_TOLD)
+			fm_warn("cannot page %zu more bytes at %p: region table full%s", len, addr, refusals_left(n));
 		return -ENOSPC;
 	}
 	rc = fm_xport_space_open(p->x, npages, &space);
 	if (rc) {
+		unsigned n = refusal(p, len);
+
 		rlock_un(p);
-		if (refusal_told(p, len))
+		if (n < REFUSALS_TOLD)
 			fm_warn("memd refused a space of %llu pages: %s%s", (unsigned long long)npages, fm_strerror(-rc),
-				refusals_left(p));
+				refusals_left(n));
 		return rc;
 	}
 	r->space = space;
