@@ -36,13 +36,10 @@ static void exercise(const char *sock, const char *fault)
 	const uint64_t H = 0, K = 1;
 	struct fm_pager *p;
 	struct fm_resmap_hdr *h;
-	char addr[128], what[64];
 	uint64_t next = 16, k_left = 0, h_left = 0, bad = 0;
 	uint8_t *a;
 
-	snprintf(addr, sizeof(addr), "unix:%s", sock);
-	snprintf(what, sizeof(what), "fault=%s", fault);
-	p = unit_pager(what, addr, "1M", (const char *const[]){ "transport", "shm", "prefetch", "0", "fault", fault, NULL });
+	p = unit_pager_at(sock, fault, "1M", (const char *const[]){ "transport", "shm", "prefetch", "0", "fault", fault, NULL });
 	if (!p)
 		return;
 	h = fm_pager_map(p);

@@ -47,6 +47,17 @@ static inline struct fm_pager *unit_pager(const char *what, const char *addr, co
 	return unit_pager_gc(what, addr, local, more, NULL);
 }
 
+/* The same on the test's memd at sock, the case named by its fault mode. */
+static inline struct fm_pager *unit_pager_at(const char *sock, const char *fault, const char *local,
+					     const char *const *more)
+{
+	char addr[128], what[64];
+
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	snprintf(what, sizeof(what), "fault=%s", fault);
+	return unit_pager(what, addr, local, more);
+}
+
 /* len bytes of fresh anonymous memory, registered with p (flags: FM_REG_*); NULL, counted, if not. */
 static inline uint8_t *unit_region(struct fm_pager *p, size_t len, uint32_t flags)
 {
