@@ -160,7 +160,6 @@ struct fm_pager {
 
 	atomic_uint_fast64_t resident;  /* resident pages in all regions */
 	atomic_uint_fast64_t registered;
-	atomic_uint refusals;           /* ranges the pager could not take (region.c tells the first few) */
 	atomic_uint_fast64_t limit, high, low; /* pages */
 
 	/* Waiting for a page to settle (wait.c): a futex word and its waiters. */

@@ -563,14 +563,13 @@ void fm_region_retire(struct fm_pager *p, struct region *r, int close_space)
  */
 #define REFUSALS_TOLD 8u
 
-static unsigned refusal(struct fm_pager *p, size_t len)
+static uint64_t refusal(struct fm_pager *p, size_t len)
 {
-	STAT_ADD(p, refused_ranges, 1);
 	STAT_ADD(p, refused_bytes, len);
-	return atomic_fetch_add(&p->refusals, 1);
+	return STAT_ADD(p, refused_ranges, 1);
 }
 
-static const char *refusals_left(unsigned n)
+static const char *refusals_left(uint64_t n)
 {
 	return n + 1 == REFUSALS_TOLD ? " (more such ranges stay local, not told)" : "";
 }
@@ -609,7 +608,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	}
 	r = fm_region_book(p, a, npages, npages, 0, fd);
 	if (!r) {
-		unsigned n = refusal(p, len);
+		uint64_t n = refusal(p, len);
 
 		rlock_un(p);
 		if (n < REFUSALS_TOLD)
@@ -618,7 +617,7 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	}
 	rc = fm_xport_space_open(p->x, npages, &space);
 	if (rc) {
-		unsigned n = refusal(p, len);
+		uint64_t n = refusal(p, len);
 
 		rlock_un(p);
 		if (n < REFUSALS_TOLD)
