@@ -11,6 +11,8 @@ Workloads (--workloads):
   rewrite1, rewrite2, rewrite8   build/bench/rewrite --size SIZE --threads N: random pages
                                  checked and half of them rewritten, then a full check,
                                  at LOCAL (default 1/8 of SIZE)
+  rewrite1-heap, rewrite8-heap   the same in 1 MiB malloc blocks: glibc's heap, whose faults
+                                 a handler thread serves (the kernel waits for them)
   faultlat                       build/bench/faultlat --pattern random (read-only: every
                                  access a fault); its p50 beside uffd_floor --pin same
   fitc                           build/bench/rewrite --mode fit: a C program whose memory
@@ -64,8 +66,10 @@ MiB = 1 << 20
 def workload(name: str, size: int) -> dict:
     """argv (relative to a checkout), the local budget, and what to parse."""
     if name.startswith("rewrite"):
-        threads = int(name[len("rewrite"):] or "1")
-        return {"argv": ["build/bench/rewrite", "--size", f"{size // MiB}M", "--threads", str(threads), "--json"],
+        rest = name[len("rewrite"):]
+        heap = ["--heap"] if rest.endswith("-heap") else []
+        threads = int(rest.removesuffix("-heap") or "1")
+        return {"argv": ["build/bench/rewrite", "--size", f"{size // MiB}M", "--threads", str(threads), "--json"] + heap,
                 "local": size // 8, "kind": "rewrite"}
     if name == "faultlat":
         return {"argv": ["build/bench/faultlat", "--size", f"{size // MiB}M", "--pattern", "random", "--json"],

@@ -6,7 +6,7 @@
  * it must be written back before it can leave again).
  *
  *   rewrite [--size 512M] [--rounds 100000] [--threads 1] [--write-pct 50]
- *           [--seed 1] [--json] [--mode rewrite|fit]
+ *           [--seed 1] [--json] [--mode rewrite|fit] [--heap]
  *
  * Every page holds incompressible bytes derived from (page, version). Fill
  * writes version 0 everywhere; then --rounds rounds (split over the threads)
@@ -18,6 +18,11 @@
  * --mode fit: the same buffer, but it is meant to fit the budget: fill, then
  * rounds over every page in order, a read and a rewrite each (a program whose
  * memory fits pays nothing: that is what this measures).
+ *
+ * --heap: the buffer is 1 MiB blocks from malloc, not one mapping: they
+ * land in glibc's main heap, which farmem pages as a region whose faults
+ * the kernel waits for (a handler thread serves them, docs/pager.md), so
+ * this measures that path where the default measures the faulting thread's.
  *
  * Exit status: 0 every byte as expected, 1 a page had wrong bytes, 2 usage.
  */
@@ -35,7 +40,11 @@
 #define PAGE 4096u
 #define WORDS (PAGE / 8u)
 
+#define HEAP_BLOCK (1u << 20)
+#define PAGES_PER_BLOCK (HEAP_BLOCK / PAGE)
+
 static uint8_t *buf;
+static uint8_t **blocks; /* --heap */
 static uint64_t npages, rounds, seed = 1;
 static unsigned nthreads = 1, write_pct = 50;
 static uint32_t *version;
@@ -58,9 +67,14 @@ static uint64_t mix(uint64_t x)
 	return x;
 }
 
+static uint8_t *page_at(uint64_t pg)
+{
+	return blocks ? blocks[pg / PAGES_PER_BLOCK] + (pg % PAGES_PER_BLOCK) * PAGE : buf + pg * PAGE;
+}
+
 static void fill_page(uint64_t pg, uint32_t ver)
 {
-	uint64_t *w = (uint64_t *)(buf + pg * PAGE);
+	uint64_t *w = (uint64_t *)page_at(pg);
 	uint64_t x = mix(pg * 0x9e3779b97f4a7c15ull ^ ((uint64_t)ver << 40) ^ seed);
 
 	for (unsigned k = 0; k < WORDS; k++) {
@@ -74,7 +88,7 @@ static void fill_page(uint64_t pg, uint32_t ver)
 /* Returns 0 when page pg holds version ver's bytes. */
 static int check_page(uint64_t pg, uint32_t ver)
 {
-	const volatile uint64_t *w = (const volatile uint64_t *)(buf + pg * PAGE);
+	const volatile uint64_t *w = (const volatile uint64_t *)page_at(pg);
 	uint64_t x = mix(pg * 0x9e3779b97f4a7c15ull ^ ((uint64_t)ver << 40) ^ seed);
 
 	for (unsigned k = 0; k < WORDS; k++) {
@@ -189,10 +203,11 @@ int main(int argc, char **argv)
 		{ "seed", required_argument, NULL, 'S' },
 		{ "mode", required_argument, NULL, 'm' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "heap", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	uint64_t size = 512ull << 20, checked = 0, rewritten = 0;
-	int json = 0, c;
+	int json = 0, heap = 0, c;
 	double t0, t1, t2, t3;
 	struct worker *w;
 
@@ -211,16 +226,28 @@ int main(int argc, char **argv)
 				goto usage;
 			break;
 		case 'j': json = 1; break;
+		case 'h': heap = 1; break;
 		default: goto usage;
 		}
 	}
 	if (nthreads < 1 || nthreads > 256 || write_pct > 100)
 		goto usage;
 	npages = size / PAGE;
-	/* One mapping for the data (paged), the versions apart in small memory. */
-	buf = mmap(NULL, npages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	/* The versions and thread records are small, allocated before the data so they sit below it. */
 	version = calloc(npages, sizeof(*version));
 	w = calloc(nthreads, sizeof(*w));
+	if (heap) {
+		uint64_t nblocks = (npages + PAGES_PER_BLOCK - 1) / PAGES_PER_BLOCK;
+		blocks = calloc(nblocks, sizeof(*blocks));
+		for (uint64_t b = 0; blocks && b < nblocks; b++)
+			if (posix_memalign((void **)&blocks[b], PAGE, HEAP_BLOCK)) {
+				free(blocks);
+				blocks = NULL;
+			}
+		buf = blocks ? NULL : MAP_FAILED;
+	} else {
+		buf = mmap(NULL, npages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	}
 	if (buf == MAP_FAILED || !version || !w) {
 		perror("rewrite: allocation");
 		return 2;
@@ -250,6 +277,6 @@ int main(int argc, char **argv)
 	return 0;
 usage:
 	fprintf(stderr, "usage: rewrite [--size 512M] [--rounds N] [--threads T] [--write-pct P] [--seed S] "
-		"[--mode rewrite|fit] [--json]\n");
+		"[--mode rewrite|fit] [--heap] [--json]\n");
 	return 2;
 }
