@@ -438,6 +438,44 @@ def test_summary_of_a_real_pager(tmp_path, farmem_cmd, built):
                      r"p99 [\d.]+ us", r.stderr)
 
 
+def test_a_run_larger_than_its_budget_is_told_what_a_larger_one_saves(tmp_path, farmem_cmd, built):
+    """Random pages of 128 MiB at 32 MiB local: each page that comes back has left some budgets of
+    evictions before, and the summary says how many faults twice and four times the budget would
+    have saved; the same program within its budget is told nothing."""
+    rewrite = built("build/bench/rewrite")
+    out = tmp_path / "s.json"
+    r = farmem(farmem_cmd, "run", "--local", "32M", "--summary-json", out, "--",
+               rewrite, "--size", "128M", "--rounds", "150000", env=clean_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(out.read_text())
+    # Uniform random over four budgets: about 28% back within one budget, 63% within three.
+    assert 0 < s["refaults_soon"] < s["refaults_3budgets"] <= s["faults"], s
+    assert 0.15 < s["refaults_soon"] / s["faults"] < 0.45 and 0.45 < s["refaults_3budgets"] / s["faults"] < 0.85, s
+    hint = re.search(r"farmem: (\d+)% of the faults were pages back within one budget .* \((\d+)% within three\).*"
+                     r"`--local 64M` would have saved about (\d+)% .*`--local 128M` about (\d+)%", r.stderr)
+    assert hint, r.stderr
+    assert int(hint[1]) == s["refaults_soon"] * 100 // s["faults"] == int(hint[3])
+    assert int(hint[2]) == s["refaults_3budgets"] * 100 // s["faults"] == int(hint[4])
+    r = farmem(farmem_cmd, "run", "--local", "32M", "--", rewrite, "--mode", "fit", "--size", "16M",
+               "--rounds", "150000", env=clean_env(), timeout=300)
+    assert r.returncode == 0 and "budget of evictions" not in r.stderr, r.stderr
+
+
+def test_thrash_hint_keeps_a_percentage_a_percentage():
+    from farmem.commands.run import thrash_hint
+    base = {"processes": 1, "faults": 400_000, "refaults_soon": 200_000, "refaults_3budgets": 300_000,
+            "local_limit_bytes": 100 << 20, "peak_limit_bytes": 110 << 20}
+    hint = thrash_hint(base, "25%")
+    assert "50% of the faults" in hint and "(75% within three)" in hint
+    assert "`--local 50%` would have saved about 50%" in hint and "`--local 100%` about 75%" in hint
+    assert "`--local 60%`" in thrash_hint(base, "30%") and "`--local 100%` about" in thrash_hint(base, "30%")
+    # A byte budget: the highest limit in force, doubled, in whole MiB.
+    assert "`--local 220M`" in thrash_hint(base, "100M") and "`--local 440M`" in thrash_hint(base, "100M")
+    assert thrash_hint({**base, "refaults_soon": 10_000, "refaults_3budgets": 100_000}) is None  # a quarter
+    assert thrash_hint({**base, "faults": 50_000}) is None                                        # too few to matter
+    assert thrash_hint({"processes": 0, "faults": 0}) is None
+
+
 # --- --memd, farmem memd ------------------------------------------------------------------------
 
 def test_unreachable_memd_never_starts_cmd(tmp_path, farmem_cmd):

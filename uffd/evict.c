@@ -87,14 +87,24 @@ static uint8_t heat_now(struct fm_pager *p)
 void fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote)
 {
 	uint8_t h;
+	unsigned gone;
 	int soon;
 
 	if (!r->heat)
 		return;
 	h = heat_get(r, i);
-	soon = remote && (h & HEAT_LEFT) && ((heat_now(p) - h) & 0x7f) <= HEAT_SPAN;
+	gone = remote && (h & HEAT_LEFT) ? (unsigned)((heat_now(p) - h) & 0x7f) : ~0u;
+	soon = gone <= HEAT_SPAN;
 	if (soon)
 		STAT_ADD(p, refaults_soon, 1);
+	/*
+	 * Back within three budgets: what a budget four times as large would
+	 * have kept, about (the summary's estimate for the user, not the clock's).
+	 * The byte's clock wraps at eight budgets, so a page gone longer may be
+	 * counted here too: an estimate that errs high.
+	 */
+	if (gone <= 3 * HEAT_SPAN)
+		STAT_ADD(p, refaults_3budgets, 1);
 	if (soon && atomic_load(&p->hot) < HEAT_KEPT(atomic_load(&p->limit))) {
 		atomic_fetch_add(&p->hot, 1);
 		heat_set(r, i, HEAT_PASSES);

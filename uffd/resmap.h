@@ -241,7 +241,13 @@ struct fm_pager_stats {
 	 */
 	uint64_t refused_ranges;
 	uint64_t refused_bytes;
-	uint64_t reserved2[12];
+	/*
+	 * Remote pages faulted back within three budgets of evictions after
+	 * they left (refaults_soon is within one): with refaults_soon, how many
+	 * faults a budget twice or four times as large would have saved, about.
+	 */
+	uint64_t refaults_3budgets;
+	uint64_t reserved2[11];
 };
 
 struct fm_resmap_hdr {

@@ -99,6 +99,9 @@ BUDGET_FIELDS = ("peak_limit_pages",)
 # Then counters again: ranges the pager could not take (its region table full, memd refusing the
 # space), which stay local memory.
 REFUSED_FIELDS = ("refused_ranges", "refused_bytes")
+# Then: remote pages faulted back within three budgets of evictions after they left (refaults_soon is
+# within one): the summary's estimate of what a larger budget would save.
+REFAULT_FIELDS = ("refaults_3budgets",)
 
 
 class PagerStats(ctypes.Structure):
@@ -106,8 +109,8 @@ class PagerStats(ctypes.Structure):
         ("lat_hist", u64 * LAT_BUCKETS),
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
-    ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS] + [
-        ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS))),
+    ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS] + [
+        ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS))),
     ]
 
 
@@ -167,6 +170,7 @@ def layout() -> dict:
         "offsetof_heap_faults": PagerStats.heap_faults.offset,
         "offsetof_peak_limit_pages": PagerStats.peak_limit_pages.offset,
         "offsetof_refused_bytes": PagerStats.refused_bytes.offset,
+        "offsetof_refaults_3budgets": PagerStats.refaults_3budgets.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -255,7 +259,7 @@ SUMMED = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
-    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS
+    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.

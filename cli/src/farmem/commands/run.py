@@ -180,7 +180,7 @@ def _run(args) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
     hint = (gc_hint(summary, java.collector(args.cmd)) if is_java and getattr(args, "gc", None) in (None, "stock")
             else None)
-    hints = [h for h in (hint, sigbus_hint(summary)) if h]
+    hints = [h for h in (hint, thrash_hint(summary, args.local), sigbus_hint(summary)) if h]
     for line in summary_lines(summary) + hints:
         print(line, file=sys.stderr)
     if args.summary_json:
@@ -477,6 +477,39 @@ def gc_hint(s: dict, collector: str = "G1") -> str | None:
     return (f"farmem: the collector's threads took {share}: `farmem run "
             "--gc farmem` runs the farmem JDK (`make jdk`), whose G1 postpones marking pages that are in memd "
             "and does a full GC's work where its pages lie (docs/patched-jdk.md)")
+
+
+# A run with at least this many faults, this share of them pages back within three budgets of leaving, is
+# told what a larger budget would have saved.
+THRASH_HINT_FAULTS = 100_000
+THRASH_HINT_SHARE = 0.3
+
+
+def larger_local(local: str | None, s: dict, factor: int) -> str:
+    """--local for a budget `factor` times this run's: a percentage stays one, capped at 100%."""
+    if local and local.endswith("%"):
+        try:
+            return f"{min(100.0, float(local[:-1]) * factor):g}%"
+        except ValueError:
+            pass
+    limit = s.get("peak_limit_bytes") or s.get("local_limit_bytes", 0)
+    return f"{-(-limit * factor // (1 << 20))}M"  # whole MiB, rounded up: what --local parses
+
+
+def thrash_hint(s: dict, local: str | None = None) -> str | None:
+    """For a run that worked on more than its budget: most faults were pages that had left less than a
+    budget's evictions before (refaults_soon), which a budget twice as large would have kept, and
+    refaults_3budgets those a budget four times as large would have, about: the clock's record of
+    when each page left (uffd/evict.c). Without it a user sees only that the program was slow
+    (Perl's hash at 25% local: 13M faults, 80% of them such; docs/observability.md)."""
+    faults, soon = s.get("faults", 0), s.get("refaults_soon", 0)
+    within3 = max(soon, s.get("refaults_3budgets", 0))
+    if s.get("processes", 0) == 0 or faults < THRASH_HINT_FAULTS or within3 < THRASH_HINT_SHARE * faults:
+        return None
+    return (f"farmem: {soon * 100 // faults}% of the faults were pages back within one budget of evictions after "
+            f"they left ({within3 * 100 // faults}% within three): CMD works on more than its local limit; "
+            f"`--local {larger_local(local, s, 2)}` would have saved about {soon * 100 // faults}% of the faults, "
+            f"`--local {larger_local(local, s, 4)}` about {within3 * 100 // faults}% (an estimate)")
 
 
 def sigbus_hint(s: dict) -> str | None:
