@@ -467,8 +467,10 @@ def test_thrash_hint_keeps_a_percentage_a_percentage():
             "local_limit_bytes": 100 << 20, "peak_limit_bytes": 110 << 20}
     hint = thrash_hint(base, "25%")
     assert "50% of the faults" in hint and "(75% within three)" in hint
-    assert "`--local 50%` would have saved about 50%" in hint and "`--local 100%` about 75%" in hint
-    assert "`--local 60%`" in thrash_hint(base, "30%") and "`--local 100%` about" in thrash_hint(base, "30%")
+    assert "`--local 50%` would have saved about 50% of the faults, `--local 100%` all of them" in hint
+    assert "`--local 40%` would have saved about 50% of the faults, `--local 80%` about 75%" in thrash_hint(base, "20%")
+    assert "`--local 100%` would have saved all of them of the faults" not in thrash_hint(base, "50%")
+    assert "`--local 100%` would have saved all of the faults" in thrash_hint(base, "50%")
     # A byte budget: the highest limit in force, doubled, in whole MiB.
     assert "`--local 220M`" in thrash_hint(base, "100M") and "`--local 440M`" in thrash_hint(base, "100M")
     assert thrash_hint({**base, "refaults_soon": 10_000, "refaults_3budgets": 100_000}) is None  # a quarter

@@ -506,10 +506,18 @@ def thrash_hint(s: dict, local: str | None = None) -> str | None:
     within3 = max(soon, s.get("refaults_3budgets", 0))
     if s.get("processes", 0) == 0 or faults < THRASH_HINT_FAULTS or within3 < THRASH_HINT_SHARE * faults:
         return None
+    said = []
+    for factor, share in ((2, soon * 100 // faults), (4, within3 * 100 // faults)):
+        larger = larger_local(local, s, factor)
+        # All of it local is no estimate: nothing pages then.
+        saved = "all" if larger == "100%" else f"about {share}%"
+        said.append(f"`--local {larger}` would have saved {saved} of the faults" if not said
+                    else f"`--local {larger}` {saved if saved != 'all' else 'all of them'}")
+        if larger == "100%":
+            break
     return (f"farmem: {soon * 100 // faults}% of the faults were pages back within one budget of evictions after "
             f"they left ({within3 * 100 // faults}% within three): CMD works on more than its local limit; "
-            f"`--local {larger_local(local, s, 2)}` would have saved about {soon * 100 // faults}% of the faults, "
-            f"`--local {larger_local(local, s, 4)}` about {within3 * 100 // faults}% (an estimate)")
+            + ", ".join(said) + (" (estimated from when each page left)" if "about" in said[0] else ""))
 
 
 def sigbus_hint(s: dict) -> str | None:
