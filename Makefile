@@ -118,7 +118,7 @@ $(B)/lib/libfarmem_pager.a: $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRCS))
 # that dlopens (PHP's extensions) keeps in blocks of its paged heap: the handler faults on a page
 # only it can bring in, and the program hangs (PHP did, in the capture's readv before session 32).
 PAGER_LDFLAGS := -Wl,-z,now -Wl,-z,relro
-$(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/obj/uffd/preload_sync.o $(B)/lib/libfarmem_pager.a uffd/preload.map
+$(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/obj/uffd/preload_sync.o $(B)/obj/uffd/preload_syscall.o $(B)/lib/libfarmem_pager.a uffd/preload.map
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared $(PAGER_LDFLAGS) -Wl,--as-needed -Wl,--version-script=uffd/preload.map \
 		-Wl,--wrap=pthread_create -o $@ $(filter %.o,$^) \

@@ -58,14 +58,19 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     pselect with their arrays in evicted memory find the ready descriptor (EFAULT before session 34).
     Every descriptor but 0-2 closed as daemons do (a loop, close_range, closefrom): the pager's
     survive, and the program's next file holds only its own bytes (it was stopped, 70, before);
-    its dup2 and dup3 onto farmem's are refused with EBUSY (the pager stopped it, 70, before)."""
+    its dup2 and dup3 onto farmem's are refused with EBUSY (the pager stopped it, 70, before).
+    The same through glibc's syscall(): a mapping made by syscall(SYS_mmap) is paged (SBCL's heap was
+    not) and unmapped by syscall(SYS_munmap); pages dropped by syscall(SYS_madvise, MADV_DONTNEED)
+    while evicted read zeros (they came back from memd with their old bytes before session 38);
+    syscall(SYS_pread64), SYS_read and a FUTEX_WAIT on an evicted word do not fail with EFAULT."""
     prog = built("build/tests/iotest")
     built("build/lib/libfarmem_preload.so")
     r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],
                env_extra={"FARMEM_FAULT": fault})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    for name in ("read", "write", "stdio", "fortify", "big", "socket", "sigbus", "blocked", "protect", "cancel", "sync", "stacks", "ownstack", "exits", "poll", "close"):
+    for name in ("read", "write", "stdio", "fortify", "big", "socket", "sigbus", "blocked", "protect", "cancel", "sync",
+                 "stacks", "ownstack", "exits", "poll", "close", "syscall"):
         assert f"iotest: {name} ok" in out, out[-3000:]
     assert s["fault_mode"] == fault
     # `big` moves 48 MiB in one call under a 32 MiB budget: the covers' pieces keep to it.
@@ -176,7 +181,7 @@ def test_a_thread_that_exits_gives_its_stack_back(built, farmem_cmd, tmp_path):
 
 @pytest.mark.parametrize("fault,expect", [("signal", "raw: efault"), ("thread", "raw: ok")])
 def test_a_raw_system_call_is_what_the_covers_are_for(built, farmem_cmd, tmp_path, fault, expect):
-    """Without a cover, a system call into an evicted page fails with EFAULT when faults are
+    """Without a cover (the syscall instruction itself), a system call into an evicted page fails with EFAULT when faults are
     served in the faulting thread (the kernel cannot wait): the hazard the shim covers. With
     handler threads the kernel waits and the call succeeds."""
     prog = built("build/tests/iotest")

@@ -13,8 +13,9 @@
  * stdio's fread and fwrite are covered too: a large request goes straight
  * between the kernel and the caller's buffer through glibc's own read and
  * write, which no cover sees. What is not covered: raw system calls (the
- * program's own `syscall` instruction), a stdio buffer the program placed
- * in paged memory itself (setvbuf), and io_uring, whose kernel side touches
+ * program's own `syscall` instruction; glibc's syscall() is covered, in
+ * preload_syscall.c), a stdio buffer the program placed in paged memory
+ * itself (setvbuf), and io_uring, whose kernel side touches
  * buffers long after the submitting call; `farmem run` pages a program
  * linked with liburing in fault=thread mode, and docs/compatibility.md lists
  * the rest.

@@ -20,8 +20,9 @@
  *
  * A wait holds its pin for as long as it sleeps. Sleepers on one object share
  * its page, so a full pin table (pins.h) leaves a later sleeper unpinned only
- * on an object no other sleeper holds. Raw futex system calls of the
- * program's own are not covered (docs/pager.md).
+ * on an object no other sleeper holds. A futex system call of the
+ * program's own through glibc's syscall() is covered by preload_syscall.c;
+ * its own syscall instruction is not (docs/pager.md).
  */
 #include <dlfcn.h>
 #include <errno.h>

@@ -848,6 +848,45 @@ def erlang(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 180
     return {"summary": summary, "seconds": round(secs, 2)}
 
 
+SBCL = """(let ((h (make-hash-table :test 'equal)) (n {n}) (s 0))
+  (dotimes (i (1+ n)) (setf (gethash (format nil "k~D" i) h) (list i (make-string (mod i 50) :initial-element #\\v))))
+  (dotimes (r 3)
+    (loop for i from 0 below n by 3
+          do (let ((o (gethash (format nil "k~D" (mod (* i 7919) n)) h)))
+               (incf (first o) r) (incf s (mod (first o) 13)))))
+  (sb-ext:gc :full t)
+  (let ((k (sort (loop for key being the hash-keys of h collect key) #'string<)))
+    (format t "sbcl ~D ~D ~A ~D~%" s (length k) (nth (mod 12345 n) k)
+            (loop for v being the hash-values of h sum (length (second v))))))
+"""
+
+
+def sbcl(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 1800) -> dict:
+    """Steel Bank Common Lisp (Debian's sbcl): a hash table of N+1 string keys, each a list of a number
+    and a string, a third updated three times in a scattered order, a full collection, its keys
+    sorted; every figure computed again here. SBCL maps its heap with glibc's syscall(SYS_mmap)
+    rather than mmap(), so nothing of it was paged before session 38; its collector moves objects
+    and gives freed pages back with madvise."""
+    need("sbcl")
+    vals = list(range(n + 1))
+    s = 0
+    for r in range(3):
+        for i in range(0, n, 3):
+            j = (i * 7919) % n
+            vals[j] += r
+            s += vals[j] % 13
+    keys = sorted(f"k{i}" for i in range(n + 1))
+    want = f"sbcl {s} {n + 1} {keys[12345 % n]} {sum(i % 50 for i in range(n + 1))}"
+    script = workdir / "prog.lisp"
+    script.write_text(SBCL.format(n=n))
+    r, summary, secs = run(launch, ["sbcl", "--dynamic-space-size", "1024", "--script", script], workdir, "sbcl",
+                           timeout=timeout)
+    out = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not out or out[-1] != want:
+        raise Failed(f"sbcl: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
+    return {"summary": summary, "seconds": round(secs, 2)}
+
+
 WORKLOADS = {
     "redis": redis,
     "redis-bgsave": redis_bgsave,
@@ -863,6 +902,7 @@ WORKLOADS = {
     "sort": sort,
     "php": php,
     "erlang": erlang,
+    "sbcl": sbcl,
 }
 
 if __name__ == "__main__":

@@ -77,10 +77,18 @@
  *                        the file dup2'd (and dup3'd) onto every other number below
  *                        1024: farmem's refuse with EBUSY (before session 35 the pager's
  *                        traffic went into the file)
- *   raw                  (not in the default set) a raw read(2) system call, which no
- *                        cover sees, into the evicted buffer: prints "raw: efault" or
- *                        "raw: ok" (with faults served in the faulting thread it fails:
- *                        what the covers are for)
+ *   syscall              glibc's syscall() instead of the functions: a mapping made by
+ *                        syscall(SYS_mmap) (SBCL maps its heap so) is paged, keeps its
+ *                        bytes under eviction, reads zeros where syscall(SYS_madvise,
+ *                        MADV_DONTNEED) dropped it while evicted, and goes with
+ *                        syscall(SYS_munmap); so does the buffer (mmap's) where
+ *                        syscall(SYS_madvise) dropped it; syscall(SYS_pread64) and SYS_read
+ *                        into the evicted buffer, and a FUTEX_WAIT on a word of it, do not
+ *                        fail with EFAULT (uffd/preload_syscall.c)
+ *   raw                  (not in the default set) the syscall instruction itself (x86-64),
+ *                        which no cover sees, reading into the evicted buffer: prints "raw:
+ *                        efault" or "raw: ok" (with faults served in the faulting thread
+ *                        it fails: what the covers are for)
  *
  * Every byte is checked. Exit 0 when all pass, 1 on a wrong byte or a failed
  * call (with a message), 2 on usage.
@@ -111,6 +119,9 @@
 #include <sys/uio.h>
 #include <ucontext.h>
 #include <unistd.h>
+#include <linux/futex.h>
+
+#include "resmap_self.h"
 
 #define PAGE 4096ul
 #define CHUNK (4ul << 20)
@@ -1430,6 +1441,112 @@ static void t_sync(void)
 	sync_crowd(at + 256 * PAGE);
 }
 
+/* This process's registered pages, by its own residency map (0 before the pager started). */
+static uint64_t registered_pages(void)
+{
+	static const struct fm_resmap_hdr *map;
+
+	if (!map)
+		map = fm_resmap_self();
+	return map ? __atomic_load_n(&map->stats.registered_pages, __ATOMIC_RELAXED) : 0;
+}
+
+static void t_syscall(void)
+{
+	uint8_t *src = malloc(CHUNK), *m;
+	uint64_t before = registered_pages(), during;
+	struct timespec wait = { 0, 20 * 1000 * 1000 };
+	uint32_t *word;
+	int fd;
+	long n;
+
+	m = (uint8_t *)syscall(SYS_mmap, NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED) {
+		FAIL("syscall(SYS_mmap): %s", strerror(errno));
+		return;
+	}
+	during = registered_pages();
+	if (during < before + size / PAGE)
+		FAIL("syscall: a mapping made by syscall(SYS_mmap) is not paged (%llu pages registered, %llu before)",
+		     (unsigned long long)during, (unsigned long long)before);
+	fill(m, size, 0, 31);
+	evict_buf();
+	/* Dropped while evicted: the pager must hear of it, or the page comes back from memd with old bytes. */
+	if (syscall(SYS_madvise, m + 64 * PAGE, 16 * PAGE, MADV_DONTNEED))
+		FAIL("syscall(SYS_madvise): %s", strerror(errno));
+	for (size_t i = 64 * PAGE; i < 80 * PAGE; i++)
+		if (m[i]) {
+			FAIL("syscall: byte %zu dropped by syscall(SYS_madvise, MADV_DONTNEED) reads %#x, not 0", i, m[i]);
+			break;
+		}
+	if (!check(m, 64 * PAGE, 0, 31, "syscall mmap (before the dropped pages)"))
+		check(m + 80 * PAGE, size - 80 * PAGE, 80 * PAGE, 31, "syscall mmap (after the dropped pages)");
+	/* The same in the buffer, which mmap() mapped: syscall(SYS_madvise) is seen whoever mapped the range. */
+	fill(buf + size / 2, 16 * PAGE, 0, 34);
+	evict_buf();
+	if (syscall(SYS_madvise, buf + size / 2, 16 * PAGE, MADV_DONTNEED))
+		FAIL("syscall(SYS_madvise): %s", strerror(errno));
+	for (size_t i = 0; i < 16 * PAGE; i++)
+		if (buf[size / 2 + i]) {
+			FAIL("syscall: byte %zu of the buffer dropped by syscall(SYS_madvise) reads %#x, not 0", i,
+			     buf[size / 2 + i]);
+			break;
+		}
+
+	fill(src, CHUNK, 0, 32);
+	fd = temp_file(src, CHUNK);
+	evict_buf();
+	n = syscall(SYS_pread64, fd, buf + 16 * PAGE, CHUNK, 0);
+	if (n != (long)CHUNK)
+		FAIL("syscall(SYS_pread64) into the evicted buffer: %ld (%s)", n, strerror(errno));
+	else
+		check(buf + 16 * PAGE, CHUNK, 0, 32, "syscall pread64");
+	fill(src, CHUNK, 0, 33);
+	if (pwrite(fd, src, CHUNK, 0) != (ssize_t)CHUNK || lseek(fd, 0, SEEK_SET))
+		FAIL("syscall: rewriting the temporary file: %s", strerror(errno));
+	evict_buf();
+	n = syscall(SYS_read, fd, buf + 16 * PAGE, CHUNK);
+	if (n != (long)CHUNK)
+		FAIL("syscall(SYS_read) into the evicted buffer: %ld (%s)", n, strerror(errno));
+	else
+		check(buf + 16 * PAGE, CHUNK, 0, 33, "syscall read");
+	close(fd);
+
+	/* The kernel reads the word to compare it: evicted, that read fails with EFAULT unless the word is pinned. */
+	word = (uint32_t *)(buf + size / 2 + 32 * PAGE);
+	*word = 7;
+	evict_buf();
+	n = syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, 7, &wait, NULL, 0);
+	if (n != -1 || errno != ETIMEDOUT)
+		FAIL("syscall(SYS_futex, FUTEX_WAIT) on an evicted word: %ld (%s), not a timeout", n, strerror(errno));
+
+	if (syscall(SYS_munmap, m, size))
+		FAIL("syscall(SYS_munmap): %s", strerror(errno));
+	if (registered_pages() > during - size / PAGE)
+		FAIL("syscall: syscall(SYS_munmap) left the mapping's pages registered (%llu, %llu with it)",
+		     (unsigned long long)registered_pages(), (unsigned long long)during);
+	free(src);
+}
+
+/* The syscall instruction itself: what no cover sees. */
+static long raw_pread64(int fd, void *to, size_t len, off_t off)
+{
+#if defined(__x86_64__)
+	long r;
+	register long r10 __asm__("r10") = off;
+
+	__asm__ volatile("syscall" : "=a"(r) : "a"((long)SYS_pread64), "D"((long)fd), "S"(to), "d"(len), "r"(r10)
+			 : "rcx", "r11", "memory");
+	if (r < 0 && r > -4096) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
+#else
+	return syscall(SYS_pread64, fd, to, len, off);
+#endif
+}
+
 static void t_raw(void)
 {
 	uint8_t *src = malloc(CHUNK);
@@ -1439,7 +1556,7 @@ static void t_raw(void)
 	fill(src, CHUNK, 0, 21);
 	fd = temp_file(src, CHUNK);
 	evict_buf();
-	n = syscall(SYS_pread64, fd, buf + 16 * PAGE, CHUNK, 0);
+	n = raw_pread64(fd, buf + 16 * PAGE, CHUNK, 0);
 	if (n < 0 && errno == EFAULT)
 		printf("raw: efault\n");
 	else if (n == (long)CHUNK && !check(buf + 16 * PAGE, CHUNK, 0, 21, "raw pread"))
@@ -1470,7 +1587,7 @@ int main(int argc, char **argv)
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "fortify", t_fortify }, { "big", t_big }, { "socket", t_socket },
 		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks }, { "ownstack", t_ownstack }, { "exits", t_exits }, { "poll", t_poll }, { "close", t_close },
-		{ "raw", t_raw },
+		{ "syscall", t_syscall }, { "raw", t_raw },
 	};
 	static const struct option opts[] = {
 		{ "size", required_argument, NULL, 's' },
