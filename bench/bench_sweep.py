@@ -60,6 +60,21 @@ LUA = """local n = N; local h = {}; for i = 0, n do h["k" .. i] = {i, string.rep
 local s = 0; for r = 0, 2 do for i = 0, n - 1, 3 do local o = h["k" .. ((i * 7919) % n)]; o[1] = o[1] + r; s = s + o[1] % 13 end end
 local k = {}; for key in pairs(h) do k[#k + 1] = key end; table.sort(k); print(s, #k, k[(12345 % n) + 1])
 """
+LISP = """(let ((h (make-hash-table :test 'equal)) (n N) (s 0))
+  (dotimes (i (1+ n)) (setf (gethash (format nil "k~D" i) h) (list i (make-string (mod i 50) :initial-element #\\v))))
+  (dotimes (r 3) (loop for i from 0 below n by 3 do (let ((o (gethash (format nil "k~D" (mod (* i 7919) n)) h)))
+    (incf (first o) r) (incf s (mod (first o) 13)))))
+  (let ((k (sort (loop for key being the hash-keys of h collect key) #'string<)))
+    (format t "~D ~D ~A~%" s (length k) (nth (mod 12345 n) k))))
+"""
+SCHEME = """(define n N) (define h (make-hash-table)) (define s 0)
+(do ((i 0 (+ i 1))) ((> i n)) (hash-set! h (string-append "k" (number->string i)) (list i (make-string (modulo i 50) #\\v))))
+(do ((r 0 (+ r 1))) ((= r 3)) (do ((i 0 (+ i 3))) ((>= i n))
+  (let ((o (hash-ref h (string-append "k" (number->string (modulo (* i 7919) n))))))
+    (set-car! o (+ (car o) r)) (set! s (+ s (modulo (car o) 13))))))
+(define k (sort (hash-map->list (lambda (key v) key) h) string<?))
+(format #t "~a ~a ~a~%" s (length k) (list-ref k (modulo 12345 n)))
+"""
 R = """set.seed(1); n <- N
 x <- runif(n); k <- sprintf("k%d", sample.int(n))
 d <- data.frame(k = k, x = x, g = sample.int(1000, n, TRUE))
@@ -94,6 +109,9 @@ PROGRAMS = [
     ("php", "php", "php -d memory_limit=-1 prog.php"),
     ("ruby", "ruby", "ruby prog.rb"),
     ("lua", "lua5.4", "lua5.4 prog.lua"),
+    # SBCL maps its heap with syscall(SYS_mmap) (paged since session 38); Guile's is Boehm's collector's
+    ("sbcl", "sbcl", "sbcl --dynamic-space-size 1024 --script prog.lisp"),
+    ("guile", "guile", "guile --no-auto-compile prog.scm"),
     ("node", "node", "node prog.js"),
     ("erlang", "erl", "erl -noshell -eval \"$(cat prog.erl)\""),
     ("r", "Rscript", "Rscript prog.R"),
@@ -155,6 +173,8 @@ def make_inputs(work: Path, scale: float) -> None:
     (work / "prog.php").write_text(PHP.replace("N", keys, 1))
     (work / "prog.rb").write_text(RUBY.replace("N", keys, 1))
     (work / "prog.lua").write_text(LUA.replace("N", keys, 1))
+    (work / "prog.lisp").write_text(LISP.replace("N", keys, 1))
+    (work / "prog.scm").write_text(SCHEME.replace("N", keys, 1))
     (work / "prog.js").write_text(JS.replace("N", str(int(3000000 * scale)), 1))
     (work / "prog.erl").write_text(ERLANG.format(n=int(400000 * scale)))
     (work / "prog.R").write_text(R.replace("N", str(int(600000 * scale)), 1))

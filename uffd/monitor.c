@@ -220,6 +220,16 @@ static void fm_call_on_stack(void (*fn)(void *), void *arg, void *top)
 }
 #endif
 
+void fm_monitor_call_off_paged_stack(void (*fn)(void *), void *arg)
+{
+	char *lo = hstack(), *here = (char *)&lo;
+
+	if (lo && !(here >= lo && here < lo + HSTACK_SIZE))
+		fm_call_on_stack(fn, arg, lo + HSTACK_SIZE);
+	else
+		fn(arg); /* on farmem's stack already, or none to be had */
+}
+
 struct sigbus_call {
 	siginfo_t *si;
 	void *uc;

@@ -1140,7 +1140,7 @@ static void *mmap_hooked(void *addr, size_t len, int prot, int flags, int fd, of
  * between the steps would give the child a paged range unpaged, or books for
  * a range no longer mapped.
  */
-EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+static void *mmap_cover(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	void *p;
 	int locked, e;
@@ -1157,12 +1157,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 	return p;
 }
 
-EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
-{
-	return mmap(addr, len, prot, flags, fd, off);
-}
-
-EXPORT int munmap(void *addr, size_t len)
+static int munmap_cover(void *addr, size_t len)
 {
 	long r;
 	int locked;
@@ -1447,17 +1442,11 @@ static void *mremap_hooked(void *old, size_t old_len, size_t new_len, int flags,
 	return p;
 }
 
-EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+static void *mremap_cover(void *old, size_t old_len, size_t new_len, int flags, void *new_addr)
 {
-	void *new_addr = NULL, *p;
-	va_list ap;
+	void *p;
 	int locked, e;
 
-	if (flags & MREMAP_FIXED) {
-		va_start(ap, flags);
-		new_addr = va_arg(ap, void *);
-		va_end(ap);
-	}
 	child_wait();
 	locked = remap_locks();
 	if (locked)
@@ -1477,7 +1466,7 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
  * reservation it is paged again when it is made writable again; elsewhere
  * it stays plain memory.
  */
-EXPORT int mprotect(void *addr, size_t len, int prot)
+static int mprotect_cover(void *addr, size_t len, int prot)
 {
 	child_wait();
 	if (!(prot & PROT_READ) && pager && atomic_load(&state) == 2 && !in_farmem &&
@@ -1493,7 +1482,7 @@ EXPORT int mprotect(void *addr, size_t len, int prot)
 	return 0;
 }
 
-EXPORT int madvise(void *addr, size_t len, int advice)
+static int madvise_cover(void *addr, size_t len, int advice)
 {
 	long r;
 
@@ -1507,6 +1496,105 @@ EXPORT int madvise(void *addr, size_t len, int advice)
 		fm_pager_no_capture(pager, "the program asked KSM to merge paged memory (MADV_MERGEABLE)");
 	r = syscall(SYS_madvise, addr, len, advice);  /* -1 with the kernel's errno */
 	return r ? -1 : 0;
+}
+
+/*
+ * The pager's work for these calls runs on a stack of farmem's when the
+ * program calls them from a stack in paged memory. SBCL runs Lisp, and the C
+ * it calls, on a control stack it maps itself (paged, since its mappings
+ * are): a registration's frames ran onto an untouched page of that stack
+ * while they held the region lock for writing, and the page's fault found
+ * the lock taken ("Resource deadlock avoided"). The pager's frames go below
+ * the stack pointer, hence the reach.
+ */
+#define PAGER_STACK_REACH (64u << 10)
+
+enum mm_op { MM_MMAP, MM_MUNMAP, MM_MREMAP, MM_MPROTECT, MM_MADVISE };
+
+struct mm_call {
+	enum mm_op op;
+	long a[6];
+	long r;
+	int e;
+};
+
+static void mm_dispatch(void *v)
+{
+	struct mm_call *c = v;
+	void *a0 = (void *)c->a[0];
+	size_t a1 = (size_t)c->a[1];
+
+	switch (c->op) {
+	case MM_MMAP:
+		c->r = (long)mmap_cover(a0, a1, (int)c->a[2], (int)c->a[3], (int)c->a[4], (off_t)c->a[5]);
+		break;
+	case MM_MUNMAP:
+		c->r = munmap_cover(a0, a1);
+		break;
+	case MM_MREMAP:
+		c->r = (long)mremap_cover(a0, a1, (size_t)c->a[2], (int)c->a[3], (void *)c->a[4]);
+		break;
+	case MM_MPROTECT:
+		c->r = mprotect_cover(a0, a1, (int)c->a[2]);
+		break;
+	case MM_MADVISE:
+		c->r = madvise_cover(a0, a1, (int)c->a[2]);
+		break;
+	}
+	c->e = errno;
+}
+
+/* The call, on farmem's stack if this thread's is paged. */
+static long mm_call(enum mm_op op, long a0, long a1, long a2, long a3, long a4, long a5)
+{
+	struct mm_call c = { .op = op, .a = { a0, a1, a2, a3, a4, a5 } };
+	uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+	struct fm_pager *p = fm_preload_pager_nowait();
+
+	if (p && fm_pager_owns_nolock(p, (void *)(sp - PAGER_STACK_REACH), PAGER_STACK_REACH))
+		fm_monitor_call_off_paged_stack(mm_dispatch, &c);
+	else
+		mm_dispatch(&c);
+	errno = c.e;
+	return c.r;
+}
+
+EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return (void *)mm_call(MM_MMAP, (long)addr, (long)len, prot, flags, fd, (long)off);
+}
+
+EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return mmap(addr, len, prot, flags, fd, off);
+}
+
+EXPORT int munmap(void *addr, size_t len)
+{
+	return (int)mm_call(MM_MUNMAP, (long)addr, (long)len, 0, 0, 0, 0);
+}
+
+EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+	void *new_addr = NULL;
+	va_list ap;
+
+	if (flags & MREMAP_FIXED) {
+		va_start(ap, flags);
+		new_addr = va_arg(ap, void *);
+		va_end(ap);
+	}
+	return (void *)mm_call(MM_MREMAP, (long)old, (long)old_len, (long)new_len, flags, (long)new_addr, 0);
+}
+
+EXPORT int mprotect(void *addr, size_t len, int prot)
+{
+	return (int)mm_call(MM_MPROTECT, (long)addr, (long)len, prot, 0, 0, 0);
+}
+
+EXPORT int madvise(void *addr, size_t len, int advice)
+{
+	return (int)mm_call(MM_MADVISE, (long)addr, (long)len, advice, 0, 0, 0);
 }
 
 /*

@@ -64,7 +64,10 @@
  *                        read and written from it under eviction, its own frame
  *                        kept (it died of SIGSEGV at its first fault before session 34);
  *                        then a new thread whose first fault is there (before session
- *                        35 it died: its alternate stack was set at its first fault)
+ *                        35 it died: its alternate stack was set at its first fault);
+ *                        from there, a mapping made, advised, protected and unmapped
+ *                        (the pager's frames for it ran onto the evicted stack under
+ *                        its lock before session 38: "Resource deadlock avoided")
  *   exits                200 threads, one after another, each reading an evicted page
  *                        and ending by pthread_exit or by cancellation
  *   poll                 epoll_wait, epoll_pwait, poll, ppoll, select and pselect
@@ -885,6 +888,23 @@ static void own_stack_body(void)
 				return;
 			}
 	}
+	/*
+	 * A mapping made and unmapped from here, the stack's pages below out:
+	 * the pager's frames for it ran onto them while it held its region lock
+	 * for writing, and their fault found the lock taken (SBCL, whose Lisp
+	 * runs on a control stack it maps itself, before session 38).
+	 */
+	evict_buf();
+	uint8_t *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED) {
+		FAIL("mmap from a stack of paged memory: %s", strerror(errno));
+		return;
+	}
+	m[0] = 1;
+	m[size - 1] = 2;
+	if (madvise(m, PAGE, MADV_DONTNEED) || m[0] || m[size - 1] != 2 || mprotect(m, PAGE, PROT_READ) ||
+	    munmap(m, size))
+		FAIL("a mapping made from a stack of paged memory: %s", strerror(errno));
 }
 
 #if defined(__x86_64__)
