@@ -30,6 +30,7 @@
 
 #include "pager.h"
 #include "preload.h"
+#include "raw_syscall.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -75,31 +76,11 @@ FM_IO_NEXT(syscall_next, "syscall");
 static long libc_syscall(long n, const long a[6])
 {
 	long (*f)(long, ...) = (long (*)(long, ...))fm_io_next(&syscall_next);
-	long r;
 
 	if (f)
 		return f(n, a[0], a[1], a[2], a[3], a[4], a[5]);
 	/* Before the covers are bound (another library's constructor): the instruction itself, as libc's does it. */
-#if defined(__x86_64__)
-	{
-		register long r10 __asm__("r10") = a[3];
-		register long r8 __asm__("r8") = a[4];
-		register long r9 __asm__("r9") = a[5];
-		__asm__ volatile("syscall"
-				 : "=a"(r)
-				 : "a"(n), "D"(a[0]), "S"(a[1]), "d"(a[2]), "r"(r10), "r"(r8), "r"(r9)
-				 : "rcx", "r11", "memory");
-	}
-	if (r < 0 && r > -4096) {
-		errno = (int)-r;
-		return -1;
-	}
-	return r;
-#else
-	(void)r;
-	errno = ENOSYS;
-	return -1;
-#endif
+	return fm_raw_syscall6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 /* The futex operations that name a second word. */

@@ -791,14 +791,21 @@ echo "php $s " . count($k) . " " . $k[12345 % $n] . " $len $sum " . count(get_lo
 """
 
 
-def php_expected(n: int) -> str:
-    vals = list(range(n))
+def scattered_updates(n: int, entries: int) -> tuple:
+    """The hash programs' updates (PHP's, SBCL's): entries values 0.., a third of the first n keys
+    updated three times in a scattered order. (the sum of each updated value mod 13, the values)"""
+    vals = list(range(entries))
     s = 0
     for r in range(3):
         for i in range(0, n, 3):
             j = (i * 7919) % n
             vals[j] += r
             s += vals[j] % 13
+    return s, vals
+
+
+def php_expected(n: int) -> str:
+    s, vals = scattered_updates(n, n)
     keys = sorted(f"k{i}" for i in range(n))
     return f"php {s} {n} {keys[12345 % n]} {sum(i % 50 for i in range(n))} {sum(vals)}"
 
@@ -868,13 +875,7 @@ def sbcl(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 1800)
     rather than mmap(), so nothing of it was paged before session 38; its collector moves objects
     and gives freed pages back with madvise."""
     need("sbcl")
-    vals = list(range(n + 1))
-    s = 0
-    for r in range(3):
-        for i in range(0, n, 3):
-            j = (i * 7919) % n
-            vals[j] += r
-            s += vals[j] % 13
+    s, _ = scattered_updates(n, n + 1)
     keys = sorted(f"k{i}" for i in range(n + 1))
     want = f"sbcl {s} {n + 1} {keys[12345 % n]} {sum(i % 50 for i in range(n + 1))}"
     script = workdir / "prog.lisp"

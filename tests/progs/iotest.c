@@ -124,6 +124,7 @@
 #include <unistd.h>
 #include <linux/futex.h>
 
+#include "raw_syscall.h"
 #include "resmap_self.h"
 
 #define PAGE 4096ul
@@ -1548,25 +1549,6 @@ static void t_syscall(void)
 	free(src);
 }
 
-/* The syscall instruction itself: what no cover sees. */
-static long raw_pread64(int fd, void *to, size_t len, off_t off)
-{
-#if defined(__x86_64__)
-	long r;
-	register long r10 __asm__("r10") = off;
-
-	__asm__ volatile("syscall" : "=a"(r) : "a"((long)SYS_pread64), "D"((long)fd), "S"(to), "d"(len), "r"(r10)
-			 : "rcx", "r11", "memory");
-	if (r < 0 && r > -4096) {
-		errno = (int)-r;
-		return -1;
-	}
-	return r;
-#else
-	return syscall(SYS_pread64, fd, to, len, off);
-#endif
-}
-
 static void t_raw(void)
 {
 	uint8_t *src = malloc(CHUNK);
@@ -1576,7 +1558,8 @@ static void t_raw(void)
 	fill(src, CHUNK, 0, 21);
 	fd = temp_file(src, CHUNK);
 	evict_buf();
-	n = raw_pread64(fd, buf + 16 * PAGE, CHUNK, 0);
+	/* The syscall instruction itself: what no cover sees. */
+	n = fm_raw_syscall6(SYS_pread64, fd, (long)(buf + 16 * PAGE), CHUNK, 0, 0, 0);
 	if (n < 0 && errno == EFAULT)
 		printf("raw: efault\n");
 	else if (n == (long)CHUNK && !check(buf + 16 * PAGE, CHUNK, 0, 21, "raw pread"))
