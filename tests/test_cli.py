@@ -445,7 +445,7 @@ def test_a_run_larger_than_its_budget_is_told_what_a_larger_one_saves(tmp_path, 
     rewrite = built("build/bench/rewrite")
     out = tmp_path / "s.json"
     r = farmem(farmem_cmd, "run", "--local", "32M", "--summary-json", out, "--",
-               rewrite, "--size", "128M", "--rounds", "150000", env=clean_env(), timeout=300)
+               rewrite, "--size", "128M", "--rounds", "200000", env=clean_env(), timeout=300)
     assert r.returncode == 0, r.stderr
     s = json.loads(out.read_text())
     # Uniform random over four budgets: about 28% back within one budget, 63% within three.

@@ -501,7 +501,7 @@ def thrash_hint(s: dict, local: str | None = None) -> str | None:
     budget's evictions before (refaults_soon), which a budget twice as large would have kept, and
     refaults_3budgets those a budget four times as large would have, about: the clock's record of
     when each page left (uffd/evict.c). Without it a user sees only that the program was slow
-    (Perl's hash at 25% local: 13M faults, 80% of them such; docs/observability.md)."""
+    (Perl's hash at 25% local: 7M faults, 85% of them back within three budgets; docs/residency-map.md)."""
     faults, soon = s.get("faults", 0), s.get("refaults_soon", 0)
     within3 = max(soon, s.get("refaults_3budgets", 0))
     if s.get("processes", 0) == 0 or faults < THRASH_HINT_FAULTS or within3 < THRASH_HINT_SHARE * faults:
