@@ -227,7 +227,7 @@ void fm_monitor_call_off_paged_stack(void (*fn)(void *), void *arg)
 	if (lo && !(here >= lo && here < lo + HSTACK_SIZE))
 		fm_call_on_stack(fn, arg, lo + HSTACK_SIZE);
 	else
-		fn(arg); /* on farmem's stack already, or none to be had */
+		fn(arg); /* on farmem's stack already (a nested fault), or none to be had */
 }
 
 struct sigbus_call {
@@ -271,13 +271,8 @@ static void on_sigbus(int sig, siginfo_t *si, void *ucv)
 	struct sigbus_call c = { .si = si, .uc = ucv };
 
 	atomic_fetch_add(&sig_inside, 1);
-	if (si->si_code == BUS_ADRERR) {
-		char *lo = hstack(), *here = (char *)&c;
-		if (lo && !(here >= lo && here < lo + HSTACK_SIZE))
-			fm_call_on_stack(serve_sigbus, &c, lo + HSTACK_SIZE);
-		else
-			serve_sigbus(&c); /* on farmem's stack already (a nested fault), or none to be had */
-	}
+	if (si->si_code == BUS_ADRERR)
+		fm_monitor_call_off_paged_stack(serve_sigbus, &c);
 	atomic_fetch_sub(&sig_inside, 1);
 	errno = saved;
 	if (!c.served)
