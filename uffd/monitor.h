@@ -62,12 +62,6 @@ void fm_monitor_altstack_released(void);
 /* A program thread's start and the return of its start routine (the shim's pthread_create cover). */
 void fm_monitor_thread_start(void);
 void fm_monitor_thread_end(void);
-/*
- * fn(arg) on this thread's stack of farmem's (the one its faults are served
- * on): for the pager's work in a call the program made on a stack of its own
- * in paged memory. Directly when already there, or when none can be had.
- */
-void fm_monitor_call_off_paged_stack(void (*fn)(void *), void *arg);
 /* Whether the pager's SIGBUS handler is installed: then nothing may block SIGBUS. */
 int fm_monitor_sigbus_ours(void);
 

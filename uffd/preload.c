@@ -1498,70 +1498,9 @@ static int madvise_cover(void *addr, size_t len, int advice)
 	return r ? -1 : 0;
 }
 
-/*
- * The pager's work for these calls runs on a stack of farmem's when the
- * program calls them from a stack in paged memory. SBCL runs Lisp, and the C
- * it calls, on a control stack it maps itself (paged, since its mappings
- * are): a registration's frames ran onto an untouched page of that stack
- * while they held the region lock for writing, and the page's fault found
- * the lock taken ("Resource deadlock avoided"). The pager's frames go below
- * the stack pointer, hence the reach.
- */
-#define PAGER_STACK_REACH (64u << 10)
-
-enum mm_op { MM_MMAP, MM_MUNMAP, MM_MREMAP, MM_MPROTECT, MM_MADVISE };
-
-struct mm_call {
-	enum mm_op op;
-	long a[6];
-	long r;
-	int e;
-};
-
-static void mm_dispatch(void *v)
-{
-	struct mm_call *c = v;
-	void *a0 = (void *)c->a[0];
-	size_t a1 = (size_t)c->a[1];
-
-	switch (c->op) {
-	case MM_MMAP:
-		c->r = (long)mmap_cover(a0, a1, (int)c->a[2], (int)c->a[3], (int)c->a[4], (off_t)c->a[5]);
-		break;
-	case MM_MUNMAP:
-		c->r = munmap_cover(a0, a1);
-		break;
-	case MM_MREMAP:
-		c->r = (long)mremap_cover(a0, a1, (size_t)c->a[2], (int)c->a[3], (void *)c->a[4]);
-		break;
-	case MM_MPROTECT:
-		c->r = mprotect_cover(a0, a1, (int)c->a[2]);
-		break;
-	case MM_MADVISE:
-		c->r = madvise_cover(a0, a1, (int)c->a[2]);
-		break;
-	}
-	c->e = errno;
-}
-
-/* The call, on farmem's stack if this thread's is paged. */
-static long mm_call(enum mm_op op, long a0, long a1, long a2, long a3, long a4, long a5)
-{
-	struct mm_call c = { .op = op, .a = { a0, a1, a2, a3, a4, a5 } };
-	uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
-	struct fm_pager *p = fm_preload_pager_nowait();
-
-	if (p && fm_pager_owns_nolock(p, (void *)(sp - PAGER_STACK_REACH), PAGER_STACK_REACH))
-		fm_monitor_call_off_paged_stack(mm_dispatch, &c);
-	else
-		mm_dispatch(&c);
-	errno = c.e;
-	return c.r;
-}
-
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
-	return (void *)mm_call(MM_MMAP, (long)addr, (long)len, prot, flags, fd, (long)off);
+	return mmap_cover(addr, len, prot, flags, fd, off);
 }
 
 EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
@@ -1571,7 +1510,7 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 
 EXPORT int munmap(void *addr, size_t len)
 {
-	return (int)mm_call(MM_MUNMAP, (long)addr, (long)len, 0, 0, 0, 0);
+	return munmap_cover(addr, len);
 }
 
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
@@ -1584,17 +1523,17 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		new_addr = va_arg(ap, void *);
 		va_end(ap);
 	}
-	return (void *)mm_call(MM_MREMAP, (long)old, (long)old_len, (long)new_len, flags, (long)new_addr, 0);
+	return mremap_cover(old, old_len, new_len, flags, new_addr);
 }
 
 EXPORT int mprotect(void *addr, size_t len, int prot)
 {
-	return (int)mm_call(MM_MPROTECT, (long)addr, (long)len, prot, 0, 0, 0);
+	return mprotect_cover(addr, len, prot);
 }
 
 EXPORT int madvise(void *addr, size_t len, int advice)
 {
-	return (int)mm_call(MM_MADVISE, (long)addr, (long)len, advice, 0, 0, 0);
+	return madvise_cover(addr, len, advice);
 }
 
 /*

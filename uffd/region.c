@@ -15,6 +15,7 @@
 #include "fm_util.h"
 #include "pager_internal.h"
 #include "shmem.h"
+#include "stacks.h"
 #include "uffd_ops.h"
 #include "wait.h"
 
@@ -393,6 +394,63 @@ static uint64_t adopt_present(struct region *r, uint64_t first, uint64_t npg)
 }
 
 /*
+ * The entry points below that take the region lock for writing, or evict in
+ * this thread, run on the thread's stack of farmem's when the caller's own
+ * stack is paged memory. SBCL runs Lisp, and the C it calls, on a control
+ * stack it maps itself; a coroutine runs on a malloc'd block. There the
+ * call's frames went onto untouched pages below the stack pointer while it
+ * held the lock, and their fault, served in this thread or by a handler
+ * thread, waited for that lock: "Resource deadlock avoided", or a hang
+ * (sessions 38 and 39). Here every caller passes: the mmap family's covers,
+ * the malloc family's blocks and heaps, an agent.
+ */
+#define PAGER_STACK_REACH (64u << 10) /* the pager's frames below the stack pointer: adopt_present's alone are 6 KiB */
+
+int fm_region_stack_paged(struct fm_pager *p)
+{
+	uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+
+	return sp > PAGER_STACK_REACH && overlaps_live(p, sp - PAGER_STACK_REACH, sp, 0);
+}
+
+enum off_op { OFF_REGISTER, OFF_COMMIT, OFF_UNREGISTER, OFF_SETTLE };
+
+struct off_call {
+	enum off_op op;
+	struct fm_pager *p;
+	void *addr;
+	size_t len;
+	uint32_t flags;
+	long rc;
+};
+
+static void off_run(void *v)
+{
+	struct off_call *c = v;
+
+	switch (c->op) {
+	case OFF_REGISTER:
+		c->rc = fm_pager_register(c->p, c->addr, c->len, c->flags);
+		break;
+	case OFF_COMMIT:
+		c->rc = fm_pager_commit(c->p, c->addr, c->len);
+		break;
+	case OFF_UNREGISTER:
+		c->rc = fm_pager_unregister(c->p, c->addr, c->len);
+		break;
+	case OFF_SETTLE:
+		fm_pager_settle(c->p);
+		break;
+	}
+}
+
+/* 1 when c ran there (its result in c->rc); 0 when it is the caller's to run, here. */
+static int off_paged_stack(struct off_call *c)
+{
+	return fm_region_stack_paged(c->p) && fm_stack_run(off_run, c);
+}
+
+/*
  * Pages present at a registration joined the books as resident: if they pass
  * the budget, evict down to it now, in this thread. Left to the faults that
  * follow, the excess would stay until the first fault at the limit (a JVM's
@@ -410,6 +468,10 @@ static void settle_adopted(struct fm_pager *p, uint64_t present)
 
 void fm_pager_settle(struct fm_pager *p)
 {
+	struct off_call c = { .op = OFF_SETTLE, .p = p };
+
+	if (off_paged_stack(&c))
+		return;
 	fm_evict_to_budget(p, 1);
 	fm_resident_settled(p);
 }
@@ -576,6 +638,7 @@ static const char *refusals_left(uint64_t n)
 
 int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags)
 {
+	struct off_call c = { .op = OFF_REGISTER, .p = p, .addr = addr, .len = len, .flags = flags };
 	uintptr_t a = (uintptr_t)addr;
 	int minor = !!(flags & FM_REG_SHMEM), sparse = !!(flags & FM_REG_SPARSE);
 	struct region *r = NULL;
@@ -583,6 +646,8 @@ int fm_pager_register(struct fm_pager *p, void *addr, size_t len, uint32_t flags
 	uint32_t space;
 	int rc, fd = p->uffd;
 
+	if (off_paged_stack(&c))
+		return (int)c.rc;
 	if (!len || (a | len) & (PG_SIZE - 1) || (minor && sparse) || (minor && (flags & FM_REG_KERNEL_WAITS)))
 		return -EINVAL;
 	/* Its uffd is opened first (fm_pager_open_kernel_waits), above: the monitor is no room of ours. */
@@ -699,12 +764,15 @@ static uint64_t run_end(const struct region *r, uint64_t i, uint64_t end, int wa
 
 long fm_pager_commit(struct fm_pager *p, void *addr, size_t len)
 {
+	struct off_call c = { .op = OFF_COMMIT, .p = p, .addr = addr, .len = len };
 	uintptr_t a = (uintptr_t)addr;
 	struct region *r;
 	uint64_t first, end, present = 0;
 	long added = 0;
 	int rc = 0;
 
+	if (off_paged_stack(&c))
+		return c.rc;
 	if (!len || (a | len) & (PG_SIZE - 1))
 		return -EINVAL;
 	rlock_wr(p);
@@ -794,10 +862,13 @@ static void shorten(struct fm_pager *p, struct region *r)
 
 int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len)
 {
+	struct off_call c = { .op = OFF_UNREGISTER, .p = p, .addr = addr, .len = len };
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1);
 	uintptr_t e = ((uintptr_t)addr + len + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1);
 	struct fm_overlap o = { 0 };
 
+	if (off_paged_stack(&c))
+		return (int)c.rc;
 	rlock_wr(p);
 	while (fm_overlap_next(p, a, e, &o)) {
 		struct region *r = o.r;

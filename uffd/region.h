@@ -21,6 +21,8 @@ struct region;
  * passes over unmanaged pages.
  */
 struct region *fm_region_find(struct fm_pager *p, uintptr_t addr, int *idx);
+/* 1 when this thread's stack pointer is in paged memory, or within the pager's frames' reach above it. */
+int fm_region_stack_paged(struct fm_pager *p);
 
 /*
  * The parts of live regions that overlap [a, e), one per call:

@@ -47,6 +47,7 @@
 #include "fm_util.h"
 #include "pager_internal.h"
 #include "region.h"
+#include "stacks.h"
 #include "uffd_ops.h"
 #include "wait.h"
 
@@ -348,8 +349,23 @@ static void let_old_go(struct fm_pager *p, struct remap *m, int moved)
 	rlock_un(p);
 }
 
+struct remap_call {
+	struct fm_pager *p;
+	void *old, *at, **out;
+	size_t len, new_len;
+	int flags, rc;
+};
+
+static void remap_run(void *v)
+{
+	struct remap_call *c = v;
+
+	c->rc = fm_pager_remap(c->p, c->old, c->len, c->new_len, c->flags, c->at, c->out);
+}
+
 int fm_pager_remap(struct fm_pager *p, void *old, size_t len, size_t new_len, int flags, void *at, void **out)
 {
+	struct remap_call c = { p, old, at, out, len, new_len, flags, 0 };
 	struct remap m = {
 		.old = (uintptr_t)old, .had = len >> PG_SHIFT, .want = new_len >> PG_SHIFT,
 		.moves = !!(flags & MREMAP_MAYMOVE), .keep_old = !!(flags & MREMAP_DONTUNMAP),
@@ -357,6 +373,9 @@ int fm_pager_remap(struct fm_pager *p, void *old, size_t len, size_t new_len, in
 	void *q, *spot = NULL;
 	int rc;
 
+	/* It takes the region lock for writing: on farmem's stack when the caller's is paged (region.c). */
+	if (fm_region_stack_paged(p) && fm_stack_run(remap_run, &c))
+		return c.rc;
 	if (!len || ((m.old | len | new_len | (uintptr_t)at) & (PG_SIZE - 1)) || new_len < len ||
 	    (flags & ~(MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP)) || !!(flags & MREMAP_FIXED) != !!at ||
 	    (m.keep_old && (!m.moves || new_len != len)))

@@ -67,7 +67,9 @@
  *                        35 it died: its alternate stack was set at its first fault);
  *                        from there, a mapping made, advised, protected and unmapped
  *                        (the pager's frames for it ran onto the evicted stack under
- *                        its lock before session 38: "Resource deadlock avoided")
+ *                        its lock before session 38: "Resource deadlock avoided");
+ *                        a block malloc'd, realloc'd, freed and calloc'd there
+ *                        (the same deadlock through the malloc family before 39)
  *   exits                200 threads, one after another, each reading an evicted page
  *                        and ending by pthread_exit or by cancellation
  *   poll                 epoll_wait, epoll_pwait, poll, ppoll, select and pselect
@@ -906,6 +908,36 @@ static void own_stack_body(void)
 	if (madvise(m, PAGE, MADV_DONTNEED) || m[0] || m[size - 1] != 2 || mprotect(m, PAGE, PROT_READ) ||
 	    munmap(m, size))
 		FAIL("a mapping made from a stack of paged memory: %s", strerror(errno));
+	/*
+	 * The same through the malloc family: a block of its own mapping is
+	 * registered, grown in place or moved, and unregistered by the pager
+	 * under the same lock (the mmap family's calls alone left here before
+	 * session 39).
+	 */
+	evict_buf();
+	uint8_t *b = malloc(size);
+	if (!b) {
+		FAIL("malloc from a stack of paged memory: %s", strerror(errno));
+		return;
+	}
+	b[0] = 3;
+	b[size - 1] = 4;
+	evict_buf();
+	uint8_t *g = realloc(b, size + size / 2);
+	if (!g || g[0] != 3 || g[size - 1] != 4) {
+		FAIL("realloc from a stack of paged memory lost the block's bytes");
+		free(g ? g : b);
+		return;
+	}
+	g[size + size / 2 - 1] = 5;
+	evict_buf();
+	free(g);
+	uint8_t *z = calloc(1, size);
+	if (!z || z[size - 1]) {
+		FAIL("calloc from a stack of paged memory: %s", z ? "not zero" : strerror(errno));
+		return;
+	}
+	free(z);
 }
 
 #if defined(__x86_64__)
