@@ -476,6 +476,25 @@ def test_thrash_hint_keeps_a_percentage_a_percentage():
     assert thrash_hint({**base, "refaults_soon": 10_000, "refaults_3budgets": 100_000}) is None  # a quarter
     assert thrash_hint({**base, "faults": 50_000}) is None                                        # too few to matter
     assert thrash_hint({"processes": 0, "faults": 0}) is None
+    # A larger budget that would save next to nothing is not named (it said "about 0%" before session 39).
+    few = thrash_hint({**base, "refaults_soon": 4_000}, "25%")
+    assert "`--local 50%`" not in few and "`--local 100%` would have saved all of the faults" in few, few
+    assert "`--local 440M` would have saved about 75%" in thrash_hint({**base, "refaults_soon": 4_000}, "100M")
+
+
+def test_idle_budget_hint_only_for_a_percentage_that_never_bound():
+    from farmem.commands.run import idle_budget_hint
+    ran = {"processes": 1, "evictions": 0, "registered_bytes": 1 << 30, "peak_resident_bytes": 50 << 20,
+           "local_limit_bytes": 256 << 20, "peak_limit_bytes": 256 << 20}
+    hint = idle_budget_hint(ran, "25%")
+    assert "`--local 25%` is 25% of the 1.0 GiB CMD registered (256.0 MiB)" in hint, hint
+    assert "`--local 13M`, 25% of that, pages it" in hint, hint  # 12.5 MiB, rounded up
+    assert idle_budget_hint(ran, "64M") is None                                   # a byte budget means what it says
+    assert idle_budget_hint(ran, "100%") is None                                  # all of it local: nothing to page
+    assert idle_budget_hint({**ran, "evictions": 1}, "25%") is None               # it bound
+    assert idle_budget_hint({**ran, "peak_resident_bytes": 256 << 20}, "25%") is None  # it reached the budget
+    assert idle_budget_hint({**ran, "registered_bytes": 90 << 20}, "60%") is None # most of it was touched
+    assert idle_budget_hint({"processes": 0}, "25%") is None
 
 
 # --- --memd, farmem memd ------------------------------------------------------------------------

@@ -577,6 +577,23 @@ def test_sbcl_whose_heap_is_mapped_by_syscall(shim, tmp_path, fault):
     assert s["fault_mode"] == fault, s
 
 
+def test_sbcl_at_a_percentage_is_told_its_budget_never_bound(shim, tmp_path):
+    """SBCL registers its whole dynamic space at start (1 GiB, MAP_NORESERVE) and uses a few dozen MiB
+    of it: `--local 25%` is 25% of the GiB, above all it ever has resident, so nothing pages. The run
+    says so and names the byte budget of 25% of what it had; that budget pages it, answer still right."""
+    got = compat.sbcl(compat.Launch(mode="farmem", local="25%", threshold="1M"), tmp_path, n=100_000, timeout=240)
+    s = got["summary"]
+    assert s["evictions"] == 0 and s["registered_bytes"] >= 1 << 30, s
+    m = re.search(r"nothing left local memory: `--local 25%` is 25% of the [\d.]+ GiB CMD registered .* "
+                  r"`--local (\d+)M`, 25% of that, pages it", got["stderr"])
+    assert m, got["stderr"][-2000:]
+    assert int(m[1]) == -(-s["peak_resident_bytes"] // 4 // (1 << 20)), (m[0], s)
+    again = compat.sbcl(compat.Launch(mode="farmem", local=f"{m[1]}M", threshold="1M"), tmp_path, n=100_000,
+                        timeout=240)
+    assert again["summary"]["evictions"] > 0, again["summary"]
+    assert "nothing left local memory" not in again["stderr"], again["stderr"][-2000:]
+
+
 def test_zstd_whose_crash_handler_comes_in_by_sysv_signal(shim, tmp_path, farmem_cmd):
     """zstd, built for strict ISO C, installs its crash handler for SIGBUS with glibc's
     `__sysv_signal` (what `signal` is there). Before session 32 that call went past the shim's

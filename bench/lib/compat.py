@@ -885,7 +885,7 @@ def sbcl(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 1800)
     out = r.stdout.strip().splitlines()
     if r.returncode != 0 or not out or out[-1] != want:
         raise Failed(f"sbcl: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
-    return {"summary": summary, "seconds": round(secs, 2)}
+    return {"summary": summary, "seconds": round(secs, 2), "stderr": r.stderr}
 
 
 WORKLOADS = {

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from farmem import doctor, knobs, paths, resmap
+from farmem import doctor, knob_table, knobs, paths, resmap
 from farmem.control import ControlServer
 from farmem.embedded_memd import EmbeddedMemd
 from farmem.errors import EXIT_CONFIG, FarmemError
@@ -180,7 +180,8 @@ def _run(args) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
     hint = (gc_hint(summary, java.collector(args.cmd)) if is_java and getattr(args, "gc", None) in (None, "stock")
             else None)
-    hints = [h for h in (hint, thrash_hint(summary, args.local), sigbus_hint(summary)) if h]
+    hints = [h for h in (hint, thrash_hint(summary, args.local), idle_budget_hint(summary, args.local),
+                         sigbus_hint(summary)) if h]
     for line in summary_lines(summary) + hints:
         print(line, file=sys.stderr)
     if args.summary_json:
@@ -483,6 +484,8 @@ def gc_hint(s: dict, collector: str = "G1") -> str | None:
 # told what a larger budget would have saved.
 THRASH_HINT_FAULTS = 100_000
 THRASH_HINT_SHARE = 0.3
+IDLE_HINT_RESERVED = 2  # registered at least this many times its peak resident: mostly never touched
+THRASH_HINT_LEAST = 5  # percent of the faults a larger budget must save to be named
 
 
 def larger_local(local: str | None, s: dict, factor: int) -> str:
@@ -509,6 +512,8 @@ def thrash_hint(s: dict, local: str | None = None) -> str | None:
     said = []
     for factor, share in ((2, soon * 100 // faults), (4, within3 * 100 // faults)):
         larger = larger_local(local, s, factor)
+        if share < THRASH_HINT_LEAST and larger != "100%":
+            continue  # "would have saved about 0%" is no advice
         # All of it local is no estimate: nothing pages then.
         saved = "all" if larger == "100%" else f"about {share}%"
         said.append(f"`--local {larger}` would have saved {saved} of the faults" if not said
@@ -518,6 +523,28 @@ def thrash_hint(s: dict, local: str | None = None) -> str | None:
     return (f"farmem: {soon * 100 // faults}% of the faults were pages back within one budget of evictions after "
             f"they left ({within3 * 100 // faults}% within three): CMD works on more than its local limit; "
             + ", ".join(said) + (" (estimated from when each page left)" if "about" in said[0] else ""))
+
+
+def idle_budget_hint(s: dict, local: str | None = None) -> str | None:
+    """A percentage budget that never bound: it is a share of what CMD registered, and a program that
+    reserves far more than it touches (SBCL's 1 GiB dynamic space, a runtime's heap reserved whole)
+    gets a budget above all it ever used, so nothing pages. Said with the byte budget that keeps the
+    same share of what it did use."""
+    local = local or os.environ.get("FARMEM_LOCAL") or next(k["default"] for k in knob_table.KNOBS if k["name"] == "local")
+    if not local.endswith("%") or s.get("processes", 0) == 0 or s.get("evictions", 0):
+        return None
+    try:
+        pct = float(local[:-1])
+    except ValueError:
+        return None
+    reg, peak = s.get("registered_bytes", 0), s.get("peak_resident_bytes", 0)
+    limit = s.get("peak_limit_bytes") or s.get("local_limit_bytes", 0)
+    if pct >= 100 or not peak or peak >= limit or reg < IDLE_HINT_RESERVED * peak:
+        return None
+    share = -(-int(peak * pct / 100) // (1 << 20))  # whole MiB, rounded up: what --local parses
+    return (f"farmem: nothing left local memory: `--local {local}` is {local} of the {fmt_bytes(reg)} CMD registered "
+            f"({fmt_bytes(limit)}), and it never had more than {fmt_bytes(peak)} resident (most of what it maps "
+            f"it never touched); `--local {max(1, share)}M`, {local} of that, pages it")
 
 
 def sigbus_hint(s: dict) -> str | None:
