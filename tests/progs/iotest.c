@@ -69,7 +69,8 @@
  *                        (the pager's frames for it ran onto the evicted stack under
  *                        its lock before session 38: "Resource deadlock avoided");
  *                        a block malloc'd, realloc'd, freed and calloc'd there
- *                        (the same deadlock through the malloc family before 39)
+ *                        (the same deadlock through the malloc family before 39);
+ *                        a fork from there, its child reaped
  *   exits                200 threads, one after another, each reading an evicted page
  *                        and ending by pthread_exit or by cancellation
  *   poll                 epoll_wait, epoll_pwait, poll, ppoll, select and pselect
@@ -122,6 +123,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 #include <linux/futex.h>
@@ -938,6 +940,18 @@ static void own_stack_body(void)
 		return;
 	}
 	free(z);
+	/*
+	 * A fork from here: its handlers bring every page in memd home first,
+	 * this stack's among them, holding each batch's pages while they read
+	 * them (it ran to its end before session 39 too: kept as a guard).
+	 */
+	evict_buf();
+	pid_t child = fork();
+	if (child == 0)
+		_exit(0);
+	int st = 0;
+	if (child < 0 || waitpid(child, &st, 0) != child || !WIFEXITED(st))
+		FAIL("a fork from a stack of paged memory: %s", child < 0 ? strerror(errno) : "the child did not exit");
 }
 
 #if defined(__x86_64__)
