@@ -48,6 +48,7 @@
 #include "monitor.h"
 #include "pager_internal.h"
 #include "region.h"
+#include "stacks.h"
 
 #define MAX_FORK_PAGERS 8
 
@@ -158,6 +159,11 @@ static void prepare_one(struct fm_pager *p)
 	STAT_ADD(p, fork_pages_fetched, brought);
 }
 
+static void evict_down(void *p)
+{
+	fm_evict_to_budget(p, 0);
+}
+
 static void parent_one(struct fm_pager *p)
 {
 	if (p->fork_shared) {
@@ -173,9 +179,11 @@ static void parent_one(struct fm_pager *p)
 	/*
 	 * Faulting threads evict only for a page they bring in; a program that
 	 * now only rewrites what is resident would stay over its budget. The
-	 * pages came home clean: most leave without a write.
+	 * pages came home clean: most leave without a write. On farmem's stack
+	 * if this one is paged: the batches drop pages its frames may run onto.
 	 */
-	fm_evict_to_budget(p, 0);
+	if (!(fm_region_stack_paged(p) && fm_stack_run(evict_down, p)))
+		fm_evict_to_budget(p, 0);
 }
 
 /*
