@@ -24,6 +24,7 @@
 #include "prefetch.h"
 #include "region.h"
 #include "shmem.h"
+#include "stacks.h"
 #include "uffd_ops.h"
 #include "wait.h"
 
@@ -493,11 +494,26 @@ int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len)
 	return p->in_thread && fm_region_signals(p, (uintptr_t)addr, (uintptr_t)addr + len);
 }
 
+struct io_begin_call {
+	struct fm_pager *p;
+	const void *addr;
+	size_t len;
+	int write, slot;
+};
+
+static void io_begin_run(void *v)
+{
+	struct io_begin_call *c = v;
+
+	c->slot = fm_pager_io_begin(c->p, c->addr, c->len, c->write);
+}
+
 int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write)
 {
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;
 	struct fm_fault f = { .in_thread = 1, .write = write, .kind = FM_FAULT_MISSING };
 	struct fm_overlap o = { 0 };
+	struct io_begin_call c = { p, addr, len, write, -1 };
 	int slot;
 
 	/*
@@ -508,6 +524,13 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 	 */
 	if (!len || !fm_pager_io_needed(p, addr, len))
 		return -1;
+	/*
+	 * The pages are made resident here, in this thread, evicting as they
+	 * come: on farmem's stack when this one is paged (region.c), or a batch
+	 * could drop the stack's own pages under the frames that write it back.
+	 */
+	if (fm_region_stack_paged(p) && fm_stack_run(io_begin_run, &c))
+		return c.slot;
 	slot = fm_pin(p, a, e);
 	f.fc.tid = gettid();
 	rlock_rd(p);

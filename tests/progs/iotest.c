@@ -70,7 +70,8 @@
  *                        its lock before session 38: "Resource deadlock avoided");
  *                        a block malloc'd, realloc'd, freed and calloc'd there
  *                        (the same deadlock through the malloc family before 39);
- *                        a fork from there, its child reaped
+ *                        a read larger than the budget into evicted memory and a
+ *                        fork from there (both ran before 39 too: guards)
  *   exits                200 threads, one after another, each reading an evicted page
  *                        and ending by pthread_exit or by cancellation
  *   poll                 epoll_wait, epoll_pwait, poll, ppoll, select and pselect
@@ -940,6 +941,30 @@ static void own_stack_body(void)
 		return;
 	}
 	free(z);
+	/*
+	 * A read from here into evicted paged memory below this stack, larger
+	 * than the budget: with faults served in this thread the read's pages are
+	 * made resident first, in this thread, evicting as they come, and the
+	 * pages that leave may be this stack's (it passed before session 39
+	 * too, when that work ran on this stack: a guard).
+	 */
+	size_t part = 3 * size / 8;
+	uint8_t *src = malloc(part);
+	if (!src) {
+		FAIL("malloc: %s", strerror(errno));
+		return;
+	}
+	fill(src, part, 0, 57);
+	int fd = temp_file(src, part);
+	free(src);
+	for (int round = 0; round < 2 && !failed; round++) {
+		evict_buf();
+		if (pread(fd, buf, part, 0) != (ssize_t)part)
+			FAIL("a read from a stack of paged memory: %s", strerror(errno));
+		else
+			check(buf, part, 0, 57, "a read from a stack of paged memory");
+	}
+	close(fd);
 	/*
 	 * A fork from here: its handlers bring every page in memd home first,
 	 * this stack's among them, holding each batch's pages while they read
