@@ -495,6 +495,7 @@ def test_idle_budget_hint_only_for_a_percentage_that_never_bound():
     assert idle_budget_hint({**ran, "peak_resident_bytes": 256 << 20}, "25%") is None  # it reached the budget
     assert idle_budget_hint({**ran, "registered_bytes": 90 << 20}, "60%") is None # most of it was touched
     assert idle_budget_hint({"processes": 0}, "25%") is None
+    assert idle_budget_hint({**ran, "gc_faults": 10}, "25%") is None                   # a JVM's heap, by design
 
 
 # --- --memd, farmem memd ------------------------------------------------------------------------

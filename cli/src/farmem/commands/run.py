@@ -180,8 +180,8 @@ def _run(args) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
     hint = (gc_hint(summary, java.collector(args.cmd)) if is_java and getattr(args, "gc", None) in (None, "stock")
             else None)
-    hints = [h for h in (hint, thrash_hint(summary, args.local), idle_budget_hint(summary, args.local),
-                         sigbus_hint(summary)) if h]
+    hints = [h for h in (hint, thrash_hint(summary, args.local),
+                         None if is_java else idle_budget_hint(summary, args.local), sigbus_hint(summary)) if h]
     for line in summary_lines(summary) + hints:
         print(line, file=sys.stderr)
     if args.summary_json:
@@ -529,9 +529,10 @@ def idle_budget_hint(s: dict, local: str | None = None) -> str | None:
     """A percentage budget that never bound: it is a share of what CMD registered, and a program that
     reserves far more than it touches (SBCL's 1 GiB dynamic space, a runtime's heap reserved whole)
     gets a budget above all it ever used, so nothing pages. Said with the byte budget that keeps the
-    same share of what it did use."""
+    same share of what it did use. Not for a JVM: its percentage is of its heap by design, and a heap
+    that fits its budget is what the budget was for (a JVM started by a script shows GC-thread faults)."""
     local = local or os.environ.get("FARMEM_LOCAL") or next(k["default"] for k in knob_table.KNOBS if k["name"] == "local")
-    if not local.endswith("%") or s.get("processes", 0) == 0 or s.get("evictions", 0):
+    if not local.endswith("%") or s.get("processes", 0) == 0 or s.get("evictions", 0) or s.get("gc_faults", 0):
         return None
     try:
         pct = float(local[:-1])
