@@ -57,8 +57,8 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     (session 35); an mmap, madvise, mprotect and munmap called from there (the pager's frames for
     them ran onto the evicted stack under its region lock before session 38: stopped with "Resource
     deadlock avoided" under fault=signal, hung under fault=thread), and a big block malloc'd,
-    realloc'd, freed and calloc'd there (the same, before session 39), a read larger than the budget
-    into evicted memory and a fork from there. epoll_wait, epoll_pwait, poll, ppoll, select and
+    realloc'd, freed and calloc'd there (the same, before session 39), a read into evicted memory
+    from there, evicting as it goes. epoll_wait, epoll_pwait, poll, ppoll, select and
     pselect with their arrays in evicted memory find the ready descriptor (EFAULT before session 34).
     Every descriptor but 0-2 closed as daemons do (a loop, close_range, closefrom): the pager's
     survive, and the program's next file holds only its own bytes (it was stopped, 70, before);
