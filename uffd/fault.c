@@ -24,7 +24,6 @@
 #include "prefetch.h"
 #include "region.h"
 #include "shmem.h"
-#include "stacks.h"
 #include "uffd_ops.h"
 #include "wait.h"
 
@@ -529,7 +528,7 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 	 * come: on farmem's stack when this one is paged (region.c), or a batch
 	 * could drop the stack's own pages under the frames that write it back.
 	 */
-	if (fm_region_stack_paged(p) && fm_stack_run(io_begin_run, &c))
+	if (fm_region_off_paged_stack(p, io_begin_run, &c))
 		return c.slot;
 	slot = fm_pin(p, a, e);
 	f.fc.tid = gettid();

@@ -48,7 +48,6 @@
 #include "monitor.h"
 #include "pager_internal.h"
 #include "region.h"
-#include "stacks.h"
 
 #define MAX_FORK_PAGERS 8
 
@@ -182,7 +181,7 @@ static void parent_one(struct fm_pager *p)
 	 * pages came home clean: most leave without a write. On farmem's stack
 	 * if this one is paged: the batches drop pages its frames may run onto.
 	 */
-	if (!(fm_region_stack_paged(p) && fm_stack_run(evict_down, p)))
+	if (!fm_region_off_paged_stack(p, evict_down, p))
 		fm_evict_to_budget(p, 0);
 }
 

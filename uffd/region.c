@@ -406,11 +406,11 @@ static uint64_t adopt_present(struct region *r, uint64_t first, uint64_t npg)
  */
 #define PAGER_STACK_REACH (64u << 10) /* the pager's frames below the stack pointer: adopt_present's alone are 6 KiB */
 
-int fm_region_stack_paged(struct fm_pager *p)
+int fm_region_off_paged_stack(struct fm_pager *p, void (*fn)(void *), void *arg)
 {
 	uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
 
-	return sp > PAGER_STACK_REACH && overlaps_live(p, sp - PAGER_STACK_REACH, sp, 0);
+	return sp > PAGER_STACK_REACH && overlaps_live(p, sp - PAGER_STACK_REACH, sp, 0) && fm_stack_run(fn, arg);
 }
 
 enum off_op { OFF_REGISTER, OFF_COMMIT, OFF_UNREGISTER, OFF_SETTLE };
@@ -447,7 +447,7 @@ static void off_run(void *v)
 /* 1 when c ran there (its result in c->rc); 0 when it is the caller's to run, here. */
 static int off_paged_stack(struct off_call *c)
 {
-	return fm_region_stack_paged(c->p) && fm_stack_run(off_run, c);
+	return fm_region_off_paged_stack(c->p, off_run, c);
 }
 
 /*

@@ -21,8 +21,12 @@ struct region;
  * passes over unmanaged pages.
  */
 struct region *fm_region_find(struct fm_pager *p, uintptr_t addr, int *idx);
-/* 1 when this thread's stack pointer is in paged memory, or within the pager's frames' reach above it. */
-int fm_region_stack_paged(struct fm_pager *p);
+/*
+ * When this thread's stack pointer is in paged memory, or within the pager's
+ * frames' reach above it: runs fn(arg) on farmem's stack for this thread and
+ * returns 1. Otherwise 0, and the caller runs it where it is.
+ */
+int fm_region_off_paged_stack(struct fm_pager *p, void (*fn)(void *), void *arg);
 
 /*
  * The parts of live regions that overlap [a, e), one per call:

@@ -47,7 +47,6 @@
 #include "fm_util.h"
 #include "pager_internal.h"
 #include "region.h"
-#include "stacks.h"
 #include "uffd_ops.h"
 #include "wait.h"
 
@@ -374,7 +373,7 @@ int fm_pager_remap(struct fm_pager *p, void *old, size_t len, size_t new_len, in
 	int rc;
 
 	/* It takes the region lock for writing: on farmem's stack when the caller's is paged (region.c). */
-	if (fm_region_stack_paged(p) && fm_stack_run(remap_run, &c))
+	if (fm_region_off_paged_stack(p, remap_run, &c))
 		return c.rc;
 	if (!len || ((m.old | len | new_len | (uintptr_t)at) & (PG_SIZE - 1)) || new_len < len ||
 	    (flags & ~(MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP)) || !!(flags & MREMAP_FIXED) != !!at ||
