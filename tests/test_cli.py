@@ -498,6 +498,24 @@ def test_idle_budget_hint_only_for_a_percentage_that_never_bound():
     assert idle_budget_hint({**ran, "gc_faults": 10}, "25%") is None                   # a JVM's heap, by design
 
 
+def test_unpaged_hint_only_when_most_of_the_resident_set_was_never_paged():
+    from farmem.commands.run import unpaged_hint
+    node = {"processes": 1, "peak_rss_bytes": 367 << 20, "peak_resident_bytes": 244 << 10,
+            "local_limit_bytes": 1 << 20, "peak_limit_bytes": 1 << 20, "remote_writes": 0, "transport": "shm"}
+    hint = unpaged_hint(node)
+    assert "CMD had up to 367.0 MiB resident (its largest process)" in hint, hint
+    assert "never more than 244.0 KiB of it: at least 366.8 MiB was memory farmem does not page" in hint, hint
+    assert "`--threshold` 64M" in hint and "`--threshold` 1M" in unpaged_hint(node, "1M"), hint
+    assert unpaged_hint({**node, "peak_rss_bytes": 60 << 20}) is None     # too little to matter
+    assert unpaged_hint({**node, "peak_resident_bytes": 200 << 20}) is None  # mostly paged
+    assert unpaged_hint({**node, "peak_limit_bytes": 200 << 20}) is None     # the budget is larger than the rest
+    # Written to memd's store through the shared mapping: in CMD's resident set, not outside the budget.
+    assert unpaged_hint({**node, "remote_writes": 80_000}) is None
+    assert unpaged_hint({**node, "remote_writes": 80_000, "transport": "tcp"}) is not None
+    assert unpaged_hint({**node, "processes": 0}) is None               # "no pager started" says it
+    assert unpaged_hint({**node, "gc_faults": 10}) is None              # a JVM: its heap is what is paged
+
+
 # --- --memd, farmem memd ------------------------------------------------------------------------
 
 def test_unreachable_memd_never_starts_cmd(tmp_path, farmem_cmd):

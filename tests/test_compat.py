@@ -592,6 +592,24 @@ def test_sbcl_at_a_percentage_is_told_its_budget_never_bound(shim, tmp_path):
                         timeout=240)
     assert again["summary"]["evictions"] > 0, again["summary"]
     assert "nothing left local memory" not in again["stderr"], again["stderr"][-2000:]
+    # What it wrote to memd's store through the shared mapping is in its resident set, not outside the budget.
+    assert "memory farmem does not page" not in again["stderr"], again["stderr"][-2000:]
+
+
+def test_node_is_told_its_javascript_heap_stays_local(shim, tmp_path):
+    """V8 maps Node's JavaScript heap a 256 KiB page at a time, each reserved on its own: farmem does not
+    page it. Its threads' glibc heaps are paged all the same, so a pager started, and before session 40
+    the run printed a 1 MiB budget and nothing more for a process of 150+ MiB. Now the summary says
+    how much of CMD's resident set was memory farmem does not page; the answer is right either way."""
+    got = compat.node(compat.Launch(mode="farmem", local="25%"), tmp_path, n=300_000, timeout=240)
+    s = got["summary"]
+    assert s["processes"] >= 1 and s["peak_rss_bytes"] >= 100 << 20, s
+    m = re.search(r"CMD had up to ([\d.]+) MiB resident \(its largest process\), and its paged memory never more "
+                  r"than [\d.]+ [KM]iB of it: at least ([\d.]+) MiB was memory farmem does not page, which `--local` "
+                  r"does not hold \(mappings and blocks under `--threshold` 64M, V8's JavaScript heap", got["stderr"])
+    assert m, got["stderr"][-2000:]
+    assert float(m[1]) == round(s["peak_rss_bytes"] / (1 << 20), 1), (m[0], s)
+    assert float(m[2]) >= 4 * s["local_limit_bytes"] / (1 << 20), (m[0], s)
 
 
 def test_zstd_whose_crash_handler_comes_in_by_sysv_signal(shim, tmp_path, farmem_cmd):

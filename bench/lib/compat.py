@@ -888,6 +888,35 @@ def sbcl(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 1800)
     return {"summary": summary, "seconds": round(secs, 2), "stderr": r.stderr}
 
 
+NODE = """const n = {n}, m = new Map();
+let s = 0, len = 0;
+for (let i = 0; i <= n; i++) m.set("k" + i, [i, "v".repeat(i % 50)]);
+for (let r = 0; r < 3; r++)
+  for (let i = 0; i < n; i += 3) {{ const o = m.get("k" + (i * 7919) % n); o[0] += r; s += o[0] % 13; }}
+for (const o of m.values()) len += o[1].length;
+const k = Array.from(m.keys()).sort();
+console.log(`node ${{s}} ${{k.length}} ${{k[12345 % n]}} ${{len}}`);
+"""
+
+
+def node(launch: Launch, workdir: Path, n: int = 300_000, timeout: float = 1800) -> dict:
+    """Node.js (Debian's nodejs): a Map of N+1 string keys, each an array of a number and a string, a
+    third updated three times in a scattered order, its keys sorted; every figure computed again here.
+    V8 maps its JavaScript heap a 256 KiB page at a time, each page reserved on its own: farmem does
+    not page it (docs/compatibility.md)."""
+    need("node")
+    s, _ = scattered_updates(n, n + 1)
+    keys = sorted(f"k{i}" for i in range(n + 1))
+    want = f"node {s} {n + 1} {keys[12345 % n]} {sum(i % 50 for i in range(n + 1))}"
+    script = workdir / "prog.js"
+    script.write_text(NODE.format(n=n))
+    r, summary, secs = run(launch, ["node", script], workdir, "node", timeout=timeout)
+    out = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not out or out[-1] != want:
+        raise Failed(f"node: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
+    return {"summary": summary, "seconds": round(secs, 2), "stderr": r.stderr}
+
+
 WORKLOADS = {
     "redis": redis,
     "redis-bgsave": redis_bgsave,
@@ -904,6 +933,7 @@ WORKLOADS = {
     "php": php,
     "erlang": erlang,
     "sbcl": sbcl,
+    "node": node,
 }
 
 if __name__ == "__main__":

@@ -169,9 +169,10 @@ def _run(args) -> int:
         if user:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
             env["FARMEM_LAUNCH_UID"] = str(user.pw_uid)
-        status, elapsed, killed_by = run_child(cmd, env, user)
+        status, elapsed, killed_by, peak_rss = run_child(cmd, env, user)
         control.stop()
         summary = summarise(control.snapshot(), status, elapsed, killed_by)
+        summary["peak_rss_bytes"] = peak_rss
     finally:
         if control is not None:
             control.close()
@@ -181,7 +182,9 @@ def _run(args) -> int:
     hint = (gc_hint(summary, java.collector(args.cmd)) if is_java and getattr(args, "gc", None) in (None, "stock")
             else None)
     hints = [h for h in (hint, thrash_hint(summary, args.local),
-                         None if is_java else idle_budget_hint(summary, args.local), sigbus_hint(summary)) if h]
+                         None if is_java else idle_budget_hint(summary, args.local),
+                         None if is_java else unpaged_hint(summary, env.get("FARMEM_THRESHOLD")),
+                         sigbus_hint(summary)) if h]
     for line in summary_lines(summary) + hints:
         print(line, file=sys.stderr)
     if args.summary_json:
@@ -344,7 +347,8 @@ def die_with_launcher(launcher: int):
 
 def run_child(cmd: list, env: dict, user=None) -> tuple:
     """Run CMD, forwarding SIGINT/SIGTERM/SIGHUP to it; return (shell-style status, seconds, the name of
-    the signal that killed it or None)."""
+    the signal that killed it or None, the peak resident set in bytes of CMD or of one of the processes
+    it waited for, whichever was largest)."""
     child = None
     pending = []
 
@@ -374,12 +378,14 @@ def run_child(cmd: list, env: dict, user=None) -> tuple:
             raise FarmemError(f"cannot run {cmd[0]}: {e.strerror or e}", exit_code=126) from None
         for signo in pending:
             os.kill(child.pid, signo)
-        rc = child.wait()
+        # wait4, not Popen.wait: its rusage holds the largest resident set of CMD and the processes it waited for.
+        _, wstatus, usage = os.wait4(child.pid, 0)
+        rc = child.returncode = os.waitstatus_to_exitcode(wstatus)
         elapsed = time.monotonic() - start
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    return (128 - rc if rc < 0 else rc), elapsed, (signal.Signals(-rc).name if rc < 0 else None)
+    return (128 - rc if rc < 0 else rc), elapsed, (signal.Signals(-rc).name if rc < 0 else None), usage.ru_maxrss << 10
 
 
 def summarise(pagers: list, status: int, elapsed: float, killed_by: str | None = None) -> dict:
@@ -546,6 +552,33 @@ def idle_budget_hint(s: dict, local: str | None = None) -> str | None:
     return (f"farmem: nothing left local memory: `--local {local}` is {local} of the {fmt_bytes(reg)} CMD registered "
             f"({fmt_bytes(limit)}), and it never had more than {fmt_bytes(peak)} resident (most of what it maps "
             f"it never touched); `--local {max(1, share)}M`, {local} of that, pages it")
+
+
+# A run whose resident set passed its paged memory's by this much is told that --local did not hold the rest.
+UNPAGED_HINT_LEAST = 64 << 20
+
+
+def unpaged_hint(s: dict, threshold: str | None = None) -> str | None:
+    """CMD's resident set was mostly memory farmem does not page, which no budget holds: small
+    mappings and blocks (below --threshold), V8's JavaScript heap (a mapping per 256 KiB page),
+    files, thread stacks. A pager started all the same for what did pass (glibc's thread heaps), so
+    the summary gave a budget and no word that most of the program was outside it (`node` at 25%:
+    367 MiB resident, 244 KiB of it paged, a 1 MiB budget). Not for a JVM: its heap is what is paged,
+    by design, and the rest of a JVM (code, metaspace, threads) is not the heap."""
+    rss, peak = s.get("peak_rss_bytes", 0), s.get("peak_resident_bytes", 0)
+    limit = s.get("peak_limit_bytes") or s.get("local_limit_bytes", 0)
+    if s.get("processes", 0) == 0 or s.get("gc_faults", 0):
+        return None
+    # At least this much: the paged memory's peak and CMD's may not be at one time. With the shared-memory
+    # transport the pages CMD wrote to memd's store count in its resident set too (RssShmem), each once.
+    unpaged = rss - peak - (s.get("remote_writes", 0) * 4096 if s.get("transport") == "shm" else 0)
+    if unpaged < UNPAGED_HINT_LEAST or unpaged < 2 * max(peak, limit):
+        return None
+    threshold = threshold or next(k["default"] for k in knob_table.KNOBS if k["name"] == "threshold")
+    return (f"farmem: CMD had up to {fmt_bytes(rss)} resident (its largest process), and its paged memory never "
+            f"more than {fmt_bytes(peak)} of it: at least {fmt_bytes(unpaged)} was memory farmem does not page, "
+            f"which `--local` does not hold (mappings and blocks under `--threshold` {threshold}, V8's JavaScript "
+            "heap, files, thread stacks: docs/compatibility.md)")
 
 
 def sigbus_hint(s: dict) -> str | None:
