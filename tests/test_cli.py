@@ -331,6 +331,8 @@ def test_summary_json_without_a_pager(tmp_path, farmem_cmd):
     assert all(s[k] == 0 for k in COUNTERS), {k: s[k] for k in COUNTERS if s[k]}
     assert s["transport"] == "none" and s["exit_status"] == 3 and s["elapsed_s"] >= 0
     assert "farmem: no pager started" in r.stderr
+    assert re.search(r"; CMD had up to [\d.]+ [KM]iB resident, none of it paged; exit status 3", r.stderr), r.stderr
+    assert s["peak_rss_bytes"] > 0, s
 
 
 # A stand-in for a pager: hands a residency map over FARMEM_CONTROL the way uffd/pager.c does,
@@ -506,11 +508,15 @@ def test_unpaged_hint_only_when_most_of_the_resident_set_was_never_paged():
     assert "CMD had up to 367.0 MiB resident (its largest process)" in hint, hint
     assert "never more than 244.0 KiB of it: at least 366.8 MiB was memory farmem does not page" in hint, hint
     assert "`--threshold` 64M" in hint and "`--threshold` 1M" in unpaged_hint(node, "1M"), hint
+    assert "`--threshold` 256K" in unpaged_hint(node, "262144")  # FARMEM_THRESHOLD holds bytes
     assert unpaged_hint({**node, "peak_rss_bytes": 60 << 20}) is None     # too little to matter
     assert unpaged_hint({**node, "peak_resident_bytes": 200 << 20}) is None  # mostly paged
     assert unpaged_hint({**node, "peak_limit_bytes": 200 << 20}) is None     # the budget is larger than the rest
     # Written to memd's store through the shared mapping: in CMD's resident set, not outside the budget.
     assert unpaged_hint({**node, "remote_writes": 80_000}) is None
+    # ... each slot once, however often it was written: at most what was registered.
+    assert unpaged_hint({**node, "remote_writes": 500_000, "registered_bytes": 29 << 20}) is not None
+    assert unpaged_hint({**node, "remote_writes": 500_000, "registered_bytes": 320 << 20}) is None
     assert unpaged_hint({**node, "remote_writes": 80_000, "transport": "tcp"}) is not None
     assert unpaged_hint({**node, "processes": 0}) is None               # "no pager started" says it
     assert unpaged_hint({**node, "gc_faults": 10}) is None              # a JVM: its heap is what is paged

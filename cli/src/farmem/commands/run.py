@@ -410,9 +410,12 @@ def summary_lines(s: dict) -> list:
     killed = f" (killed by {s['killed_by']})" if s.get("killed_by") else ""
     tail = f"exit status {s['exit_status']}{killed}, {s['elapsed_s']:.2f} s"
     if s["processes"] == 0:
+        # What --local did not hold: all of CMD's memory (wait4's peak resident set of its largest process).
+        unpaged = f"; CMD had up to {fmt_bytes(s['peak_rss_bytes'])} resident, none of it paged" \
+            if s.get("peak_rss_bytes") else ""
         return [f"farmem: no pager started (nothing was mapped at or above the threshold, or no process could be paged: "
                 f"see any warning above; small blocks until glibc's heaps pass the threshold, and with --no-reservations "
-                f"all of them, stay local: docs/compatibility.md); {tail}"]
+                f"all of them, stay local: docs/compatibility.md){unpaged}; {tail}"]
     # zero_fills counts pages (demand faults and the zero runs installed ahead of them), and
     # write-protect faults are not among `faults`: neither is a part of that figure.
     first = (f"farmem: {s['faults']} faults, {s['wp_faults']} write-protect faults; {s['zero_fills']} pages "
@@ -570,11 +573,21 @@ def unpaged_hint(s: dict, threshold: str | None = None) -> str | None:
     if s.get("processes", 0) == 0 or s.get("gc_faults", 0):
         return None
     # At least this much: the paged memory's peak and CMD's may not be at one time. With the shared-memory
-    # transport the pages CMD wrote to memd's store count in its resident set too (RssShmem), each once.
-    unpaged = rss - peak - (s.get("remote_writes", 0) * 4096 if s.get("transport") == "shm" else 0)
+    # transport the pages CMD wrote to memd's store count in its resident set too (RssShmem), each slot
+    # once however often it was written: at most what was registered (a program that pages some of its
+    # memory hard and leaves most of it unpaged is told: Node with --threshold 256K).
+    if s.get("transport") == "shm":
+        written = s.get("remote_writes", 0) * 4096
+        unpaged = rss - peak - (min(written, s["registered_bytes"]) if s.get("registered_bytes") else written)
+    else:
+        unpaged = rss - peak
     if unpaged < UNPAGED_HINT_LEAST or unpaged < 2 * max(peak, limit):
         return None
     threshold = threshold or next(k["default"] for k in knob_table.KNOBS if k["name"] == "threshold")
+    if threshold.isdigit():  # FARMEM_THRESHOLD holds bytes: said as the flag would be written
+        n = int(threshold)
+        threshold = next((f"{n >> b}{u}" for b, u in ((30, "G"), (20, "M"), (10, "K")) if n and not n % (1 << b)),
+                         threshold)
     return (f"farmem: CMD had up to {fmt_bytes(rss)} resident (its largest process), and its paged memory never "
             f"more than {fmt_bytes(peak)} of it: at least {fmt_bytes(unpaged)} was memory farmem does not page, "
             f"which `--local` does not hold (mappings and blocks under `--threshold` {threshold}, V8's JavaScript "
