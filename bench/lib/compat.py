@@ -70,6 +70,16 @@ def run(launch: Launch, cmd: list, workdir: Path, name: str, timeout: float = 18
     return r, read_summary(summary), time.monotonic() - t0
 
 
+def run_checked(launch: Launch, cmd: list, workdir: Path, name: str, want: str, timeout: float = 1800) -> dict:
+    """Run a program that prints its answer last: its summary, seconds and stderr, or Failed when it
+    exited non-zero or printed another answer than want."""
+    r, summary, secs = run(launch, cmd, workdir, name, timeout=timeout)
+    out = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not out or out[-1] != want:
+        raise Failed(f"{name}: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
+    return {"summary": summary, "seconds": round(secs, 2), "stderr": r.stderr}
+
+
 class Server:
     """A server under a Launch, up once its Unix socket accepts; stop() ends it and returns
     (exit status, summary). Its output goes to WORKDIR/NAME.log."""
@@ -804,6 +814,14 @@ def scattered_updates(n: int, entries: int) -> tuple:
     return s, vals
 
 
+def keyed_want(name: str, n: int) -> str:
+    """What SBCL's and Node's programs print: N+1 keys "k0".., each with a number and a string of
+    i mod 50 characters, a third of the numbers updated three times in a scattered order."""
+    s, _ = scattered_updates(n, n + 1)
+    keys = sorted(f"k{i}" for i in range(n + 1))
+    return f"{name} {s} {n + 1} {keys[12345 % n]} {sum(i % 50 for i in range(n + 1))}"
+
+
 def php_expected(n: int) -> str:
     s, vals = scattered_updates(n, n)
     keys = sorted(f"k{i}" for i in range(n))
@@ -822,11 +840,7 @@ def php(launch: Launch, workdir: Path, n: int = 400_000, timeout: float = 1800) 
     base = subprocess.run(["php", "-r", "echo count(get_loaded_extensions());"], capture_output=True, text=True,
                           timeout=60)
     want = f"{php_expected(n)} {base.stdout.strip()}"
-    r, summary, secs = run(launch, ["php", "-d", "memory_limit=-1", script, str(n)], workdir, "php", timeout=timeout)
-    out = r.stdout.strip().splitlines()
-    if r.returncode != 0 or not out or out[-1] != want:
-        raise Failed(f"php: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
-    return {"summary": summary, "seconds": round(secs, 2)}
+    return run_checked(launch, ["php", "-d", "memory_limit=-1", script, str(n)], workdir, "php", want, timeout)
 
 
 ERLANG = """N = {n},
@@ -847,12 +861,7 @@ def erlang(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 180
     s = sum((((i * 7919) % n) + r) % 13 for r in range(3) for i in range(0, n, 3))
     keys = sorted(str(i) for i in range(n + 1))
     want = f"erlang {s} {n + 1} {keys[12345 % n]}"
-    r, summary, secs = run(launch, ["erl", "-noshell", "-eval", ERLANG.format(n=n)], workdir, "erlang",
-                           timeout=timeout)
-    out = r.stdout.strip().splitlines()
-    if r.returncode != 0 or not out or out[-1] != want:
-        raise Failed(f"erlang: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
-    return {"summary": summary, "seconds": round(secs, 2)}
+    return run_checked(launch, ["erl", "-noshell", "-eval", ERLANG.format(n=n)], workdir, "erlang", want, timeout)
 
 
 SBCL = """(let ((h (make-hash-table :test 'equal)) (n {n}) (s 0))
@@ -875,17 +884,10 @@ def sbcl(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 1800)
     rather than mmap(), so nothing of it was paged before session 38; its collector moves objects
     and gives freed pages back with madvise."""
     need("sbcl")
-    s, _ = scattered_updates(n, n + 1)
-    keys = sorted(f"k{i}" for i in range(n + 1))
-    want = f"sbcl {s} {n + 1} {keys[12345 % n]} {sum(i % 50 for i in range(n + 1))}"
     script = workdir / "prog.lisp"
     script.write_text(SBCL.format(n=n))
-    r, summary, secs = run(launch, ["sbcl", "--dynamic-space-size", "1024", "--script", script], workdir, "sbcl",
-                           timeout=timeout)
-    out = r.stdout.strip().splitlines()
-    if r.returncode != 0 or not out or out[-1] != want:
-        raise Failed(f"sbcl: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
-    return {"summary": summary, "seconds": round(secs, 2), "stderr": r.stderr}
+    return run_checked(launch, ["sbcl", "--dynamic-space-size", "1024", "--script", script], workdir, "sbcl",
+                       keyed_want("sbcl", n), timeout)
 
 
 NODE = """const n = {n}, m = new Map();
@@ -905,16 +907,9 @@ def node(launch: Launch, workdir: Path, n: int = 300_000, timeout: float = 1800)
     V8 maps its JavaScript heap a 256 KiB page at a time, each page reserved on its own: farmem does
     not page it (docs/compatibility.md)."""
     need("node")
-    s, _ = scattered_updates(n, n + 1)
-    keys = sorted(f"k{i}" for i in range(n + 1))
-    want = f"node {s} {n + 1} {keys[12345 % n]} {sum(i % 50 for i in range(n + 1))}"
     script = workdir / "prog.js"
     script.write_text(NODE.format(n=n))
-    r, summary, secs = run(launch, ["node", script], workdir, "node", timeout=timeout)
-    out = r.stdout.strip().splitlines()
-    if r.returncode != 0 or not out or out[-1] != want:
-        raise Failed(f"node: exit {r.returncode}: got {(out[-1] if out else '')!r}, want {want!r}: {r.stderr[-1500:]}")
-    return {"summary": summary, "seconds": round(secs, 2), "stderr": r.stderr}
+    return run_checked(launch, ["node", script], workdir, "node", keyed_want("node", n), timeout)
 
 
 WORKLOADS = {
