@@ -612,6 +612,19 @@ def test_node_is_told_its_javascript_heap_stays_local(shim, tmp_path):
     assert float(m[2]) >= 4 * s["local_limit_bytes"] / (1 << 20), (m[0], s)
 
 
+def test_bench_compat_sizes_every_workload():
+    """bench/bench_compat.py runs every workload by default, each at its size and threshold: one added to
+    the library without a size stopped the whole matrix with a KeyError before any run (erlang and
+    sbcl, sessions 34 to 39)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bench_compat", Path(__file__).resolve().parent.parent / "bench" / "bench_compat.py")
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    assert set(matrix.SIZES) == set(compat.WORKLOADS), set(compat.WORKLOADS) ^ set(matrix.SIZES)
+    assert all(callable(f) and isinstance(f(0.01), dict) for f in matrix.SIZES.values())
+
+
 def test_zstd_whose_crash_handler_comes_in_by_sysv_signal(shim, tmp_path, farmem_cmd):
     """zstd, built for strict ISO C, installs its crash handler for SIGBUS with glibc's
     `__sysv_signal` (what `signal` is there). Before session 32 that call went past the shim's
