@@ -34,6 +34,7 @@ void fm_budget_set(struct fm_pager *p)
 		__atomic_store_n(&p->st->local_limit_pages, lim, __ATOMIC_RELAXED);
 		raise_peak(&p->st->peak_limit_pages, lim);
 		__atomic_store_n(&p->st->registered_pages, reg, __ATOMIC_RELAXED);
+		raise_peak(&p->st->peak_registered_pages, reg);
 	}
 }
 

@@ -1005,6 +1005,133 @@ static int reserves(size_t len, int prot, int flags, int fd)
 }
 
 /*
+ * The pool: small reservations placed together. V8 reserves Node's
+ * JavaScript heap a 256 KiB page at a time, each page a PROT_NONE mapping of
+ * its own (508 KiB, trimmed to its alignment): far below any threshold, and
+ * more of them than the tables of reservations and regions hold, so none of
+ * it was paged before session 40. A private anonymous PROT_NONE mapping from
+ * POOL_LEAST up to the threshold, the program leaving the address to the
+ * kernel, is placed in one window the shim reserved instead, which is a
+ * reservation like the others: its parts are paged as they are made
+ * writable. What the program unmaps there is reserved again, PROT_NONE, not
+ * unmapped, so that nothing else is placed inside the window, and its pages
+ * are free for the next such mapping. A full pool, or one that could not be
+ * reserved, leaves the mapping to the kernel, local.
+ */
+#define POOL_SIZE (8ull << 30)
+#define POOL_LEAST (256u << 10)
+#define POOL_PAGES (POOL_SIZE / PAGE)
+static _Atomic uintptr_t pool_base; /* 0: not reserved */
+static uint64_t *pool_used;         /* a bit per page of the pool, set while the program holds it */
+static uint64_t pool_next;          /* the page the next search starts at */
+static int pool_failed;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int pool_holds(const void *addr, size_t len)
+{
+	uintptr_t b = atomic_load_explicit(&pool_base, memory_order_acquire), a = (uintptr_t)addr;
+
+	return b && a >= b && len <= POOL_SIZE && a - b <= POOL_SIZE - len;
+}
+
+static void pool_mark(uint64_t first, uint64_t n, int used)
+{
+	for (uint64_t i = first; i < first + n; i++) {
+		if (used)
+			pool_used[i / 64] |= 1ull << (i % 64);
+		else
+			pool_used[i / 64] &= ~(1ull << (i % 64));
+	}
+}
+
+/* Under pool_lock. The first page stays unused: a reservation's first page is never paged (resv_commit). */
+static void pool_open(void)
+{
+	void *w = sys_mmap(NULL, POOL_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	void *bits = sys_mmap(NULL, POOL_PAGES / 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (w == MAP_FAILED || bits == MAP_FAILED) {
+		if (w != MAP_FAILED)
+			syscall(SYS_munmap, w, (size_t)POOL_SIZE);
+		if (bits != MAP_FAILED)
+			syscall(SYS_munmap, bits, (size_t)(POOL_PAGES / 8));
+		pool_failed = 1;
+		fm_info("small reservations stay local: the pool's %llu GiB of address space could not be reserved",
+			(unsigned long long)(POOL_SIZE >> 30));
+		return;
+	}
+	pool_used = bits;
+	pool_mark(0, 1, 1);
+	pool_next = 1;
+	resv_add(w, POOL_SIZE);
+	atomic_store_explicit(&pool_base, (uintptr_t)w, memory_order_release);
+}
+
+static int pools(const void *addr, size_t len, int prot, int flags, int fd)
+{
+	(void)addr; /* a hint only: the kernel need not take it either */
+	return hooks_on() && !in_farmem && len >= POOL_LEAST && len < cfg.threshold && cfg.reservations &&
+	       fd == -1 && prot == PROT_NONE && (flags & MAP_ANONYMOUS) && (flags & MAP_PRIVATE) &&
+	       !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED | MAP_FIXED | MAP_FIXED_NOREPLACE)) &&
+	       reserved_paged();
+}
+
+/* len bytes of the pool, PROT_NONE and never touched since they were reserved; NULL when full. */
+static void *pool_take(size_t len)
+{
+	uint64_t n = (len + PAGE - 1) / PAGE, run = 0, i;
+	void *p = NULL;
+
+	pthread_mutex_lock(&pool_lock);
+	if (!pool_base && !pool_failed)
+		pool_open();
+	if (pool_base) {
+		/* Next fit: one lap, a run never crossing the end. */
+		i = pool_next;
+		for (uint64_t seen = 0; seen <= POOL_PAGES && !p; seen++, i++) {
+			if (i == POOL_PAGES) {
+				i = 0;
+				run = 0;
+			}
+			if (i % 64 == 0 && pool_used[i / 64] == ~0ull && i + 64 <= POOL_PAGES) {
+				i += 63;
+				seen += 63;
+				run = 0;
+				continue;
+			}
+			if (pool_used[i / 64] & (1ull << (i % 64))) {
+				run = 0;
+			} else if (++run == n) {
+				pool_mark(i + 1 - n, n, 1);
+				pool_next = i + 1 == POOL_PAGES ? 1 : i + 1;
+				p = (void *)(pool_base + (i + 1 - n) * PAGE);
+			}
+		}
+	}
+	pthread_mutex_unlock(&pool_lock);
+	return p;
+}
+
+/*
+ * The program let go of [addr, addr+len) of the pool (munmap, or what an
+ * mremap left behind): reserved again and free. The pager let go of its
+ * pages before.
+ */
+static int pool_give_back(void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PAGE - 1);
+	uintptr_t e = ((uintptr_t)addr + len + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+
+	if (sys_mmap((void *)a, e - a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
+	    MAP_FAILED)
+		return -1;
+	pthread_mutex_lock(&pool_lock);
+	pool_mark((a - pool_base) / PAGE, (e - a) / PAGE, 0);
+	pthread_mutex_unlock(&pool_lock);
+	return 0;
+}
+
+/*
  * A reservation up to RESV_WHOLE bytes becomes one region at its first
  * commit (a JVM's heap). A larger one becomes a region per RESV_WINDOW of
  * address space (aligned to it, within the reservation), each at the first
@@ -1102,6 +1229,9 @@ static void *mmap_hooked(void *addr, size_t len, int prot, int flags, int fd, of
 {
 	void *p;
 
+	if (pools(addr, len, prot, flags, fd) && (p = pool_take(len)))
+		return p;
+
 	/*
 	 * MAP_FIXED over paged memory replaces it, like munmap then mmap: the
 	 * pager lets go of the range first. Otherwise the evictor may drop pages
@@ -1167,6 +1297,12 @@ static int munmap_cover(void *addr, size_t len)
 	if (locked) {
 		pthread_mutex_lock(&remap_lock);
 		fm_pager_unregister(pager, addr, len);
+	}
+	if (len && ((uintptr_t)addr & (PAGE - 1)) == 0 && pool_holds(addr, len)) {
+		r = pool_give_back(addr, len);
+		if (locked)
+			pthread_mutex_unlock(&remap_lock);
+		return (int)r;
 	}
 	r = syscall(SYS_munmap, addr, len);
 	if (locked)
@@ -1381,12 +1517,50 @@ static int refused_at_once(const void *old, size_t old_len, size_t new_len, int 
 	return !(flags & MREMAP_FIXED) && new_len >= old_len && one == 0;
 }
 
+/*
+ * An mremap in the pool: the range comes home and the kernel moves plain
+ * memory; what it leaves behind in the window is reserved again. Rare (V8
+ * does not mremap its pages), so done the simple way.
+ */
+static void *pool_remap(void *old, size_t old_len, size_t new_len, int flags, void *new_addr, int paged)
+{
+	uintptr_t o = (uintptr_t)old;
+	size_t keep = (new_len + PAGE - 1) & ~(size_t)(PAGE - 1); /* what a shrink in place leaves */
+	void *p;
+
+	if (paged) {
+		fm_pager_fetch_all(pager, old, old_len);
+		fm_pager_unregister(pager, old, old_len);
+	}
+	p = (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
+	if (p == MAP_FAILED) {
+		int e = errno;
+
+		if (paged)
+			resv_commit(old, old_len);
+		errno = e;
+		return MAP_FAILED;
+	}
+	if ((uintptr_t)p != o && !(flags & MREMAP_DONTUNMAP))
+		pool_give_back(old, old_len);
+	else if ((uintptr_t)p == o && keep < old_len)
+		pool_give_back((char *)old + keep, old_len - keep);
+	/* What stays the program's at the old address is paged again. */
+	if (paged && ((uintptr_t)p == o || (flags & MREMAP_DONTUNMAP)))
+		resv_commit(old, (uintptr_t)p == o && new_len < old_len ? new_len : old_len);
+	if ((uintptr_t)p != o && !pool_holds(p, new_len) && hooks_on() && new_len >= cfg.threshold)
+		maybe_register(p, new_len);
+	return p;
+}
+
 static void *mremap_hooked(void *old, size_t old_len, size_t new_len, int flags, void *new_addr)
 {
 	void *p;
 	int paged, one = -1, anon = 0;
 
 	paged = pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, old, old_len);
+	if (old_len && ((uintptr_t)old & (PAGE - 1)) == 0 && pool_holds(old, old_len))
+		return pool_remap(old, old_len, new_len, flags, new_addr, paged);
 	/* Whether one mapping holds the range, and of what kind: the maps are read once. */
 	if (paged && old_len <= SIZE_MAX - PAGE)
 		one = one_mapping((uintptr_t)old, (uintptr_t)old + old_len, &anon);

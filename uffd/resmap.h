@@ -247,7 +247,12 @@ struct fm_pager_stats {
 	 * faults a budget twice or four times as large would have saved, about.
 	 */
 	uint64_t refaults_3budgets;
-	uint64_t reserved2[11];
+	/*
+	 * A gauge: the most memory ever registered at once (registered_pages
+	 * falls as the program unmaps, to next to nothing at its exit).
+	 */
+	uint64_t peak_registered_pages;
+	uint64_t reserved2[10];
 };
 
 struct fm_resmap_hdr {

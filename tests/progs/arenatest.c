@@ -48,11 +48,14 @@
  * With --reserve --wide, GHC's way instead (reserve_wide); with --windows N
  * too, small parts in N windows of 4 GiB each (reserve_windows).
  *
+ * With --pages, V8's way (v8_pages): --mib of 256 KiB pages, each reserved
+ * PROT_NONE on its own, trimmed to its alignment and made writable.
+ *
  * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --main] [--dlopen LIB] [--printf]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages | --main] [--dlopen LIB] [--printf]
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -597,6 +600,88 @@ static int print_y(FILE *f, const struct printf_info *info, const void *const *a
 	return fprintf(f, "[%d]", *(const int *)args[0]);
 }
 
+/*
+ * --pages: V8's JavaScript heap. Each 256 KiB page is reserved on its own,
+ * PROT_NONE, twice its size less a page so that an aligned page fits; the
+ * reservation is trimmed to that page with munmap, and the page made
+ * writable with mprotect and filled: --mib of them, more than the shim's
+ * tables of reservations (128) and regions (512) hold one by one. Every page
+ * is checked; every third is freed the way V8 frees one (PROT_NONE,
+ * MADV_DONTNEED, munmap) and as many are reserved again, which must read
+ * zeros, and filled; every page is checked again.
+ */
+#define V8_PAGE (256ul << 10)
+
+static uint8_t *v8_page_new(void)
+{
+	size_t len = 2 * V8_PAGE - 4096;
+	uint8_t *r = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0), *p;
+
+	if (r == MAP_FAILED)
+		return NULL;
+	p = (uint8_t *)(((uintptr_t)r + V8_PAGE - 1) & ~(uintptr_t)(V8_PAGE - 1));
+	if ((p > r && munmap(r, (size_t)(p - r))) ||
+	    (r + len > p + V8_PAGE && munmap(p + V8_PAGE, (size_t)(r + len - p - V8_PAGE))) ||
+	    mprotect(p, V8_PAGE, PROT_READ | PROT_WRITE))
+		return NULL;
+	return p;
+}
+
+static void v8_fill(uint8_t *p, size_t id, unsigned salt)
+{
+	uint64_t *w = (void *)p;
+
+	for (size_t k = 0; k < V8_PAGE / 8; k++)
+		w[k] = mix(id * V8_PAGE + k * 8 + salt);
+}
+
+static int v8_check(const uint8_t *p, size_t id, unsigned salt, const char *what)
+{
+	const uint64_t *w = (const void *)p;
+
+	for (size_t k = 0; k < V8_PAGE / 8; k++)
+		if (w[k] != (salt ? mix(id * V8_PAGE + k * 8 + salt) : 0)) {
+			fprintf(stderr, "arenatest: pages: %s: page %zu word %zu is %#llx\n", what, id, k,
+				(unsigned long long)w[k]);
+			return 1;
+		}
+	return 0;
+}
+
+static int v8_pages(unsigned long mib)
+{
+	size_t n = (mib << 20) / V8_PAGE, freed = 0;
+	uint8_t **page = calloc(n, sizeof(*page));
+	unsigned *salt = calloc(n, sizeof(*salt));
+	int bad = !page || !salt;
+
+	for (size_t k = 0; k < n && !bad; k++) {
+		bad = !(page[k] = v8_page_new());
+		if (!bad)
+			v8_fill(page[k], k, salt[k] = 1);
+	}
+	if (bad)
+		perror("arenatest: pages: a page");
+	for (size_t k = 0; k < n && !bad; k++)
+		bad = v8_check(page[k], k, salt[k], "filled");
+	for (size_t k = 0; k < n && !bad; k += 3, freed++)
+		bad = mprotect(page[k], V8_PAGE, PROT_NONE) || madvise(page[k], V8_PAGE, MADV_DONTNEED) ||
+		      munmap(page[k], V8_PAGE);
+	for (size_t k = 0; k < n && !bad; k += 3) {
+		bad = !(page[k] = v8_page_new()) || v8_check(page[k], k, 0, "reserved again");
+		if (!bad)
+			v8_fill(page[k], k, salt[k] = 2);
+	}
+	for (size_t k = 0; k < n && !bad; k++)
+		bad = v8_check(page[k], k, salt[k], "after a third were freed and reserved again");
+	free(page);
+	free(salt);
+	if (bad)
+		return 1;
+	printf("arenatest: ok pages=%zu freed=%zu hwm=%ld MiB\n", n, freed, hwm_mib());
+	return 0;
+}
+
 static int print_y_arginfo(const struct printf_info *info, size_t n, int *types, int *sizes)
 {
 	(void)info;
@@ -616,6 +701,7 @@ int main(int argc, char **argv)
 		{ "wide", no_argument, NULL, 'W' },
 		{ "windows", required_argument, NULL, 'w' },
 		{ "main", no_argument, NULL, 'M' },
+		{ "pages", no_argument, NULL, 'V' },
 		{ "dlopen", required_argument, NULL, 'D' },
 		{ "printf", no_argument, NULL, 'P' },
 		{ 0 },
@@ -627,14 +713,15 @@ int main(int argc, char **argv)
 	pthread_t *th;
 	int c;
 
-	int reserved = 0, main_only = 0, printf_own = 0, wide = 0;
+	int reserved = 0, main_only = 0, printf_own = 0, wide = 0, v8 = 0;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		char *end;
 		unsigned long v;
 
-		if (c == 'R' || c == 'M' || c == 'W') {
+		if (c == 'R' || c == 'M' || c == 'W' || c == 'V') {
 			reserved |= c == 'R';
+			v8 |= c == 'V';
 			wide |= c == 'W';
 			main_only |= c == 'M';
 			continue;
@@ -654,7 +741,7 @@ int main(int argc, char **argv)
 		}
 		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --main] [--dlopen LIB] [--printf]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages | --main] [--dlopen LIB] [--printf]\n");
 			return 2;
 		}
 		if (c == 't')
@@ -668,6 +755,8 @@ int main(int argc, char **argv)
 		else
 			return 2;
 	}
+	if (v8)
+		return v8_pages(mib);
 	if (reserved)
 		return wide && windows ? reserve_windows(windows) : wide ? reserve_wide(mib) : reserve(mib);
 	if (main_only)

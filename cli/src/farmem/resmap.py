@@ -102,6 +102,8 @@ REFUSED_FIELDS = ("refused_ranges", "refused_bytes")
 # Then: remote pages faulted back within three budgets of evictions after they left (refaults_soon is
 # within one): the summary's estimate of what a larger budget would save.
 REFAULT_FIELDS = ("refaults_3budgets",)
+# Then a gauge: the most memory ever registered at once (registered_pages falls as the program unmaps).
+REGISTERED_FIELDS = ("peak_registered_pages",)
 
 
 class PagerStats(ctypes.Structure):
@@ -109,8 +111,9 @@ class PagerStats(ctypes.Structure):
         ("lat_hist", u64 * LAT_BUCKETS),
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
-    ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS] + [
-        ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS))),
+    ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS + REGISTERED_FIELDS] + [
+        ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS)
+                             - len(REGISTERED_FIELDS))),
     ]
 
 
@@ -171,6 +174,7 @@ def layout() -> dict:
         "offsetof_peak_limit_pages": PagerStats.peak_limit_pages.offset,
         "offsetof_refused_bytes": PagerStats.refused_bytes.offset,
         "offsetof_refaults_3budgets": PagerStats.refaults_3budgets.offset,
+        "offsetof_peak_registered_pages": PagerStats.peak_registered_pages.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -263,10 +267,11 @@ SUMMED = (
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.
-PEAK_GAUGES = ("peak_resident_pages", "adopt_peak_pages", "peak_limit_pages")
+PEAK_GAUGES = ("peak_resident_pages", "adopt_peak_pages", "peak_limit_pages", "peak_registered_pages")
 GAUGES = {
     "local_limit_pages": "local_limit_bytes",
     "peak_limit_pages": "peak_limit_bytes",
+    "peak_registered_pages": "peak_registered_bytes",
     "peak_resident_pages": "peak_resident_bytes",
     "resident_pages": "resident_bytes",
     "registered_pages": "registered_bytes",

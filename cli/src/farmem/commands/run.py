@@ -433,6 +433,8 @@ def summary_lines(s: dict) -> list:
     procs = f"{s['processes']} process" + ("es" if s["processes"] != 1 else "")
     # registered_bytes is a gauge: 0 once the program has unmapped its memory, so say it only if not.
     registered = f", registered {fmt_bytes(s['registered_bytes'])}" if s["registered_bytes"] else ""
+    if registered and s.get("peak_registered_bytes", 0) > s["registered_bytes"]:
+        registered += f" ({fmt_bytes(s['peak_registered_bytes'])} at its highest)"  # it unmapped the rest
     adopted = resmap.adopt_note(s)
     served = FAULT_MODE_WORDS.get(s.get("fault_mode"), s.get("fault_mode"))
     if s.get("heap_faults"):
@@ -563,24 +565,24 @@ UNPAGED_HINT_LEAST = 64 << 20
 
 def unpaged_hint(s: dict, threshold: str | None = None) -> str | None:
     """CMD's resident set was mostly memory farmem does not page, which no budget holds: small
-    mappings and blocks (below --threshold), V8's JavaScript heap (a mapping per 256 KiB page),
-    files, thread stacks. A pager started all the same for what did pass (glibc's thread heaps), so
-    the summary gave a budget and no word that most of the program was outside it (`node` at 25%:
-    367 MiB resident, 244 KiB of it paged, a 1 MiB budget). Not for a JVM: its heap is what is paged,
-    by design, and the rest of a JVM (code, metaspace, threads) is not the heap."""
+    mappings and blocks (below --threshold, CPython's 1 MiB arenas of small objects), files, thread
+    stacks. A pager started all the same for what did pass (a big block, glibc's thread heaps), so
+    the summary gave a budget and no word that most of the program was outside it (`node` at 25%
+    before session 40's pool: 367 MiB resident, 244 KiB of it paged, a 1 MiB budget). Not for a JVM:
+    its heap is what is paged, by design, and the rest of a JVM (code, metaspace, threads) is not the
+    heap."""
     rss, peak = s.get("peak_rss_bytes", 0), s.get("peak_resident_bytes", 0)
     limit = s.get("peak_limit_bytes") or s.get("local_limit_bytes", 0)
     if s.get("processes", 0) == 0 or s.get("gc_faults", 0):
         return None
     # At least this much: the paged memory's peak and CMD's may not be at one time. With the shared-memory
     # transport the pages CMD wrote to memd's store count in its resident set too (RssShmem), each slot
-    # once however often it was written: at most what was registered (a program that pages some of its
-    # memory hard and leaves most of it unpaged is told: Node with --threshold 256K).
+    # once however often it was written: at most the most ever registered (a program that pages some of
+    # its memory hard and leaves most of it unpaged is told: Node with --threshold 256K).
+    unpaged = rss - peak
     if s.get("transport") == "shm":
-        written = s.get("remote_writes", 0) * 4096
-        unpaged = rss - peak - (min(written, s["registered_bytes"]) if s.get("registered_bytes") else written)
-    else:
-        unpaged = rss - peak
+        registered = max(s.get("peak_registered_bytes", 0), s.get("registered_bytes", 0))
+        unpaged -= min(s.get("remote_writes", 0) * 4096, registered) if registered else s.get("remote_writes", 0) * 4096
     if unpaged < UNPAGED_HINT_LEAST or unpaged < 2 * max(peak, limit):
         return None
     threshold = threshold or next(k["default"] for k in knob_table.KNOBS if k["name"] == "threshold")
@@ -590,8 +592,8 @@ def unpaged_hint(s: dict, threshold: str | None = None) -> str | None:
                          threshold)
     return (f"farmem: CMD had up to {fmt_bytes(rss)} resident (its largest process), and its paged memory never "
             f"more than {fmt_bytes(peak)} of it: at least {fmt_bytes(unpaged)} was memory farmem does not page, "
-            f"which `--local` does not hold (mappings and blocks under `--threshold` {threshold}, V8's JavaScript "
-            "heap, files, thread stacks: docs/compatibility.md)")
+            f"which `--local` does not hold (mappings and blocks under `--threshold` {threshold} not reserved "
+            "PROT_NONE first, such as CPython's small objects; files; thread stacks: docs/compatibility.md)")
 
 
 def sigbus_hint(s: dict) -> str | None:
