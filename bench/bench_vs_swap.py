@@ -64,7 +64,7 @@ def main() -> int:
             same = r.returncode == 0 and r.stdout == ref.stdout
             bad += not same
             print(f"farmem --local {loc}: {wall:.2f} s, {'right' if same else 'WRONG or failed'}, "
-                  f"limit {s.get('local_limit_bytes', 0) >> 20} MiB, {s.get('faults', 0)} faults, "
+                  f"limit {(s.get('peak_limit_bytes') or s.get('local_limit_bytes', 0)) >> 20} MiB at its highest, {s.get('faults', 0)} faults, "
                   f"{s.get('refaults_soon', 0)} refaults within a budget", flush=True)
         for lim in filter(None, args.swap.split(",")):
             t0 = time.monotonic()
