@@ -402,14 +402,16 @@ def test_small_reservations_paged_in_the_pool(shim, built, tmp_path, farmem_cmd,
     """V8 reserves Node's JavaScript heap a 256 KiB page at a time, each page PROT_NONE on its own,
     trimmed to its alignment and made writable. arenatest --pages does the same with 128 MiB (512
     pages: more than the shim's 128 reservations and 512 regions), frees a third the way V8 does
-    (PROT_NONE, MADV_DONTNEED, munmap) and reserves as many again, which read zeros. Under a 24 MiB
-    budget every page is paged and every byte right; before session 40 none of it was (each page
-    far below the threshold)."""
+    (PROT_NONE, MADV_DONTNEED, munmap) and reserves as many again, which read zeros, then grows one
+    by mremap (it moves out) and shrinks one in place. Under a 24 MiB budget every page is paged and
+    every byte right; before session 40 none of it was (each page far below the threshold)."""
     prog = built("build/tests/arenatest")
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "24M", "--fault", fault, "--", prog,
                       "--pages", "--mib", 128, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "arenatest: ok pages=512 freed=171" in r.stdout, r.stdout + r.stderr[-3000:]
+    # A page grown by mremap moves out of the pool, whose place stays held (nothing else mapped inside).
+    assert "arenatest: pages: the place an mremap left is held" in r.stdout, r.stdout
     assert_paged(s, "arenatest --pages")
     assert s["registered_bytes"] >= 120 << 20, s
     # A page made PROT_NONE to be freed comes home first (its bytes kept for a PROT_READ again): 256 KiB.

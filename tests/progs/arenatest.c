@@ -608,7 +608,8 @@ static int print_y(FILE *f, const struct printf_info *info, const void *const *a
  * tables of reservations (128) and regions (512) hold one by one. Every page
  * is checked; every third is freed the way V8 frees one (PROT_NONE,
  * MADV_DONTNEED, munmap) and as many are reserved again, which must read
- * zeros, and filled; every page is checked again.
+ * zeros, and filled; every page is checked again. Then one page is grown by
+ * mremap (it moves) and one shrunk in place, and every page checked again.
  */
 #define V8_PAGE (256ul << 10)
 
@@ -674,6 +675,42 @@ static int v8_pages(unsigned long mib)
 	}
 	for (size_t k = 0; k < n && !bad; k++)
 		bad = v8_check(page[k], k, salt[k], "after a third were freed and reserved again");
+	/*
+	 * An mremap of a page: grown, it moves out (its bytes with it), and
+	 * the place it leaves is free for a new page; shrunk in place, its head
+	 * keeps its bytes and stays writable.
+	 */
+	if (!bad && n >= 4) {
+		uint8_t *left = page[1], *grown = mremap(page[1], V8_PAGE, 2 * V8_PAGE, MREMAP_MAYMOVE), *there;
+
+		/* Under farmem the pool holds the place: nothing of anyone else's is put inside it. */
+		if (grown != MAP_FAILED && grown != left) {
+			there = mmap(left, V8_PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+			printf("arenatest: pages: the place an mremap left is %s\n", there == MAP_FAILED ? "held" : "free");
+			if (there != MAP_FAILED)
+				munmap(there, V8_PAGE);
+		}
+		bad = grown == MAP_FAILED || v8_check(grown, 1, salt[1], "grown by mremap") ||
+		      munmap(grown, 2 * V8_PAGE) || !(page[1] = v8_page_new()) ||
+		      v8_check(page[1], 1, 0, "reserved after an mremap moved one out");
+		if (!bad)
+			v8_fill(page[1], 1, salt[1] = 3);
+		bad = bad || mremap(page[2], V8_PAGE, V8_PAGE / 2, 0) != page[2];
+		if (!bad) {
+			const uint64_t *w = (const void *)page[2];
+
+			for (size_t k = 0; k < V8_PAGE / 16 && !bad; k++)
+				bad = w[k] != mix(2 * V8_PAGE + k * 8 + salt[2]);
+			memset(page[2], 0x5a, V8_PAGE / 2);
+			bad = bad || munmap(page[2], V8_PAGE / 2) || !(page[2] = v8_page_new());
+			if (!bad)
+				v8_fill(page[2], 2, salt[2] = 3);
+		}
+		if (bad)
+			fprintf(stderr, "arenatest: pages: mremap of a page went wrong\n");
+	}
+	for (size_t k = 0; k < n && !bad; k++)
+		bad = v8_check(page[k], k, salt[k], "at the end");
 	free(page);
 	free(salt);
 	if (bad)
