@@ -374,18 +374,26 @@ static long hwm_mib(void)
 
 #define PART (4ul << 20)
 
-/* The part numbered part, at p: each word its offset's mix (salt 0: zeros). */
-static int check_at(const uint8_t *p, size_t part, unsigned salt, const char *what)
+/*
+ * Block id of size bytes, at p: each word its offset's mix (salt 0: zeros).
+ * unit names the block in the message ("reserve: part 3 word 5 is ... (committed)").
+ */
+static int check_block(const uint8_t *p, size_t size, size_t id, unsigned salt, const char *unit, const char *what)
 {
 	const uint64_t *w = (const void *)p;
 
-	for (size_t k = 0; k < PART / 8; k++)
-		if (w[k] != (salt ? mix(part * PART + k * 8 + salt) : 0)) {
-			fprintf(stderr, "arenatest: reserve: %s: part %zu word %zu is %#llx\n", what, part, k,
-				(unsigned long long)w[k]);
+	for (size_t k = 0; k < size / 8; k++)
+		if (w[k] != (salt ? mix(id * size + k * 8 + salt) : 0)) {
+			fprintf(stderr, "arenatest: %s %zu word %zu is %#llx (%s)\n", unit, id, k,
+				(unsigned long long)w[k], what);
 			return 1;
 		}
 	return 0;
+}
+
+static int check_at(const uint8_t *p, size_t part, unsigned salt, const char *what)
+{
+	return check_block(p, PART, part, salt, "reserve: part", what);
 }
 
 static int check_part(const uint8_t *base, size_t part, unsigned salt, const char *what)
@@ -638,15 +646,7 @@ static void v8_fill(uint8_t *p, size_t id, unsigned salt)
 
 static int v8_check(const uint8_t *p, size_t id, unsigned salt, const char *what)
 {
-	const uint64_t *w = (const void *)p;
-
-	for (size_t k = 0; k < V8_PAGE / 8; k++)
-		if (w[k] != (salt ? mix(id * V8_PAGE + k * 8 + salt) : 0)) {
-			fprintf(stderr, "arenatest: pages: %s: page %zu word %zu is %#llx\n", what, id, k,
-				(unsigned long long)w[k]);
-			return 1;
-		}
-	return 0;
+	return check_block(p, V8_PAGE, id, salt, "pages: page", what);
 }
 
 static int v8_pages(unsigned long mib)
