@@ -419,6 +419,20 @@ def test_small_reservations_paged_in_the_pool(shim, built, tmp_path, farmem_cmd,
     assert "memory farmem does not page" not in r.stderr, r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_small_reservations_in_the_pool_of_a_forked_child(shim, built, tmp_path, farmem_cmd, fault):
+    """arenatest --pages --fork: after the pool's pages were paged, a child of a fork reads every one
+    (the fork brings them home first) and reserves a page of its own from the pool it inherited, its
+    books and lock copied from the parent; the parent reads every page again after the child."""
+    prog = built("build/tests/arenatest")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "24M", "--fault", fault, "--", prog,
+                      "--pages", "--fork", "--mib", 64, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "arenatest: pages: a child of a fork read every page and reserved its own" in r.stdout, r.stdout
+    assert "arenatest: ok pages=256" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert_paged(s, "arenatest --pages --fork")
+
+
 def test_windows_past_the_region_table_stay_local_and_are_told_once(shim, built, tmp_path, farmem_cmd):
     """A runtime committing here and there in a reservation of 2.4 TiB: four small parts in each of
     600 windows of 4 GiB, more windows than the pager has regions. The ones past the table stay

@@ -100,6 +100,7 @@ static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct { uintptr_t base, end; } resv[MAX_RESV];
 static atomic_int nresv;
 static pthread_mutex_t resv_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* the pool of small reservations (below) */
 /*
  * Parts of reservations the pager would not take (the region table full,
  * memd refusing the space): their commits stay local memory, not offered
@@ -561,6 +562,7 @@ static void fork_prepare(void)
 {
 	pthread_mutex_lock(&arena_lock);
 	pthread_mutex_lock(&big_lock);
+	pthread_mutex_lock(&pool_lock); /* before resv_lock: pool_open takes it under pool_lock */
 	pthread_mutex_lock(&resv_lock);
 	pthread_mutex_lock(&heap_lock);
 }
@@ -569,6 +571,7 @@ static void fork_parent(void)
 {
 	pthread_mutex_unlock(&heap_lock);
 	pthread_mutex_unlock(&resv_lock);
+	pthread_mutex_unlock(&pool_lock);
 	pthread_mutex_unlock(&big_lock);
 	pthread_mutex_unlock(&arena_lock);
 }
@@ -650,6 +653,7 @@ static void fork_child(void)
 
 	pthread_mutex_unlock(&heap_lock);
 	pthread_mutex_unlock(&resv_lock);
+	pthread_mutex_unlock(&pool_lock);
 	pthread_mutex_unlock(&big_lock);
 	pthread_mutex_unlock(&arena_lock);
 	remap_let_go_by_fork();
@@ -1010,8 +1014,8 @@ static int reserves(size_t len, int prot, int flags, int fd)
  * its own (508 KiB, trimmed to its alignment): far below any threshold, and
  * more of them than the tables of reservations and regions hold, so none of
  * it was paged before session 40. A private anonymous PROT_NONE mapping from
- * POOL_LEAST up to the threshold, the program leaving the address to the
- * kernel, is placed in one window the shim reserved instead, which is a
+ * POOL_LEAST up to the threshold, made without MAP_FIXED (an address given is
+ * a hint: V8's are random), is placed in one window the shim reserved instead, which is a
  * reservation like the others: its parts are paged as they are made
  * writable. What the program unmaps there is reserved again, PROT_NONE, not
  * unmapped, so that nothing else is placed inside the window, and its pages
@@ -1025,7 +1029,6 @@ static _Atomic uintptr_t pool_base; /* 0: not reserved */
 static uint64_t *pool_used;         /* a bit per page of the pool, set while the program holds it */
 static uint64_t pool_next;          /* the page the next search starts at */
 static int pool_failed;
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int pool_holds(const void *addr, size_t len)
 {

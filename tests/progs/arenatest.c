@@ -49,13 +49,14 @@
  * too, small parts in N windows of 4 GiB each (reserve_windows).
  *
  * With --pages, V8's way (v8_pages): --mib of 256 KiB pages, each reserved
- * PROT_NONE on its own, trimmed to its alignment and made writable.
+ * PROT_NONE on its own, trimmed to its alignment and made writable; with
+ * --fork too, a child of a fork reads them and reserves its own (v8_fork).
  *
  * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages | --main] [--dlopen LIB] [--printf]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] | --main] [--dlopen LIB] [--printf]
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -649,6 +650,40 @@ static int v8_check(const uint8_t *p, size_t id, unsigned salt, const char *what
 	return check_block(p, V8_PAGE, id, salt, "pages: page", what);
 }
 
+/*
+ * --pages --fork: a child of a fork checks every page it got, reserves a page
+ * of its own (the pool's books and lock are the parent's, copied) and fills
+ * and checks it; the parent checks every page after the child is gone.
+ */
+static int v8_fork(uint8_t **page, const unsigned *salt, size_t n)
+{
+	int status = 0, bad = 0;
+	pid_t pid = fork();
+
+	if (pid < 0)
+		return 1;
+	if (pid == 0) {
+		uint8_t *mine = v8_page_new();
+
+		for (size_t k = 0; k < n && !bad; k++)
+			bad = v8_check(page[k], k, salt[k], "in a child of a fork");
+		if (!bad && mine)
+			v8_fill(mine, n, 4);
+		_exit(bad || !mine || v8_check(mine, n, 4, "the child's own page"));
+	}
+	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+		fprintf(stderr, "arenatest: pages: the child of a fork failed (status %#x)\n", status);
+		return 1;
+	}
+	for (size_t k = 0; k < n && !bad; k++)
+		bad = v8_check(page[k], k, salt[k], "after a fork");
+	if (!bad)
+		printf("arenatest: pages: a child of a fork read every page and reserved its own\n");
+	return bad;
+}
+
+static int with_fork; /* --fork */
+
 static int v8_pages(unsigned long mib)
 {
 	size_t n = (mib << 20) / V8_PAGE, freed = 0;
@@ -711,6 +746,7 @@ static int v8_pages(unsigned long mib)
 	}
 	for (size_t k = 0; k < n && !bad; k++)
 		bad = v8_check(page[k], k, salt[k], "at the end");
+	bad = bad || (with_fork && v8_fork(page, salt, n));
 	free(page);
 	free(salt);
 	if (bad)
@@ -739,6 +775,7 @@ int main(int argc, char **argv)
 		{ "windows", required_argument, NULL, 'w' },
 		{ "main", no_argument, NULL, 'M' },
 		{ "pages", no_argument, NULL, 'V' },
+		{ "fork", no_argument, NULL, 'F' },
 		{ "dlopen", required_argument, NULL, 'D' },
 		{ "printf", no_argument, NULL, 'P' },
 		{ 0 },
@@ -756,8 +793,9 @@ int main(int argc, char **argv)
 		char *end;
 		unsigned long v;
 
-		if (c == 'R' || c == 'M' || c == 'W' || c == 'V') {
+		if (c == 'R' || c == 'M' || c == 'W' || c == 'V' || c == 'F') {
 			reserved |= c == 'R';
+			with_fork |= c == 'F';
 			v8 |= c == 'V';
 			wide |= c == 'W';
 			main_only |= c == 'M';
@@ -778,7 +816,7 @@ int main(int argc, char **argv)
 		}
 		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages | --main] [--dlopen LIB] [--printf]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] | --main] [--dlopen LIB] [--printf]\n");
 			return 2;
 		}
 		if (c == 't')
