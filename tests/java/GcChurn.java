@@ -54,14 +54,14 @@ public final class GcChurn {
         long[] a = live[at];
         int v = ver[at];
         if (a == null || (slot >= 0 && a.length != lenOf(slot, v))) {
-            System.out.printf("gcchurn: CORRUPT slot %d: length %d, want %d%n", slot,
+            say("gcchurn: CORRUPT slot %d: length %d, want %d%n", slot,
                               a == null ? -1 : a.length, lenOf(slot, v));
             return false;
         }
         long b = base(slot, v);
         for (int i = 0; i < a.length; i++) {
             if (a[i] != (b ^ (i * 0x9E3779B97F4A7C15L))) {
-                System.out.printf("gcchurn: CORRUPT slot %d word %d: %016x, want %016x%n", slot, i, a[i],
+                say("gcchurn: CORRUPT slot %d word %d: %016x, want %016x%n", slot, i, a[i],
                                   b ^ (i * 0x9E3779B97F4A7C15L));
                 return false;
             }
@@ -75,6 +75,16 @@ public final class GcChurn {
 
     static long committedMb() {
         return Runtime.getRuntime().totalMemory() >> 20;
+    }
+
+    /*
+     * One write per line: printf hands System.out its pieces one by one, and the VM's own log
+     * lines (-Xlog to stdout, from GC threads) landed between them ("gcchurn: " on one side of a
+     * GC log line, "ok steps=..." on the other: a CI run of session 40 failed on it).
+     */
+    static void say(String fmt, Object... args) {
+        System.out.print(String.format(fmt, args));
+        System.out.flush();
     }
 
     public static void main(String[] args) throws Exception {
@@ -101,7 +111,7 @@ public final class GcChurn {
         long[][] live = new long[target][];
         int[] ver = new int[target];
         for (int s = 0; s < slots; s++) live[s] = make(s, 0, lenOf(s, 0));
-        System.out.printf("gcchurn: ready slots=%d live=%d MiB committed=%d MiB%n", slots, liveMb, committedMb());
+        say("gcchurn: ready slots=%d live=%d MiB committed=%d MiB%n", slots, liveMb, committedMb());
         System.out.flush();
         java.io.BufferedReader in = new java.io.BufferedReader(new java.io.InputStreamReader(System.in));
         if (wait && in.readLine() == null) {
@@ -110,7 +120,7 @@ public final class GcChurn {
         }
         long[] big = bigMb > 0 ? make(-1, 0, (int) (bigMb << 17)) : null;
         if (big != null) {
-            System.out.printf("gcchurn: big %d MiB committed=%d MiB%n", bigMb, committedMb());
+            say("gcchurn: big %d MiB committed=%d MiB%n", bigMb, committedMb());
             System.out.flush();
             if (wait && in.readLine() == null) {
                 System.out.println("gcchurn: stdin closed after the big array");
@@ -131,7 +141,7 @@ public final class GcChurn {
             if (!more) shrinkAt = 0;
             if (!grown && slots == target) {
                 grown = true;
-                System.out.printf("gcchurn: grown slots=%d committed=%d MiB%n", slots, committedMb());
+                say("gcchurn: grown slots=%d committed=%d MiB%n", slots, committedMb());
                 System.out.flush();
             }
             if (grown && System.nanoTime() >= shrinkAt) {
@@ -142,7 +152,7 @@ public final class GcChurn {
                 slots = target = to;
                 System.gc();
                 System.gc();
-                System.out.printf("gcchurn: shrunk slots=%d committed=%d MiB (was %d MiB)%n", slots, committedMb(),
+                say("gcchurn: shrunk slots=%d committed=%d MiB (was %d MiB)%n", slots, committedMb(),
                                   before);
                 System.out.flush();
                 shrinkAt = Long.MAX_VALUE;
@@ -173,7 +183,7 @@ public final class GcChurn {
                 }
             }
             if (done % (256 * 400) == 0) {
-                System.out.printf("gcchurn: step %d, %.1f s%n", done, (System.nanoTime() - t0) / 1e9);
+                say("gcchurn: step %d, %.1f s%n", done, (System.nanoTime() - t0) / 1e9);
                 System.out.flush();
             }
         }
@@ -181,7 +191,7 @@ public final class GcChurn {
         if (ok && big != null) ok = check(new long[][] {big}, new int[] {0}, 0, -1);
         long sum = 0;
         for (int s = 0; s < slots; s++) sum += ver[s];
-        System.out.printf("gcchurn: %s steps=%d spot_checks=%d versions=%d sink=%d %.1f s%n", ok ? "ok" : "FAILED",
+        say("gcchurn: %s steps=%d spot_checks=%d versions=%d sink=%d %.1f s%n", ok ? "ok" : "FAILED",
                           done, checked, sum, sink, (System.nanoTime() - t0) / 1e9);
         System.exit(ok ? 0 : 1);
     }
