@@ -507,8 +507,8 @@ def test_unpaged_hint_only_when_most_of_the_resident_set_was_never_paged():
     hint = unpaged_hint(node)
     assert "CMD had up to 367.0 MiB resident (its largest process)" in hint, hint
     assert "never more than 244.0 KiB of it: at least 366.8 MiB was memory farmem does not page" in hint, hint
-    assert "`--threshold` 64M" in hint and "`--threshold` 1M" in unpaged_hint(node, "1M"), hint
-    assert "`--threshold` 256K" in unpaged_hint(node, "262144")  # FARMEM_THRESHOLD holds bytes
+    assert "`--threshold` (64.0 MiB)" in hint and "`--threshold` (1.0 MiB)" in unpaged_hint(node, "1M"), hint
+    assert "`--threshold` (256.0 KiB)" in unpaged_hint(node, "262144")  # FARMEM_THRESHOLD holds bytes
     assert unpaged_hint({**node, "peak_rss_bytes": 60 << 20}) is None     # too little to matter
     assert unpaged_hint({**node, "peak_resident_bytes": 200 << 20}) is None  # mostly paged
     assert unpaged_hint({**node, "peak_limit_bytes": 200 << 20}) is None     # the budget is larger than the rest

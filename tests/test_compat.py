@@ -659,7 +659,7 @@ def test_python_small_objects_are_told_they_stay_local(shim, tmp_path, farmem_cm
     assert s["processes"] >= 1 and s["evictions"] > 0, s
     m = re.search(r"CMD had up to ([\d.]+) MiB resident \(its largest process\), and its paged memory never more "
                   r"than ([\d.]+) MiB of it: at least ([\d.]+) MiB was memory farmem does not page, which `--local` "
-                  r"does not hold \(mappings and blocks under `--threshold` 64M", r.stderr)
+                  r"does not hold \(mappings and blocks under `--threshold` \(64.0 MiB\)", r.stderr)
     assert m, r.stderr[-2000:]
     assert float(m[1]) == round(s["peak_rss_bytes"] / (1 << 20), 1), (m[0], s)
     assert float(m[2]) == round(s["peak_resident_bytes"] / (1 << 20), 1), (m[0], s)

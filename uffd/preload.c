@@ -1001,11 +1001,16 @@ static int resv_holding(uintptr_t a, uintptr_t e, uintptr_t *base, uintptr_t *en
 	return found;
 }
 
+/* Private anonymous PROT_NONE memory whose place the kernel picks: address space reserved for later. */
+static int reserving(int prot, int flags, int fd)
+{
+	return hooks_on() && cfg.reservations && fd == -1 && prot == PROT_NONE && (flags & MAP_ANONYMOUS) &&
+	       (flags & MAP_PRIVATE) && !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED | MAP_FIXED));
+}
+
 static int reserves(size_t len, int prot, int flags, int fd)
 {
-	return hooks_on() && len >= cfg.threshold && cfg.reservations && fd == -1 && prot == PROT_NONE &&
-	       (flags & MAP_ANONYMOUS) && (flags & MAP_PRIVATE) &&
-	       !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED | MAP_FIXED));
+	return len >= cfg.threshold && reserving(prot, flags, fd);
 }
 
 /*
@@ -1073,10 +1078,8 @@ static void pool_open(void)
 static int pools(const void *addr, size_t len, int prot, int flags, int fd)
 {
 	(void)addr; /* a hint only: the kernel need not take it either */
-	return hooks_on() && !in_farmem && len >= POOL_LEAST && len < cfg.threshold && cfg.reservations &&
-	       fd == -1 && prot == PROT_NONE && (flags & MAP_ANONYMOUS) && (flags & MAP_PRIVATE) &&
-	       !(flags & (MAP_SHARED | MAP_HUGETLB | MAP_STACK | MAP_LOCKED | MAP_FIXED | MAP_FIXED_NOREPLACE)) &&
-	       reserved_paged();
+	return len >= POOL_LEAST && len < cfg.threshold && reserving(prot, flags, fd) &&
+	       !(flags & MAP_FIXED_NOREPLACE) && reserved_paged();
 }
 
 /* len bytes of the pool, PROT_NONE and never touched since they were reserved; NULL when full. */

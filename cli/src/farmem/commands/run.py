@@ -39,7 +39,7 @@ from farmem import doctor, knob_table, knobs, paths, resmap
 from farmem.control import ControlServer
 from farmem.embedded_memd import EmbeddedMemd
 from farmem.errors import EXIT_CONFIG, FarmemError
-from farmem.units import fmt_bytes
+from farmem.units import fmt_bytes, parse_bytes
 
 log = logging.getLogger("farmem.run")
 
@@ -581,18 +581,14 @@ def unpaged_hint(s: dict, threshold: str | None = None) -> str | None:
     # its memory hard and leaves most of it unpaged is told: Node with --threshold 256K).
     unpaged = rss - peak
     if s.get("transport") == "shm":
-        registered = max(s.get("peak_registered_bytes", 0), s.get("registered_bytes", 0))
-        unpaged -= min(s.get("remote_writes", 0) * 4096, registered) if registered else s.get("remote_writes", 0) * 4096
+        written = s.get("remote_writes", 0) * 4096
+        unpaged -= min(written, max(s.get("peak_registered_bytes", 0), s.get("registered_bytes", 0)) or written)
     if unpaged < UNPAGED_HINT_LEAST or unpaged < 2 * max(peak, limit):
         return None
-    threshold = threshold or next(k["default"] for k in knob_table.KNOBS if k["name"] == "threshold")
-    if threshold.isdigit():  # FARMEM_THRESHOLD holds bytes: said as the flag would be written
-        n = int(threshold)
-        threshold = next((f"{n >> b}{u}" for b, u in ((30, "G"), (20, "M"), (10, "K")) if n and not n % (1 << b)),
-                         threshold)
+    threshold = parse_bytes(threshold or next(k["default"] for k in knob_table.KNOBS if k["name"] == "threshold"))
     return (f"farmem: CMD had up to {fmt_bytes(rss)} resident (its largest process), and its paged memory never "
             f"more than {fmt_bytes(peak)} of it: at least {fmt_bytes(unpaged)} was memory farmem does not page, "
-            f"which `--local` does not hold (mappings and blocks under `--threshold` {threshold} not reserved "
+            f"which `--local` does not hold (mappings and blocks under `--threshold` ({fmt_bytes(threshold)}) not reserved "
             "PROT_NONE first, such as CPython's small objects; files; thread stacks: docs/compatibility.md)")
 
 
