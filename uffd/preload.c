@@ -1034,6 +1034,8 @@ static _Atomic uintptr_t pool_base; /* 0: not reserved */
 static uint64_t *pool_used;         /* a bit per page of the pool, set while the program holds it */
 static uint64_t pool_next;          /* the page the next search starts at */
 static int pool_failed;
+static int pool_full;               /* a lap found no room: none is looked for until something comes back */
+static int pool_told;
 
 static int pool_holds(const void *addr, size_t len)
 {
@@ -1091,7 +1093,7 @@ static void *pool_take(size_t len)
 	pthread_mutex_lock(&pool_lock);
 	if (!pool_base && !pool_failed)
 		pool_open();
-	if (pool_base) {
+	if (pool_base && !pool_full) {
 		/* Next fit: one lap, a run never crossing the end. */
 		i = pool_next;
 		for (uint64_t seen = 0; seen <= POOL_PAGES && !p; seen++, i++) {
@@ -1113,6 +1115,11 @@ static void *pool_take(size_t len)
 				p = (void *)(pool_base + (i + 1 - n) * PAGE);
 			}
 		}
+		/* A lap is 2M bits: not again at every mapping while the pool stays full. */
+		pool_full = !p;
+		if (pool_full && !pool_told++)
+			fm_info("the pool of small reservations (%llu GiB) is full: those made now stay local",
+				(unsigned long long)(POOL_SIZE >> 30));
 	}
 	pthread_mutex_unlock(&pool_lock);
 	return p;
@@ -1122,17 +1129,28 @@ static void *pool_take(size_t len)
  * The program let go of [addr, addr+len) of the pool (munmap, or what an
  * mremap left behind): reserved again and free. The pager let go of its
  * pages before.
+ *
+ * A range given back that ends where the next search starts is where that
+ * search starts instead: V8 reserves twice a page and trims what its
+ * alignment leaves over, and the next page then begins where this one ends
+ * (aligned, so nothing is trimmed from it). Searched from past the trimmed
+ * tail, every page left a gap of almost its own size that no page fits, and
+ * the pool held half as much.
  */
 static int pool_give_back(void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PAGE - 1);
 	uintptr_t e = ((uintptr_t)addr + len + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+	uint64_t first = (a - pool_base) / PAGE, n = (e - a) / PAGE;
 
 	if (sys_mmap((void *)a, e - a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
 	    MAP_FAILED)
 		return -1;
 	pthread_mutex_lock(&pool_lock);
-	pool_mark((a - pool_base) / PAGE, (e - a) / PAGE, 0);
+	pool_mark(first, n, 0);
+	if (first + n == pool_next || (pool_next == 1 && first + n == POOL_PAGES))
+		pool_next = first;
+	pool_full = 0;
 	pthread_mutex_unlock(&pool_lock);
 	return 0;
 }

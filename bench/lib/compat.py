@@ -904,8 +904,8 @@ console.log(`node ${{s}} ${{k.length}} ${{k[12345 % n]}} ${{len}}`);
 def node(launch: Launch, workdir: Path, n: int = 300_000, timeout: float = 1800) -> dict:
     """Node.js (Debian's nodejs): a Map of N+1 string keys, each an array of a number and a string, a
     third updated three times in a scattered order, its keys sorted; every figure computed again here.
-    V8 maps its JavaScript heap a 256 KiB page at a time, each page reserved on its own: farmem does
-    not page it (docs/compatibility.md)."""
+    V8 maps its JavaScript heap a 256 KiB page at a time, each page reserved on its own: the shim
+    places them in its pool, where they are paged (docs/compatibility.md)."""
     need("node")
     script = workdir / "prog.js"
     script.write_text(NODE.format(n=n))

@@ -50,13 +50,16 @@
  *
  * With --pages, V8's way (v8_pages): --mib of 256 KiB pages, each reserved
  * PROT_NONE on its own, trimmed to its alignment and made writable; with
- * --fork too, a child of a fork reads them and reserves its own (v8_fork).
+ * --fork too, a child of a fork reads them and reserves its own (v8_fork);
+ * with --edges, pages are unmapped in part, moved and mapped over (v8_edges).
+ * With --many N, N pages with a word written in each (v8_many); with
+ * --fork-race N, N forks beside a thread that takes and frees pages.
  *
  * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] | --main] [--dlopen LIB] [--printf]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N | --main] [--dlopen LIB] [--printf]
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -64,6 +67,7 @@
 #include <locale.h>
 #include <printf.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -682,11 +686,110 @@ static int v8_fork(uint8_t **page, const unsigned *salt, size_t n)
 	return bad;
 }
 
-static int with_fork; /* --fork */
+static int with_fork;  /* --fork */
+static int with_edges; /* --edges */
+
+/* Bytes [from, to) of page id, filled with salt (0: zeros). */
+static int v8_check_part(const uint8_t *p, size_t id, unsigned salt, size_t from, size_t to, const char *what)
+{
+	const uint64_t *w = (const void *)p;
+
+	for (size_t k = from / 8; k < to / 8; k++)
+		if (w[k] != (salt ? mix(id * V8_PAGE + k * 8 + salt) : 0)) {
+			fprintf(stderr, "arenatest: pages: page %zu word %zu is %#llx (%s)\n", id, k,
+				(unsigned long long)w[k], what);
+			return 1;
+		}
+	return 0;
+}
+
+/*
+ * --pages --edges: what else a program may do with a page it got, each page
+ * checked after: made unreadable and readable again (its bytes stay); moved
+ * by mremap with MREMAP_DONTUNMAP (the bytes go along, the page left behind
+ * reads zeros and takes new ones); half of it unmapped (the other half keeps
+ * its bytes); part of it replaced by a file mapped over it (MAP_FIXED: the
+ * file's bytes there, the page's around them), then unmapped whole and a new
+ * page reserved. Pages 4 to 7.
+ */
+static int v8_edges(uint8_t **page, unsigned *salt, size_t n)
+{
+	static const size_t part = 64ul << 10;
+	char path[64];
+	unsigned was;
+	uint8_t *q, *f;
+	int fd, bad;
+
+	if (n < 8)
+		return 0;
+	was = salt[5];
+	bad = mprotect(page[4], V8_PAGE, PROT_NONE) || mprotect(page[4], V8_PAGE, PROT_READ) ||
+	      v8_check(page[4], 4, salt[4], "made unreadable, then read-only") ||
+	      mprotect(page[4], V8_PAGE, PROT_READ | PROT_WRITE);
+	if (bad)
+		return 1;
+
+	q = mremap(page[5], V8_PAGE, V8_PAGE, MREMAP_MAYMOVE | MREMAP_DONTUNMAP);
+	if (q == MAP_FAILED) {
+		perror("arenatest: pages: mremap(MREMAP_DONTUNMAP)");
+		return 1;
+	}
+	bad = v8_check(q, 5, salt[5], "moved by mremap(MREMAP_DONTUNMAP)") ||
+	      v8_check(page[5], 5, 0, "the page mremap(MREMAP_DONTUNMAP) left");
+	if (!bad) {
+		v8_fill(page[5], 5, salt[5] = 4);
+		bad = v8_check(q, 5, was, "moved, after the page it left was written") ||
+		      v8_check(page[5], 5, salt[5], "written after mremap(MREMAP_DONTUNMAP) left it") ||
+		      munmap(q, V8_PAGE);
+	}
+	if (bad)
+		return 1;
+
+	bad = munmap(page[6] + V8_PAGE / 2, V8_PAGE / 2) ||
+	      v8_check_part(page[6], 6, salt[6], 0, V8_PAGE / 2, "its second half unmapped") ||
+	      munmap(page[6], V8_PAGE / 2) || !(page[6] = v8_page_new()) ||
+	      v8_check(page[6], 6, 0, "reserved after a page was unmapped in halves");
+	if (bad)
+		return 1;
+	v8_fill(page[6], 6, salt[6] = 4);
+
+	snprintf(path, sizeof(path), "/tmp/arenatest-file.%d", (int)getpid());
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)part)) {
+		perror("arenatest: pages: a file");
+		return 1;
+	}
+	unlink(path);
+	f = mmap(NULL, part, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	bad = f == MAP_FAILED;
+	if (!bad) {
+		memset(f, 0x3c, part);
+		bad = munmap(f, part);
+	}
+	f = bad ? MAP_FAILED : mmap(page[7] + part, part, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+	close(fd);
+	if (f != page[7] + part) {
+		perror("arenatest: pages: a file mapped over part of a page");
+		return 1;
+	}
+	for (size_t k = 0; k < part && !bad; k++)
+		bad = f[k] != 0x3c;
+	if (bad)
+		fprintf(stderr, "arenatest: pages: the file mapped over part of a page reads wrong\n");
+	bad = bad || v8_check_part(page[7], 7, salt[7], 0, part, "before the file mapped over it") ||
+	      v8_check_part(page[7], 7, salt[7], 2 * part, V8_PAGE, "after the file mapped over it");
+	bad = bad || munmap(page[7], V8_PAGE) || !(page[7] = v8_page_new()) ||
+	      v8_check(page[7], 7, 0, "reserved after a page with a file in it was unmapped");
+	if (bad)
+		return 1;
+	v8_fill(page[7], 7, salt[7] = 4);
+	printf("arenatest: pages: unreadable and back, MREMAP_DONTUNMAP, half unmapped, a file over a part: right\n");
+	return 0;
+}
 
 static int v8_pages(unsigned long mib)
 {
-	size_t n = (mib << 20) / V8_PAGE, freed = 0;
+	size_t n = (mib << 20) / V8_PAGE, freed = 0, after = 0;
 	uint8_t **page = calloc(n, sizeof(*page));
 	unsigned *salt = calloc(n, sizeof(*salt));
 	int bad = !page || !salt;
@@ -695,9 +798,12 @@ static int v8_pages(unsigned long mib)
 		bad = !(page[k] = v8_page_new());
 		if (!bad)
 			v8_fill(page[k], k, salt[k] = 1);
+		after += !bad && k && page[k] == page[k - 1] + V8_PAGE;
 	}
 	if (bad)
 		perror("arenatest: pages: a page");
+	else
+		printf("arenatest: pages: %zu of %zu placed right after the one before\n", after, n - 1);
 	for (size_t k = 0; k < n && !bad; k++)
 		bad = v8_check(page[k], k, salt[k], "filled");
 	for (size_t k = 0; k < n && !bad; k += 3, freed++)
@@ -744,6 +850,7 @@ static int v8_pages(unsigned long mib)
 		if (bad)
 			fprintf(stderr, "arenatest: pages: mremap of a page went wrong\n");
 	}
+	bad = bad || (with_edges && v8_edges(page, salt, n));
 	for (size_t k = 0; k < n && !bad; k++)
 		bad = v8_check(page[k], k, salt[k], "at the end");
 	bad = bad || (with_fork && v8_fork(page, salt, n));
@@ -752,6 +859,113 @@ static int v8_pages(unsigned long mib)
 	if (bad)
 		return 1;
 	printf("arenatest: ok pages=%zu freed=%zu hwm=%ld MiB\n", n, freed, hwm_mib());
+	return 0;
+}
+
+/*
+ * --many N: N pages reserved V8's way and made writable, one word of each
+ * written (a large heap, little of it used yet), each word checked, then
+ * every page freed V8's way. The shim's pool is 8 GiB: 32,767 such pages.
+ */
+static int v8_many(size_t n)
+{
+	uint8_t **page = calloc(n, sizeof(*page));
+	size_t after = 0, k;
+	int bad = !page;
+
+	for (k = 0; k < n && !bad; k++) {
+		bad = !(page[k] = v8_page_new());
+		if (!bad)
+			((uint64_t *)(void *)page[k])[k % (V8_PAGE / 8)] = mix(k);
+		after += !bad && k && page[k] == page[k - 1] + V8_PAGE;
+	}
+	if (bad)
+		fprintf(stderr, "arenatest: many: page %zu: %s\n", k - 1, strerror(errno));
+	for (k = 0; k < n && !bad; k++) {
+		const uint64_t *w = (const void *)page[k];
+
+		bad = w[k % (V8_PAGE / 8)] != mix(k) || w[(k + 1) % (V8_PAGE / 8)];
+		if (bad)
+			fprintf(stderr, "arenatest: many: page %zu reads wrong\n", k);
+	}
+	for (k = 0; k < n && !bad; k++)
+		bad = mprotect(page[k], V8_PAGE, PROT_NONE) || madvise(page[k], V8_PAGE, MADV_DONTNEED) ||
+		      munmap(page[k], V8_PAGE);
+	free(page);
+	if (bad)
+		return 1;
+	printf("arenatest: ok many=%zu placed right after the one before %zu\n", n, after);
+	return 0;
+}
+
+/*
+ * --fork-race N: a thread reserves, writes and frees pages V8's way without
+ * a pause while the main thread forks N times; each child reserves a page,
+ * writes and reads it, and exits. A lock of the shim's that a fork caught
+ * held by the other thread stays held in the child, whose first mapping
+ * then waits for ever: a child still there after 20 s counts as hung.
+ */
+static atomic_int race_stop;
+static atomic_ulong race_pages;
+
+static void *race_churn(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&race_stop)) {
+		uint8_t *p = v8_page_new();
+
+		if (!p)
+			return (void *)1;
+		p[atomic_load(&race_pages) % V8_PAGE] = 1;
+		if (mprotect(p, V8_PAGE, PROT_NONE) || madvise(p, V8_PAGE, MADV_DONTNEED) || munmap(p, V8_PAGE))
+			return (void *)1;
+		atomic_fetch_add(&race_pages, 1);
+	}
+	return NULL;
+}
+
+static int v8_fork_race(unsigned long forks)
+{
+	unsigned long hung = 0, failed_children = 0;
+	void *churn_bad = NULL;
+	pthread_t th;
+
+	if (pthread_create(&th, NULL, race_churn, NULL))
+		return 1;
+	for (unsigned long k = 0; k < forks; k++) {
+		int status = 0, waited = 0;
+		pid_t pid = fork(), got = 0;
+
+		if (pid < 0) {
+			perror("arenatest: fork-race: fork");
+			break;
+		}
+		if (pid == 0) {
+			uint8_t *mine = v8_page_new();
+
+			if (mine)
+				v8_fill(mine, k, 5);
+			_exit(!mine || v8_check(mine, k, 5, "a child's own page"));
+		}
+		while (waited < 20000 && (got = waitpid(pid, &status, WNOHANG)) == 0) {
+			usleep(1000);
+			waited++;
+		}
+		if (got == 0) {
+			hung++;
+			kill(pid, SIGKILL);
+			waitpid(pid, &status, 0);
+		} else if (got != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+			failed_children++;
+		}
+	}
+	atomic_store(&race_stop, 1);
+	pthread_join(th, &churn_bad);
+	printf("arenatest: fork-race: %lu forks, %lu pages churned beside them, %lu children hung, %lu failed\n",
+	       forks, atomic_load(&race_pages), hung, failed_children);
+	if (churn_bad || hung || failed_children)
+		return 1;
+	printf("arenatest: ok fork-race\n");
 	return 0;
 }
 
@@ -776,11 +990,14 @@ int main(int argc, char **argv)
 		{ "main", no_argument, NULL, 'M' },
 		{ "pages", no_argument, NULL, 'V' },
 		{ "fork", no_argument, NULL, 'F' },
+		{ "edges", no_argument, NULL, 'E' },
+		{ "many", required_argument, NULL, 'N' },
+		{ "fork-race", required_argument, NULL, 'X' },
 		{ "dlopen", required_argument, NULL, 'D' },
 		{ "printf", no_argument, NULL, 'P' },
 		{ 0 },
 	};
-	unsigned long mib = 192, windows = 0;
+	unsigned long mib = 192, windows = 0, many = 0, forks = 0;
 	unsigned long lines = 0;
 	long hwm;
 	char line[128];
@@ -793,9 +1010,10 @@ int main(int argc, char **argv)
 		char *end;
 		unsigned long v;
 
-		if (c == 'R' || c == 'M' || c == 'W' || c == 'V' || c == 'F') {
+		if (c == 'R' || c == 'M' || c == 'W' || c == 'V' || c == 'F' || c == 'E') {
 			reserved |= c == 'R';
 			with_fork |= c == 'F';
+			with_edges |= c == 'E';
 			v8 |= c == 'V';
 			wide |= c == 'W';
 			main_only |= c == 'M';
@@ -815,8 +1033,12 @@ int main(int argc, char **argv)
 			continue;
 		}
 		v = c == '?' ? 0 : strtoul(optarg, &end, 10);
+		if (c == 'N' && v && !*end && v <= 100000) {
+			many = v;
+			continue;
+		}
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] | --main] [--dlopen LIB] [--printf]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N | --main] [--dlopen LIB] [--printf]\n");
 			return 2;
 		}
 		if (c == 't')
@@ -827,9 +1049,15 @@ int main(int argc, char **argv)
 			rounds = (unsigned)v;
 		else if (c == 'w')
 			windows = v;
+		else if (c == 'X')
+			forks = v;
 		else
 			return 2;
 	}
+	if (many)
+		return v8_many(many);
+	if (forks)
+		return v8_fork_race(forks);
 	if (v8)
 		return v8_pages(mib);
 	if (reserved)
