@@ -1019,10 +1019,10 @@ static int reserves(size_t len, int prot, int flags, int fd)
  * its own (508 KiB, trimmed to its alignment): far below any threshold, and
  * more of them than the tables of reservations and regions hold, so none of
  * it was paged before session 40. A private anonymous PROT_NONE mapping from
- * POOL_LEAST up to the threshold, made without MAP_FIXED (an address given is
- * a hint: V8's are random), is placed in one window the shim reserved instead, which is a
- * reservation like the others: its parts are paged as they are made
- * writable. What the program unmaps there is reserved again, PROT_NONE, not
+ * POOL_LEAST up to the threshold, made without MAP_FIXED or MAP_32BIT (an
+ * address given is a hint: V8's are random), is placed in one window the
+ * shim reserved instead, which is a reservation like the others: its parts
+ * are paged as they are made writable. What the program unmaps there is reserved again, PROT_NONE, not
  * unmapped, so that nothing else is placed inside the window, and its pages
  * are free for the next such mapping. A full pool, or one that could not be
  * reserved, leaves the mapping to the kernel, local.
@@ -1077,11 +1077,16 @@ static void pool_open(void)
 	atomic_store_explicit(&pool_base, (uintptr_t)w, memory_order_release);
 }
 
+/*
+ * An address given is a hint only, which the kernel need not take either.
+ * MAP_32BIT is not: a JIT that jumps with 32-bit offsets asks for the first
+ * 2 GiB, and the pool lies higher up.
+ */
 static int pools(const void *addr, size_t len, int prot, int flags, int fd)
 {
-	(void)addr; /* a hint only: the kernel need not take it either */
+	(void)addr;
 	return len >= POOL_LEAST && len < cfg.threshold && reserving(prot, flags, fd) &&
-	       !(flags & MAP_FIXED_NOREPLACE) && reserved_paged();
+	       !(flags & (MAP_FIXED_NOREPLACE | MAP_32BIT | MAP_GROWSDOWN)) && reserved_paged();
 }
 
 /* len bytes of the pool, PROT_NONE and never touched since they were reserved; NULL when full. */

@@ -710,7 +710,8 @@ static int v8_check_part(const uint8_t *p, size_t id, unsigned salt, size_t from
  * reads zeros and takes new ones); half of it unmapped (the other half keeps
  * its bytes); part of it replaced by a file mapped over it (MAP_FIXED: the
  * file's bytes there, the page's around them), then unmapped whole and a new
- * page reserved. Pages 4 to 7.
+ * page reserved. Pages 4 to 7. Then a page reserved with MAP_32BIT must lie
+ * in the first 2 GiB.
  */
 static int v8_edges(uint8_t **page, unsigned *salt, size_t n)
 {
@@ -783,7 +784,22 @@ static int v8_edges(uint8_t **page, unsigned *salt, size_t n)
 	if (bad)
 		return 1;
 	v8_fill(page[7], 7, salt[7] = 4);
-	printf("arenatest: pages: unreadable and back, MREMAP_DONTUNMAP, half unmapped, a file over a part: right\n");
+
+	/* MAP_32BIT asks for the first 2 GiB (JITs that jump with 32-bit offsets): a place the kernel picks there. */
+	q = mmap(NULL, V8_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_32BIT, -1, 0);
+	if (q == MAP_FAILED || (uintptr_t)q + V8_PAGE > (2ul << 30)) {
+		fprintf(stderr, "arenatest: pages: a MAP_32BIT reservation was placed at %p\n", (void *)q);
+		return 1;
+	}
+	bad = mprotect(q, V8_PAGE, PROT_READ | PROT_WRITE);
+	if (!bad) {
+		v8_fill(q, 8, 6);
+		bad = v8_check(q, 8, 6, "reserved MAP_32BIT") || munmap(q, V8_PAGE);
+	}
+	if (bad)
+		return 1;
+	printf("arenatest: pages: unreadable and back, MREMAP_DONTUNMAP, half unmapped, a file over a part, "
+	       "MAP_32BIT: right\n");
 	return 0;
 }
 
