@@ -441,7 +441,25 @@ def test_a_javascript_heap_of_8_gib_is_paged_in_the_pool(shim, built, tmp_path, 
     assert "arenatest: ok many=40000" in r.stdout, r.stdout + r.stderr[-3000:]
     assert s["peak_registered_bytes"] >= (8 << 30) - (1 << 20), s
     assert s["peak_resident_bytes"] <= s["local_limit_bytes"] + (1 << 20), s
-    assert r.stderr.count("the pool of small reservations (8 GiB) is full") == 1, r.stderr[-3000:]
+    assert r.stderr.count("the pool of small reservations (8192 MiB) is full") == 1, r.stderr[-3000:]
+
+
+def test_the_pool_under_an_address_space_limit(shim, built, tmp_path, farmem_cmd):
+    """`ulimit -S -v 2000000`: the pool's address space counts against the limit, so it is sized to an
+    eighth of it (128 MiB here) as the shim's arena is. V8's pages are paged in it, packed. Before
+    session 41 its 8 GiB could not be reserved under the limit, and nothing was paged."""
+    import resource
+    prog = built("build/tests/arenatest")
+    limit = 2_000_000 * 1024
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "8M", "--log", "info", "--", prog, "--pages",
+                      "--mib", 32, timeout=300,
+                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY)))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "arenatest: ok pages=128 freed=43" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "arenatest: pages: 127 of 127 placed right after the one before" in r.stdout, r.stdout
+    assert "could not be reserved" not in r.stderr, r.stderr[-3000:]
+    assert_paged(s, "arenatest --pages under ulimit -v")
+    assert s["peak_registered_bytes"] >= 30 << 20, s
 
 
 def test_forks_beside_a_thread_taking_and_freeing_pool_pages(shim, built, tmp_path, farmem_cmd):

@@ -1027,9 +1027,9 @@ static int reserves(size_t len, int prot, int flags, int fd)
  * are free for the next such mapping. A full pool, or one that could not be
  * reserved, leaves the mapping to the kernel, local.
  */
-#define POOL_SIZE (8ull << 30)
+#define POOL_MAX (8ull << 30)
 #define POOL_LEAST (256u << 10)
-#define POOL_PAGES (POOL_SIZE / PAGE)
+static uint64_t pool_pages;         /* its size, set before pool_base: POOL_MAX, less under a low RLIMIT_AS */
 static _Atomic uintptr_t pool_base; /* 0: not reserved */
 static uint64_t *pool_used;         /* a bit per page of the pool, set while the program holds it */
 static uint64_t pool_next;          /* the page the next search starts at */
@@ -1041,7 +1041,7 @@ static int pool_holds(const void *addr, size_t len)
 {
 	uintptr_t b = atomic_load_explicit(&pool_base, memory_order_acquire), a = (uintptr_t)addr;
 
-	return b && a >= b && len <= POOL_SIZE && a - b <= POOL_SIZE - len;
+	return b && a >= b && len <= pool_pages * PAGE && a - b <= pool_pages * PAGE - len;
 }
 
 static void pool_mark(uint64_t first, uint64_t n, int used)
@@ -1054,26 +1054,38 @@ static void pool_mark(uint64_t first, uint64_t n, int used)
 	}
 }
 
-/* Under pool_lock. The first page stays unused: a reservation's first page is never paged (resv_commit). */
+/*
+ * Under pool_lock. The first page stays unused: a reservation's first page
+ * is never paged (resv_commit). NORESERVE costs nothing untouched but counts
+ * against RLIMIT_AS (ulimit -v): an eighth of it at most, as the arena.
+ */
 static void pool_open(void)
 {
-	void *w = sys_mmap(NULL, POOL_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	void *bits = sys_mmap(NULL, POOL_PAGES / 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint64_t size = POOL_MAX;
+	void *w = MAP_FAILED, *bits = MAP_FAILED;
+	struct rlimit as;
 
-	if (w == MAP_FAILED || bits == MAP_FAILED) {
+	if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY)
+		while (size > POOL_MAX / 128 && size > as.rlim_cur / 8)
+			size /= 2;
+	while ((w = sys_mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)) == MAP_FAILED &&
+	       size > POOL_MAX / 128)
+		size /= 2;
+	if (w != MAP_FAILED)
+		bits = sys_mmap(NULL, size / PAGE / 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (bits == MAP_FAILED) {
 		if (w != MAP_FAILED)
-			syscall(SYS_munmap, w, (size_t)POOL_SIZE);
-		if (bits != MAP_FAILED)
-			syscall(SYS_munmap, bits, (size_t)(POOL_PAGES / 8));
+			syscall(SYS_munmap, w, (size_t)size);
 		pool_failed = 1;
-		fm_info("small reservations stay local: the pool's %llu GiB of address space could not be reserved",
-			(unsigned long long)(POOL_SIZE >> 30));
+		fm_info("small reservations stay local: the pool's address space (%llu MiB at least) could not be reserved",
+			(unsigned long long)(POOL_MAX / 128 >> 20));
 		return;
 	}
 	pool_used = bits;
+	pool_pages = size / PAGE;
 	pool_mark(0, 1, 1);
 	pool_next = 1;
-	resv_add(w, POOL_SIZE);
+	resv_add(w, size);
 	atomic_store_explicit(&pool_base, (uintptr_t)w, memory_order_release);
 }
 
@@ -1101,12 +1113,12 @@ static void *pool_take(size_t len)
 	if (pool_base && !pool_full) {
 		/* Next fit: one lap, a run never crossing the end. */
 		i = pool_next;
-		for (uint64_t seen = 0; seen <= POOL_PAGES && !p; seen++, i++) {
-			if (i == POOL_PAGES) {
+		for (uint64_t seen = 0; seen <= pool_pages && !p; seen++, i++) {
+			if (i == pool_pages) {
 				i = 0;
 				run = 0;
 			}
-			if (i % 64 == 0 && pool_used[i / 64] == ~0ull && i + 64 <= POOL_PAGES) {
+			if (i % 64 == 0 && pool_used[i / 64] == ~0ull && i + 64 <= pool_pages) {
 				i += 63;
 				seen += 63;
 				run = 0;
@@ -1116,15 +1128,15 @@ static void *pool_take(size_t len)
 				run = 0;
 			} else if (++run == n) {
 				pool_mark(i + 1 - n, n, 1);
-				pool_next = i + 1 == POOL_PAGES ? 1 : i + 1;
+				pool_next = i + 1 == pool_pages ? 1 : i + 1;
 				p = (void *)(pool_base + (i + 1 - n) * PAGE);
 			}
 		}
 		/* A lap is 2M bits: not again at every mapping while the pool stays full. */
 		pool_full = !p;
 		if (pool_full && !pool_told++)
-			fm_info("the pool of small reservations (%llu GiB) is full: those made now stay local",
-				(unsigned long long)(POOL_SIZE >> 30));
+			fm_info("the pool of small reservations (%llu MiB) is full: those made now stay local",
+				(unsigned long long)(pool_pages * PAGE >> 20));
 	}
 	pthread_mutex_unlock(&pool_lock);
 	return p;
@@ -1153,7 +1165,7 @@ static int pool_give_back(void *addr, size_t len)
 		return -1;
 	pthread_mutex_lock(&pool_lock);
 	pool_mark(first, n, 0);
-	if (first + n == pool_next || (pool_next == 1 && first + n == POOL_PAGES))
+	if (first + n == pool_next || (pool_next == 1 && first + n == pool_pages))
 		pool_next = first;
 	pool_full = 0;
 	pthread_mutex_unlock(&pool_lock);
