@@ -1022,10 +1022,11 @@ static int reserves(size_t len, int prot, int flags, int fd)
  * POOL_LEAST up to the threshold, made without MAP_FIXED or MAP_32BIT (an
  * address given is a hint: V8's are random), is placed in one window the
  * shim reserved instead, which is a reservation like the others: its parts
- * are paged as they are made writable. What the program unmaps there is reserved again, PROT_NONE, not
- * unmapped, so that nothing else is placed inside the window, and its pages
- * are free for the next such mapping. A full pool, or one that could not be
- * reserved, leaves the mapping to the kernel, local.
+ * are paged as they are made writable. What the program unmaps there is
+ * reserved again, PROT_NONE, not unmapped, so that nothing else is placed
+ * inside the window, and its pages are free for the next such mapping. A
+ * full pool, or one that could not be reserved, leaves the mapping to the
+ * kernel, local.
  */
 #define POOL_MAX (8ull << 30)
 #define POOL_LEAST (256u << 10)
@@ -1132,7 +1133,7 @@ static void *pool_take(size_t len)
 				p = (void *)(pool_base + (i + 1 - n) * PAGE);
 			}
 		}
-		/* A lap is 2M bits: not again at every mapping while the pool stays full. */
+		/* A lap reads the whole bitmap (2M bits): not again at every mapping while the pool stays full. */
 		pool_full = !p;
 		if (pool_full && !pool_told++)
 			fm_info("the pool of small reservations (%llu MiB) is full: those made now stay local",
