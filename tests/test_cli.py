@@ -522,6 +522,21 @@ def test_unpaged_hint_only_when_most_of_the_resident_set_was_never_paged():
     assert unpaged_hint({**node, "gc_faults": 10}) is None              # a JVM: its heap is what is paged
 
 
+def test_summary_of_several_processes_says_its_figures_are_sums():
+    """Each process under farmem has a budget of its own, and the summary adds them up: 101 processes
+    of `--local 16M` read "local limit 1.6 GiB" with nothing beside it to say why."""
+    from farmem.commands.run import summary_lines
+    s = {"processes": 101, "local_limit_bytes": 101 * (16 << 20), "peak_limit_bytes": 0,
+         "peak_resident_bytes": 230 << 20, "registered_bytes": 25 << 20, "transport": "shm",
+         "fault_mode": "signal", "exit_status": 0, "elapsed_s": 1.9, "faults": 10, "wp_faults": 0,
+         "zero_fills": 10, "remote_reads": 0, "remote_writes": 0, "evictions": 0, "evictions_clean": 0,
+         "evictions_dirty": 0, "fault_p50_us": 2.0, "fault_p99_us": 9.0}
+    line = summary_lines(s)[1]
+    assert "local limit 1.6 GiB" in line and "101 processes (the limit, resident and registered figures are " \
+        "their sums: each has a budget of its own)" in line, line
+    assert "their sums" not in summary_lines({**s, "processes": 1})[1]
+
+
 # --- --memd, farmem memd ------------------------------------------------------------------------
 
 def test_unreachable_memd_never_starts_cmd(tmp_path, farmem_cmd):

@@ -431,6 +431,10 @@ def summary_lines(s: dict) -> list:
         problems.append(f"{s['refused_ranges']} ranges ({fmt_bytes(s['refused_bytes'])} of address space) not paged: "
                         f"region table full or memd refused them")
     procs = f"{s['processes']} process" + ("es" if s["processes"] != 1 else "")
+    if s["processes"] > 1:
+        # Each has a budget of its own (docs/fork-design.md): 100 short children of --local 16M read
+        # "local limit 1.6 GiB" and looked like a flag misread.
+        procs += " (the limit, resident and registered figures are their sums: each has a budget of its own)"
     # registered_bytes is a gauge: 0 once the program has unmapped its memory, so say it only if not.
     registered = f", registered {fmt_bytes(s['registered_bytes'])}" if s["registered_bytes"] else ""
     if registered and s.get("peak_registered_bytes", 0) > s["registered_bytes"]:
