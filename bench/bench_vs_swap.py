@@ -9,7 +9,9 @@ output compared with the all-local run's; a run Linux kills (the OOM killer at i
         --farmem 25%,50%,75%,400M --swap 126M,300M,400M,450M [--repeats 2]
 
 Note that farmem's --local counts only the memory it pages (here glibc's heaps above 1 MiB),
-the cgroup's limit the whole process.
+the cgroup's limit the whole process. Each swap line says the memory cgroup's version: under v1
+(this project's machines) a run that thrashes may end in the cgroup's OOM killer within seconds,
+with zram swap nearly empty (bench/RESULTS.md, session 41; docs/compatibility.md on xz).
 """
 
 from __future__ import annotations
@@ -70,12 +72,13 @@ def main() -> int:
             t0 = time.monotonic()
             with swap.SwapEnv(limit_bytes=lim) as env:
                 r = env.run(["bash", "-c", f"cd {shlex.quote(str(work))} && {cmd}"], timeout=args.timeout)
+                cgroup = env.cgroup_version
             wall = time.monotonic() - t0
             out = r.stdout.encode() if isinstance(r.stdout, str) else r.stdout
             what = ("right" if out == ref.stdout else "WRONG") if r.returncode == 0 else \
                 f"killed (status {r.returncode})"
             bad += r.returncode == 0 and out != ref.stdout
-            print(f"Linux swap at {lim}: {wall:.2f} s, {what}, "
+            print(f"Linux swap at {lim} (memory cgroup v{cgroup}): {wall:.2f} s, {what}, "
                   f"{r.cg_pgmajfault or r.majflt} major faults", flush=True)
     return 1 if bad else 0
 
