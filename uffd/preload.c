@@ -138,6 +138,28 @@ static void *sys_mmap(void *a, size_t l, int prot, int fl, int fd, off_t off)
 	return (void *)syscall(SYS_mmap, a, l, prot, fl, fd, off);
 }
 
+/*
+ * A private anonymous NORESERVE range of at most `most` bytes, halved down
+ * to `least` while the kernel refuses it; its size in *len. NORESERVE costs
+ * nothing untouched, but counts against RLIMIT_AS (ulimit -v): an eighth of
+ * it at most. MAP_FAILED when not even `least` could be had.
+ */
+static void *map_within_as_limit(size_t most, size_t least, int prot, size_t *len)
+{
+	struct rlimit as;
+	size_t size = most;
+	void *m;
+
+	if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY)
+		while (size > least && size > as.rlim_cur / 8)
+			size /= 2;
+	while ((m = sys_mmap(NULL, size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)) == MAP_FAILED &&
+	       size > least)
+		size /= 2;
+	*len = size;
+	return m;
+}
+
 static void die_config(const char *msg)
 {
 	/* No stdio: this may run inside the program's allocator, holding its locks. */
@@ -195,19 +217,8 @@ static void *arena_alloc(size_t n, size_t align)
 	pthread_mutex_lock(&arena_lock);
 	b = atomic_load_explicit(&arena_base, memory_order_relaxed);
 	if (!b) {
-		void *m = MAP_FAILED;
+		void *m = map_within_as_limit(ARENA_SIZE, ARENA_SIZE / 16, PROT_READ | PROT_WRITE, &arena_len);
 
-		/* NORESERVE costs nothing untouched, but counts against RLIMIT_AS: an eighth of it at most. */
-		struct rlimit as;
-		size_t first = ARENA_SIZE;
-
-		if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY)
-			while (first > ARENA_SIZE / 16 && first > as.rlim_cur / 8)
-				first /= 2;
-		for (size_t size = first; m == MAP_FAILED && size >= ARENA_SIZE / 16; size /= 2) {
-			m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-			arena_len = size;
-		}
 		if (m == MAP_FAILED)
 			goto out;
 		b = (uintptr_t)m;
@@ -1057,21 +1068,13 @@ static void pool_mark(uint64_t first, uint64_t n, int used)
 
 /*
  * Under pool_lock. The first page stays unused: a reservation's first page
- * is never paged (resv_commit). NORESERVE costs nothing untouched but counts
- * against RLIMIT_AS (ulimit -v): an eighth of it at most, as the arena.
+ * is never paged (resv_commit). Sized to RLIMIT_AS as the arena is.
  */
 static void pool_open(void)
 {
-	uint64_t size = POOL_MAX;
-	void *w = MAP_FAILED, *bits = MAP_FAILED;
-	struct rlimit as;
+	size_t size;
+	void *w = map_within_as_limit(POOL_MAX, POOL_MAX / 128, PROT_NONE, &size), *bits = MAP_FAILED;
 
-	if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY)
-		while (size > POOL_MAX / 128 && size > as.rlim_cur / 8)
-			size /= 2;
-	while ((w = sys_mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)) == MAP_FAILED &&
-	       size > POOL_MAX / 128)
-		size /= 2;
 	if (w != MAP_FAILED)
 		bits = sys_mmap(NULL, size / PAGE / 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (bits == MAP_FAILED) {
@@ -1133,7 +1136,7 @@ static void *pool_take(size_t len)
 				p = (void *)(pool_base + (i + 1 - n) * PAGE);
 			}
 		}
-		/* A lap reads the whole bitmap (2M bits): not again at every mapping while the pool stays full. */
+		/* A lap reads the whole bitmap (up to 2M bits): not again at every mapping while the pool stays full. */
 		pool_full = !p;
 		if (pool_full && !pool_told++)
 			fm_info("the pool of small reservations (%llu MiB) is full: those made now stay local",
