@@ -421,6 +421,10 @@ def test_small_reservations_paged_in_the_pool(shim, built, tmp_path, farmem_cmd,
     assert "arenatest: pages: 511 of 511 placed right after the one before" in r.stdout, r.stdout
     # A page grown by mremap moves out of the pool, whose place stays held (nothing else mapped inside).
     assert "arenatest: pages: the place an mremap left is held" in r.stdout, r.stdout
+    # One munmap across the pool's top edge (its last page and a page mapped above it): the page above
+    # goes, the pool's page stays reserved (the build before left a hole in the pool there).
+    assert "arenatest: pages: an unmap across the pool's edge: the pool kept its page, the other went" in r.stdout, \
+        r.stdout + r.stderr[-2000:]
     assert_paged(s, "arenatest --pages")
     assert s["registered_bytes"] >= 120 << 20, s
     # A page made PROT_NONE to be freed comes home first (its bytes kept for a PROT_READ again): 256 KiB.

@@ -1169,6 +1169,7 @@ static int pool_give_back(void *addr, size_t len)
 		return -1;
 	pthread_mutex_lock(&pool_lock);
 	pool_mark(first, n, 0);
+	pool_mark(0, 1, 1); /* never the program's, even when a range that spans the pool's edge gives it back */
 	if (first + n == pool_next || (pool_next == 1 && first + n == pool_pages))
 		pool_next = first;
 	pool_full = 0;
@@ -1332,6 +1333,41 @@ static void *mmap_cover(void *addr, size_t len, int prot, int flags, int fd, off
 	return p;
 }
 
+/*
+ * An unmap that spans an edge of the pool (two neighbouring mappings let go
+ * of at once, one of them the pool's): the kernel unmaps what lies outside,
+ * and the pool's part is given back, reserved again, so that the pool keeps
+ * no hole in which the kernel could place another mapping and the pool then
+ * hand out the same addresses.
+ */
+static long pool_straddle(void *addr, size_t len)
+{
+	uintptr_t b = atomic_load_explicit(&pool_base, memory_order_acquire), a = (uintptr_t)addr;
+	uintptr_t e = a + ((len + PAGE - 1) & ~(size_t)(PAGE - 1)), t = b + pool_pages * PAGE;
+	uintptr_t ia = a > b ? a : b, ie = e < t ? e : t;
+	long r = 0;
+
+	if (a < ia)
+		r = syscall(SYS_munmap, addr, ia - a);
+	if (!r && ie < e)
+		r = syscall(SYS_munmap, (void *)ie, e - ie);
+	if (!r) {
+		if (a < ia)
+			resv_cut(addr, ia - a);
+		if (ie < e)
+			resv_cut((void *)ie, e - ie);
+		r = pool_give_back((void *)ia, ie - ia);
+	}
+	return r;
+}
+
+static int pool_spans_edge(const void *addr, size_t len)
+{
+	uintptr_t b = atomic_load_explicit(&pool_base, memory_order_acquire), a = (uintptr_t)addr;
+
+	return b && len && len <= UINTPTR_MAX - a && !pool_holds(addr, len) && a < b + pool_pages * PAGE && a + len > b;
+}
+
 static int munmap_cover(void *addr, size_t len)
 {
 	long r;
@@ -1343,8 +1379,8 @@ static int munmap_cover(void *addr, size_t len)
 		pthread_mutex_lock(&remap_lock);
 		fm_pager_unregister(pager, addr, len);
 	}
-	if (len && ((uintptr_t)addr & (PAGE - 1)) == 0 && pool_holds(addr, len)) {
-		r = pool_give_back(addr, len);
+	if (len && ((uintptr_t)addr & (PAGE - 1)) == 0 && (pool_holds(addr, len) || pool_spans_edge(addr, len))) {
+		r = pool_holds(addr, len) ? pool_give_back(addr, len) : pool_straddle(addr, len);
 		if (locked)
 			pthread_mutex_unlock(&remap_lock);
 		return (int)r;
