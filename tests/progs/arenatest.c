@@ -53,13 +53,14 @@
  * --fork too, a child of a fork reads them and reserves its own (v8_fork);
  * with --edges, pages are unmapped in part, moved and mapped over (v8_edges).
  * With --many N, N pages with a word written in each (v8_many); with
- * --fork-race N, N forks beside a thread that takes and frees pages.
+ * --fork-race N, N forks beside a thread that takes and frees pages (with
+ * --full, in a full pool).
  *
  * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N | --main] [--dlopen LIB] [--printf]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N [--full] | --main] [--dlopen LIB] [--printf]
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -1000,6 +1001,9 @@ static int v8_many(size_t n)
  */
 static atomic_int race_stop;
 static atomic_ulong race_pages;
+static int with_full; /* --full */
+static uint8_t **full_page;
+static size_t full_n;
 
 static void *race_churn(void *arg)
 {
@@ -1017,13 +1021,49 @@ static void *race_churn(void *arg)
 	return NULL;
 }
 
+/*
+ * --fork-race N --full: the pool filled first (33,000 pages; it holds
+ * 32,767), then the thread frees a page, takes it again and asks for one
+ * more, which searches the whole full pool under its lock before the kernel
+ * places it: the lock is held for much of the time the forks happen.
+ */
+static void *race_churn_full(void *arg)
+{
+	(void)arg;
+	for (size_t j = 0; !atomic_load(&race_stop); j = (j + 1) % full_n) {
+		uint8_t *again, *more;
+
+		if (v8_page_free(full_page[j]) || !(again = v8_page_new()) || !(more = v8_page_new()))
+			return (void *)1;
+		full_page[j] = again;
+		again[0] = 1;
+		if (v8_page_free(more))
+			return (void *)1;
+		atomic_fetch_add(&race_pages, 2);
+	}
+	return NULL;
+}
+
+static int v8_fill_pool(size_t n)
+{
+	full_page = calloc(n, sizeof(*full_page));
+	for (full_n = 0; full_page && full_n < n; full_n++)
+		if (!(full_page[full_n] = v8_page_new()))
+			break;
+	if (full_n < n)
+		fprintf(stderr, "arenatest: fork-race: page %zu: %s\n", full_n, strerror(errno));
+	return full_n < n;
+}
+
 static int v8_fork_race(unsigned long forks)
 {
 	unsigned long hung = 0, failed_children = 0;
 	void *churn_bad = NULL;
 	pthread_t th;
 
-	if (pthread_create(&th, NULL, race_churn, NULL))
+	if (with_full && v8_fill_pool(33000))
+		return 1;
+	if (pthread_create(&th, NULL, with_full ? race_churn_full : race_churn, NULL))
 		return 1;
 	for (unsigned long k = 0; k < forks; k++) {
 		int status = 0, waited = 0;
@@ -1054,6 +1094,9 @@ static int v8_fork_race(unsigned long forks)
 	}
 	atomic_store(&race_stop, 1);
 	pthread_join(th, &churn_bad);
+	for (size_t j = 0; j < full_n; j++)
+		churn_bad = v8_page_free(full_page[j]) ? (void *)1 : churn_bad;
+	free(full_page);
 	printf("arenatest: fork-race: %lu forks, %lu pages churned beside them, %lu children hung, %lu failed\n",
 	       forks, atomic_load(&race_pages), hung, failed_children);
 	if (churn_bad || hung || failed_children)
@@ -1086,6 +1129,7 @@ int main(int argc, char **argv)
 		{ "edges", no_argument, NULL, 'E' },
 		{ "many", required_argument, NULL, 'N' },
 		{ "fork-race", required_argument, NULL, 'X' },
+		{ "full", no_argument, NULL, 'U' },
 		{ "dlopen", required_argument, NULL, 'D' },
 		{ "printf", no_argument, NULL, 'P' },
 		{ 0 },
@@ -1103,8 +1147,9 @@ int main(int argc, char **argv)
 		char *end;
 		unsigned long v;
 
-		if (c == 'R' || c == 'M' || c == 'W' || c == 'V' || c == 'F' || c == 'E') {
+		if (c == 'R' || c == 'M' || c == 'W' || c == 'V' || c == 'F' || c == 'E' || c == 'U') {
 			reserved |= c == 'R';
+			with_full |= c == 'U';
 			with_fork |= c == 'F';
 			with_edges |= c == 'E';
 			v8 |= c == 'V';
@@ -1131,7 +1176,7 @@ int main(int argc, char **argv)
 			continue;
 		}
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N | --main] [--dlopen LIB] [--printf]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N [--full] | --main] [--dlopen LIB] [--printf]\n");
 			return 2;
 		}
 		if (c == 't')
