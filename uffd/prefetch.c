@@ -15,7 +15,7 @@
 
 #define MAX_AHEAD ZERO_RUN_PAGES
 
-/* Pages a stream ran through without faulting were used: clear their marks, count them. */
+/* Pages a stream ran through without faulting were used: referenced now, their marks cleared, counted. */
 static unsigned count_used(struct region *r, uint64_t first, int64_t stride, unsigned n)
 {
 	unsigned used = 0;
@@ -27,7 +27,7 @@ static unsigned count_used(struct region *r, uint64_t first, int64_t stride, uns
 			break;
 		b = pg_load(&r->pg[j]);
 		while ((b & FM_PGF_PREFETCH) && fm_pg_is_resident(b) && !pg_is_hold(fm_pg_state(b)) &&
-		       !pg_cas(&r->pg[j], &b, (uint8_t)(b & ~FM_PGF_PREFETCH)))
+		       !pg_cas(&r->pg[j], &b, (uint8_t)((b & ~FM_PGF_PREFETCH) | FM_PGF_REF)))
 			;
 		if ((b & FM_PGF_PREFETCH) && fm_pg_is_resident(b))
 			used++;
@@ -99,8 +99,16 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
 	unsigned nw = 0, nr = 0, got = 0, zeros = 0, ahead, remote_max;
-	/* What a GC thread fetched ahead leaves first (evict.c, gc_aware). */
-	uint8_t cold = gc ? FM_PGF_GC : FM_PGF_REF;
+	/*
+	 * A page fetched ahead has not been used: it goes in unreferenced, so
+	 * that the hand's next pass takes it unless its thread faulted on it
+	 * (as Linux puts its readahead on the inactive list). Referenced, the
+	 * pages a run guessed wrong held their room for two passes: PHP at 50%
+	 * took 140k faults against 106k, Node at 25% 1.79M against 1.51-1.56M
+	 * (bench/RESULTS.md, session 42). What a GC thread fetched ahead leaves
+	 * first (evict.c, gc_aware).
+	 */
+	uint8_t cold = gc ? FM_PGF_GC : 0;
 	/*
 	 * A collector writing old pages in a row (a compaction's destination)
 	 * writes the pages ahead too, and with gc_writable so does one reading
