@@ -78,10 +78,7 @@ static void read_back(const char *addr, const char *fault, const char *spin, uin
 	*faults = __atomic_load_n(&h->stats.faults, __ATOMIC_RELAXED) - f0;
 	if (tid)
 		*sleeps = voluntary_switches(tid) - s0;
-	CHECK(bad == 0);
-	CHECK(h->stats.crc_errors == 0);
-	CHECK(fm_pager_unregister(p, a, REGION) == 0);
-	munmap(a, REGION);
+	unit_region_end(p, a, REGION, bad);
 out:
 	fm_pager_stop(p);
 }

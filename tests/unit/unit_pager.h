@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 
 #include "pager.h"
+#include "resmap.h"
 #include "unit.h"
 
 /*
@@ -68,6 +69,17 @@ static inline uint8_t *unit_region(struct fm_pager *p, size_t len, uint32_t flag
 		return NULL;
 	CHECK(fm_pager_register(p, a, len, flags) == 0);
 	return a;
+}
+
+/* A case's end: nothing read back wrong (bad), no checksum failed, the region let go and unmapped. */
+static inline void unit_region_end(struct fm_pager *p, uint8_t *a, size_t len, uint64_t bad)
+{
+	const struct fm_resmap_hdr *h = fm_pager_map(p);
+
+	CHECK(bad == 0);
+	CHECK(h->stats.crc_errors == 0);
+	CHECK(fm_pager_unregister(p, a, len) == 0);
+	munmap(a, len);
 }
 
 /* The tid of the thread named name, or 0. */
