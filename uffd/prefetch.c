@@ -101,12 +101,12 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	unsigned nw = 0, nr = 0, got = 0, zeros = 0, ahead, remote_max;
 	/*
 	 * A page fetched ahead has not been used: it goes in unreferenced, so
-	 * that the hand's next pass takes it unless its thread faulted on it
-	 * (as Linux puts its readahead on the inactive list). Referenced, the
-	 * pages a run guessed wrong held their room for two passes: PHP at 50%
-	 * took 140k faults against 106k, Node at 25% 1.79M against 1.51-1.56M
-	 * (bench/RESULTS.md, session 42). What a GC thread fetched ahead leaves
-	 * first (evict.c, gc_aware).
+	 * that the hand's next pass takes it unless it is written or its
+	 * thread's run goes on through it (count_used), as Linux keeps its
+	 * readahead on the inactive list until used. Referenced, the pages a
+	 * run guessed wrong held their room for two passes: PHP at 25% took
+	 * 2.43M faults against 1.86M (bench/RESULTS.md, session 42). What a GC
+	 * thread fetched ahead leaves first (evict.c, gc_aware).
 	 */
 	uint8_t cold = gc ? FM_PGF_GC : 0;
 	/*

@@ -1334,13 +1334,13 @@ static void *mmap_cover(void *addr, size_t len, int prot, int flags, int fd, off
 }
 
 /*
- * An unmap that spans an edge of the pool (two neighbouring mappings let go
- * of at once, one of them the pool's): the kernel unmaps what lies outside,
- * and the pool's part is given back, reserved again, so that the pool keeps
- * no hole in which the kernel could place another mapping and the pool then
- * hand out the same addresses.
+ * The program unmaps [addr, addr+len), some or all of it in the pool: the
+ * pool's part is given back, reserved again, and the kernel unmaps the rest
+ * (an unmap of two neighbouring mappings at once, one of them the pool's).
+ * Unmapped whole, the pool's part would be a hole in which the kernel could
+ * place another mapping at addresses the pool then hands out again.
  */
-static long pool_straddle(void *addr, size_t len)
+static long pool_let_go(void *addr, size_t len)
 {
 	uintptr_t b = atomic_load_explicit(&pool_base, memory_order_acquire), a = (uintptr_t)addr;
 	uintptr_t e = a + ((len + PAGE - 1) & ~(size_t)(PAGE - 1)), t = b + pool_pages * PAGE;
@@ -1361,11 +1361,11 @@ static long pool_straddle(void *addr, size_t len)
 	return r;
 }
 
-static int pool_spans_edge(const void *addr, size_t len)
+static int pool_overlaps(const void *addr, size_t len)
 {
 	uintptr_t b = atomic_load_explicit(&pool_base, memory_order_acquire), a = (uintptr_t)addr;
 
-	return b && len && len <= UINTPTR_MAX - a && !pool_holds(addr, len) && a < b + pool_pages * PAGE && a + len > b;
+	return b && len && len <= UINTPTR_MAX - a && a < b + pool_pages * PAGE && a + len > b;
 }
 
 static int munmap_cover(void *addr, size_t len)
@@ -1379,8 +1379,8 @@ static int munmap_cover(void *addr, size_t len)
 		pthread_mutex_lock(&remap_lock);
 		fm_pager_unregister(pager, addr, len);
 	}
-	if (len && ((uintptr_t)addr & (PAGE - 1)) == 0 && (pool_holds(addr, len) || pool_spans_edge(addr, len))) {
-		r = pool_holds(addr, len) ? pool_give_back(addr, len) : pool_straddle(addr, len);
+	if (((uintptr_t)addr & (PAGE - 1)) == 0 && pool_overlaps(addr, len)) {
+		r = pool_let_go(addr, len);
 		if (locked)
 			pthread_mutex_unlock(&remap_lock);
 		return (int)r;
