@@ -54,13 +54,13 @@
  * with --edges, pages are unmapped in part, moved and mapped over (v8_edges).
  * With --many N, N pages with a word written in each (v8_many); with
  * --fork-race N, N forks beside a thread that takes and frees pages (with
- * --full, in a full pool).
+ * --full, in a full pool; with --untouched, reserved and unmapped only).
  *
  * Prints "arenatest: ok ..." with the peak resident set (VmHWM, before the
  * fork) in MiB, or
  * the first wrong byte. Exit 0, 1 on a wrong byte or count, 2 on usage.
  *
- *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N [--full] | --main] [--dlopen LIB] [--printf]
+ *   arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N [--full | --untouched] | --main] [--dlopen LIB] [--printf]
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -1002,6 +1002,7 @@ static int v8_many(size_t n)
 static atomic_int race_stop;
 static atomic_ulong race_pages;
 static int with_full; /* --full */
+static int with_untouched; /* --untouched */
 static uint8_t **full_page;
 static size_t full_n;
 
@@ -1044,6 +1045,29 @@ static void *race_churn_full(void *arg)
 	return NULL;
 }
 
+/*
+ * --fork-race N --untouched: the thread reserves a page and unmaps it again,
+ * never making it writable. Nothing of it is paged, so its unmap takes none
+ * of the locks a fork holds (remap_lock, resv_lock): only the pool's, which a
+ * fork then catches held. The churn of whole pages above waits for the fork
+ * at each munmap and mprotect, and the build before the pool's lock went
+ * into the fork handlers passed it.
+ */
+static void *race_churn_untouched(void *arg)
+{
+	size_t len = 2 * V8_PAGE - 4096;
+
+	(void)arg;
+	while (!atomic_load(&race_stop)) {
+		void *r = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+		if (r == MAP_FAILED || munmap(r, len))
+			return (void *)1;
+		atomic_fetch_add(&race_pages, 1);
+	}
+	return NULL;
+}
+
 static int v8_fill_pool(size_t n)
 {
 	full_page = calloc(n, sizeof(*full_page));
@@ -1063,7 +1087,8 @@ static int v8_fork_race(unsigned long forks)
 
 	if (with_full && v8_fill_pool(33000))
 		return 1;
-	if (pthread_create(&th, NULL, with_full ? race_churn_full : race_churn, NULL))
+	if (pthread_create(&th, NULL, with_untouched ? race_churn_untouched : with_full ? race_churn_full : race_churn,
+			   NULL))
 		return 1;
 	for (unsigned long k = 0; k < forks; k++) {
 		int status = 0, waited = 0;
@@ -1130,6 +1155,7 @@ int main(int argc, char **argv)
 		{ "many", required_argument, NULL, 'N' },
 		{ "fork-race", required_argument, NULL, 'X' },
 		{ "full", no_argument, NULL, 'U' },
+		{ "untouched", no_argument, NULL, 'T' },
 		{ "dlopen", required_argument, NULL, 'D' },
 		{ "printf", no_argument, NULL, 'P' },
 		{ 0 },
@@ -1147,9 +1173,10 @@ int main(int argc, char **argv)
 		char *end;
 		unsigned long v;
 
-		if (c == 'R' || c == 'M' || c == 'W' || c == 'V' || c == 'F' || c == 'E' || c == 'U') {
+		if (c == 'R' || c == 'M' || c == 'W' || c == 'V' || c == 'F' || c == 'E' || c == 'U' || c == 'T') {
 			reserved |= c == 'R';
 			with_full |= c == 'U';
+			with_untouched |= c == 'T';
 			with_fork |= c == 'F';
 			with_edges |= c == 'E';
 			v8 |= c == 'V';
@@ -1176,7 +1203,7 @@ int main(int argc, char **argv)
 			continue;
 		}
 		if (!v || *end || v > 4096) {
-			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N [--full] | --main] [--dlopen LIB] [--printf]\n");
+			fprintf(stderr, "usage: arenatest [--threads 24] [--mib 192] [--rounds 3] [--reserve [--wide [--windows N]] | --pages [--fork] [--edges] | --many N | --fork-race N [--full | --untouched] | --main] [--dlopen LIB] [--printf]\n");
 			return 2;
 		}
 		if (c == 't')
