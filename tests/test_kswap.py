@@ -4,6 +4,7 @@ kept by the kswap monitor (PAGEMAP_SCAN + eBPF major faults). Needs root (zram, 
 
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -162,3 +163,25 @@ def test_the_limit_follows_a_program_that_ends_before_ebpf_has_loaded(farmem_cmd
     # a quarter of the paged mappings (the 200 MiB and any other large one) and 64 MiB of slack
     assert (200 << 20) // 4 + (64 << 20) <= s["cgroup_limit_bytes"] < 200 << 20, (s, r.stderr[-2000:])
     assert s["peak_resident_bytes"] > 0, s  # the program's mapping was seen while it lived
+
+
+def test_a_limit_the_kernel_refuses_is_said(built, tmp_path, monkeypatch, capsys):
+    """Every write of the lowered limit refused: the program runs on under the stand-in, and the
+    run says so at its end instead of leaving a 23 GiB limit in the summary unexplained."""
+    import errno
+    from farmem import main
+    from farmem.commands import run_kswap
+
+    built("build/bin/farmem-trace")
+
+    def refuse(swapenv, limit):
+        raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
+    monkeypatch.setattr(run_kswap, "_set_limit", refuse)
+    summary = tmp_path / "s.json"
+    script = "import time; b = bytearray(200 << 20); print(sum(b[::4096])); time.sleep(1)"
+    status = main.cli(["run", "--mode", "kswap", "--no-bpf", "--local", "25%", "--summary-json", str(summary),
+                       "--", sys.executable, "-c", script])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert re.search(r"the cgroup limit was never set to [\d.]+ MiB \(Device or resource busy\)", err), err
+    assert json.loads(summary.read_text())["cgroup_limit_bytes"] > 1 << 30

@@ -140,11 +140,13 @@ def cmd_run_kswap(args) -> int:
                                     _set_limit(env, want)
                                     monitor.limit = want
                                     monitor.stand_in = False
+                                    monitor.refused = None
                                 except OSError as e:
                                     # v1 answers EBUSY while it cannot reclaim down to the new
                                     # limit yet: try again at the next scan
                                     (log.debug if e.errno == errno.EBUSY else log.warning)(
                                         "kswap: cannot set the cgroup limit to %s: %s", fmt_bytes(want), e)
+                                    monitor.refused = (want, e.strerror)
                         mon.scan()
                         mon.update_counters(monitor.limit,
                                             tracer.proc_stats(child.pid) if tracer else None,
@@ -152,6 +154,7 @@ def cmd_run_kswap(args) -> int:
                         mon.wake.wait(args.kswap_scan_ms / 1000)
                         mon.wake.clear()
                 monitor.limit = limit
+                monitor.refused = None  # (the limit asked for, the kernel's answer) while it stands
                 monitor.stand_in = pct is not None and not heap  # the whole machine until the paged mappings are seen
                 th = threading.Thread(target=monitor, daemon=True)
                 th.start()  # before eBPF: a program may map, use and free its memory before farmem-trace has loaded
@@ -188,6 +191,10 @@ def cmd_run_kswap(args) -> int:
                         mon.update_counters(getattr(monitor, "limit", limit), final,
                                             budget=not getattr(monitor, "stand_in", False))
             elapsed = time.monotonic() - t0
+            if getattr(monitor, "refused", None):
+                want, why = monitor.refused
+                log.warning("kswap: the cgroup limit was never set to %s (%s): the program ended under %s",
+                            fmt_bytes(want), why, fmt_bytes(monitor.limit))
             s = resmap.figures([mon.hdr])
             summary = {"mode": "kswap", "exit_status": status, "elapsed_s": round(elapsed, 3),
                        "swap_epoch": mon.hdr.swap_epoch, "cgroup_limit_bytes": monitor.limit,
