@@ -105,7 +105,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	 * thread's run goes on through it (count_used), as Linux keeps its
 	 * readahead on the inactive list until used. Referenced, the pages a
 	 * run guessed wrong held their room for two passes: PHP at 25% took
-	 * 2.43M faults against 1.86M (bench/RESULTS.md, session 42). What a GC
+	 * 2.41M faults against 2.06M (bench/RESULTS.md, sessions 42-43). What a GC
 	 * thread fetched ahead leaves first (evict.c, gc_aware).
 	 */
 	uint8_t cold = gc ? FM_PGF_GC : 0;
