@@ -2,6 +2,7 @@
 """farmem run --mode kswap: Linux swap under a memory cgroup, with the pager's residency map
 kept by the kswap monitor (PAGEMAP_SCAN + eBPF major faults). Needs root (zram, cgroups)."""
 
+import errno
 import json
 import os
 import re
@@ -141,8 +142,9 @@ def test_a_percentage_budget_at_its_highest_is_not_the_machine(farmem_cmd, built
 
 def test_the_limit_follows_a_program_that_ends_before_ebpf_has_loaded(farmem_cmd, built, tmp_path):
     """The kswap monitor started only once farmem-trace was ready: a program that mapped, used and
-    freed its memory while the eBPF programs loaded (slow under load) ran with the whole machine as
-    its limit (a clean-clone CI run, session 42). Here farmem-trace takes 3 s to start."""
+    freed its memory while the eBPF programs loaded (slower under load) ran with the whole machine
+    as its limit, one of the two ways a run could end with the stand-in (the other: _set_limit).
+    Here farmem-trace takes 3 s to start."""
     trace = built("build/bin/farmem-trace")
     slow = tmp_path / "build"
     (slow / "bin").mkdir(parents=True)
@@ -165,14 +167,11 @@ def test_the_limit_follows_a_program_that_ends_before_ebpf_has_loaded(farmem_cmd
     assert s["peak_resident_bytes"] > 0, s  # the program's mapping was seen while it lived
 
 
-def test_a_limit_the_kernel_refuses_is_said(built, tmp_path, monkeypatch, capsys):
+def test_a_limit_the_kernel_refuses_is_said(tmp_path, monkeypatch, capsys):
     """Every write of the lowered limit refused: the program runs on under the stand-in, and the
     run says so at its end instead of leaving a 23 GiB limit in the summary unexplained."""
-    import errno
     from farmem import main
     from farmem.commands import run_kswap
-
-    built("build/bin/farmem-trace")
 
     def refuse(swapenv, limit):
         raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
