@@ -195,6 +195,12 @@ def cmd_run_kswap(args) -> int:
                 want, why = monitor.refused
                 log.warning("kswap: the cgroup limit was never set to %s (%s): the program ended under %s",
                             fmt_bytes(want), why, fmt_bytes(monitor.limit))
+            elif getattr(monitor, "stand_in", False):
+                # Node's heap is 256 KiB reservations: under Linux swap it ran with no limit at all.
+                log.warning("kswap: no private anonymous mapping of %s or more appeared, so --local %s "
+                            "had nothing to be a share of: the program ran under %s, the machine's memory "
+                            "(give --local in bytes, or a smaller --threshold)",
+                            fmt_bytes(threshold), args.local, fmt_bytes(monitor.limit))
             s = resmap.figures([mon.hdr])
             summary = {"mode": "kswap", "exit_status": status, "elapsed_s": round(elapsed, 3),
                        "swap_epoch": mon.hdr.swap_epoch, "cgroup_limit_bytes": monitor.limit,
