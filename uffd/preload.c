@@ -1056,6 +1056,14 @@ static int pool_holds(const void *addr, size_t len)
 	return b && a >= b && len <= pool_pages * PAGE && a - b <= pool_pages * PAGE - len;
 }
 
+/* [addr, addr+len) has a part in the pool (pool_holds: wholly inside). */
+static int pool_overlaps(const void *addr, size_t len)
+{
+	uintptr_t b = atomic_load_explicit(&pool_base, memory_order_acquire), a = (uintptr_t)addr;
+
+	return b && len && len <= UINTPTR_MAX - a && a < b + pool_pages * PAGE && a + len > b;
+}
+
 static void pool_mark(uint64_t first, uint64_t n, int used)
 {
 	for (uint64_t i = first; i < first + n; i++) {
@@ -1359,13 +1367,6 @@ static long pool_let_go(void *addr, size_t len)
 		r = pool_give_back((void *)ia, ie - ia);
 	}
 	return r;
-}
-
-static int pool_overlaps(const void *addr, size_t len)
-{
-	uintptr_t b = atomic_load_explicit(&pool_base, memory_order_acquire), a = (uintptr_t)addr;
-
-	return b && len && len <= UINTPTR_MAX - a && a < b + pool_pages * PAGE && a + len > b;
 }
 
 static int munmap_cover(void *addr, size_t len)

@@ -1221,6 +1221,10 @@ int main(int argc, char **argv)
 	}
 	if (many)
 		return v8_many(many);
+	if ((with_full || with_untouched) && (!forks || (with_full && with_untouched))) {
+		fprintf(stderr, "arenatest: --full and --untouched go with --fork-race, one of them at a time\n");
+		return 2;
+	}
 	if (forks)
 		return v8_fork_race(forks);
 	if (v8)
