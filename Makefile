@@ -118,9 +118,12 @@ $(B)/lib/libfarmem_pager.a: $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRCS))
 # that dlopens (PHP's extensions) keeps in blocks of its paged heap: the handler faults on a page
 # only it can bring in, and the program hangs (PHP did, in the capture's readv before session 32).
 PAGER_LDFLAGS := -Wl,-z,now -Wl,-z,relro
+# -Bsymbolic-functions: the shim's own calls reach its own definitions. A program whose executable
+# defines malloc (rustc's jemalloc) comes first in the lookup order, and the pager's allocations,
+# made inside that allocator's mmap, would re-enter it (uffd/preload.c, app_alloc).
 $(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/obj/uffd/preload_sync.o $(B)/obj/uffd/preload_syscall.o $(B)/lib/libfarmem_pager.a uffd/preload.map
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared $(PAGER_LDFLAGS) -Wl,--as-needed -Wl,--version-script=uffd/preload.map \
+	$(CC) $(CFLAGS) -shared $(PAGER_LDFLAGS) -Wl,-Bsymbolic-functions -Wl,--as-needed -Wl,--version-script=uffd/preload.map \
 		-Wl,--wrap=pthread_create -o $@ $(filter %.o,$^) \
 		-Wl,--whole-archive $(B)/lib/libfarmem_pager.a -Wl,--no-whole-archive $(LDLIBS) -ldl
 
@@ -206,6 +209,15 @@ $(B)/tests/aiotest: tests/progs/aiotest.c | $(B)/.deps-ok
 $(B)/tests/jemalloc_prog: tests/progs/jemalloc_prog.c tests/progs/mix.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -ljemalloc -lpthread
+
+# Its own malloc in the executable, and a library whose constructor allocates before the shim's runs.
+$(B)/tests/libownalloc_early.so: tests/progs/lib/ownalloc_early.c tests/progs/mix.h | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared -o $@ $<
+
+$(B)/tests/ownalloc: tests/progs/ownalloc.c tests/progs/mix.h $(B)/tests/libownalloc_early.so | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< -L$(B)/tests -lownalloc_early -Wl,-rpath,'$$ORIGIN' -lpthread
 
 $(B)/bench/swapva_bench: bench/progs/swapva_bench.c $(SWAPVA_SRCS) $(HDRS) | $(B)/.deps-ok
 	@mkdir -p $(dir $@)

@@ -58,6 +58,29 @@ def test_jemalloc_program_starts_and_keeps_its_allocator(shim, built, tmp_path, 
     assert_paged(s, "jemalloc_prog")
 
 
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_a_program_whose_executable_defines_malloc(shim, built, tmp_path, farmem_cmd, fault):
+    """rustc hung at its start under the shim: its executable defines malloc (jemalloc), so the
+    program's calls and glibc's own never reach the shim's, and the pager, started from the mmap
+    jemalloc made under its lock, allocated through jemalloc again. ownalloc's allocator maps its
+    chunks under its lock too, aborts when it is called from inside itself, and a library's
+    constructor allocates before the shim's: the program runs, its chunks are paged, every word
+    reads back (the build before aborted in both fault modes)."""
+    prog = built("build/tests/ownalloc")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--fault", fault, "--local", "25%", "--threshold", "1M",
+                      "--", prog, "--mib", 64, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "ownalloc ok", r.stdout + r.stderr
+    assert_paged(s, "ownalloc")
+    assert s["registered_bytes"] >= 64 << 20, s
+    # Its pager starts with the process; under the default threshold nothing is registered, and said so.
+    r, s = farmem_run(farmem_cmd, tmp_path / "s2.json", "--fault", fault, "--local", "25%", "--", prog, "--mib", 1,
+                      timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ownalloc ok", r.stdout + r.stderr
+    assert s["processes"] == 1 and s["peak_registered_bytes"] == 0, s
+    assert "farmem: nothing paged (nothing was mapped at or above the threshold" in r.stderr, r.stderr
+
+
 # --- system calls into and out of evicted paged memory -----------------------------------------
 
 def test_syscalls_into_evicted_buffers(shim, built, tmp_path, farmem_cmd):

@@ -407,13 +407,47 @@ struct app_alloc {
 	void *(*valloc)(size_t);
 	size_t (*usable)(void *);
 	int glibc;
+	/*
+	 * The program's allocator is defined before us in the lookup order (in
+	 * the executable: rustc's jemalloc): the program's calls never reach our
+	 * malloc, and neither do glibc's own (the dynamic loader's, pthread's
+	 * TLS), so a pager started inside that allocator (its mmap, under its
+	 * locks) re-enters it and hangs. Its pager starts in our constructor.
+	 */
+	int foreign;
 };
 
+static struct fm_pager *get_pager(void);
 static struct app_alloc app;
 static atomic_int app_known;
+static atomic_int ctor_ran;
 static pthread_mutex_t app_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define NEXT(name, type) ((type)dlsym(RTLD_NEXT, name))
+/*
+ * f is an executable's stand-in for a function it only calls: a non-PIE
+ * program that takes malloc's address (python3) gets a PLT entry as malloc's
+ * address for everyone, which leads to the first real definition, ours.
+ */
+static int plt_stub(void *f)
+{
+	Dl_info info;
+	const ElfW(Sym) *sym = NULL;
+
+	return dladdr1(f, &info, (void **)&sym, RTLD_DL_SYMENT) && sym && sym->st_shndx == SHN_UNDEF;
+}
+
+/*
+ * The program's definition of an allocator function: the one its calls reach
+ * when that is not ours (an allocator in the executable), else the next one
+ * after us. Our own code calls ours (-Bsymbolic-functions).
+ */
+static void *app_fn(const char *name, void *ours)
+{
+	void *f = dlsym(RTLD_DEFAULT, name);
+
+	return f && f != ours && !plt_stub(f) ? f : dlsym(RTLD_NEXT, name);
+}
+#define APP_FN(name, type) ((type)app_fn(#name, (void *)name))
 
 static const struct app_alloc *app_alloc(void)
 {
@@ -422,15 +456,16 @@ static const struct app_alloc *app_alloc(void)
 	if (atomic_load_explicit(&app_known, memory_order_acquire))
 		return &app;
 	in_farmem++; /* what dlsym allocates is ours */
-	a.malloc = NEXT("malloc", void *(*)(size_t));
-	a.calloc = NEXT("calloc", void *(*)(size_t, size_t));
-	a.realloc = NEXT("realloc", void *(*)(void *, size_t));
-	a.free = NEXT("free", void (*)(void *));
-	a.memalign = NEXT("memalign", void *(*)(size_t, size_t));
-	a.aligned_alloc = NEXT("aligned_alloc", void *(*)(size_t, size_t));
-	a.posix_memalign = NEXT("posix_memalign", int (*)(void **, size_t, size_t));
-	a.valloc = NEXT("valloc", void *(*)(size_t));
-	a.usable = NEXT("malloc_usable_size", size_t (*)(void *));
+	a.foreign = app_fn("malloc", (void *)malloc) != dlsym(RTLD_NEXT, "malloc");
+	a.malloc = APP_FN(malloc, void *(*)(size_t));
+	a.calloc = APP_FN(calloc, void *(*)(size_t, size_t));
+	a.realloc = APP_FN(realloc, void *(*)(void *, size_t));
+	a.free = APP_FN(free, void (*)(void *));
+	a.memalign = APP_FN(memalign, void *(*)(size_t, size_t));
+	a.aligned_alloc = APP_FN(aligned_alloc, void *(*)(size_t, size_t));
+	a.posix_memalign = APP_FN(posix_memalign, int (*)(void **, size_t, size_t));
+	a.valloc = APP_FN(valloc, void *(*)(size_t));
+	a.usable = APP_FN(malloc_usable_size, size_t (*)(void *));
 	in_farmem--;
 	if (!a.malloc || !a.calloc || !a.realloc || !a.free) {
 		/* No allocator after us (cannot happen with glibc): glibc's own entry points. */
@@ -719,6 +754,14 @@ __attribute__((constructor)) static void preload_init(void)
 	/* Decided here, before the program's threads exist (heaps_keep). */
 	if (reserved_paged() && geteuid() == 0 && cfg.fault_mode != FM_FAULT_THREAD)
 		waits_spare = fm_pager_kernel_waits_reserve();
+	atomic_store(&ctor_ran, 1);
+	/*
+	 * An allocator of the executable's maps its memory under its own locks,
+	 * and a pager started there allocates through it (the dynamic loader's
+	 * dlopen, a thread's TLS): it starts now, while nothing holds them.
+	 */
+	if (app.foreign && hooks_on())
+		get_pager();
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 	fm_fork_before_prepare(fork_before);
 	fm_fork_after_parent(remap_let_go_by_fork);
@@ -778,6 +821,13 @@ static struct fm_pager *get_pager(void)
 	if (s == 2)
 		return pager;
 	if (s != 0)
+		return NULL;
+	/*
+	 * Another library's constructor, before ours, inside an allocator of
+	 * the executable's: a start here would re-enter it (app_alloc's
+	 * `foreign`). What it maps now stays local; ours starts the pager.
+	 */
+	if (!atomic_load(&ctor_ran) && app_alloc()->foreign)
 		return NULL;
 	pthread_mutex_lock(&start_lock);
 	if (atomic_load(&state) == 0) {

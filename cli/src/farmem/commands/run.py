@@ -409,11 +409,14 @@ FAULT_MODE_WORDS = {"signal": "in the faulting thread", "thread": "by handler th
 def summary_lines(s: dict) -> list:
     killed = f" (killed by {s['killed_by']})" if s.get("killed_by") else ""
     tail = f"exit status {s['exit_status']}{killed}, {s['elapsed_s']:.2f} s"
-    if s["processes"] == 0:
+    # A pager that never registered anything (one started at its process's start: an executable with its
+    # own malloc, uffd/preload.c) paged as little as none.
+    if s["processes"] == 0 or not (s.get("peak_registered_bytes") or s.get("registered_bytes")):
         # What --local did not hold: all of CMD's memory (wait4's peak resident set of its largest process).
         unpaged = f"; CMD had up to {fmt_bytes(s['peak_rss_bytes'])} resident, none of it paged" \
             if s.get("peak_rss_bytes") else ""
-        return [f"farmem: no pager started (nothing was mapped at or above the threshold, or no process could be paged: "
+        what = "no pager started" if s["processes"] == 0 else "nothing paged"
+        return [f"farmem: {what} (nothing was mapped at or above the threshold, or no process could be paged: "
                 f"see any warning above; small blocks until glibc's heaps pass the threshold, and with --no-reservations "
                 f"all of them, stay local: docs/compatibility.md){unpaged}; {tail}"]
     # zero_fills counts pages (demand faults and the zero runs installed ahead of them), and
