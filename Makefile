@@ -75,7 +75,7 @@ help:
 
 all: c venv knobs
 
-c: $(B)/bin/farmem-memd $(B)/bin/farmem-trace $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(B)/java/thirdparty/.ok $(TEST_PROGS) $(BENCH_PROGS) $(UNIT_TESTS)
+c: $(B)/bin/farmem-memd $(B)/bin/farmem-trace $(B)/lib/libfarmem_preload.so $(B)/lib/libfarmem_agent.so $(B)/java/.ok $(B)/java/thirdparty/.ok $(TEST_PROGS) $(B)/tests/jemalloc_static_prog $(BENCH_PROGS) $(UNIT_TESTS)
 
 deps:
 	@bash tools/deps.sh
@@ -209,6 +209,11 @@ $(B)/tests/aiotest: tests/progs/aiotest.c | $(B)/.deps-ok
 $(B)/tests/jemalloc_prog: tests/progs/jemalloc_prog.c tests/progs/mix.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -ljemalloc -lpthread
+
+# The same with jemalloc linked into the executable (its malloc defined there, as rustc's is).
+$(B)/tests/jemalloc_static_prog: tests/progs/jemalloc_prog.c tests/progs/mix.h | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< -Wl,-Bstatic -ljemalloc -Wl,-Bdynamic -lstdc++ -lm -ldl -lpthread
 
 # Its own malloc in the executable, and a library whose constructor allocates before the shim's runs.
 $(B)/tests/libownalloc_early.so: tests/progs/lib/ownalloc_early.c tests/progs/mix.h | $(B)/.deps-ok

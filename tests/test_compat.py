@@ -46,11 +46,13 @@ def assert_paged(s, what):
 
 # --- the shim under a program with its own allocator -------------------------------------------
 
-def test_jemalloc_program_starts_and_keeps_its_allocator(shim, built, tmp_path, farmem_cmd):
+@pytest.mark.parametrize("linked", ["shared", "static"])
+def test_jemalloc_program_starts_and_keeps_its_allocator(shim, built, tmp_path, farmem_cmd, linked):
     """Linked with Debian's libjemalloc, whose constructor maps memory before the shim's runs:
     the program starts, jemalloc serves its blocks (farmem allocates nothing through it), and
-    every byte survives paging while four threads churn blocks of every size."""
-    prog = built("build/tests/jemalloc_prog")
+    every byte survives paging while four threads churn blocks of every size. Linked statically,
+    jemalloc's malloc is the executable's, as rustc's is (the build before session 44 hung)."""
+    prog = built("build/tests/jemalloc_prog" if linked == "shared" else "build/tests/jemalloc_static_prog")
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "25%", "--threshold", "1M", "--",
                       prog, "--size", 128, "--threads", 4, "--rounds", 2, timeout=180)
     assert r.returncode == 0, r.stderr
