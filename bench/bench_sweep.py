@@ -102,6 +102,22 @@ for r in range(3):
 k = sorted(d); print(s, len(k), k[12345 % n])
 """
 
+TCL = """set n N
+set d [dict create]
+for {set i 0} {$i < $n} {incr i} { dict set d k$i [list $i [string repeat x 40]] }
+for {set r 0} {$r < 3} {incr r} {
+  for {set j 0} {$j < $n} {incr j 3} { dict set d k[expr {($j*7919+$r) % $n}] [list $r$j [string repeat y 40]] }
+}
+set s 0
+dict for {k v} $d { incr s [string length [lindex $v 0]] }
+set ks [lsort [dict keys $d]]
+puts "$s [lindex $ks 1000] [llength $ks]"
+"""
+# A repository built by fast-import from fast-import.txt, packed hard with two threads, checked.
+GIT = ("rm -rf repo && git init -q -b main repo && cd repo && git fast-import --quiet < ../fast-import.txt && "
+       "git -c pack.threads=2 gc -q --aggressive && git fsck --full --no-progress && "
+       "git rev-list --all --objects | sort | sha256sum && git log --stat main | sha256sum")
+
 # name, Debian program it needs, shell command (run in the work directory; stdout is compared)
 PROGRAMS = [
     ("python", "python3", "python3 prog.py"),
@@ -123,6 +139,11 @@ PROGRAMS = [
      "-c:v libx264 -preset medium -threads 2 -f md5 -"),
     ("jq", "jq", "jq -c '[.[] | select(.v > 0.5) | .name] | sort | .[1000:1010]' big.json"),
     ("gcc", "gcc", "gcc -O2 -c big.c -o big.o && sha256sum big.o"),
+    ("clang", "clang", "clang -O2 -c big.c -o big-clang.o && sha256sum big-clang.o"),
+    # rustup's rustc links jemalloc into the executable (it hung at its start until session 44)
+    ("rustc", "rustc", "rustc -O -o big-rs big.rs && ./big-rs && sha256sum big-rs"),
+    ("tcl", "tclsh", "tclsh prog.tcl"),
+    ("git", "git", GIT),
     ("mawk", "mawk", "mawk '{for(i=1;i<=NF;i++) c[$i]++} END {n=0; for(w in c) n+=c[w]; print n, length(c)}' text.txt"),
     ("bzip2", "bzip2", "bzip2 -9 -c text.txt | sha256sum"),
     ("gzip", "gzip", "gzip -9 -c text.txt | gzip -d | sha256sum"),
@@ -179,6 +200,26 @@ def make_inputs(work: Path, scale: float) -> None:
     (work / "prog.erl").write_text(ERLANG.format(n=int(400000 * scale)))
     (work / "prog.R").write_text(R.replace("N", str(int(600000 * scale)), 1))
     (work / "prog.m").write_text(OCTAVE.replace("N", str(int(1500 * scale)), 1))
+    (work / "prog.tcl").write_text(TCL.replace("N", str(int(600000 * scale)), 1))
+    with open(work / "big.rs", "w") as f:
+        funcs = int(400 * scale)
+        for i in range(funcs):
+            f.write(f"fn f{i}(x: u64) -> u64 {{ let mut v: Vec<u64> = (0..{i % 50 + 10}).map(|k| k * x + {i}).collect(); "
+                    f"v.sort(); v.iter().fold({i}, |a, b| a.wrapping_mul(31).wrapping_add(*b)) }}\n")
+        f.write("fn main() { let mut acc: u64 = 1;\n" + "".join(f"acc = acc.wrapping_add(f{i}(acc));\n" for i in range(funcs))
+                + "println!(\"{}\", acc); }\n")
+    with open(work / "fast-import.txt", "w") as f:
+        files = {}
+        for c in range(int(6000 * scale)):
+            f.write(f"commit refs/heads/main\nmark :{c + 1}\ncommitter A <a@example.org> {1700000000 + c} +0000\n"
+                    f"data 8\ncommit{c % 10}\n" + (f"from :{c}\n" if c else ""))
+            for _ in range(5):
+                name = f"d{rng.randint(0, 40)}/f{rng.randint(0, 400)}.txt"
+                body = (" ".join(rng.choice(words) for _ in range(rng.randint(50, 600))) + "\n").encode()
+                files[name] = body
+                f.write(f"M 100644 inline {name}\ndata {len(body)}\n")
+                f.write(body.decode())
+            f.write("\n")
 
 
 # Debian's programs, not what a machine puts before them in PATH: this one's python3 was pyenv's
