@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(
 	build-essential pkg-config git
 	libisal-dev libssl-dev liburing-dev libaio-dev libnuma-dev numactl
-	libjemalloc-dev
+	libjemalloc-dev libmimalloc2.0 libtcmalloc-minimal4
 	clang llvm libclang-rt-14-dev libbpf-dev bpftool
 	libibverbs-dev librdmacm-dev rdma-core
 	iproute2 tmux util-linux procps
@@ -20,7 +20,7 @@ PKGS=(
 	erlang-base sbcl nodejs
 	postgresql-15 postgresql-client-15
 	# bench/bench_sweep.py: Debian programs under farmem, their peak RSS by GNU time
-	time jq bzip2 zstd ruby lua5.4
+	time jq bzip2 zstd ruby lua5.4 tcl
 	# bench/bench_fault.py's perf stat -a, bench/gc_profile.py's perf record
 	linux-perf
 )

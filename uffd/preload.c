@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <limits.h>
+#include <gnu/libc-version.h>
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
@@ -437,6 +438,19 @@ static int plt_stub(void *f)
 }
 
 /*
+ * f is glibc's own. Not "f == __libc_malloc": mimalloc and tcmalloc define
+ * __libc_malloc too (so that glibc's internal calls reach them), and their
+ * blocks taken for glibc's chunks sent the shim reading heap headers that are
+ * not there (python3 with libmimalloc preloaded died of SIGSEGV at start).
+ */
+static int in_libc(void *f)
+{
+	Dl_info fi, li;
+
+	return dladdr(f, &fi) && dladdr((void *)gnu_get_libc_version, &li) && fi.dli_fbase == li.dli_fbase;
+}
+
+/*
  * The program's definition of an allocator function: the one its calls reach
  * when that is not ours (an allocator in the executable), else the next one
  * after us. Our own code calls ours (-Bsymbolic-functions).
@@ -478,7 +492,7 @@ static const struct app_alloc *app_alloc(void)
 		a.posix_memalign = NULL;
 		a.valloc = NULL;
 	}
-	a.glibc = a.malloc == __libc_malloc;
+	a.glibc = in_libc((void *)a.malloc);
 	pthread_mutex_lock(&app_lock);
 	if (!atomic_load_explicit(&app_known, memory_order_relaxed)) {
 		app = a;
