@@ -103,6 +103,15 @@ def test_python_on_an_allocator_that_defines_glibcs_internal_names(shim, tmp_pat
         assert r.returncode == 0, r.stdout + r.stderr
         assert r.stdout == want.stdout, (r.stdout, want.stdout)
     assert_paged(s, f"python3 on {lib}")
+    # The user's LD_PRELOAD is CMD's: farmem's own memd runs without it.
+    probe = ('m=${FARMEM_MEMD#unix:}; p=$(pgrep -f "farmem-memd --unix $m" | head -1); '
+             'echo "memd=$p"; tr "\\0" "\\n" < /proc/$p/environ | grep "^LD_PRELOAD=" || echo "no LD_PRELOAD"; '
+             'echo "cmd: $LD_PRELOAD"')
+    r, _ = farmem_run(farmem_cmd, tmp_path / "p.json", "--", "/bin/sh", "-c", probe, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert re.fullmatch(r"memd=\d+", lines[0]) and lines[1] == "no LD_PRELOAD", r.stdout
+    assert lines[2].startswith("cmd: ") and lines[2].endswith(str(path)), r.stdout
 
 
 # --- system calls into and out of evicted paged memory -----------------------------------------

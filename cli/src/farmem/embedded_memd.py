@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from farmem.errors import FarmemError
+from farmem.paths import helper_env
 
 log = logging.getLogger("farmem.memd")
 
@@ -68,7 +69,7 @@ class EmbeddedMemd:
         try:
             try:
                 # Its own session: a Ctrl-C meant for CMD must not stop memd under it.
-                self.proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL,
+                self.proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL, env=helper_env(),
                                              start_new_session=True, preexec_fn=die_with_parent)
             except OSError as e:
                 raise FarmemError(f"cannot start {self.binary}: {e.strerror or e}") from None

@@ -1,4 +1,5 @@
-"""Where the C components live: <repo>/build, from the source checkout this package runs from."""
+"""Where the C components live: <repo>/build, from the source checkout this package runs from, and the
+environment they run in."""
 
 import os
 from pathlib import Path
@@ -24,3 +25,10 @@ def memd_binary() -> Path:
 
 def preload_lib() -> Path:
     return build_dir() / "lib" / "libfarmem_preload.so"
+
+
+def helper_env() -> dict:
+    """The environment for farmem's own programs (the embedded memd, farmem-trace): the user's, less
+    LD_PRELOAD, which is meant for CMD (`LD_PRELOAD=libmimalloc.so.2 farmem run -- CMD` ran memd on
+    mimalloc too)."""
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}

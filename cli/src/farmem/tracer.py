@@ -52,7 +52,7 @@ class Tracer:
         if not binary.exists():
             raise Unavailable("eBPF tracing", f"{binary} is not built (run `make`)")
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1 << 16)
+                                     text=True, bufsize=1 << 16, env=paths.helper_env())
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         threading.Thread(target=self._read_err, daemon=True).start()
