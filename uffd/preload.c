@@ -470,8 +470,8 @@ static const struct app_alloc *app_alloc(void)
 	if (atomic_load_explicit(&app_known, memory_order_acquire))
 		return &app;
 	in_farmem++; /* what dlsym allocates is ours */
-	a.foreign = app_fn("malloc", (void *)malloc) != dlsym(RTLD_NEXT, "malloc");
 	a.malloc = APP_FN(malloc, void *(*)(size_t));
+	a.foreign = (void *)a.malloc != dlsym(RTLD_NEXT, "malloc");
 	a.calloc = APP_FN(calloc, void *(*)(size_t, size_t));
 	a.realloc = APP_FN(realloc, void *(*)(void *, size_t));
 	a.free = APP_FN(free, void (*)(void *));
