@@ -67,7 +67,9 @@ def test_a_program_whose_executable_defines_malloc(shim, built, tmp_path, farmem
     jemalloc made under its lock, allocated through jemalloc again. ownalloc's allocator maps its
     chunks under its lock too, aborts when it is called from inside itself, and a library's
     constructor allocates before the shim's: the program runs, its chunks are paged, every word
-    reads back (the build before aborted in both fault modes)."""
+    reads back (the build before aborted in both fault modes). Its locale, allocated there by
+    setlocale, goes cold before more threads start: glibc reads it at a thread's start with every
+    signal blocked, and under fault=signal the thread died of SIGBUS until session 45."""
     prog = built("build/tests/ownalloc")
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--fault", fault, "--local", "25%", "--threshold", "1M",
                       "--", prog, "--mib", 64, timeout=120)

@@ -378,6 +378,7 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 	if (in_farmem || !fm_monitor_sigbus_ours())
 		return next(th, attr, fn, arg);
 	fm_thread_stack_stays_local(attr);
+	fm_thread_start_data_stays_local();
 	if (!(t = arena_alloc(sizeof(*t), 16)))
 		return next(th, attr, fn, arg);
 	t->fn = fn;

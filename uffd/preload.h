@@ -82,6 +82,8 @@ void fm_io_bind(void);
  * Nothing when attr gives no stack of its own.
  */
 void fm_thread_stack_stays_local(const pthread_attr_t *attr);
+/* What glibc's start_thread reads before it unblocks signals leaves paged memory (at pthread_create). */
+void fm_thread_start_data_stays_local(void);
 
 #define FM_IO_NONE ((void *)~(uintptr_t)0)
 

@@ -30,13 +30,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <locale.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <ucontext.h>
 #include <poll.h>
@@ -902,6 +905,36 @@ void fm_thread_stack_stays_local(const pthread_attr_t *attr)
 	    (uintptr_t)low + size < (uintptr_t)low)
 		return;
 	stack_stays_local(low, size);
+}
+
+/*
+ * glibc's start_thread runs with every signal blocked until it has set the
+ * thread up, and __ctype_init reads the global LC_CTYPE locale's data there:
+ * a struct that setlocale allocates with the program's malloc. With glibc's
+ * allocator it lies in a heap the kernel waits on; with another (mimalloc,
+ * jemalloc, an executable's own) in a region whose faults come by SIGBUS,
+ * and once it was evicted the next thread died at its start (python3 on
+ * mimalloc, a fork-start multiprocessing.Pool under load). Its first bytes
+ * (the header and the three values read) stay local; a locale set later
+ * is found at the next thread's start.
+ */
+#define LOCALE_DATA_READ 128
+
+void fm_thread_start_data_stays_local(void)
+{
+	static _Atomic(const void *) kept;
+	static atomic_int told;
+	locale_t global = duplocale(LC_GLOBAL_LOCALE);
+	const void *ctype;
+
+	if (!global)
+		return;
+	ctype = global->__locales[LC_CTYPE];
+	freelocale(global);
+	if (!ctype || atomic_exchange(&kept, ctype) == ctype)
+		return;
+	stays_local(ctype, LOCALE_DATA_READ, &told,
+		    "the locale's character classes, which a thread reads at its start with every signal blocked,");
 }
 
 /* glibc takes up to any number of arguments; more than this many is not seen in programs. */

@@ -8,11 +8,17 @@
  * thread (the shim starting a pager from that mmap) aborts with a message
  * instead of hanging. A library's constructor (libownalloc_early.so) takes a
  * big block before the shim's constructor runs. Blocks of every size are
- * written and read back by the main thread and two others.
+ * written and read back by the main thread and two others. The program's
+ * locale (setlocale, whose data glibc allocates with this malloc) goes cold
+ * while they run; then more threads start, each reading it at its start with
+ * every signal blocked (glibc's __ctype_init), and check their character
+ * classes.
  *
  *   ownalloc [--mib N]    prints "ownalloc ok" when every word read back right
  */
+#include <ctype.h>
 #include <errno.h>
+#include <locale.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -131,6 +137,15 @@ struct work {
 	size_t bytes, seed, bad;
 };
 
+/* A thread of the second round: its character classes are the program's locale's. */
+static void *classify(void *arg)
+{
+	size_t *bad = arg;
+
+	*bad = !isalpha('q') || isalpha('7') || toupper('q') != 'Q' || tolower('Q') != 'q' || !isspace('\t');
+	return NULL;
+}
+
 /* Blocks of 16 B to 64 KiB, some grown by realloc, up to w->bytes in all: written, then read back twice. */
 static void *churn(void *arg)
 {
@@ -174,6 +189,17 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	/*
+	 * The locale's data in a chunk mapped now, under the pager (the chunk
+	 * before may predate it): a few blocks of 1 MiB use the rest of it up.
+	 */
+	for (int i = 0; i < 5; i++)
+		if (!malloc(1 << 20))
+			return 1;
+	if (!setlocale(LC_ALL, "C.UTF-8")) {
+		fprintf(stderr, "ownalloc: no C.UTF-8 locale\n");
+		return 1;
+	}
 	for (int i = 0; i < 3; i++)
 		w[i] = (struct work){ .bytes = (mib << 20) / 4, .seed = 0x51ed + i };
 	for (int i = 0; i < 2; i++)
@@ -196,6 +222,17 @@ int main(int argc, char **argv)
 			bad += big[i] != mix(i ^ 0xb16);
 	}
 	bad += w[0].bad + w[1].bad + w[2].bad + early_check();
+	for (int round = 0; round < 4; round++) {
+		size_t wrong[2] = { 0 };
+
+		for (int i = 0; i < 2; i++)
+			if (pthread_create(&th[i], NULL, classify, &wrong[i]))
+				return 1;
+		for (int i = 0; i < 2; i++) {
+			pthread_join(th[i], NULL);
+			bad += wrong[i];
+		}
+	}
 	if (bad) {
 		printf("ownalloc: %zu words wrong\n", bad);
 		return 1;
