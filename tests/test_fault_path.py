@@ -60,6 +60,9 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     realloc'd, freed and calloc'd there (the same, before session 39), a read into evicted memory
     from there, evicting as it goes. epoll_wait, epoll_pwait, poll, ppoll, select and
     pselect with their arrays in evicted memory find the ready descriptor (EFAULT before session 34).
+    posix_spawn, posix_spawnp, execve, execvpe, execle, execl, system and popen with the path, the
+    arguments, the environment and the vectors in evicted memory start their program (EFAULT, or the
+    child killed by SIGBUS, before session 45).
     Every descriptor but 0-2 closed as daemons do (a loop, close_range, closefrom): the pager's
     survive, and the program's next file holds only its own bytes (it was stopped, 70, before);
     its dup2 and dup3 onto farmem's are refused with EBUSY (the pager stopped it, 70, before).
@@ -74,7 +77,7 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     for name in ("read", "write", "stdio", "fortify", "big", "socket", "sigbus", "blocked", "protect", "cancel", "sync",
-                 "stacks", "ownstack", "exits", "poll", "close", "syscall"):
+                 "stacks", "ownstack", "exits", "poll", "exec", "close", "syscall"):
         assert f"iotest: {name} ok" in out, out[-3000:]
     assert s["fault_mode"] == fault
     # `big` moves 48 MiB in one call under a 32 MiB budget: the covers' pieces keep to it.

@@ -981,6 +981,274 @@ EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
 	return 0;
 }
 
+/* --- Starting a program: its path, arguments and environment ---------------------------- */
+
+/*
+ * execve and posix_spawn hand the kernel the path, and every string of argv
+ * and envp, which it copies before the new program replaces the old: a
+ * string on an evicted page of a region whose faults come by SIGBUS failed
+ * the call with EFAULT (a program's argument table in a big block; any of
+ * them in the blocks of an allocator other than glibc's). No pin fits a
+ * vector of thousands of strings: each is read through once, which brings
+ * its pages home, and a call that still meets EFAULT (a page taken again by
+ * an eviction in between) is made again. A failed exec or spawn changed
+ * nothing, so the next try is the same call.
+ */
+#define EXEC_TRIES 4
+
+static int exec_paged(void)
+{
+	return fm_monitor_sigbus_ours() && fm_preload_pager();
+}
+
+static void touch_string(const char *str)
+{
+	size_t n;
+
+	if (!str)
+		return;
+	n = strlen(str);
+	__asm__ volatile("" : : "r"(n) : "memory"); /* read, not optimised away */
+}
+
+static void touch_vector(char *const *v)
+{
+	if (!v)
+		return;
+	for (size_t i = 0;; i++) {
+		const char *str = ((char *const volatile *)v)[i];
+
+		if (!str)
+			break;
+		touch_string(str);
+	}
+}
+
+static void exec_touch(const char *path, char *const argv[], char *const envp[])
+{
+	touch_string(path);
+	touch_vector(argv);
+	touch_vector(envp);
+}
+
+/* Whether the call that just failed with EFAULT goes again (counted), its strings read in again. */
+static int exec_again(int *tries, int err, const char *path, char *const argv[], char *const envp[])
+{
+	struct fm_pager *p;
+
+	if (err != EFAULT || ++*tries >= EXEC_TRIES || !(p = fm_preload_pager()))
+		return 0;
+	fm_pager_io_retried(p);
+	exec_touch(path, argv, envp);
+	return 1;
+}
+
+FM_IO_NEXT(execve_next, "execve");
+FM_IO_NEXT(execvpe_next, "execvpe");
+FM_IO_NEXT(execveat_next, "execveat");
+FM_IO_NEXT(fexecve_next, "fexecve");
+FM_IO_NEXT(posix_spawn_next, "posix_spawn");
+FM_IO_NEXT(posix_spawnp_next, "posix_spawnp");
+FM_IO_NEXT(system_next, "system");
+FM_IO_NEXT(popen_next, "popen");
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	int (*next)(const char *, char *const[], char *const[]) =
+		(int (*)(const char *, char *const[], char *const[]))fm_io_next(&execve_next);
+	int tries = 0, paged = exec_paged();
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (paged)
+		exec_touch(path, argv, envp);
+	while (next(path, argv, envp) && paged && exec_again(&tries, errno, path, argv, envp))
+		;
+	return -1;
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	int (*next)(const char *, char *const[], char *const[]) =
+		(int (*)(const char *, char *const[], char *const[]))fm_io_next(&execvpe_next);
+	int tries = 0, paged = exec_paged();
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (paged)
+		exec_touch(file, argv, envp);
+	while (next(file, argv, envp) && paged && exec_again(&tries, errno, file, argv, envp))
+		;
+	return -1;
+}
+
+EXPORT int execv(const char *path, char *const argv[])
+{
+	return execve(path, argv, environ);
+}
+
+EXPORT int execvp(const char *file, char *const argv[])
+{
+	return execvpe(file, argv, environ);
+}
+
+EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags)
+{
+	int (*next)(int, const char *, char *const[], char *const[], int) =
+		(int (*)(int, const char *, char *const[], char *const[], int))fm_io_next(&execveat_next);
+	int tries = 0, paged = exec_paged();
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (paged)
+		exec_touch(path, argv, envp);
+	while (next(dirfd, path, argv, envp, flags) && paged && exec_again(&tries, errno, path, argv, envp))
+		;
+	return -1;
+}
+
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	int (*next)(int, char *const[], char *const[]) =
+		(int (*)(int, char *const[], char *const[]))fm_io_next(&fexecve_next);
+	int tries = 0, paged = exec_paged();
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (paged)
+		exec_touch(NULL, argv, envp);
+	while (next(fd, argv, envp) && paged && exec_again(&tries, errno, NULL, argv, envp))
+		;
+	return -1;
+}
+
+/*
+ * execl, execlp and execle: glibc builds the vector and calls its own execve
+ * or execvpe, past the covers; so do these, through the covers. The vector
+ * lives on this stack, as glibc's does.
+ */
+#define EXEC_LIST(first, ap, argv)                                                                 \
+	size_t n_ = 1;                                                                             \
+	va_list count_;                                                                            \
+	va_copy(count_, ap);                                                                       \
+	while (va_arg(count_, char *))                                                             \
+		n_++;                                                                              \
+	va_end(count_);                                                                            \
+	char *argv[n_ + 1];                                                                        \
+	argv[0] = (char *)(first);                                                                 \
+	for (size_t k_ = 1; k_ <= n_; k_++)                                                        \
+		argv[k_] = va_arg(ap, char *)
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+	va_list ap;
+
+	va_start(ap, arg);
+	EXEC_LIST(arg, ap, argv);
+	va_end(ap);
+	return execve(path, argv, environ);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+	va_list ap;
+
+	va_start(ap, arg);
+	EXEC_LIST(arg, ap, argv);
+	va_end(ap);
+	return execvpe(file, argv, environ);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+	va_list ap;
+	char *const *envp;
+
+	va_start(ap, arg);
+	EXEC_LIST(arg, ap, argv);
+	envp = va_arg(ap, char *const *);
+	va_end(ap);
+	return execve(path, argv, envp);
+}
+
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	int (*next)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+		    char *const[], char *const[]) =
+		(int (*)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+			 char *const[], char *const[]))fm_io_next(&posix_spawn_next);
+	int rc, tries = 0, paged = exec_paged();
+
+	if (!next)
+		return ENOSYS;
+	if (paged)
+		exec_touch(path, argv, envp);
+	while ((rc = next(pid, path, fa, attr, argv, envp)) && paged && exec_again(&tries, rc, path, argv, envp))
+		;
+	return rc;
+}
+
+EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	int (*next)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+		    char *const[], char *const[]) =
+		(int (*)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+			 char *const[], char *const[]))fm_io_next(&posix_spawnp_next);
+	int rc, tries = 0, paged = exec_paged();
+
+	if (!next)
+		return ENOSYS;
+	if (paged)
+		exec_touch(file, argv, envp);
+	while ((rc = next(pid, file, fa, attr, argv, envp)) && paged && exec_again(&tries, rc, file, argv, envp))
+		;
+	return rc;
+}
+
+/* system and popen: glibc spawns sh -c COMMAND with its own posix_spawn; a spawn that failed says EFAULT in errno. */
+EXPORT int system(const char *command)
+{
+	int (*next)(const char *) = (int (*)(const char *))fm_io_next(&system_next);
+	int rc, tries = 0, paged = exec_paged();
+
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	if (paged)
+		exec_touch(command, environ, NULL);
+	while ((rc = next(command)) == (127 << 8) && paged && exec_again(&tries, errno, command, environ, NULL))
+		;
+	return rc;
+}
+
+EXPORT FILE *popen(const char *command, const char *mode)
+{
+	FILE *(*next)(const char *, const char *) = (FILE * (*)(const char *, const char *)) fm_io_next(&popen_next);
+	FILE *fp;
+	int tries = 0, paged = exec_paged();
+
+	if (!next) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (paged)
+		exec_touch(command, environ, NULL);
+	while (!(fp = next(command, mode)) && paged && exec_again(&tries, errno, command, environ, NULL))
+		;
+	return fp;
+}
+
 /* --- A stream's buffer of the program's memory ------------------------------------------ */
 
 /*

@@ -77,6 +77,11 @@
  *   poll                 epoll_wait, epoll_pwait, poll, ppoll, select and pselect
  *                        with their arrays in the evicted buffer: each finds the one
  *                        ready descriptor (each failed with EFAULT before session 34)
+ *   exec                 posix_spawn, posix_spawnp, execve, execvpe, execle and
+ *                        execl (in a vfork child), system and popen, with the
+ *                        path, every argument and environment string, and the
+ *                        vectors in the evicted buffer: sh checks what it got
+ *                        (each failed with EFAULT before session 45)
  *   close                every descriptor but 0-2 closed the ways a daemon does it
  *                        (a loop to 1024, close_range, closefrom): paging goes on
  *                        and the file the program opens next holds only its bytes
@@ -110,6 +115,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -124,6 +130,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 #include <linux/futex.h>
@@ -1103,6 +1110,108 @@ static void t_poll(void)
 }
 
 /*
+ * Starting a program whose path, arguments and environment lie in evicted
+ * paged memory (a program's argument table in a big block): the kernel
+ * copies them at exec, and with faults served in the faulting thread it
+ * cannot wait for a page (EFAULT before session 45). Each way runs sh,
+ * which exits 0 only if its argument and its environment arrived whole.
+ */
+static char *exec_str(size_t *at, const char *s)
+{
+	char *d = (char *)buf + *at;
+
+	strcpy(d, s);
+	*at += PAGE; /* a page each: the kernel meets one evicted page after another */
+	return d;
+}
+
+static void exec_check(const char *how, int status)
+{
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		FAIL("exec: %s with its strings in evicted paged memory: status %#x%s", how, status,
+		     WIFEXITED(status) && WEXITSTATUS(status) == EFAULT ? " (EFAULT)" : "");
+}
+
+/* The child's exit status; the child runs on this frame until its exec, so nothing here lives past the vfork. */
+static __attribute__((noinline)) int vfork_exec(int way, char *path, char **argv, char **envp, char *val)
+{
+	pid_t pid = vfork();
+	int status = -1;
+
+	if (pid == 0) {
+		if (way == 2)
+			execve(path, argv, envp);
+		else if (way == 3)
+			execvpe(argv[0], argv, envp);
+		else if (way == 4)
+			execle(path, argv[0], argv[1], argv[2], argv[3], argv[4], (char *)NULL, envp);
+		else if (putenv(val) == 0)
+			execl(path, argv[0], argv[1], argv[2], argv[3], argv[4], (char *)NULL);
+		_exit(errno);
+	}
+	if (pid > 0)
+		waitpid(pid, &status, 0);
+	return status;
+}
+
+static void t_exec(void)
+{
+	size_t at = 9 * CHUNK;
+	char **argv = (char **)(buf + at), **envp = argv + 8;
+	char *sh, *path, *cmd, *val, line[64] = { 0 };
+	pid_t pid;
+	int status, rc;
+	FILE *fp;
+
+	at += PAGE;
+	sh = exec_str(&at, "sh");
+	path = exec_str(&at, "/bin/sh");
+	argv[0] = sh;
+	argv[1] = exec_str(&at, "-c");
+	argv[2] = exec_str(&at, "test \"$1\" = paged-argument && test \"$IOTEST_EXEC\" = paged-environment");
+	argv[3] = sh;
+	argv[4] = exec_str(&at, "paged-argument");
+	argv[5] = NULL;
+	envp[0] = val = exec_str(&at, "IOTEST_EXEC=paged-environment");
+	envp[1] = NULL;
+	cmd = exec_str(&at, "test \"$(echo paged-command)\" = paged-command && echo paged-output");
+
+	for (int way = 0; way < 7; way++) {
+		static const char *const names[] = { "posix_spawn", "posix_spawnp", "vfork+execve", "vfork+execvpe",
+						     "vfork+execle", "vfork+execl", "system" };
+
+		evict_buf();
+		status = -1;
+		switch (way) {
+		case 0:
+		case 1:
+			rc = way ? posix_spawnp(&pid, sh, NULL, NULL, argv, envp) : posix_spawn(&pid, path, NULL, NULL, argv, envp);
+			if (rc) {
+				FAIL("exec: %s: %s", names[way], strerror(rc));
+				continue;
+			}
+			waitpid(pid, &status, 0);
+			break;
+		case 6:
+			setenv("IOTEST_EXEC", "paged-environment", 1);
+			status = system(cmd);
+			unsetenv("IOTEST_EXEC");
+			break;
+		default:
+			status = vfork_exec(way, path, argv, envp, val);
+			break;
+		}
+		exec_check(names[way], status);
+	}
+	evict_buf();
+	fp = popen(cmd, "r");
+	if (!fp || !fgets(line, sizeof(line), fp) || strcmp(line, "paged-output\n"))
+		FAIL("exec: popen with its command in evicted paged memory: %s", fp ? line : strerror(errno));
+	if (fp && (status = pclose(fp)))
+		exec_check("popen", status);
+}
+
+/*
  * A daemon's way of starting clean: close every descriptor but 0-2, by a loop
  * up to the limit, close_range and closefrom. The pager's userfaultfd, memd
  * connections and pipes must survive it, and a file the program opens next
@@ -1647,7 +1756,7 @@ int main(int argc, char **argv)
 {
 	static const struct { const char *name; void (*fn)(void); } tests[] = {
 		{ "read", t_read }, { "write", t_write }, { "stdio", t_stdio }, { "fortify", t_fortify }, { "big", t_big }, { "socket", t_socket },
-		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks }, { "ownstack", t_ownstack }, { "exits", t_exits }, { "poll", t_poll }, { "close", t_close },
+		{ "sigbus", t_sigbus }, { "blocked", t_blocked }, { "protect", t_protect }, { "cancel", t_cancel }, { "sync", t_sync }, { "stacks", t_stacks }, { "ownstack", t_ownstack }, { "exits", t_exits }, { "poll", t_poll }, { "exec", t_exec }, { "close", t_close },
 		{ "syscall", t_syscall }, { "raw", t_raw },
 	};
 	static const struct option opts[] = {
