@@ -45,7 +45,11 @@ def main() -> int:
     cmd = next((c for n, _, c in bench_sweep.PROGRAMS if n == args.program), None)
     if cmd is None:
         raise SystemExit(f"bench_vs_swap: no program {args.program!r} in bench_sweep.PROGRAMS")
-    work = Path(tempfile.mkdtemp(prefix="farmem-vs-swap-"))
+    with tempfile.TemporaryDirectory(prefix="farmem-vs-swap-") as work:
+        return compare(args, cmd, Path(work))
+
+
+def compare(args, cmd: str, work: Path) -> int:
     bench_sweep.make_inputs(work, args.scale)
     argv = ["bash", "-c", cmd]
     t0 = time.monotonic()

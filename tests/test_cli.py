@@ -251,13 +251,14 @@ def test_cmd_dies_with_a_killed_launcher(tmp_path, farmem_cmd):
     """`farmem run` killed by SIGKILL cannot forward it, and its memd goes with it: CMD must not run
     on orphaned (before session 33 it did, unpaged, with no budget). It gets SIGTERM."""
     started = tmp_path / "started"
-    proc = subprocess.Popen([*farmem_cmd, "run", "--", "sh", "-c", f"echo $$ > {started}.tmp && "
+    proc = subprocess.Popen([*farmem_cmd, "run", "--", "sh", "-c", f"echo $$ $FARMEM_CONTROL > {started}.tmp && "
                              f"mv {started}.tmp {started} && exec sleep 300"], env=clean_env(),
                             stderr=subprocess.PIPE, text=True)
-    pid = None
+    pid = run_dir = None
     try:
         wait_started(proc, started)
-        pid = int(started.read_text())
+        pid, control = started.read_text().split()
+        pid, run_dir = int(pid), os.path.dirname(control)
         assert not gone(pid)
         proc.kill()
         proc.wait(30)
@@ -271,6 +272,8 @@ def test_cmd_dies_with_a_killed_launcher(tmp_path, farmem_cmd):
             proc.wait()
         if pid and not gone(pid):
             os.kill(pid, signal.SIGKILL)
+        if run_dir:  # a launcher killed by SIGKILL leaves its directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.mark.memd

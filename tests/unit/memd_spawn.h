@@ -90,6 +90,19 @@ static inline pid_t unit_start_memd(const char *sock, const char *capacity)
 }
 
 /*
+ * Once its memd is gone: its socket (a memd killed by SIGKILL leaves it) and
+ * its log, so that a run of the tests leaves nothing in /tmp.
+ */
+static inline void unit_memd_files_remove(const char *sock)
+{
+	char logpath[256];
+
+	snprintf(logpath, sizeof(logpath), "%s.log", sock);
+	unlink(sock);
+	unlink(logpath);
+}
+
+/*
  * SIGSTOP to a memd this program started, returning once it has stopped:
  * until each of its threads has seen the signal (a loaded machine takes its
  * time), a worker that has not goes on serving. 0, or -1 if it did not stop.

@@ -137,7 +137,7 @@ int main(void)
 	fm_conn_close(&c);
 	kill(memd_pid, SIGKILL);
 	waitpid(memd_pid, NULL, 0);
-	unlink(sock);
+	unit_memd_files_remove(sock);
 	if (failures) {
 		fprintf(stderr, "test_conn_spin: %d check(s) failed\n", failures);
 		return 1;

@@ -85,7 +85,7 @@ int main(void)
 	for (int i = 0; i < 2; i++) {
 		kill(md.pid[i], SIGKILL);
 		waitpid(md.pid[i], NULL, 0);
-		unlink(md.sock[i]);
+		unit_memd_files_remove(md.sock[i]);
 	}
 	if (failures) {
 		fprintf(stderr, "test_multi_full: %d checks failed (%d pages refused, %.3f s of CPU while idle, "

@@ -137,8 +137,8 @@ int main(void)
 	kill(b, SIGKILL);
 	waitpid(slow_pid, NULL, 0);
 	waitpid(b, NULL, 0);
-	unlink(md.sock[0]);
-	unlink(md.sock[1]);
+	unit_memd_files_remove(md.sock[0]);
+	unit_memd_files_remove(md.sock[1]);
 	if (failures) {
 		fprintf(stderr, "test_multi_slow: %d checks failed (%u of %u reads failed while slow, %d wrong pages)\n",
 			failures, failed_reads, reads, wrong);

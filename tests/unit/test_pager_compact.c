@@ -669,6 +669,7 @@ int main(void)
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	unit_memd_files_remove(sock);
 	if (failures) {
 		fprintf(stderr, "test_pager_compact: %d checks failed\n", failures);
 		return 1;

@@ -311,8 +311,7 @@ int main(void)
 			exercise(both, "two memds R=2", "stream", 1, 0, "2", 0);
 			/* Last: it loses memd2 (SIGKILL) just before the move. */
 			exercise(both, "two memds R=2 one lost", "stream", 1, 0, "2", memd2);
-			snprintf(both, sizeof(both), "%s.log", sock2);
-			unlink(both);
+			unit_memd_files_remove(sock2);
 		}
 	}
 	kill(memd, SIGTERM);
@@ -326,12 +325,7 @@ int main(void)
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	{
-		char logpath[80];
-
-		snprintf(logpath, sizeof(logpath), "%s.log", sock);
-		unlink(logpath);
-	}
+	unit_memd_files_remove(sock);
 	if (failures) {
 		fprintf(stderr, "test_pager_move: %d checks failed\n", failures);
 		return 1;

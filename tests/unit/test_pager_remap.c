@@ -221,7 +221,7 @@ out:
 
 int main(void)
 {
-	char sock[64], unix_addr[80], logpath[80];
+	char sock[64], unix_addr[80];
 	pid_t memd;
 	int st;
 
@@ -235,8 +235,7 @@ int main(void)
 	kill(memd, SIGTERM);
 	waitpid(memd, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	snprintf(logpath, sizeof(logpath), "%s.log", sock);
-	unlink(logpath);
+	unit_memd_files_remove(sock);
 	if (failures) {
 		fprintf(stderr, "test_pager_remap: %d checks failed\n", failures);
 		return 1;

@@ -319,8 +319,8 @@ int main(void)
 			atomic_load(&bad));
 		return 1;
 	}
-	unlink(md.sock[0]);
-	unlink(md.sock[1]);
+	unit_memd_files_remove(md.sock[0]);
+	unit_memd_files_remove(md.sock[1]);
 	printf("test_xport_sigsafe: ok (%u handlers, each a write, a read and every 8th a discard)\n",
 	       atomic_load(&handled));
 	return 0;
