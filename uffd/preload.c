@@ -775,8 +775,16 @@ __attribute__((constructor)) static void preload_init(void)
 	 * and a pager started there allocates through it (the dynamic loader's
 	 * dlopen, a thread's TLS): it starts now, while nothing holds them.
 	 */
-	if (app.foreign && hooks_on())
-		get_pager();
+	if (app.foreign && hooks_on()) {
+		struct fm_pager *pg = get_pager();
+
+		/* Its mappings are paged where the kernel waits (allocator_mapping): that handler starts now too. */
+		if (pg) {
+			in_farmem++;
+			kernel_waits_open(pg);
+			in_farmem--;
+		}
+	}
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 	fm_fork_before_prepare(fork_before);
 	fm_fork_after_parent(remap_let_go_by_fork);
@@ -928,7 +936,14 @@ static int qualifies(size_t len, int prot, int flags, int fd)
 	       (prot & PROT_WRITE);
 }
 
-static void maybe_register(void *p, size_t len)
+static int allocator_mapping(const void *caller);
+
+/*
+ * Page a mapping: as a region the kernel waits on when waits is set, or when
+ * the code that mapped it (caller, or NULL) is the program's allocator
+ * (allocator_mapping); where faults come by SIGBUS otherwise.
+ */
+static void maybe_register(void *p, size_t len, int waits, const void *caller)
 {
 	struct fm_pager *pg = get_pager();
 
@@ -936,8 +951,40 @@ static void maybe_register(void *p, size_t len)
 		return;
 	len = (len + PAGE - 1) & ~(size_t)(PAGE - 1);
 	in_farmem++;
-	fm_pager_register(pg, p, len, 0);
+	if (!waits && !allocator_mapping(caller))
+		fm_pager_register(pg, p, len, 0);
+	else if (kernel_waits_open(pg))
+		fm_pager_register(pg, p, len, FM_REG_KERNEL_WAITS);
+	/* else it stays local, as glibc's heaps do then */
 	in_farmem--;
+}
+
+/*
+ * The mapping is made by the program's allocator, when that is not glibc's
+ * (jemalloc, mimalloc, tcmalloc, one in the executable): its small blocks
+ * hold what the program hands the kernel (paths, struct stat, socket
+ * addresses), as glibc's heaps do, and are paged where the kernel waits for a
+ * page. With faults by SIGBUS a system call on an evicted one failed with
+ * EFAULT: Redis (jemalloc) at --threshold 1M stopped at its start, "Fatal
+ * error loading the DB: Bad address", its file name in a cold block. Known
+ * by the code that called mmap: the object that defines the allocator.
+ */
+static int allocator_mapping(const void *caller)
+{
+	static _Atomic(const void *) alloc_base;
+	const struct app_alloc *a = app_alloc();
+	const void *base = atomic_load_explicit(&alloc_base, memory_order_relaxed);
+	Dl_info info;
+
+	if (!caller || a->glibc)
+		return 0;
+	if (!base) {
+		if (!dladdr((void *)a->malloc, &info) || !info.dli_fbase)
+			return 0;
+		base = info.dli_fbase;
+		atomic_store_explicit(&alloc_base, base, memory_order_relaxed);
+	}
+	return dladdr(caller, &info) && info.dli_fbase == base;
 }
 
 /*
@@ -963,7 +1010,7 @@ static int kernel_waits_open(struct fm_pager *pg)
 	if (fm_pager_open_kernel_waits(pg, err, sizeof(err)) == 0)
 		return 1;
 	if (!atomic_exchange(&told, 1))
-		fm_warn("the malloc heaps of this program's threads stay local: %s", err);
+		fm_warn("the malloc heaps of this program's threads (or its allocator's mappings) stay local: %s", err);
 	return 0;
 }
 
@@ -1344,7 +1391,8 @@ static int resv_commit(void *addr, size_t len)
 	return 1;
 }
 
-static void *mmap_hooked(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+/* caller: the code that called mmap (allocator_mapping), or NULL. */
+static void *mmap_hooked(void *addr, size_t len, int prot, int flags, int fd, off_t off, const void *caller)
 {
 	void *p;
 
@@ -1379,7 +1427,7 @@ static void *mmap_hooked(void *addr, size_t len, int prot, int flags, int fd, of
 			resv_cut(p, len);
 	}
 	if (qualifies(len, prot, flags, fd))
-		maybe_register(p, len);
+		maybe_register(p, len, 0, caller);
 	return p;
 }
 
@@ -1389,7 +1437,7 @@ static void *mmap_hooked(void *addr, size_t len, int prot, int flags, int fd, of
  * between the steps would give the child a paged range unpaged, or books for
  * a range no longer mapped.
  */
-static void *mmap_cover(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+static void *mmap_cover(void *addr, size_t len, int prot, int flags, int fd, off_t off, const void *caller)
 {
 	void *p;
 	int locked, e;
@@ -1398,7 +1446,7 @@ static void *mmap_cover(void *addr, size_t len, int prot, int flags, int fd, off
 	locked = remap_locks() && ((flags & MAP_FIXED) || qualifies(len, prot, flags, fd));
 	if (locked)
 		pthread_mutex_lock(&remap_lock);
-	p = mmap_hooked(addr, len, prot, flags, fd, off);
+	p = mmap_hooked(addr, len, prot, flags, fd, off, caller);
 	e = errno;
 	if (locked)
 		pthread_mutex_unlock(&remap_lock);
@@ -1696,14 +1744,14 @@ static void *pool_remap(void *old, size_t old_len, size_t new_len, int flags, vo
 	if (paged && ((uintptr_t)p == o || (flags & MREMAP_DONTUNMAP)))
 		resv_commit(old, (uintptr_t)p == o && new_len < old_len ? new_len : old_len);
 	if ((uintptr_t)p != o && !pool_holds(p, new_len) && hooks_on() && new_len >= cfg.threshold)
-		maybe_register(p, new_len);
+		maybe_register(p, new_len, 0, NULL);
 	return p;
 }
 
 static void *mremap_hooked(void *old, size_t old_len, size_t new_len, int flags, void *new_addr)
 {
 	void *p;
-	int paged, one = -1, anon = 0;
+	int paged, waits, one = -1, anon = 0;
 
 	paged = pager && atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, old, old_len);
 	if (old_len && ((uintptr_t)old & (PAGE - 1)) == 0 && pool_holds(old, old_len))
@@ -1741,8 +1789,10 @@ static void *mremap_hooked(void *old, size_t old_len, size_t new_len, int flags,
 		resv_cut(p, new_len);
 		return p;
 	}
+	/* Paged where the kernel waits (an allocator's), or in thread mode, where it always does. */
+	waits = paged && !fm_pager_kernel_waits(pager) && !fm_pager_io_needed(pager, old, old_len);
 	if (paged) {
-		/* Bring the range home, let the kernel move plain memory, then page it again. */
+		/* Bring the range home, let the kernel move plain memory, then page it again, as it was. */
 		fm_pager_fetch_all(pager, old, old_len);
 		fm_pager_unregister(pager, old, old_len);
 	}
@@ -1751,7 +1801,7 @@ static void *mremap_hooked(void *old, size_t old_len, size_t new_len, int flags,
 		int e = errno;  /* glibc's syscall() set it to the kernel's */
 
 		if (paged)
-			maybe_register(old, old_len);
+			maybe_register(old, old_len, waits, NULL);
 		errno = e;
 		return MAP_FAILED;
 	}
@@ -1759,7 +1809,7 @@ static void *mremap_hooked(void *old, size_t old_len, size_t new_len, int flags,
 	resv_cut(old, old_len);
 	resv_cut(p, new_len);
 	if (paged || (hooks_on() && new_len >= cfg.threshold))
-		maybe_register(p, new_len);
+		maybe_register(p, new_len, waits, NULL);
 	return p;
 }
 
@@ -1821,12 +1871,12 @@ static int madvise_cover(void *addr, size_t len, int advice)
 
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
-	return mmap_cover(addr, len, prot, flags, fd, off);
+	return mmap_cover(addr, len, prot, flags, fd, off, __builtin_return_address(0));
 }
 
 EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
-	return mmap(addr, len, prot, flags, fd, off);
+	return mmap_cover(addr, len, prot, flags, fd, off, __builtin_return_address(0));
 }
 
 EXPORT int munmap(void *addr, size_t len)
@@ -2083,7 +2133,7 @@ static void *big_alloc(size_t n, size_t align)
 	big[atomic_load(&nbig)].len = len;
 	atomic_fetch_add(&nbig, 1);
 	pthread_mutex_unlock(&big_lock);
-	maybe_register(p, len);
+	maybe_register(p, len, 0, NULL);
 	if (locked)
 		pthread_mutex_unlock(&remap_lock);
 	return p;

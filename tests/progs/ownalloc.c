@@ -14,7 +14,12 @@
  * every signal blocked (glibc's __ctype_init), and check their character
  * classes.
  *
- *   ownalloc [--mib N]    prints "ownalloc ok" when every word read back right
+ *   ownalloc [--mib N] [--syscall-mmap]
+ *
+ * prints "ownalloc ok" when every word read back right. --syscall-mmap maps
+ * the chunks with syscall(SYS_mmap), as SBCL maps its heap: the shim then
+ * cannot tell them for the allocator's, and pages them where faults come by
+ * SIGBUS (the locale's data with them).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -25,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "mix.h"
@@ -37,6 +43,14 @@ size_t early_check(void);
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int inside;
 static char *chunk_at, *chunk_end;
+static int syscall_mmap;
+
+static void *map(size_t n)
+{
+	if (syscall_mmap)
+		return (void *)syscall(SYS_mmap, NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+}
 
 static void enter(void)
 {
@@ -71,10 +85,10 @@ static void *take(size_t n, size_t align)
 	enter();
 	if (need > CHUNK / 2) {
 		/* A big block: a mapping of its own, made under the lock. */
-		p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		p = map(need);
 	} else {
 		if (!chunk_at || (size_t)(chunk_end - chunk_at) < need) {
-			chunk_at = mmap(NULL, CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			chunk_at = map(CHUNK);
 			chunk_end = chunk_at == MAP_FAILED ? NULL : chunk_at + CHUNK;
 		}
 		p = chunk_at;
@@ -184,8 +198,10 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--mib") && i + 1 < argc) {
 			mib = strtoul(argv[++i], NULL, 10);
+		} else if (!strcmp(argv[i], "--syscall-mmap")) {
+			syscall_mmap = 1;
 		} else {
-			fprintf(stderr, "usage: ownalloc [--mib N]\n");
+			fprintf(stderr, "usage: ownalloc [--mib N] [--syscall-mmap]\n");
 			return 2;
 		}
 	}

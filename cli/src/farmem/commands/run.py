@@ -445,7 +445,8 @@ def summary_lines(s: dict) -> list:
     adopted = resmap.adopt_note(s)
     served = FAULT_MODE_WORDS.get(s.get("fault_mode"), s.get("fault_mode"))
     if s.get("heap_faults"):
-        # Regions the kernel waits for (glibc's heaps): a handler thread served them, in any mode.
+        # Regions the kernel waits for (glibc's heaps, another allocator's mappings): a handler
+        # thread served them, in any mode.
         served += f" ({s['heap_faults']} of them in malloc heaps and reservations, by a handler thread)"
     # A percentage budget follows the registered pages: when the program unmapped, the peak was
     # reached under a higher limit than the last, which is said beside it.
