@@ -10,7 +10,11 @@ Linux swap: at 25% of a few MiB, kswap mode's allowance for the rest of the proc
 whole program.
 
     python3 bench/bench_sweep.py [--only perl,jq] [--scale 1] [--local 25%] [--threshold 1M]
-                                 [--fault thread] [--json results.json]
+                                 [--fault thread] [--repeats 1] [--before DIR] [--json results.json]
+
+--before DIR runs each program a third time under another build of farmem (DIR: its build/ tree,
+as FARMEM_BUILD; a worktree of an older commit after `make`), right after this build's run, for
+a before-and-after in one sitting; --repeats runs the three that many times, interleaved.
 
 LibreOffice runs only when --only names it (OPT_IN).
 
@@ -228,12 +232,13 @@ def make_inputs(work: Path, scale: float) -> None:
 DEBIAN_ENV = dict(os.environ, PATH="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
 
 
-def run(argv: list, work: Path, timeout: float) -> tuple:
-    """Run argv in a session of its own; past the timeout the whole session is killed (the shell's
-    pipeline too, not only its first process) and the run counts as failed (status -9)."""
+def run(argv: list, work: Path, timeout: float, env_extra: dict | None = None) -> tuple:
+    """Run argv in a session of its own, in DEBIAN_ENV with env_extra; past the timeout the whole
+    session is killed (the shell's pipeline too, not only its first process) and the run counts as
+    failed (status -9)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env=DEBIAN_ENV)
+                            env=dict(DEBIAN_ENV, **(env_extra or {})))
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -241,6 +246,47 @@ def run(argv: list, work: Path, timeout: float) -> tuple:
         out, err = proc.communicate()
         err += f"\nbench_sweep: killed after {timeout:.0f} s\n".encode()
     return subprocess.CompletedProcess(argv, proc.returncode, out, err), time.monotonic() - t0
+
+
+def farmem_once(args, work: Path, name: str, cmd: str, build: str | None) -> tuple:
+    """CMD under `farmem run` (with build as FARMEM_BUILD, if given): (CompletedProcess, seconds, summary)."""
+    summary = work / f"{name}.json"
+    summary.unlink(missing_ok=True)
+    fault = ["--fault", args.fault] if args.fault else []
+    fm, fm_s = run([str(REPO / "farmem"), "run", "--threshold", args.threshold, "--local", args.local, *fault,
+                    "--summary-json", str(summary), "--", "bash", "-c", cmd], work, args.timeout,
+                   {"FARMEM_BUILD": build} if build else None)
+    return fm, fm_s, json.loads(summary.read_text()) if summary.exists() else {}
+
+
+def sweep_one(args, work: Path, name: str, cmd: str, results: list) -> int:
+    """One round of a program: all local, this build, the build before (--before). 1 if an output differed."""
+    rss = work / f"{name}.rss"
+    local, local_s = run(["/usr/bin/time", "-f", "%M", "-o", str(rss), "bash", "-c", cmd], work, args.timeout)
+    peak_kib = int(rss.read_text().split()[-1]) if rss.exists() else 0
+    bad = 0
+    for build in [None, args.before] if args.before else [None]:
+        fm, fm_s, s = farmem_once(args, work, name, cmd, build)
+        same = local.returncode == 0 and fm.returncode == 0 and local.stdout == fm.stdout
+        bad |= not same
+        row = {"program": name, "command": cmd, "build": build or "this", "same": same,
+               "local_s": round(local_s, 2), "farmem_s": round(fm_s, 2),
+               "ratio": round(fm_s / local_s, 2) if local_s else None,
+               "faults": s.get("faults", 0), "heap_faults": s.get("heap_faults", 0),
+               "processes": s.get("processes", 0), "peak_rss_mib_local": round(peak_kib / 1024, 1),
+               "output_sha256": hashlib.sha256(local.stdout).hexdigest()[:16]}
+        if not same:
+            row["farmem_stderr"] = fm.stderr.decode(errors="replace")[-800:]
+        results.append(row)
+        paged = "not paged" if not row["processes"] else \
+            f"{row['faults']} faults ({row['heap_faults']} by the heaps' handler thread)"
+        which = f" (build {build})" if build else ""
+        print(f"{name}{which}: {'same output' if same else 'DIFFERENT OUTPUT OR FAILED'}, {row['local_s']} s local, "
+              f"{row['farmem_s']} s farmem ({row['ratio']}x), {paged}, largest process all local "
+              f"{row['peak_rss_mib_local']} MiB", flush=True)
+        if not same:
+            print(row["farmem_stderr"], flush=True)
+    return bad
 
 
 def main() -> int:
@@ -251,6 +297,8 @@ def main() -> int:
     ap.add_argument("--threshold", default="1M")
     ap.add_argument("--fault", help="farmem run's --fault (thread also pages glibc's heaps of the programs' threads)")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--before", help="another build's build/ directory (FARMEM_BUILD), run third")
     ap.add_argument("--json")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -264,31 +312,8 @@ def main() -> int:
             if not shutil.which(need, path=DEBIAN_ENV["PATH"]):
                 print(f"{name}: skipped ({need} is not installed)", flush=True)
                 continue
-            rss = work / f"{name}.rss"
-            local, local_s = run(["/usr/bin/time", "-f", "%M", "-o", str(rss), "bash", "-c", cmd], work,
-                                 args.timeout)
-            peak_kib = int(rss.read_text().split()[-1]) if rss.exists() else 0
-            summary = work / f"{name}.json"
-            fault = ["--fault", args.fault] if args.fault else []
-            fm, fm_s = run([str(REPO / "farmem"), "run", "--threshold", args.threshold, "--local", args.local, *fault,
-                            "--summary-json", str(summary), "--", "bash", "-c", cmd], work, args.timeout)
-            s = json.loads(summary.read_text()) if summary.exists() else {}
-            same = local.returncode == 0 and fm.returncode == 0 and local.stdout == fm.stdout
-            bad += not same
-            row = {"program": name, "command": cmd, "same": same, "local_s": round(local_s, 2),
-                   "farmem_s": round(fm_s, 2), "ratio": round(fm_s / local_s, 2) if local_s else None,
-                   "faults": s.get("faults", 0), "processes": s.get("processes", 0),
-                   "peak_rss_mib_local": round(peak_kib / 1024, 1),
-                   "output_sha256": hashlib.sha256(local.stdout).hexdigest()[:16]}
-            if not same:
-                row["farmem_stderr"] = fm.stderr.decode(errors="replace")[-800:]
-            results.append(row)
-            paged = "not paged" if not row["processes"] else f"{row['faults']} faults"
-            print(f"{name}: {'same output' if same else 'DIFFERENT OUTPUT OR FAILED'}, {row['local_s']} s local, "
-                  f"{row['farmem_s']} s farmem ({row['ratio']}x), {paged}, largest process all local "
-                  f"{row['peak_rss_mib_local']} MiB", flush=True)
-            if not same:
-                print(row["farmem_stderr"], flush=True)
+            for _ in range(args.repeats):
+                bad += sweep_one(args, work, name, cmd, results)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
