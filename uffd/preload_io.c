@@ -1215,7 +1215,12 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
 	return rc;
 }
 
-/* system and popen: glibc spawns sh -c COMMAND with its own posix_spawn; a spawn that failed says EFAULT in errno. */
+/*
+ * system and popen: glibc spawns sh -c COMMAND with its own posix_spawn. A
+ * spawn that failed leaves its error in errno, and system says 127 as if the
+ * shell had exited so; errno is cleared first, so that a shell that ran and
+ * exited 127 is never run again.
+ */
 EXPORT int system(const char *command)
 {
 	int (*next)(const char *) = (int (*)(const char *))fm_io_next(&system_next);
@@ -1227,9 +1232,12 @@ EXPORT int system(const char *command)
 	}
 	if (paged)
 		exec_touch(command, environ, NULL);
-	while ((rc = next(command)) == (127 << 8) && paged && exec_again(&tries, errno, command, environ, NULL))
-		;
-	return rc;
+	for (;;) {
+		errno = 0;
+		rc = next(command);
+		if (rc != (127 << 8) || !paged || !exec_again(&tries, errno, command, environ, NULL))
+			return rc;
+	}
 }
 
 EXPORT FILE *popen(const char *command, const char *mode)

@@ -81,7 +81,8 @@
  *                        execl (in a vfork child), system and popen, with the
  *                        path, every argument and environment string, and the
  *                        vectors in the evicted buffer: sh checks what it got
- *                        (each failed with EFAULT before session 45)
+ *                        (each failed with EFAULT before session 45); and a
+ *                        shell that exits 127 runs once, with errno EFAULT before
  *   close                every descriptor but 0-2 closed the ways a daemon does it
  *                        (a loop to 1024, close_range, closefrom): paging goes on
  *                        and the file the program opens next holds only its bytes
@@ -1202,6 +1203,21 @@ static void t_exec(void)
 			break;
 		}
 		exec_check(names[way], status);
+	}
+	{
+		/* A shell that ran and exited 127 is not run again, whatever errno held before. */
+		char once[] = "/tmp/iotest-once-XXXXXX", run[128], got[8] = { 0 };
+		int fd = mkstemp(once);
+
+		snprintf(run, sizeof(run), "echo ran >> %s; exit 127", once);
+		errno = EFAULT;
+		status = system(run);
+		if (fd < 0 || pread(fd, got, sizeof(got) - 1, 0) < 0 || strcmp(got, "ran\n"))
+			FAIL("exec: system of a shell that exits 127 ran it %s (status %#x)", strcmp(got, "ran\n") ? "again" : "?", status);
+		if (fd >= 0) {
+			close(fd);
+			unlink(once);
+		}
 	}
 	evict_buf();
 	fp = popen(cmd, "r");
