@@ -1052,10 +1052,12 @@ FM_IO_NEXT(posix_spawnp_next, "posix_spawnp");
 FM_IO_NEXT(system_next, "system");
 FM_IO_NEXT(popen_next, "popen");
 
-EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+typedef int (*exec_fn)(const char *, char *const[], char *const[]);
+
+/* execve and execvpe (the same arguments): the strings read in, the call made again after EFAULT. */
+static int exec_cover(struct fm_io_next_ref *ref, const char *path, char *const argv[], char *const envp[])
 {
-	int (*next)(const char *, char *const[], char *const[]) =
-		(int (*)(const char *, char *const[], char *const[]))fm_io_next(&execve_next);
+	exec_fn next = (exec_fn)fm_io_next(ref);
 	int tries = 0, paged = exec_paged();
 
 	if (!next) {
@@ -1069,21 +1071,14 @@ EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 	return -1;
 }
 
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	return exec_cover(&execve_next, path, argv, envp);
+}
+
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
-	int (*next)(const char *, char *const[], char *const[]) =
-		(int (*)(const char *, char *const[], char *const[]))fm_io_next(&execvpe_next);
-	int tries = 0, paged = exec_paged();
-
-	if (!next) {
-		errno = ENOSYS;
-		return -1;
-	}
-	if (paged)
-		exec_touch(file, argv, envp);
-	while (next(file, argv, envp) && paged && exec_again(&tries, errno, file, argv, envp))
-		;
-	return -1;
+	return exec_cover(&execvpe_next, file, argv, envp);
 }
 
 EXPORT int execv(const char *path, char *const argv[])
@@ -1132,60 +1127,67 @@ EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 
 /*
  * execl, execlp and execle: glibc builds the vector and calls its own execve
- * or execvpe, past the covers; so do these, through the covers. The vector
- * lives on this stack, as glibc's does.
+ * or execvpe, past the covers; so does this, through the covers. The vector
+ * lives on this stack, as glibc's does; execle's envp follows the NULL.
  */
-#define EXEC_LIST(first, ap, argv)                                                                 \
-	size_t n_ = 1;                                                                             \
-	va_list count_;                                                                            \
-	va_copy(count_, ap);                                                                       \
-	while (va_arg(count_, char *))                                                             \
-		n_++;                                                                              \
-	va_end(count_);                                                                            \
-	char *argv[n_ + 1];                                                                        \
-	argv[0] = (char *)(first);                                                                 \
-	for (size_t k_ = 1; k_ <= n_; k_++)                                                        \
-		argv[k_] = va_arg(ap, char *)
+static int exec_list(struct fm_io_next_ref *ref, const char *path, const char *arg, va_list ap, int with_env)
+{
+	size_t n = 1;
+	va_list count;
+
+	va_copy(count, ap);
+	while (va_arg(count, char *))
+		n++;
+	va_end(count);
+	char *argv[n + 1];
+
+	argv[0] = (char *)arg;
+	for (size_t k = 1; k <= n; k++)
+		argv[k] = va_arg(ap, char *);
+	return exec_cover(ref, path, argv, with_env ? va_arg(ap, char *const *) : environ);
+}
 
 EXPORT int execl(const char *path, const char *arg, ...)
 {
 	va_list ap;
+	int rc;
 
 	va_start(ap, arg);
-	EXEC_LIST(arg, ap, argv);
+	rc = exec_list(&execve_next, path, arg, ap, 0);
 	va_end(ap);
-	return execve(path, argv, environ);
+	return rc;
 }
 
 EXPORT int execlp(const char *file, const char *arg, ...)
 {
 	va_list ap;
+	int rc;
 
 	va_start(ap, arg);
-	EXEC_LIST(arg, ap, argv);
+	rc = exec_list(&execvpe_next, file, arg, ap, 0);
 	va_end(ap);
-	return execvpe(file, argv, environ);
+	return rc;
 }
 
 EXPORT int execle(const char *path, const char *arg, ...)
 {
 	va_list ap;
-	char *const *envp;
+	int rc;
 
 	va_start(ap, arg);
-	EXEC_LIST(arg, ap, argv);
-	envp = va_arg(ap, char *const *);
+	rc = exec_list(&execve_next, path, arg, ap, 1);
 	va_end(ap);
-	return execve(path, argv, envp);
+	return rc;
 }
 
-EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+			char *const[], char *const[]);
+
+/* posix_spawn and posix_spawnp: a spawn that failed ran nothing in this process, and goes again. */
+static int spawn_cover(struct fm_io_next_ref *ref, pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	int (*next)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
-		    char *const[], char *const[]) =
-		(int (*)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
-			 char *const[], char *const[]))fm_io_next(&posix_spawn_next);
+	spawn_fn next = (spawn_fn)fm_io_next(ref);
 	int rc, tries = 0, paged = exec_paged();
 
 	if (!next)
@@ -1197,22 +1199,16 @@ EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_acti
 	return rc;
 }
 
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	return spawn_cover(&posix_spawn_next, pid, path, fa, attr, argv, envp);
+}
+
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
 			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	int (*next)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
-		    char *const[], char *const[]) =
-		(int (*)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
-			 char *const[], char *const[]))fm_io_next(&posix_spawnp_next);
-	int rc, tries = 0, paged = exec_paged();
-
-	if (!next)
-		return ENOSYS;
-	if (paged)
-		exec_touch(file, argv, envp);
-	while ((rc = next(pid, file, fa, attr, argv, envp)) && paged && exec_again(&tries, rc, file, argv, envp))
-		;
-	return rc;
+	return spawn_cover(&posix_spawnp_next, pid, file, fa, attr, argv, envp);
 }
 
 /*
