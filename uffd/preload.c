@@ -961,7 +961,7 @@ static void maybe_register(void *p, size_t len, int waits, const void *caller)
 
 /*
  * The mapping is made by the program's allocator, when that is not glibc's
- * (jemalloc, mimalloc, tcmalloc, one in the executable): its small blocks
+ * (jemalloc, mimalloc, one in the executable; tcmalloc maps past us): its small blocks
  * hold what the program hands the kernel (paths, struct stat, socket
  * addresses), as glibc's heaps do, and are paged where the kernel waits for a
  * page. With faults by SIGBUS a system call on an evicted one failed with

@@ -1248,7 +1248,9 @@ EXPORT FILE *popen(const char *command, const char *mode)
 	}
 	if (paged)
 		exec_touch(command, environ, NULL);
-	while (!(fp = next(command, mode)) && paged && exec_again(&tries, errno, command, environ, NULL))
+	/* glibc's popen says ENOMEM for a spawn that failed, EFAULT included; a failed popen ran nothing. */
+	while (!(fp = next(command, mode)) && paged &&
+	       exec_again(&tries, errno == ENOMEM ? EFAULT : errno, command, environ, NULL))
 		;
 	return fp;
 }
