@@ -62,6 +62,7 @@ extern void *__libc_realloc(void *, size_t);
 extern void *__libc_memalign(size_t, size_t);
 extern void __libc_free(void *);
 extern int __libc_mallopt(int, int);
+extern void *__sbrk(intptr_t);
 
 static struct fm_pager_cfg cfg;
 static atomic_int cfg_state;         /* 0 unread, 1 being read, 2 read */
@@ -132,6 +133,7 @@ static _Atomic pid_t remap_fork_tid;
 static int reserved_paged(void);
 static void heaps_keep(void);
 static int kernel_waits_open(struct fm_pager *pg);
+static void atfork_once(void);
 
 /* MAP_FAILED with errno set, as mmap(2) (glibc's syscall() sets errno). */
 static void *sys_mmap(void *a, size_t l, int prot, int fl, int fd, off_t off)
@@ -759,6 +761,28 @@ static void fork_child(void)
 	}
 }
 
+static void atfork_register(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+	fm_fork_before_prepare(fork_before);
+	fm_fork_after_parent(remap_let_go_by_fork);
+}
+
+/*
+ * The shim's fork handlers before the pager's (uffd/fork.c registers those
+ * when a pager starts): a child's handlers run in the order they were
+ * registered, and fork_child must take the paged ranges the child got
+ * (fm_fork_child) before the pager's own handler forgets them. A library's
+ * constructor that runs before ours may start the pager (tcmalloc's first
+ * sbrk): the child of a fork then had no pager and kept its memory unpaged.
+ */
+static void atfork_once(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	pthread_once(&once, atfork_register);
+}
+
 __attribute__((constructor)) static void preload_init(void)
 {
 	fm_io_bind();
@@ -785,9 +809,7 @@ __attribute__((constructor)) static void preload_init(void)
 			in_farmem--;
 		}
 	}
-	pthread_atfork(fork_prepare, fork_parent, fork_child);
-	fm_fork_before_prepare(fork_before);
-	fm_fork_after_parent(remap_let_go_by_fork);
+	atfork_once();
 }
 
 /* A library whose I/O the kernel does after the submitting call returned. */
@@ -874,6 +896,7 @@ static struct fm_pager *get_pager(void)
 				  : !fm_uffd_probe() ? "userfaultfd is not available to it" : NULL;
 		/* A hook may start the pager before our constructor ran. */
 		fm_io_bind();
+		atfork_once();
 		rc = why ? -1 : fm_pager_start(&cfg, &pager, err, sizeof(err));
 		if (rc && (why || other)) {
 			/*
@@ -961,7 +984,7 @@ static void maybe_register(void *p, size_t len, int waits, const void *caller)
 
 /*
  * The mapping is made by the program's allocator, when that is not glibc's
- * (jemalloc, mimalloc, one in the executable; tcmalloc maps past us): its small blocks
+ * (jemalloc, mimalloc, one in the executable; tcmalloc grows the break, sbrk): its small blocks
  * hold what the program hands the kernel (paths, struct stat, socket
  * addresses), as glibc's heaps do, and are paged where the kernel waits for a
  * page. With faults by SIGBUS a system call on an evicted one failed with
@@ -1869,6 +1892,11 @@ static int madvise_cover(void *addr, size_t len, int advice)
 	return r ? -1 : 0;
 }
 
+void *fm_shim_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off, const void *caller)
+{
+	return mmap_cover(addr, len, prot, flags, fd, off, caller);
+}
+
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	return mmap_cover(addr, len, prot, flags, fd, off, __builtin_return_address(0));
@@ -2559,6 +2587,32 @@ static void brk_block(void *q, uintptr_t end)
 		return;
 	}
 	brk_grew((uintptr_t)q, end);
+}
+
+/*
+ * sbrk as the program calls it: glibc's malloc grows its main heap by its
+ * internal __sbrk and never comes here, but tcmalloc takes its memory so
+ * (gperftools' sbrk of its own, which the shim's comes before), and that
+ * memory was never paged. What the break grows by is paged as glibc's main
+ * heap is, the same region, once the heaps pass --threshold.
+ */
+EXPORT void *sbrk(intptr_t inc)
+{
+	FM_IO_NEXT(next, "sbrk");
+	void *(*real)(intptr_t) = (void *(*)(intptr_t))fm_io_next(&next);
+	void *old;
+
+	if (!real)
+		real = __sbrk;
+	old = real(inc);
+	if (old != (void *)-1 && inc > 0 && !in_farmem && hooks_on() &&
+	    atomic_load_explicit(&reserved_mode, memory_order_relaxed) != 2 &&
+	    atomic_load_explicit(&state, memory_order_relaxed) != 4) {
+		int e = errno;
+		brk_block(old, (uintptr_t)old + (uintptr_t)inc);
+		errno = e;
+	}
+	return old;
 }
 
 /* A block glibc's allocator returned: page what its heap has grown to, if it lies in one. */

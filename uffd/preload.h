@@ -84,6 +84,11 @@ void fm_io_bind(void);
 void fm_thread_stack_stays_local(const pthread_attr_t *attr);
 /* What glibc's start_thread reads before it unblocks signals leaves paged memory (at pthread_create). */
 void fm_thread_start_data_stays_local(void);
+/*
+ * mmap as the program's, made by the code at caller: the program's allocator
+ * (tcmalloc's mmap is syscall(SYS_mmap)) maps where the kernel waits.
+ */
+void *fm_shim_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off, const void *caller);
 
 #define FM_IO_NONE ((void *)~(uintptr_t)0)
 

@@ -134,7 +134,8 @@ EXPORT long syscall(long n, ...)
 		return libc_syscall(n, a);
 	switch (n) {
 	case SYS_mmap:
-		return (long)mmap((void *)a[0], (size_t)a[1], (int)a[2], (int)a[3], (int)a[4], (off_t)a[5]);
+		return (long)fm_shim_mmap((void *)a[0], (size_t)a[1], (int)a[2], (int)a[3], (int)a[4], (off_t)a[5],
+					  __builtin_return_address(0));
 	case SYS_munmap:
 		return munmap((void *)a[0], (size_t)a[1]);
 	case SYS_mremap:

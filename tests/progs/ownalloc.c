@@ -14,12 +14,14 @@
  * every signal blocked (glibc's __ctype_init), and check their character
  * classes.
  *
- *   ownalloc [--mib N] [--syscall-mmap]
+ *   ownalloc [--mib N] [--syscall-mmap | --foreign-mmap]
  *
  * prints "ownalloc ok" when every word read back right. --syscall-mmap maps
- * the chunks with syscall(SYS_mmap), as SBCL maps its heap: the shim then
- * cannot tell them for the allocator's, and pages them where faults come by
- * SIGBUS (the locale's data with them).
+ * the chunks with syscall(SYS_mmap), as tcmalloc's mmap does: the shim tells
+ * them for the allocator's by the code that called syscall(). --foreign-mmap
+ * has libownalloc_early.so map them (early_map): the shim cannot tell them
+ * for the allocator's, and pages them where faults come by SIGBUS (the
+ * locale's data with them).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -43,10 +45,14 @@ size_t early_check(void);
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int inside;
 static char *chunk_at, *chunk_end;
-static int syscall_mmap;
+static int syscall_mmap, foreign_mmap;
+
+void *early_map(size_t n);
 
 static void *map(size_t n)
 {
+	if (foreign_mmap)
+		return early_map(n);
 	if (syscall_mmap)
 		return (void *)syscall(SYS_mmap, NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	return mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -200,8 +206,10 @@ int main(int argc, char **argv)
 			mib = strtoul(argv[++i], NULL, 10);
 		} else if (!strcmp(argv[i], "--syscall-mmap")) {
 			syscall_mmap = 1;
+		} else if (!strcmp(argv[i], "--foreign-mmap")) {
+			foreign_mmap = 1;
 		} else {
-			fprintf(stderr, "usage: ownalloc [--mib N] [--syscall-mmap]\n");
+			fprintf(stderr, "usage: ownalloc [--mib N] [--syscall-mmap | --foreign-mmap]\n");
 			return 2;
 		}
 	}

@@ -4,10 +4,13 @@
  * preload shim's constructor has run (a program's libraries are initialised
  * before the preloaded shim: rustc's libLLVM starts jemalloc so). The block
  * comes from the executable's allocator; early_check() reads it back.
+ * early_map() maps memory for that allocator from this library's code, which
+ * the shim cannot tell for the allocator's (ownalloc --foreign-mmap).
  */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "../mix.h"
 
@@ -32,4 +35,14 @@ size_t early_check(void)
 	for (size_t i = 0; i < EARLY_WORDS; i++)
 		bad += early[i] != mix(i ^ 0xea71);
 	return bad;
+}
+
+/* n bytes mapped by this library: MAP_FAILED as mmap. */
+void *early_map(size_t n)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	/* Not a tail call: mmap's return address must lie in this library, not in its caller. */
+	__asm__ volatile("" : : "r"(p) : "memory");
+	return p;
 }
