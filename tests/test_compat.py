@@ -782,6 +782,17 @@ def test_sbcl_whose_heap_is_mapped_by_syscall(shim, tmp_path, fault):
     assert s["fault_mode"] == fault, s
 
 
+def test_swi_prolog_on_tcmalloc(shim, tmp_path):
+    """SWI-Prolog (Debian's swipl links tcmalloc): its stacks, which it maps itself, and tcmalloc's
+    heap, which tcmalloc grows by its own sbrk, are paged; before session 46 the shim never saw that
+    heap (no fault in it). At 25% local an AVL tree of 100,001 keys is built, updated path by path,
+    collected and walked; every figure is computed again here."""
+    got = compat.prolog(compat.Launch(mode="farmem", local="25%", threshold="1M"), tmp_path, n=100_000, timeout=300)
+    s = got["summary"]
+    assert_paged(s, "swipl")
+    assert s["heap_faults"] > 0 and s["faults"] > s["heap_faults"], s
+
+
 def test_sbcl_at_a_percentage_is_told_its_budget_never_bound(shim, tmp_path):
     """SBCL registers its whole dynamic space at start (1 GiB, MAP_NORESERVE) and uses a few dozen MiB
     of it: `--local 25%` is 25% of the GiB, above all it ever has resident, so nothing pages. The run

@@ -815,7 +815,7 @@ def scattered_updates(n: int, entries: int) -> tuple:
 
 
 def keyed_want(name: str, n: int) -> str:
-    """What SBCL's and Node's programs print: N+1 keys "k0".., each with a number and a string of
+    """What SBCL's, Node's and Prolog's programs print: N+1 keys "k0".., each with a number and a string of
     i mod 50 characters, a third of the numbers updated three times in a scattered order."""
     s, _ = scattered_updates(n, n + 1)
     keys = sorted(f"k{i}" for i in range(n + 1))
@@ -890,6 +890,37 @@ def sbcl(launch: Launch, workdir: Path, n: int = 200_000, timeout: float = 1800)
                        keyed_want("sbcl", n), timeout)
 
 
+PROLOG = """:- initialization(main, main).
+entry(I, K-v(I, S)) :- format(atom(K), "k~d", [I]), L is I mod 50, length(Cs, L),
+    maplist(=(0'v), Cs), string_codes(S, Cs).
+update(N, R, I, A0-S0, A-S) :- J is (I * 7919) mod N, format(atom(K), "k~d", [J]),
+    get_assoc(K, A0, v(X0, Str)), X is X0 + R, put_assoc(K, A0, v(X, Str), A), S is S0 + X mod 13.
+round(N, R, A0-S0, A-S) :- N1 is N - 1, numlist(0, N1, Is0), include([I]>>(I mod 3 =:= 0), Is0, Is),
+    foldl(update(N, R), Is, A0-S0, A-S).
+vlen(v(_, S), L0, L) :- string_length(S, Len), L is L0 + Len.
+main :-
+    current_prolog_flag(argv, [Arg|_]), atom_number(Arg, N),
+    numlist(0, N, All), maplist(entry, All, Pairs), list_to_assoc(Pairs, A0),
+    foldl(round(N), [0, 1, 2], A0-0, A-Sum),
+    garbage_collect,
+    assoc_to_keys(A, Keys), length(Keys, Len), Idx is 12345 mod N, nth0(Idx, Keys, Kx),
+    assoc_to_values(A, Vs), foldl(vlen, Vs, 0, SL),
+    format("prolog ~d ~d ~w ~d~n", [Sum, Len, Kx, SL]).
+"""
+
+
+def prolog(launch: Launch, workdir: Path, n: int = 100_000, timeout: float = 1800) -> dict:
+    """SWI-Prolog (Debian's swi-prolog-core, linked with tcmalloc): an AVL tree (library(assoc)) of
+    N+1 atom keys, each a number and a string, a third of the numbers updated three times in a
+    scattered order (each update a new path of the tree), a garbage collection, its keys in order;
+    every figure computed again here. SWI maps its stacks itself; tcmalloc grows the break with its
+    own sbrk, whose memory was not paged before session 46."""
+    need("swipl")
+    script = workdir / "prog.pl"
+    script.write_text(PROLOG)
+    return run_checked(launch, ["swipl", script, str(n)], workdir, "prolog", keyed_want("prolog", n), timeout)
+
+
 NODE = """const n = {n}, m = new Map();
 let s = 0, len = 0;
 for (let i = 0; i <= n; i++) m.set("k" + i, [i, "v".repeat(i % 50)]);
@@ -928,6 +959,7 @@ WORKLOADS = {
     "php": php,
     "erlang": erlang,
     "sbcl": sbcl,
+    "prolog": prolog,
     "node": node,
 }
 
