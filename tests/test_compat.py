@@ -793,6 +793,17 @@ def test_swi_prolog_on_tcmalloc(shim, tmp_path):
     assert s["heap_faults"] > 0 and s["faults"] > s["heap_faults"], s
 
 
+def test_yrmcds_on_tcmalloc(shim, tmp_path):
+    """yrmcds (Debian's memcached-compatible store, linked with tcmalloc) keeps its items in
+    tcmalloc's heap, which tcmalloc grows with its own sbrk: before session 46 nothing of it was
+    paged ("no pager started"). At 25% local 40,000 items of about 2 KiB are set over TCP and read
+    back twice, scattered and in order, each byte for byte."""
+    got = compat.yrmcds(compat.Launch(mode="farmem", local="25%", threshold="1M"), tmp_path, items=40_000)
+    s = got["summary"]
+    assert_paged(s, "yrmcds")
+    assert s["heap_faults"] > 0 and s["registered_bytes"] >= 64 << 20, s
+
+
 def test_sbcl_at_a_percentage_is_told_its_budget_never_bound(shim, tmp_path):
     """SBCL registers its whole dynamic space at start (1 GiB, MAP_NORESERVE) and uses a few dozen MiB
     of it: `--local 25%` is 25% of the GiB, above all it ever has resident, so nothing pages. The run
@@ -857,6 +868,25 @@ def test_bench_compat_sizes_every_workload():
     spec.loader.exec_module(matrix)
     assert set(matrix.SIZES) == set(compat.WORKLOADS), set(compat.WORKLOADS) ^ set(matrix.SIZES)
     assert all(callable(f) and isinstance(f(0.01), dict) for f in matrix.SIZES.values())
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_a_signal_the_program_waits_for_never_lands_on_a_pager_thread(shim, tmp_path, farmem_cmd, fault):
+    """A signal sent to the process goes to any thread that does not block it. A program that
+    blocks SIGTERM and waits for it (sigwait, signalfd: yrmcds) after its pager started died of it
+    until session 46: the pager's threads, started with the signal mask of that moment, took it and
+    its default action. Now they block every signal but those of faults."""
+    script = ("import os, signal\n"
+              "big = bytearray(64 << 20)\n"  # the pager starts here, its threads with this mask
+              "for i in range(0, len(big), 4096): big[i] = 1\n"
+              "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "print('waited for', signal.sigwait({signal.SIGTERM}).name, sum(big[::4096]))\n")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--fault", fault, "--local", "16M", "--threshold", "1M",
+                      "--", sys.executable, "-c", script, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "waited for SIGTERM 16384", r.stdout
+    assert_paged(s, "python")
 
 
 def test_zstd_whose_crash_handler_comes_in_by_sysv_signal(shim, tmp_path, farmem_cmd):

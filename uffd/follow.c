@@ -230,7 +230,7 @@ void fm_follow_prepare(struct fm_pager *p)
 	}
 	rc = pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED) ||
 	     pthread_attr_setschedpolicy(&a, SCHED_OTHER) || pthread_attr_setschedparam(&a, &sp) ||
-	     pthread_create(&fw->watch, &a, watch_main, p);
+	     fm_thread_create(&fw->watch, &a, watch_main, p);
 	pthread_attr_destroy(&a);
 	fw->watch_started = !rc;
 	pthread_mutex_unlock(&fw->lock);

@@ -328,7 +328,7 @@ static int handler_start(struct fm_pager *p, unsigned i, int with_chan, char *er
 		}
 	}
 	p->handler_args[i] = (struct fm_handler_arg){ .p = p, .idx = i };
-	rc = -pthread_create(&p->handlers[i], NULL, handler_main, &p->handler_args[i]);
+	rc = -fm_thread_create(&p->handlers[i], NULL, handler_main, &p->handler_args[i]);
 	if (rc) {
 		fm_chan_close(p->handler_chan[i]);
 		p->handler_chan[i] = NULL;

@@ -250,7 +250,7 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	/* auto|0|1; auto: with a handler that follows, it evicts faster itself than a thread beside it. */
 	evict_thread = cfg->evict_threads ? cfg->evict_threads - 1 : !p->in_thread && !cfg->fill_follow;
 	if (evict_thread) {
-		rc = -pthread_create(&p->evictor, NULL, fm_evictor_main, p);
+		rc = -fm_thread_create(&p->evictor, NULL, fm_evictor_main, p);
 		if (rc) {
 			snprintf(err, errlen, "cannot start the evictor: %s", strerror(-rc));
 			goto fail;

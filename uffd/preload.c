@@ -749,7 +749,7 @@ static void fork_child(void)
 	atomic_store(&child_starting, 1);
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	rc = __wrap_pthread_create(&th, &attr, child_pager_main, NULL);
+	rc = fm_thread_create(&th, &attr, child_pager_main, NULL);
 	pthread_attr_destroy(&attr);
 	if (rc) {
 		atomic_store(&child_starting, 0);

@@ -104,8 +104,7 @@ class Server:
                 raise Failed(f"{self.name} exited with status {self.proc.returncode} before it was ready:\n"
                              f"{self.output()}")
             try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(self.sock))
+                connect(self.sock).close()
                 return
             except OSError:
                 time.sleep(0.05)
@@ -165,13 +164,21 @@ def need(*programs: str) -> None:
 
 # --- Redis ----------------------------------------------------------------------------------------
 
-class UnixClient:
-    """A connection to a server's Unix socket, read line by line."""
+def connect(addr) -> socket.socket:
+    """A Unix socket's path, or a TCP (host, port) on this machine."""
+    if isinstance(addr, tuple):
+        return socket.create_connection(addr)
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(addr))
+    return s
 
-    def __init__(self, path: Path, timeout: float = 300):
-        self.s = socket.socket(socket.AF_UNIX)
+
+class UnixClient:
+    """A connection to a server's Unix socket (or a TCP (host, port)), read line by line."""
+
+    def __init__(self, path, timeout: float = 300):
+        self.s = connect(path)
         self.s.settimeout(timeout)
-        self.s.connect(str(path))
         self.f = self.s.makefile("rb")
 
     def close(self) -> None:
@@ -465,6 +472,73 @@ def memcached(launch: Launch, workdir: Path, megabytes: int = 256, items: int = 
             raise Failed(f"memcached exited with {status}:\n{srv.output()}")
         return {"memcslap_set_s": set_s, "memcslap_get_s": get_s, "items": int(stats["curr_items"]),
                 "summary": summary, "seconds": round(srv.seconds, 2)}
+    finally:
+        srv.kill()
+
+
+YRMCDS_CONF = """virtual_ip = 127.0.0.1
+port = {port}
+repl_port = {repl}
+max_connections = 64
+temp_dir = "{tmp}"
+log.threshold = warning
+log.file = "{log}"
+buckets = 1000000
+max_data_size = 10M
+heap_data_limit = 256K
+repl_buffer_size = 30
+secure_erase = false
+lock_memory = false
+memory_limit = {megabytes}M
+workers = 2
+gc_interval = 10
+slave_timeout = 10
+counter.enable = false
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def yrmcds(launch: Launch, workdir: Path, items: int = 40000, mean: int = 2000, megabytes: int = 1024) -> dict:
+    """yrmcds (Debian's, a memcached-compatible store linked with tcmalloc), on TCP: our items set,
+    then every one read back twice, in a scattered order and in order. Its items live in tcmalloc's
+    heap, which tcmalloc grows with its own sbrk: nothing of it was paged before session 46."""
+    daemon = Path("/usr/sbin/yrmcdsd")
+    if not daemon.exists():
+        raise Failed("yrmcdsd is not installed (make deps installs yrmcds)")
+    tmp = workdir / "yrmcds-tmp"
+    tmp.mkdir(exist_ok=True)
+    port = free_port()
+    conf = workdir / "yrmcds.conf"
+    conf.write_text(YRMCDS_CONF.format(port=port, repl=free_port(), tmp=tmp, log=workdir / "yrmcds-own.log",
+                                       megabytes=megabytes))
+    srv = Server(launch, [daemon, "-f", conf], workdir, "yrmcds", ("127.0.0.1", port))
+    try:
+        srv.wait_ready()
+        m = Memcache(("127.0.0.1", port))
+        keys = [b"fm:%d" % i for i in range(items)]
+        for lo in range(0, items, 500):
+            m.set_many([(keys[i], value(i, mean)) for i in range(lo, min(lo + 500, items))])
+        wrong = missing = 0
+        for order in ([(i * 7919) % items for i in range(items)], range(items)):
+            order = list(order)
+            for lo in range(0, items, 100):
+                got = m.get_many([keys[i] for i in order[lo:lo + 100]])
+                for i in order[lo:lo + 100]:
+                    v = got.get(keys[i])
+                    missing += v is None
+                    wrong += v is not None and v != value(i, mean)
+        m.close()
+        if wrong or missing:
+            raise Failed(f"yrmcds: of {items} items {wrong} wrong, {missing} missing")
+        status, summary = srv.stop()
+        if status not in (0, 143, -signal.SIGTERM):  # SIGTERM is how it is stopped: it dies of it
+            raise Failed(f"yrmcds exited with {status}:\n{srv.output()}")
+        return {"items": items, "summary": summary, "seconds": round(srv.seconds, 2)}
     finally:
         srv.kill()
 
@@ -959,6 +1033,7 @@ WORKLOADS = {
     "php": php,
     "erlang": erlang,
     "sbcl": sbcl,
+    "yrmcds": yrmcds,
     "prolog": prolog,
     "node": node,
 }

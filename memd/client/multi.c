@@ -1452,7 +1452,7 @@ int fm_multi_connect(const struct fm_xport_cfg *cfg, struct fm_xport **out, char
 		goto fail;
 	}
 	m->bgchan = to_mchan(bg);
-	rc = -pthread_create(&m->bg, NULL, bg_main, m);
+	rc = -fm_thread_create(&m->bg, NULL, bg_main, m);
 	if (rc) {
 		fm_errmsg(err, errlen, "cannot start the replication thread: %s", fm_strerror(rc));
 		goto fail;

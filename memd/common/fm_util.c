@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -480,4 +481,22 @@ int fm_memory_cgroup(char *text, char *out, size_t cap)
 			break;
 	}
 	return found ? 0 : -1;
+}
+
+int fm_thread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	static const int faults[] = { SIGBUS, SIGSEGV, SIGILL, SIGFPE, SIGTRAP };
+	sigset_t quiet, was;
+	int rc;
+
+	/* glibc's sigfillset leaves out its own signals (SIGCANCEL, SIGSETXID: setuid needs every thread). */
+	sigfillset(&quiet);
+	for (size_t k = 0; k < sizeof(faults) / sizeof(faults[0]); k++)
+		sigdelset(&quiet, faults[k]);
+	/* The kernel's call, not a pthread_sigmask the preload shim may cover. */
+	if (syscall(SYS_rt_sigprocmask, SIG_SETMASK, &quiet, &was, sizeof(uint64_t)))
+		return errno;
+	rc = pthread_create(th, attr, fn, arg);
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &was, NULL, sizeof(uint64_t));
+	return rc;
 }

@@ -3,6 +3,8 @@
 #ifndef FARMEM_UTIL_H
 #define FARMEM_UTIL_H
 
+#include <pthread.h>
+
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -149,5 +151,15 @@ long fm_read_file(const char *path, char *buf, size_t cap);
 /* Read and write exactly len bytes, retrying on EINTR and short transfers. */
 int fm_read_full(int fd, void *buf, size_t len);
 int fm_write_full(int fd, const void *buf, size_t len);
+
+/*
+ * pthread_create for a thread of farmem's own (a pager's, memd's client's):
+ * it blocks every signal but those of faults, so that a signal sent to the
+ * process never lands on it. The kernel gives such a signal to any thread
+ * that does not block it, and a program that waits for SIGTERM with
+ * signalfd or sigwait (all its threads blocking it) died of it on a pager
+ * thread: yrmcds under farmem, status 143 where it exits 0.
+ */
+int fm_thread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
 
 #endif /* FARMEM_UTIL_H */
