@@ -521,17 +521,23 @@ def yrmcds(launch: Launch, workdir: Path, items: int = 40000, mean: int = 2000, 
         srv.wait_ready()
         m = Memcache(("127.0.0.1", port))
         keys = [b"fm:%d" % i for i in range(items)]
-        for lo in range(0, items, 500):
-            m.set_many([(keys[i], value(i, mean)) for i in range(lo, min(lo + 500, items))])
         wrong = missing = 0
-        for order in ([(i * 7919) % items for i in range(items)], range(items)):
-            order = list(order)
-            for lo in range(0, items, 100):
-                got = m.get_many([keys[i] for i in order[lo:lo + 100]])
-                for i in order[lo:lo + 100]:
-                    v = got.get(keys[i])
-                    missing += v is None
-                    wrong += v is not None and v != value(i, mean)
+        try:
+            for lo in range(0, items, 500):
+                m.set_many([(keys[i], value(i, mean)) for i in range(lo, min(lo + 500, items))])
+            for order in ([(i * 7919) % items for i in range(items)], range(items)):
+                order = list(order)
+                for lo in range(0, items, 100):
+                    got = m.get_many([keys[i] for i in order[lo:lo + 100]])
+                    for i in order[lo:lo + 100]:
+                        v = got.get(keys[i])
+                        missing += v is None
+                        wrong += v is not None and v != value(i, mean)
+        except (Failed, OSError) as e:
+            time.sleep(1)
+            if srv.proc.poll() is not None:  # Linux swap's OOM killer, at its limit
+                raise Failed(f"yrmcds died (exit {srv.proc.returncode}): {srv.output()[-600:]}") from e
+            raise
         m.close()
         if wrong or missing:
             raise Failed(f"yrmcds: of {items} items {wrong} wrong, {missing} missing")
