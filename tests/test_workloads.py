@@ -169,6 +169,36 @@ def _swap_possible():
 
 
 @pytest.mark.skipif(not _swap_possible(), reason="needs root and zram")
+def test_swap_baseline_removes_what_a_killed_run_left():
+    """A kswap run killed by SIGKILL (a benchmark's harness giving up on a server that would not
+    stop) leaves its memory cgroup behind, and every later check of leftovers failed (session 46).
+    The next run removes the cgroup of a run whose process is gone, and no other."""
+    from farmem import swap
+
+    root = swap.CG1_MEMORY if os.path.isdir(swap.CG1_MEMORY) else "/sys/fs/cgroup"
+    dead = 4_000_000
+    while True:
+        try:
+            os.kill(dead, 0)
+            dead += 1
+        except ProcessLookupError:
+            break
+    stale = os.path.join(root, f"{swap.CG_PREFIX}{dead}-1")
+    alive = os.path.join(root, f"{swap.CG_PREFIX}{os.getpid()}-2")
+    os.mkdir(stale)
+    os.mkdir(alive)
+    try:
+        with swap.SwapEnv("32M"):
+            assert not os.path.exists(stale)
+            assert os.path.isdir(alive)
+    finally:
+        for d in (stale, alive):
+            if os.path.isdir(d):
+                os.rmdir(d)
+    assert swap.leftovers() == []
+
+
+@pytest.mark.skipif(not _swap_possible(), reason="needs root and zram")
 def test_swap_baseline_runs_and_cleans_up():
     from farmem import swap
 

@@ -412,6 +412,7 @@ class SwapEnv:
         try:
             self._lock_fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            remove_stale()
             swaps = active_swaps()
             if self.zram_mode == "always" or (self.zram_mode == "auto" and not swaps):
                 self._zram = _Zram(self.zram_size, self.algorithm)
@@ -564,6 +565,32 @@ class SwapEnv:
             pswpout=vm1.get("pswpout", 0) - vm0.get("pswpout", 0),
             peak_usage_bytes=self._cg.peak(), limit_bytes=self.limit,
             swap_devices=active_swaps(), timed_out=timed_out)
+
+
+def remove_stale() -> list[str]:
+    """Remove the cgroups of runs whose process is gone (killed by SIGKILL before its teardown):
+    each is named after its run's pid, and one left behind made the next run's check of leftovers
+    fail. Only empty ones: the kernel refuses the others. Under LOCK_FILE, so no run of ours is
+    setting one up meanwhile. The paths removed."""
+    gone = []
+    for path in leftovers():
+        m = re.match(re.escape(CG_PREFIX) + r"(\d+)-", os.path.basename(path))
+        if not m:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # its run is alive
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        try:
+            os.rmdir(path)
+            gone.append(path)
+            print(f"farmem: removed {path}, left behind by a run that was killed", file=sys.stderr)
+        except OSError:
+            pass
+    return gone
 
 
 def leftovers() -> list[str]:
