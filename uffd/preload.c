@@ -2605,9 +2605,8 @@ EXPORT void *sbrk(intptr_t inc)
 	if (!real)
 		real = __sbrk;
 	old = real(inc);
-	if (old != (void *)-1 && inc > 0 && !in_farmem && hooks_on() &&
-	    atomic_load_explicit(&reserved_mode, memory_order_relaxed) != 2 &&
-	    atomic_load_explicit(&state, memory_order_relaxed) != 4) {
+	/* hooks_on: not farmem's own call, a process the shim pages; brk_block asks reserved_paged. */
+	if (old != (void *)-1 && inc > 0 && hooks_on()) {
 		int e = errno;
 		brk_block(old, (uintptr_t)old + (uintptr_t)inc);
 		errno = e;

@@ -507,9 +507,8 @@ def yrmcds(launch: Launch, workdir: Path, items: int = 40000, mean: int = 2000, 
     """yrmcds (Debian's, a memcached-compatible store linked with tcmalloc), on TCP: our items set,
     then every one read back twice, in a scattered order and in order. Its items live in tcmalloc's
     heap, which tcmalloc grows with its own sbrk: nothing of it was paged before session 46."""
-    daemon = Path("/usr/sbin/yrmcdsd")
-    if not daemon.exists():
-        raise Failed("yrmcdsd is not installed (make deps installs yrmcds)")
+    daemon = "/usr/sbin/yrmcdsd"
+    need(daemon)
     tmp = workdir / "yrmcds-tmp"
     tmp.mkdir(exist_ok=True)
     port = free_port()
