@@ -65,11 +65,14 @@ SIZES = {
     "yrmcds": lambda s: dict(items=max(20_000, int(400_000 * s))),
     "prolog": lambda s: dict(n=max(50_000, int(300_000 * s))),
     "node": lambda s: dict(n=max(100_000, int(1_000_000 * s))),
+    "fio": lambda s: dict(mib=max(64, int(1024 * s))),
+    "fio-uring": lambda s: dict(mib=max(64, int(1024 * s))),
 }
 # jemalloc maps its heap in steps from 2 MiB up: below 64 MiB a Redis heap is mostly in small steps.
 # The others: so that a small --scale still pages (their big blocks are below 64 MiB there).
 THRESHOLD = {"postgres": "8M", "redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M", "php": "1M",
-             "erlang": "1M", "sbcl": "1M", "prolog": "1M", "yrmcds": "1M"}
+             "erlang": "1M", "sbcl": "1M", "prolog": "1M", "yrmcds": "1M",
+             "fio": "1M", "fio-uring": "1M"}
 # Modes beside the three: farmem with every fault served by handler threads.
 FARMEM_MODES = {"farmem": [], "farmem-thread": ["--fault", "thread"]}
 

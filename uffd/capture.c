@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "fm_fds.h"
 #include "fm_util.h"
 #include "pager_internal.h"
+#include "uffd_ops.h"
 
 #ifndef PR_GET_MEMORY_MERGE
 #define PR_GET_MEMORY_MERGE 68
@@ -127,4 +129,74 @@ void fm_capture_collect(struct fm_capture *c, struct iovec *left, unsigned niov)
 			left[first].iov_len -= (size_t)k;
 		}
 	}
+}
+
+void fm_stages_open(struct fm_pager *p)
+{
+	size_t len = (size_t)MAX_CAPTURES * FM_EVICT_MAX * PG_SIZE;
+	uint64_t ioctls = 0;
+	uint8_t *base;
+
+	if (!p->can_move)
+		return;
+	base = fm_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (base == MAP_FAILED)
+		return;
+	/* A fork's child must not inherit pages a batch is moving (nor a range it cannot use). */
+	fm_sys_madvise(base, len, MADV_DONTFORK);
+	fm_sys_madvise(base, len, MADV_NOHUGEPAGE);
+	if (fm_uffd_register(p->uffd, (uintptr_t)base, len, 1, 0, 0, &ioctls)) {
+		fm_sys_munmap(base, len);
+		return;
+	}
+	if (!(ioctls & (1ull << _UFFDIO_MOVE))) {
+		/* Unregistered first: the unmap of a registered range waits for a reader of its event. */
+		fm_uffd_unregister(p->uffd, (uintptr_t)base, len);
+		fm_sys_munmap(base, len);
+		return;
+	}
+	p->stage_map = base;
+	for (unsigned k = 0; k < MAX_CAPTURES; k++) {
+		p->stages[k].base = base + (size_t)k * FM_EVICT_MAX * PG_SIZE;
+		atomic_store(&p->stages[k].busy, 0);
+	}
+}
+
+void fm_stages_close(struct fm_pager *p)
+{
+	if (!p->stage_map)
+		return;
+	fm_sys_munmap(p->stage_map, (size_t)MAX_CAPTURES * FM_EVICT_MAX * PG_SIZE);
+	p->stage_map = NULL;
+}
+
+int fm_pager_move_out(struct fm_pager *p, const char *why)
+{
+	if (!p->stage_map)
+		return 0;
+	if (!atomic_exchange(&p->move_out, 1))
+		fm_info("eviction moves dirty pages out (UFFDIO_MOVE) and keeps pages pinned for I/O (%s)", why);
+	return 1;
+}
+
+struct fm_stage *fm_stage_take(struct fm_pager *p)
+{
+	if (!atomic_load(&p->move_out))
+		return NULL;
+	for (unsigned k = 0; k < MAX_CAPTURES; k++) {
+		int free_ = 0;
+		if (atomic_compare_exchange_strong(&p->stages[k].busy, &free_, 1))
+			return &p->stages[k];
+	}
+	return NULL;
+}
+
+void fm_stage_give(struct fm_pager *p, struct fm_stage *s, unsigned used)
+{
+	/* The next batch moves into these slots, and a move into a mapped page fails (EEXIST). */
+	if (used && fm_sys_madvise(s->base, (size_t)used * PG_SIZE, MADV_DONTNEED))
+		fm_fatal("madvise(DONTNEED) of an eviction stage failed: %s", fm_strerror(errno));
+	if (used)
+		STAT_ADD(p, evict_syscalls, 1);
+	atomic_store(&s->busy, 0);
 }

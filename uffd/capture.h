@@ -49,4 +49,28 @@ int fm_capture_splice(struct fm_capture *c, const struct iovec *iov, unsigned ni
  */
 void fm_capture_collect(struct fm_capture *c, struct iovec *iov, unsigned niov);
 
+/*
+ * Stages (evict_move): the other way across the drop. UFFDIO_MOVE moves a
+ * dirty victim's page itself (its page-table entry) into a stage of ours,
+ * registered with the pager's uffd as the move wants its destination; its
+ * bytes are read there and the stage is emptied after the write-back. The
+ * kernel refuses to move a page that is pinned (an O_DIRECT read in flight
+ * writes it by DMA, past the page table and any write-protect, after the
+ * submitting call returned): such a page stays, where a drop would have lost
+ * the read's bytes. Works with either fault mode; a write after the move
+ * faults as missing and waits for the page to settle, as after a capture.
+ */
+struct fm_stage {
+	uint8_t *base;     /* FM_EVICT_MAX pages, empty between batches */
+	atomic_int busy;
+};
+
+/* Map and register the stages (none when the uffd cannot move, or the mapping fails). */
+void fm_stages_open(struct fm_pager *p);
+void fm_stages_close(struct fm_pager *p);
+/* A free stage when eviction moves pages out, or NULL. */
+struct fm_stage *fm_stage_take(struct fm_pager *p);
+/* Empty the first used pages of s and free it. */
+void fm_stage_give(struct fm_pager *p, struct fm_stage *s, unsigned used);
+
 #endif

@@ -26,6 +26,7 @@
 #include "evict.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -122,7 +123,9 @@ struct victim {
 	uint8_t zero;       /* dirty by our books, but all zeros and nothing in memd: no write-back */
 	uint8_t same;       /* installed writable on a guess, and memd's copy is still its bytes: clean */
 	uint8_t compared;   /* installed on a guess, looked at: it was written */
-	const void *bytes;  /* captured: its bytes, read from the pipe after the drop */
+	const void *bytes;  /* captured: its bytes, read from the pipe after the drop; moved: in the stage */
+	uint8_t moved;      /* moved out into a stage: dropped already */
+	uint8_t pinned;     /* the kernel would not move it (pinned for I/O): stays resident, untouched */
 };
 
 void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
@@ -371,7 +374,7 @@ static void drop(struct fm_pager *p, struct victim *v, unsigned n)
 	unsigned niov = 0, shared = 0;
 
 	for (unsigned k = 0; k < n; k++) {
-		if (v[k].keep)
+		if (v[k].keep || v[k].moved)
 			continue;
 		if (v[k].r->alias) {
 			shared++;
@@ -442,12 +445,12 @@ static void protect_dirty(struct fm_pager *p, struct victim *v, unsigned n, int 
 {
 	for (unsigned k = 0; k < n;) {
 		unsigned e = k;
-		if (fm_pg_state(v[k].old) != FM_PG_DIRTY || (!on && !v[k].keep)) {
+		if (fm_pg_state(v[k].old) != FM_PG_DIRTY || (!on && !v[k].keep) || v[k].moved || v[k].pinned) {
 			k++;
 			continue;
 		}
 		for (unsigned j = k + 1; j < n; j++) {
-			if (v[j].r != v[e].r || v[j].i <= v[e].i)
+			if (v[j].r != v[e].r || v[j].i <= v[e].i || v[j].moved || v[j].pinned)
 				break;
 			if (fm_pg_state(v[j].old) != FM_PG_DIRTY || (!on && !v[j].keep)) {
 				/* A clean victim is protected already: it may sit inside a run. */
@@ -515,7 +518,7 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 		/* One request per space. */
 		for (; k < n; k++) {
 			const void *bytes;
-			if (fm_pg_state(v[k].old) != FM_PG_DIRTY)
+			if (fm_pg_state(v[k].old) != FM_PG_DIRTY || v[k].pinned)
 				continue;
 			if (r && v[k].r != r)
 				break;
@@ -564,6 +567,74 @@ static unsigned write_back(struct fm_pager *p, struct fm_chan *chan, struct vict
 		STAT_ADD(p, remote_write_bytes, (uint64_t)written * PG_SIZE);
 	}
 	return written;
+}
+
+/* 1 if the page at addr is mapped by this process alone (pagemap's exclusive bit). */
+static int mapped_here_only(uintptr_t addr)
+{
+	uint64_t e = 0;
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 1;
+	/* Not pread: under the shim that is a cover for the program's calls. */
+	if (syscall(SYS_pread64, fd, &e, sizeof(e), (long)(addr >> PG_SHIFT) * (long)sizeof(e)) != (long)sizeof(e))
+		e = 1ull << 56;
+	close(fd);
+	return !!(e & (1ull << 56));
+}
+
+/*
+ * Move the dirty victims out into s (capture.h's stages), in runs of
+ * neighbours: the move is their drop, and their bytes are read in the stage.
+ * The kernel refuses (EBUSY) a page that is pinned, and one shared with
+ * another process (after a fork, or merged by KSM; never pinned: a pin
+ * unshares first). A pinned page stays as it is, since I/O in flight writes
+ * it; a shared one, or one the kernel would not move for another reason (not
+ * mapped, a mapping of other protections), leaves the way it did before.
+ * Only a move's destination must be registered with the uffd it is made on:
+ * the victims of regions where the kernel waits (the second uffd) move too.
+ * Returns the stage's slots used.
+ */
+static unsigned move_dirty(struct fm_pager *p, struct fm_stage *s, struct victim *v, unsigned n)
+{
+	unsigned used = 0, pinned = 0;
+
+	for (unsigned k = 0; k < n;) {
+		unsigned e = k, again = 0;
+		if (fm_pg_state(v[k].old) != FM_PG_DIRTY || v[k].r->alias) {
+			k++;
+			continue;
+		}
+		while (e + 1 < n && v[e + 1].r == v[k].r && v[e + 1].addr == v[e].addr + PG_SIZE &&
+		       fm_pg_state(v[e + 1].old) == FM_PG_DIRTY)
+			e++;
+		for (unsigned m = k; m <= e;) {
+			int64_t done = 0;
+			int rc = fm_uffd_move(p->uffd, (uintptr_t)(s->base + (size_t)used * PG_SIZE), v[m].addr,
+					      (size_t)(e - m + 1) * PG_SIZE, 0, &done);
+			STAT_ADD(p, evict_syscalls, 1);
+			for (int64_t q = 0; q < done >> PG_SHIFT; q++, m++, used++) {
+				v[m].moved = 1;
+				v[m].bytes = s->base + (size_t)used * PG_SIZE;
+			}
+			if (!rc)
+				break;
+			if (rc == -EAGAIN && again++ < 16)
+				continue;
+			if (rc == -EBUSY && mapped_here_only(v[m].addr)) {
+				v[m].pinned = 1;
+				v[m].keep = 1;
+				pinned++;
+			}
+			m++;
+			again = 0;
+		}
+		k = e + 1;
+	}
+	if (pinned)
+		STAT_ADD(p, evict_pinned, pinned);
+	return used;
 }
 
 /*
@@ -628,8 +699,8 @@ static void capture_collect(struct fm_pager *p, struct fm_chan *chan, struct fm_
 }
 
 /*
- * Captured pages memd refused were dropped already: they go back in,
- * writable, from what the pipe held. Nothing else can have been installed
+ * Captured (or moved) pages memd refused were dropped already: they go back
+ * in, writable, from what the pipe (or the stage) held. Nothing else can have been installed
  * there meanwhile (the page is LEAVING), unless the program unmapped it, and
  * then its bytes are dead anyway.
  */
@@ -648,18 +719,41 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 {
 	struct victim v[FM_EVICT_MAX];
 	struct fm_capture *cap;
-	unsigned n, nd, dropped = 0, clean = 0, dirty = 0, garbage = 0;
+	struct fm_stage *stage;
+	unsigned n, nd, staged, dropped = 0, clean = 0, dirty = 0, garbage = 0;
 	uint8_t now;
 
 	if (fm_now_ns() < atomic_load(&p->full_until_ns))
 		return 0;
 	if (want > FM_EVICT_MAX)
 		want = FM_EVICT_MAX;
+	/*
+	 * Once the kernel may pin pages for I/O, a page leaves only by a move:
+	 * with every stage busy (more threads evicting at once than stages),
+	 * none leaves now, and the fault that asked comes in over the budget.
+	 */
+	stage = fm_stage_take(p);
+	if (!stage && atomic_load(&p->move_out))
+		return 0;
 	rlock_rd(p);
 	n = unpin_victims(p, v, pick(p, v, want));
 	if (!n) {
 		rlock_un(p);
+		if (stage)
+			fm_stage_give(p, stage, 0);
 		return 0;
+	}
+	if (stage) {
+		staged = move_dirty(p, stage, v, n);
+		STAT_ADD(p, evictions_moved, staged);
+		/* The rest leave as they would have, write-protected first. */
+		protect_dirty(p, v, n, 1);
+		write_back(p, chan, v, n);
+		protect_dirty(p, v, n, 0);
+		drop(p, v, n);
+		capture_restore(p, v, n);
+		fm_stage_give(p, stage, staged);
+		goto books;
 	}
 	cap = fm_capture_take(p);
 	if (cap && capture_dirty(p, cap, v, n, &nd)) {
@@ -680,6 +774,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 		protect_dirty(p, v, n, 0);
 		drop(p, v, n);
 	}
+books:
 	now = heat_now(p);
 	for (unsigned k = 0; k < n; k++) {
 		uint8_t b = v[k].old, held = pg_make(FM_PG_LEAVING, b), nb;

@@ -80,6 +80,8 @@ X(evict_batch, FM_KT_UINT, CFG(evict_batch), "FARMEM_EVICT_BATCH", "64", 1, 64, 
   "pages per eviction batch: one write to memd, one drop call, one TLB shootdown. A batch lives on the evicting thread's stack (in a SIGBUS handler with fault=signal)") \
 X(evict_capture, FM_KT_BOOL, CFG(evict_capture), "FARMEM_EVICT_CAPTURE", "1", 0, 1, "", FM_KS_OPT, "", "", \
   "fault=signal: eviction takes dirty pages' bytes through a pipe (vmsplice) across their drop instead of write-protecting them first: one TLB shootdown per batch, not one per run of dirty pages (uffd/capture.h); 0 write-protects") \
+X(evict_move, FM_KT_ENUM, CFG(evict_move), "FARMEM_EVICT_MOVE", "auto", 0, 0, "auto|0|1", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-move", "auto|0|1", \
+  "eviction moves dirty pages out of the program's page table (UFFDIO_MOVE) before it writes them to memd, and the kernel moves no page pinned for I/O in flight: an O_DIRECT read through libaio or io_uring writes its page by DMA after the submission, past the page table, and a page dropped meanwhile would lose those bytes. Such a page stays resident until the I/O is done. auto: 1 in a process linked with libaio or liburing, or that sets up native AIO or io_uring through syscall(); else 0 (docs/pager.md)") \
 X(prefetch, FM_KT_UINT, CFG(prefetch), "FARMEM_PREFETCH", "8", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--prefetch", "PAGES", \
   "pages fetched ahead of a sequential or strided run of one thread's faults; 0 turns prefetch off (UMap's UMAP_READ_AHEAD)") \
 X(gc_window, FM_KT_UINT, CFG(gc_window), "FARMEM_GC_WINDOW", "64", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--gc-window", "PAGES", \

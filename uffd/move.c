@@ -75,7 +75,7 @@ static void move_run(struct fm_pager *p, uintptr_t dst, uintptr_t src, uint64_t 
 	while (done < n) {
 		int64_t moved = 0;
 		int rc = p->can_move ? fm_uffd_move(p->uffd, dst + (done << PG_SHIFT), src + (done << PG_SHIFT),
-						    (n - done) << PG_SHIFT, &moved)
+						    (n - done) << PG_SHIFT, 1, &moved)
 				     : -ENOTSUP;
 
 		if (!rc) {

@@ -234,6 +234,12 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		rc = fm_pool_open(p, pool_size());
 	if (!rc && p->in_thread && cfg->evict_capture)
 		fm_captures_open(p, pool_size() + 2); /* the pool's threads, the evictor, fm_evict_to_budget */
+	if (!rc && cfg->evict_move != 1) {
+		fm_stages_open(p);
+		if (cfg->evict_move == 2 && !fm_pager_move_out(p, "evict_move=1"))
+			fm_warn("evict_move=1: this userfaultfd cannot move pages (UFFD_FEATURE_MOVE, Linux 6.8): "
+				"eviction drops pages, also those pinned for I/O in flight");
+	}
 	if (rc) {
 		snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
 		goto fail;
@@ -331,6 +337,7 @@ int fm_pager_stop(struct fm_pager *p)
 		close(p->uffd_waits);
 	if (p->uffd_waits_spare >= 0)
 		close(p->uffd_waits_spare);
+	fm_stages_close(p); /* after the uffd: its munmap would wait for a reader of its event */
 	/* A shmem alias left mapped would keep its file, and so its memory, alive. */
 	for (int i = 0; i < p->nregions; i++)
 		fm_shmem_release(&p->regions[i]);

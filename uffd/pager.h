@@ -36,6 +36,7 @@ struct fm_pager_cfg {
 	unsigned evict_low;
 	unsigned evict_batch;
 	int evict_capture;
+	int evict_move;          /* evict_move: 0 auto (the shim decides), 1 off, 2 on */
 	unsigned prefetch;
 	unsigned gc_window;
 	int gc_writable;
@@ -168,6 +169,12 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
 int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
 /* Pages may be shared copy-on-write from now on (KSM asked for): eviction write-protects (capture.h). */
 void fm_pager_no_capture(struct fm_pager *p, const char *why);
+/*
+ * The kernel may pin pages for I/O from now on (why: what the program set
+ * up): eviction moves dirty pages out where it can and keeps pinned ones
+ * (evict_move, capture.h). 1 if it does.
+ */
+int fm_pager_move_out(struct fm_pager *p, const char *why);
 /*
  * The program freed [addr, addr+len) but keeps it mapped (a collector's free
  * regions): its contents no longer matter, and read as garbage (not zeros)

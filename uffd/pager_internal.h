@@ -188,6 +188,10 @@ struct fm_pager {
 	 * capture holds, so eviction write-protects again.
 	 */
 	atomic_int capture_off;
+	/* evict_move: dirty victims leave by UFFDIO_MOVE into a stage (capture.h), pinned pages stay. */
+	struct fm_stage stages[MAX_CAPTURES];
+	uint8_t *stage_map;             /* all of them, registered with uffd; NULL: no moves */
+	atomic_int move_out;
 
 	pthread_t evictor;
 	int evictor_started;

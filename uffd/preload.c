@@ -68,6 +68,8 @@ static struct fm_pager_cfg cfg;
 static atomic_int cfg_state;         /* 0 unread, 1 being read, 2 read */
 static struct fm_pager *pager;
 static atomic_int state;             /* 0 idle, 1 starting, 2 running, 4 disabled */
+static _Atomic(const char *) raw_async_io; /* fm_shim_async_io's call, before the pager started */
+static const char *async_io_user;          /* why this process's pager keeps pinned pages, or NULL */
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Signalled, under start_lock, when a forked child's pager has started. */
 static pthread_cond_t child_started = PTHREAD_COND_INITIALIZER;
@@ -666,6 +668,8 @@ static void *child_pager_main(void *arg)
 	} else {
 		/* Its pages are shared with the parent copy-on-write: a capture would hold the shared one. */
 		fm_pager_no_capture(p, "this child of a fork shares its pages with the parent");
+		if (cfg.evict_move == 0 && (async_io_user || atomic_load(&raw_async_io)))
+			fm_pager_move_out(p, async_io_user ? async_io_user : atomic_load(&raw_async_io));
 		for (int k = 0, waits = 0; k < ninherit; k++)
 			if ((inherit[k].kernel_waits && !waits++ && !kernel_waits_open(p)) ||
 			    fm_pager_register(p, (void *)inherit[k].base, inherit[k].len,
@@ -826,16 +830,33 @@ static int async_io_seen(struct dl_phdr_info *info, size_t size, void *data)
 	return 0;
 }
 
+
 /*
  * The program, or a library it was linked with, uses liburing or libaio
- * (loaded by the time anything is paged): which one, or NULL.
+ * (loaded by the time anything is paged), or set up io_uring or native AIO
+ * through syscall() before: which one, or NULL.
  */
 static const char *links_async_io(void)
 {
 	const char *lib = NULL;
 
 	dl_iterate_phdr(async_io_seen, &lib);
-	return lib;
+	return lib ? lib : atomic_load(&raw_async_io);
+}
+
+void fm_shim_async_io(const char *what)
+{
+	struct fm_pager *pg;
+
+	if (atomic_exchange(&raw_async_io, what))
+		return;
+	/* A pager started already serves faults as it does; what it can still do is keep pinned pages. */
+	pg = atomic_load(&state) == 2 ? fm_preload_pager_nowait() : NULL;
+	if (pg && cfg.evict_move == 0) {
+		in_farmem++;
+		fm_pager_move_out(pg, what);
+		in_farmem--;
+	}
 }
 
 /*
@@ -879,8 +900,8 @@ static struct fm_pager *get_pager(void)
 		int rc;
 		atomic_store(&state, 1);
 		in_farmem++;
-		const char *aio = cfg.fault_mode == FM_FAULT_AUTO ? links_async_io() : NULL;
-		if (aio) {
+		const char *aio = links_async_io();
+		if (aio && cfg.fault_mode == FM_FAULT_AUTO) {
 			/*
 			 * io_uring's and native AIO's kernel side touches buffers
 			 * after the submitting call returned (or fails the request
@@ -889,7 +910,7 @@ static struct fm_pager *get_pager(void)
 			 * (docs/pager.md).
 			 */
 			cfg.fault_mode = FM_FAULT_THREAD;
-			fm_info("%s is loaded: faults are served by handler threads", aio);
+			fm_info("the program uses %s: faults are served by handler threads", aio);
 		}
 		int other = other_user();
 		const char *why = other == 1 ? "it runs as another user than farmem run, whose memd it cannot reach"
@@ -915,6 +936,11 @@ static struct fm_pager *get_pager(void)
 		}
 		if (!rc)
 			waits_spare_give(pager);
+		/* The kernel pins the pages of its O_DIRECT I/O: eviction must see the pins. */
+		if (!rc && aio && cfg.evict_move == 0) {
+			async_io_user = aio; /* a fork's child pages as its parent does */
+			fm_pager_move_out(pager, aio);
+		}
 		in_farmem--;
 		if (rc) {
 			pthread_mutex_unlock(&start_lock);

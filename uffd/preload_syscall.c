@@ -170,6 +170,12 @@ EXPORT long syscall(long n, ...)
 		return getrandom((void *)a[0], (size_t)a[1], (unsigned int)a[2]);
 	case SYS_futex:
 		return futex_call(a);
+	case SYS_io_uring_setup:
+		fm_shim_async_io("io_uring through syscall()");
+		break;
+	case SYS_io_setup:
+		fm_shim_async_io("native AIO through syscall()");
+		break;
 	}
 	return libc_syscall(n, a);
 }

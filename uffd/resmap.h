@@ -252,7 +252,14 @@ struct fm_pager_stats {
 	 * falls as the program unmaps, to next to nothing at its exit).
 	 */
 	uint64_t peak_registered_pages;
-	uint64_t reserved2[10];
+	/*
+	 * evict_move (uffd/capture.h, stages): dirty pages evicted by moving
+	 * them out (UFFDIO_MOVE), and victims the kernel would not move because
+	 * they were pinned for I/O in flight, kept resident.
+	 */
+	uint64_t evictions_moved;
+	uint64_t evict_pinned;
+	uint64_t reserved2[8];
 };
 
 struct fm_resmap_hdr {

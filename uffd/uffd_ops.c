@@ -243,10 +243,10 @@ void fm_uffd_wake(int uffd, uintptr_t addr, size_t len)
 	wake_end(was);
 }
 
-int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int64_t *done)
+int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int holes_ok, int64_t *done)
 {
 	struct uffdio_move m = {
-		.dst = dst, .src = src, .len = len, .mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
+		.dst = dst, .src = src, .len = len, .mode = holes_ok ? UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES : 0,
 	};
 	int was = wake_begin(1), rc = ioctl(uffd, UFFDIO_MOVE, &m) ? -errno : 0;
 

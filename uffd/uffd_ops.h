@@ -74,10 +74,12 @@ void fm_uffd_wp(int uffd, uintptr_t addr, size_t len, int protect);
 void fm_uffd_wake(int uffd, uintptr_t addr, size_t len);
 /*
  * The raw UFFDIO_COPY and UFFDIO_MOVE, for callers with rules of their own
- * (fm_pager_move): 0 or -errno, *done bytes copied or moved before a failure.
+ * (fm_pager_move, eviction's moves): 0 or -errno, *done bytes copied or
+ * moved before a failure. A move with holes_ok steps over source pages that
+ * are not mapped (they count as moved); without, it stops there with ENOENT.
  */
 int fm_uffd_copy(int uffd, uintptr_t dst, const void *src, size_t len, int wp, int wake, int64_t *done);
-int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int64_t *done);
+int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int holes_ok, int64_t *done);
 /*
  * For the calling thread from now on (NULL: none): each ioctl above that may
  * wake a thread asleep in a fault sets *flag to 0 while it runs, then back to

@@ -868,6 +868,44 @@ def sort(launch: Launch, workdir: Path, mib: int = 16) -> dict:
     return {"summary": summary, "seconds": round(secs, 2)}
 
 
+# --- fio -----------------------------------------------------------------------------------------
+
+FIO_JOB = """[global]
+filename={data}
+size={mib}m
+bs=1m
+iodepth=16
+direct=1
+verify=crc32c
+do_verify=1
+verify_fatal=1
+verify_state_save=0
+[w]
+rw=randwrite
+"""
+
+
+def fio(launch: Launch, workdir: Path, mib: int = 256, engine: str = "libaio") -> dict:
+    """fio (Debian's) with O_DIRECT through libaio or io_uring: MIB MiB written at random from 16 MiB
+    of buffers, 16 requests in flight, then read back into them and every 1 MiB block's crc32c
+    checked by fio itself (verify_fatal: a bad block ends the run, exit 1). The kernel pins a
+    buffer's pages from submission to completion and the device writes into them by DMA: a read
+    whose pages were evicted meanwhile fails the check (it did under farmem before session 47)."""
+    need("fio")
+    job = workdir / "fio.job"
+    data = workdir / "fio-data"
+    job.write_text(FIO_JOB.format(data=data, mib=mib))
+    try:
+        r, summary, secs = run(launch, ["fio", f"--ioengine={engine}", "--output-format=terse", job], workdir, "fio")
+    finally:
+        data.unlink(missing_ok=True)
+    if r.returncode != 0:
+        bad = [ln for ln in (r.stdout + r.stderr).splitlines() if "verify" in ln or "CRC" in ln]
+        raise Failed(f"fio ({engine}): exit {r.returncode}, {len(bad)} lines about bad blocks: "
+                     f"{chr(10).join(bad[:4]) or r.stderr[-1500:]}")
+    return {"summary": summary, "seconds": round(secs, 2)}
+
+
 # --- PHP -----------------------------------------------------------------------------------------
 
 PHP = r"""<?php
@@ -1044,6 +1082,8 @@ WORKLOADS = {
     "yrmcds": yrmcds,
     "prolog": prolog,
     "node": node,
+    "fio": fio,
+    "fio-uring": lambda launch, work, **kw: fio(launch, work, engine="io_uring", **kw),
 }
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ int main(void)
 	printf("  \"offsetof_refused_bytes\": %zu,\n", offsetof(struct fm_pager_stats, refused_bytes));
 	printf("  \"offsetof_refaults_3budgets\": %zu,\n", offsetof(struct fm_pager_stats, refaults_3budgets));
 	printf("  \"offsetof_peak_registered_pages\": %zu,\n", offsetof(struct fm_pager_stats, peak_registered_pages));
+	printf("  \"offsetof_evict_pinned\": %zu,\n", offsetof(struct fm_pager_stats, evict_pinned));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

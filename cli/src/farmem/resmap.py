@@ -104,6 +104,9 @@ REFUSED_FIELDS = ("refused_ranges", "refused_bytes")
 REFAULT_FIELDS = ("refaults_3budgets",)
 # Then a gauge: the most memory ever registered at once (registered_pages falls as the program unmaps).
 REGISTERED_FIELDS = ("peak_registered_pages",)
+# Then eviction by UFFDIO_MOVE (evict_move, uffd/capture.h): dirty pages moved out, and victims the
+# kernel would not move because I/O in flight had them pinned (kept resident).
+MOVE_FIELDS = ("evictions_moved", "evict_pinned")
 
 
 class PagerStats(ctypes.Structure):
@@ -111,9 +114,10 @@ class PagerStats(ctypes.Structure):
         ("lat_hist", u64 * LAT_BUCKETS),
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
-    ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS + REGISTERED_FIELDS] + [
+    ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS + REGISTERED_FIELDS
+         + MOVE_FIELDS] + [
         ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS)
-                             - len(REGISTERED_FIELDS))),
+                             - len(REGISTERED_FIELDS) - len(MOVE_FIELDS))),
     ]
 
 
@@ -175,6 +179,7 @@ def layout() -> dict:
         "offsetof_refused_bytes": PagerStats.refused_bytes.offset,
         "offsetof_refaults_3budgets": PagerStats.refaults_3budgets.offset,
         "offsetof_peak_registered_pages": PagerStats.peak_registered_pages.offset,
+        "offsetof_evict_pinned": PagerStats.evict_pinned.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -263,7 +268,8 @@ SUMMED = (
     "memd_failovers", "memd_timeouts", "memd_servers_lost", "memd_servers_live",
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
-    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS
+    + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS \
+    + MOVE_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.

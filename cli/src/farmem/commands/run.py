@@ -425,6 +425,9 @@ def summary_lines(s: dict) -> list:
              f"zero-filled, {s['remote_reads']} remote reads, {s['remote_writes']} remote writes, "
              f"{s['evictions']} evictions ({s['evictions_clean']} clean, {s['evictions_dirty']} dirty); "
              f"fault p50 {s['fault_p50_us']:.2f} us, p99 {s['fault_p99_us']:.2f} us")
+    if s.get("evict_pinned"):
+        # I/O in flight had them pinned (an O_DIRECT read through libaio or io_uring): kept, not lost.
+        first += f"; {s['evict_pinned']} times a victim was pinned for I/O and stayed"
     problems = [f"{s[k]} {k.replace('_', ' ')}" for k in ("memd_full", "crc_errors", "transport_errors",
                                                          "memd_servers_lost", "memd_timeouts", "memd_failovers")
                 if s.get(k)]
