@@ -190,6 +190,20 @@ def test_native_aio_takes_handler_threads(shim, built, tmp_path, farmem_cmd, fau
         assert "Bad address" in r.stderr
 
 
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_madvise_populate_of_paged_memory_succeeds(shim, built, tmp_path, farmem_cmd, fault):
+    """MADV_POPULATE_READ and MADV_POPULATE_WRITE (QEMU's -mem-prealloc, newer JVMs' pretouch) of
+    paged memory: the kernel failed both with EFAULT where faults raise SIGBUS (before session 47),
+    and with handler threads fetched every remote page to evict most again. They are hints the
+    pager takes: both succeed, and every page keeps its bytes."""
+    prog = built("build/tests/populate")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "25%", "--fault", fault, "--", prog, 128,
+                      timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "populate: read 0, write 0, 32768 of 32768 pages right", r.stdout
+    assert_paged(s, "populate")
+
+
 @pytest.mark.parametrize("engine", ["libaio", "io_uring"])
 def test_fio_o_direct_verify_keeps_pinned_pages(shim, tmp_path, engine):
     """fio (Debian's) writes 256 MiB with O_DIRECT from 16 MiB of paged buffers, 16 requests in

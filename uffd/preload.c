@@ -1902,6 +1902,11 @@ static int mprotect_cover(void *addr, size_t len, int prot)
 	return 0;
 }
 
+#ifndef MADV_POPULATE_READ /* 5.14 */
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
+
 static int madvise_cover(void *addr, size_t len, int advice)
 {
 	long r;
@@ -1914,6 +1919,16 @@ static int madvise_cover(void *addr, size_t len, int advice)
 		fm_pager_forget(pager, addr, len);
 	if (pager && atomic_load(&state) == 2 && !in_farmem && advice == MADV_MERGEABLE)
 		fm_pager_no_capture(pager, "the program asked KSM to merge paged memory (MADV_MERGEABLE)");
+	/*
+	 * Prefaulting paged memory is the pager's call, not the program's: the
+	 * kernel would fail it with EFAULT where faults raise SIGBUS, and
+	 * elsewhere fetch every remote page only to evict most of them again
+	 * over a budget smaller than the range. A hint, so it succeeds; a range
+	 * partly paged is not prefaulted at all.
+	 */
+	if ((advice == MADV_POPULATE_READ || advice == MADV_POPULATE_WRITE) && pager &&
+	    atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, addr, len))
+		return 0;
 	r = syscall(SYS_madvise, addr, len, advice);  /* -1 with the kernel's errno */
 	return r ? -1 : 0;
 }
