@@ -204,6 +204,25 @@ def test_madvise_populate_of_paged_memory_succeeds(shim, built, tmp_path, farmem
     assert_paged(s, "populate")
 
 
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_dd_o_direct_reads_into_paged_memory(shim, tmp_path, farmem_cmd, fault):
+    """GNU dd with iflag=direct reads 64 MiB at a time into one paged buffer at a 16 MiB budget:
+    the kernel pins the buffer's pages as it faults them in and the device writes them after.
+    With handler threads nothing pinned the call's buffer, the pages pinned first were evicted
+    for the later ones, and the copy came out different (before session 47); eviction now moves
+    pages out there and keeps the pinned ones. With SIGBUS the cover does the call in pinned
+    pieces, as before."""
+    src, out = tmp_path / "src.bin", tmp_path / "out.bin"
+    src.write_bytes(os.urandom(192 << 20))
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--fault", fault, "--",
+                      "dd", f"if={src}", f"of={out}", "bs=64M", "iflag=direct", "status=none", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
+    assert_paged(s, "dd")
+    if fault == "thread":
+        assert s["evictions_moved"] > 1000, s
+
+
 @pytest.mark.parametrize("engine", ["libaio", "io_uring"])
 def test_fio_o_direct_verify_keeps_pinned_pages(shim, tmp_path, engine):
     """fio (Debian's) writes 256 MiB with O_DIRECT from 16 MiB of paged buffers, 16 requests in

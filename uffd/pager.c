@@ -239,6 +239,15 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		if (cfg->evict_move == 2 && !fm_pager_move_out(p, "evict_move=1"))
 			fm_warn("evict_move=1: this userfaultfd cannot move pages (UFFD_FEATURE_MOVE, Linux 6.8): "
 				"eviction drops pages, also those pinned for I/O in flight");
+		/*
+		 * With handler threads no cover pins a system call's buffer (the
+		 * kernel waits for its pages instead), so an O_DIRECT read's pages,
+		 * pinned while the device writes them, could be dropped mid-call
+		 * (dd iflag=direct lost blocks): moves cost about what
+		 * write-protecting costs there (bench/RESULTS.md, session 47).
+		 */
+		if (cfg->evict_move == 0 && !p->in_thread)
+			fm_pager_move_out(p, "faults are served by handler threads");
 	}
 	if (rc) {
 		snprintf(err, errlen, "cannot open a channel to memd: %s", strerror(-rc));
