@@ -58,6 +58,15 @@ void fm_captures_close(struct fm_pager *p)
 
 void fm_pager_no_capture(struct fm_pager *p, const char *why)
 {
+	/*
+	 * A move refuses a shared page as it refuses a pinned one: in the
+	 * regions there are now, a refusal is not a pin. No lock (the fork
+	 * handler holds the region lock already): a region added meanwhile is
+	 * memory the fork did not share.
+	 */
+	for (int i = 0; i < p->nregions; i++)
+		if (p->regions[i].live)
+			atomic_store(&p->regions[i].shared, 1);
 	if (p->ncaptures && !atomic_exchange(&p->capture_off, 1))
 		fm_info("eviction write-protects dirty pages from now on: %s", why);
 }

@@ -589,8 +589,11 @@ static int mapped_here_only(uintptr_t addr)
  * neighbours: the move is their drop, and their bytes are read in the stage.
  * The kernel refuses (EBUSY) a page that is pinned, and one shared with
  * another process (after a fork, or merged by KSM; never pinned: a pin
- * unshares first). A pinned page stays as it is, since I/O in flight writes
- * it; a shared one, or one the kernel would not move for another reason (not
+ * unshares first), also after the other process let go of it (the page is
+ * not marked exclusive again until written). A pinned page stays as it is,
+ * since I/O in flight writes it; in a region a fork or KSM may have shared,
+ * a refusal is taken for sharing. A shared one, or one the kernel would not
+ * move for another reason (not
  * mapped, a mapping of other protections), leaves the way it did before.
  * Only a move's destination must be registered with the uffd it is made on:
  * the victims of regions where the kernel waits (the second uffd) move too.
@@ -622,7 +625,8 @@ static unsigned move_dirty(struct fm_pager *p, struct fm_stage *s, struct victim
 				break;
 			if (rc == -EAGAIN && again++ < 16)
 				continue;
-			if (rc == -EBUSY && mapped_here_only(v[m].addr)) {
+			/* Not in a region a fork shared: a page shared once stays refused after the sharer let go. */
+			if (rc == -EBUSY && !atomic_load(&v[m].r->shared) && mapped_here_only(v[m].addr)) {
 				v[m].pinned = 1;
 				v[m].keep = 1;
 				pinned++;

@@ -81,6 +81,7 @@ struct region {
 	int sparse;
 	atomic_uint_fast64_t managed; /* its pages that are not UNMANAGED */
 	atomic_int pinned;     /* being brought home for an mremap: the evictor skips it */
+	atomic_int shared;     /* its pages may be shared copy-on-write (a fork, KSM): fm_pager_no_capture */
 	/*
 	 * FM_REG_SHMEM only: a second mapping of the same file pages that the
 	 * uffd does not cover. Write-back reads through it, so a page that is in

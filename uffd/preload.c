@@ -676,6 +676,8 @@ static void *child_pager_main(void *arg)
 					      FM_REG_NO_SETTLE | (inherit[k].kernel_waits ? FM_REG_KERNEL_WAITS : 0)))
 				fm_warn("fork: the child %d keeps %#lx+%zu MiB in local memory, unpaged", (int)getpid(),
 					(unsigned long)inherit[k].base, inherit[k].len >> 20);
+		/* Now that the inherited ranges are regions: a move's refusal there is sharing, not a pin. */
+		fm_pager_no_capture(p, "this child of a fork shares its pages with the parent");
 		pager = p;
 		atomic_store(&state, 2);
 	}

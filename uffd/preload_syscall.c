@@ -120,6 +120,35 @@ static long futex_call(const long a[6])
 	return r;
 }
 
+/*
+ * Any other number: the kernel may read or write a small struct an argument
+ * points at (rt_sigprocmask's sets, from Python's ctypes), and fails with
+ * EFAULT where that memory is paged by SIGBUS and not resident. Whatever
+ * argument points into such memory has its first bytes made resident,
+ * writable, and pinned for the call; no retry, which could repeat a side
+ * effect. An integer that happens to look like such an address costs a
+ * page's fault, nothing else. The rest of a large buffer is not covered.
+ */
+static long other_call(long n, const long a[6])
+{
+	struct fm_io_pins io = { .p = fm_preload_pager_nowait() };
+	long r;
+	int e;
+
+	if (!io.p)
+		return libc_syscall(n, a);
+	for (int k = 0; k < 6; k++)
+		if (fm_pager_io_needed(io.p, (const void *)a[k], 64))
+			fm_io_pin(&io, (const void *)a[k], 64, 1);
+	if (!io.n)
+		return libc_syscall(n, a);
+	r = libc_syscall(n, a);
+	e = errno;
+	fm_io_unpin(&io);
+	errno = e;
+	return r;
+}
+
 EXPORT long syscall(long n, ...)
 {
 	va_list ap;
@@ -177,5 +206,5 @@ EXPORT long syscall(long n, ...)
 		fm_shim_async_io("native AIO through syscall()");
 		break;
 	}
-	return libc_syscall(n, a);
+	return other_call(n, a);
 }
