@@ -69,7 +69,8 @@ def test_system_calls_into_evicted_buffers(built, farmem_cmd, tmp_path, fault):
     The same through glibc's syscall(): a mapping made by syscall(SYS_mmap) is paged (SBCL's heap was
     not) and unmapped by syscall(SYS_munmap); pages dropped by syscall(SYS_madvise, MADV_DONTNEED)
     while evicted read zeros (they came back from memd with their old bytes before session 38);
-    syscall(SYS_pread64), SYS_read and a FUTEX_WAIT on an evicted word do not fail with EFAULT."""
+    syscall(SYS_pread64), SYS_read, a FUTEX_WAIT on an evicted word and an rt_sigprocmask whose set
+    was evicted (any other number, since session 47) do not fail with EFAULT."""
     prog = built("build/tests/iotest")
     built("build/lib/libfarmem_preload.so")
     r, s = run(farmem_cmd, tmp_path, [str(prog), "--size", "64M", "--pressure", "128M"],

@@ -167,7 +167,11 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
  * contents are now zero. Forget remote copies; call it before the madvise.
  */
 int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
-/* Pages may be shared copy-on-write from now on (KSM asked for): eviction write-protects (capture.h). */
+/*
+ * Pages may be shared copy-on-write from now on (a fork, KSM): eviction
+ * write-protects (capture.h), and in the regions there are now a refused
+ * move is taken for sharing, not a pin (evict_move).
+ */
 void fm_pager_no_capture(struct fm_pager *p, const char *why);
 /*
  * The kernel may pin pages for I/O from now on (why: what the program set

@@ -832,7 +832,6 @@ static int async_io_seen(struct dl_phdr_info *info, size_t size, void *data)
 	return 0;
 }
 
-
 /*
  * The program, or a library it was linked with, uses liburing or libaio
  * (loaded by the time anything is paged), or set up io_uring or native AIO

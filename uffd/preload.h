@@ -91,8 +91,8 @@ void fm_thread_start_data_stays_local(void);
 void *fm_shim_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off, const void *caller);
 /*
  * The program sets up io_uring or native AIO through syscall() (what: which
- * of them, as a log line names it), with no library the shim can see: the kernel will touch its
- * buffers after the submitting calls return.
+ * of them, as a log line names it), with no library the shim can see: the
+ * kernel will touch its buffers after the submitting calls return.
  */
 void fm_shim_async_io(const char *what);
 

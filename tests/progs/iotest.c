@@ -97,7 +97,8 @@
  *                        syscall(SYS_munmap); so does the buffer (mmap's) where
  *                        syscall(SYS_madvise) dropped it; syscall(SYS_pread64) and SYS_read
  *                        into the evicted buffer, and a FUTEX_WAIT on a word of it, do not
- *                        fail with EFAULT (uffd/preload_syscall.c)
+ *                        fail with EFAULT (uffd/preload_syscall.c), nor does an
+ *                        rt_sigprocmask whose set was evicted (any other number)
  *   raw                  (not in the default set) the syscall instruction itself (x86-64),
  *                        which no cover sees, reading into the evicted buffer: prints "raw:
  *                        efault" or "raw: ok" (with faults served in the faulting thread
@@ -1661,6 +1662,7 @@ static void t_syscall(void)
 	uint64_t before = registered_pages(), during;
 	struct timespec wait = { 0, 20 * 1000 * 1000 };
 	uint32_t *word;
+	uint64_t *set;
 	int fd;
 	long n;
 
@@ -1723,6 +1725,13 @@ static void t_syscall(void)
 	n = syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, 7, &wait, NULL, 0);
 	if (n != -1 || errno != ETIMEDOUT)
 		FAIL("syscall(SYS_futex, FUTEX_WAIT) on an evicted word: %ld (%s), not a timeout", n, strerror(errno));
+
+	/* Any other number: the kernel reads what an argument points at (an empty set: blocks nothing). */
+	set = (uint64_t *)(buf + size / 2 + 48 * PAGE);
+	*set = 0;
+	evict_buf();
+	if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, set, NULL, sizeof(*set)))
+		FAIL("syscall(SYS_rt_sigprocmask) with its set evicted: %s", strerror(errno));
 
 	if (syscall(SYS_munmap, m, size))
 		FAIL("syscall(SYS_munmap): %s", strerror(errno));
