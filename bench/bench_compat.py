@@ -14,6 +14,7 @@ hash join in one backend's work_mem), system calls into evicted buffers, xz's ma
                                                     the rest of the process)
     local    no limit                               (the reference for slowdowns)
     farmem-thread  farmem run --fault thread --local 25%  (every fault served by handler threads)
+    farmem-signal  farmem run --fault signal --local 25%  (every fault served in the faulting thread)
 
 side by side, one workload at a time in all modes before the next. Needs root (kswap) and the
 packages of tools/deps.sh; a timing run belongs on a quiet machine.
@@ -67,14 +68,16 @@ SIZES = {
     "node": lambda s: dict(n=max(100_000, int(1_000_000 * s))),
     "fio": lambda s: dict(mib=max(64, int(1024 * s))),
     "fio-uring": lambda s: dict(mib=max(64, int(1024 * s))),
+    "fio-posixaio": lambda s: dict(mib=max(64, int(1024 * s))),
 }
 # jemalloc maps its heap in steps from 2 MiB up: below 64 MiB a Redis heap is mostly in small steps.
 # The others: so that a small --scale still pages (their big blocks are below 64 MiB there).
 THRESHOLD = {"postgres": "8M", "redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M", "php": "1M",
              "erlang": "1M", "sbcl": "1M", "prolog": "1M", "yrmcds": "1M",
-             "fio": "1M", "fio-uring": "1M"}
-# Modes beside the three: farmem with every fault served by handler threads.
-FARMEM_MODES = {"farmem": [], "farmem-thread": ["--fault", "thread"]}
+             "fio": "1M", "fio-uring": "1M", "fio-posixaio": "1M"}
+# Modes beside the three: farmem with every fault served by handler threads, or in the faulting thread
+# (fio links libaio, which gets it handler threads by default).
+FARMEM_MODES = {"farmem": [], "farmem-thread": ["--fault", "thread"], "farmem-signal": ["--fault", "signal"]}
 
 
 def figure(name: str, got: dict) -> str:

@@ -240,6 +240,41 @@ def test_fio_o_direct_verify_keeps_pinned_pages(shim, tmp_path, engine):
     assert s["evict_pinned"] > 0, s
 
 
+def test_fio_posix_aio_in_signal_mode_verifies(shim, tmp_path):
+    """fio's posixaio engine: glibc does each request later in a thread of its own, with its
+    internal pwrite and pread, which no cover sees. Under `--fault signal` a buffer evicted by
+    then failed the request with EFAULT (fio: "io_u error ... Bad address", every run, before
+    session 48); the shim's aio_write and aio_read now pin a request's buffer until it is over."""
+    launch = compat.Launch(mode="farmem", local="25%", threshold="1M", extra=["--fault", "signal"])
+    got = compat.fio(launch, tmp_path, engine="posixaio")
+    s = got["summary"]
+    assert_paged(s, "fio")
+    assert s["fault_mode"] == "signal", s
+    assert s["remote_reads"] > 1000, s  # its buffers went out and came back
+
+
+@pytest.mark.parametrize("fault,how", [("signal", ""), ("signal", "direct"), ("signal", "heap direct"),
+                                       ("signal", "heap sync direct"), ("thread", "heap direct")])
+def test_posix_aio_on_paged_memory(shim, built, tmp_path, farmem_cmd, fault, how):
+    """tests/progs/posixaio writes 128 MiB through aio_write and reads it back through aio_read,
+    lio_listio or (sync) readv of 256 heap blocks, 16 MiB at a time, at a budget of 16 MiB, and
+    checks every page. Before session 48, under `--fault signal`: EFAULT for a buffer glibc's
+    thread met evicted, SIGBUS in that thread (it blocks every signal) for an aiocb it met
+    evicted, and with O_DIRECT into glibc's heap (a region the kernel waits for) pages whose
+    device write landed after their eviction, read back as they were before ("heap sync direct",
+    whose aiocbs are not paged: "page 1608 reads ...", in each of 3 runs)."""
+    prog = built("build/tests/posixaio")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--threshold", "1M", "--fault", fault,
+                      "--", prog, tmp_path / "data", 128, *how.split(), timeout=300)
+    assert r.returncode == 0 and "posixaio: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert s["fault_mode"] == fault, s
+    assert s["remote_reads"] > 10000, s
+    if fault == "thread":
+        assert s["evictions_moved"] > 10000, s  # pins are kept by the move's refusal there
+    elif "heap" in how:
+        assert s["heap_faults"] > 10000, s  # its buffers were in glibc's heap
+
+
 @pytest.mark.parametrize("when", ["early", "late", "late heap"])
 def test_io_uring_set_up_through_syscall_keeps_pinned_pages(shim, built, tmp_path, farmem_cmd, when):
     """A program that sets up io_uring through glibc's syscall() (Rust's io-uring crate does),

@@ -493,6 +493,20 @@ int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len)
 	return p->in_thread && fm_region_signals(p, (uintptr_t)addr, (uintptr_t)addr + len);
 }
 
+/*
+ * An O_DIRECT read's buffer where the kernel waits (glibc's heaps) in
+ * fault=signal mode. Nothing to fetch first, but the device writes the pages
+ * the read pinned by DMA at its end, past the page table: one evicted (its
+ * bytes captured) meanwhile would lose the read. With handler threads such a
+ * page is kept by the move's refusal (evict_move). O_DIRECT wants the
+ * buffer's address and length aligned to the device's logical block, 512
+ * bytes at least: other reads cost this test only.
+ */
+static int dma_target(struct fm_pager *p, const void *addr, size_t len, int write)
+{
+	return write && !(((uintptr_t)addr | len) & 511) && p->in_thread && fm_pager_owns_nolock(p, addr, len);
+}
+
 struct io_begin_call {
 	struct fm_pager *p;
 	const void *addr;
@@ -521,8 +535,10 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 	 * page (a poll's array on the stack, slept on for hours, would hold a
 	 * pin slot for nothing).
 	 */
-	if (!len || !fm_pager_io_needed(p, addr, len))
+	if (!len)
 		return -1;
+	if (!fm_pager_io_needed(p, addr, len))
+		return dma_target(p, addr, len, write) ? fm_pin(p, a, e) : -1;
 	/*
 	 * The pages are made resident here, in this thread, evicting as they
 	 * come: on farmem's stack when this one is paged (region.c), or a batch

@@ -277,7 +277,10 @@ int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_
  * A system call is about to read (write=0) or write (write=1) the program's
  * [addr, addr+len). In fault=signal mode the kernel cannot wait for a page
  * there: make the range resident (and writable) and pin it until
- * fm_pager_io_end. Returns the pin to hand back (-1: nothing to hand back).
+ * fm_pager_io_end. Where the kernel waits, a buffer shaped for O_DIRECT
+ * (512-byte aligned) that the kernel writes is pinned only: the device
+ * writes it past the page table. Returns the pin to hand back (-1: nothing
+ * to hand back).
  * A call that still fails with EFAULT (the pin table was full) is retried by
  * the caller after another fm_pager_io_begin.
  */

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Inside the preload shim: preload.c (mappings, malloc), preload_io.c (system
- * calls, stdio, SIGBUS) and preload_sync.c (glibc's futex waits).
+ * calls, stdio, SIGBUS), preload_sync.c (glibc's futex waits),
+ * preload_syscall.c (glibc's syscall()) and preload_aio.c (POSIX AIO).
  */
 #ifndef FARMEM_PRELOAD_H
 #define FARMEM_PRELOAD_H

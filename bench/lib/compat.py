@@ -886,11 +886,14 @@ rw=randwrite
 
 
 def fio(launch: Launch, workdir: Path, mib: int = 256, engine: str = "libaio") -> dict:
-    """fio (Debian's) with O_DIRECT through libaio or io_uring: MIB MiB written at random from 16 MiB
-    of buffers, 16 requests in flight, then read back into them and every 1 MiB block's crc32c
-    checked by fio itself (verify_fatal: a bad block ends the run, exit 1). The kernel pins a
-    buffer's pages from submission to completion and the device writes into them by DMA: a read
-    whose pages were evicted meanwhile fails the check (it did under farmem before session 47)."""
+    """fio (Debian's) with O_DIRECT through libaio, io_uring or POSIX AIO (posixaio: glibc's aio_read
+    and aio_write, done in glibc's own threads): MIB MiB written at random from 16 MiB of buffers,
+    16 requests in flight, then read back into them and every 1 MiB block's crc32c checked by fio
+    itself (verify_fatal: a bad block ends the run, exit 1). The kernel pins a buffer's pages from
+    submission to completion and the device writes into them by DMA: a read whose pages were
+    evicted meanwhile fails the check (it did under farmem before session 47). fio links libaio
+    for every engine, so farmem serves its faults with handler threads unless told `--fault
+    signal` (posixaio failed so with EFAULT before session 48)."""
     need("fio")
     job = workdir / "fio.job"
     data = workdir / "fio-data"
@@ -1084,6 +1087,7 @@ WORKLOADS = {
     "node": node,
     "fio": fio,
     "fio-uring": lambda launch, work, **kw: fio(launch, work, engine="io_uring", **kw),
+    "fio-posixaio": lambda launch, work, **kw: fio(launch, work, engine="posixaio", **kw),
 }
 
 if __name__ == "__main__":
