@@ -253,6 +253,18 @@ def test_fio_posix_aio_in_signal_mode_verifies(shim, tmp_path):
     assert s["remote_reads"] > 1000, s  # its buffers went out and came back
 
 
+def test_fault_signal_asked_for_a_libaio_program_is_warned(shim, tmp_path, farmem_cmd):
+    """fio links libaio; `--fault signal` makes its libaio requests into evicted buffers fail with
+    EFAULT ("Bad address"). Asked for anyway, the run says so, and what to give instead."""
+    compat.need("fio")
+    job = tmp_path / "j.fio"
+    job.write_text(compat.FIO_JOB.format(data=tmp_path / "d", mib=16))
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "25%", "--threshold", "1M", "--fault", "signal",
+                      "--", "fio", "--ioengine=libaio", "--output-format=terse", job, timeout=300)
+    assert "the program uses libaio.so, and fault=signal was asked for" in r.stderr, r.stderr[-3000:]
+    assert "`--fault auto` serves this program's faults with handler threads" in r.stderr, r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("fault,how", [("signal", ""), ("signal", "direct"), ("signal", "heap direct"),
                                        ("signal", "heap sync direct"), ("thread", "heap direct")])
 def test_posix_aio_on_paged_memory(shim, built, tmp_path, farmem_cmd, fault, how):

@@ -912,6 +912,11 @@ static struct fm_pager *get_pager(void)
 			 */
 			cfg.fault_mode = FM_FAULT_THREAD;
 			fm_info("the program uses %s: faults are served by handler threads", aio);
+		} else if (aio && cfg.fault_mode == FM_FAULT_SIGNAL) {
+			/* fio's libaio and io_uring engines under --fault signal: "Bad address" */
+			fm_warn("the program uses %s, and fault=signal was asked for: a request whose buffer "
+				"is not resident when the kernel gets to it fails with EFAULT (`--fault auto` "
+				"serves this program's faults with handler threads; docs/compatibility.md)", aio);
 		}
 		int other = other_user();
 		const char *why = other == 1 ? "it runs as another user than farmem run, whose memd it cannot reach"
