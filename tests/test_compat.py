@@ -265,6 +265,22 @@ def test_fault_signal_asked_for_a_libaio_program_is_warned(shim, tmp_path, farme
     assert "`--fault auto` serves this program's faults with handler threads" in r.stderr, r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_stress_ng_mremap_verifies(shim, tmp_path, farmem_cmd, fault):
+    """stress-ng's mremap stressor (Debian's stress-ng 0.15) with its own --verify: a populated
+    64 MiB mapping shrunk by halves and grown back by doubling, in place, moved, to fixed addresses
+    and with MREMAP_DONTUNMAP, its bytes checked. It madvises the range MADV_DOFORK on the way;
+    the part the pager then registered after a growth in place was DONTFORK again, the range two
+    mappings, and the next mremap of all of it failed with EFAULT (11 of 12 runs before session 48)."""
+    compat.need("stress-ng")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--threshold", "1M", "--fault", fault,
+                      "--", "stress-ng", "--mremap", "1", "--mremap-bytes", "64M", "--verify", "-t", "4",
+                      timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and "successful run completed" in r.stderr, r.stderr[-3000:]
+    assert "fail" not in r.stderr, r.stderr[-3000:]
+    assert s["peak_registered_bytes"] >= 64 << 20, s  # its mapping was paged
+
+
 @pytest.mark.parametrize("fault,how", [("signal", ""), ("signal", "direct"), ("signal", "heap direct"),
                                        ("signal", "heap sync direct"), ("thread", "heap direct")])
 def test_posix_aio_on_paged_memory(shim, built, tmp_path, farmem_cmd, fault, how):

@@ -1935,6 +1935,17 @@ static int madvise_cover(void *addr, size_t len, int advice)
 	if ((advice == MADV_POPULATE_READ || advice == MADV_POPULATE_WRITE) && pager &&
 	    atomic_load(&state) == 2 && !in_farmem && fm_pager_owns(pager, addr, len))
 		return 0;
+	/*
+	 * Paged memory stays MADV_DONTFORK and MADV_NOHUGEPAGE, as the pager
+	 * made it: a fork's child gets it through fork.c, and the pager moves
+	 * 4 KiB pages. A part grown in place is made so by the pager, and one
+	 * flipped back would split the range in two mappings: the program's
+	 * next mremap of all of it failed with EFAULT (stress-ng's mremap
+	 * stressor). Other advice leaves both parts alike.
+	 */
+	if ((advice == MADV_DOFORK || advice == MADV_HUGEPAGE) && pager && atomic_load(&state) == 2 && !in_farmem &&
+	    fm_pager_owns(pager, addr, len))
+		return 0;
 	r = syscall(SYS_madvise, addr, len, advice);  /* -1 with the kernel's errno */
 	return r ? -1 : 0;
 }

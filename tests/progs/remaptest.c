@@ -518,6 +518,34 @@ int main(int argc, char **argv)
 	if (check("head after growing back", a, 0, half / 2, 7, 0) ||
 	    check("tail grown back is zero", a, half / 2, half - half / 2, 0, 0))
 		return 1;
+	/*
+	 * 2c. The program flips paged memory back to MADV_DOFORK or
+	 * MADV_HUGEPAGE (stress-ng's mremap stressor does), then grows it in
+	 * place: the range is still one mapping, and the next mremap of all of
+	 * it works (it failed with EFAULT before session 48: the grown part,
+	 * made DONTFORK and NOHUGEPAGE by the pager, split the mapping in two).
+	 */
+	for (int advice = 0; advice < 2; advice++) {
+		uint8_t *c;
+		if (madvise(a, half * PG, advice ? MADV_HUGEPAGE : MADV_DOFORK)) {
+			perror("madvise");
+			return 1;
+		}
+		if (mremap(a, half * PG, half / 2 * PG, 0) != a ||
+		    (c = mremap(a, half / 2 * PG, half * PG, 0)) != a) {
+			fprintf(stderr, "remaptest: shrinking and growing in place: %s\n", strerror(errno));
+			return 1;
+		}
+		c = mremap(a, half * PG, half * PG + 64 * PG, MREMAP_MAYMOVE);
+		if (c == MAP_FAILED) {
+			fprintf(stderr, "remaptest: an mremap of a range grown in place after madvise(%s): %s\n",
+				advice ? "MADV_HUGEPAGE" : "MADV_DOFORK", strerror(errno));
+			return 1;
+		}
+		a = mremap(c, half * PG + 64 * PG, half * PG, MREMAP_MAYMOVE);
+		if (a == MAP_FAILED || check("head after madvise and mremaps", a, 0, half / 2, 7, 0))
+			return 1;
+	}
 	munmap(a, half * PG);
 	/* Let go in two parts, the range is free for paging again: a new mapping there is paged. */
 	b = mmap(a, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);

@@ -129,6 +129,10 @@ class ControlServer:
                 if not more:
                     break
                 data += more
+            if not data and not fds:
+                # A process that ended (killed) between its connect and its hello: nothing was registered.
+                log.debug("control socket: peer pid %d closed the connection without a word", peer_pid)
+                return
             m = HELLO_RE.fullmatch(data)
             if not m:
                 raise ValueError(f"peer pid {peer_pid} sent {data[:40]!r}..., "
