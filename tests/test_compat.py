@@ -266,19 +266,41 @@ def test_fault_signal_asked_for_a_libaio_program_is_warned(shim, tmp_path, farme
 
 
 @pytest.mark.parametrize("fault", ["signal", "thread"])
-def test_stress_ng_mremap_verifies(shim, tmp_path, farmem_cmd, fault):
-    """stress-ng's mremap stressor (Debian's stress-ng 0.15) with its own --verify: a populated
-    64 MiB mapping shrunk by halves and grown back by doubling, in place, moved, to fixed addresses
-    and with MREMAP_DONTUNMAP, its bytes checked. It madvises the range MADV_DOFORK on the way;
-    the part the pager then registered after a growth in place was DONTFORK again, the range two
-    mappings, and the next mremap of all of it failed with EFAULT (11 of 12 runs before session 48)."""
+@pytest.mark.parametrize("stressor", ["mremap", "userfaultfd"])
+def test_stress_ng_verifies(shim, tmp_path, farmem_cmd, stressor, fault):
+    """stress-ng's stressors (Debian's stress-ng 0.15) with their own --verify, each failed under
+    farmem before session 48. mremap: a populated 64 MiB mapping shrunk by halves and grown back by
+    doubling, in place, moved, to fixed addresses and with MREMAP_DONTUNMAP, its bytes checked; it
+    madvises the range MADV_DOFORK on the way, the part the pager then registered after a growth in
+    place was DONTFORK again, the range two mappings, and the next mremap of all of it failed with
+    EFAULT (11 of 12 runs). userfaultfd: it registers a 256 MiB mapping of its own with a
+    userfaultfd of its own and serves its faults; the kernel refused with EBUSY, the range being
+    the pager's (every run): it comes home and stays local now."""
     compat.need("stress-ng")
+    mib = {"mremap": ["--mremap-bytes", "64M"], "userfaultfd": ["--userfaultfd-bytes", "64M"]}[stressor]
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--threshold", "1M", "--fault", fault,
-                      "--", "stress-ng", "--mremap", "1", "--mremap-bytes", "64M", "--verify", "-t", "4",
+                      "--log", "info", "--", "stress-ng", f"--{stressor}", "1", *mib, "--verify", "-t", "4",
                       timeout=120, cwd=tmp_path)
     assert r.returncode == 0 and "successful run completed" in r.stderr, r.stderr[-3000:]
-    assert "fail" not in r.stderr, r.stderr[-3000:]
+    assert "stress-ng: fail" not in r.stderr, r.stderr[-3000:]
     assert s["peak_registered_bytes"] >= 64 << 20, s  # its mapping was paged
+    if stressor == "userfaultfd":
+        assert "with a userfaultfd of its own: that range comes home and stays local" in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+@pytest.mark.parametrize("via", ["ioctl", "syscall"])
+def test_a_program_s_own_userfaultfd_takes_paged_memory(shim, built, tmp_path, farmem_cmd, via, fault):
+    """tests/progs/ownuffd writes 64 MiB at a budget of 16 MiB, then registers all of it with a
+    userfaultfd of its own, through ioctl() or syscall(SYS_ioctl, ...): the kernel refused with
+    EBUSY before session 48 (the range was the pager's). The range comes home whole, every page as
+    written, and a page the program drops then faults to its own userfaultfd."""
+    prog = built("build/tests/ownuffd")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--fault", fault, "--log", "info",
+                      "--", prog, 64, *(["syscall"] if via == "syscall" else []), timeout=120)
+    assert r.returncode == 0 and "ownuffd: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "with a userfaultfd of its own: that range comes home and stays local" in r.stderr, r.stderr[-3000:]
+    assert s["evictions"] > 10000 and s["remote_reads"] > 10000, s  # it was remote, and came home
 
 
 @pytest.mark.parametrize("fault,how", [("signal", ""), ("signal", "direct"), ("signal", "heap direct"),

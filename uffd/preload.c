@@ -1950,6 +1950,37 @@ static int madvise_cover(void *addr, size_t len, int advice)
 	return r ? -1 : 0;
 }
 
+/*
+ * A program with a userfaultfd of its own (QEMU's postcopy, Firecracker's
+ * snapshot restore, stress-ng) registers its memory with it. A range is
+ * registered with one userfaultfd at a time, and the kernel refused the
+ * program's with EBUSY where the pager had it: such a range comes home and
+ * leaves paged memory first, as one made unreadable does. farmem's own
+ * registrations go to the kernel directly (uffd_ops.c).
+ */
+EXPORT int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	void *arg;
+
+	va_start(ap, req);
+	arg = va_arg(ap, void *);
+	va_end(ap);
+	if (req == UFFDIO_REGISTER && arg && pager && atomic_load(&state) == 2 && !in_farmem) {
+		const struct uffdio_register *r = arg;
+		void *a = (void *)(uintptr_t)r->range.start;
+		size_t len = r->range.len;
+		child_wait();
+		if (fm_pager_owns(pager, a, len)) {
+			fm_info("the program registers %#lx+%zu with a userfaultfd of its own: that range comes "
+				"home and stays local", (unsigned long)r->range.start, len);
+			fm_pager_fetch_all(pager, a, len);
+			fm_pager_unregister(pager, a, len);
+		}
+	}
+	return (int)syscall(SYS_ioctl, fd, req, arg);
+}
+
 void *fm_shim_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off, const void *caller)
 {
 	return mmap_cover(addr, len, prot, flags, fd, off, caller);

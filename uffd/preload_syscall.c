@@ -24,9 +24,11 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <linux/futex.h>
+#include <linux/userfaultfd.h>
 
 #include "pager.h"
 #include "preload.h"
@@ -199,6 +201,10 @@ EXPORT long syscall(long n, ...)
 		return getrandom((void *)a[0], (size_t)a[1], (unsigned int)a[2]);
 	case SYS_futex:
 		return futex_call(a);
+	case SYS_ioctl:
+		if ((unsigned long)a[1] == UFFDIO_REGISTER)
+			return ioctl((int)a[0], (unsigned long)a[1], (void *)a[2]);
+		break;
 	case SYS_io_uring_setup:
 		fm_shim_async_io("io_uring through syscall()");
 		break;

@@ -139,7 +139,8 @@ int fm_uffd_register(int uffd, uintptr_t addr, size_t len, int missing, int wp, 
 			(minor ? UFFDIO_REGISTER_MODE_MINOR : 0),
 	};
 
-	if (ioctl(uffd, UFFDIO_REGISTER, &reg))
+	/* Not through ioctl(): the shim's cover of it is for the program's own userfaultfd (preload.c). */
+	if (syscall(SYS_ioctl, uffd, UFFDIO_REGISTER, &reg))
 		return -errno;
 	if (ioctls)
 		*ioctls = reg.ioctls;
