@@ -2031,10 +2031,16 @@ EXPORT int madvise(void *addr, size_t len, int advice)
  * low RLIMIT_MEMLOCK (mlockall(2) says EPERM, mlock(2) EAGAIN), and the user
  * learns why; its memory stays correct.
  */
-static void lock_refused(const char *call)
+static void lock_refused(const char *call, int which)
 {
+	static atomic_int told[3];
 	char line[300];
-	int n = snprintf(line, sizeof(line),
+	int n;
+
+	/* Once a process for each call: stress-ng's mlock stressor asked 600 times in 4 s. */
+	if (atomic_exchange(&told[which], 1))
+		return;
+	n = snprintf(line, sizeof(line),
 			 "farmem: warning: %s refused: this program's memory is paged by farmem, and locked "
 			 "memory cannot be paged (run it without memory locking, or without farmem)\n", call);
 
@@ -2047,7 +2053,7 @@ EXPORT int mlockall(int flags)
 	long r;
 
 	if (hooks_on()) {
-		lock_refused("mlockall");
+		lock_refused("mlockall", 0);
 		errno = EPERM;
 		return -1;
 	}
@@ -2061,7 +2067,7 @@ static int lock_range(long nr, const void *addr, size_t len, unsigned flags)
 
 	child_wait();
 	if (hooks_on() && pager && atomic_load(&state) == 2 && fm_pager_owns(pager, addr, len)) {
-		lock_refused(nr == SYS_mlock ? "mlock of paged memory" : "mlock2 of paged memory");
+		lock_refused(nr == SYS_mlock ? "mlock of paged memory" : "mlock2 of paged memory", nr == SYS_mlock ? 1 : 2);
 		errno = EAGAIN;
 		return -1;
 	}
