@@ -405,6 +405,10 @@ class SwapEnv:
 
     # -- setup / teardown ---------------------------------------------------------
 
+    def cgroup_figures(self) -> tuple[Optional[int], Optional[int]]:
+        """The cgroup's major faults so far and its peak memory usage: every process of the run."""
+        return (self._cg.pgmajfault(), self._cg.peak()) if self._cg else (None, None)
+
     def __enter__(self) -> "SwapEnv":
         if os.geteuid() != 0:
             raise SwapSetupError("the Linux swap baseline needs root (swapon, zram, cgroups)")

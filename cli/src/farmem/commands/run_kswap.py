@@ -121,6 +121,7 @@ def cmd_run_kswap(args) -> int:
             child_env = dict(os.environ, FARMEM_RESMAP_FD=str(mon.fd), FARMEM_MODE="kswap")
             wrapper = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
                        os.path.join(env.cgroup_path, "cgroup.procs")] + list(args.cmd)
+            maj0 = env.cgroup_figures()[0]
             try:
                 child = subprocess.Popen(wrapper, env=child_env, pass_fds=(mon.fd,))
             except OSError as e:
@@ -174,6 +175,7 @@ def cmd_run_kswap(args) -> int:
                         tracer = None
 
                 status = child.wait()
+                maj1, cg_peak = env.cgroup_figures()
                 stop.set()
                 mon.wake.set()
                 th.join(10)
@@ -204,17 +206,24 @@ def cmd_run_kswap(args) -> int:
             s = resmap.figures([mon.hdr])
             summary = {"mode": "kswap", "exit_status": status, "elapsed_s": round(elapsed, 3),
                        "swap_epoch": mon.hdr.swap_epoch, "cgroup_limit_bytes": monitor.limit,
-                       "bpf": tracer is not None, **s}
+                       "bpf": tracer is not None, **s,
+                       # Every process of the run, where the figures above follow CMD's own pid only.
+                       "cgroup_major_faults": maj1 - maj0 if maj0 is not None and maj1 is not None else None,
+                       "cgroup_peak_bytes": cg_peak}
     except swap.SwapSetupError as e:
         raise Unavailable("kswap mode", str(e)) from None
     finally:
         mon.close()
     status = summary["exit_status"]
     status = 128 - status if status < 0 else status
+    cg_maj, cg_peak = summary["cgroup_major_faults"], summary["cgroup_peak_bytes"]
+    # stress-ng's workers, a shell's children: CMD's own figures were 0 while the run swapped hard.
+    others = (f"; every process of the run (the cgroup): {cg_maj} major faults, peak {fmt_bytes(cg_peak)}"
+              if cg_maj is not None and cg_peak is not None and cg_maj > summary["faults"] else "")
     print(f"farmem: kswap: {summary['faults']} major faults, {summary['evictions']} pages swapped out, "
           f"{summary['remote_reads']} swapped in (eBPF), swap epoch {summary['swap_epoch']}; limit "
           f"{fmt_bytes(summary['cgroup_limit_bytes'])}, peak resident {fmt_bytes(summary['peak_resident_bytes'])}"
-          f"; exit status {status}, {elapsed:.2f} s", file=sys.stderr)
+          f"{others}; exit status {status}, {elapsed:.2f} s", file=sys.stderr)
     if args.summary_json:
         from farmem.commands.run import write_json
         write_json(args.summary_json, summary)
