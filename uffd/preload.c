@@ -1958,8 +1958,12 @@ static int madvise_cover(void *addr, size_t len, int advice)
  * leaves paged memory first, as one made unreadable does. farmem's own
  * registrations go to the kernel directly (uffd_ops.c).
  */
+FM_IO_NEXT(ioctl_next, "ioctl");
+
 EXPORT int ioctl(int fd, unsigned long req, ...)
 {
+	/* libc's own: the pager's UFFDIO_COPY on the fault path comes through here too. */
+	int (*libc_ioctl)(int, unsigned long, ...) = (int (*)(int, unsigned long, ...))fm_io_next(&ioctl_next);
 	va_list ap;
 	void *arg;
 
@@ -1978,7 +1982,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 			fm_pager_unregister(pager, a, len);
 		}
 	}
-	return (int)syscall(SYS_ioctl, fd, req, arg);
+	return libc_ioctl ? libc_ioctl(fd, req, arg) : (int)syscall(SYS_ioctl, fd, req, arg);
 }
 
 void *fm_shim_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off, const void *caller)
