@@ -325,6 +325,23 @@ def test_posix_aio_on_paged_memory(shim, built, tmp_path, farmem_cmd, fault, how
         assert s["heap_faults"] > 10000, s  # its buffers were in glibc's heap
 
 
+def test_sleeping_readers_do_not_fill_the_pin_table(shim, built, tmp_path, farmem_cmd):
+    """tests/progs/pinwait: 1100 threads sleep in read() or recv() on a socket, each into a
+    page-aligned 4 KiB buffer in glibc's heap (a server's thread pool), while the main thread writes
+    64 MiB of paged memory to a file and reads it back, 1 MiB a call, at a budget of 16 MiB. Under
+    `--fault signal` such a buffer is shaped like an O_DIRECT read's; before session 49 each sleeper
+    held a pin slot, the table (1024) filled, and the main thread's pwrite returned short: its
+    buffer was not kept resident under the call (pins_refused 87, peak_pins 1024)."""
+    prog = built("build/tests/pinwait")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--threshold", "1M", "--fault", "signal",
+                      "--", prog, tmp_path / "data", 64, 1100, timeout=180)
+    assert r.returncode == 0 and "pinwait: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert s["fault_mode"] == "signal" and s["heap_faults"] > 0, s  # the sleepers' buffers were paged heap
+    assert s["remote_reads"] > 10000, s
+    assert s["pins_refused"] == 0 and s["peak_pins"] < 64, s
+    assert "found the pin table full" not in r.stderr, r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("when", ["early", "late", "late heap"])
 def test_io_uring_set_up_through_syscall_keeps_pinned_pages(shim, built, tmp_path, farmem_cmd, when):
     """A program that sets up io_uring through glibc's syscall() (Rust's io-uring crate does),

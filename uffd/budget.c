@@ -6,15 +6,6 @@
 
 #define MIN_LIMIT_PAGES 256
 
-/* A gauge of the most there ever was: *word becomes now if now is more. */
-static void raise_peak(uint64_t *word, uint64_t now)
-{
-	uint64_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
-
-	while (now > seen && !__atomic_compare_exchange_n(word, &seen, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
-}
-
 void fm_budget_set(struct fm_pager *p)
 {
 	uint64_t reg = atomic_load(&p->registered);
@@ -32,9 +23,9 @@ void fm_budget_set(struct fm_pager *p)
 	 */
 	if (reg) {
 		__atomic_store_n(&p->st->local_limit_pages, lim, __ATOMIC_RELAXED);
-		raise_peak(&p->st->peak_limit_pages, lim);
+		fm_raise_peak(&p->st->peak_limit_pages, lim);
 		__atomic_store_n(&p->st->registered_pages, reg, __ATOMIC_RELAXED);
-		raise_peak(&p->st->peak_registered_pages, reg);
+		fm_raise_peak(&p->st->peak_registered_pages, reg);
 	}
 }
 
@@ -43,7 +34,7 @@ static void changed(struct fm_pager *p, uint64_t now, int grew)
 	__atomic_store_n(&p->st->resident_pages, now, __ATOMIC_RELAXED);
 	if (!grew)
 		return;
-	raise_peak(&p->st->peak_resident_pages, now);
+	fm_raise_peak(&p->st->peak_resident_pages, now);
 	/* The evictor thread keeps ahead of faults when there is one; else faults evict themselves. */
 	if (p->evictor_started && now > atomic_load(&p->high))
 		fm_evictor_kick(p);
@@ -54,7 +45,7 @@ void fm_resident_adopt(struct fm_pager *p, uint64_t n)
 	uint64_t now = atomic_fetch_add(&p->resident, n) + n;
 
 	__atomic_store_n(&p->st->resident_pages, now, __ATOMIC_RELAXED);
-	raise_peak(&p->st->adopt_peak_pages, now);
+	fm_raise_peak(&p->st->adopt_peak_pages, now);
 }
 
 void fm_resident_settled(struct fm_pager *p)

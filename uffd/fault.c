@@ -13,6 +13,7 @@
 #include "fault.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -500,11 +501,29 @@ int fm_pager_io_needed(struct fm_pager *p, const void *addr, size_t len)
  * bytes captured) meanwhile would lose the read. With handler threads such a
  * page is kept by the move's refusal (evict_move). O_DIRECT wants the
  * buffer's address and length aligned to the device's logical block, 512
- * bytes at least: other reads cost this test only.
+ * bytes at least: other reads cost this test only, and an aligned one the
+ * fd's flags (a socket's recv into a page-aligned buffer may block for
+ * hours, and would hold a pin slot for nothing).
  */
-static int dma_target(struct fm_pager *p, const void *addr, size_t len, int write)
+static int dma_target(struct fm_pager *p, const void *addr, size_t len, int fd)
 {
-	return write && !(((uintptr_t)addr | len) & 511) && p->in_thread && fm_pager_owns_nolock(p, addr, len);
+	int fl;
+
+	if ((((uintptr_t)addr | len) & 511) || !p->in_thread || !fm_pager_owns_nolock(p, addr, len))
+		return 0;
+	fl = fcntl(fd, F_GETFL);
+	return fl >= 0 && (fl & O_DIRECT);
+}
+
+int fm_pager_read_begin(struct fm_pager *p, void *addr, size_t len, int fd)
+{
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;
+
+	if (!len)
+		return -1;
+	if (fm_pager_io_needed(p, addr, len))
+		return fm_pager_io_begin(p, addr, len, 1);
+	return dma_target(p, addr, len, fd) ? fm_pin(p, a, e) : -1;
 }
 
 struct io_begin_call {
@@ -538,7 +557,7 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 	if (!len)
 		return -1;
 	if (!fm_pager_io_needed(p, addr, len))
-		return dma_target(p, addr, len, write) ? fm_pin(p, a, e) : -1;
+		return -1;
 	/*
 	 * The pages are made resident here, in this thread, evicting as they
 	 * come: on farmem's stack when this one is paged (region.c), or a batch

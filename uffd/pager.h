@@ -277,14 +277,19 @@ int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_
  * A system call is about to read (write=0) or write (write=1) the program's
  * [addr, addr+len). In fault=signal mode the kernel cannot wait for a page
  * there: make the range resident (and writable) and pin it until
- * fm_pager_io_end. Where the kernel waits, a buffer shaped for O_DIRECT
- * (512-byte aligned) that the kernel writes is pinned only: the device
- * writes it past the page table. Returns the pin to hand back (-1: nothing
- * to hand back).
+ * fm_pager_io_end. Returns the pin to hand back (-1: nothing to hand
+ * back).
  * A call that still fails with EFAULT (the pin table was full) is retried by
  * the caller after another fm_pager_io_begin.
  */
 int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write);
+/*
+ * fm_pager_io_begin for a read from fd into [addr, addr+len). Besides, where
+ * the kernel waits, a buffer shaped for O_DIRECT (512-byte aligned) read from
+ * an fd opened O_DIRECT is pinned only: the device writes it past the page
+ * table.
+ */
+int fm_pager_read_begin(struct fm_pager *p, void *addr, size_t len, int fd);
 void fm_pager_io_end(struct fm_pager *p, int pin);
 /*
  * 1 when a system call on [addr, addr+len) needs fm_pager_io_begin: faults

@@ -281,6 +281,15 @@ struct fm_pager {
 
 #define STAT_ADD(p, field, n) __atomic_fetch_add(&(p)->st->field, (uint64_t)(n), __ATOMIC_RELAXED)
 
+/* A gauge of the most there ever was: *word becomes now if now is more. */
+static inline void fm_raise_peak(uint64_t *word, uint64_t now)
+{
+	uint64_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
+
+	while (now > seen && !__atomic_compare_exchange_n(word, &seen, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
 /*
  * A page a handler thread installs in r goes in writable whatever the
  * access: there a write-protect fault is one more handoff between two

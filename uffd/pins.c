@@ -13,10 +13,11 @@ int fm_pin(struct fm_pager *p, uintptr_t start, uintptr_t end)
 			/* Before the caller looks at its pages: an evictor that missed the slot claimed first. */
 			while (top <= i && !atomic_compare_exchange_weak(&p->pin_top, &top, i + 1))
 				;
-			atomic_fetch_add(&p->npins, 1);
+			fm_raise_peak(&p->st->peak_pins, (uint64_t)atomic_fetch_add(&p->npins, 1) + 1);
 			return i;
 		}
 	}
+	STAT_ADD(p, pins_refused, 1);
 	return -1;
 }
 

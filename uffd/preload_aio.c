@@ -58,7 +58,8 @@ static void hold(const struct aiocb *cb, int into)
 
 	if (!p)
 		return;
-	bp = fm_pager_io_begin(p, (const void *)cb->aio_buf, cb->aio_nbytes, into);
+	bp = into ? fm_pager_read_begin(p, (void *)cb->aio_buf, cb->aio_nbytes, cb->aio_fildes)
+		  : fm_pager_io_begin(p, (const void *)cb->aio_buf, cb->aio_nbytes, 0);
 	cp = fm_pager_io_begin(p, cb, sizeof(*cb), 1);
 	if (bp < 0 && cp < 0)
 		return;

@@ -62,20 +62,37 @@
 #define EXPORT __attribute__((visibility("default")))
 #define EFAULT_TRIES 8
 
-void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write)
+static void keep(struct fm_io_pins *io, int s)
 {
-	int s;
-
-	if (!io->p || !buf || !len)
-		return;
-	s = fm_pager_io_begin(io->p, buf, len, write);
 	if (s >= 0 && io->n < FM_IO_PINS)
 		io->slot[io->n++] = s;
 	else if (s >= 0)
 		fm_pager_io_end(io->p, s);
 }
 
-static void pin_iov(struct fm_io_pins *io, const struct iovec *iov, int n, int write)
+void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write)
+{
+	if (io->p && buf && len)
+		keep(io, fm_pager_io_begin(io->p, buf, len, write));
+}
+
+/* A buffer a read from fd writes, which the device may write by DMA (O_DIRECT). */
+static void pin_read(struct fm_io_pins *io, int fd, void *buf, size_t len)
+{
+	if (io->p && buf && len)
+		keep(io, fm_pager_read_begin(io->p, buf, len, fd));
+}
+
+/* What the kernel writes, for a read from fd (-1: the call is not one). */
+static void pin_one(struct fm_io_pins *io, void *buf, size_t len, int write, int read_fd)
+{
+	if (write && read_fd >= 0)
+		pin_read(io, read_fd, buf, len);
+	else
+		fm_io_pin(io, buf, len, write);
+}
+
+static void pin_iov(struct fm_io_pins *io, const struct iovec *iov, int n, int write, int read_fd)
 {
 	uintptr_t lo = UINTPTR_MAX, hi = 0;
 	int k;
@@ -85,14 +102,15 @@ static void pin_iov(struct fm_io_pins *io, const struct iovec *iov, int n, int w
 	/* The kernel reads the array itself, too. */
 	fm_io_pin(io, iov, (size_t)n * sizeof(*iov), 0);
 	for (k = 0; k < n && io->n < FM_IO_PINS - 1; k++)
-		fm_io_pin(io, iov[k].iov_base, iov[k].iov_len, write);
+		pin_one(io, iov[k].iov_base, iov[k].iov_len, write, read_fd);
 	/*
 	 * More buffers than pins. Where the kernel waits, a buffer is pinned
-	 * only when the device may write it by DMA (O_DIRECT), and a read into
-	 * 256 heap blocks of 64 KiB lost what landed in those past the 16th
-	 * (tests/progs/posixaio.c): such buffers go under one pin over the span
-	 * they lie in, which brings nothing in. The others are made resident
-	 * one by one, and a call that meets one evicted again is made again.
+	 * only when the device may write it by DMA (an O_DIRECT read), and a
+	 * read into 256 heap blocks of 64 KiB lost what landed in those past
+	 * the 16th (tests/progs/posixaio.c): such buffers go under one pin over
+	 * the span they lie in, which brings nothing in. The others are made
+	 * resident one by one, and a call that meets one evicted again is made
+	 * again.
 	 */
 	for (int j = k; j < n; j++) {
 		uintptr_t b = (uintptr_t)iov[j].iov_base;
@@ -103,8 +121,8 @@ static void pin_iov(struct fm_io_pins *io, const struct iovec *iov, int n, int w
 		lo = b < lo ? b : lo;
 		hi = b + iov[j].iov_len > hi ? b + iov[j].iov_len : hi;
 	}
-	if (hi > lo && !fm_pager_io_needed(io->p, (void *)lo, hi - lo))
-		fm_io_pin(io, (void *)lo, hi - lo, write);
+	if (write && read_fd >= 0 && hi > lo && !fm_pager_io_needed(io->p, (void *)lo, hi - lo))
+		pin_read(io, read_fd, (void *)lo, hi - lo);
 }
 
 static void pin_msg(struct fm_io_pins *io, const struct msghdr *m, int write)
@@ -114,7 +132,7 @@ static void pin_msg(struct fm_io_pins *io, const struct msghdr *m, int write)
 	fm_io_pin(io, m, sizeof(*m), write);
 	fm_io_pin(io, m->msg_name, m->msg_namelen, write);
 	fm_io_pin(io, m->msg_control, m->msg_controllen, write);
-	pin_iov(io, m->msg_iov, (int)m->msg_iovlen, write);
+	pin_iov(io, m->msg_iov, (int)m->msg_iovlen, write, -1);
 }
 
 /* The kernel writes each message's msg_len, sending or receiving. */
@@ -301,14 +319,14 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
 	if (needs_pieces(buf, n))
 		return in_pieces(PIECE_READ, fd, buf, n, 0, 0);
-	COVERED(fm_io_pin(&io_, buf, n, 1), LIBC(read)(fd, buf, n));
+	COVERED(pin_read(&io_, fd, buf, n), LIBC(read)(fd, buf, n));
 }
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 {
 	if (needs_pieces(buf, n))
 		return in_pieces(PIECE_PREAD, fd, buf, n, off, 0);
-	COVERED(fm_io_pin(&io_, buf, n, 1), LIBC(pread)(fd, buf, n, off));
+	COVERED(pin_read(&io_, fd, buf, n), LIBC(pread)(fd, buf, n, off));
 }
 
 EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
@@ -318,12 +336,12 @@ EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
-	COVERED(pin_iov(&io_, iov, n, 1), LIBC(readv)(fd, iov, n));
+	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(readv)(fd, iov, n));
 }
 
 EXPORT ssize_t preadv(int fd, const struct iovec *iov, int n, off_t off)
 {
-	COVERED(pin_iov(&io_, iov, n, 1), LIBC(preadv)(fd, iov, n, off));
+	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv)(fd, iov, n, off));
 }
 
 EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t off)
@@ -333,7 +351,7 @@ EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
-	COVERED(pin_iov(&io_, iov, n, 1), LIBC(preadv2)(fd, iov, n, off, flags));
+	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv2)(fd, iov, n, off, flags));
 }
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
@@ -357,12 +375,12 @@ EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 {
-	COVERED(pin_iov(&io_, iov, n, 0), LIBC(writev)(fd, iov, n));
+	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(writev)(fd, iov, n));
 }
 
 EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int n, off_t off)
 {
-	COVERED(pin_iov(&io_, iov, n, 0), LIBC(pwritev)(fd, iov, n, off));
+	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev)(fd, iov, n, off));
 }
 
 EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
@@ -372,7 +390,7 @@ EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
-	COVERED(pin_iov(&io_, iov, n, 0), LIBC(pwritev2)(fd, iov, n, off, flags));
+	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev2)(fd, iov, n, off, flags));
 }
 
 /*
@@ -389,7 +407,7 @@ static int pipe_read_end(int fd)
 
 EXPORT ssize_t vmsplice(int fd, const struct iovec *iov, size_t n, unsigned int flags)
 {
-	COVERED(pin_iov(&io_, iov, n > INT_MAX ? INT_MAX : (int)n, io_.p && pipe_read_end(fd)),
+	COVERED(pin_iov(&io_, iov, n > INT_MAX ? INT_MAX : (int)n, io_.p && pipe_read_end(fd), -1),
 		LIBC(vmsplice)(fd, iov, n, flags));
 }
 

@@ -259,7 +259,15 @@ struct fm_pager_stats {
 	 */
 	uint64_t evictions_moved;
 	uint64_t evict_pinned;
-	uint64_t reserved2[8];
+	/*
+	 * Ranges a system call or futex wait is using, kept from eviction
+	 * (uffd/pins.h): a gauge of the most held at once, and pins the table
+	 * had no room for (MAX_PINS: such a call's buffer is made resident but
+	 * may leave again, and the call is made again after EFAULT).
+	 */
+	uint64_t peak_pins;
+	uint64_t pins_refused;
+	uint64_t reserved2[6];
 };
 
 struct fm_resmap_hdr {

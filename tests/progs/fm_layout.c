@@ -43,6 +43,7 @@ int main(void)
 	printf("  \"offsetof_refaults_3budgets\": %zu,\n", offsetof(struct fm_pager_stats, refaults_3budgets));
 	printf("  \"offsetof_peak_registered_pages\": %zu,\n", offsetof(struct fm_pager_stats, peak_registered_pages));
 	printf("  \"offsetof_evict_pinned\": %zu,\n", offsetof(struct fm_pager_stats, evict_pinned));
+	printf("  \"offsetof_pins_refused\": %zu,\n", offsetof(struct fm_pager_stats, pins_refused));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

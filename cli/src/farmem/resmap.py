@@ -107,6 +107,9 @@ REGISTERED_FIELDS = ("peak_registered_pages",)
 # Then eviction by UFFDIO_MOVE (evict_move, uffd/capture.h): dirty pages moved out, and victims the
 # kernel would not move because I/O in flight had them pinned (kept resident).
 MOVE_FIELDS = ("evictions_moved", "evict_pinned")
+# Then pins (uffd/pins.h: ranges a system call or futex wait is using, kept from eviction): a gauge
+# of the most held at once, and pins the table had no room for.
+PIN_FIELDS = ("peak_pins", "pins_refused")
 
 
 class PagerStats(ctypes.Structure):
@@ -115,9 +118,9 @@ class PagerStats(ctypes.Structure):
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
     ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS + REGISTERED_FIELDS
-         + MOVE_FIELDS] + [
+         + MOVE_FIELDS + PIN_FIELDS] + [
         ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS)
-                             - len(REGISTERED_FIELDS) - len(MOVE_FIELDS))),
+                             - len(REGISTERED_FIELDS) - len(MOVE_FIELDS) - len(PIN_FIELDS))),
     ]
 
 
@@ -180,6 +183,7 @@ def layout() -> dict:
         "offsetof_refaults_3budgets": PagerStats.refaults_3budgets.offset,
         "offsetof_peak_registered_pages": PagerStats.peak_registered_pages.offset,
         "offsetof_evict_pinned": PagerStats.evict_pinned.offset,
+        "offsetof_pins_refused": PagerStats.pins_refused.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -269,7 +273,7 @@ SUMMED = (
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
     + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS \
-    + MOVE_FIELDS
+    + MOVE_FIELDS + ("pins_refused",)
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.
@@ -289,6 +293,7 @@ def figures(hdrs) -> dict:
     """The summary of `farmem run` and the body of `farmem stat`, summed over every header."""
     out = {key: 0 for key in SUMMED}
     out.update({key: 0 for key in GAUGES.values()})
+    out["peak_pins"] = 0  # the most one process held at once
     hist = [0] * LAT_BUCKETS
     transport = "none"
     modes: set = set()
@@ -298,6 +303,7 @@ def figures(hdrs) -> dict:
         st = hdr.stats
         for key in SUMMED:
             out[key] += getattr(st, key)
+        out["peak_pins"] = max(out["peak_pins"], st.peak_pins)
         gauges = {field: getattr(st, field) << hdr.page_shift for field in GAUGES}
         peak = peaks.setdefault(hdr.pid, dict.fromkeys(PEAK_GAUGES, 0))
         for field in PEAK_GAUGES:

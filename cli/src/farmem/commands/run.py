@@ -428,6 +428,10 @@ def summary_lines(s: dict) -> list:
     if s.get("evict_pinned"):
         # I/O in flight had them pinned (an O_DIRECT read through libaio or io_uring): kept, not lost.
         first += f"; {s['evict_pinned']} times a victim was pinned for I/O and stayed"
+    if s.get("pins_refused"):
+        # Each such call's buffer was made resident but could leave again: an EFAULT, made again.
+        first += (f"; {s['pins_refused']} system calls found the pin table full ({s['peak_pins']} held at once): "
+                  f"their buffers were not kept from eviction")
     problems = [f"{s[k]} {k.replace('_', ' ')}" for k in ("memd_full", "crc_errors", "transport_errors",
                                                          "memd_servers_lost", "memd_timeouts", "memd_failovers")
                 if s.get(k)]
