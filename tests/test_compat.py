@@ -325,6 +325,25 @@ def test_posix_aio_on_paged_memory(shim, built, tmp_path, farmem_cmd, fault, how
         assert s["heap_faults"] > 10000, s  # its buffers were in glibc's heap
 
 
+@pytest.mark.parametrize("fault,how", [("signal", "64"), ("signal", "1024"), ("signal", "16 direct"),
+                                       ("signal", "1024 direct"), ("thread", "1024")])
+def test_vectors_larger_than_the_budget_move_whole(shim, built, tmp_path, farmem_cmd, fault, how):
+    """tests/progs/vecio writes a file and reads it back with writev, pwritev, pwritev2, readv,
+    preadv and preadv2, each call over 64 MiB of paged memory in N scattered buffers, at a budget
+    of 16 MiB, and checks every count and page. Before session 49, under `--fault signal`, the
+    buffers past a call's 16 pins were made resident one by one and left again before the call
+    reached them: writev returned 16 MiB of 64 (N=64) or 1 MiB (N=1024), short, which a reader
+    takes for the end of its file; 16 buffers of 4 MiB were all pinned at once, 64 MiB resident
+    under a 16 MiB budget. Such a call now goes in pieces of at most 1 MiB and 14 buffers."""
+    prog = built("build/tests/vecio")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--threshold", "1M", "--fault", fault,
+                      "--", prog, tmp_path / "data", 64, *how.split(), timeout=180)
+    assert r.returncode == 0 and "vecio: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert s["fault_mode"] == fault and s["remote_reads"] > 10000, s
+    # The budget held: a call's pins are at most a piece.
+    assert s["peak_resident_bytes"] <= 18 << 20, s
+
+
 def test_sleeping_readers_do_not_fill_the_pin_table(shim, built, tmp_path, farmem_cmd):
     """tests/progs/pinwait: 1100 threads sleep in read() or recv() on a socket, each into a
     page-aligned 4 KiB buffer in glibc's heap (a server's thread pool), while the main thread writes

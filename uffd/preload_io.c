@@ -315,6 +315,96 @@ static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t o
 	return (ssize_t)done;
 }
 
+/*
+ * A vector of buffers, in pieces too: a readv or writev whose paged buffers
+ * are more than one call can pin (FM_IO_PINS, less the array's own pin and
+ * one to spare) or more than FM_IO_PIECE in all. The buffers past the pins
+ * were made resident one by one and left again before the call reached
+ * them: 64 buffers of 1 MiB under a 16 MiB budget, or 1024 of 64 KiB,
+ * moved 16 MiB and 1 MiB of 64 and returned short, which a program reading
+ * a file takes for its end. In pieces only for a regular file or a block
+ * device, where the call moves all it is asked for: a socket's datagram or a
+ * pipe's atomic write must stay one call.
+ */
+enum vec_call { VEC_READV, VEC_PREADV, VEC_PREADV2, VEC_WRITEV, VEC_PWRITEV, VEC_PWRITEV2 };
+#define VEC_PIECE_BUFS (FM_IO_PINS - 2)
+
+static int vec_needs_pieces(int fd, const struct iovec *iov, int n)
+{
+	struct fm_pager *p;
+	size_t paged = 0;
+	int bufs = 0;
+	struct stat st;
+
+	/* More than IOV_MAX: the kernel's EINVAL, not pieces that would each be allowed. */
+	if (!iov || n <= 0 || n > IOV_MAX || !(p = fm_preload_pager()))
+		return 0;
+	for (int k = 0; k < n; k++)
+		if (iov[k].iov_len && fm_pager_io_needed(p, iov[k].iov_base, iov[k].iov_len)) {
+			paged += iov[k].iov_len;
+			bufs++;
+		}
+	if (bufs <= VEC_PIECE_BUFS && paged <= FM_IO_PIECE)
+		return 0;
+	return !fstat(fd, &st) && (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode));
+}
+
+static long vec_piece(enum vec_call c, int fd, const struct iovec *v, int n, off_t off, int flags)
+{
+	switch (c) {
+	case VEC_READV:
+		return LIBC(readv)(fd, v, n);
+	case VEC_PREADV:
+		return LIBC(preadv)(fd, v, n, off);
+	case VEC_PREADV2:
+		return LIBC(preadv2)(fd, v, n, off, flags);
+	case VEC_WRITEV:
+		return LIBC(writev)(fd, v, n);
+	case VEC_PWRITEV:
+		return LIBC(pwritev)(fd, v, n, off);
+	case VEC_PWRITEV2:
+		return LIBC(pwritev2)(fd, v, n, off, flags);
+	}
+	errno = EINVAL;
+	return -1;
+}
+
+/* The pieces add up to the one call, as in_pieces's do; an offset of -1 (preadv2: the file's own) stays -1. */
+static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+	struct fm_io_pins io = { .p = fm_preload_pager() };
+	int into = c == VEC_READV || c == VEC_PREADV || c == VEC_PREADV2, k = 0;
+	size_t at = 0, done = 0;
+
+	while (k < n) {
+		struct iovec part[VEC_PIECE_BUFS];
+		size_t want = 0;
+		int m = 0;
+
+		while (k < n && m < VEC_PIECE_BUFS && want < FM_IO_PIECE) {
+			size_t left = iov[k].iov_len - at, take = left < FM_IO_PIECE - want ? left : FM_IO_PIECE - want;
+			if (take)
+				part[m++] = (struct iovec){ (char *)iov[k].iov_base + at, take };
+			want += take;
+			at += take;
+			if (at == iov[k].iov_len) {
+				k++;
+				at = 0;
+			}
+		}
+		if (!m)
+			break;
+		long r = PINNED_CALL(&io, pin_iov(&io, part, m, into, into ? fd : -1),
+				     vec_piece(c, fd, part, m, off == -1 ? -1 : off + (off_t)done, flags));
+		if (r < 0)
+			return done ? (ssize_t)done : -1;
+		done += (size_t)r;
+		if ((size_t)r < want)
+			break;
+	}
+	return (ssize_t)done;
+}
+
 EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
 	if (needs_pieces(buf, n))
@@ -336,11 +426,15 @@ EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
+	if (vec_needs_pieces(fd, iov, n))
+		return vec_in_pieces(VEC_READV, fd, iov, n, 0, 0);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(readv)(fd, iov, n));
 }
 
 EXPORT ssize_t preadv(int fd, const struct iovec *iov, int n, off_t off)
 {
+	if (vec_needs_pieces(fd, iov, n))
+		return vec_in_pieces(VEC_PREADV, fd, iov, n, off, 0);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv)(fd, iov, n, off));
 }
 
@@ -351,6 +445,8 @@ EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
+	if (vec_needs_pieces(fd, iov, n))
+		return vec_in_pieces(VEC_PREADV2, fd, iov, n, off, flags);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv2)(fd, iov, n, off, flags));
 }
 
@@ -375,11 +471,15 @@ EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 {
+	if (vec_needs_pieces(fd, iov, n))
+		return vec_in_pieces(VEC_WRITEV, fd, iov, n, 0, 0);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(writev)(fd, iov, n));
 }
 
 EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int n, off_t off)
 {
+	if (vec_needs_pieces(fd, iov, n))
+		return vec_in_pieces(VEC_PWRITEV, fd, iov, n, off, 0);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev)(fd, iov, n, off));
 }
 
@@ -390,6 +490,8 @@ EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
+	if (vec_needs_pieces(fd, iov, n))
+		return vec_in_pieces(VEC_PWRITEV2, fd, iov, n, off, flags);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev2)(fd, iov, n, off, flags));
 }
 
