@@ -316,41 +316,58 @@ static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t o
 }
 
 /*
- * A vector of buffers, in pieces too: a readv or writev whose paged buffers
- * are more than one call can pin (FM_IO_PINS, less the array's own pin and
- * one to spare) or more than FM_IO_PIECE in all. The buffers past the pins
- * were made resident one by one and left again before the call reached
- * them: 64 buffers of 1 MiB under a 16 MiB budget, or 1024 of 64 KiB,
- * moved 16 MiB and 1 MiB of 64 and returned short, which a program reading
- * a file takes for its end. In pieces only for a regular file or a block
- * device, where the call moves all it is asked for: a socket's datagram or a
- * pipe's atomic write must stay one call.
+ * A vector of buffers, in pieces too: a call whose paged buffers are more
+ * than one call can pin (FM_IO_PINS, less the array's own pin and a
+ * sendmsg's name and control data, and one to spare) or more than
+ * FM_IO_PIECE in all. The buffers past the pins were
+ * made resident one by one and left again before the call reached them: a
+ * writev of 64 buffers of 1 MiB under a 16 MiB budget, or of 1024 of 64 KiB,
+ * moved 16 MiB or 1 MiB of 64 and returned short, which a reader of a file
+ * takes for its end (tests/progs/vecio.c), and a writer to a pipe or a
+ * stream socket may not expect either. In pieces where the pieces add up to
+ * the one call: a regular file or block device, and what a write goes to
+ * as a stream (a pipe, past PIPE_BUF, which the kernel does not write
+ * atomically either; a stream socket). A datagram stays one call, as does a
+ * read from a pipe or socket (a short one it may always give).
  */
-enum vec_call { VEC_READV, VEC_PREADV, VEC_PREADV2, VEC_WRITEV, VEC_PWRITEV, VEC_PWRITEV2 };
-#define VEC_PIECE_BUFS (FM_IO_PINS - 2)
+enum vec_call { VEC_READV, VEC_PREADV, VEC_PREADV2, VEC_WRITEV, VEC_PWRITEV, VEC_PWRITEV2, VEC_SENDMSG };
+#define VEC_PIECE_BUFS (FM_IO_PINS - 4)
 
-static int vec_needs_pieces(int fd, const struct iovec *iov, int n)
+static int vec_needs_pieces(int fd, const struct iovec *iov, int n, int into)
 {
 	struct fm_pager *p;
-	size_t paged = 0;
-	int bufs = 0;
+	size_t paged = 0, all = 0;
+	int bufs = 0, type;
+	socklen_t tlen = sizeof(type);
 	struct stat st;
 
 	/* More than IOV_MAX: the kernel's EINVAL, not pieces that would each be allowed. */
 	if (!iov || n <= 0 || n > IOV_MAX || !(p = fm_preload_pager()))
 		return 0;
-	for (int k = 0; k < n; k++)
+	for (int k = 0; k < n; k++) {
+		all += iov[k].iov_len;
 		if (iov[k].iov_len && fm_pager_io_needed(p, iov[k].iov_base, iov[k].iov_len)) {
 			paged += iov[k].iov_len;
 			bufs++;
 		}
-	if (bufs <= VEC_PIECE_BUFS && paged <= FM_IO_PIECE)
+	}
+	if ((bufs <= VEC_PIECE_BUFS && paged <= FM_IO_PIECE) || fstat(fd, &st))
 		return 0;
-	return !fstat(fd, &st) && (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode));
+	if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))
+		return 1;
+	if (into)
+		return 0;
+	if (S_ISFIFO(st.st_mode))
+		return all > PIPE_BUF;
+	return S_ISSOCK(st.st_mode) && !getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) && type == SOCK_STREAM;
 }
 
-static long vec_piece(enum vec_call c, int fd, const struct iovec *v, int n, off_t off, int flags)
+/* A piece; m: the sendmsg's own header, whose name goes with every piece and whose control data with the first. */
+static long vec_piece(enum vec_call c, int fd, struct iovec *v, int n, off_t off, int flags, const struct msghdr *m,
+		      int first)
 {
+	struct msghdr h;
+
 	switch (c) {
 	case VEC_READV:
 		return LIBC(readv)(fd, v, n);
@@ -364,13 +381,23 @@ static long vec_piece(enum vec_call c, int fd, const struct iovec *v, int n, off
 		return LIBC(pwritev)(fd, v, n, off);
 	case VEC_PWRITEV2:
 		return LIBC(pwritev2)(fd, v, n, off, flags);
+	case VEC_SENDMSG:
+		h = (struct msghdr){ .msg_name = m->msg_name, .msg_namelen = m->msg_namelen, .msg_iov = v,
+				     .msg_iovlen = (size_t)n, .msg_control = first ? m->msg_control : NULL,
+				     .msg_controllen = first ? m->msg_controllen : 0 };
+		return LIBC(sendmsg)(fd, &h, flags);
 	}
 	errno = EINVAL;
 	return -1;
 }
 
-/* The pieces add up to the one call, as in_pieces's do; an offset of -1 (preadv2: the file's own) stays -1. */
-static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, int n, off_t off, int flags)
+/*
+ * The pieces add up to the one call, as in_pieces's do; an offset of -1
+ * (preadv2: the file's own) stays -1. A piece is pinned as its call would
+ * pin it: a sendmsg's name and control data besides its buffers.
+ */
+static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, int n, off_t off, int flags,
+			     const struct msghdr *m)
 {
 	struct fm_io_pins io = { .p = fm_preload_pager() };
 	int into = c == VEC_READV || c == VEC_PREADV || c == VEC_PREADV2, k = 0;
@@ -379,12 +406,12 @@ static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, i
 	while (k < n) {
 		struct iovec part[VEC_PIECE_BUFS];
 		size_t want = 0;
-		int m = 0;
+		int np = 0;
 
-		while (k < n && m < VEC_PIECE_BUFS && want < FM_IO_PIECE) {
+		while (k < n && np < VEC_PIECE_BUFS && want < FM_IO_PIECE) {
 			size_t left = iov[k].iov_len - at, take = left < FM_IO_PIECE - want ? left : FM_IO_PIECE - want;
 			if (take)
-				part[m++] = (struct iovec){ (char *)iov[k].iov_base + at, take };
+				part[np++] = (struct iovec){ (char *)iov[k].iov_base + at, take };
 			want += take;
 			at += take;
 			if (at == iov[k].iov_len) {
@@ -392,10 +419,13 @@ static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, i
 				at = 0;
 			}
 		}
-		if (!m)
+		if (!np)
 			break;
-		long r = PINNED_CALL(&io, pin_iov(&io, part, m, into, into ? fd : -1),
-				     vec_piece(c, fd, part, m, off == -1 ? -1 : off + (off_t)done, flags));
+		long r = PINNED_CALL(&io,
+				     (pin_iov(&io, part, np, into, into ? fd : -1),
+				      m ? (fm_io_pin(&io, m->msg_name, m->msg_namelen, 0),
+					   fm_io_pin(&io, m->msg_control, done ? 0 : m->msg_controllen, 0)) : (void)0),
+				     vec_piece(c, fd, part, np, off == -1 ? -1 : off + (off_t)done, flags, m, !done));
 		if (r < 0)
 			return done ? (ssize_t)done : -1;
 		done += (size_t)r;
@@ -426,15 +456,15 @@ EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
-	if (vec_needs_pieces(fd, iov, n))
-		return vec_in_pieces(VEC_READV, fd, iov, n, 0, 0);
+	if (vec_needs_pieces(fd, iov, n, 1))
+		return vec_in_pieces(VEC_READV, fd, iov, n, 0, 0, NULL);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(readv)(fd, iov, n));
 }
 
 EXPORT ssize_t preadv(int fd, const struct iovec *iov, int n, off_t off)
 {
-	if (vec_needs_pieces(fd, iov, n))
-		return vec_in_pieces(VEC_PREADV, fd, iov, n, off, 0);
+	if (vec_needs_pieces(fd, iov, n, 1))
+		return vec_in_pieces(VEC_PREADV, fd, iov, n, off, 0, NULL);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv)(fd, iov, n, off));
 }
 
@@ -445,8 +475,8 @@ EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
-	if (vec_needs_pieces(fd, iov, n))
-		return vec_in_pieces(VEC_PREADV2, fd, iov, n, off, flags);
+	if (vec_needs_pieces(fd, iov, n, 1))
+		return vec_in_pieces(VEC_PREADV2, fd, iov, n, off, flags, NULL);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv2)(fd, iov, n, off, flags));
 }
 
@@ -471,15 +501,15 @@ EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 {
-	if (vec_needs_pieces(fd, iov, n))
-		return vec_in_pieces(VEC_WRITEV, fd, iov, n, 0, 0);
+	if (vec_needs_pieces(fd, iov, n, 0))
+		return vec_in_pieces(VEC_WRITEV, fd, iov, n, 0, 0, NULL);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(writev)(fd, iov, n));
 }
 
 EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int n, off_t off)
 {
-	if (vec_needs_pieces(fd, iov, n))
-		return vec_in_pieces(VEC_PWRITEV, fd, iov, n, off, 0);
+	if (vec_needs_pieces(fd, iov, n, 0))
+		return vec_in_pieces(VEC_PWRITEV, fd, iov, n, off, 0, NULL);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev)(fd, iov, n, off));
 }
 
@@ -490,8 +520,8 @@ EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
-	if (vec_needs_pieces(fd, iov, n))
-		return vec_in_pieces(VEC_PWRITEV2, fd, iov, n, off, flags);
+	if (vec_needs_pieces(fd, iov, n, 0))
+		return vec_in_pieces(VEC_PWRITEV2, fd, iov, n, off, flags, NULL);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev2)(fd, iov, n, off, flags));
 }
 
@@ -543,6 +573,8 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
+	if (m && m->msg_iovlen <= INT_MAX && vec_needs_pieces(fd, m->msg_iov, (int)m->msg_iovlen, 0))
+		return vec_in_pieces(VEC_SENDMSG, fd, m->msg_iov, (int)m->msg_iovlen, -1, flags, m);
 	COVERED(pin_msg(&io_, m, 0), LIBC(sendmsg)(fd, m, flags));
 }
 

@@ -8,17 +8,22 @@
  * failure (a reader takes it for the end of the file). Every page read back
  * is checked.
  *
- *   vecio FILE MiB N [direct]   (prints "vecio: ok", or what went wrong)
+ *   vecio FILE MiB N [direct|stream]   (prints "vecio: ok", or what went wrong)
  *
  * direct: the file is opened O_DIRECT (the buffers are page-aligned).
+ * stream: besides, the vector goes to a pipe by writev and to a stream
+ * socket by sendmsg, whose reader (a thread, into memory farmem does not
+ * page) checks every page and the count.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -61,15 +66,76 @@ static int whole(ssize_t r, size_t len, const char *how)
 	return fprintf(stderr, "vecio: %s returned %zd of %zu (%s)\n", how, r, len, r < 0 ? strerror(errno) : "short"), 1;
 }
 
+struct reader {
+	int fd;
+	size_t len;
+	unsigned round;
+	int bad;
+};
+
+/* Reads a stream of len bytes a page at a time and checks each page. */
+static void *read_stream(void *arg)
+{
+	struct reader *rd = arg;
+	static uint64_t page[PAGE / 8];
+	size_t got = 0;
+
+	for (size_t p = 0; !rd->bad && got < rd->len; p++) {
+		size_t have = 0;
+		while (have < PAGE) {
+			ssize_t r = read(rd->fd, (char *)page + have, PAGE - have);
+			if (r <= 0) {
+				fprintf(stderr, "vecio: the stream ended at %zu of %zu\n", got + have, rd->len);
+				rd->bad = 1;
+				return NULL;
+			}
+			have += (size_t)r;
+		}
+		got += PAGE;
+		if (page[0] != word(p, rd->round) || page[PAGE / 8 - 1] != ~page[0]) {
+			fprintf(stderr, "vecio: the stream's page %zu reads %#lx\n", p, (unsigned long)page[0]);
+			rd->bad = 1;
+		}
+	}
+	return NULL;
+}
+
+/* The vector through a pipe (writev) and a stream socket (sendmsg), each call one whole count. */
+static int streams(struct iovec *iov, int n, size_t len)
+{
+	for (int way = 0; way < 2; way++) {
+		int fd[2];
+		struct reader rd = { .len = len, .round = 4 + (unsigned)way };
+		struct msghdr h = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+		pthread_t t;
+		ssize_t r;
+
+		if (way ? socketpair(AF_UNIX, SOCK_STREAM, 0, fd) : pipe(fd))
+			return perror("vecio: pipe or socketpair"), 1;
+		rd.fd = fd[0];
+		fill(iov, n, rd.round);
+		if (pthread_create(&t, NULL, read_stream, &rd))
+			return fprintf(stderr, "vecio: no reader\n"), 1;
+		r = way ? sendmsg(fd[1], &h, 0) : writev(fd[1], iov, n);
+		close(fd[1]);
+		pthread_join(t, NULL);
+		close(fd[0]);
+		if (whole(r, len, way ? "sendmsg to a stream socket" : "writev to a pipe") || rd.bad)
+			return 1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	size_t mib = argc > 3 ? strtoul(argv[2], NULL, 10) : 0, len = mib << 20, each;
 	int n = argc > 3 ? atoi(argv[3]) : 0, direct = argc > 4 && !strcmp(argv[4], "direct"), fd;
+	int stream = argc > 4 && !strcmp(argv[4], "stream");
 	struct iovec *iov;
 	uint8_t *m;
 
 	if (!mib || n <= 0 || n > 1024 || len % ((size_t)n * PAGE))
-		return fprintf(stderr, "usage: vecio FILE MiB N(up to 1024, MiB/N pages) [direct]\n"), 2;
+		return fprintf(stderr, "usage: vecio FILE MiB N(up to 1024, MiB/N pages) [direct|stream]\n"), 2;
 	each = len / (size_t)n;
 	m = mmap(NULL, 2 * len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	iov = calloc((size_t)n, sizeof(*iov));
@@ -104,6 +170,8 @@ int main(int argc, char **argv)
 		return 1;
 	close(fd);
 	unlink(argv[1]);
+	if (stream && streams(iov, n, len))
+		return 1;
 	printf("vecio: ok\n");
 	return 0;
 }
