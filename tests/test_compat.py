@@ -330,7 +330,8 @@ def test_posix_aio_on_paged_memory(shim, built, tmp_path, farmem_cmd, fault, how
 def test_vectors_larger_than_the_budget_move_whole(shim, built, tmp_path, farmem_cmd, fault, how):
     """tests/progs/vecio writes a file and reads it back with writev, pwritev, pwritev2, readv,
     preadv and preadv2, each call over 64 MiB of paged memory in N scattered buffers, at a budget
-    of 16 MiB, and checks every count and page; "stream": then writev to a pipe and sendmsg to a
+    of 16 MiB, and checks every count and page, through the *64 names too (pwritev64v2 and
+    preadv64v2 were not covered before session 49: EFAULT); "stream": then writev to a pipe and sendmsg to a
     stream socket, whose reader checks every page. Before session 49, under `--fault signal`, the
     buffers past a call's 16 pins were made resident one by one and left again before the call
     reached them: writev returned 16 MiB of 64 (N=64) or 1 MiB (N=1024), short, which a reader

@@ -480,6 +480,12 @@ EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int fl
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv2)(fd, iov, n, off, flags));
 }
 
+/* What a program built with _FILE_OFFSET_BITS=64 calls (stress-ng's hdd stressor did, uncovered, until session 49). */
+EXPORT ssize_t preadv64v2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+	return preadv2(fd, iov, n, off, flags);
+}
+
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
 	if (needs_pieces(buf, n))
@@ -523,6 +529,11 @@ EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int f
 	if (vec_needs_pieces(fd, iov, n, 0))
 		return vec_in_pieces(VEC_PWRITEV2, fd, iov, n, off, flags, NULL);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev2)(fd, iov, n, off, flags));
+}
+
+EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+	return pwritev2(fd, iov, n, off, flags);
 }
 
 /*

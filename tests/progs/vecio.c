@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * vecio: a file written and read back with vectors of buffers larger in all
- * than the budget (writev, pwritev, pwritev2; readv, preadv, preadv2), each
+ * than the budget (writev, pwritev, pwritev2; readv, preadv, preadv2; and
+ * their *64 names), each
  * call over all of a MiB-long mapping, as N buffers of MiB/N each, every
  * second one of the mapping's 2N slots (so that the buffers are scattered).
  * A regular file's call moves all it is asked for: a short count is a
@@ -163,6 +164,19 @@ int main(int argc, char **argv)
 		return 1;
 	memset(m, 0, 2 * len);
 	if (whole(preadv2(fd, iov, n, 0, 0), len, "preadv2") || check(iov, n, 3, "preadv2 after pwritev2"))
+		return 1;
+	/* The names a program built with _FILE_OFFSET_BITS=64 calls (stress-ng's hdd stressor). */
+	fill(iov, n, 4);
+	if (whole(pwritev64v2(fd, iov, n, 0, 0), len, "pwritev64v2"))
+		return 1;
+	memset(m, 0, 2 * len);
+	if (whole(preadv64(fd, iov, n, 0), len, "preadv64") || check(iov, n, 4, "preadv64 after pwritev64v2"))
+		return 1;
+	fill(iov, n, 3);
+	if (whole(pwritev64(fd, iov, n, 0), len, "pwritev64"))
+		return 1;
+	memset(m, 0, 2 * len);
+	if (whole(preadv64v2(fd, iov, n, 0, 0), len, "preadv64v2") || check(iov, n, 3, "preadv64v2 after pwritev64"))
 		return 1;
 	/* The file's own offset (-1) goes on from piece to piece. */
 	if (lseek(fd, 0, SEEK_SET) || whole(preadv2(fd, iov, n, -1, 0), len, "preadv2 at the file's offset") ||
