@@ -584,7 +584,9 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
-	if (m && m->msg_iovlen <= INT_MAX && vec_needs_pieces(fd, m->msg_iov, (int)m->msg_iovlen, 0))
+	/* Not an urgent byte (the last of the call) or zero-copy sends (a completion for each call). */
+	if (m && m->msg_iovlen <= INT_MAX && !(flags & (MSG_OOB | MSG_ZEROCOPY)) &&
+	    vec_needs_pieces(fd, m->msg_iov, (int)m->msg_iovlen, 0))
 		return vec_in_pieces(VEC_SENDMSG, fd, m->msg_iov, (int)m->msg_iovlen, -1, flags, m);
 	COVERED(pin_msg(&io_, m, 0), LIBC(sendmsg)(fd, m, flags));
 }
