@@ -281,7 +281,9 @@ def test_stress_ng_verifies(shim, tmp_path, farmem_cmd, stressor, fault):
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "32M", "--threshold", "1M", "--fault", fault,
                       "--log", "info", "--", "stress-ng", f"--{stressor}", "1", *mib, "--verify", "-t", "4",
                       timeout=120, cwd=tmp_path)
-    assert r.returncode == 0 and "successful run completed" in r.stderr, r.stderr[-3000:]
+    # 7: stress-ng's "metrics untrustworthy", a worker stopped by the run's end in the middle of
+    # counting (once, on a loaded CI machine); its checks are said by "fail" lines and status 2.
+    assert r.returncode in (0, 7) and "successful run completed" in r.stderr, r.stderr[-3000:]
     assert "stress-ng: fail" not in r.stderr, r.stderr[-3000:]
     assert s["peak_registered_bytes"] >= 64 << 20, s  # its mapping was paged
     if stressor == "userfaultfd":

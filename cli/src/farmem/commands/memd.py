@@ -80,9 +80,14 @@ def cmd_memd(args) -> int:
 def run_foreground(argv: list) -> int:
     """memd as a child that gets our signals; its status, shell-style."""
     proc = None
+    pending = []
 
     def forward(signo, _frame):
-        if proc is not None and proc.poll() is None:
+        # A signal while Popen has not returned yet (memd may be listening by then) is passed on
+        # after it: dropped, memd ran on and `farmem memd` never stopped (a loaded CI machine).
+        if proc is None:
+            pending.append(signo)
+        elif proc.poll() is None:
             proc.send_signal(signo)
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -90,6 +95,8 @@ def run_foreground(argv: list) -> int:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         except OSError as e:
             raise FarmemError(f"cannot run {argv[0]}: {e.strerror or e}") from None
+        for signo in pending:
+            proc.send_signal(signo)
         rc = proc.wait()
     finally:
         for s, handler in saved.items():
