@@ -67,6 +67,45 @@ static int whole(ssize_t r, size_t len, const char *how)
 	return fprintf(stderr, "vecio: %s returned %zd of %zu (%s)\n", how, r, len, r < 0 ? strerror(errno) : "short"), 1;
 }
 
+/* The calls, the *64 names among them: what a program built with _FILE_OFFSET_BITS=64 calls (stress-ng's hdd stressor). */
+enum way { WRITEV, PWRITEV, PWRITEV2, PWRITEV64, PWRITEV64V2, READV, PREADV, PREADV2, PREADV64, PREADV64V2 };
+static const char *const way_name[] = { "writev", "pwritev", "pwritev2", "pwritev64", "pwritev64v2",
+					"readv", "preadv", "preadv2", "preadv64", "preadv64v2" };
+#define ROUNDS 5
+static const enum way rounds[ROUNDS][2] = {
+	{ WRITEV, PREADV }, { PWRITEV, READV }, { PWRITEV2, PREADV2 }, { PWRITEV64V2, PREADV64 }, { PWRITEV64, PREADV64V2 },
+};
+
+/* The whole file, from offset 0, one call. */
+static ssize_t vec_call(enum way w, int fd, struct iovec *iov, int n)
+{
+	if ((w == WRITEV || w == READV) && lseek(fd, 0, SEEK_SET))
+		return -1;
+	switch (w) {
+	case WRITEV:
+		return writev(fd, iov, n);
+	case PWRITEV:
+		return pwritev(fd, iov, n, 0);
+	case PWRITEV2:
+		return pwritev2(fd, iov, n, 0, 0);
+	case PWRITEV64:
+		return pwritev64(fd, iov, n, 0);
+	case PWRITEV64V2:
+		return pwritev64v2(fd, iov, n, 0, 0);
+	case READV:
+		return readv(fd, iov, n);
+	case PREADV:
+		return preadv(fd, iov, n, 0);
+	case PREADV2:
+		return preadv2(fd, iov, n, 0, 0);
+	case PREADV64:
+		return preadv64(fd, iov, n, 0);
+	case PREADV64V2:
+		return preadv64v2(fd, iov, n, 0, 0);
+	}
+	return -1;
+}
+
 struct reader {
 	int fd;
 	size_t len;
@@ -106,7 +145,7 @@ static int streams(struct iovec *iov, int n, size_t len)
 {
 	for (int way = 0; way < 2; way++) {
 		int fd[2];
-		struct reader rd = { .len = len, .round = 4 + (unsigned)way };
+		struct reader rd = { .len = len, .round = ROUNDS + 1 + (unsigned)way };
 		struct msghdr h = { .msg_iov = iov, .msg_iovlen = (size_t)n };
 		pthread_t t;
 		ssize_t r;
@@ -146,41 +185,20 @@ int main(int argc, char **argv)
 	for (int k = 0; k < n; k++)
 		iov[k] = (struct iovec){ m + 2 * (size_t)k * each, each };
 
-	/* Three rounds, each written one way and read back another. */
-	fill(iov, n, 1);
-	if (whole(writev(fd, iov, n), len, "writev"))
-		return 1;
-	memset(m, 0, 2 * len);
-	if (whole(preadv(fd, iov, n, 0), len, "preadv") || check(iov, n, 1, "preadv after writev"))
-		return 1;
-	fill(iov, n, 2);
-	if (whole(pwritev(fd, iov, n, 0), len, "pwritev"))
-		return 1;
-	memset(m, 0, 2 * len);
-	if (lseek(fd, 0, SEEK_SET) || whole(readv(fd, iov, n), len, "readv") || check(iov, n, 2, "readv after pwritev"))
-		return 1;
-	fill(iov, n, 3);
-	if (whole(pwritev2(fd, iov, n, 0, 0), len, "pwritev2"))
-		return 1;
-	memset(m, 0, 2 * len);
-	if (whole(preadv2(fd, iov, n, 0, 0), len, "preadv2") || check(iov, n, 3, "preadv2 after pwritev2"))
-		return 1;
-	/* The names a program built with _FILE_OFFSET_BITS=64 calls (stress-ng's hdd stressor). */
-	fill(iov, n, 4);
-	if (whole(pwritev64v2(fd, iov, n, 0, 0), len, "pwritev64v2"))
-		return 1;
-	memset(m, 0, 2 * len);
-	if (whole(preadv64(fd, iov, n, 0), len, "preadv64") || check(iov, n, 4, "preadv64 after pwritev64v2"))
-		return 1;
-	fill(iov, n, 3);
-	if (whole(pwritev64(fd, iov, n, 0), len, "pwritev64"))
-		return 1;
-	memset(m, 0, 2 * len);
-	if (whole(preadv64v2(fd, iov, n, 0, 0), len, "preadv64v2") || check(iov, n, 3, "preadv64v2 after pwritev64"))
-		return 1;
+	/* Rounds, each written one way and read back another. */
+	for (unsigned r = 0; r < sizeof(rounds) / sizeof(rounds[0]); r++) {
+		char what[64];
+		fill(iov, n, r + 1);
+		if (whole(vec_call(rounds[r][0], fd, iov, n), len, way_name[rounds[r][0]]))
+			return 1;
+		memset(m, 0, 2 * len);
+		snprintf(what, sizeof(what), "%s after %s", way_name[rounds[r][1]], way_name[rounds[r][0]]);
+		if (whole(vec_call(rounds[r][1], fd, iov, n), len, what) || check(iov, n, r + 1, what))
+			return 1;
+	}
 	/* The file's own offset (-1) goes on from piece to piece. */
 	if (lseek(fd, 0, SEEK_SET) || whole(preadv2(fd, iov, n, -1, 0), len, "preadv2 at the file's offset") ||
-	    lseek(fd, 0, SEEK_CUR) != (off_t)len || check(iov, n, 3, "preadv2 at the file's offset"))
+	    lseek(fd, 0, SEEK_CUR) != (off_t)len || check(iov, n, ROUNDS, "preadv2 at the file's offset"))
 		return 1;
 	close(fd);
 	unlink(argv[1]);
