@@ -339,7 +339,7 @@ def test_vectors_larger_than_the_budget_move_whole(shim, built, tmp_path, farmem
     reached them: writev returned 16 MiB of 64 (N=64) or 1 MiB (N=1024), short, which a reader
     takes for the end of its file (a pipe's writev and a socket's sendmsg, 16 MiB of 64 too); 16
     buffers of 4 MiB were all pinned at once, 64 MiB resident under a 16 MiB budget. Such a call
-    now goes in pieces of at most 1 MiB and 12 buffers."""
+    now goes in pieces of at most 1 MiB and 12 buffers of paged memory."""
     prog = built("build/tests/vecio")
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--threshold", "1M", "--fault", fault,
                       "--", prog, tmp_path / "data", 64, *how.split(), timeout=180)

@@ -332,6 +332,7 @@ static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t o
  */
 enum vec_call { VEC_READV, VEC_PREADV, VEC_PREADV2, VEC_WRITEV, VEC_PWRITEV, VEC_PWRITEV2, VEC_SENDMSG };
 #define VEC_PIECE_BUFS (FM_IO_PINS - 4)
+#define VEC_PIECE_MAX 64 /* buffers a piece holds, paged or not */
 
 static int vec_needs_pieces(int fd, const struct iovec *iov, int n, int into)
 {
@@ -392,40 +393,67 @@ static long vec_piece(enum vec_call c, int fd, struct iovec *v, int n, off_t off
 }
 
 /*
- * The pieces add up to the one call, as in_pieces's do; an offset of -1
- * (preadv2: the file's own) stays -1. A piece is pinned as its call would
- * pin it: a sendmsg's name and control data besides its buffers.
+ * The next piece of iov from buffer *k, byte *at on, into part; how many
+ * buffers it holds, and in *want their bytes. Buffers outside paged memory
+ * take no pin, and are not what a piece is counted in.
  */
+static int next_piece(struct fm_pager *p, const struct iovec *iov, int n, int *k, size_t *at,
+		      struct iovec part[VEC_PIECE_MAX], size_t *want)
+{
+	size_t paged = 0;
+	int np = 0, npaged = 0;
+
+	while (*k < n && np < VEC_PIECE_MAX && npaged < VEC_PIECE_BUFS && paged < FM_IO_PIECE) {
+		const struct iovec *v = &iov[*k];
+		size_t left = v->iov_len - *at, take = left;
+		if (left && fm_pager_io_needed(p, (char *)v->iov_base + *at, left)) {
+			take = left < FM_IO_PIECE - paged ? left : FM_IO_PIECE - paged;
+			paged += take;
+			npaged++;
+		}
+		if (take)
+			part[np++] = (struct iovec){ (char *)v->iov_base + *at, take };
+		*want += take;
+		*at += take;
+		if (*at == v->iov_len) {
+			(*k)++;
+			*at = 0;
+		}
+	}
+	return np;
+}
+
+/* A piece, pinned as its call would pin it: a sendmsg's name and control data besides its buffers. */
+static long vec_piece_pinned(enum vec_call c, int fd, struct iovec *part, int np, off_t off, int flags,
+			     const struct msghdr *m, int first)
+{
+	struct fm_io_pins io = { .p = fm_preload_pager() };
+	int into = c == VEC_READV || c == VEC_PREADV || c == VEC_PREADV2;
+
+	return PINNED_CALL(&io,
+			   (pin_iov(&io, part, np, into, into ? fd : -1),
+			    m ? (fm_io_pin(&io, m->msg_name, m->msg_namelen, 0),
+				 fm_io_pin(&io, m->msg_control, first ? m->msg_controllen : 0, 0)) : (void)0),
+			   vec_piece(c, fd, part, np, off, flags, m, first));
+}
+
+/* The pieces add up to the one call, as in_pieces's do; an offset of -1 (preadv2: the file's own) stays -1. */
 static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, int n, off_t off, int flags,
 			     const struct msghdr *m)
 {
-	struct fm_io_pins io = { .p = fm_preload_pager() };
-	int into = c == VEC_READV || c == VEC_PREADV || c == VEC_PREADV2, k = 0;
+	struct fm_pager *p = fm_preload_pager();
 	size_t at = 0, done = 0;
+	int k = 0;
 
 	while (k < n) {
-		struct iovec part[VEC_PIECE_BUFS];
+		struct iovec part[VEC_PIECE_MAX];
 		size_t want = 0;
-		int np = 0;
+		int np = next_piece(p, iov, n, &k, &at, part, &want);
+		long r;
 
-		while (k < n && np < VEC_PIECE_BUFS && want < FM_IO_PIECE) {
-			size_t left = iov[k].iov_len - at, take = left < FM_IO_PIECE - want ? left : FM_IO_PIECE - want;
-			if (take)
-				part[np++] = (struct iovec){ (char *)iov[k].iov_base + at, take };
-			want += take;
-			at += take;
-			if (at == iov[k].iov_len) {
-				k++;
-				at = 0;
-			}
-		}
 		if (!np)
 			break;
-		long r = PINNED_CALL(&io,
-				     (pin_iov(&io, part, np, into, into ? fd : -1),
-				      m ? (fm_io_pin(&io, m->msg_name, m->msg_namelen, 0),
-					   fm_io_pin(&io, m->msg_control, done ? 0 : m->msg_controllen, 0)) : (void)0),
-				     vec_piece(c, fd, part, np, off == -1 ? -1 : off + (off_t)done, flags, m, !done));
+		r = vec_piece_pinned(c, fd, part, np, off == -1 ? -1 : off + (off_t)done, flags, m, !done);
 		if (r < 0)
 			return done ? (ssize_t)done : -1;
 		done += (size_t)r;
