@@ -366,6 +366,21 @@ def test_sleeping_readers_do_not_fill_the_pin_table(shim, built, tmp_path, farme
     assert "found the pin table full" not in r.stderr, r.stderr[-3000:]
 
 
+def test_calls_that_find_the_pin_table_full_move_whole(shim, built, tmp_path, farmem_cmd):
+    """tests/progs/pinwait "mapped": 1100 threads sleep in read() on a pipe, each into a page of a
+    mapping paged by SIGBUS, so that each holds a pin as it must, and the table (1024) is full. The
+    main thread's pwrite and pread of 64 MiB of paged memory, 1 MiB a call, find no pin: their
+    buffers are made resident but can leave under the call, which then stops short. Before session
+    49 pwrite returned short; now such a call goes in pieces and a piece that stopped short on a
+    file goes on from there. The summary says the table was full."""
+    prog = built("build/tests/pinwait")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--threshold", "1M", "--fault", "signal",
+                      "--", prog, tmp_path / "data", 64, 1100, "mapped", timeout=180)
+    assert r.returncode == 0 and "pinwait: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert s["peak_pins"] == 1024 and s["pins_refused"] > 0, s
+    assert "system calls found the pin table full (1024 held at once)" in r.stderr, r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("when", ["early", "late", "late heap"])
 def test_io_uring_set_up_through_syscall_keeps_pinned_pages(shim, built, tmp_path, farmem_cmd, when):
     """A program that sets up io_uring through glibc's syscall() (Rust's io-uring crate does),

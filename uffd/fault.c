@@ -596,7 +596,13 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 	}
 	rlock_un(p);
 	fm_give_back(p, &f.fc);
-	return slot;
+	return slot >= 0 ? slot : FM_IO_UNPINNED;
+}
+
+int fm_pager_pins_scarce(struct fm_pager *p)
+{
+	/* Room for two calls' worth of pins (the shim's FM_IO_PINS is 16) is scarce. */
+	return atomic_load(&p->npins) > MAX_PINS - 32;
 }
 
 void fm_pager_io_end(struct fm_pager *p, int slot)

@@ -284,6 +284,14 @@ int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_
  */
 int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int write);
 /*
+ * fm_pager_io_begin's answer when the pin table had no room: the range was
+ * made resident but not pinned, and may leave under the call, which may then
+ * move less than it was asked for.
+ */
+#define FM_IO_UNPINNED (-2)
+/* 1 when the pin table is nearly full: the next calls may get FM_IO_UNPINNED. */
+int fm_pager_pins_scarce(struct fm_pager *p);
+/*
  * fm_pager_io_begin for a read from fd into [addr, addr+len). Besides, where
  * the kernel waits, a buffer shaped for O_DIRECT (512-byte aligned) read from
  * an fd opened O_DIRECT is pinned only: the device writes it past the page

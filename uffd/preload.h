@@ -51,6 +51,8 @@ struct fm_io_pins {
 	struct fm_pager *p;
 	int slot[FM_IO_PINS];
 	unsigned n;
+	/* A range the pin table had no room for (FM_IO_UNPINNED): the call may have moved less. */
+	int unpinned;
 };
 
 void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write);

@@ -64,6 +64,8 @@
 
 static void keep(struct fm_io_pins *io, int s)
 {
+	if (s == FM_IO_UNPINNED)
+		io->unpinned = 1;
 	if (s >= 0 && io->n < FM_IO_PINS)
 		io->slot[io->n++] = s;
 	else if (s >= 0)
@@ -264,14 +266,19 @@ void fm_io_unpin_on_cancel(void *io)
  * have waited for. A write or getrandom goes on as the one call would (a
  * blocking write waits for all of it either way), except that another
  * process's O_APPEND write to the same file may land between two pieces.
+ * A piece whose buffer the pin table had no room for may stop short where
+ * the buffer had left again: on a regular file the rest is made again (a
+ * file's read or write moves all it is asked for, but at its end or when
+ * the disk is full, which the next piece meets too).
  */
 enum piece_call { PIECE_READ, PIECE_PREAD, PIECE_WRITE, PIECE_PWRITE, PIECE_GETRANDOM };
 
 static int needs_pieces(const void *buf, size_t n)
 {
-	struct fm_pager *p;
+	struct fm_pager *p = fm_preload_pager();
 
-	return n > FM_IO_PIECE && (p = fm_preload_pager()) && fm_pager_io_needed(p, buf, n);
+	/* With the pin table nearly full, in pieces too: they go on where an unpinned buffer stopped the call. */
+	return p && (n > FM_IO_PIECE || fm_pager_pins_scarce(p)) && fm_pager_io_needed(p, buf, n);
 }
 
 static long piece(enum piece_call c, int fd, char *at, size_t k, off_t off, unsigned flags)
@@ -295,21 +302,25 @@ static long piece(enum piece_call c, int fd, char *at, size_t k, off_t off, unsi
 static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t off, unsigned flags)
 {
 	struct fm_io_pins io = { .p = fm_preload_pager() };
-	int into = c == PIECE_READ || c == PIECE_PREAD || c == PIECE_GETRANDOM, one = 0;
+	int into = c == PIECE_READ || c == PIECE_PREAD || c == PIECE_GETRANDOM, one = 0, reg = 0;
 	size_t done = 0;
 	struct stat st;
 
-	if (c == PIECE_READ || c == PIECE_PREAD)
-		one = fstat(fd, &st) || !S_ISREG(st.st_mode);
+	if (c != PIECE_GETRANDOM)
+		reg = !fstat(fd, &st) && S_ISREG(st.st_mode);
+	one = (c == PIECE_READ || c == PIECE_PREAD) && !reg;
 	while (done < n) {
 		size_t k = n - done < FM_IO_PIECE ? n - done : FM_IO_PIECE;
-		long r = PINNED_CALL(&io, fm_io_pin(&io, buf + done, k, into),
-				     piece(c, fd, buf + done, k, off + (off_t)done, flags));
+		long r;
+
+		io.unpinned = 0;
+		r = PINNED_CALL(&io, fm_io_pin(&io, buf + done, k, into),
+				piece(c, fd, buf + done, k, off + (off_t)done, flags));
 
 		if (r < 0)
 			return done ? (ssize_t)done : -1;
 		done += (size_t)r;
-		if ((size_t)r < k || one)
+		if (((size_t)r < k && !(io.unpinned && reg && r > 0)) || one)
 			break;
 	}
 	return (ssize_t)done;
@@ -334,6 +345,7 @@ enum vec_call { VEC_READV, VEC_PREADV, VEC_PREADV2, VEC_WRITEV, VEC_PWRITEV, VEC
 #define VEC_PIECE_BUFS (FM_IO_PINS - 4)
 #define VEC_PIECE_MAX 64 /* buffers a piece holds, paged or not */
 
+/* 0: one call; 1: in pieces; 2: in pieces, on a file (a short piece may be made again). */
 static int vec_needs_pieces(int fd, const struct iovec *iov, int n, int into)
 {
 	struct fm_pager *p;
@@ -352,10 +364,10 @@ static int vec_needs_pieces(int fd, const struct iovec *iov, int n, int into)
 			bufs++;
 		}
 	}
-	if ((bufs <= VEC_PIECE_BUFS && paged <= FM_IO_PIECE) || fstat(fd, &st))
+	if (!bufs || (bufs <= VEC_PIECE_BUFS && paged <= FM_IO_PIECE && !fm_pager_pins_scarce(p)) || fstat(fd, &st))
 		return 0;
 	if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))
-		return 1;
+		return 2;
 	if (into)
 		return 0;
 	if (S_ISFIFO(st.st_mode))
@@ -425,21 +437,29 @@ static int next_piece(struct fm_pager *p, const struct iovec *iov, int n, int *k
 
 /* A piece, pinned as its call would pin it: a sendmsg's name and control data besides its buffers. */
 static long vec_piece_pinned(enum vec_call c, int fd, struct iovec *part, int np, off_t off, int flags,
-			     const struct msghdr *m, int first)
+			     const struct msghdr *m, int first, int *unpinned)
 {
 	struct fm_io_pins io = { .p = fm_preload_pager() };
 	int into = c == VEC_READV || c == VEC_PREADV || c == VEC_PREADV2;
+	long r;
 
-	return PINNED_CALL(&io,
+	r = PINNED_CALL(&io,
 			   (pin_iov(&io, part, np, into, into ? fd : -1),
 			    m ? (fm_io_pin(&io, m->msg_name, m->msg_namelen, 0),
 				 fm_io_pin(&io, m->msg_control, first ? m->msg_controllen : 0, 0)) : (void)0),
 			   vec_piece(c, fd, part, np, off, flags, m, first));
+	*unpinned = io.unpinned;
+	return r;
 }
 
-/* The pieces add up to the one call, as in_pieces's do; an offset of -1 (preadv2: the file's own) stays -1. */
+/*
+ * The pieces add up to the one call, as in_pieces's do; an offset of -1
+ * (preadv2: the file's own) stays -1. how: vec_needs_pieces's answer; on a
+ * file (2) a piece that stopped short where a buffer the pin table had no
+ * room for had left goes on from there.
+ */
 static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, int n, off_t off, int flags,
-			     const struct msghdr *m)
+			     const struct msghdr *m, int how)
 {
 	struct fm_pager *p = fm_preload_pager();
 	size_t at = 0, done = 0;
@@ -448,17 +468,24 @@ static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, i
 	while (k < n) {
 		struct iovec part[VEC_PIECE_MAX];
 		size_t want = 0;
-		int np = next_piece(p, iov, n, &k, &at, part, &want);
+		int k0 = k, np, unpinned;
+		size_t at0 = at;
 		long r;
 
+		np = next_piece(p, iov, n, &k, &at, part, &want);
 		if (!np)
 			break;
-		r = vec_piece_pinned(c, fd, part, np, off == -1 ? -1 : off + (off_t)done, flags, m, !done);
+		r = vec_piece_pinned(c, fd, part, np, off == -1 ? -1 : off + (off_t)done, flags, m, !done, &unpinned);
 		if (r < 0)
 			return done ? (ssize_t)done : -1;
 		done += (size_t)r;
-		if ((size_t)r < want)
+		if ((size_t)r == want)
+			continue;
+		if (!(unpinned && how == 2 && r > 0))
 			break;
+		/* From where this piece stopped. */
+		for (k = k0, at = at0 + (size_t)r; k < n && at >= iov[k].iov_len; k++)
+			at -= iov[k].iov_len;
 	}
 	return (ssize_t)done;
 }
@@ -484,15 +511,19 @@ EXPORT ssize_t pread64(int fd, void *buf, size_t n, off_t off)
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
-	if (vec_needs_pieces(fd, iov, n, 1))
-		return vec_in_pieces(VEC_READV, fd, iov, n, 0, 0, NULL);
+	int how = vec_needs_pieces(fd, iov, n, 1);
+
+	if (how)
+		return vec_in_pieces(VEC_READV, fd, iov, n, 0, 0, NULL, how);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(readv)(fd, iov, n));
 }
 
 EXPORT ssize_t preadv(int fd, const struct iovec *iov, int n, off_t off)
 {
-	if (vec_needs_pieces(fd, iov, n, 1))
-		return vec_in_pieces(VEC_PREADV, fd, iov, n, off, 0, NULL);
+	int how = vec_needs_pieces(fd, iov, n, 1);
+
+	if (how)
+		return vec_in_pieces(VEC_PREADV, fd, iov, n, off, 0, NULL, how);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv)(fd, iov, n, off));
 }
 
@@ -503,8 +534,10 @@ EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
-	if (vec_needs_pieces(fd, iov, n, 1))
-		return vec_in_pieces(VEC_PREADV2, fd, iov, n, off, flags, NULL);
+	int how = vec_needs_pieces(fd, iov, n, 1);
+
+	if (how)
+		return vec_in_pieces(VEC_PREADV2, fd, iov, n, off, flags, NULL, how);
 	COVERED(pin_iov(&io_, iov, n, 1, fd), LIBC(preadv2)(fd, iov, n, off, flags));
 }
 
@@ -535,15 +568,19 @@ EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off)
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 {
-	if (vec_needs_pieces(fd, iov, n, 0))
-		return vec_in_pieces(VEC_WRITEV, fd, iov, n, 0, 0, NULL);
+	int how = vec_needs_pieces(fd, iov, n, 0);
+
+	if (how)
+		return vec_in_pieces(VEC_WRITEV, fd, iov, n, 0, 0, NULL, how);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(writev)(fd, iov, n));
 }
 
 EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int n, off_t off)
 {
-	if (vec_needs_pieces(fd, iov, n, 0))
-		return vec_in_pieces(VEC_PWRITEV, fd, iov, n, off, 0, NULL);
+	int how = vec_needs_pieces(fd, iov, n, 0);
+
+	if (how)
+		return vec_in_pieces(VEC_PWRITEV, fd, iov, n, off, 0, NULL, how);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev)(fd, iov, n, off));
 }
 
@@ -554,8 +591,10 @@ EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off_t off)
 
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 {
-	if (vec_needs_pieces(fd, iov, n, 0))
-		return vec_in_pieces(VEC_PWRITEV2, fd, iov, n, off, flags, NULL);
+	int how = vec_needs_pieces(fd, iov, n, 0);
+
+	if (how)
+		return vec_in_pieces(VEC_PWRITEV2, fd, iov, n, off, flags, NULL, how);
 	COVERED(pin_iov(&io_, iov, n, 0, -1), LIBC(pwritev2)(fd, iov, n, off, flags));
 }
 
@@ -615,7 +654,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 	/* Not an urgent byte (the last of the call) or zero-copy sends (a completion for each call). */
 	if (m && m->msg_iovlen <= INT_MAX && !(flags & (MSG_OOB | MSG_ZEROCOPY)) &&
 	    vec_needs_pieces(fd, m->msg_iov, (int)m->msg_iovlen, 0))
-		return vec_in_pieces(VEC_SENDMSG, fd, m->msg_iov, (int)m->msg_iovlen, -1, flags, m);
+		return vec_in_pieces(VEC_SENDMSG, fd, m->msg_iov, (int)m->msg_iovlen, -1, flags, m, 1);
 	COVERED(pin_msg(&io_, m, 0), LIBC(sendmsg)(fd, m, flags));
 }
 

@@ -7,7 +7,13 @@
  * with pread, 1 MiB at a time, past the budget, and checks every page. Then
  * each sleeper gets a message and checks it.
  *
- *   pinwait FILE MiB THREADS   (prints "pinwait: ok", or what went wrong)
+ *   pinwait FILE MiB THREADS [mapped]   (prints "pinwait: ok", or what went wrong)
+ *
+ * mapped: the sleepers' buffers are pages of a mapping of their own, paged
+ * with faults raised as SIGBUS, and they read a pipe (which keeps its bytes
+ * for a read that met an evicted page, where a socket's message would be
+ * dropped): each sleeper holds a pin, as it must, and past MAX_PINS the
+ * main thread's calls find the table full.
  *
  * Under fault=signal a sleeper's buffer is shaped like an O_DIRECT read's;
  * before session 49 each took one of the pager's pin slots for as long as it
@@ -33,6 +39,7 @@
 static int sock[2];
 static atomic_int asleep;
 static uint64_t **bufs;
+static int mapped;
 
 static uint64_t word(size_t page, uint64_t salt)
 {
@@ -47,7 +54,7 @@ static void *sleeper(void *arg)
 
 	atomic_fetch_add(&asleep, 1);
 	/* One message each (SOCK_SEQPACKET): half through read, half through recv. */
-	n = k & 1 ? recv(sock[1], buf, PAGE, 0) : read(sock[1], buf, PAGE);
+	n = k & 1 && !mapped ? recv(sock[1], buf, PAGE, 0) : read(sock[1], buf, PAGE);
 	if (n != (ssize_t)PAGE || buf[1] != word(buf[0], 7) || buf[PAGE / 8 - 1] != ~buf[1]) {
 		fprintf(stderr, "pinwait: sleeper %lu got %zd bytes, message %lu malformed\n", (unsigned long)k, n,
 			(unsigned long)buf[0]);
@@ -101,16 +108,29 @@ int main(int argc, char **argv)
 	pthread_attr_t attr;
 	static uint64_t msg[PAGE / 8];
 
-	if (argc != 4 || !mib || threads <= 0)
-		return fprintf(stderr, "usage: pinwait FILE MiB THREADS\n"), 2;
+	mapped = argc == 5 && !strcmp(argv[4], "mapped");
+	if (argc != 4 + mapped || !mib || threads <= 0)
+		return fprintf(stderr, "usage: pinwait FILE MiB THREADS [mapped]\n"), 2;
 	t = calloc((size_t)threads, sizeof(*t));
 	bufs = calloc((size_t)threads, sizeof(*bufs));
-	if (!t || !bufs || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sock))
-		return perror("pinwait: socketpair"), 1;
+	if (!t || !bufs || (mapped ? pipe(sock) : socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sock)))
+		return perror("pinwait: pipe or socketpair"), 1;
+	if (mapped) { /* the pipe's write end is sock[0], as the socket's sending end is */
+		int r = sock[0];
+		sock[0] = sock[1];
+		sock[1] = r;
+	}
 	/* Heap past farmem's threshold, so that the sleepers' buffers are paged heap. */
 	for (int k = 0; k < 512; k++)
 		memset(malloc(64ul << 10), k, 64ul << 10);
-	for (int k = 0; k < threads; k++)
+	if (mapped) {
+		uint8_t *m = mmap(NULL, (size_t)threads * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (m == MAP_FAILED)
+			return perror("pinwait: mmap"), 1;
+		for (int k = 0; k < threads; k++)
+			bufs[k] = (uint64_t *)(m + (size_t)k * PAGE);
+	}
+	for (int k = 0; k < threads && !mapped; k++)
 		if (posix_memalign((void **)&bufs[k], PAGE, PAGE))
 			return perror("pinwait: posix_memalign"), 1;
 	pthread_attr_init(&attr);
@@ -127,8 +147,8 @@ int main(int argc, char **argv)
 		msg[0] = (uint64_t)k;
 		msg[1] = word((size_t)k, 7);
 		msg[PAGE / 8 - 1] = ~msg[1];
-		if (send(sock[0], msg, PAGE, 0) != (ssize_t)PAGE)
-			return perror("pinwait: send"), 1;
+		if (write(sock[0], msg, PAGE) != (ssize_t)PAGE)
+			return perror("pinwait: write"), 1;
 	}
 	for (int k = 0; k < threads; k++) {
 		void *r;
