@@ -271,59 +271,12 @@ void fm_io_unpin_on_cancel(void *io)
  * file's read or write moves all it is asked for, but at its end or when
  * the disk is full, which the next piece meets too).
  */
-enum piece_call { PIECE_READ, PIECE_PREAD, PIECE_WRITE, PIECE_PWRITE, PIECE_GETRANDOM };
-
 static int needs_pieces(const void *buf, size_t n)
 {
 	struct fm_pager *p = fm_preload_pager();
 
 	/* With the pin table nearly full, in pieces too: they go on where an unpinned buffer stopped the call. */
 	return p && (n > FM_IO_PIECE || fm_pager_pins_scarce(p)) && fm_pager_io_needed(p, buf, n);
-}
-
-static long piece(enum piece_call c, int fd, char *at, size_t k, off_t off, unsigned flags)
-{
-	switch (c) {
-	case PIECE_READ:
-		return LIBC(read)(fd, at, k);
-	case PIECE_PREAD:
-		return LIBC(pread)(fd, at, k, off);
-	case PIECE_WRITE:
-		return LIBC(write)(fd, at, k);
-	case PIECE_PWRITE:
-		return LIBC(pwrite)(fd, at, k, off);
-	case PIECE_GETRANDOM:
-		return LIBC(getrandom)(at, k, flags);
-	}
-	errno = EINVAL;
-	return -1;
-}
-
-static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t off, unsigned flags)
-{
-	struct fm_io_pins io = { .p = fm_preload_pager() };
-	int into = c == PIECE_READ || c == PIECE_PREAD || c == PIECE_GETRANDOM, one = 0, reg = 0;
-	size_t done = 0;
-	struct stat st;
-
-	if (c != PIECE_GETRANDOM)
-		reg = !fstat(fd, &st) && S_ISREG(st.st_mode);
-	one = (c == PIECE_READ || c == PIECE_PREAD) && !reg;
-	while (done < n) {
-		size_t k = n - done < FM_IO_PIECE ? n - done : FM_IO_PIECE;
-		long r;
-
-		io.unpinned = 0;
-		r = PINNED_CALL(&io, fm_io_pin(&io, buf + done, k, into),
-				piece(c, fd, buf + done, k, off + (off_t)done, flags));
-
-		if (r < 0)
-			return done ? (ssize_t)done : -1;
-		done += (size_t)r;
-		if (((size_t)r < k && !(io.unpinned && reg && r > 0)) || one)
-			break;
-	}
-	return (ssize_t)done;
 }
 
 /*
@@ -341,11 +294,17 @@ static ssize_t in_pieces(enum piece_call c, int fd, char *buf, size_t n, off_t o
  * atomically either; a stream socket). A datagram stays one call, as does a
  * read from a pipe or socket (a short one it may always give).
  */
-enum vec_call { VEC_READV, VEC_PREADV, VEC_PREADV2, VEC_WRITEV, VEC_PWRITEV, VEC_PWRITEV2, VEC_SENDMSG };
+enum vec_call {
+	VEC_READV, VEC_PREADV, VEC_PREADV2, VEC_WRITEV, VEC_PWRITEV, VEC_PWRITEV2, VEC_SENDMSG,
+	/* One buffer (in_pieces): a piece is part[0]. */
+	VEC_READ, VEC_PREAD, VEC_WRITE, VEC_PWRITE, VEC_GETRANDOM,
+};
+/* How the pieces go on (vec_needs_pieces's answer, or in_pieces's). */
+enum { PIECES_NONE, PIECES_GO_ON, PIECES_FILE, PIECES_ONE };
 #define VEC_PIECE_BUFS (FM_IO_PINS - 4)
 #define VEC_PIECE_MAX 64 /* buffers a piece holds, paged or not */
 
-/* 0: one call; 1: in pieces; 2: in pieces, on a file (a short piece may be made again). */
+/* PIECES_NONE: one call; else in pieces, PIECES_FILE on a file (a short piece may be made again). */
 static int vec_needs_pieces(int fd, const struct iovec *iov, int n, int into)
 {
 	struct fm_pager *p;
@@ -367,12 +326,13 @@ static int vec_needs_pieces(int fd, const struct iovec *iov, int n, int into)
 	if (!bufs || (bufs <= VEC_PIECE_BUFS && paged <= FM_IO_PIECE && !fm_pager_pins_scarce(p)) || fstat(fd, &st))
 		return 0;
 	if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))
-		return 2;
+		return PIECES_FILE;
 	if (into)
-		return 0;
+		return PIECES_NONE;
 	if (S_ISFIFO(st.st_mode))
-		return all > PIPE_BUF;
-	return S_ISSOCK(st.st_mode) && !getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) && type == SOCK_STREAM;
+		return all > PIPE_BUF ? PIECES_GO_ON : PIECES_NONE;
+	return S_ISSOCK(st.st_mode) && !getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) && type == SOCK_STREAM
+		       ? PIECES_GO_ON : PIECES_NONE;
 }
 
 /* A piece; m: the sendmsg's own header, whose name goes with every piece and whose control data with the first. */
@@ -394,6 +354,16 @@ static long vec_piece(enum vec_call c, int fd, struct iovec *v, int n, off_t off
 		return LIBC(pwritev)(fd, v, n, off);
 	case VEC_PWRITEV2:
 		return LIBC(pwritev2)(fd, v, n, off, flags);
+	case VEC_READ:
+		return LIBC(read)(fd, v->iov_base, v->iov_len);
+	case VEC_PREAD:
+		return LIBC(pread)(fd, v->iov_base, v->iov_len, off);
+	case VEC_WRITE:
+		return LIBC(write)(fd, v->iov_base, v->iov_len);
+	case VEC_PWRITE:
+		return LIBC(pwrite)(fd, v->iov_base, v->iov_len, off);
+	case VEC_GETRANDOM:
+		return LIBC(getrandom)(v->iov_base, v->iov_len, (unsigned)flags);
 	case VEC_SENDMSG:
 		h = (struct msghdr){ .msg_name = m->msg_name, .msg_namelen = m->msg_namelen, .msg_iov = v,
 				     .msg_iovlen = (size_t)n, .msg_control = first ? m->msg_control : NULL,
@@ -440,7 +410,8 @@ static long vec_piece_pinned(enum vec_call c, int fd, struct iovec *part, int np
 			     const struct msghdr *m, int first, int *unpinned)
 {
 	struct fm_io_pins io = { .p = fm_preload_pager() };
-	int into = c == VEC_READV || c == VEC_PREADV || c == VEC_PREADV2;
+	int into = c == VEC_READV || c == VEC_PREADV || c == VEC_PREADV2 || c == VEC_READ || c == VEC_PREAD ||
+		   c == VEC_GETRANDOM;
 	long r;
 
 	r = PINNED_CALL(&io,
@@ -454,9 +425,9 @@ static long vec_piece_pinned(enum vec_call c, int fd, struct iovec *part, int np
 
 /*
  * The pieces add up to the one call, as in_pieces's do; an offset of -1
- * (preadv2: the file's own) stays -1. how: vec_needs_pieces's answer; on a
- * file (2) a piece that stopped short where a buffer the pin table had no
- * room for had left goes on from there.
+ * (preadv2: the file's own) stays -1. how: on a file (PIECES_FILE) a piece
+ * that stopped short where a buffer the pin table had no room for had left
+ * goes on from there; PIECES_ONE stops after the first piece.
  */
 static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, int n, off_t off, int flags,
 			     const struct msghdr *m, int how)
@@ -479,9 +450,11 @@ static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, i
 		if (r < 0)
 			return done ? (ssize_t)done : -1;
 		done += (size_t)r;
+		if (how == PIECES_ONE)
+			break;
 		if ((size_t)r == want)
 			continue;
-		if (!(unpinned && how == 2 && r > 0))
+		if (!(unpinned && how == PIECES_FILE && r > 0))
 			break;
 		/* From where this piece stopped. */
 		for (k = k0, at = at0 + (size_t)r; k < n && at >= iov[k].iov_len; k++)
@@ -490,17 +463,34 @@ static ssize_t vec_in_pieces(enum vec_call c, int fd, const struct iovec *iov, i
 	return (ssize_t)done;
 }
 
+/*
+ * One buffer in pieces: a read from anything but a regular file is one
+ * piece (above), a write or getrandom goes on as the one call would.
+ */
+static ssize_t in_pieces(enum vec_call c, int fd, void *buf, size_t n, off_t off, unsigned flags)
+{
+	struct iovec one = { buf, n };
+	struct stat st;
+	int how = PIECES_GO_ON;
+
+	if (c != VEC_GETRANDOM && !fstat(fd, &st) && S_ISREG(st.st_mode))
+		how = PIECES_FILE;
+	else if (c == VEC_READ || c == VEC_PREAD)
+		how = PIECES_ONE;
+	return vec_in_pieces(c, fd, &one, 1, off, (int)flags, NULL, how);
+}
+
 EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
 	if (needs_pieces(buf, n))
-		return in_pieces(PIECE_READ, fd, buf, n, 0, 0);
+		return in_pieces(VEC_READ, fd, buf, n, 0, 0);
 	COVERED(pin_read(&io_, fd, buf, n), LIBC(read)(fd, buf, n));
 }
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
 {
 	if (needs_pieces(buf, n))
-		return in_pieces(PIECE_PREAD, fd, buf, n, off, 0);
+		return in_pieces(VEC_PREAD, fd, buf, n, off, 0);
 	COVERED(pin_read(&io_, fd, buf, n), LIBC(pread)(fd, buf, n, off));
 }
 
@@ -550,14 +540,14 @@ EXPORT ssize_t preadv64v2(int fd, const struct iovec *iov, int n, off_t off, int
 EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
 	if (needs_pieces(buf, n))
-		return in_pieces(PIECE_WRITE, fd, (char *)buf, n, 0, 0);
+		return in_pieces(VEC_WRITE, fd, (void *)buf, n, 0, 0);
 	COVERED(fm_io_pin(&io_, buf, n, 0), LIBC(write)(fd, buf, n));
 }
 
 EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
 	if (needs_pieces(buf, n))
-		return in_pieces(PIECE_PWRITE, fd, (char *)buf, n, off, 0);
+		return in_pieces(VEC_PWRITE, fd, (void *)buf, n, off, 0);
 	COVERED(fm_io_pin(&io_, buf, n, 0), LIBC(pwrite)(fd, buf, n, off));
 }
 
@@ -672,7 +662,7 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 EXPORT ssize_t getrandom(void *buf, size_t n, unsigned flags)
 {
 	if (needs_pieces(buf, n))
-		return in_pieces(PIECE_GETRANDOM, -1, buf, n, 0, flags);
+		return in_pieces(VEC_GETRANDOM, -1, buf, n, 0, flags);
 	COVERED(fm_io_pin(&io_, buf, n, 1), LIBC(getrandom)(buf, n, flags));
 }
 
