@@ -327,16 +327,35 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 	return n;
 }
 
+_Static_assert(FM_EVICT_MAX <= 256, "unpin_victims keeps a batch's order in bytes");
+
 /*
  * A system call may be using some of them (pins.h): those stay. The claims
  * above were sequentially consistent, and so is this look at the pins.
  */
 static unsigned unpin_victims(struct fm_pager *p, struct victim *v, unsigned n)
 {
+	uintptr_t sorted[FM_EVICT_MAX];
+	uint8_t order[FM_EVICT_MAX], held[FM_EVICT_MAX], pinned[FM_EVICT_MAX] = { 0 };
 	unsigned kept = 0;
 
+	if (!n || !atomic_load(&p->npins))
+		return n;
+	/* By address (the clock's order, mostly): one walk of the pins then holds them all. */
 	for (unsigned k = 0; k < n; k++) {
-		if (fm_pinned(p, v[k].addr)) {
+		unsigned j = k;
+		for (; j && v[order[j - 1]].addr > v[k].addr; j--)
+			order[j] = order[j - 1];
+		order[j] = (uint8_t)k;
+	}
+	for (unsigned k = 0; k < n; k++)
+		sorted[k] = v[order[k]].addr;
+	if (!fm_pins_holding(p, sorted, n, held))
+		return n;
+	for (unsigned k = 0; k < n; k++)
+		pinned[order[k]] = held[k];
+	for (unsigned k = 0; k < n; k++) {
+		if (pinned[k]) {
 			fm_release(p, &v[k].r->pg[v[k].i], pg_make(FM_PG_LEAVING, v[k].old), v[k].old);
 			continue;
 		}

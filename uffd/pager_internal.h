@@ -120,7 +120,7 @@ struct chan_slot {
 
 #define MAX_HANDLERS 16
 #define NSTREAMS 64
-#define MAX_PINS 1024 /* system calls and futex waits at once (a thread pool's sleepers) */
+#define MAX_PINS 8192 /* system calls and futex waits at once (a thread pool's sleepers); a multiple of 64 */
 #define MAX_HINTS 256
 #define MAX_POOL 64
 #define ZERO_RUN_PAGES 64
@@ -224,8 +224,9 @@ struct fm_pager {
 	atomic_uint ngone;
 
 	struct pin pins[MAX_PINS];
+	_Atomic uint64_t pin_held[MAX_PINS / 64]; /* a bit per slot in use: the evictor reads these, not every slot */
 	atomic_int npins;
-	atomic_int pin_top;             /* slots [pin_top, MAX_PINS) were never taken: fm_pinned looks below */
+	atomic_int pin_hint;            /* a word of pin_held where a slot was last given back or taken */
 
 	/*
 	 * Free space whose memory memd keeps for a while (struct fm_dead's

@@ -3,17 +3,38 @@
 
 #include "pager_internal.h"
 
+#define PIN_WORDS (MAX_PINS / 64)
+
+static int pin_in_word(struct fm_pager *p, int w, uintptr_t start, uintptr_t end)
+{
+	uint64_t free_bits = ~atomic_load(&p->pin_held[w]);
+
+	while (free_bits) {
+		int i = w * 64 + __builtin_ctzll(free_bits);
+		uintptr_t zero = 0;
+
+		free_bits &= free_bits - 1;
+		/* The start is the claim: a slot whose bit is clear may still be on its way out (fm_unpin). */
+		if (!atomic_compare_exchange_strong(&p->pins[i].start, &zero, start))
+			continue;
+		atomic_store(&p->pins[i].end, end);
+		/* Set before the caller looks at its pages: an evictor that read the word first claimed first. */
+		atomic_fetch_or(&p->pin_held[w], 1ull << (i % 64));
+		fm_raise_peak(&p->st->peak_pins, (uint64_t)atomic_fetch_add(&p->npins, 1) + 1);
+		return i;
+	}
+	return -1;
+}
+
 int fm_pin(struct fm_pager *p, uintptr_t start, uintptr_t end)
 {
-	for (int i = 0; i < MAX_PINS; i++) {
-		uintptr_t zero = 0;
-		if (atomic_compare_exchange_strong(&p->pins[i].start, &zero, start)) {
-			int top = atomic_load(&p->pin_top);
-			atomic_store(&p->pins[i].end, end);
-			/* Before the caller looks at its pages: an evictor that missed the slot claimed first. */
-			while (top <= i && !atomic_compare_exchange_weak(&p->pin_top, &top, i + 1))
-				;
-			fm_raise_peak(&p->st->peak_pins, (uint64_t)atomic_fetch_add(&p->npins, 1) + 1);
+	/* Start where the last slot was given back or taken, so a busy table is not walked from 0 each time. */
+	int from = atomic_load(&p->pin_hint) % PIN_WORDS;
+
+	for (int k = 0; k < PIN_WORDS; k++) {
+		int w = (from + k) % PIN_WORDS, i = pin_in_word(p, w, start, end);
+		if (i >= 0) {
+			atomic_store(&p->pin_hint, w);
 			return i;
 		}
 	}
@@ -26,25 +47,54 @@ void fm_unpin(struct fm_pager *p, int slot)
 	if (slot < 0)
 		return;
 	atomic_fetch_sub(&p->npins, 1);
+	atomic_fetch_and(&p->pin_held[slot / 64], ~(1ull << (slot % 64)));
 	atomic_store(&p->pins[slot].end, 0);
 	atomic_store(&p->pins[slot].start, 0);
+	atomic_store(&p->pin_hint, slot / 64);
 }
 
-int fm_pinned(struct fm_pager *p, uintptr_t addr)
+/* The first of sorted[0..n) at or above addr. */
+static unsigned lower_bound(const uintptr_t *sorted, unsigned n, uintptr_t addr)
 {
-	int top;
+	unsigned lo = 0, hi = n;
 
-	if (!atomic_load(&p->npins))
+	while (lo < hi) {
+		unsigned mid = lo + (hi - lo) / 2;
+		if (sorted[mid] < addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+unsigned fm_pins_holding(struct fm_pager *p, const uintptr_t *sorted, unsigned n, uint8_t *held)
+{
+	unsigned count = 0;
+
+	memset(held, 0, n);
+	if (!n || !atomic_load(&p->npins))
 		return 0;
-	top = atomic_load(&p->pin_top);
-	for (int i = 0; i < top; i++) {
-		uintptr_t s = atomic_load(&p->pins[i].start);
-		/* A slot being filled has its start before its end: count it as covering everything. */
-		if (s && addr >= s) {
-			uintptr_t e = atomic_load(&p->pins[i].end);
-			if (!e || addr < e)
-				return 1;
+	for (int w = 0; w < PIN_WORDS; w++) {
+		uint64_t bits = atomic_load(&p->pin_held[w]);
+
+		while (bits) {
+			int i = w * 64 + __builtin_ctzll(bits);
+			uintptr_t s = atomic_load(&p->pins[i].start), e;
+
+			bits &= bits - 1;
+			if (!s)
+				continue; /* given back since the word was read */
+			/* A slot given back and taken again since then may not have its end yet: everything above its start. */
+			e = atomic_load(&p->pins[i].end);
+			if (!e)
+				e = UINTPTR_MAX;
+			for (unsigned k = lower_bound(sorted, n, s); k < n && sorted[k] < e; k++)
+				if (!held[k]) {
+					held[k] = 1;
+					count++;
+				}
 		}
 	}
-	return 0;
+	return count;
 }

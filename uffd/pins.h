@@ -18,7 +18,11 @@ struct fm_pager;
 /* A slot for [start, end), or -1 when the table is full (the caller retries on EFAULT). */
 int fm_pin(struct fm_pager *p, uintptr_t start, uintptr_t end);
 void fm_unpin(struct fm_pager *p, int slot);
-/* 1 if addr is in a pinned range. */
-int fm_pinned(struct fm_pager *p, uintptr_t addr);
+/*
+ * held[k] = 1 for each of the n addresses (ascending) that a pinned range
+ * holds; returns how many. One pass over the held slots for a whole batch of
+ * an evictor's victims, after it claimed them.
+ */
+unsigned fm_pins_holding(struct fm_pager *p, const uintptr_t *sorted, unsigned n, uint8_t *held);
 
 #endif

@@ -6,7 +6,7 @@
  * it must be written back before it can leave again).
  *
  *   rewrite [--size 512M] [--rounds 100000] [--threads 1] [--write-pct 50]
- *           [--seed 1] [--json] [--mode rewrite|fit] [--heap]
+ *           [--seed 1] [--json] [--mode rewrite|fit] [--heap] [--sleepers 0]
  *
  * Every page holds incompressible bytes derived from (page, version). Fill
  * writes version 0 everywhere; then --rounds rounds (split over the threads)
@@ -24,6 +24,12 @@
  * the kernel waits for (a handler thread serves them, docs/pager.md), so
  * this measures that path where the default measures the faulting thread's.
  *
+ * --sleepers N: besides, N threads sleep through the run in read() on one pipe,
+ * each into a page of a mapping of their own (a thread pool waiting for
+ * work). Under fault=signal each holds a pin on its page for as long as it
+ * sleeps, so this measures what held pins cost the evictor's check of its
+ * victims (pins.h). Each gets its message at the end and checks it.
+ *
  * Exit status: 0 every byte as expected, 1 a page had wrong bytes, 2 usage.
  */
 #include <errno.h>
@@ -36,6 +42,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define PAGE 4096u
 #define WORDS (PAGE / 8u)
@@ -49,6 +56,8 @@ static uint64_t npages, rounds, seed = 1;
 static unsigned nthreads = 1, write_pct = 50;
 static uint32_t *version;
 static int fit_mode;
+static int sleep_pipe[2];
+static uint8_t *sleeper_pages;
 
 static double now(void)
 {
@@ -157,6 +166,57 @@ static void *check_worker(void *arg)
 	return NULL;
 }
 
+static void *sleeper(void *arg)
+{
+	uint64_t k = (uint64_t)(uintptr_t)arg;
+	uint64_t *page = (uint64_t *)(sleeper_pages + k * PAGE);
+	ssize_t n = read(sleep_pipe[0], page, PAGE);
+
+	/* Pipe reads of PAGE_SIZE each take one whole message: any sleeper may get any message. */
+	if (n != PAGE || page[WORDS - 1] != mix(page[0])) {
+		fprintf(stderr, "rewrite: sleeper %" PRIu64 " read %zd bytes, message %#" PRIx64 " malformed\n", k, n,
+			page[0]);
+		return (void *)1;
+	}
+	return NULL;
+}
+
+static int start_sleepers(unsigned n, pthread_t *t)
+{
+	pthread_attr_t attr;
+
+	sleeper_pages = mmap(NULL, (size_t)n * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (sleeper_pages == MAP_FAILED || pipe(sleep_pipe))
+		return perror("rewrite: sleepers"), -1;
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, 64u << 10);
+	for (unsigned k = 0; k < n; k++)
+		if (pthread_create(&t[k], &attr, sleeper, (void *)(uintptr_t)k))
+			return perror("rewrite: sleeper pthread_create"), -1;
+	pthread_attr_destroy(&attr);
+	usleep(200000); /* in their reads by now */
+	return 0;
+}
+
+static int wake_sleepers(unsigned n, pthread_t *t)
+{
+	static uint64_t msg[WORDS];
+	int bad = 0;
+
+	for (unsigned k = 0; k < n; k++) {
+		msg[0] = k;
+		msg[WORDS - 1] = mix(k);
+		if (write(sleep_pipe[1], msg, PAGE) != PAGE)
+			return perror("rewrite: wake"), -1;
+	}
+	for (unsigned k = 0; k < n; k++) {
+		void *r;
+		pthread_join(t[k], &r);
+		bad |= r != NULL;
+	}
+	return bad ? -1 : 0;
+}
+
 static int parse_size(const char *s, uint64_t *out)
 {
 	char *end;
@@ -204,10 +264,13 @@ int main(int argc, char **argv)
 		{ "mode", required_argument, NULL, 'm' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "heap", no_argument, NULL, 'h' },
+		{ "sleepers", required_argument, NULL, 'z' },
 		{ 0 },
 	};
 	uint64_t size = 512ull << 20, checked = 0, rewritten = 0;
 	int json = 0, heap = 0, c;
+	unsigned sleepers = 0;
+	pthread_t *sleeper_threads;
 	double t0, t1, t2, t3;
 	struct worker *w;
 
@@ -227,15 +290,17 @@ int main(int argc, char **argv)
 			break;
 		case 'j': json = 1; break;
 		case 'h': heap = 1; break;
+		case 'z': sleepers = (unsigned)strtoul(optarg, NULL, 10); break;
 		default: goto usage;
 		}
 	}
-	if (nthreads < 1 || nthreads > 256 || write_pct > 100)
+	if (nthreads < 1 || nthreads > 256 || write_pct > 100 || sleepers > 100000)
 		goto usage;
 	npages = size / PAGE;
 	/* The versions and thread records are small, allocated before the data so they sit below it. */
 	version = calloc(npages, sizeof(*version));
 	w = calloc(nthreads, sizeof(*w));
+	sleeper_threads = calloc(sleepers + 1, sizeof(*sleeper_threads));
 	if (heap) {
 		uint64_t nblocks = (npages + PAGES_PER_BLOCK - 1) / PAGES_PER_BLOCK;
 		blocks = calloc(nblocks, sizeof(*blocks));
@@ -248,10 +313,12 @@ int main(int argc, char **argv)
 	} else {
 		buf = mmap(NULL, npages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	}
-	if (buf == MAP_FAILED || !version || !w) {
+	if (buf == MAP_FAILED || !version || !w || !sleeper_threads) {
 		perror("rewrite: allocation");
 		return 2;
 	}
+	if (sleepers && start_sleepers(sleepers, sleeper_threads))
+		return 2;
 	t0 = now();
 	run_phase(w, fill_worker);
 	t1 = now();
@@ -261,6 +328,8 @@ int main(int argc, char **argv)
 	if (run_phase(w, check_worker))
 		return 1;
 	t3 = now();
+	if (sleepers && wake_sleepers(sleepers, sleeper_threads))
+		return 1;
 	for (unsigned t = 0; t < nthreads; t++) {
 		checked += w[t].checked;
 		rewritten += w[t].rewritten;
@@ -277,6 +346,6 @@ int main(int argc, char **argv)
 	return 0;
 usage:
 	fprintf(stderr, "usage: rewrite [--size 512M] [--rounds N] [--threads T] [--write-pct P] [--seed S] "
-		"[--mode rewrite|fit] [--heap] [--json]\n");
+		"[--mode rewrite|fit] [--heap] [--sleepers N] [--json]\n");
 	return 2;
 }

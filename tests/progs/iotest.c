@@ -42,9 +42,9 @@
  *                        read unreadable pages, a SIGSEGV, before mprotect was
  *                        covered)
  *   cancel               threads blocked in read() into paged memory and in sem_wait
- *                        on a paged semaphore are cancelled, 1100 times, more than the
- *                        pin table holds: each gives its pins back (sync, after it,
- *                        needs them), and none stays blocked
+ *                        on a paged semaphore are cancelled, 1100 times: each gives
+ *                        its pin back (a pin kept would show in the summary's
+ *                        peak_pins), and none stays blocked
  *   sync                 semaphores, mutexes, condition variables, rwlocks and a
  *                        barrier that live in paged memory, used by 8 threads while
  *                        another evicts: glibc aborts ("The futex facility returned
@@ -1311,7 +1311,7 @@ static void *cancel_waiter(void *arg)
 	return NULL;
 }
 
-/* More than the pager's pin table holds (MAX_PINS in uffd/pager_internal.h, 1024): a pin not given back fills it. */
+/* More than the sync crowd's 100 at once: pins not given back would add up to a peak_pins above it. */
 #define CANCEL_ROUNDS 1100
 
 static void t_cancel(void)

@@ -17,7 +17,7 @@
  *
  * Under fault=signal a sleeper's buffer is shaped like an O_DIRECT read's;
  * before session 49 each took one of the pager's pin slots for as long as it
- * slept, and past MAX_PINS (1024) sleepers the main thread's calls found the
+ * slept, and past MAX_PINS (then 1024) sleepers the main thread's calls found the
  * table full (pins_refused in the summary): their buffers, made resident but
  * not kept, left again under the call, and pwrite returned short.
  */
