@@ -349,6 +349,22 @@ def test_vectors_larger_than_the_budget_move_whole(shim, built, tmp_path, farmem
     assert s["peak_resident_bytes"] <= 18 << 20, s
 
 
+@pytest.mark.parametrize("fault,how", [("signal", "mmsg"), ("signal", "msg"), ("thread", "mmsg")])
+def test_datagrams_into_more_buffers_than_a_call_pins_are_not_lost(shim, built, tmp_path, farmem_cmd, fault, how):
+    """tests/progs/dgram: a thread sleeps in recvmmsg for 64 datagrams, each into a page of its own
+    ("mmsg"), or in recvmsg for one datagram into 48 buffers ("msg"), on pages paged by farmem,
+    while the main thread presses the budget; then the datagrams come, and each is checked. A
+    datagram whose copy fails with EFAULT is dropped by the kernel. Before session 50, under
+    `--fault signal`, the buffers past a call's 16 pins were made resident but not pinned, left
+    while the call slept, and a datagram was lost in the first round ("recvmmsg after 63", "recvmsg
+    returned -1": the receiver's 5 s wait ran out). They now go under one pin over their span."""
+    prog = built("build/tests/dgram")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "8M", "--threshold", "64K", "--fault", fault,
+                      "--", prog, 32, 20, how, timeout=180)
+    assert r.returncode == 0 and "dgram: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert s["fault_mode"] == fault and s["evictions"] > 100000, s
+
+
 def test_sleeping_readers_do_not_fill_the_pin_table(shim, built, tmp_path, farmem_cmd):
     """tests/progs/pinwait: 1100 threads sleep in read() or recv() on a socket, each into a
     page-aligned 4 KiB buffer in glibc's heap (a server's thread pool), while the main thread writes

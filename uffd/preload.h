@@ -47,15 +47,27 @@ typedef int (*fm_preload_yield_fn)(void);
  * all of it resident at once, past the budget.
  */
 #define FM_IO_PIECE (1u << 20)
+/*
+ * Ranges past a call's own pins (a recvmmsg's 64 buffers) gather into one
+ * span while it stays this short, and the span takes the last pin: a
+ * buffer made resident but not pinned could leave while the call sleeps,
+ * and a datagram whose copy then fails is dropped by the kernel.
+ */
+#define FM_IO_SPAN (4u << 20)
 struct fm_io_pins {
 	struct fm_pager *p;
 	int slot[FM_IO_PINS];
 	unsigned n;
 	/* A range the pin table had no room for (FM_IO_UNPINNED): the call may have moved less. */
 	int unpinned;
+	/* The span of the ranges past FM_IO_PINS - 1, pinned by fm_io_pin_rest; 0, 0: none. */
+	uintptr_t rest_lo, rest_hi;
+	int rest_write;
 };
 
 void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write);
+/* After the last fm_io_pin of a call: the span of the ranges that had no pin of their own. */
+void fm_io_pin_rest(struct fm_io_pins *io);
 void fm_io_unpin(struct fm_io_pins *io);
 /* For pthread_cleanup_push: a thread cancelled inside a covered call gives its pins back. */
 void fm_io_unpin_on_cancel(void *io);

@@ -72,10 +72,51 @@ static void keep(struct fm_io_pins *io, int s)
 		fm_pager_io_end(io->p, s);
 }
 
+/* Into the span of the rest, if it stays within FM_IO_SPAN; 0 if it would not. */
+static int to_rest(struct fm_io_pins *io, const void *buf, size_t len, int write)
+{
+	uintptr_t b = (uintptr_t)buf, lo = io->rest_lo, hi = io->rest_hi;
+
+	if (len > FM_IO_SPAN || b > UINTPTR_MAX - len)
+		return 0;
+	if (hi <= lo) {
+		lo = b;
+		hi = b + len;
+	} else {
+		lo = b < lo ? b : lo;
+		hi = b + len > hi ? b + len : hi;
+	}
+	if (hi - lo > FM_IO_SPAN)
+		return 0;
+	io->rest_lo = lo;
+	io->rest_hi = hi;
+	io->rest_write |= write;
+	return 1;
+}
+
 void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write)
 {
-	if (io->p && buf && len)
-		keep(io, fm_pager_io_begin(io->p, buf, len, write));
+	if (!io->p || !buf || !len)
+		return;
+	/*
+	 * The last pin is the span's. A range that does not fit in it is made
+	 * resident unpinned, and a call that meets it evicted again is made
+	 * again (a datagram's would be lost).
+	 */
+	if (io->n >= FM_IO_PINS - 1 && fm_pager_io_needed(io->p, buf, len) && to_rest(io, buf, len, write))
+		return;
+	keep(io, fm_pager_io_begin(io->p, buf, len, write));
+}
+
+void fm_io_pin_rest(struct fm_io_pins *io)
+{
+	uintptr_t lo = io->rest_lo, hi = io->rest_hi;
+
+	if (hi <= lo)
+		return;
+	io->rest_lo = io->rest_hi = 0;
+	keep(io, fm_pager_io_begin(io->p, (const void *)lo, hi - lo, io->rest_write));
+	io->rest_write = 0;
 }
 
 /* A buffer a read from fd writes, which the device may write by DMA (O_DIRECT). */
@@ -110,9 +151,10 @@ static void pin_iov(struct fm_io_pins *io, const struct iovec *iov, int n, int w
 	 * only when the device may write it by DMA (an O_DIRECT read), and a
 	 * read into 256 heap blocks of 64 KiB lost what landed in those past
 	 * the 16th (tests/progs/posixaio.c): such buffers go under one pin over
-	 * the span they lie in, which brings nothing in. The others are made
-	 * resident one by one, and a call that meets one evicted again is made
-	 * again.
+	 * the span they lie in, which brings nothing in. Paged ones go into the
+	 * span of the rest (fm_io_pin_rest) while it stays short, and the others
+	 * are made resident one by one, and a call that meets one evicted again
+	 * is made again.
 	 */
 	for (int j = k; j < n; j++) {
 		uintptr_t b = (uintptr_t)iov[j].iov_base;
@@ -152,6 +194,8 @@ void fm_io_unpin(struct fm_io_pins *io)
 	for (unsigned k = 0; k < io->n; k++)
 		fm_pager_io_end(io->p, io->slot[k]);
 	io->n = 0;
+	io->rest_lo = io->rest_hi = 0;
+	io->rest_write = 0;
 }
 
 /*
@@ -232,6 +276,7 @@ void fm_io_unpin_on_cancel(void *io)
 		int e_;                                                                 \
 		for (int tries_ = 0;;) {                                                \
 			setup;                                                          \
+			fm_io_pin_rest(io);                                             \
 			if ((io)->n) {                                                  \
 				pthread_cleanup_push(fm_io_unpin_on_cancel, (io));      \
 				r_ = (call);                                            \

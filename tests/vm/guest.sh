@@ -117,6 +117,7 @@ if on swapvagc; then
 		SWAPVA_BACKEND=kmod timeout 600 $J/bin/java -agentpath:$W/lib/libfarmem_agent.so=onerror=continue \
 			-XX:+UseG1GC -XX:+UseFarmemSwapVA -XX:+UnlockDiagnosticVMOptions -XX:+VerifyBeforeGC \
 			-XX:+VerifyAfterGC -Xms192m -Xmx192m -XX:G1HeapRegionSize=8m \
+			-XX:ErrorFile=$W/swapvagc-verify.hs_err -XX:-CreateCoredumpOnCrash \
 			-Xlog:gc,gc+farmem:file=$W/swapvagc-verify.gc -cp $W/java LargeArrays --arrays 40 \
 			--rounds 3 --min-kb 200 --max-kb 1024 >$W/swapvagc-verify.out 2>&1
 		rc=$?
@@ -132,6 +133,12 @@ if on swapvagc; then
 		else
 			bad swapvagc-verify
 			tail -5 $W/swapvagc-verify.out
+			# once (session 49) the JVM aborted in 2 s with nothing on its output: say why
+			tail -3 $W/swapvagc-verify.gc 2>/dev/null | sed 's/^/INFO: gc log: /'
+			if [ -s $W/swapvagc-verify.hs_err ]; then
+				grep -aE '^# |^(Current thread|Stack:|[VJC] +\[)' $W/swapvagc-verify.hs_err |
+					head -40 | sed 's/^/INFO: hs_err: /'
+			fi
 		fi
 		echo "INFO: exit $rc after $((SECONDS - t0)) s; JVM moved $jvm pages, module $kmod"
 		grep -aE 'largearrays:|SwapVA via' $W/swapvagc-verify.out | sed 's/^/INFO: /'
