@@ -98,14 +98,20 @@ void fm_io_pin(struct fm_io_pins *io, const void *buf, size_t len, int write)
 {
 	if (!io->p || !buf || !len)
 		return;
+	if (io->n < FM_IO_PINS - 1 || !fm_pager_io_needed(io->p, buf, len)) {
+		keep(io, fm_pager_io_begin(io->p, buf, len, write));
+		return;
+	}
 	/*
 	 * The last pin is the span's. A range that does not fit in it is made
 	 * resident unpinned, and a call that meets it evicted again is made
 	 * again (a datagram's would be lost).
 	 */
-	if (io->n >= FM_IO_PINS - 1 && fm_pager_io_needed(io->p, buf, len) && to_rest(io, buf, len, write))
-		return;
-	keep(io, fm_pager_io_begin(io->p, buf, len, write));
+	if (!to_rest(io, buf, len, write)) {
+		int s = fm_pager_io_begin(io->p, buf, len, write);
+		io->unpinned |= s == FM_IO_UNPINNED;
+		fm_pager_io_end(io->p, s);
+	}
 }
 
 void fm_io_pin_rest(struct fm_io_pins *io)
