@@ -17,7 +17,8 @@ static int pin_in_word(struct fm_pager *p, int w, uintptr_t start, uintptr_t end
 		/* The start is the claim: a slot whose bit is clear may still be on its way out (fm_unpin). */
 		if (!atomic_compare_exchange_strong(&p->pins[i].start, &zero, start))
 			continue;
-		atomic_store(&p->pins[i].end, end);
+		/* Published by the bit: an evictor reads the end only after it saw the bit set. */
+		atomic_store_explicit(&p->pins[i].end, end, memory_order_relaxed);
 		/* Set before the caller looks at its pages: an evictor that read the word first claimed first. */
 		atomic_fetch_or(&p->pin_held[w], 1ull << (i % 64));
 		fm_raise_peak(&p->st->peak_pins, (uint64_t)atomic_fetch_add(&p->npins, 1) + 1);
@@ -26,15 +27,22 @@ static int pin_in_word(struct fm_pager *p, int w, uintptr_t start, uintptr_t end
 	return -1;
 }
 
+/* Only a hint: relaxed, and written only when it changes (every call on every thread passes here). */
+static void set_hint(struct fm_pager *p, int w)
+{
+	if (atomic_load_explicit(&p->pin_hint, memory_order_relaxed) != w)
+		atomic_store_explicit(&p->pin_hint, w, memory_order_relaxed);
+}
+
 int fm_pin(struct fm_pager *p, uintptr_t start, uintptr_t end)
 {
 	/* Start where the last slot was given back or taken, so a busy table is not walked from 0 each time. */
-	int from = atomic_load(&p->pin_hint) % PIN_WORDS;
+	int from = atomic_load_explicit(&p->pin_hint, memory_order_relaxed) % PIN_WORDS;
 
 	for (int k = 0; k < PIN_WORDS; k++) {
 		int w = (from + k) % PIN_WORDS, i = pin_in_word(p, w, start, end);
 		if (i >= 0) {
-			atomic_store(&p->pin_hint, w);
+			set_hint(p, w);
 			return i;
 		}
 	}
@@ -48,9 +56,10 @@ void fm_unpin(struct fm_pager *p, int slot)
 		return;
 	atomic_fetch_sub(&p->npins, 1);
 	atomic_fetch_and(&p->pin_held[slot / 64], ~(1ull << (slot % 64)));
-	atomic_store(&p->pins[slot].end, 0);
-	atomic_store(&p->pins[slot].start, 0);
-	atomic_store(&p->pin_hint, slot / 64);
+	/* The call is over: an evictor that still saw the bit may see either. The start frees the slot. */
+	atomic_store_explicit(&p->pins[slot].end, 0, memory_order_release);
+	atomic_store_explicit(&p->pins[slot].start, 0, memory_order_release);
+	set_hint(p, slot / 64);
 }
 
 /* The first of sorted[0..n) at or above addr. */

@@ -6,12 +6,18 @@
  * the alignment test passed (uffd/fault.c, dma_target): this measures what
  * that costs a program whose reads only look like O_DIRECT ones.
  *
- *   alignedread FILE CALLS   (FILE of 1 MiB or more, in the page cache)
+ *   alignedread FILE CALLS [mapped]   (FILE of 1 MiB or more, in the page cache)
+ *
+ * mapped: the buffers are pages of a 2 MiB mapping instead, which farmem
+ * pages by SIGBUS under --fault signal at --threshold 1M: each pread then
+ * makes its buffer resident and pins it for the call (uffd/pins.h), and this
+ * measures what a pin costs a call whose buffer is resident already.
  *
  * Prints the time per call. 32 MiB of heap blocks are written first so that
  * the heap passes farmem's threshold at --threshold 1M and is paged.
  */
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,13 +28,15 @@
 
 int main(int argc, char **argv)
 {
-	long calls = argc == 3 ? atol(argv[2]) : 0, sum = 0;
-	int fd = argc == 3 ? open(argv[1], O_RDONLY) : -1;
+	int mapped = argc == 4 && !strcmp(argv[3], "mapped");
+	long calls = argc == 3 + mapped ? atol(argv[2]) : 0, sum = 0;
+	int fd = calls > 0 ? open(argv[1], O_RDONLY) : -1;
+	char *map = mapped ? mmap(NULL, 2 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
 	char *bufs[64];
 	struct timespec a, b;
 
-	if (fd < 0 || calls <= 0)
-		return fprintf(stderr, "usage: alignedread FILE CALLS\n"), 2;
+	if (fd < 0 || calls <= 0 || map == MAP_FAILED)
+		return fprintf(stderr, "usage: alignedread FILE CALLS [mapped]\n"), 2;
 	for (int k = 0; k < 512; k++) {
 		char *block = malloc(64 << 10);
 		if (!block)
@@ -36,7 +44,9 @@ int main(int argc, char **argv)
 		memset(block, k, 64 << 10);
 	}
 	for (int k = 0; k < 64; k++)
-		if (posix_memalign((void **)&bufs[k], PAGE, PAGE))
+		if (map)
+			bufs[k] = map + k * PAGE;
+		else if (posix_memalign((void **)&bufs[k], PAGE, PAGE))
 			return perror("alignedread: posix_memalign"), 1;
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	for (long i = 0; i < calls; i++) {
