@@ -11,7 +11,7 @@
 #   bench/stressng_sweep.sh OUTDIR [signal|thread] [STRESSOR...]
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
-out=$1
+out=$(mkdir -p "$1" && cd "$1" && pwd) || exit 2
 fault=${2:-signal}
 shift $(($# < 2 ? $# : 2))
 lim="--fallocate-bytes 64M --hdd-bytes 64M --iomix-bytes 64M --seek-size 64M --sync-file-bytes 64M --fiemap-bytes 64M"
@@ -24,6 +24,8 @@ mkdir -p "$out" "$out/tmp"
 if [ "$(id -u)" = 0 ] && ! mountpoint -q "$out/tmp"; then
 	mount -t tmpfs -o size=4g farmem-sweep "$out/tmp" && trap 'umount -l "$out/tmp"' EXIT
 fi
+# Some stressors leave files in the working directory (open's "stress-open-*"): run them in the tmpfs.
+cd "$out/tmp" || exit 1
 for s in ${*:-$(stress-ng --stressors)}; do
 	case "$skip" in *" $s "*) continue ;; esac
 	grep -q "^$s " "$out/summary" 2>/dev/null && continue
