@@ -121,7 +121,7 @@ PAGER_LDFLAGS := -Wl,-z,now -Wl,-z,relro
 # -Bsymbolic-functions: the shim's own calls reach its own definitions. A program whose executable
 # defines malloc (rustc's jemalloc) comes first in the lookup order, and the pager's allocations,
 # made inside that allocator's mmap, would re-enter it (uffd/preload.c, app_alloc).
-$(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/obj/uffd/preload_sync.o $(B)/obj/uffd/preload_syscall.o $(B)/obj/uffd/preload_aio.o $(B)/lib/libfarmem_pager.a uffd/preload.map
+$(B)/lib/libfarmem_preload.so: $(B)/obj/uffd/preload.o $(B)/obj/uffd/preload_io.o $(B)/obj/uffd/preload_sync.o $(B)/obj/uffd/preload_syscall.o $(B)/obj/uffd/preload_aio.o $(B)/obj/uffd/preload_vm.o $(B)/lib/libfarmem_pager.a uffd/preload.map
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared $(PAGER_LDFLAGS) -Wl,-Bsymbolic-functions -Wl,--as-needed -Wl,--version-script=uffd/preload.map \
 		-Wl,--wrap=pthread_create -o $@ $(filter %.o,$^) \

@@ -365,6 +365,25 @@ def test_datagrams_into_more_buffers_than_a_call_pins_are_not_lost(shim, built, 
     assert s["fault_mode"] == fault and s["evictions"] > 100000, s
 
 
+@pytest.mark.parametrize("fault,forked", [("signal", ""), ("signal", "forked"), ("thread", "")])
+def test_process_vm_readv_and_writev_between_paged_processes(shim, built, tmp_path, farmem_cmd, fault, forked):
+    """tests/progs/vmrw: a child reads 64 MiB of its parent's paged memory with process_vm_readv (one
+    call, then 61 scattered iovecs) and writes 64 MiB into it with process_vm_writev, four rounds,
+    both sides' buffers mostly in memd (a 16 MiB budget each), every byte checked; as an MPI
+    library's single-copy transfers between ranks (Open MPI's CMA) do. Where faults raise SIGBUS the
+    kernel cannot wait for the other process's page: before session 51 the first call failed with
+    EFAULT ("process_vm_readv returned -1 of 67108864: Bad address"). The shim's cover now asks the
+    other process's pager to make its ranges resident and pin them (uffd/lend.h). "forked": the
+    parent's buffers were mapped before the fork (shared with the child for a while)."""
+    prog = built("build/tests/vmrw")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--threshold", "1M", "--fault", fault,
+                      "--", prog, 64, 4, *([forked] if forked else []), timeout=300)
+    assert r.returncode == 0 and "vmrw: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert s["fault_mode"] == fault and s["remote_reads"] > 100000, s
+    if fault == "signal":
+        assert s["lend_requests"] > 0 and s["pins_refused"] == 0, s
+
+
 def test_sleeping_readers_do_not_fill_the_pin_table(shim, built, tmp_path, farmem_cmd):
     """tests/progs/pinwait: 1100 threads sleep in read() or recv() on a socket, each into a
     page-aligned 4 KiB buffer in glibc's heap (a server's thread pool), while the main thread writes

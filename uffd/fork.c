@@ -45,6 +45,7 @@
 #include "evict.h"
 #include "fm_util.h"
 #include "fork.h"
+#include "lend.h"
 #include "monitor.h"
 #include "pager_internal.h"
 #include "region.h"
@@ -256,6 +257,7 @@ static void child_reset(struct fm_fork_range *out, int *n, int max)
 			close(p->uffd_waits);
 		if (p->uffd_waits_spare >= 0)
 			close(p->uffd_waits_spare);
+		fm_lend_forget(p);
 	}
 	memset(fork_pagers, 0, sizeof(fork_pagers));
 	pthread_mutex_init(&fork_lock, NULL);

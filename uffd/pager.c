@@ -23,6 +23,7 @@
 #include "fm_fds.h"
 #include "fm_util.h"
 #include "fork.h"
+#include "lend.h"
 #include "monitor.h"
 #include "shmem.h"
 #include "uffd_ops.h"
@@ -179,6 +180,9 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	}
 	p->cfg = *cfg;
 	p->uffd = p->uffd_waits = p->uffd_waits_spare = p->pidfd = p->map_fd = p->stop_fd = -1;
+	p->lend_listen = p->lend_stop = -1;
+	for (int k = 0; k < LEND_CONNS; k++)
+		p->lend_conn[k] = -1;
 	fm_log_level = cfg->log_level;
 	pthread_rwlock_init(&p->rlock, NULL);
 	pthread_mutex_init(&p->clock_lock, NULL);
@@ -272,6 +276,13 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		}
 		p->evictor_started = 1;
 	}
+	/* Where faults raise SIGBUS, another process's process_vm_readv of this one's pages needs a lender. */
+	if (p->in_thread) {
+		rc = fm_lend_start(p);
+		if (rc)
+			fm_debug("no lender of pages to other processes' calls: %s", fm_strerror(-rc));
+		rc = 0;
+	}
 	fm_fork_add(p);
 	report_to_launcher(p);
 	fm_info("pager up: memd %s (%s), faults served %s, %s", cfg->memd,
@@ -325,6 +336,7 @@ int fm_pager_stop(struct fm_pager *p)
 		return 0;
 	fm_fork_remove(p);
 	atomic_store(&p->stopping, 1);
+	fm_lend_stop(p);
 	if (p->evictor_started) {
 		fm_evictor_kick(p);
 		pthread_join(p->evictor, NULL);

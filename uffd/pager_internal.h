@@ -120,6 +120,7 @@ struct chan_slot {
 
 #define MAX_HANDLERS 16
 #define NSTREAMS 64
+#define LEND_CONNS 16 /* other processes' calls served at once (lend.c) */
 #define MAX_PINS 8192 /* system calls and futex waits at once (a thread pool's sleepers); a multiple of 64 */
 #define MAX_HINTS 256
 #define MAX_POOL 64
@@ -196,6 +197,12 @@ struct fm_pager {
 
 	pthread_t evictor;
 	int evictor_started;
+
+	/* The lender of pages to other processes' process_vm_readv/writev (lend.h): fault=signal only. */
+	pthread_t lender;
+	int lender_started;
+	int lend_listen, lend_stop;     /* -1: none */
+	int lend_conn[LEND_CONNS];      /* -1: free; set to -1 before the close (a fork's child closes the rest) */
 	struct fm_chan *ev_chan;
 	atomic_uint ev_kick;            /* futex word: the evictor has work */
 

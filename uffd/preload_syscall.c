@@ -199,6 +199,12 @@ EXPORT long syscall(long n, ...)
 		return sendmsg((int)a[0], (const struct msghdr *)a[1], (int)a[2]);
 	case SYS_getrandom:
 		return getrandom((void *)a[0], (size_t)a[1], (unsigned int)a[2]);
+	case SYS_process_vm_readv:
+		return process_vm_readv((pid_t)a[0], (const struct iovec *)a[1], (unsigned long)a[2],
+					(const struct iovec *)a[3], (unsigned long)a[4], (unsigned long)a[5]);
+	case SYS_process_vm_writev:
+		return process_vm_writev((pid_t)a[0], (const struct iovec *)a[1], (unsigned long)a[2],
+					 (const struct iovec *)a[3], (unsigned long)a[4], (unsigned long)a[5]);
 	case SYS_futex:
 		return futex_call(a);
 	case SYS_ioctl:

@@ -267,7 +267,9 @@ struct fm_pager_stats {
 	 */
 	uint64_t peak_pins;
 	uint64_t pins_refused;
-	uint64_t reserved2[6];
+	/* Requests of other processes' process_vm_readv/writev this process lent its pages to (lend.h). */
+	uint64_t lend_requests;
+	uint64_t reserved2[5];
 };
 
 struct fm_resmap_hdr {

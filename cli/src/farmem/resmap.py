@@ -110,6 +110,8 @@ MOVE_FIELDS = ("evictions_moved", "evict_pinned")
 # Then pins (uffd/pins.h: ranges a system call or futex wait is using, kept from eviction): a gauge
 # of the most held at once, and pins the table had no room for.
 PIN_FIELDS = ("peak_pins", "pins_refused")
+# Then requests of other processes' process_vm_readv/writev this one lent its paged pages to (uffd/lend.h).
+LEND_FIELDS = ("lend_requests",)
 
 
 class PagerStats(ctypes.Structure):
@@ -118,9 +120,9 @@ class PagerStats(ctypes.Structure):
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
     ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS + REGISTERED_FIELDS
-         + MOVE_FIELDS + PIN_FIELDS] + [
+         + MOVE_FIELDS + PIN_FIELDS + LEND_FIELDS] + [
         ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS)
-                             - len(REGISTERED_FIELDS) - len(MOVE_FIELDS) - len(PIN_FIELDS))),
+                             - len(REGISTERED_FIELDS) - len(MOVE_FIELDS) - len(PIN_FIELDS) - len(LEND_FIELDS))),
     ]
 
 
@@ -184,6 +186,7 @@ def layout() -> dict:
         "offsetof_peak_registered_pages": PagerStats.peak_registered_pages.offset,
         "offsetof_evict_pinned": PagerStats.evict_pinned.offset,
         "offsetof_pins_refused": PagerStats.pins_refused.offset,
+        "offsetof_lend_requests": PagerStats.lend_requests.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -273,7 +276,7 @@ SUMMED = (
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
     + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS \
-    + MOVE_FIELDS + ("pins_refused",)
+    + MOVE_FIELDS + ("pins_refused",) + LEND_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.
