@@ -365,7 +365,7 @@ def test_datagrams_into_more_buffers_than_a_call_pins_are_not_lost(shim, built, 
     assert s["fault_mode"] == fault and s["evictions"] > 100000, s
 
 
-@pytest.mark.parametrize("fault,forked", [("signal", ""), ("signal", "forked"), ("thread", "")])
+@pytest.mark.parametrize("fault,forked", [("signal", ""), ("signal", "forked"), ("thread", ""), ("thread", "forked")])
 def test_process_vm_readv_and_writev_between_paged_processes(shim, built, tmp_path, farmem_cmd, fault, forked):
     """tests/progs/vmrw: a child reads 64 MiB of its parent's paged memory with process_vm_readv (one
     call, then 61 scattered iovecs) and writes 64 MiB into it with process_vm_writev, four rounds,
@@ -374,7 +374,12 @@ def test_process_vm_readv_and_writev_between_paged_processes(shim, built, tmp_pa
     kernel cannot wait for the other process's page: before session 51 the first call failed with
     EFAULT ("process_vm_readv returned -1 of 67108864: Bad address"). The shim's cover now asks the
     other process's pager to make its ranges resident and pin them (uffd/lend.h). "forked": the
-    parent's buffers were mapped before the fork (shared with the child for a while)."""
+    parent's buffers were mapped before the fork (shared with the child for a while). With
+    `--fault thread` the kernel waits for the pages, and pins them while it copies; in a region a
+    fork had shared, eviction took the kernel's refusal to move such a page for sharing and dropped
+    it, and what process_vm_writev wrote through its pin was lost ("9216 words wrong ... holds
+    0x5555555555555555", the bytes from before): since session 51 such a page is unshared first, and
+    a page refused after that is pinned and stays (evict.c, move_dirty)."""
     prog = built("build/tests/vmrw")
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--threshold", "1M", "--fault", fault,
                       "--", prog, 64, 4, *([forked] if forked else []), timeout=300)

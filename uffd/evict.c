@@ -604,16 +604,38 @@ static int mapped_here_only(uintptr_t addr)
 }
 
 /*
+ * Pages a fork shared, or shared once (the kernel marks a page exclusive
+ * again only when it is written), made this process's own without writing
+ * them: a read that pins a page, a process_vm_readv of this process,
+ * unshares it (by a copy while another process still maps it). A page
+ * pinned for I/O is exclusive already and stays as it is. The n pages from
+ * v[0] are resident and held (LEAVING): only a raw madvise of the program's
+ * could take one away under the read. 0, or -1.
+ */
+static int unshare_pages(const struct victim *v, unsigned n)
+{
+	char b[FM_EVICT_MAX];
+	struct iovec l = { b, n }, r[FM_EVICT_MAX];
+
+	for (unsigned k = 0; k < n; k++)
+		r[k] = (struct iovec){ (void *)v[k].addr, 1 };
+	return syscall(SYS_process_vm_readv, getpid(), &l, 1, r, n, 0) == (long)n ? 0 : -1;
+}
+
+/*
  * Move the dirty victims out into s (capture.h's stages), in runs of
  * neighbours: the move is their drop, and their bytes are read in the stage.
  * The kernel refuses (EBUSY) a page that is pinned, and one shared with
  * another process (after a fork, or merged by KSM; never pinned: a pin
  * unshares first), also after the other process let go of it (the page is
  * not marked exclusive again until written). A pinned page stays as it is,
- * since I/O in flight writes it; in a region a fork or KSM may have shared,
- * a refusal is taken for sharing. A shared one, or one the kernel would not
- * move for another reason (not
- * mapped, a mapping of other protections), leaves the way it did before.
+ * since I/O in flight writes it. In a region a fork or KSM may have shared,
+ * a refused page is unshared and moved again: refused then, it is pinned
+ * (before session 51 it was taken for shared and left write-protected and
+ * dropped, and what another process's process_vm_writev wrote into it
+ * through its pin was lost: vmrw forked, --fault thread). One the kernel
+ * would not move for another reason (not mapped, a mapping of other
+ * protections, or unshare failed), leaves the way it did before.
  * Only a move's destination must be registered with the uffd it is made on:
  * the victims of regions where the kernel waits (the second uffd) move too.
  * Returns the stage's slots used.
@@ -624,6 +646,7 @@ static unsigned move_dirty(struct fm_pager *p, struct fm_stage *s, struct victim
 
 	for (unsigned k = 0; k < n;) {
 		unsigned e = k, again = 0;
+		unsigned unshared = 0; /* v[k..unshared) were unshared for the move being made again */
 		if (fm_pg_state(v[k].old) != FM_PG_DIRTY || v[k].r->alias) {
 			k++;
 			continue;
@@ -644,8 +667,14 @@ static unsigned move_dirty(struct fm_pager *p, struct fm_stage *s, struct victim
 				break;
 			if (rc == -EAGAIN && again++ < 16)
 				continue;
-			/* Not in a region a fork shared: a page shared once stays refused after the sharer let go. */
-			if (rc == -EBUSY && !atomic_load(&v[m].r->shared) && mapped_here_only(v[m].addr)) {
+			if (rc == -EBUSY && atomic_load(&v[m].r->shared) && m >= unshared &&
+			    !unshare_pages(&v[m], e - m + 1)) {
+				STAT_ADD(p, evict_syscalls, 1);
+				unshared = e + 1;
+				continue;
+			}
+			/* A page shared once stays refused after the sharer let go: unshared above, it is not. */
+			if (rc == -EBUSY && (!atomic_load(&v[m].r->shared) || m < unshared) && mapped_here_only(v[m].addr)) {
 				v[m].pinned = 1;
 				v[m].keep = 1;
 				pinned++;
