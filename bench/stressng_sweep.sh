@@ -19,24 +19,31 @@ skip=" cpu-online swap sysinval watchdog softlockup reboot klog oom-pipe smi rtc
 skip+=" ramfs mlockmany fanotify sysfs procfs dev kill apparmor idle-page ioport msr pci tun netlink-proc netlink-task "
 skip+=" bad-ioctl fault mlock memhotplug cpu-sched spinmem mcontend numa "
 mkdir -p "$out" "$out/tmp"
-# The stressors' files go to a tmpfs of 4 GiB, not the disk: twice in session 50 the disk filled up
-# while a sweep ran (every write on the machine then failed), and which stressor did it was not found.
-if [ "$(id -u)" = 0 ] && ! mountpoint -q "$out/tmp"; then
-	mount -t tmpfs -o size=4g farmem-sweep "$out/tmp" && trap 'umount -l "$out/tmp"' EXIT
-fi
-# Some stressors leave files in the working directory (open's "stress-open-*"): run them in the tmpfs.
-cd "$out/tmp" || exit 1
+# Each stressor runs in a mount namespace of its own with a tmpfs of 4 GiB on /tmp, its working
+# directory and --temp-path: stress-ng's resources stressor (and forkheavy, which shares its code)
+# fills the disk for a moment, with or without farmem: thousands of O_TMPFILE files in /tmp,
+# whatever --temp-path says, each fallocated (all of the disk's 92 GB within a second, all local,
+# session 51; three times in session 50 every write on the machine failed meanwhile). Some leave
+# files in their working directory (open's "stress-open-*"). As another user, the sweep's tmp.
+confined() {
+	if [ "$(id -u)" = 0 ]; then
+		unshare -m sh -c 'mount -t tmpfs -o size=4g farmem-sweep /tmp && cd /tmp && exec "$@"' confined "$@"
+	else
+		(cd "$out/tmp" && "$@")
+	fi
+}
+tmp=$([ "$(id -u)" = 0 ] && echo /tmp || echo "$out/tmp")
 for s in ${*:-$(stress-ng --stressors)}; do
 	case "$skip" in *" $s "*) continue ;; esac
 	grep -q "^$s " "$out/summary" 2>/dev/null && continue
 	d=$out/$s
 	mkdir -p "$d"
 	if [ ! -e "$d/local.rc" ]; then
-		timeout -k 5 40 stress-ng --"$s" 1 --verify -t 3 --temp-path "$out/tmp" $lim >"$d/local.log" 2>&1
+		confined timeout -k 5 40 stress-ng --"$s" 1 --verify -t 3 --temp-path "$tmp" $lim >"$d/local.log" 2>&1
 		echo $? >"$d/local.rc"
 	fi
-	timeout -k 5 90 "$here/farmem" run --local 4M --threshold 256K --fault "$fault" -- \
-		stress-ng --"$s" 1 --verify -t 3 --temp-path "$out/tmp" $lim >"$d/$fault.log" 2>&1
+	confined timeout -k 5 90 "$here/farmem" run --local 4M --threshold 256K --fault "$fault" -- \
+		stress-ng --"$s" 1 --verify -t 3 --temp-path "$tmp" $lim >"$d/$fault.log" 2>&1
 	echo $? >"$d/$fault.rc"
 	echo "$s local=$(cat "$d/local.rc") $fault=$(cat "$d/$fault.rc") local_fail=$(grep -c 'fail:' "$d/local.log")" \
 		"${fault}_fail=$(grep -c 'fail:' "$d/$fault.log")" >>"$out/summary"
