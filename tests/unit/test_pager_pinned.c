@@ -68,7 +68,7 @@ static void press(uint8_t *a, uint32_t *ver, unsigned *seed)
  */
 static void pinned_in(const char *sock, const char *fault, int forked)
 {
-	struct fm_pager *p = unit_pager_at(sock, fault, "1M", (const char *const[]){ "evict_move", "1", NULL });
+	struct fm_pager *p = unit_pager_at(sock, fault, "1M", (const char *const[]){ "evict_move", "1", "fault", fault, NULL });
 	struct iovec buf;
 	uint32_t params[30] = { 0 }; /* struct io_uring_params, 120 bytes */
 	const struct fm_resmap_hdr *h;
