@@ -54,6 +54,7 @@ SIZES = {
     "postgres": lambda s: dict(rows=max(100_000, int(10_000_000 * s))),
     "numpy": lambda s: dict(mib=max(16, int(1024 * s))),
     "numpy-pool": lambda s: dict(mib=max(16, int(1024 * s)), timeout=max(60.0, 600 * s)),
+    "openmpi": lambda s: dict(mib=max(16, int(256 * s))),
     "sqlite": lambda s: dict(rows=int(2_000_000 * s)),
     "sqlite-heap": lambda s: dict(rows=int(2_000_000 * s)),
     "sysio": lambda s: dict(mib=max(16, int(512 * s))),
@@ -72,7 +73,7 @@ SIZES = {
 }
 # jemalloc maps its heap in steps from 2 MiB up: below 64 MiB a Redis heap is mostly in small steps.
 # The others: so that a small --scale still pages (their big blocks are below 64 MiB there).
-THRESHOLD = {"postgres": "8M", "redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M", "php": "1M",
+THRESHOLD = {"openmpi": "1M", "postgres": "8M", "redis": "4M", "redis-bgsave": "4M", "sysio": "8M", "numpy": "8M", "numpy-pool": "8M", "xz": "1M", "sort": "1M", "php": "1M",
              "erlang": "1M", "sbcl": "1M", "prolog": "1M", "yrmcds": "1M",
              "fio": "1M", "fio-uring": "1M", "fio-posixaio": "1M"}
 # Modes beside the three: farmem with every fault served by handler threads, or in the faulting thread

@@ -915,6 +915,21 @@ def test_redis_bgsave_snapshot(shim, tmp_path):
     assert got["summary"]["forks"] >= 1 and got["summary"]["fork_pages_fetched"] > 0, got["summary"]
 
 
+def test_openmpi_ranks_move_paged_arrays_by_cma(shim, tmp_path):
+    """Open MPI (Debian's, mpi4py and NumPy): two ranks reduce 64 MiB arrays and pass one between
+    them, three rounds, every element checked, each rank's arrays paged at a 64 MiB budget. Open MPI
+    moves such messages by CMA, process_vm_readv of the other rank's array. Before session 51, where
+    faults raise SIGBUS, each of those failed ("Read -1, expected 33554432, errno = 14" on stderr)
+    and Open MPI fell back to copying through shared memory; the other rank's pager now lends the
+    pages (uffd/lend.h). (With `--fault thread` the kernel waits for the other rank's pages, and it
+    worked before too.)"""
+    got = compat.openmpi(compat.Launch(mode="farmem", local="64M", threshold="1M", extra=["--fault", "signal"]),
+                         tmp_path, mib=64)
+    s = got["summary"]
+    assert "errno = 14" not in got["stderr"] and "Bad address" not in got["stderr"], got["stderr"][-3000:]
+    assert s["processes"] >= 3 and s["remote_reads"] > 10000 and s["lend_requests"] > 0, s
+
+
 def test_memcached_with_memcslap(shim, tmp_path):
     """memcached -L (its cache in one aligned block) loaded by memcslap and with our items."""
     got = compat.memcached(farmem(), tmp_path, megabytes=192, items=30000, slap=15000)

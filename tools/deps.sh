@@ -17,7 +17,7 @@ PKGS=(
 	openjdk-17-jdk-headless maven
 	# the compatibility matrix (tests/test_compat.py, bench/bench_compat.py): programs as users run them
 	redis-server redis-tools memcached libmemcached-tools python3-numpy sqlite3 php-cli
-	erlang-base sbcl nodejs swi-prolog-core yrmcds fio stress-ng
+	erlang-base sbcl nodejs swi-prolog-core yrmcds fio stress-ng openmpi-bin python3-mpi4py
 	postgresql-15 postgresql-client-15
 	# bench/bench_sweep.py: Debian programs under farmem, their peak RSS by GNU time
 	time jq bzip2 zstd ruby lua5.4 tcl

@@ -729,6 +729,51 @@ def numpy_pool(launch: Launch, workdir: Path, mib: int = 128, timeout: float = 6
     return _python(launch, workdir, "numpy-pool", POOL, [mib, timeout], "pool ok")
 
 
+# --- Open MPI -------------------------------------------------------------------------------------
+
+MPI_PROG = r"""
+import sys
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+n, rounds = (int(sys.argv[1]) << 20) // 8, int(sys.argv[2])
+a = np.arange(n, dtype=np.float64) * (rank + 1)
+other = np.ones(n, dtype=np.float64)  # presses the budget between transfers
+for k in range(rounds):
+    b = np.empty_like(a)
+    comm.Allreduce(a, b, op=MPI.SUM)
+    other += 1.0
+    ok = np.array_equal(b, np.arange(n, dtype=np.float64) * (size * (size + 1) // 2))
+    if rank == 0:
+        comm.Send(a, dest=1, tag=k)
+    elif rank == 1:
+        got = np.empty_like(a)
+        comm.Recv(got, source=0, tag=k)
+        ok = ok and np.array_equal(got, np.arange(n, dtype=np.float64))
+    if not comm.allreduce(ok, op=MPI.LAND):
+        if rank == 0:
+            print(f"mpi FAILED in round {k}")
+        sys.exit(1)
+if rank == 0:
+    print("mpi ok")
+"""
+
+
+def openmpi(launch: Launch, workdir: Path, mib: int = 64, ranks: int = 2, rounds: int = 3) -> dict:
+    """Open MPI (Debian's, with mpi4py and NumPy): RANKS ranks reduce arrays of MIB MiB with
+    Allreduce and pass one rank to rank with Send/Recv, every element checked, ROUNDS rounds.
+    Between ranks on one machine Open MPI moves large messages by CMA, process_vm_readv of the
+    other rank's array, which is paged. Its stderr is returned: Open MPI says there when a CMA
+    transfer failed ("Read -1, expected ..., errno = 14") and falls back to copies."""
+    need("mpirun")
+    prog = workdir / "mpi_prog.py"
+    prog.write_text(MPI_PROG)
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", ranks, PYTHON, prog, mib, rounds]
+    return run_checked(launch, cmd, workdir, "openmpi", "mpi ok", timeout=600)
+
+
 # --- SQLite ---------------------------------------------------------------------------------------
 
 SLOT = 4608  # a page-cache slot: the 4 KiB page and SQLite's header
@@ -1074,6 +1119,7 @@ WORKLOADS = {
     "postgres": postgres,
     "numpy": numpy,
     "numpy-pool": numpy_pool,
+    "openmpi": openmpi,
     "sqlite": sqlite,
     "sqlite-heap": lambda launch, work, **kw: sqlite(launch, work, pagecache=False, **kw),
     "sysio": sysio,
