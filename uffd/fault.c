@@ -515,15 +515,37 @@ static int dma_target(struct fm_pager *p, const void *addr, size_t len, int fd)
 	return fl >= 0 && (fl & O_DIRECT);
 }
 
-int fm_pager_read_begin(struct fm_pager *p, void *addr, size_t len, int fd)
+int fm_pager_pin_in_place(struct fm_pager *p, const void *addr, size_t len)
 {
 	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;
+	struct fm_fault f = { .in_thread = 1, .kind = FM_FAULT_MISSING };
+	struct fm_overlap o = { 0 };
+	int slot;
 
+	if (!len || !fm_pager_owns(p, addr, len))
+		return -1;
+	slot = fm_pin(p, a, e);
+	/*
+	 * A batch that chose its victims before the pin still drops them: until
+	 * it has, the kernel could pin one of those pages and write it after
+	 * the drop, where nobody reads it again.
+	 */
+	rlock_rd(p);
+	while (fm_overlap_next(p, a, (e + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1), &o))
+		for (uint64_t i = o.first; i < o.first + o.n; i++)
+			wait_settle(p, &f, &o.r->pg[i]);
+	rlock_un(p);
+	fm_give_back(p, &f.fc);
+	return slot >= 0 ? slot : FM_IO_UNPINNED;
+}
+
+int fm_pager_read_begin(struct fm_pager *p, void *addr, size_t len, int fd)
+{
 	if (!len)
 		return -1;
 	if (fm_pager_io_needed(p, addr, len))
 		return fm_pager_io_begin(p, addr, len, 1);
-	return dma_target(p, addr, len, fd) ? fm_pin(p, a, e) : -1;
+	return dma_target(p, addr, len, fd) ? fm_pager_pin_in_place(p, addr, len) : -1;
 }
 
 struct io_begin_call {

@@ -90,6 +90,9 @@ static void serve(struct fm_pager *p, int k, struct held *h)
 		if (!q.r[j].len)
 			continue;
 		s = fm_pager_io_begin(p, (const void *)(uintptr_t)q.r[j].addr, (size_t)q.r[j].len, (int)q.write);
+		/* Where the kernel waits for pages: pinned only, so that none leaves while the kernel writes it. */
+		if (s == -1 && q.write)
+			s = fm_pager_pin_in_place(p, (const void *)(uintptr_t)q.r[j].addr, (size_t)q.r[j].len);
 		if (s >= 0)
 			h->slot[h->n++] = s;
 	}

@@ -298,6 +298,13 @@ int fm_pager_pins_scarce(struct fm_pager *p);
  * table.
  */
 int fm_pager_read_begin(struct fm_pager *p, void *addr, size_t len, int fd);
+/*
+ * Pin [addr, addr+len) where it is paged, resident or not, for a write the
+ * kernel makes past the page table (DMA, another process's
+ * process_vm_writev): eviction leaves it alone until fm_pager_io_end, and
+ * pages a batch had chosen before are gone first. -1 when it is not paged.
+ */
+int fm_pager_pin_in_place(struct fm_pager *p, const void *addr, size_t len);
 void fm_pager_io_end(struct fm_pager *p, int pin);
 /*
  * 1 when a system call on [addr, addr+len) needs fm_pager_io_begin: faults

@@ -5,14 +5,16 @@
  * Where faults raise SIGBUS, the call fails with EFAULT on a page that has
  * left, on either side: this process's buffers, which a pin here keeps
  * resident, and the other process's, which only that process's pager can
- * bring back (its lender, lend.h). So the call is made as it is first, and
+ * bring back (its lender, lend.h). So a read is made as it is first, and
  * costs nothing more when it moves everything; one that fails with EFAULT,
  * or stops short, goes on from where it stopped in pieces of FM_IO_PIECE,
- * each with this side's buffers pinned and the other side's lent. A call
- * that meets an address mapped nowhere still fails, as it would have, after
- * the bytes before it moved.
+ * each with this side's buffers pinned and the other side's lent. A write
+ * into a process that lends is lent from the start (vm_rw). A call that
+ * meets an address mapped nowhere still fails, as it would have, after the
+ * bytes before it moved.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -76,19 +78,27 @@ static ssize_t vm_rw(vm_rw_fn call, int writes_remote, pid_t pid, const struct i
 		     const struct iovec *rv, unsigned long rn, unsigned long flags)
 {
 	struct fm_pager *p = fm_preload_pager();
-	ssize_t r = call(pid, lv, ln, rv, rn, flags);
-	size_t want, done;
-	int e = errno, lender;
+	size_t want = total(lv, ln) < total(rv, rn) ? total(lv, ln) : total(rv, rn), done;
+	/*
+	 * A write into a process whose pager lends is always lent: where the
+	 * kernel waits for its pages (its heaps) the call would not fail, but
+	 * the kernel writes a page through a pin of its own, past the page
+	 * table, and eviction there could drop the page under the write.
+	 */
+	int lender = writes_remote && want && !flags && ln <= IOV_MAX && rn <= IOV_MAX ? fm_lend_connect(pid) : -1;
+	ssize_t r = 0;
+	int e = 0;
 
-	if (r < 0 && e != EFAULT)
-		return r;
-	want = total(lv, ln) < total(rv, rn) ? total(lv, ln) : total(rv, rn);
-	if (r >= 0 && (size_t)r >= want)
-		return r;
-	lender = fm_lend_connect(pid);
-	if (lender < 0 && !local_paged(p, lv, ln)) {
-		errno = e;
-		return r;
+	if (lender < 0) {
+		r = call(pid, lv, ln, rv, rn, flags);
+		e = errno;
+		if ((r < 0 && e != EFAULT) || (r >= 0 && (size_t)r >= want))
+			return r;
+		lender = writes_remote ? -1 : fm_lend_connect(pid);
+		if (lender < 0 && !local_paged(p, lv, ln)) {
+			errno = e;
+			return r;
+		}
 	}
 	done = r > 0 ? (size_t)r : 0;
 	while (done < want) {

@@ -4,12 +4,13 @@
  * MPI library's single-copy transfers between ranks (Open MPI's CMA) and
  * stress-ng's vm-rw do them.
  *
- *   vmrw MIB ROUNDS [forked]
+ *   vmrw MIB ROUNDS [forked|reserved]
  *
  * The parent forks a child, and each maps two buffers of MIB MiB: the
  * parent src and dst, the child in and out (with "forked" the parent maps
  * its two before the fork, so that their pages were the child's too for a
- * while, copy-on-write). Each round the parent writes a new
+ * while, copy-on-write; with "reserved" all four are reserved PROT_NONE and
+ * then made writable, where farmem has the kernel wait for pages). Each round the parent writes a new
  * pattern over src and then presses its budget, the child reads the parent's
  * src into in with process_vm_readv (one call of all of it, then in 61
  * scattered pieces of uneven sizes), checks every byte, and writes out's
@@ -58,10 +59,19 @@ static long first_wrong(const uint64_t *b, size_t words, uint64_t seed)
 	return first;
 }
 
+/*
+ * "reserved": the buffers reserved PROT_NONE and then made writable, as a
+ * runtime's heap is (farmem pages those where the kernel waits for a page,
+ * as with glibc's heaps).
+ */
+static int reserved;
+
 static uint64_t *map(size_t len)
 {
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *p = mmap(NULL, len, reserved ? PROT_NONE : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
+	if (p != MAP_FAILED && reserved && mprotect(p, len, PROT_READ | PROT_WRITE))
+		p = MAP_FAILED;
 	if (p == MAP_FAILED) {
 		perror("vmrw: mmap");
 		exit(1);
@@ -184,17 +194,18 @@ int main(int argc, char **argv)
 	pid_t pid;
 
 	if (argc < 3 || argc > 4 || atoi(argv[1]) < 1 || atoi(argv[2]) < 1 ||
-	    (argc == 4 && strcmp(argv[3], "forked"))) {
-		fprintf(stderr, "usage: vmrw MIB ROUNDS [forked]\n");
+	    (argc == 4 && strcmp(argv[3], "forked") && strcmp(argv[3], "reserved"))) {
+		fprintf(stderr, "usage: vmrw MIB ROUNDS [forked|reserved]\n");
 		return 2;
 	}
+	reserved = argc == 4 && !strcmp(argv[3], "reserved");
 	len = (size_t)atoi(argv[1]) << 20;
 	rounds = atoi(argv[2]);
 	/*
 	 * forked: the parent's buffers are mapped, and paged, before the fork,
 	 * so the child got copies of their pages (copy-on-write).
 	 */
-	if (argc == 4) {
+	if (argc == 4 && !reserved) {
 		before = map(2 * len);
 		memset(before, 0x55, 2 * len);
 	}

@@ -6,7 +6,8 @@
  * and stay while the budget is pressed; the next request gives the last
  * one's pins back, and so does the connection's end; requests that are not
  * well formed (magic, count, size, too many bytes) are refused with the
- * connection kept; every page is checked byte for byte. With fault=thread
+ * connection kept; a write into a region where the kernel waits is pinned
+ * where the pages lie; every page is checked byte for byte. With fault=thread
  * there is no lender (the kernel waits for the pages there). Run from the
  * repository root.
  */
@@ -99,6 +100,36 @@ static void refused(int fd)
 	CHECK(status_of(fd, &q, one) == 0);
 }
 
+/*
+ * A region where the kernel waits for pages: a write into it is lent as a pin
+ * where the pages lie (the kernel writes past the page table, and eviction
+ * must leave them alone), a read is not lent at all.
+ */
+static void in_place(struct fm_pager *p)
+{
+	char err[256];
+	uint8_t *k;
+	int fd, pins = atomic_load(&p->npins);
+
+	CHECK(fm_pager_open_kernel_waits(p, err, sizeof(err)) == 0);
+	k = unit_region(p, 1ul << 20, FM_REG_KERNEL_WAITS);
+	fd = fm_lend_connect(getpid());
+	CHECK(k && fd >= 0);
+	if (!k || fd < 0)
+		goto out;
+	memset(k, 0x5a, 1ul << 20);
+	CHECK(fm_lend_ask(fd, &(struct iovec){ k, 16 * PG }, 1, 1) == 0);
+	CHECK(atomic_load(&p->npins) == pins + 1);
+	CHECK(fm_lend_ask(fd, &(struct iovec){ k, 16 * PG }, 1, 0) == 0);
+	CHECK(atomic_load(&p->npins) == pins);
+	CHECK(fm_pager_unregister(p, k, 1ul << 20) == 0);
+out:
+	if (fd >= 0)
+		close(fd);
+	if (k)
+		munmap(k, 1ul << 20);
+}
+
 static void lend(const char *sock, const char *fault)
 {
 	struct fm_pager *p = unit_pager_at(sock, fault, "1M", (const char *const[]){ "fault", fault, NULL });
@@ -148,6 +179,7 @@ static void lend(const char *sock, const char *fault)
 	CHECK(atomic_load(&p->npins) == 0);
 	CHECK(fm_lend_ask(fd, &(struct iovec){ a + LENT_B * PG, 16 * PG }, 1, 0) == 0);
 	CHECK(atomic_load(&p->npins) == 1);
+	in_place(p);
 	/* The connection's end gives its pins back. */
 	close(fd);
 	for (int tries = 0; tries < 1000 && atomic_load(&p->npins); tries++)
