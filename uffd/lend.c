@@ -97,7 +97,8 @@ static void serve(struct fm_pager *p, int k, struct held *h)
 			h->slot[h->n++] = s;
 	}
 	a.pinned = h->n;
-	STAT_ADD(p, lend_requests, 1);
+	if (!a.status)
+		STAT_ADD(p, lend_requests, 1);
 	if (fm_sys_write(p->lend_conn[k], &a, sizeof(a)) != (long)sizeof(a))
 		drop_conn(p, k, h);
 }
@@ -197,20 +198,23 @@ int fm_lend_start(struct fm_pager *p)
 	return 0;
 }
 
-void fm_lend_stop(struct fm_pager *p)
+static void close_listener(struct fm_pager *p)
 {
-	uint64_t one = 1;
-
-	if (p->lender_started) {
-		if (fm_sys_write(p->lend_stop, &one, sizeof(one)) == (long)sizeof(one))
-			pthread_join(p->lender, NULL);
-		p->lender_started = 0;
-	}
 	if (p->lend_listen >= 0)
 		fm_fd_close(p->lend_listen);
 	if (p->lend_stop >= 0)
 		fm_fd_close(p->lend_stop);
 	p->lend_listen = p->lend_stop = -1;
+	p->lender_started = 0;
+}
+
+void fm_lend_stop(struct fm_pager *p)
+{
+	uint64_t one = 1;
+
+	if (p->lender_started && fm_sys_write(p->lend_stop, &one, sizeof(one)) == (long)sizeof(one))
+		pthread_join(p->lender, NULL);
+	close_listener(p);
 }
 
 void fm_lend_forget(struct fm_pager *p)
@@ -222,12 +226,7 @@ void fm_lend_forget(struct fm_pager *p)
 		if (fd >= 0)
 			fm_fd_close(fd);
 	}
-	if (p->lend_listen >= 0)
-		fm_fd_close(p->lend_listen);
-	if (p->lend_stop >= 0)
-		fm_fd_close(p->lend_stop);
-	p->lend_listen = p->lend_stop = -1;
-	p->lender_started = 0;
+	close_listener(p);
 }
 
 int fm_lend_connect(pid_t pid)

@@ -111,9 +111,9 @@ static ssize_t vm_rw(vm_rw_fn call, int writes_remote, pid_t pid, const struct i
 		cut(lv, ln, done, &len, lp, FM_IO_PINS - 1);
 		nr = cut(rv, rn, done, &len, rp, FM_LEND_RANGES);
 		nl = cut(lv, ln, done, &len, lp, FM_IO_PINS - 1);
+		/* FM_IO_PINS - 1 of them: each takes a pin of its own, none a span (preload.h). */
 		for (unsigned k = 0; k < nl; k++)
 			fm_io_pin(&io, lp[k].iov_base, lp[k].iov_len, !writes_remote);
-		fm_io_pin_rest(&io);
 		if (lender >= 0 && fm_lend_ask(lender, rp, nr, writes_remote)) {
 			close(lender);
 			lender = -1;

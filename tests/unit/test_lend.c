@@ -175,7 +175,11 @@ static void lend(const char *sock, const char *fault)
 		write_page(a, i, ++ver[i]); /* they came back written: nothing lost meanwhile */
 	press(a, ver, &seed);
 	CHECK(remote_in(h, LENT_A, 128) > 0 && remote_in(h, LENT_B, 16) == 0);
-	refused(fd);
+	{
+		uint64_t lent = h->stats.lend_requests;
+		refused(fd);
+		CHECK(h->stats.lend_requests == lent + 1); /* the one well-formed request only */
+	}
 	CHECK(atomic_load(&p->npins) == 0);
 	CHECK(fm_lend_ask(fd, &(struct iovec){ a + LENT_B * PG, 16 * PG }, 1, 0) == 0);
 	CHECK(atomic_load(&p->npins) == 1);
