@@ -25,6 +25,9 @@
 #include "uffd_ops.h"
 
 #define MSGS_PER_READ 16
+/* Longer than a fault's round trip and far shorter than a scheduler slice (3 ms). */
+#define CROWDED_YIELD_NS (500ull * 1000)
+#define CROWDED_HOLDOFF_NS (100ull * 1000 * 1000)
 #define MAX_SIG_PAGERS 4
 
 /* glibc's own, under the shim's sigaction interposer. */
@@ -249,6 +252,15 @@ static void *handler_main(void *arg)
 	 * sleeps, yielding its CPU to any thread that wants it meanwhile.
 	 */
 	uint64_t spin_ns = events_only ? 0 : (uint64_t)p->cfg.fill_spin_us * 1000, spin_until = 0;
+	/*
+	 * A yield that gave the CPU away for longer than CROWDED_YIELD_NS found
+	 * a thread there that does not fault (a busy loop, an MPI rank polling):
+	 * spinning beside it, the handler is runnable but not running when the
+	 * next fault comes, and that fault waits out the other thread's slice
+	 * (milliseconds), where asleep in poll its wakeup would have taken the
+	 * CPU or an idle one. No spin for CROWDED_HOLDOFF_NS after such a yield.
+	 */
+	uint64_t spin_off_until = 0;
 	struct fm_follower fol = { .at = -1, .seen = -1 };
 
 	/* One handler follows the threads it serves (follow.h): the first that serves faults. */
@@ -269,8 +281,15 @@ static void *handler_main(void *arg)
 		}
 		n = fm_sys_read(fd, msgs, sizeof(msgs));
 		if (n < 0) {
-			if (errno == EAGAIN && spin_until)
+			if (errno == EAGAIN && spin_until) {
+				uint64_t t = fm_now_ns();
 				sched_yield();
+				if (fm_now_ns() - t > CROWDED_YIELD_NS) {
+					spin_off_until = fm_now_ns() + CROWDED_HOLDOFF_NS;
+					spin_until = 0;
+					STAT_ADD(p, spin_crowded, 1);
+				}
+			}
 			if (errno == EINTR || errno == EAGAIN)
 				continue;
 			fm_fatal("reading userfaultfd failed: %s", fm_strerror(errno));
@@ -293,8 +312,10 @@ static void *handler_main(void *arg)
 				};
 				fm_fault(p, &f);
 				fm_follow_fault(p, &fol, f.fc.tid, fm_now_ns());
-				if (spin_ns)
-					spin_until = fm_now_ns() + spin_ns;
+				if (spin_ns) {
+					uint64_t now = fm_now_ns();
+					spin_until = now >= spin_off_until ? now + spin_ns : 0;
+				}
 				break;
 			}
 			case UFFD_EVENT_UNMAP:

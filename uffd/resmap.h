@@ -269,7 +269,12 @@ struct fm_pager_stats {
 	uint64_t pins_refused;
 	/* Requests of other processes' process_vm_readv/writev this process lent its pages to (lend.h). */
 	uint64_t lend_requests;
-	uint64_t reserved2[5];
+	/*
+	 * Handler threads' read-on after a fault (fill_spin_us) cut short
+	 * because a yield gave the CPU to another thread for a slice (monitor.c).
+	 */
+	uint64_t spin_crowded;
+	uint64_t reserved2[4];
 };
 
 struct fm_resmap_hdr {

@@ -45,6 +45,7 @@ int main(void)
 	printf("  \"offsetof_evict_pinned\": %zu,\n", offsetof(struct fm_pager_stats, evict_pinned));
 	printf("  \"offsetof_pins_refused\": %zu,\n", offsetof(struct fm_pager_stats, pins_refused));
 	printf("  \"offsetof_lend_requests\": %zu,\n", offsetof(struct fm_pager_stats, lend_requests));
+	printf("  \"offsetof_spin_crowded\": %zu,\n", offsetof(struct fm_pager_stats, spin_crowded));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

@@ -112,6 +112,9 @@ MOVE_FIELDS = ("evictions_moved", "evict_pinned")
 PIN_FIELDS = ("peak_pins", "pins_refused")
 # Then requests of other processes' process_vm_readv/writev this one lent its paged pages to (uffd/lend.h).
 LEND_FIELDS = ("lend_requests",)
+# Then a handler thread's read-on after a fault (fill_spin_us) cut short: a yield gave its CPU to
+# another thread for a slice, so it sleeps in poll for a while after each fault (uffd/monitor.c).
+SPIN_FIELDS = ("spin_crowded",)
 
 
 class PagerStats(ctypes.Structure):
@@ -120,9 +123,10 @@ class PagerStats(ctypes.Structure):
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
     ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS + REGISTERED_FIELDS
-         + MOVE_FIELDS + PIN_FIELDS + LEND_FIELDS] + [
+         + MOVE_FIELDS + PIN_FIELDS + LEND_FIELDS + SPIN_FIELDS] + [
         ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS)
-                             - len(REGISTERED_FIELDS) - len(MOVE_FIELDS) - len(PIN_FIELDS) - len(LEND_FIELDS))),
+                             - len(REGISTERED_FIELDS) - len(MOVE_FIELDS) - len(PIN_FIELDS) - len(LEND_FIELDS)
+                             - len(SPIN_FIELDS))),
     ]
 
 
@@ -187,6 +191,7 @@ def layout() -> dict:
         "offsetof_evict_pinned": PagerStats.evict_pinned.offset,
         "offsetof_pins_refused": PagerStats.pins_refused.offset,
         "offsetof_lend_requests": PagerStats.lend_requests.offset,
+        "offsetof_spin_crowded": PagerStats.spin_crowded.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -276,7 +281,7 @@ SUMMED = (
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
     + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS \
-    + MOVE_FIELDS + ("pins_refused",) + LEND_FIELDS
+    + MOVE_FIELDS + ("pins_refused",) + LEND_FIELDS + SPIN_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.
