@@ -57,9 +57,10 @@ static void read_back(const char *sock, const char *fault, long stride)
 		fault, stride, (unsigned long long)n, (unsigned long long)faults, (unsigned long long)ahead);
 	/*
 	 * Two faults make a run, and from then on a fault every AHEAD + 1
-	 * pages: n / 9 and a few to start; a broken run took n / 3.6. With an
-	 * evictor thread, pages ahead are refused while it lags behind the
-	 * high mark, more or less often (n / 8 to n / 1.3 here): not this test.
+	 * pages: n / 9 and a few to start; a broken run took n / 3.6. An
+	 * evictor thread sets the pace of a read that outruns it, and pages
+	 * ahead are refused above its high mark (n / 8 to n / 1.3 faults
+	 * here, run to run): not this test's question.
 	 */
 	CHECK(faults >= n / (AHEAD + 1) && faults <= n / (AHEAD + 1) + 16);
 	CHECK(ahead + faults >= n - 16);
