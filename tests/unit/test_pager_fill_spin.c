@@ -36,7 +36,6 @@
 
 #define PG 4096ul
 #define REGION (16ul << 20)
-#define NPAGES (REGION / PG)
 #define READ_BACK 2048ul /* the first 8 MiB: in memd by the time the last page is written */
 
 static long voluntary_switches(long tid)
@@ -76,11 +75,9 @@ static void read_back(const char *addr, const char *fault, const char *spin, uin
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	a = unit_region(p, REGION, 0);
+	a = unit_region_written(p, REGION, 7);
 	if (!a)
 		goto out;
-	for (uint64_t i = 0; i < NPAGES; i++)
-		write_page(a, i, 7);
 	tid = strcmp(fault, "thread") ? unit_thread_named("farmem-fault0") : unit_thread_started("farmem-fault0", 2000);
 	CHECK(!strcmp(fault, "thread") == (tid != 0));
 	s0 = tid ? voluntary_switches(tid) : -1;
@@ -144,11 +141,9 @@ static double crowded_read_back(const char *sock, const char *spin, uint64_t *cr
 	if (!p)
 		return -1;
 	h = fm_pager_map(p);
-	a = unit_region(p, REGION, 0);
+	a = unit_region_written(p, REGION, 9);
 	if (!a)
 		goto out;
-	for (uint64_t i = 0; i < NPAGES; i++)
-		write_page(a, i, 9);
 	CHECK(sched_getaffinity(0, sizeof(was), &was) == 0);
 	atomic_store(&hog_stop, 0);
 	CHECK(pthread_create(&busy, NULL, hog, NULL) == 0);

@@ -21,7 +21,6 @@
 
 #define PG 4096ul
 #define REGION (64ul << 20)
-#define NPAGES (REGION / PG)
 #define READ_BACK 2048ul /* the first 8 MiB: in memd by the time the last page is written */
 #define AHEAD 8
 
@@ -40,11 +39,9 @@ static void read_back(const char *sock, const char *fault, long stride)
 	if (!p)
 		return;
 	h = fm_pager_map(p);
-	a = unit_region(p, REGION, 0);
+	a = unit_region_written(p, REGION, 5);
 	if (!a)
 		goto out;
-	for (uint64_t i = 0; i < NPAGES; i++)
-		write_page(a, i, 5);
 	f0 = __atomic_load_n(&h->stats.faults, __ATOMIC_RELAXED);
 	pf0 = __atomic_load_n(&h->stats.prefetch_issued, __ATOMIC_RELAXED);
 	for (uint64_t k = 0; k < n; k++) {

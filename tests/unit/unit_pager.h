@@ -71,6 +71,16 @@ static inline uint8_t *unit_region(struct fm_pager *p, size_t len, uint32_t flag
 	return a;
 }
 
+/* The same with every page written (write_page, v): what is past the budget is in memd. */
+static inline uint8_t *unit_region_written(struct fm_pager *p, size_t len, uint32_t v)
+{
+	uint8_t *a = unit_region(p, len, 0);
+
+	for (uint64_t i = 0; a && i < len / 4096; i++)
+		write_page(a, i, v);
+	return a;
+}
+
 /* A case's end: nothing read back wrong (bad), no checksum failed, the region let go and unmapped. */
 static inline void unit_region_end(struct fm_pager *p, uint8_t *a, size_t len, uint64_t bad)
 {
