@@ -942,12 +942,14 @@ def test_openmpi_ranks_under_fault_thread(shim, tmp_path):
     transfer's end. The handler's read-on after a fault yielded that CPU to the polling rank for a
     scheduler slice at a time: each such fault waited about 2.7 ms, 81 s for what takes 4-5 s under
     signal (session 52). A yield that long now ends the read-on for a while (`spin_crowded`). The
-    bound is loose (this machine took 4.7 s after, 81 s before); the counter says why."""
+    bound is loose (this machine took 4.7 s after, 81 s before); on two CPUs the counter says why."""
     got = compat.openmpi(compat.Launch(mode="farmem", local="64M", threshold="1M", extra=["--fault", "thread"]),
                          tmp_path, mib=64)
     s = got["summary"]
     assert s["fault_mode"] == "thread" and s["processes"] >= 3 and s["remote_reads"] > 10000, s
-    assert s["spin_crowded"] > 0 and s["elapsed_s"] < 30, s
+    assert s["elapsed_s"] < 30, s
+    if len(os.sched_getaffinity(0)) <= 2:  # ranks, handlers and mpirun on two CPUs: they meet
+        assert s["spin_crowded"] > 0, s
 
 
 def test_memcached_with_memcslap(shim, tmp_path):

@@ -26,10 +26,38 @@ def run(farmem_cmd, tmp_path, argv, local="32M", env_extra=None, timeout=300, pe
     env.pop("FARMEM_FAULT", None)
     env.update(env_extra or {})
     perf = ["perf", "stat", "-x,", "-o", str(perf_counts), "-e", "syscalls:sys_enter_tgkill", "--"] if perf_counts else []
-    r = subprocess.run([*perf, *farmem_cmd, "run", "--local", local, "--summary-json", str(summary), "--", *argv],
-                       capture_output=True, text=True, timeout=timeout, env=env)
+    cmd = [*perf, *farmem_cmd, "run", "--local", local, "--summary-json", str(summary), "--", *argv]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # A hang (once in session 52's third clean-clone run, under fault=thread): where every
+            # thread of the run sleeps, and what the program said before, before it is killed.
+            where = threads_of_session(proc.pid)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"{argv[0]} hung for {timeout} s; its threads:\n{where}\nstdout:\n{out[-3000:]}\n"
+                        f"stderr:\n{err[-3000:]}")
+    r = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     s = json.loads(summary.read_text()) if summary.exists() else {}
     return r, s
+
+
+def threads_of_session(sid: int) -> str:
+    """Each thread of the processes in session sid: pid, tid, name, state and kernel wait channel."""
+    rows = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[3]) != sid:
+                continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                t = f"/proc/{pid}/task/{tid}"
+                state = open(f"{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                rows.append(f"{pid} {tid} {open(f'{t}/comm').read().strip()} {state} {open(f'{t}/wchan').read()}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return "\n".join(rows)
 
 
 @pytest.mark.parametrize("fault", ["signal", "thread"])

@@ -282,10 +282,11 @@ static void *handler_main(void *arg)
 		n = fm_sys_read(fd, msgs, sizeof(msgs));
 		if (n < 0) {
 			if (errno == EAGAIN && spin_until) {
-				uint64_t t = fm_now_ns();
+				uint64_t t = fm_now_ns(), back;
 				sched_yield();
-				if (fm_now_ns() - t > CROWDED_YIELD_NS) {
-					spin_off_until = fm_now_ns() + CROWDED_HOLDOFF_NS;
+				back = fm_now_ns();
+				if (back - t > CROWDED_YIELD_NS) {
+					spin_off_until = back + CROWDED_HOLDOFF_NS;
 					spin_until = 0;
 					STAT_ADD(p, spin_crowded, 1);
 				}

@@ -94,13 +94,14 @@ out:
 }
 
 static atomic_int hog_stop;
+static int cpu_a, cpu_b; /* the first two CPUs this process may run on */
 static void pin(long tid, int cpu);
 
-/* A thread that never faults, on CPU 0. */
+/* A thread that never faults, on cpu_a. */
 static void *hog(void *arg)
 {
 	(void)arg;
-	pin(0, 0);
+	pin(0, cpu_a);
 	while (!atomic_load_explicit(&hog_stop, memory_order_relaxed))
 		;
 	return NULL;
@@ -123,7 +124,7 @@ static double now_s(void)
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-/* Seconds to read the pages back with the handler and a busy thread on CPU 0, the reader on CPU 1. */
+/* Seconds to read the pages back with the handler and a busy thread on cpu_a, the reader on cpu_b. */
 static double crowded_read_back(const char *sock, const char *spin, uint64_t *crowded)
 {
 	struct fm_pager *p = unit_pager_at(sock, "thread", "2M",
@@ -147,8 +148,8 @@ static double crowded_read_back(const char *sock, const char *spin, uint64_t *cr
 	CHECK(sched_getaffinity(0, sizeof(was), &was) == 0);
 	atomic_store(&hog_stop, 0);
 	CHECK(pthread_create(&busy, NULL, hog, NULL) == 0);
-	pin(unit_thread_started("farmem-fault0", 2000), 0);
-	pin(0, 1);
+	pin(unit_thread_started("farmem-fault0", 2000), cpu_a);
+	pin(0, cpu_b);
 	t = now_s();
 	for (uint64_t i = 0; i < READ_BACK; i++)
 		bad += !page_ok(a, i, 9);
@@ -167,8 +168,14 @@ static void crowded(const char *sock)
 {
 	uint64_t crowded_plain, crowded_spin;
 	double plain, spin;
+	cpu_set_t mine;
+	int found = 0;
 
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+	CHECK(sched_getaffinity(0, sizeof(mine), &mine) == 0);
+	for (int c = 0; c < CPU_SETSIZE && found < 2; c++)
+		if (CPU_ISSET(c, &mine))
+			*(found++ ? &cpu_b : &cpu_a) = c;
+	if (found < 2) {
 		fprintf(stderr, "test_pager_fill_spin: one CPU, no crowded case\n");
 		return;
 	}
