@@ -302,8 +302,11 @@ $(B)/.pyc-ok: $(CLI_PY) | $(VENV)/.ok
 
 # --- Tests, demo, benchmarks ------------------------------------------------
 
+# Every unit test runs, and the failed ones are named at the end: a run that stopped at the first
+# failure said nothing of the others.
 test-c: c
-	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; $$t; done
+	@failed=""; for t in $(UNIT_TESTS); do echo "== $$t"; $$t || failed="$$failed $$t"; done; \
+	if [ -n "$$failed" ]; then echo "unit tests failed:$$failed"; exit 1; fi
 
 test-py: all seeds
 	$(VENV)/bin/pytest -ra tests

@@ -144,7 +144,9 @@ def test_the_limit_follows_a_program_that_ends_before_ebpf_has_loaded(farmem_cmd
     """The kswap monitor started only once farmem-trace was ready: a program that mapped, used and
     freed its memory while the eBPF programs loaded (slower under load) ran with the whole machine
     as its limit, one of the two ways a run could end with the stand-in (the other: _set_limit).
-    Here farmem-trace takes 3 s to start."""
+    Here farmem-trace starts only once the program has done its work (a file it writes last): with a
+    fixed 3 s the program, slow to start under the suite's load, was still alive with its 200 MiB
+    when the limit came down to 114.6 MiB, and was killed for memory (once, session 52)."""
     trace = built("build/bin/farmem-trace")
     slow = tmp_path / "build"
     (slow / "bin").mkdir(parents=True)
@@ -152,10 +154,14 @@ def test_the_limit_follows_a_program_that_ends_before_ebpf_has_loaded(farmem_cmd
         if f.name != "farmem-trace":
             (slow / "bin" / f.name).symlink_to(f)
     (slow / "lib").symlink_to(trace.parent.parent / "lib")
-    (slow / "bin" / "farmem-trace").write_text(f'#!/bin/sh\nsleep 3\nexec {trace} "$@"\n')
+    done = tmp_path / "done"
+    (slow / "bin" / "farmem-trace").write_text(
+        f'#!/bin/sh\nn=0\nwhile [ ! -e {done} ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done\n'
+        f'sleep 1\nexec {trace} "$@"\n')
     (slow / "bin" / "farmem-trace").chmod(0o755)
     summary = tmp_path / "s.json"
-    script = "import time; time.sleep(0.5); b = bytearray(200 << 20); print(sum(b[::4096])); time.sleep(1)"
+    script = (f"import time; time.sleep(0.5); b = bytearray(200 << 20); print(sum(b[::4096])); time.sleep(1); "
+              f"open({str(done)!r}, 'w').close()")
     r = subprocess.run(farmem_cmd + ["run", "--mode", "kswap", "--local", "25%", "--summary-json", str(summary),
                                      "--", sys.executable, "-c", script],
                        capture_output=True, text=True, timeout=110, env=dict(os.environ, FARMEM_BUILD=str(slow)))
