@@ -85,15 +85,18 @@ static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, s
 }
 
 /*
- * Room for one more page ahead. An evictor thread keeps resident pages under
- * the high mark, and prefetch stays under it too; without one, the budget is
- * full most of the time, so the run's first page makes room itself: one
- * batch, as a fault at the limit does.
+ * Room for one more page ahead. With an evictor thread, up to the limit but
+ * no eviction here: that thread makes the room. (Kept under its high mark,
+ * pages ahead were refused whenever a read outran the evictor, which is
+ * whenever a read goes in order: a fault every 1.3 to 8 pages with 8 ahead,
+ * each at the limit evicting a batch itself all the same; session 53.)
+ * Without one, the budget is full most of the time, so the run's first page
+ * makes room itself: one batch, as a fault at the limit does.
  */
 static int reserve(struct fm_pager *p, struct fm_borrowed *fc, unsigned claimed)
 {
 	if (p->evictor_started)
-		return fm_budget_reserve(p, atomic_load(&p->high));
+		return fm_budget_reserve(p, atomic_load(&p->limit));
 	if (fm_budget_reserve(p, atomic_load(&p->limit)))
 		return 1;
 	if (claimed || atomic_load(&p->evict_broken) ||
