@@ -206,7 +206,7 @@ static void exercise(const char *sock, const char *fault)
 	/*
 	 * A read-on cut for a crowded CPU (another thread on the handler's CPU twice within 100 ms, a
 	 * busy machine) sleeps after each fault for 100 ms, and this run measures the read-on: again, up
-	 * to three times.
+	 * to three times, and unmeasured when each was cut (said so).
 	 */
 	do
 		read_back(addr, fault, "5000", &faults_spin, &sleeps_spin, &cut_spin);
@@ -227,7 +227,13 @@ static void exercise(const char *sock, const char *fault)
 	 * beside it); with it, almost never. So: the spin's sleeps against the plain run's.
 	 */
 	CHECK(sleeps_plain >= 32);
-	CHECK(sleeps_spin >= 0 && sleeps_spin * 4 < sleeps_plain && sleeps_spin < (long)faults_spin / 8);
+	if (cut_spin) {
+		/* Three runs on a CPU shared with other work (two busy loops beside the suite): the read-on went. */
+		fprintf(stderr, "test_pager_fill_spin: the handler's CPU was crowded in %d runs: its read-on not measured\n",
+			runs);
+	} else {
+		CHECK(sleeps_spin >= 0 && sleeps_spin * 4 < sleeps_plain && sleeps_spin < (long)faults_spin / 8);
+	}
 	crowded(sock);
 }
 

@@ -35,6 +35,7 @@ static void read_back(const char *sock, const char *fault, long stride, const ch
 								  NULL });
 	const struct fm_resmap_hdr *h;
 	uint64_t f0, pf0, faults, ahead, bad = 0, n = READ_BACK / (uint64_t)(stride < 0 ? -stride : stride);
+	uint64_t slack = strcmp(evict_threads, "0") ? n / 32 + 16 : 16; /* faults past n / 9 (below) */
 	uint8_t *a;
 
 	if (!p)
@@ -58,9 +59,11 @@ static void read_back(const char *sock, const char *fault, long stride, const ch
 	 * Two faults make a run, and from then on a fault every AHEAD + 1
 	 * pages: n / 9 and a few to start; a broken run took n / 3.6, and with
 	 * an evictor thread refusing pages ahead above its high mark n / 8 to
-	 * n / 1 (session 52, run to run).
+	 * n / 1 (session 52, run to run). An evictor thread's clock may take a
+	 * page ahead before the reader gets there (they go in unreferenced): up
+	 * to n / 32 more then (247 of 2048 once, with two busy loops beside).
 	 */
-	CHECK(faults >= n / (AHEAD + 1) && faults <= n / (AHEAD + 1) + 16);
+	CHECK(faults >= n / (AHEAD + 1) && faults <= n / (AHEAD + 1) + slack);
 	CHECK(ahead + faults >= n - 16);
 	unit_region_end(p, a, REGION, bad);
 out:
