@@ -228,7 +228,7 @@ static void exercise(const char *sock, const char *fault)
 	 */
 	CHECK(sleeps_plain >= 32);
 	if (cut_spin) {
-		/* Three runs on a CPU shared with other work (two busy loops beside the suite): the read-on went. */
+		/* Three runs on a CPU shared with other work (busy loops beside the suite): the read-on went. */
 		fprintf(stderr, "test_pager_fill_spin: the handler's CPU was crowded in %d runs: its read-on not measured\n",
 			runs);
 	} else {
