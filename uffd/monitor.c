@@ -289,13 +289,15 @@ static void *handler_main(void *arg)
 				uint64_t t = fm_now_ns(), back;
 				sched_yield();
 				back = fm_now_ns();
-				if (back - t > CROWDED_YIELD_NS && slow_yield_at && back - slow_yield_at < CROWDED_HOLDOFF_NS) {
-					slow_yield_at = 0;
-					spin_off_until = back + CROWDED_HOLDOFF_NS;
-					spin_until = 0;
-					STAT_ADD(p, spin_crowded, 1);
-				} else if (back - t > CROWDED_YIELD_NS) {
-					slow_yield_at = back;
+				if (back - t > CROWDED_YIELD_NS) {
+					if (slow_yield_at && back - slow_yield_at < CROWDED_HOLDOFF_NS) {
+						slow_yield_at = 0;
+						spin_off_until = back + CROWDED_HOLDOFF_NS;
+						spin_until = 0;
+						STAT_ADD(p, spin_crowded, 1);
+					} else {
+						slow_yield_at = back;
+					}
 				}
 			}
 			if (errno == EINTR || errno == EAGAIN)

@@ -95,11 +95,9 @@ static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, s
  */
 static int reserve(struct fm_pager *p, struct fm_borrowed *fc, unsigned claimed)
 {
-	if (p->evictor_started)
-		return fm_budget_reserve(p, atomic_load(&p->limit));
 	if (fm_budget_reserve(p, atomic_load(&p->limit)))
 		return 1;
-	if (claimed || atomic_load(&p->evict_broken) ||
+	if (p->evictor_started || claimed || atomic_load(&p->evict_broken) ||
 	    !fm_evict_batch(p, fm_borrow(p, fc), p->cfg.evict_batch))
 		return 0;
 	return fm_budget_reserve(p, atomic_load(&p->limit));
