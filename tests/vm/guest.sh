@@ -112,10 +112,15 @@ if on swapvagc; then
 		thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp)
 		echo madvise >$thp
 		echo "INFO: THP $thp_was -> $(cat $thp) for the JVM runs"
-		# G1's verification before and after every GC, with pages moved by the module
+		# G1's verification before and after every GC, with pages moved by the module.
+		# C1 only (TieredStopAtLevel=1): once (session 53) the main thread died of SIGILL at
+		# entry + 4 of a C1 method some 4 s in, when C2's copy replaces C1's and the compiler
+		# thread patches C1's entry with a jump while the main thread runs on the other vCPU.
+		# Hardware makes that 5-byte patch safe; TCG translating the bytes half-written is the
+		# likely cause. No tier change, no entry patch; this run is about the collector.
 		t0=$SECONDS
 		SWAPVA_BACKEND=kmod timeout 600 $J/bin/java -agentpath:$W/lib/libfarmem_agent.so=onerror=continue \
-			-XX:+UseG1GC -XX:+UseFarmemSwapVA -XX:+UnlockDiagnosticVMOptions -XX:+VerifyBeforeGC \
+			-XX:TieredStopAtLevel=1 -XX:+UseG1GC -XX:+UseFarmemSwapVA -XX:+UnlockDiagnosticVMOptions -XX:+VerifyBeforeGC \
 			-XX:+VerifyAfterGC -Xms192m -Xmx192m -XX:G1HeapRegionSize=8m \
 			-XX:ErrorFile=$W/swapvagc-verify.hs_err -XX:-CreateCoredumpOnCrash \
 			-Xlog:gc,gc+farmem:file=$W/swapvagc-verify.gc -cp $W/java LargeArrays --arrays 40 \
