@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -28,6 +29,8 @@
 /* Longer than a fault's round trip and far shorter than a scheduler slice (3 ms). */
 #define CROWDED_YIELD_NS (500ull * 1000)
 #define CROWDED_HOLDOFF_NS (100ull * 1000 * 1000)
+/* How long helpers stay after faults last queued behind a handler: many faults' time, a small part of a slice. */
+#define HELPERS_HOLD_NS (10ull * 1000 * 1000)
 #define MAX_SIG_PAGERS 4
 
 /* glibc's own, under the shim's sigaction interposer. */
@@ -233,14 +236,55 @@ static int handler_fd(const struct fm_pager *p, unsigned idx)
 	return p->in_thread && idx > 0 ? p->uffd_waits : p->uffd;
 }
 
+/* The first handler of the faults on its uffd: the others help it (helpers_call). */
+static unsigned first_server(const struct fm_pager *p)
+{
+	return p->in_thread ? 1u : 0u;
+}
+
+/*
+ * Faults queued behind a handler (one read brought several): the helpers
+ * serve beside it for HELPERS_HOLD_NS. The eventfd is written at every
+ * extension, not only at the first, so that a helper that saw the hold
+ * expire just before it was extended does not sleep through it; at most
+ * one write per half hold.
+ */
+static void helpers_call(struct fm_pager *p)
+{
+	uint64_t now = fm_now_ns(), one = 1;
+
+	if (atomic_load(&p->helpers_until) > now + HELPERS_HOLD_NS / 2)
+		return;
+	atomic_store(&p->helpers_until, now + HELPERS_HOLD_NS);
+	if (fm_sys_write(p->helpers_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		fm_fatal("waking the fault handlers' helpers failed: %s", fm_strerror(errno));
+}
+
+/*
+ * A helper with no call: asleep until one comes. Returns 1 when the pager
+ * stops. The eventfd is drained before the hold is looked at, so a call
+ * that comes in between leaves it readable.
+ */
+static int helper_sleep(struct fm_pager *p)
+{
+	struct pollfd pfd[2] = { { .fd = p->helpers_fd, .events = POLLIN }, { .fd = p->stop_fd, .events = POLLIN } };
+	uint64_t v;
+
+	(void)!fm_sys_read(p->helpers_fd, &v, sizeof(v));
+	if (atomic_load(&p->helpers_until) > fm_now_ns())
+		return 0;
+	if (fm_sys_poll(pfd, 2, -1) < 0 && errno != EINTR)
+		fm_fatal("waiting for a call to help failed: %s", fm_strerror(errno));
+	return pfd[1].revents != 0;
+}
+
 static void *handler_main(void *arg)
 {
 	const struct fm_handler_arg *ha = arg;
 	struct fm_pager *p = ha->p;
 	unsigned idx = ha->idx;
-	int fd = handler_fd(p, idx), events_only = p->in_thread && idx == 0;
+	int fd = handler_fd(p, idx), events_only = p->in_thread && idx == 0, helper = idx > first_server(p);
 	struct uffd_msg msgs[MSGS_PER_READ];
-	struct pollfd pfd[2] = { { .fd = fd, .events = POLLIN }, { .fd = p->stop_fd, .events = POLLIN } };
 	char name[16];
 
 	fm_fmt(name, sizeof(name), events_only ? "farmem-events" : "farmem-fault%u", idx);
@@ -268,19 +312,34 @@ static void *handler_main(void *arg)
 	struct fm_follower fol = { .at = -1, .seen = -1 };
 
 	/* One handler follows the threads it serves (follow.h): the first that serves faults. */
-	if (idx == (p->in_thread ? 1u : 0u))
+	if (idx == first_server(p))
 		fm_follower_init(p, &fol, fd);
 	for (;;) {
+		struct epoll_event ready[2];
+		int timeout_ms, nready, faults = 0;
 		ssize_t n;
 
 		fm_follow_turn(p, &fol, fm_now_ns());
 		if (!spin_until || fm_now_ns() >= spin_until) {
 			spin_until = 0;
-			if (fm_sys_poll(pfd, 2, fm_follow_poll_ms(&fol)) < 0 && errno != EINTR)
+			timeout_ms = fm_follow_poll_ms(&fol);
+			if (helper) {
+				uint64_t now = fm_now_ns(), until = atomic_load(&p->helpers_until);
+				if (now >= until) {
+					if (helper_sleep(p))
+						return NULL;
+					continue;
+				}
+				timeout_ms = (int)((until - now + 999999) / 1000000);
+			}
+			/* The uffd is in each handler's set with EPOLLEXCLUSIVE: a fault wakes one that sleeps, not all. */
+			nready = fm_sys_epoll_wait(p->handler_epfd[idx], ready, 2, timeout_ms);
+			if (nready < 0 && errno != EINTR)
 				fm_fatal("polling userfaultfd failed: %s", fm_strerror(errno));
-			if (pfd[1].revents)
-				return NULL;
-			if (!pfd[0].revents)
+			for (int k = 0; k < nready; k++)
+				if (ready[k].data.fd == p->stop_fd)
+					return NULL;
+			if (nready <= 0)
 				continue;
 		}
 		n = fm_sys_read(fd, msgs, sizeof(msgs));
@@ -322,6 +381,9 @@ static void *handler_main(void *arg)
 				};
 				fm_fault(p, &f);
 				fm_follow_fault(p, &fol, f.fc.tid, fm_now_ns());
+				faults++;
+				if (helper)
+					STAT_ADD(p, helped_faults, 1);
 				if (spin_ns) {
 					uint64_t now = fm_now_ns();
 					spin_until = now >= spin_off_until ? now + spin_ns : 0;
@@ -344,7 +406,16 @@ static void *handler_main(void *arg)
 			}
 		}
 		fm_follow_serving(p, &fol, 0);
+		if (faults > 1 && p->cfg.fill_threads > 1)
+			helpers_call(p);
 	}
+}
+
+static void handler_epfd_close(struct fm_pager *p, unsigned i)
+{
+	if (p->handler_epfd[i] >= 0)
+		fm_fd_close(p->handler_epfd[i]);
+	p->handler_epfd[i] = -1;
 }
 
 static int handler_start(struct fm_pager *p, unsigned i, int with_chan, char *err, size_t errlen)
@@ -358,13 +429,26 @@ static int handler_start(struct fm_pager *p, unsigned i, int with_chan, char *er
 			return rc;
 		}
 	}
+	p->handler_epfd[i] = fm_fd_keep(epoll_create1(EPOLL_CLOEXEC));
+	struct epoll_event on_fault = { .events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = handler_fd(p, i) },
+			   on_stop = { .events = EPOLLIN, .data.fd = p->stop_fd };
+	if (p->handler_epfd[i] < 0 || epoll_ctl(p->handler_epfd[i], EPOLL_CTL_ADD, on_fault.data.fd, &on_fault) ||
+	    epoll_ctl(p->handler_epfd[i], EPOLL_CTL_ADD, p->stop_fd, &on_stop)) {
+		rc = -errno;
+		snprintf(err, errlen, "cannot start a fault handler: epoll: %s", fm_strerror(errno));
+		goto fail;
+	}
 	p->handler_args[i] = (struct fm_handler_arg){ .p = p, .idx = i };
 	rc = -fm_thread_create(&p->handlers[i], NULL, handler_main, &p->handler_args[i]);
 	if (rc) {
-		fm_chan_close(p->handler_chan[i]);
-		p->handler_chan[i] = NULL;
 		snprintf(err, errlen, "cannot start a fault handler: %s", fm_strerror(-rc));
+		goto fail;
 	}
+	return 0;
+fail:
+	fm_chan_close(p->handler_chan[i]);
+	p->handler_chan[i] = NULL;
+	handler_epfd_close(p, i);
 	return rc;
 }
 
@@ -397,6 +481,15 @@ int fm_monitor_waits_fd(struct fm_pager *p, char *err, size_t errlen)
 		goto out;
 	}
 	p->nhandlers = 2;
+	/* Its helpers (fill_threads): without them the program runs on, with one handler. */
+	for (unsigned i = 2; i <= p->cfg.fill_threads && i < MAX_HANDLERS; i++) {
+		if (handler_start(p, i, 1, err, errlen)) {
+			fm_warn("%s: glibc's heaps have %u fault handlers", err, i - 1);
+			break;
+		}
+		p->nhandlers = i + 1;
+	}
+	rc = 0;
 out:
 	pthread_mutex_unlock(&p->waits_lock);
 	return rc < 0 ? rc : p->uffd_waits;
@@ -408,7 +501,8 @@ int fm_monitor_start(struct fm_pager *p, char *err, size_t errlen)
 
 	fm_follow_init(&p->follow);
 	p->stop_fd = fm_fd_keep(eventfd(0, EFD_CLOEXEC));
-	if (p->stop_fd < 0) {
+	p->helpers_fd = fm_fd_keep(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+	if (p->stop_fd < 0 || p->helpers_fd < 0) {
 		snprintf(err, errlen, "eventfd: %s", fm_strerror(errno));
 		return -errno;
 	}
@@ -450,10 +544,14 @@ void fm_monitor_stop(struct fm_pager *p)
 		if (p->handler_chan[i])
 			fm_chan_close(p->handler_chan[i]);
 		p->handler_chan[i] = NULL;
+		handler_epfd_close(p, i);
 	}
 	p->nhandlers = 0;
 	if (p->stop_fd >= 0)
 		close(p->stop_fd);
 	p->stop_fd = -1;
+	if (p->helpers_fd >= 0)
+		fm_fd_close(p->helpers_fd);
+	p->helpers_fd = -1;
 	pthread_mutex_unlock(&p->waits_lock);
 }

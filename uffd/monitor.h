@@ -11,6 +11,11 @@
  * kernel must wait for a page (malloc heaps: the shim) are registered with a
  * second uffd without SIGBUS, read by a second thread as with fault=thread.
  *
+ * A uffd whose faults threads sleep for has fill_threads handlers: the
+ * first serves alone, the others only while faults queue behind it (one read
+ * brings several), each waiting in its own epoll set (EPOLLEXCLUSIVE: one
+ * fault wakes one sleeping handler).
+ *
  * fault=thread: handler threads read faults off the uffd and serve them
  * while the faulting thread sleeps in the kernel. Every system call on paged
  * memory then just waits; each fault costs two cross-CPU wakeups when the

@@ -179,7 +179,9 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		return -ENOMEM;
 	}
 	p->cfg = *cfg;
-	p->uffd = p->uffd_waits = p->uffd_waits_spare = p->pidfd = p->map_fd = p->stop_fd = -1;
+	p->uffd = p->uffd_waits = p->uffd_waits_spare = p->pidfd = p->map_fd = p->stop_fd = p->helpers_fd = -1;
+	for (int k = 0; k < MAX_HANDLERS; k++)
+		p->handler_epfd[k] = -1;
 	p->lend_listen = p->lend_stop = -1;
 	for (int k = 0; k < LEND_CONNS; k++)
 		p->lend_conn[k] = -1;

@@ -176,6 +176,14 @@ struct fm_pager {
 	pthread_mutex_t waits_lock;     /* the start of uffd_waits and its handler */
 	struct fm_follow follow;        /* the handler that follows faulting threads to their CPUs */
 	int stop_fd;                    /* eventfd: the handler threads stop when it is readable */
+	int handler_epfd[MAX_HANDLERS]; /* each handler's epoll set: its uffd (EPOLLEXCLUSIVE) and stop_fd */
+	/*
+	 * Handlers past the first on one uffd (fill_threads) help only while
+	 * faults queue behind the first: until helpers_until, asleep on
+	 * helpers_fd (an eventfd) after it (monitor.c).
+	 */
+	int helpers_fd;
+	_Atomic uint64_t helpers_until;
 
 	struct chan_slot pool[MAX_POOL];
 	unsigned npool;

@@ -274,7 +274,9 @@ struct fm_pager_stats {
 	 * because a yield gave the CPU to another thread for a slice (monitor.c).
 	 */
 	uint64_t spin_crowded;
-	uint64_t reserved2[4];
+	/* Faults served by a handler past the first on its uffd: a helper, called when faults queued (monitor.c). */
+	uint64_t helped_faults;
+	uint64_t reserved2[3];
 };
 
 struct fm_resmap_hdr {

@@ -431,6 +431,11 @@ int fm_sys_poll(struct pollfd *fds, unsigned long n, int timeout_ms)
 	return (int)syscall(SYS_ppoll, fds, n, timeout_ms < 0 ? NULL : &t, NULL, 0);
 }
 
+int fm_sys_epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout_ms)
+{
+	return (int)syscall(SYS_epoll_pwait, epfd, ev, max, timeout_ms, NULL, 0);
+}
+
 long fm_sys_vmsplice(int fd, const struct iovec *iov, unsigned long n, unsigned int flags)
 {
 	return syscall(SYS_vmsplice, fd, iov, n, flags);

@@ -130,6 +130,8 @@ long fm_sys_recvmsg(int fd, struct msghdr *m, int flags);
 /* And the wait for a descriptor (the shim's poll pins the program's arrays, under the pager's locks). */
 struct pollfd;
 int fm_sys_poll(struct pollfd *fds, unsigned long n, int timeout_ms);
+struct epoll_event;
+int fm_sys_epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout_ms);
 /* And the capture's splice of pages into its pipe (the shim's vmsplice pins the program's pages). */
 long fm_sys_vmsplice(int fd, const struct iovec *iov, unsigned long n, unsigned int flags);
 

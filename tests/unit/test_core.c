@@ -59,7 +59,7 @@ static void test_knobs(void)
 	CHECK(fm_pager_cfg_set(&c, "memd", "unix:/a;tcp:h:1", err, sizeof(err)) == 0 && !strcmp(c.memd, "unix:/a,tcp:h:1"));
 	CHECK(fm_pager_cfg_set(&c, "discard", "1", err, sizeof(err)) == -ENOENT);
 	fm_pager_cfg_defaults(&c);
-	CHECK(c.fill_threads == 1 && c.local_pct == 25 && c.threshold == 64ull << 20 && c.log_level == FM_LOG_WARN &&
+	CHECK(c.fill_threads == 2 && c.local_pct == 25 && c.threshold == 64ull << 20 && c.log_level == FM_LOG_WARN &&
 	      c.memd_copy == 1 && c.memd_timeout_ms == 0 && c.xport_pref == 0 && c.gc_aware == 1 && !c.memd[0]);
 
 	setenv("FARMEM_EVICT_HIGH", "80", 1);

@@ -95,10 +95,10 @@ static void run(const char *sock, const char *fault)
 	CHECK(fm_pager_open_kernel_waits(p, err, sizeof(err)) == 0);
 	CHECK(fm_pager_open_kernel_waits(p, err, sizeof(err)) == 0); /* once */
 	CHECK(fm_pager_register(p, w, WAITS, FM_REG_KERNEL_WAITS) == 0);
-	if (signal_mode) /* a handler thread for these regions only */
-		CHECK(unit_thread_started("farmem-fault1", 2000));
-	else
-		CHECK(!unit_thread_named("farmem-fault1"));
+	if (signal_mode) /* a handler thread for these regions only (and its helper, fill_threads 2) */
+		CHECK(unit_thread_started("farmem-fault1", 2000) && unit_thread_started("farmem-fault2", 2000));
+	else /* the pager's own handler and its helper serve them: no third */
+		CHECK(!unit_thread_named("farmem-fault2"));
 	pl = unit_region(p, PLAIN, 0);
 	if (!pl)
 		goto out;
@@ -151,6 +151,8 @@ static void run(const char *sock, const char *fault)
 	CHECK(bad == 0);
 	CHECK(h->stats.peak_resident_pages <= h->stats.local_limit_pages);
 	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);
+	/* One thread never has two faults waiting: the helper was never called (test_pager_helpers). */
+	CHECK(h->stats.helped_faults == 0);
 	CHECK(fm_pager_unregister(p, w, WAITS) == 0 && fm_pager_unregister(p, pl, PLAIN) == 0);
 	munmap(pl, PLAIN);
 out:

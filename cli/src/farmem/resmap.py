@@ -113,8 +113,9 @@ PIN_FIELDS = ("peak_pins", "pins_refused")
 # Then requests of other processes' process_vm_readv/writev this one lent its paged pages to (uffd/lend.h).
 LEND_FIELDS = ("lend_requests",)
 # Then a handler thread's read-on after a fault (fill_spin_us) cut short: a yield gave its CPU to
-# another thread for a slice, so it sleeps in poll for a while after each fault (uffd/monitor.c).
-SPIN_FIELDS = ("spin_crowded",)
+# another thread for a slice, so it sleeps in poll for a while after each fault (uffd/monitor.c); and
+# faults served by a handler past the first on its uffd, called when faults queued behind it (fill_threads).
+SPIN_FIELDS = ("spin_crowded", "helped_faults")
 
 
 class PagerStats(ctypes.Structure):
@@ -192,6 +193,7 @@ def layout() -> dict:
         "offsetof_pins_refused": PagerStats.pins_refused.offset,
         "offsetof_lend_requests": PagerStats.lend_requests.offset,
         "offsetof_spin_crowded": PagerStats.spin_crowded.offset,
+        "offsetof_helped_faults": PagerStats.helped_faults.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
