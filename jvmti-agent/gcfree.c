@@ -7,11 +7,14 @@
  * only inside VM operations that run at a safepoint: G1's young/mixed pauses
  * (G1CollectedHeap::do_collection_pause_at_safepoint_helper), its full GC
  * (G1FullGCScope), Remark and Cleanup (VM_G1Concurrent::doit), Parallel's
- * scavenge and full GC (psVMOperations.cpp), Shenandoah's pauses
- * (ShenandoahGCPauseMark in VM_Shenandoah*::doit). No Java thread runs then,
- * and the GC workers are done or, Shenandoah's concurrent ones, suspended.
- * A free G1 region or an empty committed Shenandoah region holds no object;
- * Parallel's spaces hold none above top. Shenandoah uncommits empty regions
+ * scavenge and full GC (psVMOperations.cpp), Serial's (VM_GenCollectForAllocation
+ * and VM_GenCollectFull, gcVMOperations.cpp; VM_CollectForMetadataAllocation
+ * for any collector), Shenandoah's pauses (ShenandoahGCPauseMark in
+ * VM_Shenandoah*::doit). No Java thread runs then, and the GC workers are
+ * done or, Shenandoah's concurrent ones, suspended. A free G1 region or an
+ * empty committed Shenandoah region holds no object; Parallel's and Serial's
+ * spaces hold none above top (the allocation that failed and caused the
+ * pause is made inside it, before the event: below top). Shenandoah uncommits empty regions
  * without joining safepoints, but in JDK 17 its control thread does it, and
  * that thread is the one waiting in VMThread::execute for the pause. Were
  * another thread to do it (a later JDK), the uncommit takes the range from
@@ -43,9 +46,14 @@ static int64_t o_sh_regions, o_sh_num_regions, o_sh_state, o_sh_bottom, o_sh_end
 static uint64_t state_size;
 static int32_t sh_empty_committed;
 
-/* Parallel */
-static uintptr_t young_addr, old_addr; /* &ParallelScavengeHeap::_young_gen, _old_gen */
-static int64_t o_eden, o_from, o_to, o_object_space, o_ms_bottom, o_ms_top, o_ms_end;
+/*
+ * Parallel and Serial: four contiguous spaces, each [bottom, top) objects and
+ * [top, end) free. Parallel's generations are static fields (young_addr,
+ * old_addr); Serial's are fields of the heap (o_young_gen, o_old_gen).
+ */
+static uintptr_t young_addr, old_addr;
+static int64_t o_young_gen, o_old_gen;
+static int64_t o_eden, o_from, o_to, o_old_space, o_sp_bottom, o_sp_top, o_sp_end;
 
 struct need {
 	const char *type, *name;
@@ -144,10 +152,10 @@ static int init_parallel(char *why, size_t whylen)
 		{ "PSYoungGen", "_eden_space", &o_eden, NULL },
 		{ "PSYoungGen", "_from_space", &o_from, NULL },
 		{ "PSYoungGen", "_to_space", &o_to, NULL },
-		{ "PSOldGen", "_object_space", &o_object_space, NULL },
-		{ "MutableSpace", "_bottom", &o_ms_bottom, NULL },
-		{ "MutableSpace", "_top", &o_ms_top, NULL },
-		{ "MutableSpace", "_end", &o_ms_end, NULL },
+		{ "PSOldGen", "_object_space", &o_old_space, NULL },
+		{ "MutableSpace", "_bottom", &o_sp_bottom, NULL },
+		{ "MutableSpace", "_top", &o_sp_top, NULL },
+		{ "MutableSpace", "_end", &o_sp_end, NULL },
 	};
 
 	if (fm_vms_flag_bool("UseNUMA")) {
@@ -155,6 +163,23 @@ static int init_parallel(char *why, size_t whylen)
 			 "VMStructs do not describe");
 		return -ENOTSUP;
 	}
+	return resolve(n, sizeof(n) / sizeof(n[0]), why, whylen);
+}
+
+static int init_serial(char *why, size_t whylen)
+{
+	const struct need n[] = {
+		{ "GenCollectedHeap", "_young_gen", &o_young_gen, NULL },
+		{ "GenCollectedHeap", "_old_gen", &o_old_gen, NULL },
+		{ "DefNewGeneration", "_eden_space", &o_eden, NULL },
+		{ "DefNewGeneration", "_from_space", &o_from, NULL },
+		{ "DefNewGeneration", "_to_space", &o_to, NULL },
+		{ "TenuredGeneration", "_the_space", &o_old_space, NULL },
+		{ "Space", "_bottom", &o_sp_bottom, NULL },
+		{ "ContiguousSpace", "_top", &o_sp_top, NULL },
+		{ "Space", "_end", &o_sp_end, NULL },
+	};
+
 	return resolve(n, sizeof(n) / sizeof(n[0]), why, whylen);
 }
 
@@ -178,9 +203,14 @@ int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t 
 	} else if (fm_vms_flag_bool("UseShenandoahGC")) {
 		rc = init_shenandoah(why, whylen);
 		kind = rc ? FM_GCFREE_NONE : FM_GCFREE_SHENANDOAH;
+	} else if (fm_vms_flag_bool("UseSerialGC")) {
+		rc = init_serial(why, whylen);
+		kind = rc ? FM_GCFREE_NONE : FM_GCFREE_SERIAL;
+	} else if (fm_vms_flag_bool("UseEpsilonGC")) {
+		snprintf(why, whylen, "Epsilon never frees anything");
 	} else {
-		snprintf(why, whylen, "this collector's free space is not known to farmem (G1, Parallel and "
-			 "Shenandoah are)");
+		snprintf(why, whylen, "this collector's free space is not known to farmem (G1, Parallel, "
+			 "Shenandoah and Serial are)");
 	}
 	return kind;
 }
@@ -188,7 +218,7 @@ int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t 
 const char *fm_gcfree_kind_name(int k)
 {
 	return k == FM_GCFREE_G1 ? "G1" : k == FM_GCFREE_PARALLEL ? "Parallel" :
-	       k == FM_GCFREE_SHENANDOAH ? "Shenandoah" : "none";
+	       k == FM_GCFREE_SHENANDOAH ? "Shenandoah" : k == FM_GCFREE_SERIAL ? "Serial" : "none";
 }
 
 uint64_t fm_gcfree_granule(void)
@@ -316,33 +346,25 @@ static long walk_shenandoah(fm_gcfree_fn fn, void *arg, char *why, size_t whylen
 			  why, whylen);
 }
 
-static long walk_parallel(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+/* Each space's [top, end), adjacent ones coalesced, after checking all four. */
+static long walk_spaces(const char *gc, const uintptr_t sp[4], fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 {
-	uintptr_t young = ld_ptr(young_addr, 0), old = ld_ptr(old_addr, 0), sp[4];
 	struct { uintptr_t lo, hi; } r[4];
 	int n = 0;
 	long ranges = 0;
 
-	if (!young || !old) {
-		snprintf(why, whylen, "ParallelScavengeHeap's generations read as NULL");
-		return -1;
-	}
-	sp[0] = ld_ptr(young, o_eden);
-	sp[1] = ld_ptr(young, o_from);
-	sp[2] = ld_ptr(young, o_to);
-	sp[3] = ld_ptr(old, o_object_space);
 	for (int i = 0; i < 4; i++) {
 		uintptr_t b, t, e;
 		if (!sp[i]) {
-			snprintf(why, whylen, "a Parallel MutableSpace pointer reads as NULL");
+			snprintf(why, whylen, "a %s space pointer reads as NULL", gc);
 			return -1;
 		}
-		b = ld_ptr(sp[i], o_ms_bottom);
-		t = ld_ptr(sp[i], o_ms_top);
-		e = ld_ptr(sp[i], o_ms_end);
+		b = ld_ptr(sp[i], o_sp_bottom);
+		t = ld_ptr(sp[i], o_sp_top);
+		e = ld_ptr(sp[i], o_sp_end);
 		if (b < heap_lo || e > heap_hi || t < b || t > e) {
-			snprintf(why, whylen, "a Parallel space reads as bottom %#lx top %#lx end %#lx, heap "
-				 "%#lx-%#lx", (unsigned long)b, (unsigned long)t, (unsigned long)e,
+			snprintf(why, whylen, "a %s space reads as bottom %#lx top %#lx end %#lx, heap "
+				 "%#lx-%#lx", gc, (unsigned long)b, (unsigned long)t, (unsigned long)e,
 				 (unsigned long)heap_lo, (unsigned long)heap_hi);
 			return -1;
 		}
@@ -358,7 +380,7 @@ static long walk_parallel(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 	}
 	for (int i = 0; i < n; i++) {
 		if (i && r[i].lo < r[i - 1].hi) {
-			snprintf(why, whylen, "Parallel's spaces overlap (%#lx < %#lx)", (unsigned long)r[i].lo,
+			snprintf(why, whylen, "%s's spaces overlap (%#lx < %#lx)", gc, (unsigned long)r[i].lo,
 				 (unsigned long)r[i - 1].hi);
 			return -1;
 		}
@@ -373,6 +395,37 @@ static long walk_parallel(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 	return ranges;
 }
 
+/* young and old: the generations; their spaces at o_eden, o_from, o_to (young) and o_old_space (old). */
+static long walk_generations(const char *gc, uintptr_t young, uintptr_t old, fm_gcfree_fn fn, void *arg,
+			     char *why, size_t whylen)
+{
+	uintptr_t sp[4];
+
+	if (!young || !old) {
+		snprintf(why, whylen, "%s's generations read as NULL", gc);
+		return -1;
+	}
+	sp[0] = ld_ptr(young, o_eden);
+	sp[1] = ld_ptr(young, o_from);
+	sp[2] = ld_ptr(young, o_to);
+	sp[3] = ld_ptr(old, o_old_space);
+	return walk_spaces(gc, sp, fn, arg, why, whylen);
+}
+
+static long walk_parallel(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+{
+	return walk_generations("Parallel", ld_ptr(young_addr, 0), ld_ptr(old_addr, 0), fn, arg, why, whylen);
+}
+
+static long walk_serial(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
+{
+	uintptr_t heap = collected_heap(why, whylen);
+
+	if (!heap)
+		return -1;
+	return walk_generations("Serial", ld_ptr(heap, o_young_gen), ld_ptr(heap, o_old_gen), fn, arg, why, whylen);
+}
+
 long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 {
 	if (kind == FM_GCFREE_G1)
@@ -381,6 +434,8 @@ long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 		return walk_parallel(fn, arg, why, whylen);
 	if (kind == FM_GCFREE_SHENANDOAH)
 		return walk_shenandoah(fn, arg, why, whylen);
+	if (kind == FM_GCFREE_SERIAL)
+		return walk_serial(fn, arg, why, whylen);
 	snprintf(why, whylen, "no collector to walk");
 	return -1;
 }

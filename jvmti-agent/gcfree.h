@@ -11,6 +11,9 @@
  *   Parallel: the unused tail [top, end) of eden, both survivor spaces and
  *             the old generation (ParallelScavengeHeap::_young_gen/_old_gen ->
  *             MutableSpace::_bottom/_top/_end); not with -XX:+UseNUMA.
+ *   Serial:   the same four tails (GenCollectedHeap::_young_gen -> DefNewGeneration::
+ *             _eden_space/_from_space/_to_space, _old_gen -> TenuredGeneration::
+ *             _the_space; Space::_bottom/_end, ContiguousSpace::_top).
  *   Shenandoah: every region whose _state is _empty_committed, [bottom, end)
  *             ShenandoahHeap::_regions[0 .. _num_regions) -> ShenandoahHeapRegion*.
  *             Not _trash: its dead objects are recycled only after the
@@ -28,7 +31,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum fm_gcfree_kind { FM_GCFREE_NONE = 0, FM_GCFREE_G1 = 1, FM_GCFREE_PARALLEL = 2, FM_GCFREE_SHENANDOAH = 3 };
+enum fm_gcfree_kind {
+	FM_GCFREE_NONE = 0,
+	FM_GCFREE_G1 = 1,
+	FM_GCFREE_PARALLEL = 2,
+	FM_GCFREE_SHENANDOAH = 3,
+	FM_GCFREE_SERIAL = 4,
+};
 
 /*
  * heap_start/heap_bytes: the reserved heap (every range found must lie in it).
@@ -36,7 +45,7 @@ enum fm_gcfree_kind { FM_GCFREE_NONE = 0, FM_GCFREE_G1 = 1, FM_GCFREE_PARALLEL =
  */
 int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t whylen);
 
-/* A name for the kind ("G1", "Parallel", "Shenandoah"); granule: the region size, or 0. */
+/* A name for the kind ("G1", "Parallel", "Shenandoah", "Serial"); granule: the region size, or 0. */
 const char *fm_gcfree_kind_name(int kind);
 uint64_t fm_gcfree_granule(void);
 

@@ -20,16 +20,17 @@ struct fm_pager;
 int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen);
 
 /*
- * heap_sizing, before the heap exists: hold G1's young generation, which every
- * pause rewrites, to half the local budget of budget bytes of a heap of
- * heap_bytes (MemLiner's setup caps it below the budget too), in every JVM
- * the agent loads into, whoever started it. Through MaxNewSize, which G1
- * reads when it builds the heap, after Agent_OnLoad. A JVM that sizes its
- * young generation itself, another collector, a whole heap local, a budget
- * too small to halve, a bound above G1's own (G1MaxNewSizePercent) or a heap
- * that may be in hugetlbfs pages (-XX:+UseLargePages): nothing. Returns 1
- * with msg saying what was set, 0 when nothing was, -ENOENT when this JVM's
- * flags cannot be read.
+ * heap_sizing, before the heap exists: hold the young generation of G1 or
+ * Serial, which every pause rewrites, to half the local budget of budget
+ * bytes of a heap of heap_bytes (MemLiner's setup caps it below the budget
+ * too), in every JVM the agent loads into, whoever started it. Through
+ * MaxNewSize, which both read when they build the heap, after Agent_OnLoad.
+ * A JVM that sizes its young generation itself, another collector, a whole
+ * heap local, a budget too small to halve, a bound above the collector's own
+ * (G1MaxNewSizePercent), a Serial young generation (NewRatio's share) that
+ * fits the budget whole, or a heap that may be in hugetlbfs
+ * pages (-XX:+UseLargePages): nothing. Returns 1 with msg saying what was
+ * set, 0 when nothing was, -ENOENT when this JVM's flags cannot be read.
  */
 int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t msglen);
 

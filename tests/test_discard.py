@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Discarding the collector's free space (issue 9) and the G1 sizing of `farmem run`.
 
-The agent discards G1's free regions (Parallel's space above top) at the end of every GC pause
+The agent discards G1's free regions (Parallel's and Serial's space above top) at the end of every GC pause
 (jvmti-agent/gcfree.c). These tests hold it to "exactly safe": self-checking workloads under heavy
 churn at 25% local, with HotSpot's own heap verification before and after every GC, and a race
 hunter (tests/java/AllocRace.java) that allocates, checks zeros, writes and re-reads patterns
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.memd, pytest.mark.pager]
 
 VERIFY = ["-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC"]
 # Shenandoah runs its own verifier too (VERIFY unlocks it): it checks its regions' states and marks.
-GCS = {"g1": ["-XX:+UseG1GC"], "parallel": ["-XX:+UseParallelGC"],
+GCS = {"g1": ["-XX:+UseG1GC"], "parallel": ["-XX:+UseParallelGC"], "serial": ["-XX:+UseSerialGC"],
        "shenandoah": ["-XX:+UseShenandoahGC", "-XX:+ShenandoahVerify"]}
 
 
@@ -105,19 +105,24 @@ def test_bad_discard_value_refused(build, jvm_built):
     assert "discard=2: expected 1 or 0" in r.stderr
 
 
-def test_unknown_collector_says_discard_is_off(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
-    """Serial: the run goes on, paged, and a log line says why nothing is discarded."""
-    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-XX:+UseSerialGC", "-Xmx128m"],
-                    ["GcChurn", "--live-mb", "20", "--steps", "3000"], local="50%")
+def test_epsilon_paged_without_discard(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """Epsilon, which never collects: the heap is paged (it outgrows the budget four times over),
+    the program checks every word, no warning that it is untested, and a log line says why
+    nothing is discarded."""
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp,
+                    ["-XX:+UnlockExperimentalVMOptions", "-XX:+UseEpsilonGC", "-Xmx512m"],
+                    ["GcChurn", "--live-mb", "200", "--steps", "3000"], local="25%")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "discard disabled: this collector's free space is not known to farmem" in r.stderr
-    assert s["discards"] == 0
+    assert "gcchurn: ok" in r.stdout
+    assert "discard disabled: Epsilon never frees anything" in r.stderr
+    assert "untested" not in r.stderr
+    assert s["discards"] == 0 and s["evictions"] > 0 and s["remote_reads"] > 0, s
 
 
 # --- heap sizing ------------------------------------------------------------------------------------
 
 def sizing_line(stderr: str) -> str:
-    return "\n".join(line for line in stderr.splitlines() if "G1 sizing" in line)
+    return "\n".join(line for line in stderr.splitlines() if " sizing: " in line)
 
 
 def test_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
@@ -129,10 +134,28 @@ def test_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_
     assert flags["MaxNewSize"] == str(64 << 20), flags
 
 
+def test_serial_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """Serial (HotSpot's choice on one CPU): its young generation, a third of the heap by NewRatio and
+    more than the budget, held to half the budget as G1's is; the run is a self-checking churn, paged."""
+    r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-XX:+UseSerialGC", "-Xmx512m", "-XX:+PrintFlagsFinal"],
+                    ["-version"], local="25%")
+    assert r.returncode == 0, r.stderr
+    assert "farmem: Serial sizing: MaxNewSize=64m (half the local budget of 128 MiB" in sizing_line(r.stderr)
+    assert "NewRatio alone would make it 170 MiB of the 512 MiB heap, more than the budget" in sizing_line(r.stderr)
+    flags = final_flags(r.stdout)
+    assert flags["MaxNewSize"] == str(64 << 20) and flags["NewSize"] == str(64 << 20), flags
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-XX:+UseSerialGC", "-Xmx512m"],
+                    ["GcChurn", "--live-mb", "200", "--steps", "20000"], local="25%")
+    assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
+    assert "Serial sizing: MaxNewSize=64m" in r.stderr and s["discards"] > 0 and s["evictions"] > 0, s
+
+
 @pytest.mark.parametrize("opts,flags", [
     (["-Xmx512m", "-Xmn100m"], []),                        # the user sized it
     (["-Xmx512m", "-XX:MaxNewSize=200m"], []),
-    (["-Xmx512m", "-XX:+UseParallelGC"], []),               # not G1
+    (["-Xmx512m", "-XX:+UseParallelGC"], []),               # neither G1 nor Serial
+    (["-Xmx512m", "-XX:+UseSerialGC", "-XX:NewRatio=8"], []),  # Serial's young generation sized by the user
+    (["-Xmx512m", "-XX:+UseSerialGC"], ["--local", "50%"]),  # NewRatio's third (170 MiB) fits the budget (256)
     (["-Xmx512m"], ["--no-heap-sizing"]),                   # turned off
 ])
 def test_sizing_left_alone(farmem_cmd, build, jvm_built, tmp_path, private_tmp, opts, flags):

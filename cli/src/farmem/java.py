@@ -26,7 +26,6 @@ _WITH_VALUE = {"-cp", "-classpath", "--class-path", "-p", "--module-path", "--up
                "--patch-module", "--enable-native-access", "--source", "--describe-module", "-d"}
 _SIZE_RE = re.compile(r"([0-9]+)([kKmMgGtT]?)")
 _UNSUPPORTED_GCS = {"UseZGC": "ZGC"}
-_UNTESTED_GCS = {"UseSerialGC": "Serial", "UseEpsilonGC": "Epsilon"}
 
 
 def agent_lib():
@@ -190,9 +189,6 @@ def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:
         end += 1
         say(f"farmem: adding -Xmx{jvm.xmx_text}: the largest heap HotSpot chose for this machine's memory "
             "(-XX:MaxRAMPercentage), which a --local percentage is a share of; give -Xmx to size it yourself")
-    for flag, name in _UNTESTED_GCS.items():
-        if jvm.gc_flags.get(flag):
-            say(f"farmem: warning: the {name} collector is untested with farmem (G1, Parallel and Shenandoah are)")
     if jvm.xms is None:
         # Committed in full, the heap costs no more than the budget (untouched pages are no memory under
         # the pager) and never resizes: the agent follows a heap that does (docs/jvm.md), but each resize
