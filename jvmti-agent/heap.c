@@ -114,6 +114,8 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 	const void *bound;
 	uint64_t young = budget / 2 >> 20 << 20, gc_max, pct = 0;
 	int g1 = fm_vms_flag_bool("UseG1GC"), rc;
+	const char *gc = g1 ? "G1" : "Serial";
+	char alone[128];
 
 	if ((!g1 && !fm_vms_flag_bool("UseSerialGC")) || !heap_bytes || budget >= heap_bytes || young < (4u << 20))
 		return 0;
@@ -147,21 +149,16 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 	if (rc)
 		return rc;
 	if (g1)
-		snprintf(msg, msglen, "G1 sizing: MaxNewSize=%llum (half the local budget of %llu MiB: the young "
-			 "generation, which every pause rewrites, stays local, and the other half holds the old "
-			 "generation's hot part; G1 alone would let it grow to %llu MiB, %llu%% of the %llu MiB "
-			 "heap). --no-heap-sizing (heap_sizing=0) keeps G1's defaults",
-			 (unsigned long long)(young >> 20), (unsigned long long)(budget >> 20),
+		snprintf(alone, sizeof(alone), "G1 alone would let it grow to %llu MiB, %llu%% of the %llu MiB heap",
 			 (unsigned long long)(gc_max >> 20), (unsigned long long)pct,
 			 (unsigned long long)(heap_bytes >> 20));
 	else
-		snprintf(msg, msglen, "Serial sizing: MaxNewSize=%llum (half the local budget of %llu MiB: the "
-			 "young generation, which every pause rewrites, stays local, and the other half holds the "
-			 "old generation's hot part; NewRatio alone would make it %llu MiB of the %llu MiB heap, more than "
-			 "the budget). "
-			 "--no-heap-sizing (heap_sizing=0) keeps Serial's defaults",
-			 (unsigned long long)(young >> 20), (unsigned long long)(budget >> 20),
-			 (unsigned long long)(gc_max >> 20), (unsigned long long)(heap_bytes >> 20));
+		snprintf(alone, sizeof(alone), "NewRatio alone would make it %llu MiB of the %llu MiB heap, more "
+			 "than the budget", (unsigned long long)(gc_max >> 20), (unsigned long long)(heap_bytes >> 20));
+	snprintf(msg, msglen, "%s sizing: MaxNewSize=%llum (half the local budget of %llu MiB: the young "
+		 "generation, which every pause rewrites, stays local, and the other half holds the old "
+		 "generation's hot part; %s). --no-heap-sizing (heap_sizing=0) keeps %s's defaults", gc,
+		 (unsigned long long)(young >> 20), (unsigned long long)(budget >> 20), alone, gc);
 	return 1;
 }
 
