@@ -26,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("farmem") is None:  # not run from .venv: use this checkout's sources
     sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
-from farmem import swap  # noqa: E402
+from farmem import java as farmem_java, swap  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
 import gclog as gclog_lib  # noqa: E402
@@ -66,8 +66,10 @@ def run_one(a, config, workload, budget, workdir) -> dict:
         rc, out = r.returncode, r.stdout + r.stderr
     elif config == "swap":
         limit = heap_bytes(a.heap) * budget // 100 + heap_bytes(a.jvm_overhead)
+        # the collector the JVM runs under the pager: in the cgroup HotSpot would pick Serial
+        argv, _ = farmem_java.same_heap_as_the_pager(java)
         with swap.SwapEnv(limit, zram_size=max(2 << 30, 2 * heap_bytes(a.heap))) as env:
-            sr = env.run(java, timeout=a.timeout, cwd=ROOT)
+            sr = env.run(argv, timeout=a.timeout, cwd=ROOT)
         rc, out = sr.returncode, sr.stdout + sr.stderr
     else:
         summary = os.path.join(workdir, f"s-{workload}-{config}-{budget}.json")

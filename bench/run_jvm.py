@@ -36,7 +36,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("farmem") is None:  # not run from .venv: use this checkout's sources
     sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
-from farmem import swap  # noqa: E402
+from farmem import java, swap  # noqa: E402
 
 WORKLOADS = {
     "gcchurn": ["GcChurn", "--live-mb", "200", "--steps", "150000"],
@@ -77,6 +77,8 @@ def run_one(args, config: str, workload: str, budget: int, workdir: str) -> dict
                                           "evictions", "fault_p50_us", "fault_p99_us")})
     else:
         limit = heap_bytes(args.heap) * budget // 100 + heap_bytes(args.jvm_overhead)
+        # the collector the JVM runs under the pager: in the cgroup HotSpot would pick Serial
+        argv, _ = java.same_heap_as_the_pager(argv)
         with swap.SwapEnv(limit, zram_size=max(2 << 30, 2 * heap_bytes(args.heap))) as env:
             sr = env.run(argv, timeout=args.timeout, cwd=ROOT)
         rc, out = sr.returncode, sr.stdout + sr.stderr

@@ -135,9 +135,11 @@ def java_size_text(n: int) -> str:
     return str(n)
 
 
-def default_max_heap(argv: list, end: int) -> int | None:
-    """The -Xmx HotSpot picks for this java command when it gives none (a share of the machine's or
-    the container's memory), asked of the JVM itself with only the options that decide it."""
+def hotspot_choices(argv: list, end: int) -> dict | None:
+    """What HotSpot picks for this java command by itself where its options leave it free: the
+    maximum heap ("MaxHeapSize", a share of the machine's or the container's memory) and the
+    collector ("gc", e.g. "UseG1GC"; Serial on a machine or container with one CPU or less than
+    1792 MiB), asked of the JVM itself with only the options that decide them."""
     opts = [o for o in argv[1:end] if re.fullmatch(r"-XX:[+-]?\w*RAM\w*(=.*)?|-XX:[+-]Use\w+GC", o)]
     try:
         r = subprocess.run([argv[0], *opts, "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True,
@@ -145,7 +147,45 @@ def default_max_heap(argv: list, end: int) -> int | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     m = re.search(r"^\s*size_t MaxHeapSize\s+=\s+(\d+)", r.stdout, re.M)
-    return int(m.group(1)) if r.returncode == 0 and m else None
+    gcs = re.findall(r"^\s*bool (Use(?:G1|Parallel|Serial|Z|Shenandoah|Epsilon)GC)\s+=\s+true\b", r.stdout, re.M)
+    if r.returncode != 0 or not m:
+        return None
+    return {"MaxHeapSize": int(m.group(1)), "gc": gcs[0] if len(gcs) == 1 else None}
+
+
+def default_max_heap(argv: list, end: int) -> int | None:
+    """The -Xmx HotSpot picks for this java command when it gives none."""
+    c = hotspot_choices(argv, end)
+    return c["MaxHeapSize"] if c else None
+
+
+def same_heap_as_the_pager(argv: list) -> tuple[list, int | None]:
+    """A java command line for Linux swap under a memory cgroup (`farmem run --mode kswap`), with what
+    the JVM would otherwise decide from the cgroup's limit made as it is under the pager, where the JVM
+    sees the machine: the collector (HotSpot picks Serial in a cgroup under 1792 MiB, G1 outside it),
+    -Xmx (a share of the cgroup's memory) and -Xms (farmem run makes it -Xmx). Options given are
+    kept. Returns the command line and its -Xmx in bytes (None when the JVM did not say it)."""
+    argv = list(argv)
+    end = split_jvm_options(argv)
+    env_opts = (os.environ.get("JAVA_TOOL_OPTIONS", "") + " " + os.environ.get("JDK_JAVA_OPTIONS", "")).split()
+    jvm = scan(env_opts + argv[1:end])
+    chosen = jvm.gc_flags.get("UseG1GC") is not None or any(jvm.gc_flags.values())
+    choices = None if chosen and jvm.xmx is not None else hotspot_choices(argv, end)
+    added = []
+    if not chosen and choices and choices["gc"]:
+        added.append(f"-XX:+{choices['gc']}")
+    if jvm.xmx is None and choices:
+        jvm.xmx, jvm.xmx_text = choices["MaxHeapSize"], java_size_text(choices["MaxHeapSize"])
+        added.append(f"-Xmx{jvm.xmx_text}")
+    if jvm.xms is None and jvm.xmx is not None:
+        added.append(f"-Xms{jvm.xmx_text}")
+    if added:
+        argv[1:1] = added
+        print(f"farmem: kswap: adding {' '.join(added)}: what this JVM takes under the pager, which does not "
+              "limit it by a cgroup; in the memory cgroup of Linux swap HotSpot would size its heap and pick its "
+              "collector from the cgroup's limit (Serial below 1792 MiB); give them to choose yourself",
+              file=sys.stderr)
+    return argv, jvm.xmx
 
 
 def prepare(args, address: str, control_path: str, quiet: bool = False) -> list:

@@ -16,12 +16,10 @@ import ctypes
 import logging
 import mmap
 import os
-import re
 import threading
 import time
 
 from farmem import resmap
-from farmem.units import parse_bytes
 
 log = logging.getLogger("farmem.kswap")
 
@@ -96,19 +94,6 @@ def anon_mappings(pid: int, threshold: int) -> list:
             else:
                 out.append((lo, hi))
     return [(lo, hi) for lo, hi in out if hi - lo >= threshold]
-
-
-def java_heap_bytes(cmd: list):
-    """-Xmx of a java command line, or None."""
-    if not cmd or os.path.basename(cmd[0]) != "java":
-        return None
-    for a in cmd[1:]:
-        m = re.fullmatch(r"-Xmx([0-9]+[kKmMgGtT]?)", a)
-        if m:
-            return parse_bytes(m.group(1))
-        if not a.startswith("-"):
-            break
-    return None
 
 
 # --- the monitor -----------------------------------------------------------------------------

@@ -22,7 +22,8 @@ import time
 
 from farmem import resmap
 from farmem.errors import FarmemError, Unavailable
-from farmem.kswap import DEFAULT_THRESHOLD, PAGE_SHIFT, KswapMonitor, java_heap_bytes
+from farmem import java
+from farmem.kswap import DEFAULT_THRESHOLD, PAGE_SHIFT, KswapMonitor
 from farmem.units import fmt_bytes
 
 log = logging.getLogger("farmem.kswap")
@@ -102,7 +103,9 @@ def cmd_run_kswap(args) -> int:
     if not doctor.run_check("swap").available:
         doctor.require("zram")  # no swap yet: farmem sets up zram, so it must exist
     pct = int(args.local[:-1]) if args.local.endswith("%") else None
-    heap = java_heap_bytes(args.cmd)
+    heap = None
+    if java.is_java(args.cmd):
+        args.cmd, heap = java.same_heap_as_the_pager(args.cmd)
     if pct is None:
         limit = int(args.local)
     elif heap:
