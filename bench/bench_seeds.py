@@ -436,7 +436,6 @@ class Bench:
                     if config not in self.a.configs:
                         continue
                     m = self.medians(name, config, pct)
-                    sw = self.medians(name, "kswap", pct).get("wall_s")
                     if not (base and m.get("wall_s")):
                         continue
                     ratio = m["wall_s"] / base
@@ -444,11 +443,20 @@ class Bench:
                     want = TARGETS.get((name, pct))
                     if want:
                         parts[0] += f" (target ≤ {want}×: {verdict(ratio <= want)})"
-                    if sw:
+                    # Swap is judged by its best showing: under swap Serial beats G1 on some
+                    # workloads and G1 beats Serial on others (RESULTS, 2026-12-04).
+                    swaps = [c for c in self.a.configs if base_config(c) == "kswap"]
+                    timed = sorted((w, c) for c in swaps if (w := self.medians(name, c, pct).get("wall_s")))
+                    if timed:
+                        sw, fastest = timed[0]
                         speed = sw / m["wall_s"]
-                        parts.append(f"{speed:.2f}× faster than Linux swap (target ≥ {SWAP_TARGET}×: "
+                        against = f" ({LABEL[fastest]}, the fastest of {len(swaps)})" if len(swaps) > 1 else ""
+                        parts.append(f"{speed:.2f}× faster than Linux swap{against} (target ≥ {SWAP_TARGET}×: "
                                      f"{verdict(speed >= SWAP_TARGET)})")
-                    elif "kswap" in self.a.configs:
+                        failed = [LABEL[c] for c in swaps if not self.medians(name, c, pct).get("wall_s")]
+                        if failed:
+                            parts.append("failed at this limit: " + ", ".join(failed))
+                    elif swaps:
                         parts.append("Linux swap failed at this limit")
                     lines.append(f"- {name} at {pct}%, {LABEL[config]}: " + "; ".join(parts))
         return lines

@@ -99,10 +99,14 @@ def _check_common(d, pages, passes=1):
 
 @pytest.mark.parametrize("pattern", ["random", "seq"])
 def test_faultlat_json(pattern):
-    r = run([_binary(FAULTLAT), "--size", "64M", "--pattern", pattern, "--json"])
+    # The threshold sits above a shared host's noise, as the benchmarks' does: at the default
+    # 1 us a CI host once counted 10.4% of resident random reads (TLB walks, steal) as faults.
+    r = run([_binary(FAULTLAT), "--size", "64M", "--pattern", pattern, "--json",
+             "--fault-threshold-us", "10"])
     assert r.returncode == 0, r.stderr
     d = last_json(r.stdout)
     assert d["program"] == "faultlat" and d["pattern"] == pattern and d["op"] == "read"
+    assert d["fault_threshold_us"] == 10
     _check_common(d, 16384)
     # everything is resident and no one limits memory: almost no access is a fault
     assert d["faults"] < d["pages"] // 10
