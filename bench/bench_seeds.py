@@ -429,6 +429,10 @@ class Bench:
         def verdict(ok: bool) -> str:
             return "met" if ok else "NOT met"
 
+        # Swap is judged by its best showing: under swap Serial beats G1 on some workloads and
+        # G1 beats Serial on others (RESULTS, 2026-12-04).
+        swaps = [c for c in self.a.configs if base_config(c) == "kswap"]
+
         for name in self.workloads:
             base = self.medians(name, "local", 100).get("wall_s")
             for pct in self.a.budgets:
@@ -443,17 +447,15 @@ class Bench:
                     want = TARGETS.get((name, pct))
                     if want:
                         parts[0] += f" (target ≤ {want}×: {verdict(ratio <= want)})"
-                    # Swap is judged by its best showing: under swap Serial beats G1 on some
-                    # workloads and G1 beats Serial on others (RESULTS, 2026-12-04).
-                    swaps = [c for c in self.a.configs if base_config(c) == "kswap"]
-                    timed = sorted((w, c) for c in swaps if (w := self.medians(name, c, pct).get("wall_s")))
+                    swap_wall = {c: self.medians(name, c, pct).get("wall_s") for c in swaps}
+                    timed = sorted((w, c) for c, w in swap_wall.items() if w)
                     if timed:
                         sw, fastest = timed[0]
                         speed = sw / m["wall_s"]
                         against = f" ({LABEL[fastest]}, the fastest of {len(swaps)})" if len(swaps) > 1 else ""
                         parts.append(f"{speed:.2f}× faster than Linux swap{against} (target ≥ {SWAP_TARGET}×: "
                                      f"{verdict(speed >= SWAP_TARGET)})")
-                        failed = [LABEL[c] for c in swaps if not self.medians(name, c, pct).get("wall_s")]
+                        failed = [LABEL[c] for c, w in swap_wall.items() if not w]
                         if failed:
                             parts.append("failed at this limit: " + ", ".join(failed))
                     elif swaps:

@@ -99,7 +99,7 @@ def _check_common(d, pages, passes=1):
 
 @pytest.mark.parametrize("pattern", ["random", "seq"])
 def test_faultlat_json(pattern):
-    # The threshold sits above a shared host's noise, as the benchmarks' does: at the default
+    # The threshold sits above a shared host's noise, as faultlat's header asks: at the default
     # 1 us a CI host once counted 10.4% of resident random reads (TLB walks, steal) as faults.
     r = run([_binary(FAULTLAT), "--size", "64M", "--pattern", pattern, "--json",
              "--fault-threshold-us", "10"])
