@@ -299,6 +299,7 @@ class Bench:
         text = gclog.read(gcl)
         rec["alloc_bytes"] = gclog.allocated_bytes(text)
         rec["pause_s"] = round(gclog.pause_seconds(text), 3)
+        rec["full_pause_s"] = round(gclog.full_pause_seconds(text), 3)
         heap = gclog.heap_range(text)
         if sampler and rec["ok"] and heap and sampler.outside(heap):
             rec["non_heap_bytes"] = sampler.outside(heap)
@@ -352,7 +353,7 @@ class Bench:
         if not ok:
             m["error"] = recs[-1].get("error", "not run") if recs else "not run"
             return m
-        for key in ("wall_s", "pause_s", "alloc_bytes", "paged_bytes", *FIGURES):
+        for key in ("wall_s", "pause_s", "full_pause_s", "alloc_bytes", "paged_bytes", *FIGURES):
             vals = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
             if vals:
                 m[key] = statistics.median(vals)
@@ -388,8 +389,9 @@ class Bench:
                        f"{self.allowance(name) / MIB:.0f} MiB ({how})")
         out += ["", "| workload | config | local | runs | wall s | × all-local | GC faults: pause workers "
                 "| of them zero fills | GC faults: concurrent (marking) | app faults | remote reads | remote writes "
-                "| paged MB / GB alloc | GC faults / GB alloc | moved in memd MB | GC pause s | alloc GB |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| paged MB / GB alloc | GC faults / GB alloc | moved in memd MB | GC pause s | of them full GCs s "
+                "| alloc GB |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name in self.workloads:
             base = self.medians(name, "local", 100).get("wall_s")
             for config, pct in self.plan():
@@ -397,7 +399,7 @@ class Bench:
                 head = f"| {name} | {LABEL[config]} | {pct}% | {m['runs']}/{m['tried']}"
                 if not m["runs"]:
                     err = m["error"].replace("|", "/")
-                    out.append(f"{head} | failed: {err[:160]} |  |  |  |  |  |  |  |  |  |  |  |  |")
+                    out.append(f"{head} | failed: {err[:160]} |  |  |  |  |  |  |  |  |  |  |  |  |  |")
                     continue
                 gb = m.get("alloc_bytes", 0) / (1 << 30)
 
@@ -413,7 +415,8 @@ class Bench:
                 inmemd = f"{m['compact_bytes'] / MIB:.0f}" if m.get("compact_bytes") else ""
                 out.append(f"{head} | {m['wall_s']:.1f} | {ratio} | {pause} | {num('gc_zero_fills')} | {conc} "
                            f"| {num('app_faults')} | {num('remote_reads')} | {num('remote_writes')} | {paged} "
-                           f"| {gcpg} | {inmemd} | {m.get('pause_s', 0):.2f} | {gb:.2f} |")
+                           f"| {gcpg} | {inmemd} | {m.get('pause_s', 0):.2f} | {m.get('full_pause_s', 0):.2f} "
+                           f"| {gb:.2f} |")
         out += ["", "Under Linux swap the fault columns come from kswap mode's eBPF tracer (farmem-trace): GC and "
                 "app faults are major faults by thread (all GC threads under pause workers), remote reads swap-ins, "
                 "remote writes pages swapped out. Under farmem, pause workers are HotSpot's `GC Thread#` and "

@@ -110,6 +110,12 @@ def test_gclog_reads_allocation_and_pauses(jvm_built, tmp_path, gc, exit_line):
     alloc = gclog.allocated_bytes(text)
     assert alloc is not None and 300 << 20 <= alloc <= 8 << 30, alloc
     assert 0 < gclog.pause_seconds(text) < 60
+    # GcChurn's 64 MiB live set in 256 MiB: young pauses, and whatever full GCs there were are among them.
+    assert 0 <= gclog.full_pause_seconds(text) < gclog.pause_seconds(text)
+    full = ("[1.539s][info][gc] GC(37) Pause Full (G1 Compaction Pause) 1022M->662M(1024M) 114.521ms\n"
+            "[1.600s][info][gc] GC(38) Pause Young (Normal) (G1 Evacuation Pause) 700M->662M(1024M) 9.479ms\n")
+    assert gclog.full_pause_seconds(full) == pytest.approx(0.114521)
+    assert gclog.pause_seconds(full) == pytest.approx(0.124)
     assert exit_line in text  # the exit line closes the last interval
     lo, hi = gclog.heap_range(text)
     assert hi - lo == 256 << 20, (lo, hi)

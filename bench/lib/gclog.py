@@ -41,6 +41,12 @@ def pause_seconds(text: str) -> float:
     return sum(float(m.group(1)) for m in PAUSE_MS.finditer(text)) / 1000.0
 
 
+def full_pause_seconds(text: str) -> float:
+    """Of pause_seconds, the full collections' (`Pause Full`): where a stock collector under far
+    memory sweeps the whole heap (bench/RESULTS.md, session 59)."""
+    return sum(float(m.group(1)) for m in PAUSE_MS.finditer(text) if " Pause Full " in m.group(0)) / 1000.0
+
+
 def heap_range(text: str) -> tuple[int, int] | None:
     """[start, end) of the heap's addresses, from the gc+heap+exit lines."""
     m = EXIT_RANGE.search(text)
