@@ -118,13 +118,7 @@ def sample(pid: int, proc: subprocess.Popen, interval: float) -> list:
     try:
         while proc.poll() is None:
             if fd is None:
-                own = [p for p in procmap.find_maps(pid) if os.path.exists(p)]
-                for path in own:
-                    f = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    if resmap.read_fd(f).hdr.pid == pid:
-                        fd = f
-                        break
-                    os.close(f)
+                fd = procmap.own_map_fd(pid)
             if fd is not None:
                 rows.append((time.time(), read_counters(fd)))
             time.sleep(interval)
@@ -165,12 +159,16 @@ def main() -> int:
         ap.error("no command: gc_phase_io.py [options] -- CMD ...")
     if a.interval <= 0:
         ap.error("--interval must be > 0")
-    work = tempfile.mkdtemp(prefix="gc-phase-io-")
-    log = os.path.join(work, "gc.log")
-    try:
-        cmd = with_gc_log(cmd, log)
-    except ValueError as e:
-        ap.error(str(e))
+    with tempfile.TemporaryDirectory(prefix="gc-phase-io-") as work:
+        log = os.path.join(work, "gc.log")
+        try:
+            cmd = with_gc_log(cmd, log)
+        except ValueError as e:
+            ap.error(str(e))
+        return run(cmd, log, a)
+
+
+def run(cmd: list, log: str, a: argparse.Namespace) -> int:
     p = subprocess.Popen(cmd, start_new_session=True)
     try:
         pid = procmap.wait_descendant_named(p.pid, "java", time.monotonic() + 30, poll=0.01)
@@ -192,9 +190,6 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(split, f, indent=1)
-    for name in os.listdir(work):
-        os.unlink(os.path.join(work, name))
-    os.rmdir(work)
     return rc
 
 

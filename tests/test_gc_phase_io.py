@@ -74,6 +74,15 @@ def test_adds_its_gc_log_after_java_and_wants_a_jvm():
         gc_phase_io.with_gc_log(["./farmem", "run", "--", "python3", "x.py"], "/t/gc.log")
 
 
+def test_follows_no_map_of_a_process_gone_or_unpaged():
+    """The sampler asks again while the JVM starts and until it ends: neither is an error."""
+    from farmem import procmap
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert procmap.own_map_fd(gone.pid) is None
+    assert procmap.own_map_fd(os.getpid()) is None  # pytest holds no farmem-map
+
+
 @pytest.mark.jvm
 @pytest.mark.pager
 @pytest.mark.memd

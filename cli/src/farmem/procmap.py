@@ -112,6 +112,28 @@ def read_map(pid: int) -> resmap.Snapshot:
     return (own or snaps)[0]
 
 
+def own_map_fd(pid: int):
+    """An open read-only fd of the residency map pid's own pager made (not one it only holds, as
+    `farmem run` holds its children's), or None: no such map yet, or the process is gone. For a
+    reader that follows the map's counters while the process runs; the caller closes it."""
+    try:
+        paths = find_maps(pid)
+    except FarmemError:
+        return None
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # closed while we looked
+            continue
+        try:
+            if resmap.read_fd(fd).hdr.pid == pid:
+                return fd
+        except (OSError, ValueError):
+            pass
+        os.close(fd)
+    return None
+
+
 def stat_figures(pid: int, snap: resmap.Snapshot) -> dict:
     hdr = snap.hdr
     out = resmap.figures([hdr])
