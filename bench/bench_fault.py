@@ -15,6 +15,10 @@ Workloads (--workloads):
                                  a handler thread serves (the kernel waits for them)
   faultlat                       build/bench/faultlat --pattern random (read-only: every
                                  access a fault); its p50 beside uffd_floor --pin same
+  loop1, loop8                   build/bench/rewrite --mode fit --size SIZE --threads N: every
+                                 page checked and rewritten in order, four rounds and a full
+                                 check, at 3/4 of SIZE local (a loop a third larger than its
+                                 budget: an LRU reads every page back every round)
   fitc                           build/bench/rewrite --mode fit: a C program whose memory
                                  fits the budget (256 MiB at a 512 MiB budget)
   fitjvm                         the H2 workload, -Xmx1g, 50% local: a JVM whose heap fits
@@ -71,6 +75,11 @@ def workload(name: str, size: int) -> dict:
         threads = int(rest.removesuffix("-heap") or "1")
         return {"argv": ["build/bench/rewrite", "--size", f"{size // MiB}M", "--threads", str(threads), "--json"] + heap,
                 "local": size // 8, "kind": "rewrite"}
+    if name.startswith("loop"):
+        threads = int(name[len("loop"):] or "1")
+        return {"argv": ["build/bench/rewrite", "--mode", "fit", "--size", f"{size // MiB}M", "--threads", str(threads),
+                         "--rounds", str(4 * size // 4096), "--json"],
+                "local": size // 4 * 3, "kind": "rewrite"}
     if name == "faultlat":
         return {"argv": ["build/bench/faultlat", "--size", f"{size // MiB}M", "--pattern", "random", "--json"],
                 "local": size // 8, "kind": "faultlat"}

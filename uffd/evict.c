@@ -85,14 +85,14 @@ static uint8_t heat_now(struct fm_pager *p)
 	return (uint8_t)((fm_evicted(p) / (unit ? unit : 1)) & 0x7f);
 }
 
-void fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote)
+int fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote)
 {
 	uint8_t h;
 	unsigned gone;
 	int soon;
 
 	if (!r->heat)
-		return;
+		return 0;
 	h = heat_get(r, i);
 	gone = remote && (h & HEAT_LEFT) ? (unsigned)((heat_now(p) - h) & 0x7f) : ~0u;
 	soon = gone <= HEAT_SPAN;
@@ -112,6 +112,7 @@ void fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote
 	} else {
 		heat_set(r, i, 0);
 	}
+	return gone <= 3 * HEAT_SPAN;
 }
 
 struct victim {
@@ -135,6 +136,17 @@ void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
 	if (p->nhints < MAX_HINTS)
 		p->hints[(p->hint_head + p->nhints++) % MAX_HINTS] =
 			(struct garbage_hint){ .region = ridx, .first = first, .n = n };
+	pthread_mutex_unlock(&p->clock_lock);
+}
+
+void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n)
+{
+	pthread_mutex_lock(&p->clock_lock);
+	/* Full: the oldest goes, the one the run comes back to first. */
+	p->passed[p->passed_top] = (struct passed_run){ .region = ridx, .last = last, .stride = stride, .n = n };
+	p->passed_top = (p->passed_top + 1) % MAX_PASSED;
+	if (p->npassed < MAX_PASSED)
+		p->npassed++;
 	pthread_mutex_unlock(&p->clock_lock);
 }
 
@@ -180,6 +192,45 @@ static unsigned pick_garbage(struct fm_pager *p, struct victim *v, unsigned want
 		if (!h->n) {
 			p->hint_head = (p->hint_head + 1) % MAX_HINTS;
 			p->nhints--;
+		}
+	}
+	return n;
+}
+
+/*
+ * What a run over memory larger than the budget went through last: a loop
+ * comes back to it last, so it leaves first (the newest range first), and
+ * what the run finds resident when it comes round stays so. A clock, as
+ * an LRU, would take what the loop needs next and miss on every page:
+ * 512 MiB rewritten in order at 448 MiB local read 2.8 passes' worth of
+ * pages in 4 passes. Caller holds clock_lock.
+ */
+static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, unsigned want)
+{
+	while (n < want && p->npassed) {
+		unsigned top = (p->passed_top + MAX_PASSED - 1) % MAX_PASSED;
+		struct passed_run *h = &p->passed[top];
+		struct region *r = &p->regions[h->region];
+
+		if (!r->live || atomic_load(&r->pinned))
+			h->n = 0;
+		while (n < want && h->n) {
+			uint64_t i = h->last;
+			uint8_t b;
+			unsigned st;
+
+			h->last -= (uint64_t)h->stride;
+			h->n--;
+			if (i >= r->npages)
+				continue;
+			b = pg_load(&r->pg[i]);
+			st = fm_pg_state(b);
+			if ((st == FM_PG_CLEAN || st == FM_PG_DIRTY) && take(r, i, b, &v[n]))
+				n++;
+		}
+		if (!h->n) {
+			p->passed_top = top;
+			p->npassed--;
 		}
 	}
 	return n;
@@ -268,6 +319,7 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 		return 0;
 	}
 	n = pick_garbage(p, v, want);
+	n = pick_passed(p, v, n, want);
 	while (n < want && scanned < total) {
 		struct region *r;
 		uint64_t i;

@@ -29,8 +29,15 @@ void *fm_evictor_main(void *arg);
 /*
  * Page i of r was filled (remote: from memd) under a FILLING hold: a page
  * back soon after it left is one the clock should keep longer (evict.c).
+ * Returns 1 when it left at most three budgets of evictions ago.
  */
-void fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote);
+int fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote);
+/*
+ * Pages last, last - stride, ... (n of them) of region ridx are what a
+ * thread's run over memory larger than the budget has just gone through:
+ * they leave before the clock's (evict.c says why).
+ */
+void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n);
 /* Pages [first, first+n) of region ridx are garbage the program discarded: look there first. */
 void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n);
 

@@ -40,6 +40,7 @@ struct fm_pager_cfg {
 	unsigned prefetch;
 	unsigned gc_window;
 	int gc_writable;
+	int loop_evict;
 	unsigned epoch_pct;
 	uint64_t threshold;
 	int reservations;        /* the shim pages PROT_NONE reservations as they are made writable */

@@ -99,6 +99,7 @@ struct stream {
 	unsigned hits;
 	uint64_t pf_next;      /* first page past what we prefetched for it */
 	unsigned pf_count;
+	int looped;            /* its last fault was a page back within three budgets (a loop over more than the budget) */
 };
 
 /* A range a system call is using: the evictor leaves its pages alone (pins.c). */
@@ -112,6 +113,13 @@ struct garbage_hint {
 	uint64_t first, n;
 };
 
+/* Pages a thread's run went through: last, last - stride, ... n of them (evict.c). */
+struct passed_run {
+	int region;
+	uint64_t last, n;
+	int64_t stride;
+};
+
 /* A memd channel that any faulting thread may borrow (chanpool.c). */
 struct chan_slot {
 	struct fm_chan *chan;
@@ -123,6 +131,7 @@ struct chan_slot {
 #define LEND_CONNS 16 /* other processes' calls served at once (lend.c) */
 #define MAX_PINS 8192 /* system calls and futex waits at once (a thread pool's sleepers); a multiple of 64 */
 #define MAX_HINTS 256
+#define MAX_PASSED 64
 #define MAX_POOL 64
 #define ZERO_RUN_PAGES 64
 #define MAX_CAPTURES 16
@@ -221,6 +230,8 @@ struct fm_pager {
 	atomic_uint_fast64_t hot;       /* the same, at its last wrap, plus pages marked since (evict.c) */
 	struct garbage_hint hints[MAX_HINTS]; /* under clock_lock: a ring, the oldest at hint_head */
 	unsigned hint_head, nhints;
+	struct passed_run passed[MAX_PASSED]; /* under clock_lock: a ring, the newest at passed_top - 1 */
+	unsigned passed_top, npassed;
 	/*
 	 * Resident pages a discard may still make garbage (write-protect) this
 	 * GC cycle: about what the evictor took last cycle, so that a heap that
