@@ -97,16 +97,33 @@ static unsigned evicted_pct(void)
  * written through, again while too much of buf stays. A pager may keep what
  * was written before a stream over what the stream fetched ahead (farmem
  * lets pages fetched ahead go first, as Linux keeps readahead on its
- * inactive list): one pass left up to 18% of buf resident.
+ * inactive list): one pass left up to 18% of buf resident. The passes after
+ * the first go in a scattered order: in order, they would be a loop over
+ * more than the budget, whose pages farmem lets go first (loop_evict), and
+ * they would push out the pusher, not buf.
  */
 static unsigned prepare(uint64_t seed)
 {
+	size_t pages = 2 * size / PAGE, step = 17;
 	unsigned ev = 0;
 
+	for (;;) { /* step and pages coprime: k * step % pages takes every page once */
+		size_t a = pages, b = step;
+		while (b) {
+			size_t t = a % b;
+			a = b;
+			b = t;
+		}
+		if (a == 1)
+			break;
+		step += 2;
+	}
 	fill(buf, size, seed, 0);
 	for (unsigned pass = 0; pass < 4 && (pass == 0 || ev < expect_evicted); pass++) {
-		for (size_t i = 0; i < 2 * size; i += PAGE)
+		for (size_t k = 0; k < pages; k++) {
+			size_t i = (pass ? k * step % pages : k) * PAGE;
 			pusher[i] = (unsigned char)(i >> 12 ^ seed ^ pass);
+		}
 		ev = evicted_pct();
 	}
 	return ev;
