@@ -18,7 +18,7 @@ Workloads (--workloads):
   loop1, loop8                   build/bench/rewrite --mode fit --size SIZE --threads N: every
                                  page checked and rewritten in order, four rounds and a full
                                  check, at 3/4 of SIZE local (a loop a third larger than its
-                                 budget: an LRU reads every page back every round)
+                                 budget: Linux swap reads every page back every round)
   fitc                           build/bench/rewrite --mode fit: a C program whose memory
                                  fits the budget (256 MiB at a 512 MiB budget)
   fitjvm                         the H2 workload, -Xmx1g, 50% local: a JVM whose heap fits

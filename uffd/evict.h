@@ -29,7 +29,8 @@ void *fm_evictor_main(void *arg);
 /*
  * Page i of r was filled (remote: from memd) under a FILLING hold: a page
  * back soon after it left is one the clock should keep longer (evict.c).
- * Returns 1 when it left at most three budgets of evictions ago.
+ * Returns 1 when it left at most three budgets of evictions ago (or, the
+ * byte's clock wrapping at eight budgets, a multiple of eight more).
  */
 int fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote);
 /*

@@ -85,7 +85,7 @@ X(evict_move, FM_KT_ENUM, CFG(evict_move), "FARMEM_EVICT_MOVE", "auto", 0, 0, "a
 X(prefetch, FM_KT_UINT, CFG(prefetch), "FARMEM_PREFETCH", "8", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--prefetch", "PAGES", \
   "pages fetched ahead of a sequential or strided run of one thread's faults; 0 turns prefetch off (UMap's UMAP_READ_AHEAD)") \
 X(loop_evict, FM_KT_BOOL, CFG(loop_evict), "FARMEM_LOOP_EVICT", "1", 0, 1, "", FM_KS_OPT, "", "", \
-  "a thread's run of faults on pages back soon after they left (a loop over more memory than the budget) hands what it went through to the evictor, which takes it first: what the loop finds resident when it comes round stays so, and each round reads back only what does not fit, where a clock reads every page. Not in a JVM's heap, whose collector walks what the program went through") \
+  "a thread's run of faults on pages back soon after they left (a loop over more memory than the budget) hands what it went through to the evictor, which takes it first: what the loop finds resident when it comes round stays so, and each round reads back about what does not fit, where a clock reads back most of every round. Not in a JVM's heap, whose collector walks what the program went through") \
 X(gc_window, FM_KT_UINT, CFG(gc_window), "FARMEM_GC_WINDOW", "64", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--gc-window", "PAGES", \
   "JVM: remote pages fetched ahead of a GC thread's sequential or strided run of faults (a full GC's compaction), installed cold (they leave first unless written); 0: GC threads fetch only the page they fault on") \
 X(gc_writable, FM_KT_BOOL, CFG(gc_writable), "FARMEM_GC_WRITABLE", "1", 0, 1, "", FM_KS_OPT, "", "", \

@@ -160,7 +160,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	 * Not a collector's run (what it fetches goes in cold already), nor a
 	 * program's in a JVM's heap: its collector walks what the program went
 	 * through, and taking that first made it fetch again (Spark PageRank at
-	 * 25%: 24% more remote reads, its pause workers' faults 40% more).
+	 * 25%: its pause workers' faults a third more; bench/RESULTS.md).
 	 */
 	looped = looped && !gc && p->cfg.loop_evict &&
 		 !(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP);

@@ -15,7 +15,6 @@
  */
 #include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "pager.h"
 #include "resmap.h"
