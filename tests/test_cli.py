@@ -448,6 +448,26 @@ def test_summary_of_a_real_pager(tmp_path, farmem_cmd, built):
                      r"p99 [\d.]+ us", r.stderr)
 
 
+def test_a_loop_over_more_than_its_budget_reads_back_what_does_not_fit(tmp_path, farmem_cmd, built):
+    """A program going round 64 MiB in order at 48 MiB local, four rounds and a check: the loop rule
+    (loop_evict, uffd/evict.c) lets go of what the loop passed, so each round reads back about the
+    16 MiB that does not fit, and the summary counts the pages it chose; FARMEM_LOOP_EVICT=0 leaves
+    the clock, which reads back most of every round, and the counter at 0."""
+    rewrite = built("build/bench/rewrite")
+    pages = (64 << 20) // 4096
+    runs = {}
+    for rule in ("1", "0"):
+        out = tmp_path / f"s{rule}.json"
+        r = farmem(farmem_cmd, "run", "--local", "48M", "--summary-json", out, "--", rewrite, "--mode", "fit",
+                   "--size", "64M", "--rounds", str(4 * pages), env=clean_env(FARMEM_LOOP_EVICT=rule), timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[rule] = json.loads(out.read_text())
+    on, off = runs["1"], runs["0"]
+    # Four rounds after the fill, a quarter of the pages each at best: 16,384 reads; the clock about 65,000.
+    assert on["remote_reads"] < 2 * 4 * pages // 4 < off["remote_reads"], (on, off)
+    assert on["loop_evictions"] >= 4 * pages // 4 // 2 and off["loop_evictions"] == 0, (on, off)
+
+
 def test_a_run_larger_than_its_budget_is_told_what_a_larger_one_saves(tmp_path, farmem_cmd, built):
     """Random pages of 128 MiB at 32 MiB local: each page that comes back has left some budgets of
     evictions before, and the summary says how many faults twice and four times the budget would

@@ -207,6 +207,8 @@ static unsigned pick_garbage(struct fm_pager *p, struct victim *v, unsigned want
  */
 static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, unsigned want)
 {
+	unsigned first = n;
+
 	while (n < want && p->npassed) {
 		unsigned top = (p->passed_top + MAX_PASSED - 1) % MAX_PASSED;
 		struct passed_run *h = &p->passed[top];
@@ -233,6 +235,8 @@ static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, un
 			p->npassed--;
 		}
 	}
+	if (n > first)
+		STAT_ADD(p, loop_evictions, n - first);
 	return n;
 }
 

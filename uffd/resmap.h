@@ -276,7 +276,13 @@ struct fm_pager_stats {
 	uint64_t spin_crowded;
 	/* Faults served by a handler past the first on its uffd: a helper, called when faults queued (monitor.c). */
 	uint64_t helped_faults;
-	uint64_t reserved2[3];
+	/*
+	 * Pages chosen to leave because a thread's run, going round more than
+	 * the budget, had passed them (loop_evict, uffd/evict.c): 0 when the
+	 * rule never acted.
+	 */
+	uint64_t loop_evictions;
+	uint64_t reserved2[2];
 };
 
 struct fm_resmap_hdr {

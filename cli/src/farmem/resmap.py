@@ -116,6 +116,9 @@ LEND_FIELDS = ("lend_requests",)
 # another thread for a slice, so it sleeps in poll for a while after each fault (uffd/monitor.c); and
 # faults served by a handler past the first on its uffd, called when faults queued behind it (fill_threads).
 SPIN_FIELDS = ("spin_crowded", "helped_faults")
+# Then pages chosen to leave because a thread's run going round more than the budget had passed them
+# (loop_evict, uffd/evict.c).
+LOOP_FIELDS = ("loop_evictions",)
 
 
 class PagerStats(ctypes.Structure):
@@ -124,10 +127,10 @@ class PagerStats(ctypes.Structure):
     ] + [(name, u64) for name in TAIL_FIELDS] + [
         ("reserved", u64 * (32 - len(TAIL_FIELDS))),
     ] + [(name, u64) for name in JVM_FIELDS + BUDGET_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS + REGISTERED_FIELDS
-         + MOVE_FIELDS + PIN_FIELDS + LEND_FIELDS + SPIN_FIELDS] + [
+         + MOVE_FIELDS + PIN_FIELDS + LEND_FIELDS + SPIN_FIELDS + LOOP_FIELDS] + [
         ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS)
                              - len(REGISTERED_FIELDS) - len(MOVE_FIELDS) - len(PIN_FIELDS) - len(LEND_FIELDS)
-                             - len(SPIN_FIELDS))),
+                             - len(SPIN_FIELDS) - len(LOOP_FIELDS))),
     ]
 
 
@@ -194,6 +197,7 @@ def layout() -> dict:
         "offsetof_lend_requests": PagerStats.lend_requests.offset,
         "offsetof_spin_crowded": PagerStats.spin_crowded.offset,
         "offsetof_helped_faults": PagerStats.helped_faults.offset,
+        "offsetof_loop_evictions": PagerStats.loop_evictions.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -283,7 +287,7 @@ SUMMED = (
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
     + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS \
-    + MOVE_FIELDS + ("pins_refused",) + LEND_FIELDS + SPIN_FIELDS
+    + MOVE_FIELDS + ("pins_refused",) + LEND_FIELDS + SPIN_FIELDS + LOOP_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.
