@@ -213,6 +213,7 @@ static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, un
 		unsigned top = (p->passed_top + MAX_PASSED - 1) % MAX_PASSED;
 		struct passed_run *h = &p->passed[top];
 		struct region *r = &p->regions[h->region];
+		unsigned from = n;
 
 		if (!r->live || atomic_load(&r->pinned))
 			h->n = 0;
@@ -230,6 +231,18 @@ static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, un
 			if ((st == FM_PG_CLEAN || st == FM_PG_DIRTY) && take(r, i, b, &v[n]))
 				n++;
 		}
+		/*
+		 * Taken newest first, a forward run's pages came out in falling
+		 * order; a batch protects and drops runs of rising addresses, so
+		 * reversed they go as one range, not a call a page (Erlang at 25%:
+		 * 104k eviction calls against 38k without the rule, session 61).
+		 */
+		if (h->stride > 0)
+			for (unsigned a = from, z = n; a + 1 < z; a++, z--) {
+				struct victim t = v[a];
+				v[a] = v[z - 1];
+				v[z - 1] = t;
+			}
 		if (!h->n) {
 			p->passed_top = top;
 			p->npassed--;
