@@ -213,6 +213,7 @@ static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, un
 		unsigned top = (p->passed_top + MAX_PASSED - 1) % MAX_PASSED;
 		struct passed_run *h = &p->passed[top];
 		struct region *r = &p->regions[h->region];
+		unsigned from = n;
 
 		if (!r->live || atomic_load(&r->pinned))
 			h->n = 0;
@@ -230,6 +231,18 @@ static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, un
 			if ((st == FM_PG_CLEAN || st == FM_PG_DIRTY) && take(r, i, b, &v[n]))
 				n++;
 		}
+		/*
+		 * Taken newest first, a forward run's pages came out in falling
+		 * order; a batch protects and drops runs of rising addresses, so
+		 * reversed they go as one range, not a call a page (Erlang at 25%:
+		 * 104k eviction calls against 38k without the rule, session 61).
+		 */
+		if (h->stride > 0)
+			for (unsigned a = from, z = n; a + 1 < z; a++, z--) {
+				struct victim t = v[a];
+				v[a] = v[z - 1];
+				v[z - 1] = t;
+			}
 		if (!h->n) {
 			p->passed_top = top;
 			p->npassed--;
@@ -383,49 +396,35 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 	return n;
 }
 
-static int by_address(const void *a, const void *b)
-{
-	uintptr_t x = ((const struct victim *)a)->addr, y = ((const struct victim *)b)->addr;
-
-	return (x > y) - (x < y);
-}
-
-/*
- * Victims by address, whatever chose them: write-protect, move and drop
- * make one call per run of rising addresses, and the look at the pins is
- * one walk. The hand's come out so; a loop's (pick_passed) are taken newest
- * first, a forward run's in falling order, and cost a call a dirty page
- * where no capture is made (--fault thread: 167,714 calls against 24,116
- * for a 512 MiB loop at 384 MiB, session 61).
- */
-static void sort_victims(struct victim *v, unsigned n)
-{
-	for (unsigned k = 1; k < n; k++)
-		if (v[k].addr < v[k - 1].addr) {
-			qsort(v, n, sizeof(*v), by_address);
-			return;
-		}
-}
+_Static_assert(FM_EVICT_MAX <= 256, "unpin_victims keeps a batch's order in bytes");
 
 /*
  * A system call may be using some of them (pins.h): those stay. The claims
  * above were sequentially consistent, and so is this look at the pins.
- * Victims come sorted (sort_victims).
  */
 static unsigned unpin_victims(struct fm_pager *p, struct victim *v, unsigned n)
 {
-	uintptr_t addrs[FM_EVICT_MAX];
-	uint8_t held[FM_EVICT_MAX];
+	uintptr_t sorted[FM_EVICT_MAX];
+	uint8_t order[FM_EVICT_MAX], held[FM_EVICT_MAX], pinned[FM_EVICT_MAX] = { 0 };
 	unsigned kept = 0;
 
 	if (!n || !atomic_load(&p->npins))
 		return n;
-	for (unsigned k = 0; k < n; k++)
-		addrs[k] = v[k].addr;
-	if (!fm_pins_holding(p, addrs, n, held))
-		return n;
+	/* By address (the clock's order, mostly): one walk of the pins then holds them all. */
 	for (unsigned k = 0; k < n; k++) {
-		if (held[k]) {
+		unsigned j = k;
+		for (; j && v[order[j - 1]].addr > v[k].addr; j--)
+			order[j] = order[j - 1];
+		order[j] = (uint8_t)k;
+	}
+	for (unsigned k = 0; k < n; k++)
+		sorted[k] = v[order[k]].addr;
+	if (!fm_pins_holding(p, sorted, n, held))
+		return n;
+	for (unsigned k = 0; k < n; k++)
+		pinned[order[k]] = held[k];
+	for (unsigned k = 0; k < n; k++) {
+		if (pinned[k]) {
 			fm_release(p, &v[k].r->pg[v[k].i], pg_make(FM_PG_LEAVING, v[k].old), v[k].old);
 			continue;
 		}
@@ -858,9 +857,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 	if (!stage && atomic_load(&p->move_out))
 		return 0;
 	rlock_rd(p);
-	n = pick(p, v, want);
-	sort_victims(v, n);
-	n = unpin_victims(p, v, n);
+	n = unpin_victims(p, v, pick(p, v, want));
 	if (!n) {
 		rlock_un(p);
 		if (stage)
