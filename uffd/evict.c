@@ -62,6 +62,7 @@
  * no page is kept or lost by it.
  */
 #define HEAT_LEFT 0x80u
+#define HEAT_CLOCK 0x7fu
 #define HEAT_SPAN 16u /* units: one budget */
 #define HEAT_PASSES 3u
 /* At most three quarters of the budget kept so; the rest turns over as a plain clock. */
@@ -83,19 +84,19 @@ static uint8_t heat_now(struct fm_pager *p)
 {
 	uint64_t unit = atomic_load(&p->limit) / HEAT_SPAN;
 
-	return (uint8_t)((fm_evicted(p) / (unit ? unit : 1)) & 0x7f);
+	return (uint8_t)((fm_evicted(p) / (unit ? unit : 1)) & HEAT_CLOCK);
 }
 
-int fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote)
+unsigned fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, uint8_t was)
 {
+	int remote = fm_pg_state(was) == FM_PG_REMOTE, soon;
+	unsigned gone, back = remote && (was & FM_PGF_LOOPED) ? FM_BACK_LOOP : 0;
 	uint8_t h;
-	unsigned gone;
-	int soon;
 
 	if (!r->heat)
-		return 0;
+		return back;
 	h = heat_get(r, i);
-	gone = remote && (h & HEAT_LEFT) ? (unsigned)((heat_now(p) - h) & 0x7f) : ~0u;
+	gone = remote && (h & HEAT_LEFT) ? (unsigned)((heat_now(p) - h) & HEAT_CLOCK) : ~0u;
 	soon = gone <= HEAT_SPAN;
 	if (soon)
 		STAT_ADD(p, refaults_soon, 1);
@@ -113,7 +114,7 @@ int fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote)
 	} else {
 		heat_set(r, i, 0);
 	}
-	return gone <= 3 * HEAT_SPAN;
+	return back | (gone <= 3 * HEAT_SPAN ? FM_BACK_SOON : 0);
 }
 
 struct victim {
@@ -127,6 +128,7 @@ struct victim {
 	uint8_t compared;   /* installed on a guess, looked at: it was written */
 	const void *bytes;  /* captured: its bytes, read from the pipe after the drop; moved: in the stage */
 	uint8_t moved;      /* moved out into a stage: dropped already */
+	uint8_t loop;       /* chosen by the loop rule (pick_passed) */
 	uint8_t pinned;     /* the kernel would not move it (pinned for I/O): stays resident, untouched */
 };
 
@@ -229,7 +231,7 @@ static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, un
 			b = pg_load(&r->pg[i]);
 			st = fm_pg_state(b);
 			if ((st == FM_PG_CLEAN || st == FM_PG_DIRTY) && take(r, i, b, &v[n]))
-				n++;
+				v[n++].loop = 1;
 		}
 		if (!h->n) {
 			p->passed_top = top;
@@ -936,7 +938,8 @@ books:
 			clean++;
 		}
 		/* A clean page memd never had held only zeros (or garbage): it is untouched again. */
-		nb = (b & FM_PGF_HAS_REMOTE) ? pg_make(FM_PG_REMOTE, (uint8_t)(FM_PGF_HAS_REMOTE | (b & FM_PGF_REWRITE)))
+		nb = (b & FM_PGF_HAS_REMOTE) ? pg_make(FM_PG_REMOTE, (uint8_t)(FM_PGF_HAS_REMOTE | (b & FM_PGF_REWRITE) |
+									       (v[k].loop ? FM_PGF_LOOPED : 0)))
 					     : pg_make(FM_PG_UNTOUCHED, 0);
 		if (r->heat)
 			heat_set(r, v[k].i, fm_pg_state(nb) == FM_PG_REMOTE ? (uint8_t)(HEAT_LEFT | now) : 0);

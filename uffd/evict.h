@@ -26,13 +26,15 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
  */
 uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted);
 void *fm_evictor_main(void *arg);
+/* What fm_heat_filled saw of a page that came back. */
+#define FM_BACK_SOON 1u /* it left at most three budgets of evictions ago (or, the clock wrapping at eight, a multiple of eight more) */
+#define FM_BACK_LOOP 2u /* the loop rule had chosen it (pick_passed, FM_PGF_LOOPED) */
 /*
- * Page i of r was filled (remote: from memd) under a FILLING hold: a page
- * back soon after it left is one the clock should keep longer (evict.c).
- * Returns 1 when it left at most three budgets of evictions ago (or, the
- * byte's clock wrapping at eight budgets, a multiple of eight more).
+ * Page i of r, whose byte was was, was filled (from memd if was is REMOTE)
+ * under a FILLING hold: a page back soon after it left is one the clock
+ * should keep longer (evict.c). Returns FM_BACK_* flags.
  */
-int fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, int remote);
+unsigned fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, uint8_t was);
 /*
  * Pages last, last - stride, ... (n of them) of region ridx are what a
  * thread's run over memory larger than the budget has just gone through:

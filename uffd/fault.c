@@ -103,7 +103,8 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 {
 	uintptr_t addr = r->base + (i << PG_SHIFT);
 	uint8_t held = pg_make(FM_PG_FILLING, b), fl;
-	int remote = fm_pg_state(b) == FM_PG_REMOTE, gc = is_gc(p, f->fc.tid), wr, looped;
+	int remote = fm_pg_state(b) == FM_PG_REMOTE, gc = is_gc(p, f->fc.tid), wr;
+	unsigned back;
 	uint64_t t_xport = 0, t_copy, skipped;
 	const void *src;
 
@@ -154,13 +155,13 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	 */
 	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && (!f->write || remote) ? FM_PGF_GC : FM_PGF_REF) |
 		       (wr && !f->write && remote ? FM_PGF_REWRITE : 0));
-	looped = fm_heat_filled(p, r, i, remote);
+	back = fm_heat_filled(p, r, i, b);
 	fm_release(p, &r->pg[i], held, pg_make(wr ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
 	count_fault(p, gc);
 	if (r->kernel_waits && p->in_thread)
 		STAT_ADD(p, heap_faults, 1);
 	if (p->cfg.prefetch)
-		fm_prefetch(p, &f->fc, ridx, r, i, f->write, !remote, gc, looped, !f->in_thread);
+		fm_prefetch(p, &f->fc, ridx, r, i, f->write, !remote, gc, back, !f->in_thread);
 }
 
 /*

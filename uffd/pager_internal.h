@@ -233,6 +233,13 @@ struct fm_pager {
 	struct passed_run passed[MAX_PASSED]; /* under clock_lock: a ring, the newest at passed_top - 1 */
 	unsigned passed_top, npassed;
 	/*
+	 * How the loop rule's pages came back: + a fault in a run, - one at
+	 * random; halved at each budget of evictions. The rule acts while it
+	 * is not below zero (prefetch.c).
+	 */
+	atomic_int loop_score;
+	atomic_uint_fast64_t loop_epoch; /* budgets of evictions at the score's last halving */
+	/*
 	 * Resident pages a discard may still make garbage (write-protect) this
 	 * GC cycle: about what the evictor took last cycle, so that a heap that
 	 * barely presses its budget does not pay to protect free space it will

@@ -36,12 +36,61 @@ static unsigned count_used(struct region *r, uint64_t first, int64_t stride, uns
 }
 
 /*
+ * The loop rule's record (evict.c, pick_passed). A loop over more than the
+ * budget comes back to the pages the rule let go in a run of faults, the
+ * loop's own; memory a run wrote and the program then uses at random (a
+ * copying collector's to-space: BEAM's, V8's, SBCL's) comes back a fault
+ * at a time, and there the clock would have kept it: a semispace copy
+ * with random work between took 41% more faults with the rule
+ * (bench/RESULTS.md, session 62). A run's pages fetched ahead count too.
+ * The score halves at each budget of evictions, so that a program whose
+ * pattern changes gets the rule back.
+ */
+#define LOOP_SCORE_MAX 4096
+#define LOOPED_READ 1
+#define LOOPED_WRITE 2
+
+/* n of the rule's pages came back, in a run or not: a fault, or a run's pages fetched ahead. */
+static void loop_judge(struct fm_pager *p, int in_run, unsigned n)
+{
+	int s = atomic_load(&p->loop_score);
+
+	if (in_run ? s < LOOP_SCORE_MAX : s > -LOOP_SCORE_MAX)
+		atomic_fetch_add(&p->loop_score, in_run ? (int)n : -(int)n);
+	if (in_run)
+		STAT_ADD(p, loop_back_run, n);
+	else
+		STAT_ADD(p, loop_back_random, n);
+}
+
+/*
+ * A run of writes over pages that left (a to-space, a buffer refilled)
+ * needs the record to speak for the rule first; a run of reads, only that
+ * it does not speak against it. The copy's writes are what hurt: with the
+ * writes held back, the two spaces' faults are the clock's. With the
+ * record alone the first copies paid before any page came back (15% more
+ * faults), and Node, rustc and zstd took 3-9% more. The price: a stencil's
+ * two buffers that each fit but not together, whose writes the rule served
+ * and whose reads bring no record, are the clock's again (51k faults
+ * against 8.6k; bench/RESULTS.md, session 62).
+ */
+static int loop_trusted(struct fm_pager *p, int wrote)
+{
+	uint64_t limit = atomic_load(&p->limit), budgets = fm_evicted(p) / (limit ? limit : 1);
+	uint_fast64_t seen = atomic_load(&p->loop_epoch);
+
+	if (budgets != seen && atomic_compare_exchange_strong(&p->loop_epoch, &seen, budgets))
+		atomic_store(&p->loop_score, atomic_load(&p->loop_score) / 2);
+	return atomic_load(&p->loop_score) >= !!wrote;
+}
+
+/*
  * Record the fault in the thread's stream; returns how many pages ahead to
  * fill (0: not a run yet) and the stride. Two faults with the same small
  * stride make a run.
  */
 static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, struct region *r, uint64_t idx,
-		       int looped, int64_t *stride_out, struct stream **out)
+		       int looped, int back_loop, int64_t *stride_out, struct stream **out)
 {
 	struct stream *s;
 	unsigned used = 0, ahead = 0;
@@ -65,7 +114,7 @@ static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, s
 		 * it now; a run of pages back soon after they left is a loop over
 		 * more than the budget, which comes back to them last (evict.c).
 		 */
-		if (s->looped && kind == 0) {
+		if (s->looped && kind == 0 && loop_trusted(p, s->looped == LOOPED_WRITE)) {
 			passed_n = s->pf_count + 1u;
 			passed_stride = s->stride;
 			passed_last = s->pf_next - (uint64_t)s->stride;
@@ -90,6 +139,8 @@ static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, s
 	if (s->hits >= 1)
 		ahead = MAX_AHEAD;
 	pthread_mutex_unlock(&p->stream_lock);
+	if (back_loop)
+		loop_judge(p, ahead > 0, 1);
 	if (passed_n)
 		fm_evict_passed(p, ridx, passed_last, passed_stride, passed_n);
 	if (used)
@@ -119,11 +170,11 @@ static int reserve(struct fm_pager *p, struct fm_borrowed *fc, unsigned claimed)
 }
 
 void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct region *r, uint64_t idx,
-		 int write, int fresh, int gc, int looped, int wake)
+		 int write, int fresh, int gc, unsigned back, int wake)
 {
 	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
-	unsigned nw = 0, nr = 0, got = 0, zeros = 0, ahead, remote_max;
+	unsigned nw = 0, nr = 0, got = 0, zeros = 0, looped_ahead = 0, ahead, remote_max;
 	/*
 	 * A page fetched ahead has not been used: it goes in unreferenced, so
 	 * that the hand's next pass takes it unless it is written or its
@@ -150,6 +201,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	const void *src[MAX_AHEAD];
 	struct stream *s = NULL;
 	int64_t stride = 0;
+	int looped;
 
 	/*
 	 * A collector's writes and reads of old data are two runs as well: a
@@ -162,9 +214,12 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	 * through, and taking that first made it fetch again (Spark PageRank at
 	 * 25%: its pause workers' faults a third more; bench/RESULTS.md).
 	 */
-	looped = looped && !gc && p->cfg.loop_evict &&
-		 !(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP);
-	ahead = follow(p, fc->tid, (unsigned)fresh | (unsigned)(gc && write) << 1, ridx, r, idx, looped, &stride, &s);
+	looped = (back & FM_BACK_SOON) && !gc && p->cfg.loop_evict &&
+			 !(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP)
+		 ? (write ? LOOPED_WRITE : LOOPED_READ)
+		 : 0;
+	ahead = follow(p, fc->tid, (unsigned)fresh | (unsigned)(gc && write) << 1, ridx, r, idx, looped,
+		       (back & FM_BACK_LOOP) != 0, &stride, &s);
 	/* Remote pages ahead: none of a fresh run; a GC thread's as many as gc_window allows. */
 	remote_max = fresh ? 0 : gc ? p->cfg.gc_window : p->cfg.prefetch;
 	/*
@@ -203,7 +258,10 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		want[nw++] = (uint64_t)j;
 		if (st == FM_PG_REMOTE)
 			remote[nr++] = (uint64_t)j;
+		looped_ahead += st == FM_PG_REMOTE && (b & FM_PGF_LOOPED);
 	}
+	if (looped_ahead)
+		loop_judge(p, 1, looped_ahead);
 	if (!nw)
 		return;
 	if (nr) {

@@ -38,6 +38,6 @@ struct region;
  * cold). wake: handler-thread mode. Caller holds rlock.
  */
 void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct region *r, uint64_t idx,
-		 int write, int fresh, int gc, int looped, int wake);
+		 int write, int fresh, int gc, unsigned back, int wake);
 
 #endif

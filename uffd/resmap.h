@@ -63,6 +63,12 @@ enum fm_page_state {
  * that stops being written is installed write-protected again.
  */
 #define FM_PGF_REWRITE     0x80u
+/*
+ * REF's bit, in REMOTE: the page left because the loop rule chose it
+ * (uffd/evict.c, pick_passed); how it comes back is the rule's record
+ * (uffd/prefetch.c, loop_trusted). Advice only.
+ */
+#define FM_PGF_LOOPED      0x10u
 
 static inline unsigned fm_pg_state(uint8_t b) { return b & FM_PG_STATE_MASK; }
 
@@ -282,7 +288,14 @@ struct fm_pager_stats {
 	 * rule never acted.
 	 */
 	uint64_t loop_evictions;
-	uint64_t reserved2[2];
+	/*
+	 * Faults on pages the rule had chosen: in a run (a loop coming back
+	 * round, the rule's case) or not (memory used at random, the clock's);
+	 * the rule stands down while the second outweighs the first, and takes
+	 * runs of writes only while the first outweighs the second (prefetch.c).
+	 */
+	uint64_t loop_back_run;
+	uint64_t loop_back_random;
 };
 
 struct fm_resmap_hdr {

@@ -118,7 +118,7 @@ LEND_FIELDS = ("lend_requests",)
 SPIN_FIELDS = ("spin_crowded", "helped_faults")
 # Then pages chosen to leave because a thread's run going round more than the budget had passed them
 # (loop_evict, uffd/evict.c).
-LOOP_FIELDS = ("loop_evictions",)
+LOOP_FIELDS = ("loop_evictions", "loop_back_run", "loop_back_random")
 
 
 class PagerStats(ctypes.Structure):
@@ -198,6 +198,8 @@ def layout() -> dict:
         "offsetof_spin_crowded": PagerStats.spin_crowded.offset,
         "offsetof_helped_faults": PagerStats.helped_faults.offset,
         "offsetof_loop_evictions": PagerStats.loop_evictions.offset,
+        "offsetof_loop_back_run": PagerStats.loop_back_run.offset,
+        "offsetof_loop_back_random": PagerStats.loop_back_random.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
