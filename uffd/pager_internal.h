@@ -99,7 +99,7 @@ struct stream {
 	unsigned hits;
 	uint64_t pf_next;      /* first page past what we prefetched for it */
 	unsigned pf_count;
-	int looped;            /* its last fault was a page back within three budgets (a loop over more than the budget) */
+	int looped;            /* its last fault was a page back within three budgets (a loop over more than the budget): LOOPED_READ or LOOPED_WRITE (prefetch.c), else 0 */
 };
 
 /* A range a system call is using: the evictor leaves its pages alone (pins.c). */
@@ -233,9 +233,10 @@ struct fm_pager {
 	struct passed_run passed[MAX_PASSED]; /* under clock_lock: a ring, the newest at passed_top - 1 */
 	unsigned passed_top, npassed;
 	/*
-	 * How the loop rule's pages came back: + a fault in a run, - one at
-	 * random; halved at each budget of evictions. The rule acts while it
-	 * is not below zero (prefetch.c).
+	 * How the loop rule's pages came back: + a fault in a run (or a page a
+	 * run fetched ahead), - one at random; halved at each budget of
+	 * evictions. A run of reads gets the rule while it is not below zero,
+	 * a run of writes while it is above (prefetch.c, loop_trusted).
 	 */
 	atomic_int loop_score;
 	atomic_uint_fast64_t loop_epoch; /* budgets of evictions at the score's last halving */

@@ -18,6 +18,8 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "size_arg.h"
+
 #define PGSZ 4096u
 #define WORDS (PGSZ / 8u)
 
@@ -69,31 +71,6 @@ static inline uint64_t now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -1;
-	uint64_t mul = 1;
-	switch (*end) {
-	case 'k': case 'K': mul = 1ULL << 10; end++; break;
-	case 'm': case 'M': mul = 1ULL << 20; end++; break;
-	case 'g': case 'G': mul = 1ULL << 30; end++; break;
-	case 't': case 'T': mul = 1ULL << 40; end++; break;
-	default: break;
-	}
-	if (mul > 1 && *end == 'i')
-		end++;
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end || v > UINT64_MAX / mul)
-		return -1;
-	*out = v * mul;
-	return 0;
 }
 
 static int cmp_u32(const void *a, const void *b)

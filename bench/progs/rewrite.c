@@ -44,6 +44,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "size_arg.h"
+
 #define PAGE 4096u
 #define WORDS (PAGE / 8u)
 
@@ -215,24 +217,6 @@ static int wake_sleepers(unsigned n, pthread_t *t)
 		bad |= r != NULL;
 	}
 	return bad ? -1 : 0;
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
-
-	if (end == s)
-		return -1;
-	switch (*end) {
-	case 'G': case 'g': v <<= 30; end++; break;
-	case 'M': case 'm': v <<= 20; end++; break;
-	case 'K': case 'k': v <<= 10; end++; break;
-	}
-	if (*end)
-		return -1;
-	*out = v;
-	return 0;
 }
 
 static int run_phase(struct worker *w, void *(*fn)(void *))

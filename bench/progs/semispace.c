@@ -22,6 +22,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "size_arg.h"
+
 #define PAGE 4096ul
 #define WORDS (PAGE / 8)
 
@@ -45,23 +47,6 @@ static int ok(const uint64_t *space, uint64_t pg, uint32_t v)
 		if (space[pg * WORDS + k] != word(pg, v, k))
 			return 0;
 	return 1;
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	uint64_t v = strtoull(s, &end, 10);
-
-	if (end == s)
-		return -1;
-	switch (*end) {
-	case 'G': v <<= 10; /* fall through */
-	case 'M': v <<= 10; /* fall through */
-	case 'K': v <<= 10; end++; break;
-	default: break;
-	}
-	*out = v;
-	return *end ? -1 : 0;
 }
 
 static double now_s(void)
