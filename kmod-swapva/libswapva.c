@@ -19,6 +19,7 @@
 #include <unistd.h>
 /* Debian 12's linux-libc-dev is 6.1: UFFDIO_MOVE (6.8) comes from the project header. */
 #include "uffd_compat.h"
+#include "uffd_move.h"
 
 #define USER_TOP (1ULL << 47)
 /* Measured by bench/bench_swapva.py (docs/swapva.md), host 6.18: into an
@@ -245,6 +246,8 @@ struct swapva_ctx {
 	int strict;
 	void *scratch;
 	size_t scratch_len;
+	int pagemap;                   /* /proc/self/pagemap of pagemap_pid, or -1 */
+	pid_t pagemap_pid;
 	char desc[64];
 	unsigned char *bounce;
 };
@@ -280,6 +283,7 @@ int swapva_open(struct swapva_ctx **out, enum swapva_backend want)
 		return ENOMEM;
 	c->kfd = -1;
 	c->uffd = -1;
+	c->pagemap = -1;
 	c->bounce = malloc(SWAP_BOUNCE);
 	if (!c->bounce) {
 		free(c);
@@ -332,6 +336,8 @@ void swapva_close(struct swapva_ctx *c)
 		return;
 	if (c->kfd >= 0)
 		close(c->kfd);
+	if (c->pagemap >= 0)
+		close(c->pagemap);
 	if (c->scratch) {
 		if (c->uffd >= 0) {
 			struct uffdio_range r = { (uint64_t)c->scratch, c->scratch_len };
@@ -553,26 +559,22 @@ int swapva_use_uffd(struct swapva_ctx *c, int fd)
 
 /* ---- uffd backend -------------------------------------------------------- */
 
-/* Move [src, src+len) to dst; holes stay holes. Returns 0 or errno; *moved
- * is how far it got (the prefix that moved). */
+/* Move [src, src+len) to the empty dst; holes stay holes. Returns 0 or errno;
+ * *moved is how far it got (the prefix that moved). */
 static int umove(int fd, uint64_t dst, uint64_t src, uint64_t len, uint64_t *moved)
 {
 	uint64_t done = 0;
 	int spins = 0;
 
 	while (done < len) {
-		struct uffdio_move m = { .dst = dst + done, .src = src + done, .len = len - done,
-					 .mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES };
+		uint64_t m = 0;
+		int e = -fm_move_to_empty(fd, dst + done, src + done, len - done,
+					  UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES, &m, NULL);
 
-		if (ioctl(fd, UFFDIO_MOVE, &m) == 0) {
-			done += len - done;
+		done += m;
+		if (!e)
 			break;
-		}
-		int e = errno;
-
-		if (m.move > 0)
-			done += (uint64_t)m.move;
-		if (e == EAGAIN && m.move > 0)
+		if (e == EAGAIN && m > 0)
 			continue;
 		if (e == EAGAIN && ++spins < 64) /* nothing moved: page busy, retry */
 			continue;
@@ -581,6 +583,24 @@ static int umove(int fd, uint64_t dst, uint64_t src, uint64_t len, uint64_t *mov
 	}
 	*moved = done;
 	return 0;
+}
+
+/* Where the first mapped page of [a, b) is (b: none), or a if that cannot be told. */
+static uint64_t first_mapped(struct swapva_ctx *c, uint64_t a, uint64_t b)
+{
+	pid_t me = getpid();
+	int64_t f;
+
+	if (c->pagemap >= 0 && c->pagemap_pid != me) {  /* opened before a fork: the parent's */
+		close(c->pagemap);
+		c->pagemap = -1;
+	}
+	if (c->pagemap < 0) {
+		c->pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+		c->pagemap_pid = me;
+	}
+	f = c->pagemap < 0 ? -1 : fm_pagemap_first(c->pagemap, a, b, 1);
+	return f < 0 ? a : (uint64_t)f;
 }
 
 static int ensure_registered(struct swapva_ctx *c, uint64_t a, uint64_t b);
@@ -664,19 +684,24 @@ static int uffd_one(struct swapva_ctx *c, unsigned op, const struct swapva_seg *
 		return e;
 	if (op == SWAPVA_OP_MOVE) {
 		/*
-		 * Straight into dst when it is empty. A collector moves into space
-		 * that held garbage, though, and UFFDIO_MOVE stops at the first
-		 * present dst page (EEXIST): swapping the rest costs two more
-		 * moves, freeing dst's pages costs more (64 pages: 22 µs vs 51 µs
-		 * here), and what is left at src is unspecified for MOVE anyway.
+		 * Straight into dst as far as it is empty. A collector moves into
+		 * space that held garbage, though, and UFFDIO_MOVE stops at the
+		 * first mapped dst page: the rest is swapped, which costs two more
+		 * moves, where freeing dst's pages costs more (64 pages: 22 µs vs
+		 * 51 µs here), and what is left at src is unspecified for MOVE
+		 * anyway. The page tables say how far dst is empty, beforehand:
+		 * after a failed move, the kernel's count may be short (uffd_move.h).
 		 */
-		e = umove_c(c, b, a, len, &m1);
-		if (e != EEXIST) {
-			if (e)
+		head = first_mapped(c, b, b + len) - b;
+		if (head) {
+			e = umove_c(c, b, a, head, &m1);
+			if (e) {
 				ROLLBACK(a, b, m1);
-			return e;
+				return e;
+			}
+			if (head == len)
+				return 0;
 		}
-		head = m1;
 		a += head;
 		b += head;
 		len -= head;

@@ -307,3 +307,27 @@ def test_unknown_fault_mode_is_refused(built, farmem_cmd, tmp_path):
                env_extra={"FARMEM_FAULT": "sideways"})
     assert r.returncode == 78, r.stderr
     assert "FARMEM_FAULT" in r.stderr and "sideways" in r.stderr and "auto|signal|thread" in r.stderr
+
+
+@pytest.mark.parametrize("fault", ["signal", "thread"])
+def test_pages_moved_out_by_eviction_survive_compaction(built, farmem_cmd, tmp_path, fault):
+    """Eviction that moves dirty pages out (UFFDIO_MOVE, --evict-move 1) while the kernel compacts
+    memory. Since Linux 6.18 a move that met a page under migration moves pages past the count it
+    returns (uffd/uffd_move.h); taken at its word, the pager left those pages in the stage and read
+    them where they had been: under fault=thread a handler faulted on its own region and the program
+    hung, under fault=signal this run failed within 2 s. Every page is checked by pagetest."""
+    if not os.access("/proc/sys/vm/compact_memory", os.W_OK):
+        pytest.skip("compaction is started by writing /proc/sys/vm/compact_memory (root)")
+    built("build/lib/libfarmem_preload.so")
+    compactor = subprocess.Popen(
+        ["bash", "-c", "while :; do echo 1 > /proc/sys/vm/compact_memory; sleep 0.01; done"],
+        start_new_session=True)
+    try:
+        r, s = run(farmem_cmd, tmp_path, [str(built("build/tests/pagetest")), "--size", "256M",
+                                          "--rounds", "2", "--threads", "2"],
+                   local="48M", env_extra={"FARMEM_FAULT": fault, "FARMEM_EVICT_MOVE": "1"}, timeout=240)
+    finally:
+        os.killpg(compactor.pid, signal.SIGKILL)
+        compactor.wait()
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert s["evictions_moved"] > 10000, s

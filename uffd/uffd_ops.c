@@ -13,6 +13,7 @@
 #include "fm_fds.h"
 #include "fm_util.h"
 #include "fatal.h"
+#include "uffd_move.h"
 
 #define PG 4096u
 
@@ -246,13 +247,11 @@ void fm_uffd_wake(int uffd, uintptr_t addr, size_t len)
 
 int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int holes_ok, int64_t *done)
 {
-	struct uffdio_move m = {
-		.dst = dst, .src = src, .len = len, .mode = holes_ok ? UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES : 0,
-	};
-	int was = wake_begin(1), rc = ioctl(uffd, UFFDIO_MOVE, &m) ? -errno : 0;
+	uint64_t moved = 0;
+	int was = wake_begin(1);
+	int rc = fm_move_to_empty(uffd, dst, src, len, holes_ok ? UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES : 0, &moved, NULL);
 
 	wake_end(was);
-
-	*done = rc ? (m.move > 0 ? m.move : 0) : (int64_t)len;
+	*done = (int64_t)moved;
 	return rc;
 }

@@ -77,6 +77,9 @@ void fm_uffd_wake(int uffd, uintptr_t addr, size_t len);
  * (fm_pager_move, eviction's moves): 0 or -errno, *done bytes copied or
  * moved before a failure. A move with holes_ok steps over source pages that
  * are not mapped (they count as moved); without, it stops there with ENOENT.
+ * A move's destination must be empty when it begins, also when it goes on
+ * after EAGAIN: the kernel may have moved pages past the count it gives
+ * (uffd_move.h), and only an empty destination tells them apart.
  */
 int fm_uffd_copy(int uffd, uintptr_t dst, const void *src, size_t len, int wp, int wake, int64_t *done);
 int fm_uffd_move(int uffd, uintptr_t dst, uintptr_t src, size_t len, int holes_ok, int64_t *done);
