@@ -191,7 +191,7 @@ $(B)/java/$(1)/$(1)-workload.jar: $(B)/java/$(1)/lib/.ok $(wildcard tests/java/$
 endef
 $(foreach s,spark neo4j,$(eval $(call SEED_RULES,$(s))))
 
-$(B)/tests/%: tests/progs/%.c $(HDRS) | $(B)/.deps-ok
+$(B)/tests/%: tests/progs/%.c $(HDRS) bench/progs/size_arg.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuffd -o $@ $< -lpthread
 

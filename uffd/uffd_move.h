@@ -13,7 +13,7 @@
  * holes there. Taken at its word, a caller loses those pages (it moves into
  * slots that hold them, or drops them as garbage, or reads the source, which
  * now faults). Compaction is enough to cause it (kcompactd, or writing
- * /proc/sys/vm/compact_memory; tests/unit/test_swapva.c provokes it).
+ * /proc/sys/vm/compact_memory, as tests/unit/test_uffd_move.c does).
  *
  * Given a destination that was empty when the move began, a mapped page
  * there past the count can only have come from this move, so after EEXIST

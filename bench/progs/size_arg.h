@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * A size on a benchmark's command line: 512M, 4KiB, 1g, 65536. Shared by
- * the benchmarks so that each rejects what the others reject (a sign, a
- * size past 2^64, trailing words).
+ * A size on a benchmark's or a test program's command line: 512M, 4KiB, 1g,
+ * 65536. Shared by bench/progs and tests/progs so that each rejects what the
+ * others reject (a sign, a size past 2^64, trailing words).
  */
 #ifndef FARMEM_BENCH_SIZE_ARG_H
 #define FARMEM_BENCH_SIZE_ARG_H

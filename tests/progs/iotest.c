@@ -139,6 +139,7 @@
 
 #include "raw_syscall.h"
 #include "resmap_self.h"
+#include "../../bench/progs/size_arg.h"
 
 #define PAGE 4096ul
 #define CHUNK (4ul << 20)
@@ -1762,16 +1763,11 @@ static void t_raw(void)
 	free(src);
 }
 
-static int parse_size(const char *s, size_t *out)
+static int parse_nonzero_size(const char *s, size_t *out)
 {
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
+	uint64_t v;
 
-	if (*end == 'M' || *end == 'm')
-		v <<= 20, end++;
-	else if (*end == 'G' || *end == 'g')
-		v <<= 30, end++;
-	if (*end || !v)
+	if (parse_size(s, &v) || !v)
 		return -1;
 	*out = (size_t)v;
 	return 0;
@@ -1794,9 +1790,9 @@ int main(int argc, char **argv)
 	int c;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		if (c == 's' && !parse_size(optarg, &size))
+		if (c == 's' && !parse_nonzero_size(optarg, &size))
 			continue;
-		if (c == 'p' && !parse_size(optarg, &pressure_size))
+		if (c == 'p' && !parse_nonzero_size(optarg, &pressure_size))
 			continue;
 		if (c == 'o') {
 			only = optarg;

@@ -37,6 +37,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../bench/progs/size_arg.h"
+
 #define PAGE_SIZE_ 4096u
 #define WORDS (PAGE_SIZE_ / 8u)
 
@@ -258,33 +260,6 @@ static int verify_all(void)
 	for (uint64_t p = 0; p < C.npages; p++)
 		if (verify_page(p))
 			return -1;
-	return 0;
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -1;
-	uint64_t mul = 1;
-	switch (*end) {
-	case 'k': case 'K': mul = 1ULL << 10; end++; break;
-	case 'm': case 'M': mul = 1ULL << 20; end++; break;
-	case 'g': case 'G': mul = 1ULL << 30; end++; break;
-	case 't': case 'T': mul = 1ULL << 40; end++; break;
-	default: break;
-	}
-	if (mul > 1 && *end == 'i')
-		end++;
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end)
-		return -1;
-	if (v > UINT64_MAX / mul)
-		return -1;
-	*out = v * mul;
 	return 0;
 }
 

@@ -25,6 +25,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "../../bench/progs/size_arg.h"
+
 #define PAGE 4096u
 #define WORDS (PAGE / 8)
 
@@ -108,16 +110,6 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-static uint64_t parse_size(const char *s)
-{
-	char *e;
-	uint64_t v = strtoull(s, &e, 10);
-	if (*e == 'K' || *e == 'k') v <<= 10;
-	else if (*e == 'M' || *e == 'm') v <<= 20;
-	else if (*e == 'G' || *e == 'g') v <<= 30;
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	uint64_t size = 128ull << 20;
@@ -125,7 +117,7 @@ int main(int argc, char **argv)
 	double t1;
 
 	for (int i = 1; i + 1 < argc; i += 2) {
-		if (!strcmp(argv[i], "--size")) size = parse_size(argv[i + 1]);
+		if (!strcmp(argv[i], "--size") && !parse_size(argv[i + 1], &size)) continue;
 		else if (!strcmp(argv[i], "--threads")) nthreads = (unsigned)atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--accesses")) target = strtoull(argv[i + 1], NULL, 10);
 		else if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
