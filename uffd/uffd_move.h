@@ -31,6 +31,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "uffd_compat.h"
@@ -63,19 +64,50 @@ static inline int64_t fm_pagemap_first(int pagemap, uint64_t a, uint64_t b, int 
 }
 
 /*
+ * The same as fm_pagemap_first without a descriptor, by mincore: resident
+ * (want 1) or not. An anonymous page swapped out and not in the swap cache
+ * reads as not resident, which PAGEMAP_SCAN would call mapped.
+ */
+static inline int64_t fm_mincore_first(uint64_t a, uint64_t b, int want)
+{
+	const uint64_t ps = (uint64_t)sysconf(_SC_PAGESIZE);
+	unsigned char vec[64];
+
+	for (uint64_t at = a; at < b;) {
+		uint64_t n = (b - at) / ps < 64 ? (b - at) / ps : 64;
+
+		if (mincore((void *)(uintptr_t)at, n * ps, vec))
+			return -1;
+		for (uint64_t k = 0; k < n; k++)
+			if ((vec[k] & 1) == (want != 0))
+				return (int64_t)(at + k * ps);
+		at += n * ps;
+	}
+	return (int64_t)b;
+}
+
+/*
  * Bytes from dst/src that moved though the kernel did not count them: the
  * mapped destination pages there whose source pages are gone. 0 if none.
+ * Without a descriptor for pagemap (a program out of them) mincore answers:
+ * taking the kernel's count at its word would lose the pages it moved. A
+ * moved page swapped out at once reads as not there; it is then counted on
+ * no further than that page, and the retry there says EEXIST again.
  */
 static inline uint64_t fm_move_uncounted(uint64_t dst, uint64_t src, uint64_t len)
 {
 	int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	int64_t d, s;
+	int64_t d = -1, s = -1;
 
-	if (pagemap < 0)
-		return 0;
-	d = fm_pagemap_first(pagemap, dst, dst + len, 0);
-	s = d > (int64_t)dst ? fm_pagemap_first(pagemap, src, src + ((uint64_t)d - dst), 1) : -1;
-	close(pagemap);
+	if (pagemap >= 0) {
+		d = fm_pagemap_first(pagemap, dst, dst + len, 0);
+		s = d > (int64_t)dst ? fm_pagemap_first(pagemap, src, src + ((uint64_t)d - dst), 1) : -1;
+		close(pagemap);
+	}
+	if (d < 0) {
+		d = fm_mincore_first(dst, dst + len, 0);
+		s = d > (int64_t)dst ? fm_mincore_first(src, src + ((uint64_t)d - dst), 1) : -1;
+	}
 	if (s < 0)
 		return 0;
 	return (uint64_t)s - src;

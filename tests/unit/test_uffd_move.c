@@ -5,7 +5,8 @@
  * 1. What it must keep of UFFDIO_MOVE: a whole move, holes stepped over, a
  *    real EEXIST (a destination page mapped, its source page still there)
  *    stops at that page with the prefix counted, and fm_pagemap_first finds
- *    mapped and empty pages.
+ *    mapped and empty pages. Pages moved past a count are found again with
+ *    no descriptor free for pagemap (mincore answers then).
  * 2. Under compaction (root: /proc/sys/vm/compact_memory written in a loop),
  *    runs of pages move back and forth between two halves for a few seconds,
  *    each move checked page by page. Since Linux 6.18 the kernel's count
@@ -19,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 
@@ -124,6 +126,49 @@ static void semantics(int uffd)
 	munmap(a, 2 * n * PS);
 }
 
+/*
+ * A short count left behind (pages moved past it) is found again with no
+ * descriptor to spare: open() fails, mincore reads the page tables instead.
+ */
+static void recount_without_pagemap(int uffd)
+{
+	const size_t n = 32;
+	uint8_t *a = registered(uffd, 2 * n * PS, n, every_page), *b = a ? a + n * PS : NULL;
+	struct uffdio_move m = { .len = 10 * PS };
+	struct rlimit was, none = { .rlim_cur = 0 };
+	uint64_t with_fd, without_fd = 0;
+	int fd;
+
+	CHECK(a != NULL);
+	if (!a)
+		return;
+	/* Pages 2..11 moved as the kernel's uncounted batch would have: dst mapped, src gone. */
+	m.dst = (uintptr_t)(b + 2 * PS);
+	m.src = (uintptr_t)(a + 2 * PS);
+	CHECK(ioctl(uffd, UFFDIO_MOVE, &m) == 0 && m.move == (int64_t)(10 * PS));
+	with_fd = fm_move_uncounted((uintptr_t)(b + 2 * PS), (uintptr_t)(a + 2 * PS), (n - 2) * PS);
+	CHECK(getrlimit(RLIMIT_NOFILE, &was) == 0);
+	none.rlim_max = was.rlim_max;
+	CHECK(setrlimit(RLIMIT_NOFILE, &none) == 0);
+	fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		without_fd = fm_move_uncounted((uintptr_t)(b + 2 * PS), (uintptr_t)(a + 2 * PS), (n - 2) * PS);
+	CHECK(setrlimit(RLIMIT_NOFILE, &was) == 0);
+	CHECK(fd < 0 && errno == EMFILE);
+	if (fd >= 0)
+		close(fd);
+	CHECK(with_fd == 10 * PS);
+	CHECK(without_fd == 10 * PS);
+	/* Not from here: dst pages 0..1 are empty, so nothing moved uncounted there. */
+	CHECK(fm_move_uncounted((uintptr_t)b, (uintptr_t)a, n * PS) == 0);
+	CHECK(fm_mincore_first((uintptr_t)b, (uintptr_t)(b + n * PS), 1) == (int64_t)(uintptr_t)(b + 2 * PS));
+	CHECK(fm_mincore_first((uintptr_t)(b + 2 * PS), (uintptr_t)(b + n * PS), 0) ==
+	      (int64_t)(uintptr_t)(b + 12 * PS));
+	for (uint64_t p = 2; p < 12; p++)
+		CHECK(page_ok(b, p, 1));
+	munmap(a, 2 * n * PS);
+}
+
 static atomic_int stop;
 
 static void *compactor(void *arg)
@@ -216,6 +261,7 @@ int main(void)
 		return 0;
 	}
 	semantics(uffd);
+	recount_without_pagemap(uffd);
 	under_compaction(uffd);
 	close(uffd);
 	if (failures) {
