@@ -14,7 +14,10 @@ whole program.
 
 --before DIR runs each program a third time under another build of farmem (DIR: its build/ tree,
 as FARMEM_BUILD; a worktree of an older commit after `make`), right after this build's run, for
-a before-and-after in one sitting; --repeats runs the three that many times, interleaved.
+a before-and-after in one sitting; --repeats runs the three that many times, interleaved. Both
+farmem runs get FARMEM_BUILD, and DIR's absolute path must be as long as this build's: a program's
+faults move with the size of its environment (bench/RESULTS.md, session 62), so a longer path
+alone would read as a change of the pager's.
 
 LibreOffice runs only when --only names it (OPT_IN).
 
@@ -40,6 +43,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+THIS_BUILD = str(REPO / "build")
 sys.path.insert(0, str(REPO / "bench" / "lib"))
 from compat import ERLANG  # noqa: E402  (the same program as the compatibility matrix's)
 
@@ -248,14 +252,14 @@ def run(argv: list, work: Path, timeout: float, env_extra: dict | None = None) -
     return subprocess.CompletedProcess(argv, proc.returncode, out, err), time.monotonic() - t0
 
 
-def farmem_once(args, work: Path, name: str, cmd: str, build: str | None) -> tuple:
-    """CMD under `farmem run` (with build as FARMEM_BUILD, if given): (CompletedProcess, seconds, summary)."""
+def farmem_once(args, work: Path, name: str, cmd: str, build: str) -> tuple:
+    """CMD under `farmem run` with build as FARMEM_BUILD: (CompletedProcess, seconds, summary)."""
     summary = work / f"{name}.json"
     summary.unlink(missing_ok=True)
     fault = ["--fault", args.fault] if args.fault else []
     fm, fm_s = run([str(REPO / "farmem"), "run", "--threshold", args.threshold, "--local", args.local, *fault,
                     "--summary-json", str(summary), "--", "bash", "-c", cmd], work, args.timeout,
-                   {"FARMEM_BUILD": build} if build else None)
+                   {"FARMEM_BUILD": build})
     return fm, fm_s, json.loads(summary.read_text()) if summary.exists() else {}
 
 
@@ -265,11 +269,11 @@ def sweep_one(args, work: Path, name: str, cmd: str, results: list) -> int:
     local, local_s = run(["/usr/bin/time", "-f", "%M", "-o", str(rss), "bash", "-c", cmd], work, args.timeout)
     peak_kib = int(rss.read_text().split()[-1]) if rss.exists() else 0
     bad = 0
-    for build in [None, args.before] if args.before else [None]:
+    for build in [THIS_BUILD, args.before] if args.before else [THIS_BUILD]:
         fm, fm_s, s = farmem_once(args, work, name, cmd, build)
         same = local.returncode == 0 and fm.returncode == 0 and local.stdout == fm.stdout
         bad |= not same
-        row = {"program": name, "command": cmd, "build": build or "this", "same": same,
+        row = {"program": name, "command": cmd, "build": "this" if build == THIS_BUILD else build, "same": same,
                "local_s": round(local_s, 2), "farmem_s": round(fm_s, 2),
                "ratio": round(fm_s / local_s, 2) if local_s else None,
                "faults": s.get("faults", 0), "heap_faults": s.get("heap_faults", 0),
@@ -280,7 +284,7 @@ def sweep_one(args, work: Path, name: str, cmd: str, results: list) -> int:
         results.append(row)
         paged = "not paged" if not row["processes"] else \
             f"{row['faults']} faults ({row['heap_faults']} by the heaps' handler thread)"
-        which = f" (build {build})" if build else ""
+        which = f" (build {build})" if build != THIS_BUILD else ""
         print(f"{name}{which}: {'same output' if same else 'DIFFERENT OUTPUT OR FAILED'}, {row['local_s']} s local, "
               f"{row['farmem_s']} s farmem ({row['ratio']}x), {paged}, largest process all local "
               f"{row['peak_rss_mib_local']} MiB", flush=True)
@@ -301,6 +305,14 @@ def main() -> int:
     ap.add_argument("--before", help="another build's build/ directory (FARMEM_BUILD), run third")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.before:
+        args.before = os.path.abspath(args.before)
+        if len(args.before) != len(THIS_BUILD):
+            ap.error(f"--before {args.before}: its path is {len(args.before)} characters, this build's "
+                     f"({THIS_BUILD}) {len(THIS_BUILD)}; a program's faults move with the size of its "
+                     "environment, so give the other build a path of the same length (a worktree named to fit)")
+        if not os.path.isfile(os.path.join(args.before, "lib", "libfarmem_preload.so")):
+            ap.error(f"--before {args.before}: no farmem build there (lib/libfarmem_preload.so missing)")
     only = set(args.only.split(","))
     work = Path(tempfile.mkdtemp(prefix="farmem-sweep-"))
     results, bad = [], 0

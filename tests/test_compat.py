@@ -1243,3 +1243,14 @@ def test_bench_sweep_driver(shim, tmp_path):
     assert set(rows) == {"python", "sort-parallel"}, rows
     for row in rows.values():
         assert row["same"] and row["processes"] >= 1 and row["faults"] > 0, row
+
+
+def test_bench_sweep_refuses_a_before_build_at_a_path_of_another_length(tmp_path):
+    """--before at a path longer or shorter than this build's would change the programs' environment
+    size, which moves their faults by itself: the driver refuses it before running anything."""
+    sweep = Path(__file__).resolve().parent.parent / "bench" / "bench_sweep.py"
+    this = str(sweep.parent.parent / "build")
+    other = tmp_path / ("x" * (len(this) + 5)) / "build"
+    r = subprocess.run([sys.executable, str(sweep), "--only", "python", "--before", str(other)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "same length" in r.stderr and "python:" not in r.stdout, r.stdout + r.stderr
