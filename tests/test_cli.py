@@ -490,6 +490,28 @@ def test_a_copying_collectors_two_spaces_leave_the_loop_rule_aside(tmp_path, far
     assert 0 < off["remote_reads"] and on["remote_reads"] <= off["remote_reads"] * 1.05, (on, off)
 
 
+def test_a_stencils_two_buffers_get_the_loop_rule(tmp_path, farmem_cmd, built):
+    """Two buffers of 32 MiB at 48 MiB local, each pass reading one in order and writing the other
+    (build/bench/semispace --touches 0, every page checked): each fits, both do not, so a pass comes
+    back to what the one before went through, a loop over more than the budget. The reads' runs and
+    the writes' runs keep records of their own (uffd/prefetch.c, loop_trusted), and the writes get
+    theirs by a probe: with the rule the passes read back at most four fifths of what the clock alone
+    does (until session 64 the writes never got a record and both read the same)."""
+    semispace = built("build/bench/semispace")
+    runs = {}
+    for rule in ("1", "0"):
+        out = tmp_path / f"s{rule}.json"
+        r = farmem(farmem_cmd, "run", "--threshold", "1M", "--local", "48M", "--summary-json", out, "--", semispace,
+                   "--size", "32M", "--copies", "8", "--touches", "0", env=clean_env(FARMEM_LOOP_EVICT=rule),
+                   timeout=300)
+        assert r.returncode == 0 and "all pages checked" in r.stdout, r.stderr
+        runs[rule] = json.loads(out.read_text())
+    on, off = runs["1"], runs["0"]
+    assert off["loop_evictions"] == 0 < on["loop_evictions"], (on, off)
+    assert on["loop_back_run"] > 10 * on["loop_back_random"], (on, off)
+    assert 0 < on["remote_reads"] <= off["remote_reads"] * 0.8, (on, off)
+
+
 def test_a_run_larger_than_its_budget_is_told_what_a_larger_one_saves(tmp_path, farmem_cmd, built):
     """Random pages of 128 MiB at 32 MiB local: each page that comes back has left some budgets of
     evictions before, and the summary says how many faults twice and four times the budget would

@@ -36,6 +36,23 @@ static unsigned count_used(struct region *r, uint64_t first, int64_t stride, uns
 }
 
 /*
+ * Whether pages last + stride, ... up to the one before last + steps *
+ * stride are resident: a run that faulted steps strides on went through
+ * them, where a program that jumped ahead skipped pages it would have
+ * faulted on.
+ */
+static int went_through(struct region *r, uint64_t last, int64_t stride, uint64_t steps)
+{
+	for (uint64_t k = 1; k < steps; k++) {
+		int64_t j = (int64_t)last + stride * (int64_t)k;
+
+		if (j < 0 || (uint64_t)j >= r->npages || !fm_pg_is_resident(pg_load(&r->pg[j])))
+			return 0;
+	}
+	return 1;
+}
+
+/*
  * The loop rule's record (evict.c, pick_passed). A loop over more than the
  * budget comes back to the pages the rule let go in a run of faults, the
  * loop's own; memory a run wrote and the program then uses at random (a
@@ -47,16 +64,22 @@ static unsigned count_used(struct region *r, uint64_t first, int64_t stride, uns
  * pattern changes gets the rule back.
  */
 #define LOOP_SCORE_MAX 4096
+/* Pages runs of writes may let go of with no record yet, each budget of evictions: a 1024th of it. */
+#define LOOP_PROBE(limit) ((limit) / 1024 > 16 ? (limit) / 1024 : 16)
 #define LOOPED_READ 1
 #define LOOPED_WRITE 2
 
-/* n of the rule's pages came back, in a run or not: a fault, or a run's pages fetched ahead. */
-static void loop_judge(struct fm_pager *p, int in_run, unsigned n)
+/*
+ * n of the rule's pages came back, in a run or not: a fault, or a run's
+ * pages fetched ahead. wrote: a run of writes had let them go.
+ */
+static void loop_judge(struct fm_pager *p, int in_run, unsigned n, int wrote)
 {
-	int s = atomic_load(&p->loop_score);
+	atomic_int *score = &p->loop_score[!!wrote];
+	int s = atomic_load(score);
 
 	if (in_run ? s < LOOP_SCORE_MAX : s > -LOOP_SCORE_MAX)
-		atomic_fetch_add(&p->loop_score, in_run ? (int)n : -(int)n);
+		atomic_fetch_add(score, in_run ? (int)n : -(int)n);
 	if (in_run)
 		STAT_ADD(p, loop_back_run, n);
 	else
@@ -65,23 +88,34 @@ static void loop_judge(struct fm_pager *p, int in_run, unsigned n)
 
 /*
  * A run of writes over pages that left (a to-space, a buffer refilled)
- * needs the record to speak for the rule first; a run of reads, only that
- * it does not speak against it. The copy's writes are what hurt: with the
- * writes held back, the two spaces' faults are the clock's. With the
- * record alone the first copies paid before any page came back (15% more
- * faults), and Node, rustc and zstd took 3-9% more. The price: a stencil's
- * two buffers that each fit but not together, whose writes the rule served
- * and whose reads bring no record, are the clock's again (51k faults
- * against 8.6k; bench/RESULTS.md, session 62).
+ * needs its own record to speak for the rule first; a run of reads, only
+ * that its record does not speak against it. The copy's writes are what
+ * hurt: with the writes held back, the two spaces' faults are the clock's.
+ * With one record for both the first copies paid before any page came
+ * back (15% more faults), and Node, rustc and zstd took 3-9% more
+ * (session 62); once runs went on through resident pages (session 64) a
+ * copy's reads spoke for its writes, and a to-space the rule let go came
+ * back at random. A stencil's writes do come back in a run, so a run of
+ * writes with no record yet may let go of a few pages (LOOP_PROBE) each
+ * budget, to get one: without it a stencil's two buffers that each fit
+ * but not together were the clock's (51k faults against 8.6k). Few: with
+ * a 64th of the budget Node (V8's young generation) took 16% more faults.
  */
 static int loop_trusted(struct fm_pager *p, int wrote)
 {
 	uint64_t limit = atomic_load(&p->limit), budgets = fm_evicted(p) / (limit ? limit : 1);
 	uint_fast64_t seen = atomic_load(&p->loop_epoch);
+	int writes;
 
-	if (budgets != seen && atomic_compare_exchange_strong(&p->loop_epoch, &seen, budgets))
-		atomic_store(&p->loop_score, atomic_load(&p->loop_score) / 2);
-	return atomic_load(&p->loop_score) >= !!wrote;
+	if (budgets != seen && atomic_compare_exchange_strong(&p->loop_epoch, &seen, budgets)) {
+		atomic_store(&p->loop_score[0], atomic_load(&p->loop_score[0]) / 2);
+		atomic_store(&p->loop_score[1], atomic_load(&p->loop_score[1]) / 2);
+		atomic_store(&p->loop_probe, 0);
+	}
+	if (!wrote)
+		return atomic_load(&p->loop_score[0]) >= 0;
+	writes = atomic_load(&p->loop_score[1]);
+	return writes > 0 || (writes == 0 && atomic_load(&p->loop_probe) < LOOP_PROBE(limit));
 }
 
 /*
@@ -90,16 +124,18 @@ static int loop_trusted(struct fm_pager *p, int wrote)
  * stride make a run.
  */
 static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, struct region *r, uint64_t idx,
-		       int looped, int back_loop, int64_t *stride_out, struct stream **out)
+		       int looped, unsigned back_loop, int64_t *stride_out, struct stream **out)
 {
 	struct stream *s;
 	unsigned used = 0, ahead = 0;
 	int64_t stride;
 	uint64_t passed_last = 0, passed_n = 0;
 	int64_t passed_stride = 0;
+	int passed_wrote = 0;
 
 	pthread_mutex_lock(&p->stream_lock);
-	s = &p->streams[((unsigned)tid * 4 + kind) % NSTREAMS];
+	/* One per region too: a copy from one mapping to another is two runs, not one that breaks at each fault. */
+	s = &p->streams[((unsigned)tid * 4 + kind + (unsigned)ridx * 36) % NSTREAMS];
 	if (s->tid != tid || s->region != ridx) {
 		*s = (struct stream){ .tid = tid, .region = ridx, .last = idx };
 		pthread_mutex_unlock(&p->stream_lock);
@@ -116,6 +152,7 @@ static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, s
 		 */
 		if (s->looped && kind == 0 && loop_trusted(p, s->looped == LOOPED_WRITE)) {
 			passed_n = s->pf_count + 1u;
+			passed_wrote = s->looped == LOOPED_WRITE;
 			passed_stride = s->stride;
 			passed_last = s->pf_next - (uint64_t)s->stride;
 		}
@@ -126,6 +163,29 @@ static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, s
 		 * first fetch ahead: a fault every 3.4 pages of a sequential read
 		 * with 8 ahead, not every 9; tests/unit/test_pager_prefetch_run.c.)
 		 */
+		stride = s->stride;
+	} else if (s->hits >= 1 && stride != s->stride && stride % s->stride == 0 && stride / s->stride > 0 &&
+		   stride / s->stride <= (int64_t)MAX_AHEAD + 16 &&
+		   went_through(r, s->last, s->stride, (uint64_t)(stride / s->stride))) {
+		/*
+		 * The run faulted further on, a whole number of its strides: a
+		 * page it fetched ahead left before the run got there (a budget
+		 * full of other streams' pages), or pages it found resident ended
+		 * the fetch and the run went on through them (they are resident:
+		 * a jump ahead over pages that are not is no run). It goes on all
+		 * the same. Taken for a new stride, each such fault cost two more
+		 * before the run was one again: a stencil's two buffers, each
+		 * read and written in order, faulted 3.6 times as often (most
+		 * faults one page after the last; bench/RESULTS.md, session 64).
+		 * What it went through is not handed to the loop rule: a run
+		 * through memory partly resident is not one over more than the
+		 * budget, and rustc at 25% read 2.4 times the pages back when it
+		 * was.
+		 */
+		uint64_t steps = (uint64_t)(stride / s->stride);
+
+		used = count_used(r, s->last + (uint64_t)s->stride, s->stride,
+				  (unsigned)(steps - 1 < s->pf_count ? steps - 1 : s->pf_count));
 		stride = s->stride;
 	}
 	s->pf_count = 0;
@@ -140,9 +200,11 @@ static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, s
 		ahead = MAX_AHEAD;
 	pthread_mutex_unlock(&p->stream_lock);
 	if (back_loop)
-		loop_judge(p, ahead > 0, 1);
+		loop_judge(p, ahead > 0, 1, (back_loop & FM_BACK_LOOP_WRITE) != 0);
+	if (passed_n && passed_wrote)
+		atomic_fetch_add(&p->loop_probe, (unsigned)passed_n);
 	if (passed_n)
-		fm_evict_passed(p, ridx, passed_last, passed_stride, passed_n);
+		fm_evict_passed(p, ridx, passed_last, passed_stride, passed_n, passed_wrote);
 	if (used)
 		STAT_ADD(p, prefetch_used, used);
 	*stride_out = stride;
@@ -174,7 +236,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 {
 	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
-	unsigned nw = 0, nr = 0, got = 0, zeros = 0, looped_ahead = 0, ahead, remote_max;
+	unsigned nw = 0, nr = 0, got = 0, zeros = 0, looped_ahead[2] = { 0, 0 }, ahead, remote_max;
 	/*
 	 * A page fetched ahead has not been used: it goes in unreferenced, so
 	 * that the hand's next pass takes it unless it is written or its
@@ -219,7 +281,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		 ? (write ? LOOPED_WRITE : LOOPED_READ)
 		 : 0;
 	ahead = follow(p, fc->tid, (unsigned)fresh | (unsigned)(gc && write) << 1, ridx, r, idx, looped,
-		       (back & FM_BACK_LOOP) != 0, &stride, &s);
+		       back & (FM_BACK_LOOP | FM_BACK_LOOP_WRITE), &stride, &s);
 	/* Remote pages ahead: none of a fresh run; a GC thread's as many as gc_window allows. */
 	remote_max = fresh ? 0 : gc ? p->cfg.gc_window : p->cfg.prefetch;
 	/*
@@ -258,10 +320,12 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		want[nw++] = (uint64_t)j;
 		if (st == FM_PG_REMOTE)
 			remote[nr++] = (uint64_t)j;
-		looped_ahead += st == FM_PG_REMOTE && (b & FM_PGF_LOOPED);
+		if (st == FM_PG_REMOTE && (b & FM_PGF_LOOPED))
+			looped_ahead[(b & FM_PGF_LOOPED_WRITE) != 0]++;
 	}
-	if (looped_ahead)
-		loop_judge(p, 1, looped_ahead);
+	for (int w = 0; w < 2; w++)
+		if (looped_ahead[w])
+			loop_judge(p, 1, looped_ahead[w], w);
 	if (!nw)
 		return;
 	if (nr) {
