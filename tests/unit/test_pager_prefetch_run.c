@@ -27,13 +27,18 @@
 #define READ_BACK 2048ul /* the first 8 MiB: in memd by the time the last page is written */
 #define AHEAD 8
 
+/* A pager at 8 MiB that fetches AHEAD pages ahead, the handler not following the faulting thread. */
+static struct fm_pager *pager(const char *sock, const char *fault, const char *evict_threads)
+{
+	return unit_pager_at(sock, fault, "8M",
+			     (const char *const[]){ "transport", "shm", "prefetch", "8", "fault", fault, "fill_follow", "0",
+						    "evict_threads", evict_threads, NULL });
+}
+
 /* Faults and pages fetched ahead while READ_BACK / |stride| pages are read back, stride apart. */
 static void read_back(const char *sock, const char *fault, long stride, const char *evict_threads)
 {
-	struct fm_pager *p = unit_pager_at(sock, fault, "8M",
-					   (const char *const[]){ "transport", "shm", "prefetch", "8", "fault", fault,
-								  "fill_follow", "0", "evict_threads", evict_threads,
-								  NULL });
+	struct fm_pager *p = pager(sock, fault, evict_threads);
 	const struct fm_resmap_hdr *h;
 	uint64_t f0, pf0, faults, ahead, bad = 0, n = READ_BACK / (uint64_t)(stride < 0 ? -stride : stride);
 	uint64_t slack = strcmp(evict_threads, "0") ? n / 32 + 16 : 16; /* faults past n / 9 (below) */
@@ -82,9 +87,7 @@ out:
  */
 static void through_resident(const char *sock, const char *fault)
 {
-	struct fm_pager *p = unit_pager_at(sock, fault, "8M",
-					   (const char *const[]){ "transport", "shm", "prefetch", "8", "fault", fault,
-								  "fill_follow", "0", "evict_threads", "0", NULL });
+	struct fm_pager *p = pager(sock, fault, "0");
 	const struct fm_resmap_hdr *h;
 	const uint64_t n = 1024;
 	uint64_t f0, faults, bad = 0;
