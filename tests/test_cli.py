@@ -493,9 +493,9 @@ def test_a_copying_collectors_two_spaces_leave_the_loop_rule_aside(tmp_path, far
 def test_a_stencils_two_buffers_get_the_loop_rule(tmp_path, farmem_cmd, built):
     """Two buffers of 32 MiB at 48 MiB local, each pass reading one in order and writing the other
     (build/bench/semispace --touches 0, every page checked): each fits, both do not, so a pass comes
-    back to what the one before went through, a loop over more than the budget. The reads' runs and
-    the writes' runs keep records of their own (uffd/prefetch.c, loop_trusted), and the writes get
-    theirs by a probe: with the rule the passes read back at most four fifths of what the clock alone
+    back to what the one before went through, a loop over more than the budget. Runs of writes get
+    the rule only once its record speaks for it, and while the record is empty a probe lets them
+    start one (uffd/prefetch.c, loop_trusted): with the rule the passes read back at most four fifths of what the clock alone
     does (until session 64 the writes never got a record and both read the same)."""
     semispace = built("build/bench/semispace")
     runs = {}

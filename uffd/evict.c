@@ -90,8 +90,7 @@ static uint8_t heat_now(struct fm_pager *p)
 unsigned fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, uint8_t was)
 {
 	int remote = fm_pg_state(was) == FM_PG_REMOTE, soon;
-	unsigned gone, back = !remote || !(was & FM_PGF_LOOPED) ? 0
-			      : (was & FM_PGF_LOOPED_WRITE) ? FM_BACK_LOOP | FM_BACK_LOOP_WRITE : FM_BACK_LOOP;
+	unsigned gone, back = remote && (was & FM_PGF_LOOPED) ? FM_BACK_LOOP : 0;
 	uint8_t h;
 
 	if (!r->heat)
@@ -129,7 +128,7 @@ struct victim {
 	uint8_t compared;   /* installed on a guess, looked at: it was written */
 	const void *bytes;  /* captured: its bytes, read from the pipe after the drop; moved: in the stage */
 	uint8_t moved;      /* moved out into a stage: dropped already */
-	uint8_t loop;       /* chosen by the loop rule (pick_passed): 1 behind a run of reads, 2 of writes */
+	uint8_t loop;       /* chosen by the loop rule (pick_passed) */
 	uint8_t pinned;     /* the kernel would not move it (pinned for I/O): stays resident, untouched */
 };
 
@@ -143,12 +142,11 @@ void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
 	pthread_mutex_unlock(&p->clock_lock);
 }
 
-void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n, int wrote)
+void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n)
 {
 	pthread_mutex_lock(&p->clock_lock);
 	/* Full: the oldest goes, the one the run comes back to first. */
-	p->passed[p->passed_top] =
-		(struct passed_run){ .region = ridx, .wrote = wrote, .last = last, .stride = stride, .n = n };
+	p->passed[p->passed_top] = (struct passed_run){ .region = ridx, .last = last, .stride = stride, .n = n };
 	p->passed_top = (p->passed_top + 1) % MAX_PASSED;
 	if (p->npassed < MAX_PASSED)
 		p->npassed++;
@@ -233,7 +231,7 @@ static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, un
 			b = pg_load(&r->pg[i]);
 			st = fm_pg_state(b);
 			if ((st == FM_PG_CLEAN || st == FM_PG_DIRTY) && take(r, i, b, &v[n]))
-				v[n++].loop = (uint8_t)(1 + !!h->wrote);
+				v[n++].loop = 1;
 		}
 		if (!h->n) {
 			p->passed_top = top;
@@ -940,11 +938,9 @@ books:
 			clean++;
 		}
 		/* A clean page memd never had held only zeros (or garbage): it is untouched again. */
-		nb = (b & FM_PGF_HAS_REMOTE)
-			     ? pg_make(FM_PG_REMOTE, (uint8_t)(FM_PGF_HAS_REMOTE | (b & FM_PGF_REWRITE) |
-							       (v[k].loop ? FM_PGF_LOOPED : 0) |
-							       (v[k].loop == 2 ? FM_PGF_LOOPED_WRITE : 0)))
-			     : pg_make(FM_PG_UNTOUCHED, 0);
+		nb = (b & FM_PGF_HAS_REMOTE) ? pg_make(FM_PG_REMOTE, (uint8_t)(FM_PGF_HAS_REMOTE | (b & FM_PGF_REWRITE) |
+									       (v[k].loop ? FM_PGF_LOOPED : 0)))
+					     : pg_make(FM_PG_UNTOUCHED, 0);
 		if (r->heat)
 			heat_set(r, v[k].i, fm_pg_state(nb) == FM_PG_REMOTE ? (uint8_t)(HEAT_LEFT | now) : 0);
 		pg_release(&r->pg[v[k].i], held, nb);

@@ -29,7 +29,6 @@ void *fm_evictor_main(void *arg);
 /* What fm_heat_filled saw of a page that came back. */
 #define FM_BACK_SOON 1u /* it left at most three budgets of evictions ago (or, the clock wrapping at eight, a multiple of eight more) */
 #define FM_BACK_LOOP 2u /* the loop rule had chosen it (pick_passed, FM_PGF_LOOPED) */
-#define FM_BACK_LOOP_WRITE 4u /* ... behind a run of writes (FM_PGF_LOOPED_WRITE) */
 /*
  * Page i of r, whose byte was was, was filled (from memd if was is REMOTE)
  * under a FILLING hold: a page back soon after it left is one the clock
@@ -38,10 +37,10 @@ void *fm_evictor_main(void *arg);
 unsigned fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, uint8_t was);
 /*
  * Pages last, last - stride, ... (n of them) of region ridx are what a
- * thread's run over memory larger than the budget has just gone through
- * (wrote: a run of writes): they leave before the clock's (evict.c says why).
+ * thread's run over memory larger than the budget has just gone through:
+ * they leave before the clock's (evict.c says why).
  */
-void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n, int wrote);
+void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n);
 /* Pages [first, first+n) of region ridx are garbage the program discarded: look there first. */
 void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n);
 

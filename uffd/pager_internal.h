@@ -116,7 +116,6 @@ struct garbage_hint {
 /* Pages a thread's run went through: last, last - stride, ... n of them (evict.c). */
 struct passed_run {
 	int region;
-	int wrote;             /* a run of writes (FM_PGF_LOOPED_WRITE) */
 	uint64_t last, n;
 	int64_t stride;
 };
@@ -234,15 +233,14 @@ struct fm_pager {
 	struct passed_run passed[MAX_PASSED]; /* under clock_lock: a ring, the newest at passed_top - 1 */
 	unsigned passed_top, npassed;
 	/*
-	 * How the loop rule's pages came back, for those runs of reads let go
-	 * of ([0]) and those runs of writes did ([1]): + a fault in a run (or a
-	 * page a run fetched ahead), - one at random; halved at each budget of
-	 * evictions. A run of reads gets the rule while its score is not below
-	 * zero, a run of writes while its own is above, or is zero and fewer
-	 * than a 1024th of the budget went so since the last halving: loop_probe
+	 * How the loop rule's pages came back: + a fault in a run (or a page a
+	 * run fetched ahead), - one at random; halved at each budget of
+	 * evictions. A run of reads gets the rule while it is not below zero,
+	 * a run of writes while it is above, or is zero and fewer pages than a
+	 * 1024th of the budget went so since the last halving: loop_probe
 	 * (prefetch.c, loop_trusted).
 	 */
-	atomic_int loop_score[2];
+	atomic_int loop_score;
 	atomic_uint loop_probe;
 	atomic_uint_fast64_t loop_epoch; /* budgets of evictions at the score's last halving */
 	/*

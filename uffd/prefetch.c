@@ -69,17 +69,13 @@ static int went_through(struct region *r, uint64_t last, int64_t stride, uint64_
 #define LOOPED_READ 1
 #define LOOPED_WRITE 2
 
-/*
- * n of the rule's pages came back, in a run or not: a fault, or a run's
- * pages fetched ahead. wrote: a run of writes had let them go.
- */
-static void loop_judge(struct fm_pager *p, int in_run, unsigned n, int wrote)
+/* n of the rule's pages came back, in a run or not: a fault, or a run's pages fetched ahead. */
+static void loop_judge(struct fm_pager *p, int in_run, unsigned n)
 {
-	atomic_int *score = &p->loop_score[!!wrote];
-	int s = atomic_load(score);
+	int s = atomic_load(&p->loop_score);
 
 	if (in_run ? s < LOOP_SCORE_MAX : s > -LOOP_SCORE_MAX)
-		atomic_fetch_add(score, in_run ? (int)n : -(int)n);
+		atomic_fetch_add(&p->loop_score, in_run ? (int)n : -(int)n);
 	if (in_run)
 		STAT_ADD(p, loop_back_run, n);
 	else
@@ -88,34 +84,32 @@ static void loop_judge(struct fm_pager *p, int in_run, unsigned n, int wrote)
 
 /*
  * A run of writes over pages that left (a to-space, a buffer refilled)
- * needs its own record to speak for the rule first; a run of reads, only
- * that its record does not speak against it. The copy's writes are what
- * hurt: with the writes held back, the two spaces' faults are the clock's.
- * With one record for both the first copies paid before any page came
- * back (15% more faults), and Node, rustc and zstd took 3-9% more
- * (session 62); once runs went on through resident pages (session 64) a
- * copy's reads spoke for its writes, and a to-space the rule let go came
- * back at random. A stencil's writes do come back in a run, so a run of
- * writes with no record yet may let go of a few pages (LOOP_PROBE) each
- * budget, to get one: without it a stencil's two buffers that each fit
- * but not together were the clock's (51k faults against 8.6k). Few: with
- * a 64th of the budget Node (V8's young generation) took 16% more faults.
+ * needs the record to speak for the rule first; a run of reads, only that
+ * it does not speak against it. The copy's writes are what hurt: with the
+ * writes held back, the two spaces' faults are the clock's. With the
+ * record alone the first copies paid before any page came back (15% more
+ * faults), and Node, rustc and zstd took 3-9% more (session 62). But a
+ * stencil's two buffers that each fit but not together come back to its
+ * writes in a run, and with no record to start from its writes never got
+ * the rule (51k faults against 8.6k): so while the record is empty, runs
+ * of writes may let go of a few pages (LOOP_PROBE) each budget, to get
+ * one. Few: with a 64th of the budget Node (V8's young generation) took
+ * 16% more faults (bench/RESULTS.md, session 64).
  */
 static int loop_trusted(struct fm_pager *p, int wrote)
 {
 	uint64_t limit = atomic_load(&p->limit), budgets = fm_evicted(p) / (limit ? limit : 1);
 	uint_fast64_t seen = atomic_load(&p->loop_epoch);
-	int writes;
+	int score;
 
 	if (budgets != seen && atomic_compare_exchange_strong(&p->loop_epoch, &seen, budgets)) {
-		atomic_store(&p->loop_score[0], atomic_load(&p->loop_score[0]) / 2);
-		atomic_store(&p->loop_score[1], atomic_load(&p->loop_score[1]) / 2);
+		atomic_store(&p->loop_score, atomic_load(&p->loop_score) / 2);
 		atomic_store(&p->loop_probe, 0);
 	}
+	score = atomic_load(&p->loop_score);
 	if (!wrote)
-		return atomic_load(&p->loop_score[0]) >= 0;
-	writes = atomic_load(&p->loop_score[1]);
-	return writes > 0 || (writes == 0 && atomic_load(&p->loop_probe) < LOOP_PROBE(limit));
+		return score >= 0;
+	return score > 0 || (score == 0 && atomic_load(&p->loop_probe) < LOOP_PROBE(limit));
 }
 
 /*
@@ -124,14 +118,14 @@ static int loop_trusted(struct fm_pager *p, int wrote)
  * stride make a run.
  */
 static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, struct region *r, uint64_t idx,
-		       int looped, unsigned back_loop, int64_t *stride_out, struct stream **out)
+		       int looped, int back_loop, int64_t *stride_out, struct stream **out)
 {
 	struct stream *s;
 	unsigned used = 0, ahead = 0;
 	int64_t stride;
 	uint64_t passed_last = 0, passed_n = 0;
 	int64_t passed_stride = 0;
-	int passed_wrote = 0;
+	int passed_wrote = 0; /* a run of writes: its pages count against the probe (loop_trusted) */
 
 	pthread_mutex_lock(&p->stream_lock);
 	/* One per region too: a copy from one mapping to another is two runs, not one that breaks at each fault. */
@@ -200,11 +194,11 @@ static unsigned follow(struct fm_pager *p, pid_t tid, unsigned kind, int ridx, s
 		ahead = MAX_AHEAD;
 	pthread_mutex_unlock(&p->stream_lock);
 	if (back_loop)
-		loop_judge(p, ahead > 0, 1, (back_loop & FM_BACK_LOOP_WRITE) != 0);
+		loop_judge(p, ahead > 0, 1);
 	if (passed_n && passed_wrote)
 		atomic_fetch_add(&p->loop_probe, (unsigned)passed_n);
 	if (passed_n)
-		fm_evict_passed(p, ridx, passed_last, passed_stride, passed_n, passed_wrote);
+		fm_evict_passed(p, ridx, passed_last, passed_stride, passed_n);
 	if (used)
 		STAT_ADD(p, prefetch_used, used);
 	*stride_out = stride;
@@ -236,7 +230,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 {
 	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
-	unsigned nw = 0, nr = 0, got = 0, zeros = 0, looped_ahead[2] = { 0, 0 }, ahead, remote_max;
+	unsigned nw = 0, nr = 0, got = 0, zeros = 0, looped_ahead = 0, ahead, remote_max;
 	/*
 	 * A page fetched ahead has not been used: it goes in unreferenced, so
 	 * that the hand's next pass takes it unless it is written or its
@@ -281,7 +275,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		 ? (write ? LOOPED_WRITE : LOOPED_READ)
 		 : 0;
 	ahead = follow(p, fc->tid, (unsigned)fresh | (unsigned)(gc && write) << 1, ridx, r, idx, looped,
-		       back & (FM_BACK_LOOP | FM_BACK_LOOP_WRITE), &stride, &s);
+		       (back & FM_BACK_LOOP) != 0, &stride, &s);
 	/* Remote pages ahead: none of a fresh run; a GC thread's as many as gc_window allows. */
 	remote_max = fresh ? 0 : gc ? p->cfg.gc_window : p->cfg.prefetch;
 	/*
@@ -320,12 +314,10 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		want[nw++] = (uint64_t)j;
 		if (st == FM_PG_REMOTE)
 			remote[nr++] = (uint64_t)j;
-		if (st == FM_PG_REMOTE && (b & FM_PGF_LOOPED))
-			looped_ahead[(b & FM_PGF_LOOPED_WRITE) != 0]++;
+		looped_ahead += st == FM_PG_REMOTE && (b & FM_PGF_LOOPED);
 	}
-	for (int w = 0; w < 2; w++)
-		if (looped_ahead[w])
-			loop_judge(p, 1, looped_ahead[w], w);
+	if (looped_ahead)
+		loop_judge(p, 1, looped_ahead);
 	if (!nw)
 		return;
 	if (nr) {

@@ -69,13 +69,6 @@ enum fm_page_state {
  * (uffd/prefetch.c, loop_trusted). Advice only.
  */
 #define FM_PGF_LOOPED      0x10u
-/*
- * PREFETCH's bit, in REMOTE, with LOOPED: the run the rule let the page go
- * behind was a run of writes. Runs of reads and of writes keep records of
- * their own: a copy's reads come back to their pages in a run, and its
- * writes may not (a to-space worked in at random). Advice only.
- */
-#define FM_PGF_LOOPED_WRITE 0x40u
 
 static inline unsigned fm_pg_state(uint8_t b) { return b & FM_PG_STATE_MASK; }
 

@@ -74,7 +74,7 @@ static inline int64_t fm_mincore_first(uint64_t a, uint64_t b, int want)
 	unsigned char vec[64];
 
 	for (uint64_t at = a; at < b;) {
-		uint64_t n = (b - at) / ps < 64 ? (b - at) / ps : 64;
+		uint64_t n = (b - at + ps - 1) / ps < 64 ? (b - at + ps - 1) / ps : 64;
 
 		if (mincore((void *)(uintptr_t)at, n * ps, vec))
 			return -1;
@@ -91,8 +91,9 @@ static inline int64_t fm_mincore_first(uint64_t a, uint64_t b, int want)
  * mapped destination pages there whose source pages are gone. 0 if none.
  * Without a descriptor for pagemap (a program out of them) mincore answers:
  * taking the kernel's count at its word would lose the pages it moved. A
- * moved page swapped out at once reads as not there; it is then counted on
- * no further than that page, and the retry there says EEXIST again.
+ * moved page swapped out at once reads as not there: the count stops short
+ * of it, and the move ends there with EEXIST as if somebody had mapped it
+ * (the same loss as before this fallback, for that page only).
  */
 static inline uint64_t fm_move_uncounted(uint64_t dst, uint64_t src, uint64_t len)
 {
