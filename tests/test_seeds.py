@@ -200,3 +200,32 @@ def test_bench_seeds_judges_swap_by_its_fastest_collector(tmp_path):
     churn = next(x for x in b.targets() if x.startswith("- gcchurn at 25%"))
     assert "4.50× faster than Linux swap" in churn and "(target ≥ 3.0×: met)" in churn, churn
     assert churn.endswith("failed at this limit: Linux swap (kswap, zram)"), churn
+
+
+def test_bench_seeds_judges_a_wholly_local_heap_as_one_that_fits(tmp_path):
+    """--budgets 100 (the whole heap local) is judged by issue 18's target for a JVM that fits its
+    budget, ≤ 1.03× all-local, with any workload; a budget over 100 is refused."""
+    import argparse
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_seeds", os.path.join(REPO, "bench", "bench_seeds.py"))
+    bs = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bs  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(bs)
+    finally:
+        del sys.modules[spec.name]
+    a = argparse.Namespace(size="bench", workloads=["gcchurn", "h2"], heap=None, args={}, budgets=[100],
+                           configs=["local", "farmem"], overhead=None)
+    b = bs.Bench(a)
+    os.rmdir(b.workdir)
+    b.records = [{"workload": n, "config": c, "pct": 100, "ok": True, "wall_s": w}
+                 for n, c, w in (("gcchurn", "local", 3.0), ("gcchurn", "farmem", 3.06),
+                                 ("h2", "local", 5.0), ("h2", "farmem", 5.5))]
+    lines = b.targets()
+    churn = next(x for x in lines if x.startswith("- gcchurn at 100%"))
+    assert churn.endswith("1.02× all-local (target ≤ 1.03×: met)"), churn
+    h2 = next(x for x in lines if x.startswith("- h2 at 100%"))
+    assert h2.endswith("1.10× all-local (target ≤ 1.03×: NOT met)"), h2
+    r = subprocess.run([os.path.join(REPO, ".venv", "bin", "python"), os.path.join(REPO, "bench", "bench_seeds.py"),
+                        "--budgets", "101", "--workloads", "gcchurn"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "bad --workloads/--configs/--budgets" in r.stderr, r.stderr

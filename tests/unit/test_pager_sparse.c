@@ -7,6 +7,7 @@
  *    brought under the budget before fm_pager_register returns; the peak
  *    counts from there, adopt_peak_pages says what was found;
  *  - what it evicted there does not raise the first GC cycle's garbage quota;
+ *  - a heap that fits its budget makes no garbage; one that outgrows it does;
  *  - a reserved range (PROT_NONE, as HotSpot reserves its heap) registered
  *    FM_REG_SPARSE is paged as it is committed (mmap MAP_FIXED over it, then
  *    fm_pager_commit), grows, shrinks (fm_pager_unregister of a part, then
@@ -134,6 +135,66 @@ out:
 	done(p, a, npages, ver, "the first GC cycle's garbage after adoption", fault);
 }
 
+/*
+ * A heap that fits its budget makes no garbage (pager.c): nothing can ever
+ * have to leave, so a GC cycle's discard leaves its dirty pages as they are
+ * (no write-protect, no fault when they are written again). Once a second
+ * registration outgrows the budget, the next cycle makes garbage again. Both
+ * ways every byte written after the discard survives. No evictor thread.
+ */
+static void no_garbage_while_all_fits(const char *sock, const char *fault)
+{
+	const uint64_t npages = 64 * MIB / PG, more = 32 * MIB / PG;
+	struct fm_pager *p = start_with(sock, fault, "64M", "0");
+	struct fm_resmap_hdr *h;
+	uint32_t *ver = calloc(npages, sizeof(*ver));
+	uint8_t *a = mmap(NULL, npages * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *b = mmap(NULL, more * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	CHECK(a != MAP_FAILED && b != MAP_FAILED && ver);
+	if (!p || a == MAP_FAILED || b == MAP_FAILED || !ver)
+		goto out;
+	h = fm_pager_map(p);
+	for (uint64_t i = 0; i < npages; i++)
+		write_page(a, i, ver[i] = 1);
+	CHECK(fm_pager_register(p, a, npages * PG, FM_REG_HEAP) == 0);
+	CHECK(h->stats.adopt_evictions == 0 && h->stats.resident_pages == npages);
+	CHECK(h->stats.local_limit_pages == npages);
+	fm_pager_gc_event(p, 1);
+	/* Dirty pages memd holds nothing of: the discard changes none of them. */
+	CHECK(fm_pager_discard(p, a, npages * PG) == 0);
+	fm_pager_gc_event(p, 0);
+	CHECK(h->stats.garbage_marked == 0);
+	{
+		const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
+		uint64_t dirty = 0;
+		for (uint64_t i = 0; i < npages; i++)
+			dirty += fm_pg_state(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE)) == FM_PG_DIRTY;
+		CHECK(dirty == npages);
+	}
+	for (uint64_t i = 0; i < npages; i++)
+		write_page(a, i, ++ver[i]);
+	CHECK(h->stats.wp_faults == 0 && h->stats.faults == 0);
+	CHECK(bad_pages(a, 0, npages, ver) == 0);
+
+	/* Now more is registered than the budget holds: the next cycle's free space is garbage. */
+	CHECK(fm_pager_register(p, b, more * PG, FM_REG_HEAP) == 0);
+	fm_pager_gc_event(p, 1);
+	CHECK(fm_pager_discard(p, a, npages * PG) > 0);
+	fm_pager_gc_event(p, 0);
+	CHECK(h->stats.garbage_marked == 4096);
+	for (uint64_t i = 0; i < npages; i++)
+		write_page(a, i, ++ver[i]);
+	CHECK(h->stats.wp_faults > 0);
+	CHECK(bad_pages(a, 0, npages, ver) == 0);
+	CHECK(fm_pager_unregister(p, b, more * PG) == 0);
+	CHECK(fm_pager_unregister(p, a, npages * PG) == 0);
+out:
+	if (b != MAP_FAILED)
+		munmap(b, more * PG);
+	done(p, a, npages, ver, "no garbage while the heap fits its budget", fault);
+}
+
 /* mmap MAP_FIXED over part of the reservation, as HotSpot commits (rw) and uncommits (none). */
 static int remap(uint8_t *a, uint64_t first, uint64_t n, int rw)
 {
@@ -247,6 +308,7 @@ static void both(const char *sock, const char *fault)
 {
 	adopt_over_budget(sock, fault);
 	quota_after_adoption(sock, fault);
+	no_garbage_while_all_fits(sock, fault);
 	sparse(sock, fault);
 }
 
