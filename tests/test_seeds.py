@@ -161,11 +161,8 @@ def test_bench_seeds_driver(jvm_built, tmp_path):
             assert k["ok"] and k["remote_writes"] > 0, k
 
 
-def test_bench_seeds_judges_swap_by_its_fastest_collector(tmp_path):
-    """The speed-up over Linux swap is taken against the fastest swap configuration that ran (under
-    swap Serial beats G1 on some workloads, G1 beats Serial on others), and a swap configuration
-    that failed is named, not passed over."""
-    import argparse
+def _bench_seeds_module():
+    """bench/bench_seeds.py as a module of its own (a fresh one: tests change its tables)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("bench_seeds", os.path.join(REPO, "bench", "bench_seeds.py"))
     bs = importlib.util.module_from_spec(spec)
@@ -174,6 +171,15 @@ def test_bench_seeds_judges_swap_by_its_fastest_collector(tmp_path):
         spec.loader.exec_module(bs)
     finally:
         del sys.modules[spec.name]
+    return bs
+
+
+def test_bench_seeds_judges_swap_by_its_fastest_collector(tmp_path):
+    """The speed-up over Linux swap is taken against the fastest swap configuration that ran (under
+    swap Serial beats G1 on some workloads, G1 beats Serial on others), and a swap configuration
+    that failed is named, not passed over."""
+    import argparse
+    bs = _bench_seeds_module()
     bs.VARIANTS["kserial"] = ("kswap", ["-XX:+UseSerialGC"], None)
     bs.LABEL["kserial"] = bs.LABEL["kswap"] + ", -XX:+UseSerialGC"
     a = argparse.Namespace(size="bench", workloads=["gcchurn", "h2"], heap=None, args={}, budgets=[25],
@@ -206,14 +212,7 @@ def test_bench_seeds_judges_a_wholly_local_heap_as_one_that_fits(tmp_path):
     """--budgets 100 (the whole heap local) is judged by issue 18's target for a JVM that fits its
     budget, ≤ 1.03× all-local, with any workload; a budget over 100 is refused."""
     import argparse
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_seeds", os.path.join(REPO, "bench", "bench_seeds.py"))
-    bs = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bs  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(bs)
-    finally:
-        del sys.modules[spec.name]
+    bs = _bench_seeds_module()
     a = argparse.Namespace(size="bench", workloads=["gcchurn", "h2"], heap=None, args={}, budgets=[100],
                            configs=["local", "farmem"], overhead=None)
     b = bs.Bench(a)
