@@ -36,7 +36,7 @@ static void changed(struct fm_pager *p, uint64_t now, int grew)
 		return;
 	fm_raise_peak(&p->st->peak_resident_pages, now);
 	/* The evictor thread keeps ahead of faults when there is one; else faults evict themselves. */
-	if (p->evictor_started && now > atomic_load(&p->high))
+	if (p->evictor_started && now > atomic_load(&p->high) && !fm_budget_all_fits(p))
 		fm_evictor_kick(p);
 }
 
@@ -71,9 +71,14 @@ int fm_budget_reserve(struct fm_pager *p, uint64_t cap)
 	return 1;
 }
 
+int fm_budget_all_fits(struct fm_pager *p)
+{
+	return atomic_load(&p->registered) <= atomic_load(&p->limit);
+}
+
 int fm_budget_pressed(struct fm_pager *p)
 {
-	return atomic_load(&p->resident) >= atomic_load(&p->low);
+	return atomic_load(&p->resident) >= atomic_load(&p->low) && !fm_budget_all_fits(p);
 }
 
 void fm_churn(struct fm_pager *p, uint64_t pages)

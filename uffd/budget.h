@@ -27,7 +27,16 @@ void fm_resident_adopt(struct fm_pager *p, uint64_t n);
 void fm_resident_settled(struct fm_pager *p);
 /* MemLiner's swap epoch: pages in plus out since the last one. */
 void fm_churn(struct fm_pager *p, uint64_t pages);
-/* Resident at or over the low watermark: eviction is near, and garbage worth marking. */
+/*
+ * Every registered page fits the budget (`--local 100%`): nothing can ever
+ * have to leave, though resident pages reach the watermarks (a heap as large
+ * as its budget sits at them). The evictor thread then evicts nothing, and a
+ * discard makes no garbage: until session 66 both did, for nothing (GcChurn
+ * wholly local under farmem: 795k pages made garbage, each a write-protect
+ * fault when reused, 1.06-1.17x its time without farmem; bench/RESULTS.md).
+ */
+int fm_budget_all_fits(struct fm_pager *p);
+/* Resident at or over the low watermark, and not all fits: eviction is near, and garbage worth marking. */
 int fm_budget_pressed(struct fm_pager *p);
 
 /* The evictor's side: sleep until kicked (or timeout_ms), and kick it. */

@@ -998,7 +998,7 @@ void *fm_evictor_main(void *arg)
 	while (!atomic_load(&p->stopping)) {
 		fm_evictor_sleep(p, 0);
 		while (!atomic_load(&p->stopping) && !atomic_load(&p->evict_broken) &&
-		       atomic_load(&p->resident) > atomic_load(&p->low)) {
+		       atomic_load(&p->resident) > atomic_load(&p->low) && !fm_budget_all_fits(p)) {
 			uint64_t over = atomic_load(&p->resident) - atomic_load(&p->low);
 			unsigned want = over < p->cfg.evict_batch ? (unsigned)over : p->cfg.evict_batch;
 			if (!fm_evict_batch(p, p->ev_chan, want)) {

@@ -384,22 +384,16 @@ int fm_pager_stop(struct fm_pager *p)
  * What a registration evicted to bring the pages it found under the budget (a heap at attach) says
  * nothing of a cycle's pressure: it is left out. Its counter trails the batch's by a moment, so a
  * count that went back is taken as none.
- * None while every registered page fits the budget (`--local 100%`): nothing can ever have to leave,
- * and each page made garbage would cost a write-protect now and a fault when it is reused (GcChurn
- * all local under farmem: 795k pages so, 1.17x its time without farmem; bench/RESULTS.md, session 66).
- * A registration that outgrows the budget later finds its free space dirty: evicted with a write-back
- * until the next cycle's quota.
+ * (While every registered page fits the budget there is no pressure, budget.h, and no garbage.)
  */
 static void garbage_quota(struct fm_pager *p)
 {
 	uint64_t ev = fm_evicted(p) - __atomic_load_n(&p->st->adopt_evictions, __ATOMIC_RELAXED);
 	uint64_t q = ev > p->evictions_at_gc ? 2 * (ev - p->evictions_at_gc) : 0;
-	uint64_t budget = atomic_load(&p->limit), lim = budget / 2;
+	uint64_t lim = atomic_load(&p->limit) / 2;
 
 	p->evictions_at_gc = ev;
 	q = q < 4096 ? 4096 : q;
-	if (atomic_load(&p->registered) <= budget)
-		q = 0;
 	atomic_store(&p->garbage_quota, (int_fast64_t)(q > lim ? lim : q));
 }
 

@@ -48,8 +48,9 @@ static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint
  *
  * Garbage is CLEAN | FM_PGF_GARBAGE, write-protected: the evictor takes it
  * first, with no write-back; a write opens it and its run again (fault.c).
- * Pressure means resident pages at the low watermark and a cycle's quota of
- * garbage not used up (pager.c: about what the evictor took last cycle).
+ * Pressure means resident pages at the low watermark, more registered than
+ * the budget holds (budget.h), and a cycle's quota of garbage not used up
+ * (pager.c: about what the evictor took last cycle).
  * Without pressure a heap that fits its budget pays nothing: no protection,
  * no fault on reuse. Every remote copy dies, once its page is ours. A run of
  * pages to protect costs one call.

@@ -7,7 +7,8 @@
  *    brought under the budget before fm_pager_register returns; the peak
  *    counts from there, adopt_peak_pages says what was found;
  *  - what it evicted there does not raise the first GC cycle's garbage quota;
- *  - a heap that fits its budget makes no garbage; one that outgrows it does;
+ *  - a heap that fits its budget makes no garbage and has nothing evicted by
+ *    an evictor thread; one that outgrows it does;
  *  - a reserved range (PROT_NONE, as HotSpot reserves its heap) registered
  *    FM_REG_SPARSE is paged as it is committed (mmap MAP_FIXED over it, then
  *    fm_pager_commit), grows, shrinks (fm_pager_unregister of a part, then
@@ -195,6 +196,53 @@ out:
 	done(p, a, npages, ver, "no garbage while the heap fits its budget", fault);
 }
 
+/*
+ * An evictor thread evicts nothing while every registered page fits the
+ * budget, though resident pages pass its high watermark (64 MiB written in a
+ * 64 MiB budget); once a second registration outgrows the budget, it
+ * evicts again.
+ */
+static void no_evictor_while_all_fits(const char *sock, const char *fault)
+{
+	const uint64_t npages = 64 * MIB / PG, more = 32 * MIB / PG;
+	struct fm_pager *p = start_with(sock, fault, "64M", "1");
+	struct fm_resmap_hdr *h;
+	uint32_t *ver = calloc(npages, sizeof(*ver));
+	uint8_t *a = mmap(NULL, npages * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *b = mmap(NULL, more * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	CHECK(a != MAP_FAILED && b != MAP_FAILED && ver);
+	if (!p || a == MAP_FAILED || b == MAP_FAILED || !ver)
+		goto out;
+	h = fm_pager_map(p);
+	for (uint64_t i = 0; i < npages; i++)
+		write_page(a, i, ver[i] = 1);
+	CHECK(fm_pager_register(p, a, npages * PG, FM_REG_HEAP) == 0);
+	/* Time for the evictor thread to have run, had it been woken (it evicts a batch in microseconds). */
+	usleep(300 * 1000);
+	CHECK(h->stats.evictions_clean + h->stats.evictions_dirty == 0 && h->stats.resident_pages == npages);
+	for (uint64_t i = 0; i < npages; i++)
+		write_page(a, i, ++ver[i]);
+	CHECK(h->stats.faults == 0 && bad_pages(a, 0, npages, ver) == 0);
+
+	CHECK(fm_pager_register(p, b, more * PG, FM_REG_HEAP) == 0);
+	/* Faults at the limit evict a batch themselves; each page that comes in wakes the evictor thread too. */
+	for (unsigned k = 0; k < 200 && h->stats.evictions_clean + h->stats.evictions_dirty <=
+						h->stats.direct_evictions; k++) {
+		b[(uint64_t)k * PG] = 1;
+		usleep(10 * 1000);
+	}
+	CHECK(h->stats.evictions_clean + h->stats.evictions_dirty > h->stats.direct_evictions);
+	CHECK(h->stats.resident_pages <= npages);
+	CHECK(bad_pages(a, 0, npages, ver) == 0);
+	CHECK(fm_pager_unregister(p, b, more * PG) == 0);
+	CHECK(fm_pager_unregister(p, a, npages * PG) == 0);
+out:
+	if (b != MAP_FAILED)
+		munmap(b, more * PG);
+	done(p, a, npages, ver, "no evictions while the heap fits its budget", fault);
+}
+
 /* mmap MAP_FIXED over part of the reservation, as HotSpot commits (rw) and uncommits (none). */
 static int remap(uint8_t *a, uint64_t first, uint64_t n, int rw)
 {
@@ -309,6 +357,7 @@ static void both(const char *sock, const char *fault)
 	adopt_over_budget(sock, fault);
 	quota_after_adoption(sock, fault);
 	no_garbage_while_all_fits(sock, fault);
+	no_evictor_while_all_fits(sock, fault);
 	sparse(sock, fault);
 }
 
