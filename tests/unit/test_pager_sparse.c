@@ -137,16 +137,18 @@ out:
 }
 
 /*
- * A heap that fits its budget makes no garbage (pager.c): nothing can ever
- * have to leave, so a GC cycle's discard leaves its dirty pages as they are
- * (no write-protect, no fault when they are written again). Once a second
- * registration outgrows the budget, the next cycle makes garbage again. Both
- * ways every byte written after the discard survives. No evictor thread.
+ * While every registered page fits the budget (64 MiB written in a 64 MiB
+ * budget: resident pages sit above both watermarks) nothing can ever have to
+ * leave (budget.h). Without an evictor thread, a GC cycle's discard leaves
+ * the dirty pages as they are (no garbage: no write-protect, no fault when
+ * they are written again); with one, that thread evicts nothing. Once a
+ * second registration outgrows the budget, the next cycle makes garbage and
+ * the evictor thread evicts again. Every byte written survives.
  */
-static void no_garbage_while_all_fits(const char *sock, const char *fault)
+static void all_fits(const char *sock, const char *fault, int evictor)
 {
 	const uint64_t npages = 64 * MIB / PG, more = 32 * MIB / PG;
-	struct fm_pager *p = start_with(sock, fault, "64M", "0");
+	struct fm_pager *p = start_with(sock, fault, "64M", evictor ? "1" : "0");
 	struct fm_resmap_hdr *h;
 	uint32_t *ver = calloc(npages, sizeof(*ver));
 	uint8_t *a = mmap(NULL, npages * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -159,88 +161,55 @@ static void no_garbage_while_all_fits(const char *sock, const char *fault)
 	for (uint64_t i = 0; i < npages; i++)
 		write_page(a, i, ver[i] = 1);
 	CHECK(fm_pager_register(p, a, npages * PG, FM_REG_HEAP) == 0);
-	CHECK(h->stats.adopt_evictions == 0 && h->stats.resident_pages == npages);
-	CHECK(h->stats.local_limit_pages == npages);
-	fm_pager_gc_event(p, 1);
-	/* Dirty pages memd holds nothing of: the discard changes none of them. */
-	CHECK(fm_pager_discard(p, a, npages * PG) == 0);
-	fm_pager_gc_event(p, 0);
-	CHECK(h->stats.garbage_marked == 0);
-	{
+	CHECK(h->stats.adopt_evictions == 0 && h->stats.local_limit_pages == npages);
+	if (evictor) {
+		/* Time for the evictor thread to have run, had it been woken (it evicts a batch in microseconds). */
+		usleep(300 * 1000);
+	} else {
 		const uint8_t *map = (const uint8_t *)h + h->regions[0].map_offset;
 		uint64_t dirty = 0;
+		fm_pager_gc_event(p, 1);
+		/* Dirty pages memd holds nothing of: the discard changes none of them. */
+		CHECK(fm_pager_discard(p, a, npages * PG) == 0);
+		fm_pager_gc_event(p, 0);
+		CHECK(h->stats.garbage_marked == 0);
 		for (uint64_t i = 0; i < npages; i++)
 			dirty += fm_pg_state(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE)) == FM_PG_DIRTY;
 		CHECK(dirty == npages);
 	}
+	CHECK(h->stats.evictions_clean + h->stats.evictions_dirty == 0 && h->stats.resident_pages == npages);
 	for (uint64_t i = 0; i < npages; i++)
 		write_page(a, i, ++ver[i]);
 	CHECK(h->stats.wp_faults == 0 && h->stats.faults == 0);
 	CHECK(bad_pages(a, 0, npages, ver) == 0);
 
-	/* Now more is registered than the budget holds: the next cycle's free space is garbage. */
 	CHECK(fm_pager_register(p, b, more * PG, FM_REG_HEAP) == 0);
-	fm_pager_gc_event(p, 1);
-	CHECK(fm_pager_discard(p, a, npages * PG) > 0);
-	fm_pager_gc_event(p, 0);
-	CHECK(h->stats.garbage_marked == 4096);
-	for (uint64_t i = 0; i < npages; i++)
-		write_page(a, i, ++ver[i]);
-	CHECK(h->stats.wp_faults > 0);
-	CHECK(bad_pages(a, 0, npages, ver) == 0);
-	CHECK(fm_pager_unregister(p, b, more * PG) == 0);
-	CHECK(fm_pager_unregister(p, a, npages * PG) == 0);
-out:
-	if (b != MAP_FAILED)
-		munmap(b, more * PG);
-	done(p, a, npages, ver, "no garbage while the heap fits its budget", fault);
-}
-
-/*
- * An evictor thread evicts nothing while every registered page fits the
- * budget, though resident pages pass its high watermark (64 MiB written in a
- * 64 MiB budget); once a second registration outgrows the budget, it
- * evicts again.
- */
-static void no_evictor_while_all_fits(const char *sock, const char *fault)
-{
-	const uint64_t npages = 64 * MIB / PG, more = 32 * MIB / PG;
-	struct fm_pager *p = start_with(sock, fault, "64M", "1");
-	struct fm_resmap_hdr *h;
-	uint32_t *ver = calloc(npages, sizeof(*ver));
-	uint8_t *a = mmap(NULL, npages * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	uint8_t *b = mmap(NULL, more * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	CHECK(a != MAP_FAILED && b != MAP_FAILED && ver);
-	if (!p || a == MAP_FAILED || b == MAP_FAILED || !ver)
-		goto out;
-	h = fm_pager_map(p);
-	for (uint64_t i = 0; i < npages; i++)
-		write_page(a, i, ver[i] = 1);
-	CHECK(fm_pager_register(p, a, npages * PG, FM_REG_HEAP) == 0);
-	/* Time for the evictor thread to have run, had it been woken (it evicts a batch in microseconds). */
-	usleep(300 * 1000);
-	CHECK(h->stats.evictions_clean + h->stats.evictions_dirty == 0 && h->stats.resident_pages == npages);
-	for (uint64_t i = 0; i < npages; i++)
-		write_page(a, i, ++ver[i]);
-	CHECK(h->stats.faults == 0 && bad_pages(a, 0, npages, ver) == 0);
-
-	CHECK(fm_pager_register(p, b, more * PG, FM_REG_HEAP) == 0);
-	/* Faults at the limit evict a batch themselves; each page that comes in wakes the evictor thread too. */
-	for (unsigned k = 0; k < 200 && h->stats.evictions_clean + h->stats.evictions_dirty <=
-						h->stats.direct_evictions; k++) {
-		b[(uint64_t)k * PG] = 1;
-		usleep(10 * 1000);
+	if (evictor) {
+		/* Faults at the limit evict a batch themselves; each page that comes in wakes the evictor thread too. */
+		for (unsigned k = 0; k < 200 && h->stats.evictions_clean + h->stats.evictions_dirty <=
+							h->stats.direct_evictions; k++) {
+			b[(uint64_t)k * PG] = 1;
+			usleep(10 * 1000);
+		}
+		CHECK(h->stats.evictions_clean + h->stats.evictions_dirty > h->stats.direct_evictions);
+		CHECK(h->stats.resident_pages <= npages);
+	} else {
+		fm_pager_gc_event(p, 1);
+		CHECK(fm_pager_discard(p, a, npages * PG) > 0);
+		fm_pager_gc_event(p, 0);
+		CHECK(h->stats.garbage_marked == 4096);
+		for (uint64_t i = 0; i < npages; i++)
+			write_page(a, i, ++ver[i]);
+		CHECK(h->stats.wp_faults > 0);
 	}
-	CHECK(h->stats.evictions_clean + h->stats.evictions_dirty > h->stats.direct_evictions);
-	CHECK(h->stats.resident_pages <= npages);
 	CHECK(bad_pages(a, 0, npages, ver) == 0);
 	CHECK(fm_pager_unregister(p, b, more * PG) == 0);
 	CHECK(fm_pager_unregister(p, a, npages * PG) == 0);
 out:
 	if (b != MAP_FAILED)
 		munmap(b, more * PG);
-	done(p, a, npages, ver, "no evictions while the heap fits its budget", fault);
+	done(p, a, npages, ver, evictor ? "no evictions while the heap fits its budget"
+					: "no garbage while the heap fits its budget", fault);
 }
 
 /* mmap MAP_FIXED over part of the reservation, as HotSpot commits (rw) and uncommits (none). */
@@ -356,8 +325,8 @@ static void both(const char *sock, const char *fault)
 {
 	adopt_over_budget(sock, fault);
 	quota_after_adoption(sock, fault);
-	no_garbage_while_all_fits(sock, fault);
-	no_evictor_while_all_fits(sock, fault);
+	all_fits(sock, fault, 0);
+	all_fits(sock, fault, 1);
 	sparse(sock, fault);
 }
 
