@@ -73,7 +73,7 @@ X(fill_follow, FM_KT_BOOL, CFG(fill_follow), "FARMEM_FILL_FOLLOW", "1", 0, 1, ""
 X(evict_threads, FM_KT_ENUM, CFG(evict_threads), "FARMEM_EVICT_THREADS", "auto", 0, 0, "auto|0|1", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-threads", "auto|0|1", \
   "1: an evictor thread keeps resident pages between the watermarks; 0: a thread that faults at the budget evicts a batch itself, on its own CPU (no cross-CPU TLB shootdowns). auto: 0, but 1 with fault=thread and fill_follow=0") \
 X(evict_high, FM_KT_PCT, CFG(evict_high), "FARMEM_EVICT_HIGH", "95", 10, 100, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-high", "PCT", \
-  "resident share of the budget that wakes the evictor thread (UMap's high water mark)") \
+  "resident share of the budget that wakes the evictor thread (UMap's high water mark); never while every registered page fits the budget (`--local 100%`)") \
 X(evict_low, FM_KT_PCT, CFG(evict_low), "FARMEM_EVICT_LOW", "90", 5, 99, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--evict-low", "PCT", \
   "share of the budget the evictor evicts down to (low water mark); below evict_high") \
 X(evict_batch, FM_KT_UINT, CFG(evict_batch), "FARMEM_EVICT_BATCH", "64", 1, 64, "", FM_KS_OPT, "", "", \
