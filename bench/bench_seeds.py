@@ -32,10 +32,11 @@ Configurations, per workload and budget (PCT of -Xmx local):
   scriptb   the same with --local in bytes (PCT of -Xmx)
 
 Every run logs -Xlog:gc,gc+heap+exit to a file: bytes allocated (occupancy before each pause minus
-after the previous one, bench/lib/gclog.py) and pause time come from it. The table shows the
-median over --repeats of wall time, its ratio to all-local, the pager's fault split (GC threads,
-of which zero fills, and application threads), remote reads and writes, and paged MB per GB
-allocated (farmem: bytes read from and written to memd; kswap: pages swapped in and out, x 4 KiB).
+after the previous one, bench/lib/gclog.py), pause time and the count of full and mixed
+collections come from it. The table shows the median over --repeats of wall time, its ratio to
+all-local, the pager's fault split (GC threads, of which zero fills, and application threads),
+remote reads and writes, and paged MB per GB allocated (farmem: bytes read from and written to
+memd; kswap: pages swapped in and out, x 4 KiB).
 Configurations rotate every repeat, so slow drift of the machine spreads over all of them.
 
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
@@ -301,6 +302,8 @@ class Bench:
         rec["alloc_bytes"] = gclog.allocated_bytes(text)
         rec["pause_s"] = round(gclog.pause_seconds(text), 3)
         rec["full_pause_s"] = round(gclog.full_pause_seconds(text), 3)
+        gcs = gclog.collections(text)
+        rec["full_gcs"], rec["mixed_gcs"] = gcs["full"], gcs["mixed"]
         heap = gclog.heap_range(text)
         if sampler and rec["ok"] and heap and sampler.outside(heap):
             rec["non_heap_bytes"] = sampler.outside(heap)
@@ -354,7 +357,8 @@ class Bench:
         if not ok:
             m["error"] = recs[-1].get("error", "not run") if recs else "not run"
             return m
-        for key in ("wall_s", "pause_s", "full_pause_s", "alloc_bytes", "paged_bytes", *FIGURES):
+        for key in ("wall_s", "pause_s", "full_pause_s", "full_gcs", "mixed_gcs", "alloc_bytes", "paged_bytes",
+                    *FIGURES):
             vals = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
             if vals:
                 m[key] = statistics.median(vals)
@@ -391,8 +395,8 @@ class Bench:
         out += ["", "| workload | config | local | runs | wall s | × all-local | GC faults: pause workers "
                 "| of them zero fills | GC faults: concurrent (marking) | app faults | remote reads | remote writes "
                 "| paged MB / GB alloc | GC faults / GB alloc | moved in memd MB | GC pause s | of them full GCs s "
-                "| alloc GB |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| full / mixed GCs | alloc GB |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name in self.workloads:
             base = self.medians(name, "local", 100).get("wall_s")
             for config, pct in self.plan():
@@ -400,7 +404,7 @@ class Bench:
                 head = f"| {name} | {LABEL[config]} | {pct}% | {m['runs']}/{m['tried']}"
                 if not m["runs"]:
                     err = m["error"].replace("|", "/")
-                    out.append(f"{head} | failed: {err[:160]} |  |  |  |  |  |  |  |  |  |  |  |  |  |")
+                    out.append(f"{head} | failed: {err[:160]} |  |  |  |  |  |  |  |  |  |  |  |  |  |  |")
                     continue
                 gb = m.get("alloc_bytes", 0) / (1 << 30)
 
@@ -414,16 +418,19 @@ class Bench:
                          if "gc_faults" in m and config != "local" else "")
                 conc = num("gc_conc_faults") if base_config(config) not in ("local", "kswap") else ""
                 inmemd = f"{m['compact_bytes'] / MIB:.0f}" if m.get("compact_bytes") else ""
+                gcs = f"{m.get('full_gcs', 0):.0f} / {m.get('mixed_gcs', 0):.0f}"
                 out.append(f"{head} | {m['wall_s']:.1f} | {ratio} | {pause} | {num('gc_zero_fills')} | {conc} "
                            f"| {num('app_faults')} | {num('remote_reads')} | {num('remote_writes')} | {paged} "
                            f"| {gcpg} | {inmemd} | {m.get('pause_s', 0):.2f} | {m.get('full_pause_s', 0):.2f} "
-                           f"| {gb:.2f} |")
+                           f"| {gcs} | {gb:.2f} |")
         out += ["", "Under Linux swap the fault columns come from kswap mode's eBPF tracer (farmem-trace): GC and "
                 "app faults are major faults by thread (all GC threads under pause workers), remote reads swap-ins, "
                 "remote writes pages swapped out. Under farmem, pause workers are HotSpot's `GC Thread#` and "
                 "`VM Thread`, concurrent ones `G1 Conc#`, `G1 Main Marker`, `G1 Refine#` and `G1 Service`, and "
                 "Shenandoah's workers and control thread (jvmti-agent/gcthreads.c); moved in memd = bytes the collector had moved inside memd's store "
-                "(`--gc farmem`, uffd/compact.c: full GCs' object moves and promotions of primitive arrays).", ""]
+                "(`--gc farmem`, uffd/compact.c: full GCs' object moves and promotions of primitive arrays); full / "
+                "mixed GCs = G1's full collections and its mixed pauses (young pauses that also evacuate old "
+                "regions: a concurrent cycle that finished before the heap filled).", ""]
         out += self.targets()
         return "\n".join(out) + "\n"
 

@@ -116,6 +116,15 @@ def test_gclog_reads_allocation_and_pauses(jvm_built, tmp_path, gc, exit_line):
             "[1.600s][info][gc] GC(38) Pause Young (Normal) (G1 Evacuation Pause) 700M->662M(1024M) 9.479ms\n")
     assert gclog.full_pause_seconds(full) == pytest.approx(0.114521)
     assert gclog.pause_seconds(full) == pytest.approx(0.124)
+    mixed = full + ("[1.650s][info][gc] GC(39) Pause Young (Prepare Mixed) (G1 Evacuation Pause) 710M->700M(1024M) 9.1ms\n"
+                    "[1.700s][info][gc] GC(40) Pause Young (Mixed) (G1 Evacuation Pause) 740M->690M(1024M) 12.0ms\n"
+                    "[1.701s][info][gc] GC(41) Pause Remark 690M->690M(1024M) 0.7ms\n")
+    assert gclog.collections(mixed) == {"young": 2, "mixed": 1, "full": 1}
+    gcs = gclog.collections(text)
+    if gc == "-XX:+UseG1GC":
+        assert gcs["young"] > 0 and (gcs["full"] > 0) == (gclog.full_pause_seconds(text) > 0), gcs
+    else:  # Shenandoah logs its pauses by its own names
+        assert gcs == {"young": 0, "mixed": 0, "full": 0}, gcs
     assert exit_line in text  # the exit line closes the last interval
     lo, hi = gclog.heap_range(text)
     assert hi - lo == 256 << 20, (lo, hi)

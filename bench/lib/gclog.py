@@ -47,6 +47,20 @@ def full_pause_seconds(text: str) -> float:
     return sum(float(m.group(1)) for m in PAUSE_MS.finditer(text) if " Pause Full " in m.group(0)) / 1000.0
 
 
+COLLECTION = re.compile(r"GC\(\d+\) Pause (Young|Full)( \(Mixed\))?")
+
+
+def collections(text: str) -> dict[str, int]:
+    """G1's (and Parallel's, Serial's) pauses that collect, by kind: young, mixed (a young pause that
+    also evacuates old regions, after a concurrent cycle's remembered-set rebuild ends in time) and
+    full. A stock G1 at far memory whose concurrent cycles never reach a mixed pause before the heap
+    fills compacts it whole instead (bench/RESULTS.md, session 67)."""
+    n = {"young": 0, "mixed": 0, "full": 0}
+    for m in COLLECTION.finditer(text):
+        n["full" if m.group(1) == "Full" else "mixed" if m.group(2) else "young"] += 1
+    return n
+
+
 def heap_range(text: str) -> tuple[int, int] | None:
     """[start, end) of the heap's addresses, from the gc+heap+exit lines."""
     m = EXIT_RANGE.search(text)
