@@ -23,7 +23,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("farmem") is None:  # run by a Python without the CLI: use its sources
     sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
 from farmem import procmap, resmap  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
+import jvmcmd  # noqa: E402
 
 COUNTERS = ("faults", "gc_faults", "app_faults", "zero_fills", "remote_reads", "prefetch_issued",
             "remote_writes", "evictions_clean")
@@ -152,11 +153,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--interval", type=float, default=0.01, help="seconds between two reads of the counters")
     ap.add_argument("--json", metavar="F", help="also write the split as JSON to F")
-    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command (farmem run ... -- java ...)")
+    jvmcmd.add_command(ap)
     a = ap.parse_args()
-    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
-    if not cmd:
-        ap.error("no command: gc_phase_io.py [options] -- CMD ...")
+    cmd = jvmcmd.command(ap, a)
     if a.interval <= 0:
         ap.error("--interval must be > 0")
     with tempfile.TemporaryDirectory(prefix="gc-phase-io-") as work:
@@ -169,18 +168,9 @@ def main() -> int:
 
 
 def run(cmd: list, log: str, a: argparse.Namespace) -> int:
-    p = subprocess.Popen(cmd, start_new_session=True)
-    try:
-        pid = procmap.wait_descendant_named(p.pid, "java", time.monotonic() + 30, poll=0.01)
-        if not pid:
-            print("gc_phase_io: no java process under the command", file=sys.stderr)
-            return p.wait() or 1
-        rows = sample(pid, p, a.interval)
-        rc = p.wait()
-    except BaseException:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait()
-        raise
+    rc, rows = jvmcmd.watch_jvm(cmd, "gc_phase_io", lambda pid, proc: sample(pid, proc, a.interval))
+    if rows is None:
+        return rc
     if len(rows) < 2:
         print("gc_phase_io: the JVM's residency map could not be read (not under farmem?)", file=sys.stderr)
         return rc or 1

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("farmem") is None:  # run by a Python without the CLI: use its sources
     sys.path.insert(0, os.path.join(ROOT, "cli", "src"))
-from farmem import procmap  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "bench", "lib"))
+import jvmcmd  # noqa: E402
 
 # Outermost frames that name what a GC thread is doing (G1, JDK 17), checked from the stack's root.
 TASKS = ("G1FullGCMarkTask", "G1FullGCPrepareTask", "G1FullGCAdjustTask", "G1FullGCCompactTask",
@@ -126,11 +126,9 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=20, help="tasks listed")
     ap.add_argument("--json", metavar="F", help="also write the counts as JSON to F")
     ap.add_argument("--keep", metavar="DIR", help="keep perf.data and the perf script output in DIR")
-    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command (farmem run ... -- java ...)")
+    jvmcmd.add_command(ap)
     a = ap.parse_args()
-    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
-    if not cmd:
-        ap.error("no command: gc_profile.py [options] -- CMD ...")
+    cmd = jvmcmd.command(ap, a)
     if a.after < 0 or a.seconds <= 0 or a.freq <= 0:
         ap.error("--after must be >= 0, --seconds and --freq > 0")
     if not shutil.which("perf"):
@@ -139,21 +137,16 @@ def main() -> int:
     work = a.keep or tempfile.mkdtemp(prefix="gc-profile-")
     os.makedirs(work, exist_ok=True)
     data = os.path.join(work, "perf.data")
-    p = subprocess.Popen(cmd, start_new_session=True)
-    try:
-        pid = procmap.wait_descendant_named(p.pid, "java", time.monotonic() + a.after + 30, poll=0.05)
-        if not pid:
-            print("gc_profile: no java process under the command", file=sys.stderr)
-            return p.wait() or 1
+
+    def record(pid, proc):
         time.sleep(max(0.0, a.after - 0.05))
-        rec = subprocess.run(["perf", "record", "-q", "-o", data, "-F", str(a.freq), "--call-graph", "dwarf,16384",
-                              "-p", str(pid), "--", "sleep", str(a.seconds)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        rc = p.wait()
-    except BaseException:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait()
-        raise
+        return subprocess.run(["perf", "record", "-q", "-o", data, "-F", str(a.freq), "--call-graph", "dwarf,16384",
+                               "-p", str(pid), "--", "sleep", str(a.seconds)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    rc, rec = jvmcmd.watch_jvm(cmd, "gc_profile", record, wait_s=a.after + 30)
+    if rec is None:
+        return rc
     if rec.returncode != 0 or not os.path.exists(data):
         print(f"gc_profile: perf record failed: {rec.stderr.strip()}", file=sys.stderr)
         return rc or 1
