@@ -34,6 +34,8 @@ void fm_churn(struct fm_pager *p, uint64_t pages);
  * discard makes no garbage: until session 66 both did, for nothing (GcChurn
  * wholly local under farmem: 795k pages made garbage, each a write-protect
  * fault when reused, 1.06-1.17x its time without farmem; bench/RESULTS.md).
+ * A registration that outgrows the budget later finds that free space dirty:
+ * evicted with a write-back until the next cycle's discard marks it garbage.
  */
 int fm_budget_all_fits(struct fm_pager *p);
 /* Resident at or over the low watermark, and not all fits: eviction is near, and garbage worth marking. */
