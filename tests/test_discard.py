@@ -129,14 +129,14 @@ def test_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_
     r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-Xmx512m", "-XX:+PrintFlagsFinal"],
                     ["-version"], local="25%")
     assert r.returncode == 0, r.stderr
-    assert "farmem: G1 sizing: MaxNewSize=64m (half the local budget of 128 MiB" in sizing_line(r.stderr)
+    assert "farmem: G1 sizing: MaxNewSize=32m (a quarter of the local budget of 128 MiB" in sizing_line(r.stderr)
     flags = final_flags(r.stdout)
-    assert flags["MaxNewSize"] == str(64 << 20), flags
+    assert flags["MaxNewSize"] == str(32 << 20), flags
 
 
 def test_serial_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
     """Serial (HotSpot's choice on one CPU): its young generation, a third of the heap by NewRatio and
-    more than the budget, held to half the budget as G1's is; the run is a self-checking churn, paged."""
+    more than the budget, held to half the budget (G1's to a quarter); the run is a self-checking churn, paged."""
     r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-XX:+UseSerialGC", "-Xmx512m", "-XX:+PrintFlagsFinal"],
                     ["-version"], local="25%")
     assert r.returncode == 0, r.stderr
@@ -184,9 +184,9 @@ def final_flags(stdout: str) -> dict:
 
 
 def test_sizing_for_the_jvms_a_script_starts(farmem_cmd, build, jvm_built, private_tmp):
-    """A JVM started by a script (its -Xmx unknown to farmem run) gets half its heap's local budget
-    as G1's young generation bound from the agent, which sets MaxNewSize before the heap exists:
-    with a quarter local, eden never plans past 32 of the heap's 256 regions (1 MiB each), and an
+    """A JVM started by a script (its -Xmx unknown to farmem run) gets a quarter of its heap's local
+    budget as G1's young generation bound from the agent, which sets MaxNewSize before the heap exists:
+    with a quarter local, eden never plans past 16 of the heap's 256 regions (1 MiB each), and an
     absolute --local is a share of each heap alike. The JVM's own sizing (-Xmn, a young flag in
     JAVA_TOOL_OPTIONS) wins; the whole heap local or --no-heap-sizing sets nothing; a heap smaller than an absolute budget runs without farmem
     instead of failing inside the script."""
@@ -196,19 +196,23 @@ def test_sizing_for_the_jvms_a_script_starts(farmem_cmd, build, jvm_built, priva
     r = script_jvm(farmem_cmd, private_tmp,
                    f"java -Xmx256m -Xlog:gc+heap=info -cp {cp} GcChurn --live-mb 60 --steps 20000")
     assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    assert sized + "32m (half the local budget of 64 MiB" in r.stderr, r.stderr[-2000:]
+    assert sized + "16m (a quarter of the local budget of 64 MiB" in r.stderr, r.stderr[-2000:]
     planned = [int(m) for m in re.findall(r"Eden regions: \d+->\d+\((\d+)\)", r.stdout)]
-    assert planned and max(planned) <= 32, planned
+    assert planned and max(planned) <= 16, planned
 
     for local in ("25%", "64M"):
         r = script_jvm(farmem_cmd, private_tmp, flags, local=local)
         f = final_flags(r.stdout)
-        assert r.returncode == 0 and f["MaxNewSize"] == str(32 << 20), f
+        assert r.returncode == 0 and f["MaxNewSize"] == str(16 << 20), f
         assert f["G1MaxNewSizePercent"] == "60" and f["G1NewSizePercent"] == "5", f
-    # 8% of 256 MiB is 20 MiB: 10 MiB young, below G1's default minimum (5%, 12 regions).
-    r = script_jvm(farmem_cmd, private_tmp, flags, local="8%")
+    # 16% of 256 MiB is 40 MiB: 10 MiB young, below G1's default minimum (5%, 12 regions).
+    r = script_jvm(farmem_cmd, private_tmp, flags, local="16%")
     f = final_flags(r.stdout)
     assert r.returncode == 0 and f["MaxNewSize"] == str(10 << 20), f
+    # 6% is 15 MiB: a quarter is under 4 MiB, too small to hold a young generation to.
+    r = script_jvm(farmem_cmd, private_tmp, flags, local="6%")
+    f = final_flags(r.stdout)
+    assert r.returncode == 0 and int(f["MaxNewSize"]) > 100 << 20 and sized not in r.stderr, f
 
     r = script_jvm(farmem_cmd, private_tmp, flags.replace("-version", "-Xmn100m -version"))
     assert r.returncode == 0 and final_flags(r.stdout)["MaxNewSize"] == str(100 << 20), r.stderr[-2000:]
