@@ -114,14 +114,12 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 	const void *bound;
 	int g1 = fm_vms_flag_bool("UseG1GC"), rc;
 	/*
-	 * G1 fills its young generation to the bound at every cycle: each MiB of
-	 * it is a MiB the old generation's hot part does not get. A quarter:
-	 * H2 at 50% local 11% faster than with half, GcChurn (whose young objects
-	 * survive) within 3% either way (bench/RESULTS.md, session 68). Serial's
-	 * is held only where it exceeds the budget, to half (session 56).
+	 * The young generation fills to its bound at every cycle: each MiB of it
+	 * is a MiB the old generation's hot part does not get. A quarter: H2 at
+	 * 50% local reads nothing back where half read 38k pages, GcChurn (whose
+	 * young objects survive) within 3% either way (bench/RESULTS.md, session 68).
 	 */
-	unsigned share = g1 ? 4 : 2;
-	uint64_t young = budget / share >> 20 << 20, gc_max, pct = 0;
+	uint64_t young = budget / 4 >> 20 << 20, gc_max, pct = 0;
 	const char *gc = g1 ? "G1" : "Serial";
 	char alone[128];
 
@@ -145,10 +143,10 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 		gc_max = heap_bytes / (*(const uint64_t *)bound + 1);
 	}
 	/*
-	 * G1's young generation may grow to its bound: more than its share of the
-	 * budget is too much. Serial's is its bound: where it fits the budget it is local
-	 * already, and a smaller one only brings more pauses (GcChurn at 50%:
-	 * 7% slower held to half, bench/RESULTS.md, session 56).
+	 * G1's young generation may grow to its bound: more than a quarter of
+	 * the budget is too much. Serial's is its bound: where it fits the budget
+	 * it is local already, and a smaller one only brings more pauses (GcChurn
+	 * at 50%: 7% slower held to half, bench/RESULTS.md, session 56).
 	 */
 	if (g1 ? young >= gc_max : gc_max <= budget)
 		return 0;
@@ -163,11 +161,10 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 	else
 		snprintf(alone, sizeof(alone), "NewRatio alone would make it %llu MiB of the %llu MiB heap, more "
 			 "than the budget", (unsigned long long)(gc_max >> 20), (unsigned long long)(heap_bytes >> 20));
-	snprintf(msg, msglen, "%s sizing: MaxNewSize=%llum (%s the local budget of %llu MiB: the young "
+	snprintf(msg, msglen, "%s sizing: MaxNewSize=%llum (a quarter of the local budget of %llu MiB: the young "
 		 "generation, which every pause rewrites, stays local, and the rest holds the old "
 		 "generation's hot part; %s). --no-heap-sizing (heap_sizing=0) keeps %s's defaults", gc,
-		 (unsigned long long)(young >> 20), g1 ? "a quarter of" : "half", (unsigned long long)(budget >> 20),
-		 alone, gc);
+		 (unsigned long long)(young >> 20), (unsigned long long)(budget >> 20), alone, gc);
 	return 1;
 }
 

@@ -21,10 +21,9 @@ int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen);
 
 /*
  * heap_sizing, before the heap exists: hold the young generation of G1 or
- * Serial, which every pause rewrites, to a quarter (G1) or half (Serial) of
- * the local budget of budget bytes of a heap of heap_bytes (MemLiner's setup
- * caps it below the budget too), in every JVM the agent loads into, whoever
- * started it. Through
+ * Serial, which every pause rewrites, to a quarter of the local budget of
+ * budget bytes of a heap of heap_bytes (MemLiner's setup caps it below the
+ * budget too), in every JVM the agent loads into, whoever started it. Through
  * MaxNewSize, which both read when they build the heap, after Agent_OnLoad.
  * A JVM that sizes its young generation itself, another collector, a whole
  * heap local, a share of the budget under 4 MiB, a bound above the collector's own

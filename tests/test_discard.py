@@ -136,18 +136,18 @@ def test_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_
 
 def test_serial_sizing_chosen_and_said(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
     """Serial (HotSpot's choice on one CPU): its young generation, a third of the heap by NewRatio and
-    more than the budget, held to half the budget (G1's to a quarter); the run is a self-checking churn, paged."""
+    more than the budget, held to a quarter of the budget as G1's is; the run is a self-checking churn, paged."""
     r, _ = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-XX:+UseSerialGC", "-Xmx512m", "-XX:+PrintFlagsFinal"],
                     ["-version"], local="25%")
     assert r.returncode == 0, r.stderr
-    assert "farmem: Serial sizing: MaxNewSize=64m (half the local budget of 128 MiB" in sizing_line(r.stderr)
+    assert "farmem: Serial sizing: MaxNewSize=32m (a quarter of the local budget of 128 MiB" in sizing_line(r.stderr)
     assert "NewRatio alone would make it 170 MiB of the 512 MiB heap, more than the budget" in sizing_line(r.stderr)
     flags = final_flags(r.stdout)
-    assert flags["MaxNewSize"] == str(64 << 20) and flags["NewSize"] == str(64 << 20), flags
+    assert flags["MaxNewSize"] == str(32 << 20) and flags["NewSize"] == str(32 << 20), flags
     r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, ["-XX:+UseSerialGC", "-Xmx512m"],
                     ["GcChurn", "--live-mb", "200", "--steps", "20000"], local="25%")
     assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
-    assert "Serial sizing: MaxNewSize=64m" in r.stderr and s["discards"] > 0 and s["evictions"] > 0, s
+    assert "Serial sizing: MaxNewSize=32m" in r.stderr and s["discards"] > 0 and s["evictions"] > 0, s
 
 
 @pytest.mark.parametrize("opts,flags", [
