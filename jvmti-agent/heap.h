@@ -26,7 +26,7 @@ int fm_heap_check_jvm(uint64_t *heap_bytes, char *err, size_t errlen);
  * budget too), in every JVM the agent loads into, whoever started it. Through
  * MaxNewSize, which both read when they build the heap, after Agent_OnLoad.
  * A JVM that sizes its young generation itself, another collector, a whole
- * heap local, a share of the budget under 4 MiB, a bound above the collector's own
+ * heap local, a quarter of the budget under 4 MiB, a bound above the collector's own
  * (G1MaxNewSizePercent), a Serial young generation (NewRatio's share) that
  * fits the budget whole, or a heap that may be in hugetlbfs
  * pages (-XX:+UseLargePages): nothing. Returns 1 with msg saying what was

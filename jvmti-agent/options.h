@@ -21,7 +21,7 @@ struct fm_agent_opts {
 	unsigned local_pct;       /* of the heap, converted to bytes once its size is known */
 	int onerror;              /* onerror: 0 exit, 1 continue */
 	unsigned discard;         /* discard the collector's free space after each GC pause */
-	unsigned heap_sizing;     /* the young generation held to a share of the budget (heap.h) */
+	unsigned heap_sizing;     /* the young generation held to a quarter of the budget (heap.h) */
 	int detach;               /* detach: given (set to 1 by the parser, not by knobs.h) */
 	char msgfile[256];
 	char secret_file[256];
