@@ -38,6 +38,7 @@
 #include "preload.h"
 #include "resmap.h"
 #include "gc_calls.h"
+#include "gcmove.h"
 #include "swapva_move.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -94,6 +95,19 @@ static void setup_discard(uintptr_t start, uint64_t bytes)
 	atomic_store(&discard_on, 1);
 }
 
+static const struct fm_pager_ref pager_ref; /* below, with what it calls */
+
+static void setup_gc_moves(void)
+{
+	int rc = fm_gcmove_setup(&pager_ref, (int)opts.gc_moves);
+
+	if (rc > 0)
+		fm_info("gc_moves: a pause's moves of heap bytes that memd holds are done in memd");
+	else if (rc < 0)
+		fm_warn("gc_moves disabled: libjvm.so's memmove could not be interposed on (%s); full GCs copy "
+			"through local memory", strerror(-rc));
+}
+
 /* Register the heap with a started pager, all or nothing, and set up discard. Caller holds life_lock. */
 static int register_heap(struct fm_pager *p, char *err, size_t errlen)
 {
@@ -101,8 +115,10 @@ static int register_heap(struct fm_pager *p, char *err, size_t errlen)
 	uint64_t bytes;
 	int rc = fm_heap_register(p, &start, &bytes, err, errlen);
 
-	if (!rc)
+	if (!rc) {
 		setup_discard(start, bytes);
+		setup_gc_moves();
+	}
 	return rc;
 }
 
@@ -211,8 +227,10 @@ static void JNICALL on_gc_start(jvmtiEnv *env)
 {
 	struct fm_pager *p;
 	atomic_fetch_add(&gc_users, 1);
-	if ((p = atomic_load(&live)))
+	if ((p = atomic_load(&live))) {
 		fm_pager_gc_event(p, 1);
+		fm_gcmove_pause(1);
+	}
 	atomic_fetch_sub(&gc_users, 1);
 }
 
@@ -255,6 +273,7 @@ static void JNICALL on_gc_finish(jvmtiEnv *env)
 {
 	struct fm_pager *p;
 	atomic_fetch_add(&gc_users, 1);
+	fm_gcmove_pause(0);
 	if ((p = atomic_load(&live))) {
 		fm_heap_follow(p);
 		if (atomic_load_explicit(&discard_on, memory_order_relaxed)) {

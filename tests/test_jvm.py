@@ -101,7 +101,9 @@ def test_gc_window_and_gc_writable_cut_full_gc_faults(farmem_cmd, java_cp, tmp_p
     stats = {}
     for name, flags, env in [("on", [], {}), ("off", ["--gc-window", "0"], {"FARMEM_GC_WRITABLE": "0"})]:
         summary = tmp_path / f"{name}.json"
-        r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), *flags, "--", *cmd,
+        # --no-gc-moves: the compaction's pages come here (test_full_gcs_move_objects_inside_memd)
+        r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), "--no-gc-moves", *flags,
+                   "--", *cmd,
                    env=dict(os.environ, TMPDIR=private_tmp, **env))
         assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
         stats[name] = json.loads(summary.read_text())
@@ -109,6 +111,35 @@ def test_gc_window_and_gc_writable_cut_full_gc_faults(farmem_cmd, java_cp, tmp_p
     assert on["prefetch_issued"] > 4 * off["prefetch_issued"], (on, off)
     assert on["gc_faults"] < 0.7 * off["gc_faults"], (on, off)
     assert on["wp_faults"] < off["wp_faults"] / 4, (on, off)
+
+
+@pytest.mark.parametrize("gc,verify", [
+    ("-XX:+UseG1GC", ["-XX:VerifyGCType=full"]),
+    ("-XX:+UseSerialGC", []),
+    ("-XX:+UseParallelGC", []),
+])
+def test_full_gcs_move_objects_inside_memd(farmem_cmd, java_cp, tmp_path, private_tmp, gc, verify):
+    """A stock collector's full GC slides each live object down with libjvm's memmove. With gc_moves
+    (the default) a pause's move that touches pages memd holds is done inside memd's store
+    (jvmti-agent/gcmove.c). HotSpot verifies the heap before and after every full GC (G1) or every
+    GC (Serial, Parallel), and GcChurn checks every word at the end. For G1, whose verifier reads
+    the heap only at full GCs, --no-gc-moves beside it: nothing moved in memd, and more pages read
+    back."""
+    cmd = java_cp[:1] + [gc, "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC",
+                         *verify] + java_cp[1:] + ["GcChurn", "--live-mb", "300", "--steps", "40000"]
+    stats = {}
+    for name, flags in [("on", []), ("off", ["--no-gc-moves"])][:2 if verify else 1]:
+        summary = tmp_path / f"{name}.json"
+        r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), *flags, "--", *cmd,
+                   timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
+        assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
+        stats[name] = json.loads(summary.read_text())
+    on = stats["on"]
+    assert on["compact_moves"] > 1000 and on["compact_pages"] > 0 and on["crc_errors"] == 0, on
+    if verify:
+        off = stats["off"]
+        assert off["compact_moves"] == 0, off
+        assert on["remote_reads"] < 0.8 * off["remote_reads"], (on, off)
 
 
 class HeapFileSampler(threading.Thread):

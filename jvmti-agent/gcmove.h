@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A stock JVM's compaction, done where the pages lie. HotSpot's full GCs (G1,
+ * Serial, Parallel) slide each live object down with Copy::conjoint_words,
+ * which calls libjvm's memmove for anything over 8 words: with most of the
+ * heap in memd, each such copy fetches its source pages and faults in
+ * destination pages whose bytes are dead, and the destination is written back
+ * later. libjvm's memmove is interposed on (got.h); in a pause, a move that
+ * touches a page memd holds is handed to fm_pager_move_bytes (uffd/compact.c:
+ * remote pages moved inside memd's store, never fetched), which the farmem
+ * JDK's collector calls itself. Everything else goes to memmove.
+ */
+#ifndef FARMEM_AGENT_GCMOVE_H
+#define FARMEM_AGENT_GCMOVE_H
+
+#include "pager_ref.h"
+
+/*
+ * on: interpose on libjvm.so's memmove (once) and hand moves to the pager
+ * from the next pause on; 1, or -ENOENT (libjvm imports no memmove) or the
+ * -errno of mprotect. Off: 0, moves go to memmove.
+ */
+int fm_gcmove_setup(const struct fm_pager_ref *ref, int on);
+/* A pause begins (1) or ends (0): moves are handed to the pager only inside one. */
+void fm_gcmove_pause(int in_pause);
+
+#endif
