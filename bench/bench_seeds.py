@@ -428,7 +428,8 @@ class Bench:
                 "remote writes pages swapped out. Under farmem, pause workers are HotSpot's `GC Thread#` and "
                 "`VM Thread`, concurrent ones `G1 Conc#`, `G1 Main Marker`, `G1 Refine#` and `G1 Service`, and "
                 "Shenandoah's workers and control thread (jvmti-agent/gcthreads.c); moved in memd = bytes the collector had moved inside memd's store "
-                "(`--gc farmem`, uffd/compact.c: full GCs' object moves and promotions of primitive arrays); full / "
+                "(uffd/compact.c: `--gc farmem`'s full-GC object moves and promotions of primitive arrays, and a "
+                "stock JVM's full-GC moves through the agent's gc_moves, docs/jvm.md); full / "
                 "mixed GCs = G1's full collections and its mixed pauses (young pauses that also evacuate old "
                 "regions: a concurrent cycle that finished before the heap filled).", ""]
         out += self.targets()
