@@ -29,10 +29,9 @@ static struct fm_pager_ref ref = { no_pager, no_leave, not_expected };
 static _Atomic uint64_t pages;
 static uint64_t base;
 static const volatile uint8_t *states;
+static unsigned page_shift;
 static atomic_int enabled; /* gc_moves=1 and libjvm's memmove is ours */
 static atomic_int refused; /* the pager cannot move in memd (its transport): memmove from now on */
-
-static unsigned page_shift;
 
 static int in_heap(uintptr_t a, size_t len, uint64_t npages)
 {
@@ -48,10 +47,11 @@ static int all_resident(uintptr_t a, size_t len)
 }
 
 /*
- * Only in a pause: then the program's threads are stopped and each
- * collector thread moves objects no other one touches, which
- * fm_pager_move_bytes asks of its callers. A move it declines (a page held,
- * memd full) is done here as always.
+ * Only in a pause: then the program's threads are stopped and the collector
+ * threads move objects no other thread touches, which fm_pager_move_bytes
+ * asks of its callers (two workers that share a page, as Parallel's may at a
+ * region's edge, meet in the pager's holds: one of them is declined). A move
+ * it declines (a page held, memd full) is done here as always.
  */
 static void *hook_memmove(void *dst, const void *src, size_t n)
 {
@@ -78,10 +78,9 @@ void fm_gcmove_pause(int in_pause)
 	struct fm_pager *p;
 	const struct fm_resmap_hdr *h;
 
-	if (!in_pause || !atomic_load(&enabled) || atomic_load(&refused)) {
-		atomic_store_explicit(&pages, 0, memory_order_release);
+	atomic_store_explicit(&pages, 0, memory_order_release); /* until this pause's heap is found */
+	if (!in_pause || !atomic_load(&enabled) || atomic_load(&refused))
 		return;
-	}
 	p = ref.enter();
 	h = p ? fm_pager_map(p) : NULL;
 	for (unsigned i = 0; h && i < FM_RESMAP_SLOTS; i++) {
