@@ -12,6 +12,7 @@
 #include "got.h"
 #include "pager.h"
 #include "resmap.h"
+#include "vmstructs.h"
 
 static void *(*real_memmove)(void *, const void *, size_t) = memmove;
 
@@ -31,6 +32,17 @@ static uint64_t base;
 static const volatile uint8_t *states;
 static unsigned page_shift;
 static atomic_int enabled; /* gc_moves=1 and libjvm's memmove is ours */
+/*
+ * CollectedHeap::_total_collections and the _total_full_collections declared
+ * right after it (JDK 17's collectedHeap.hpp: both unsigned int; VMStructs
+ * lists only the first). Each collection counts itself once it has begun,
+ * after GarbageCollectionStart, so a full count that moved since the pause
+ * began says a full GC is under way in it (Serial's may follow its young
+ * collection in the same pause).
+ */
+static const volatile uint32_t *collections;
+static uint32_t full_at_start;
+static int counts_unreadable;
 static atomic_int refused; /* the pager cannot move in memd (its transport): memmove from now on */
 
 static int in_heap(uintptr_t a, size_t len, uint64_t npages)
@@ -73,6 +85,25 @@ static void *hook_memmove(void *dst, const void *src, size_t n)
 	return real_memmove(dst, src, n);
 }
 
+int fm_gcmove_reads_ahead(void)
+{
+	return !atomic_load_explicit(&pages, memory_order_acquire) || !collections ||
+	       collections[1] == full_at_start;
+}
+
+/* The collection counts, once the heap exists; left NULL if they do not read as counts. */
+static void find_collections(void)
+{
+	int64_t off;
+	uintptr_t heap_ptr_addr, heap;
+
+	if (collections || counts_unreadable || fm_vms_field("CollectedHeap", "_total_collections", &off, NULL) ||
+	    fm_vms_field("Universe", "_collectedHeap", NULL, &heap_ptr_addr) ||
+	    !(heap = *(const uintptr_t *)heap_ptr_addr))
+		return;
+	collections = (const volatile uint32_t *)(heap + (uintptr_t)off);
+}
+
 void fm_gcmove_pause(int in_pause)
 {
 	struct fm_pager *p;
@@ -81,6 +112,16 @@ void fm_gcmove_pause(int in_pause)
 	atomic_store_explicit(&pages, 0, memory_order_release); /* until this pause's heap is found */
 	if (!in_pause || !atomic_load(&enabled) || atomic_load(&refused))
 		return;
+	find_collections();
+	if (collections) {
+		full_at_start = collections[1];
+		if (full_at_start > collections[0]) {
+			fm_warn("gc_moves: this JVM's collection counts are not where JDK 17 keeps them: "
+				"its GC threads read ahead in full GCs too");
+			collections = NULL;
+			counts_unreadable = 1;
+		}
+	}
 	p = ref.enter();
 	h = p ? fm_pager_map(p) : NULL;
 	for (unsigned i = 0; h && i < FM_RESMAP_SLOTS; i++) {

@@ -123,8 +123,8 @@ def test_full_gcs_move_objects_inside_memd(farmem_cmd, java_cp, tmp_path, privat
     (the default) a pause's move that touches pages memd holds is done inside memd's store
     (jvmti-agent/gcmove.c). HotSpot verifies the heap before and after every full GC (G1) or every
     GC (Serial, Parallel), and GcChurn checks every word at the end. For G1, whose verifier reads
-    the heap only at full GCs, --no-gc-moves beside it: nothing moved in memd, and more pages read
-    back."""
+    the heap only at full GCs, --no-gc-moves beside it: nothing moved in memd, more pages read back,
+    and the GC threads' read-ahead (gc_window) on in full GCs too."""
     cmd = java_cp[:1] + [gc, "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC", "-XX:+VerifyAfterGC",
                          *verify] + java_cp[1:] + ["GcChurn", "--live-mb", "300", "--steps", "40000"]
     stats = {}
@@ -140,6 +140,8 @@ def test_full_gcs_move_objects_inside_memd(farmem_cmd, java_cp, tmp_path, privat
         off = stats["off"]
         assert off["compact_moves"] == 0, off
         assert on["remote_reads"] < 0.8 * off["remote_reads"], (on, off)
+        # and in a full GC whose moves memd does, GC threads do not read ahead (gcmove.h)
+        assert on["prefetch_issued"] < off["prefetch_issued"] / 2, (on, off)
 
 
 class HeapFileSampler(threading.Thread):

@@ -87,7 +87,7 @@ X(prefetch, FM_KT_UINT, CFG(prefetch), "FARMEM_PREFETCH", "8", 0, 64, "", FM_KS_
 X(loop_evict, FM_KT_BOOL, CFG(loop_evict), "FARMEM_LOOP_EVICT", "1", 0, 1, "", FM_KS_OPT, "", "", \
   "a thread's run of faults on pages back soon after they left (a loop over more memory than the budget) hands what it went through to the evictor, which takes it first: what the loop finds resident when it comes round stays so, and each round reads back about what does not fit, where a clock reads back most of every round. Not in a JVM's heap, whose collector walks what the program went through") \
 X(gc_window, FM_KT_UINT, CFG(gc_window), "FARMEM_GC_WINDOW", "64", 0, 64, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--gc-window", "PAGES", \
-  "JVM: remote pages fetched ahead of a GC thread's sequential or strided run of faults (a full GC's compaction), installed cold (they leave first unless written); 0: GC threads fetch only the page they fault on") \
+  "JVM: remote pages fetched ahead of a GC thread's sequential or strided run of faults, installed cold (they leave first unless written); none in a full GC whose moves memd does (gc_moves), where they were the bodies between the headers it reads; 0: GC threads fetch only the page they fault on") \
 X(gc_writable, FM_KT_BOOL, CFG(gc_writable), "FARMEM_GC_WRITABLE", "1", 0, 1, "", FM_KS_OPT, "", "", \
   "JVM: a GC thread's read of a remote page installs it writable, booked dirty: a collector in a pause mostly writes what it reads soon after (a compaction moves objects onto pages it read), and a write-protect fault costs a TLB shootdown; the price is a write-back of pages it only read") \
 X(epoch_pct, FM_KT_PCT, CFG(epoch_pct), "FARMEM_EPOCH_PCT", "5", 1, 100, "", FM_KS_OPT, "", "", \

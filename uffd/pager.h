@@ -60,6 +60,14 @@ struct fm_pager_cfg {
 	 * FM_GC_CONC for its concurrent threads (marking, refinement).
 	 */
 	int (*is_gc_thread)(pid_t tid);
+	/*
+	 * Called at a GC thread's fault before remote pages are fetched ahead of
+	 * its run (gc_window): 0 says not now. The agent says so in a full GC
+	 * whose object moves memd does (jvmti-agent/gcmove.h), where what the
+	 * collector reads itself is each object's header and read-ahead brings
+	 * in the bodies between them. NULL: always.
+	 */
+	int (*gc_reads_ahead)(void);
 };
 
 enum { FM_GC_PAUSE = 1, FM_GC_CONC = 2 };
