@@ -50,12 +50,9 @@ EXPORT int farmem_heap_view(struct farmem_heap_view *v)
 {
 	struct fm_pager *p = ref.enter();
 	const struct fm_resmap_hdr *h = p ? fm_pager_map(p) : NULL;
+	const struct fm_resmap_region *r = h ? fm_resmap_heap(h) : NULL;
 
-	for (unsigned i = 0; h && i < FM_RESMAP_SLOTS; i++) {
-		const struct fm_resmap_region *r = fm_resmap_slot_ro(h, i);
-		if ((r->flags & (FM_REGION_F_LIVE | FM_REGION_F_HEAP | FM_REGION_F_SHMEM)) !=
-		    (FM_REGION_F_LIVE | FM_REGION_F_HEAP))
-			continue;
+	if (r) {
 		*v = (struct farmem_heap_view){ .base = r->base, .npages = r->npages,
 						.states = (const uint8_t *)h + r->map_offset,
 						.page_shift = h->page_shift,

@@ -16,10 +16,7 @@
 
 static void *(*real_memmove)(void *, const void *, size_t) = memmove;
 
-static struct fm_pager *no_pager(void) { return NULL; }
-static void no_leave(void) { }
-static int not_expected(void) { return 0; }
-static struct fm_pager_ref ref = { no_pager, no_leave, not_expected };
+static struct fm_pager_ref ref; /* fm_gcmove_setup's, set before moves are enabled */
 
 /*
  * The heap's residency bytes, looked up at each pause's start by the VM
@@ -108,6 +105,7 @@ void fm_gcmove_pause(int in_pause)
 {
 	struct fm_pager *p;
 	const struct fm_resmap_hdr *h;
+	const struct fm_resmap_region *r;
 
 	atomic_store_explicit(&pages, 0, memory_order_release); /* until this pause's heap is found */
 	if (!in_pause || !atomic_load(&enabled) || atomic_load(&refused))
@@ -124,16 +122,11 @@ void fm_gcmove_pause(int in_pause)
 	}
 	p = ref.enter();
 	h = p ? fm_pager_map(p) : NULL;
-	for (unsigned i = 0; h && i < FM_RESMAP_SLOTS; i++) {
-		const struct fm_resmap_region *r = fm_resmap_slot_ro(h, i);
-		if ((r->flags & (FM_REGION_F_LIVE | FM_REGION_F_HEAP | FM_REGION_F_SHMEM)) !=
-		    (FM_REGION_F_LIVE | FM_REGION_F_HEAP))
-			continue;
+	if (h && (r = fm_resmap_heap(h))) {
 		base = r->base;
 		page_shift = h->page_shift;
 		states = (const uint8_t *)h + r->map_offset;
 		atomic_store_explicit(&pages, r->npages, memory_order_release);
-		break;
 	}
 	ref.leave();
 }

@@ -334,6 +334,18 @@ static inline struct fm_resmap_region *fm_resmap_slot(struct fm_resmap_hdr *h, u
 	return (struct fm_resmap_region *)fm_resmap_slot_ro(h, i);
 }
 
+/* The Java heap's region (a private mapping, not a shared-memory heap), or NULL. */
+static inline const struct fm_resmap_region *fm_resmap_heap(const struct fm_resmap_hdr *h)
+{
+	for (unsigned i = 0; i < FM_RESMAP_SLOTS; i++) {
+		const struct fm_resmap_region *r = fm_resmap_slot_ro(h, i);
+		if ((r->flags & (FM_REGION_F_LIVE | FM_REGION_F_HEAP | FM_REGION_F_SHMEM)) ==
+		    (FM_REGION_F_LIVE | FM_REGION_F_HEAP))
+			return r;
+	}
+	return NULL;
+}
+
 /* Histogram bucket of a duration: 8 buckets per power of two of ns. */
 static inline unsigned fm_lat_bucket(uint64_t ns)
 {
