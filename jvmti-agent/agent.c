@@ -78,11 +78,12 @@ static void setup_discard(uintptr_t start, uint64_t bytes)
 	int kind;
 
 	atomic_store(&discard_on, 0);
+	/* Read without discard too: gc_moves asks which regions are young (gcfree.h). */
+	kind = fm_gcfree_init(start, bytes, why, sizeof(why));
 	if (!opts.discard) {
 		fm_info("discard=0: the collector's free space is paged like live data");
 		return;
 	}
-	kind = fm_gcfree_init(start, bytes, why, sizeof(why));
 	if (kind == FM_GCFREE_NONE) {
 		fm_warn("discard disabled: %s; free heap space is paged like live data", why);
 		return;

@@ -40,6 +40,7 @@ static uintptr_t heap_ptr_addr; /* &Universe::_collectedHeap */
 static int64_t o_hrm, o_regions, o_tbl_base, o_tbl_length, o_hr_bottom, o_hr_end, o_hr_type, o_type_tag;
 static uint64_t tag_size, grain;
 static int32_t free_tag;
+static int32_t young_mask; /* HeapRegionType::YoungMask, or 0 if this JVM does not say */
 
 /* Shenandoah */
 static int64_t o_sh_regions, o_sh_num_regions, o_sh_state, o_sh_bottom, o_sh_end;
@@ -121,6 +122,8 @@ static int init_g1(char *why, size_t whylen)
 
 	if (resolve(n, sizeof(n) / sizeof(n[0]), why, whylen))
 		return -ENOENT;
+	if (fm_vms_int_constant("HeapRegionType::YoungMask", &young_mask))
+		young_mask = 0;
 	return region_facts("HeapRegionType::FreeTag", &free_tag, tag_types, &tag_size, "HeapRegion::GrainBytes",
 			    grain_addr, why, whylen);
 }
@@ -212,6 +215,11 @@ int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t 
 		snprintf(why, whylen, "this collector's free space is not known to farmem (G1, Parallel, "
 			 "Shenandoah and Serial are)");
 	}
+	return kind;
+}
+
+int fm_gcfree_kind(void)
+{
 	return kind;
 }
 
@@ -438,4 +446,40 @@ long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 		return walk_serial(fn, arg, why, whylen);
 	snprintf(why, whylen, "no collector to walk");
 	return -1;
+}
+
+static int in_space(uintptr_t sp, uintptr_t addr)
+{
+	return sp && addr >= ld_ptr(sp, o_sp_bottom) && addr < ld_ptr(sp, o_sp_end);
+}
+
+int fm_gcfree_in_young(uintptr_t addr)
+{
+	uintptr_t heap, tbl, young, hr;
+	uint64_t i;
+
+	if (addr < heap_lo || addr >= heap_hi || !heap_ptr_addr || !(heap = ld_ptr(heap_ptr_addr, 0)))
+		return -1;
+	switch (kind) {
+	case FM_GCFREE_G1:
+		if (!young_mask)
+			return -1;
+		tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
+		i = (addr - heap_lo) / grain;
+		if (i >= *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length) ||
+		    !(hr = *(const volatile uintptr_t *)(ld_ptr(tbl, o_tbl_base) + i * sizeof(uintptr_t))))
+			return -1;
+		return (ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size) & young_mask) != 0;
+	case FM_GCFREE_PARALLEL:
+	case FM_GCFREE_SERIAL:
+		young = kind == FM_GCFREE_PARALLEL ? ld_ptr(young_addr, 0) : ld_ptr(heap, o_young_gen);
+		if (!young)
+			return -1;
+		return in_space(ld_ptr(young, o_eden), addr) || in_space(ld_ptr(young, o_from), addr) ||
+		       in_space(ld_ptr(young, o_to), addr);
+	case FM_GCFREE_SHENANDOAH:
+		return 0; /* one generation */
+	default:
+		return -1;
+	}
 }

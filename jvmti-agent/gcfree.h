@@ -45,7 +45,8 @@ enum fm_gcfree_kind {
  */
 int fm_gcfree_init(uintptr_t heap_start, uint64_t heap_bytes, char *why, size_t whylen);
 
-/* A name for the kind ("G1", "Parallel", "Shenandoah", "Serial"); granule: the region size, or 0. */
+/* The kind fm_gcfree_init found; a name for a kind ("G1", "Parallel", "Shenandoah", "Serial"); granule: the region size, or 0. */
+int fm_gcfree_kind(void);
 const char *fm_gcfree_kind_name(int kind);
 uint64_t fm_gcfree_granule(void);
 
@@ -58,5 +59,14 @@ typedef void (*fm_gcfree_fn)(uintptr_t addr, size_t len, void *arg);
  * nothing was reported, and why says what was wrong.
  */
 long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen);
+
+/*
+ * Whether addr lies in the young generation (G1: an eden or survivor
+ * region; Parallel and Serial: eden or a survivor space): 1, 0, or -1 when
+ * it is not known (outside the heap, no collector read). Plain loads, for a
+ * pause's GC threads (gcmove.c's promotions: a copy into a survivor space is
+ * read again by the next young pause).
+ */
+int fm_gcfree_in_young(uintptr_t addr);
 
 #endif
