@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "fm_util.h"
+#include "gc_calls.h"
 #include "gcfree.h"
 #include "got.h"
 #include "pager.h"
@@ -248,9 +249,11 @@ void fm_gcmove_pause(int in_pause)
 	/*
 	 * G1's only: Serial's young collections ran slower with it (GcChurn at
 	 * 25%, 22.5 -> 24.9 s: faults 1.53M -> 1.97M), Parallel's copied few
-	 * arrays this way and no faster (bench/RESULTS.md, session 70).
+	 * arrays this way and no faster (bench/RESULTS.md, session 70). Not the
+	 * farmem JDK's G1, which promotes arrays in memd itself: what it copies
+	 * it chose to, and taken here it ran slower (GcChurn at 50%, 6.2 -> 6.5 s).
 	 */
-	promote_on = lh_off >= 0 && fm_gcfree_kind() == FM_GCFREE_G1;
+	promote_on = lh_off >= 0 && fm_gcfree_kind() == FM_GCFREE_G1 && !fm_gc_calls_seen();
 	if (collections) {
 		full_at_start = collections[1];
 		if (full_at_start > collections[0]) {
