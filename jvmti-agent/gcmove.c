@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/* A stock JVM's compaction moves, done where the pages lie (gcmove.h). */
+/* A stock JVM's compaction moves and G1's promotions of arrays, done where the pages lie (gcmove.h). */
 #include "gcmove.h"
 
 #include <errno.h>

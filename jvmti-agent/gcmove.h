@@ -8,7 +8,10 @@
  * later. libjvm's memmove is interposed on (got.h); in a pause, a move that
  * touches a page memd holds is handed to fm_pager_move_bytes (uffd/compact.c:
  * remote pages moved inside memd's store, never fetched), which the farmem
- * JDK's collector calls itself. Everything else goes to memmove.
+ * JDK's collector calls itself. Everything else goes to memmove. Likewise
+ * libjvm's memcpy, with which stock G1's pauses copy surviving objects: a
+ * primitive array promoted into pages of an old region that are not resident
+ * has its whole pages written in memd's store (gcmove.c says which).
  */
 #ifndef FARMEM_AGENT_GCMOVE_H
 #define FARMEM_AGENT_GCMOVE_H
@@ -16,7 +19,7 @@
 #include "pager_ref.h"
 
 /*
- * on: interpose on libjvm.so's memmove (once) and hand moves to the pager
+ * on: interpose on libjvm.so's memmove and memcpy (once) and hand moves to the pager
  * from the next pause on; 1, or -ENOENT (libjvm imports no memmove) or the
  * -errno of mprotect. Off: 0, moves go to memmove.
  */
