@@ -63,6 +63,24 @@ static int all_resident(uintptr_t a, size_t len)
 }
 
 /*
+ * The page the collector writes next, made resident and writable here
+ * rather than by its fault: the same read from memd, without the signal.
+ * A full GC writes each moved object's header (init_mark) right after the
+ * move, on a destination page the move left in memd; that fault cost its
+ * phase 4 a fifth of its time (GcChurn at 50% local: 2.07 -> 1.65 s).
+ */
+static void write_next(struct fm_pager *p, uintptr_t a, size_t len)
+{
+	int pin;
+
+	if (!len || all_resident(a, len))
+		return;
+	pin = fm_pager_io_begin(p, (const void *)a, len, 1);
+	if (pin != -1)
+		fm_pager_io_end(p, pin);
+}
+
+/*
  * Only in a pause: then the program's threads are stopped and the collector
  * threads move objects no other thread touches, which fm_pager_move_bytes
  * asks of its callers (two workers that share a page, as Parallel's may at a
@@ -80,6 +98,8 @@ static void *hook_memmove(void *dst, const void *src, size_t n)
 
 		if (p && (!all_resident(m.src, n) || !all_resident(m.dst, n)))
 			rc = fm_pager_move_bytes(p, &m, 1);
+		if (rc == 1)
+			write_next(p, m.dst, n < 16 ? n : 16);
 		ref.leave();
 		if (rc == 1)
 			return dst;
@@ -204,6 +224,10 @@ static void *hook_memcpy(void *dst, const void *src, size_t n)
 		struct fm_pager *p = ref.enter();
 		long rc = p ? fm_pager_move_bytes(p, &m, 1) : 0;
 
+		if (rc == 1) {
+			write_next(p, d, first - d);
+			write_next(p, end, d + n - end);
+		}
 		ref.leave();
 		if (rc != 1) {
 			if (rc == -EOPNOTSUPP && !atomic_exchange(&refused, 1))
