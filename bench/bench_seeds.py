@@ -429,7 +429,7 @@ class Bench:
                 "`VM Thread`, concurrent ones `G1 Conc#`, `G1 Main Marker`, `G1 Refine#` and `G1 Service`, and "
                 "Shenandoah's workers and control thread (jvmti-agent/gcthreads.c); moved in memd = bytes the collector had moved inside memd's store "
                 "(uffd/compact.c: `--gc farmem`'s full-GC object moves and promotions of primitive arrays, and a "
-                "stock JVM's full-GC moves through the agent's gc_moves, docs/jvm.md); full / "
+                "stock JVM's full-GC moves and stock G1's promotions of primitive arrays through the agent's gc_moves, docs/jvm.md); full / "
                 "mixed GCs = G1's full collections and its mixed pauses (young pauses that also evacuate old "
                 "regions: a concurrent cycle that finished before the heap filled).", ""]
         out += self.targets()

@@ -489,7 +489,7 @@ def gc_hint(s: dict, collector: str = "G1") -> str | None:
     """For a stock JDK's run whose collector did most of the paging: what would page it better.
     Stock G1's full GCs read every live object's headers back from memd (their moves are done in memd
     with gc_moves, but HotSpot reads and writes the headers itself), and its marking reads every remote
-    object (GcChurn at 25% local, session 69: 4.44x all local with stock G1, 2.08x with --gc farmem);
+    object (GcChurn at 25% local, session 70: 3.95x all local with stock G1, 2.11x with --gc farmem);
     Shenandoah marks and evacuates across the whole heap every cycle (H2 at 25% local: 3.2x all local,
     G1 1.6x; bench/RESULTS.md). The farmem JDK changes G1 only: no hint for the other collectors."""
     faults, gc = s.get("faults", 0), s.get("gc_faults", 0)
