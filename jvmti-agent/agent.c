@@ -207,7 +207,6 @@ static int start_pager(struct fm_pager **out, char *err, size_t errlen)
 	fm_log_level = opts.cfg.log_level;
 	opts.cfg.is_gc_thread = fm_agent_is_gc_thread;
 	opts.cfg.gc_reads_ahead = fm_gcmove_reads_ahead;
-	opts.cfg.gc_fills_ahead = fm_gcmove_fills_ahead;
 	if (!opts.cfg.memd[0]) {
 		snprintf(err, errlen, "no memd address: give memd=ADDR (or set FARMEM_MEMD)");
 		return -EINVAL;

@@ -246,12 +246,6 @@ int fm_gcmove_reads_ahead(void)
 	       collections[1] == full_at_start;
 }
 
-int fm_gcmove_fills_ahead(void)
-{
-	return !atomic_load_explicit(&pages, memory_order_acquire) || !promote_on ||
-	       (collections && collections[1] != full_at_start);
-}
-
 /* The collection counts, once the heap exists; left NULL if they do not read as counts. */
 static void find_collections(void)
 {

@@ -33,14 +33,5 @@ void fm_gcmove_pause(int in_pause);
  * between them, which the compaction then moved through local memory.
  */
 int fm_gcmove_reads_ahead(void);
-/*
- * The pager's gc_fills_ahead: 0 in a pause whose promotions of primitive
- * arrays memd takes (stock G1, no full GC under way). A GC thread's fault
- * on a fresh page filled a run of zeros after it, the pages the next arrays
- * are copied to, which then went through local memory and back out
- * (GcChurn at 50%: a sixth of the arrays to promote found every such page
- * resident, two in five some).
- */
-int fm_gcmove_fills_ahead(void);
 
 #endif

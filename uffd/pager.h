@@ -68,15 +68,6 @@ struct fm_pager_cfg {
 	 * in the bodies between them. NULL: always.
 	 */
 	int (*gc_reads_ahead)(void);
-	/*
-	 * Called at a GC thread's fault on a page memd has never held before
-	 * fresh pages after it are filled with zeros ahead of its run: 0 says
-	 * not now. The agent says so in a pause whose promotions of arrays memd
-	 * takes (jvmti-agent/gcmove.h): the fresh pages ahead of a copy are
-	 * where the next arrays go, and zeros put there made their copies come
-	 * here. NULL: always.
-	 */
-	int (*gc_fills_ahead)(void);
 };
 
 enum { FM_GC_PAUSE = 1, FM_GC_CONC = 2 };

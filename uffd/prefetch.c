@@ -291,8 +291,6 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		ahead = MAX_AHEAD;
 		stride = 1;
 	}
-	if (fresh && gc && p->cfg.gc_fills_ahead && !p->cfg.gc_fills_ahead())
-		ahead = 0;
 	/*
 	 * Claim the pages ahead that are not resident, stopping at the first
 	 * that is. Remote pages: at most `prefetch` of them (each costs a
