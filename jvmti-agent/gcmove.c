@@ -48,6 +48,7 @@ static uint32_t full_at_start;
 static int counts_unreadable;
 static atomic_int refused; /* the pager cannot move in memd (its transport): memmove from now on */
 static int promote_on; /* primitive arrays' copies too: their klasses can be read (find_klass_layout) */
+static uint64_t evict_batches_seen; /* the pager's eviction batches at the last pause's start */
 
 static int in_heap(uintptr_t a, size_t len, uint64_t npages)
 {
@@ -290,6 +291,17 @@ void fm_gcmove_pause(int in_pause)
 	p = ref.enter();
 	h = p ? fm_pager_map(p) : NULL;
 	if (h && (r = fm_resmap_heap(h))) {
+		uint64_t limit = h->stats.local_limit_pages, batches = h->stats.evict_batches;
+		/*
+		 * Promotions only under pressure, as the farmem JDK's: the pager
+		 * evicted since the last pause and is near its budget. With room, a
+		 * promoted array stays here like anything else: AllocRace, whose
+		 * arrays are checked once more soon after their promotion, read them
+		 * back from memd (bench/RESULTS.md, session 70).
+		 */
+		promote_on = promote_on && limit && batches != evict_batches_seen &&
+			     h->stats.resident_pages * 10 >= limit * 9;
+		evict_batches_seen = batches;
 		base = r->base;
 		page_shift = h->page_shift;
 		states = (const uint8_t *)h + r->map_offset;
