@@ -448,38 +448,18 @@ long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 	return -1;
 }
 
-static int in_space(uintptr_t sp, uintptr_t addr)
-{
-	return sp && addr >= ld_ptr(sp, o_sp_bottom) && addr < ld_ptr(sp, o_sp_end);
-}
-
 int fm_gcfree_in_young(uintptr_t addr)
 {
-	uintptr_t heap, tbl, young, hr;
+	uintptr_t heap, tbl, hr;
 	uint64_t i;
 
-	if (addr < heap_lo || addr >= heap_hi || !heap_ptr_addr || !(heap = ld_ptr(heap_ptr_addr, 0)))
+	if (kind != FM_GCFREE_G1 || !young_mask || addr < heap_lo || addr >= heap_hi ||
+	    !(heap = ld_ptr(heap_ptr_addr, 0)))
 		return -1;
-	switch (kind) {
-	case FM_GCFREE_G1:
-		if (!young_mask)
-			return -1;
-		tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
-		i = (addr - heap_lo) / grain;
-		if (i >= *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length) ||
-		    !(hr = *(const volatile uintptr_t *)(ld_ptr(tbl, o_tbl_base) + i * sizeof(uintptr_t))))
-			return -1;
-		return (ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size) & young_mask) != 0;
-	case FM_GCFREE_PARALLEL:
-	case FM_GCFREE_SERIAL:
-		young = kind == FM_GCFREE_PARALLEL ? ld_ptr(young_addr, 0) : ld_ptr(heap, o_young_gen);
-		if (!young)
-			return -1;
-		return in_space(ld_ptr(young, o_eden), addr) || in_space(ld_ptr(young, o_from), addr) ||
-		       in_space(ld_ptr(young, o_to), addr);
-	case FM_GCFREE_SHENANDOAH:
-		return 0; /* one generation */
-	default:
+	tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
+	i = (addr - heap_lo) / grain;
+	if (i >= *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length) ||
+	    !(hr = *(const volatile uintptr_t *)(ld_ptr(tbl, o_tbl_base) + i * sizeof(uintptr_t))))
 		return -1;
-	}
+	return (ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size) & young_mask) != 0;
 }

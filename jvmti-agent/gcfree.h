@@ -61,11 +61,10 @@ typedef void (*fm_gcfree_fn)(uintptr_t addr, size_t len, void *arg);
 long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen);
 
 /*
- * Whether addr lies in the young generation (G1: an eden or survivor
- * region; Parallel and Serial: eden or a survivor space): 1, 0, or -1 when
- * it is not known (outside the heap, no collector read). Plain loads, for a
- * pause's GC threads (gcmove.c's promotions: a copy into a survivor space is
- * read again by the next young pause).
+ * Whether addr lies in one of G1's young regions (eden or survivor): 1, 0,
+ * or -1 when it is not known (not G1, outside the heap). Plain loads, for a
+ * pause's GC threads (gcmove.c's promotions: a copy into a survivor region
+ * is read again by the next young pause).
  */
 int fm_gcfree_in_young(uintptr_t addr);
 

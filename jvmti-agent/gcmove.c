@@ -111,9 +111,8 @@ static void *hook_memmove(void *dst, const void *src, size_t n)
 }
 
 /*
- * A pause's copies of primitive arrays (G1's evacuation, Serial's and
- * Parallel's young collections: Copy::aligned_disjoint_words, libjvm's
- * memcpy over 8 words). With the budget full, the pages an array is copied
+ * G1's copies of primitive arrays in its pauses (evacuation:
+ * Copy::aligned_disjoint_words, libjvm's memcpy over 8 words). With the budget full, the pages an array is copied
  * to are not resident: each is filled with zeros by a fault, written, and
  * written back to memd when room is made, the same bytes crossing twice;
  * the farmem JDK promotes such arrays in memd instead (docs/patched-jdk.md).

@@ -287,7 +287,9 @@ int fm_pager_write_words(struct fm_pager *p, void *addr, const void *data, size_
  * [addr, addr+len). In fault=signal mode the kernel cannot wait for a page
  * there: make the range resident (and writable) and pin it until
  * fm_pager_io_end. Returns the pin to hand back (-1: nothing to hand
- * back).
+ * back). The agent calls it too, for the page a collector writes right
+ * after a move memd did (jvmti-agent/gcmove.c): a fault's work without
+ * its signal.
  * A call that still fails with EFAULT (the pin table was full) is retried by
  * the caller after another fm_pager_io_begin.
  */
