@@ -50,6 +50,27 @@ static atomic_int refused; /* the pager cannot move in memd (its transport): mem
 static int promote_on; /* primitive arrays' copies too: their klasses can be read (find_klass_layout) */
 static uint64_t evict_batches_seen; /* the pager's eviction batches at the last pause's start */
 
+/*
+ * Whether the program reads its promoted arrays back soon. GcChurn's
+ * promoted arrays wait in memd for the rare check; AllocRace reads nearly
+ * each one once more right after its promotion, before the next pause, and
+ * written in memd they cost it a fetch per page (its allocation fell 11% at
+ * 25% local, bench/RESULTS.md, session 70). So each pause notes the first
+ * page it left in memd of its first promotions, the next pause's start looks at them:
+ * a page the program faulted back in since (resident, no GC thread's mark)
+ * was read. Where a quarter are, promotions go through local memory for the
+ * next hold_pauses pauses, then one pause promotes again to look once more;
+ * each look that finds them read doubles the hold.
+ */
+#define READ_BACK_SAMPLES 256u
+#define READ_BACK_MIN 16u /* samples for a verdict */
+#define HOLD_FIRST 8u
+#define HOLD_MOST 128u
+static uintptr_t promoted_pages[READ_BACK_SAMPLES];
+static atomic_uint npromoted; /* this pause's promotions, the first READ_BACK_SAMPLES noted */
+static unsigned hold_pauses, hold_len = HOLD_FIRST;
+static int read_back_told;
+
 static int in_heap(uintptr_t a, size_t len, uint64_t npages)
 {
 	return a >= base && a + len > a && ((a + len - 1 - base) >> page_shift) < npages;
@@ -204,6 +225,23 @@ static int type_array_at(uintptr_t src)
 	return (uint32_t)lh >= lh_type_array;
 }
 
+/*
+ * A promotion's first page that the move left in memd (a page that was
+ * resident, zeros filled ahead of the collector's copies, was written here).
+ */
+static void note_promoted(uintptr_t first, uintptr_t end)
+{
+	for (uintptr_t a = first; a < end; a += (uintptr_t)1 << page_shift) {
+		if (fm_pg_state(states[(a - base) >> page_shift]) == FM_PG_REMOTE) {
+			unsigned k = atomic_fetch_add_explicit(&npromoted, 1, memory_order_relaxed);
+
+			if (k < READ_BACK_SAMPLES)
+				promoted_pages[k] = a;
+			return;
+		}
+	}
+}
+
 static void *hook_memcpy(void *dst, const void *src, size_t n)
 {
 	uint64_t npages;
@@ -225,6 +263,7 @@ static void *hook_memcpy(void *dst, const void *src, size_t n)
 		long rc = p ? fm_pager_move_bytes(p, &m, 1) : 0;
 
 		if (rc == 1) {
+			note_promoted(first, end);
 			write_next(p, d, first - d);
 			write_next(p, end, d + n - end);
 		}
@@ -259,11 +298,36 @@ static void find_collections(void)
 	collections = (const volatile uint32_t *)(heap + (uintptr_t)off);
 }
 
+/*
+ * At a pause's start, before its workers run (the last pause's promotions
+ * are all noted): were they read back since (1), or not (0)? -1: too few
+ * promotions to tell.
+ */
+static int promoted_read_back(const struct fm_resmap_region *r, const uint8_t *map, unsigned shift)
+{
+	unsigned n = atomic_exchange_explicit(&npromoted, 0, memory_order_relaxed), seen = 0, read = 0;
+
+	if (n > READ_BACK_SAMPLES)
+		n = READ_BACK_SAMPLES;
+	for (unsigned k = 0; k < n; k++) {
+		uint64_t i;
+		uint8_t b;
+
+		if (promoted_pages[k] < r->base || (i = (promoted_pages[k] - r->base) >> shift) >= r->npages)
+			continue;
+		b = map[i];
+		seen++;
+		read += fm_pg_is_resident(b) && !(b & FM_PGF_GC);
+	}
+	return seen < READ_BACK_MIN ? -1 : read * 4 >= seen;
+}
+
 void fm_gcmove_pause(int in_pause)
 {
 	struct fm_pager *p;
 	const struct fm_resmap_hdr *h;
 	const struct fm_resmap_region *r;
+	int read_back;
 
 	atomic_store_explicit(&pages, 0, memory_order_release); /* until this pause's heap is found */
 	if (!in_pause || !atomic_load(&enabled) || atomic_load(&refused))
@@ -304,6 +368,20 @@ void fm_gcmove_pause(int in_pause)
 		base = r->base;
 		page_shift = h->page_shift;
 		states = (const uint8_t *)h + r->map_offset;
+		read_back = promoted_read_back(r, (const uint8_t *)states, page_shift);
+		if (read_back == 1) {
+			hold_pauses = hold_len;
+			hold_len = hold_len * 2 > HOLD_MOST ? HOLD_MOST : hold_len * 2;
+			if (!read_back_told++)
+				fm_info("gc_moves: this program reads its promoted arrays back soon: "
+					"they are promoted through local memory for a while");
+		} else if (read_back == 0) {
+			hold_len = HOLD_FIRST;
+		}
+		if (hold_pauses) {
+			hold_pauses--;
+			promote_on = 0;
+		}
 		atomic_store_explicit(&pages, r->npages, memory_order_release);
 	}
 	ref.leave();
