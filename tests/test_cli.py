@@ -950,6 +950,10 @@ def test_gc_hint_only_when_the_collector_paged_most():
     base = {"processes": 1, "faults": 400_000}
     hint = gc_hint({**base, "gc_faults": 300_000})
     assert hint and "75% of the faults (300000)" in hint and "--gc farmem" in hint
+    assert "InitiatingHeapOccupancyPercent" not in hint                    # marking took none of them
+    hint = gc_hint({**base, "gc_faults": 300_000, "gc_conc_faults": 100_000})
+    assert "concurrent marking took 100000 of them" in hint and "InitiatingHeapOccupancyPercent=100" in hint
+    assert "InitiatingHeapOccupancyPercent" not in gc_hint({**base, "gc_faults": 300_000, "gc_conc_faults": 70_000})
     assert gc_hint({**base, "gc_faults": 150_000}) is None      # under half of the faults
     assert gc_hint({"processes": 1, "faults": 60_000, "gc_faults": 50_000}) is None  # too few to matter
     assert gc_hint({"processes": 0, "faults": 0, "gc_faults": 0}) is None

@@ -483,6 +483,8 @@ def summary_lines(s: dict) -> list:
 # A stock JVM whose collector took this share of at least this many faults is told of --gc farmem.
 GC_HINT_SHARE = 0.5
 GC_HINT_FAULTS = 100_000
+# Of those, this share taken by G1's concurrent threads (its marking) names the flags that stop it.
+MARK_HINT_SHARE = 0.25
 
 
 def gc_hint(s: dict, collector: str = "G1") -> str | None:
@@ -502,9 +504,16 @@ def gc_hint(s: dict, collector: str = "G1") -> str | None:
                 "pages the same programs with less of it (docs/jvm.md, \"Shenandoah\")")
     if collector != "G1":
         return None
-    return (f"farmem: the collector's threads took {share}: `farmem run "
+    hint = (f"farmem: the collector's threads took {share}: `farmem run "
             "--gc farmem` runs the farmem JDK (`make jdk`), whose G1 postpones marking pages that are in memd "
             "and does a full GC's work where its pages lie (docs/patched-jdk.md)")
+    conc = s.get("gc_conc_faults", 0)
+    if conc >= MARK_HINT_SHARE * gc:
+        # GcChurn, Spark at 25% local: 13% and 8% faster without marking, G1's pauses longer (bench/RESULTS.md, session 71).
+        hint += (f"; with this JDK, G1's concurrent marking took {conc} of them: `-XX:-G1UseAdaptiveIHOP "
+                 "-XX:InitiatingHeapOccupancyPercent=100` stops it and leaves the old generation's garbage to "
+                 "full GCs, whose moves farmem does in memd: a faster run, longer pauses (docs/jvm.md)")
+    return hint
 
 
 # A run with at least this many faults, this share of them pages back within three budgets of leaving, is
