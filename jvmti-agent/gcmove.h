@@ -11,7 +11,8 @@
  * JDK's collector calls itself. Everything else goes to memmove. Likewise
  * libjvm's memcpy, with which stock G1's pauses copy surviving objects: a
  * primitive array promoted into pages of an old region that are not resident
- * has its whole pages written in memd's store (gcmove.c says which).
+ * has its whole pages written in memd's store (gcmove.c says which), unless
+ * the program was seen reading its promoted arrays back before the next pause.
  */
 #ifndef FARMEM_AGENT_GCMOVE_H
 #define FARMEM_AGENT_GCMOVE_H
