@@ -55,10 +55,10 @@ static uint64_t evict_batches_seen; /* the pager's eviction batches at the last 
  * promoted arrays wait in memd for the rare check; AllocRace reads nearly
  * each one once more right after its promotion, before the next pause, and
  * written in memd they cost it a fetch per page (its allocation fell 11% at
- * 25% local, bench/RESULTS.md, session 70). So each pause notes the first
- * page it left in memd of its first promotions, the next pause's start looks at them:
- * a page the program faulted back in since (resident, no GC thread's mark)
- * was read. Where a quarter are, promotions go through local memory for the
+ * 25% local, bench/RESULTS.md, session 70). So each pause notes, of its
+ * first promotions, the first page each left in memd, and the next pause's
+ * start looks at them: a page the program faulted back in since (resident,
+ * no GC thread's mark) was read. Where a quarter are, promotions go through local memory for the
  * next hold_pauses pauses, then one pause promotes again to look once more;
  * each look that finds them read doubles the hold.
  */
@@ -303,7 +303,7 @@ static void find_collections(void)
  * are all noted): were they read back since (1), or not (0)? -1: too few
  * promotions to tell.
  */
-static int promoted_read_back(const struct fm_resmap_region *r, const uint8_t *map, unsigned shift)
+static int promoted_read_back(const struct fm_resmap_region *r, const volatile uint8_t *map, unsigned shift)
 {
 	unsigned n = atomic_exchange_explicit(&npromoted, 0, memory_order_relaxed), seen = 0, read = 0;
 
@@ -368,13 +368,15 @@ void fm_gcmove_pause(int in_pause)
 		base = r->base;
 		page_shift = h->page_shift;
 		states = (const uint8_t *)h + r->map_offset;
-		read_back = promoted_read_back(r, (const uint8_t *)states, page_shift);
+		read_back = promoted_read_back(r, states, page_shift);
 		if (read_back == 1) {
 			hold_pauses = hold_len;
 			hold_len = hold_len * 2 > HOLD_MOST ? HOLD_MOST : hold_len * 2;
-			if (!read_back_told++)
+			if (!read_back_told) {
+				read_back_told = 1;
 				fm_info("gc_moves: this program reads its promoted arrays back soon: "
 					"they are promoted through local memory for a while");
+			}
 		} else if (read_back == 0) {
 			hold_len = HOLD_FIRST;
 		}
