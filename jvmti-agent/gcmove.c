@@ -58,9 +58,9 @@ static uint64_t evict_batches_seen; /* the pager's eviction batches at the last 
  * 25% local, bench/RESULTS.md, session 70). So each pause notes, of its
  * first promotions, the first page each left in memd, and the next pause's
  * start looks at them: a page the program faulted back in since (resident,
- * no GC thread's mark) was read. Where a quarter are, promotions go through local memory for the
- * next hold_pauses pauses, then one pause promotes again to look once more;
- * each look that finds them read doubles the hold.
+ * no GC thread's mark) was read. Where a quarter are, promotions go through
+ * local memory for the next hold_pauses pauses, then one pause promotes
+ * again to look once more; each look that finds them read doubles the hold.
  */
 #define READ_BACK_SAMPLES 256u
 #define READ_BACK_MIN 16u /* samples for a verdict */
@@ -133,9 +133,10 @@ static void *hook_memmove(void *dst, const void *src, size_t n)
 
 /*
  * G1's copies of primitive arrays in its pauses (evacuation:
- * Copy::aligned_disjoint_words, libjvm's memcpy over 8 words). With the budget full, the pages an array is copied
- * to are not resident: each is filled with zeros by a fault, written, and
- * written back to memd when room is made, the same bytes crossing twice;
+ * Copy::aligned_disjoint_words, libjvm's memcpy over 8 words). With the
+ * budget full, the pages an array is copied to are not resident: each is
+ * filled with zeros by a fault, written, and written back to memd when room
+ * is made, the same bytes crossing twice;
  * the farmem JDK promotes such arrays in memd instead (docs/patched-jdk.md).
  * Here the whole destination pages between the array's first page (its
  * header, which the collector writes right after the copy) and its last
@@ -231,6 +232,9 @@ static int type_array_at(uintptr_t src)
  */
 static void note_promoted(uintptr_t first, uintptr_t end)
 {
+	/* A look, not a count: past the samples, the workers' shared counter stays unwritten. */
+	if (atomic_load_explicit(&npromoted, memory_order_relaxed) >= READ_BACK_SAMPLES)
+		return;
 	for (uintptr_t a = first; a < end; a += (uintptr_t)1 << page_shift) {
 		if (fm_pg_state(states[(a - base) >> page_shift]) == FM_PG_REMOTE) {
 			unsigned k = atomic_fetch_add_explicit(&npromoted, 1, memory_order_relaxed);

@@ -509,7 +509,7 @@ def gc_hint(s: dict, collector: str = "G1") -> str | None:
             "and does a full GC's work where its pages lie (docs/patched-jdk.md)")
     conc = s.get("gc_conc_faults", 0)
     if conc >= MARK_HINT_SHARE * gc:
-        # GcChurn, Spark at 25% local: 13% and 8% faster without marking, G1's pauses longer (bench/RESULTS.md, session 71).
+        # GcChurn, Spark at 25% local: 14% and 8% faster without marking, G1's pauses longer (bench/RESULTS.md, session 71).
         hint += (f"; with this JDK, G1's concurrent marking took {conc} of them: `-XX:-G1UseAdaptiveIHOP "
                  "-XX:InitiatingHeapOccupancyPercent=100` stops it and leaves the old generation's garbage to "
                  "full GCs, whose moves farmem does in memd: a faster run, longer pauses (docs/jvm.md)")
