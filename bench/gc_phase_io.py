@@ -8,7 +8,7 @@ Adds `-Xlog:gc,gc+phases:file=TMP:time` to the java command (right after the wor
 the JVM's residency-map counters (its pager's, as `farmem stat` does) every --interval seconds
 while it runs, and gives each counter's growth to what the JVM was doing meanwhile: a full GC's
 phases (`Phase 1: Mark live objects` ... `Phase 4: Compact heap`, as G1, Serial and Parallel log
-them), the rest of a full GC, young pauses, the other pauses (remark, cleanup), and, outside
+them), the rest of a full GC, young pauses by G1's kind (Normal, Mixed, ...), the other pauses (remark, cleanup), and, outside
 pauses, the time in and out of G1's concurrent mark cycles (the program and the marking threads
 beside it). The log prints each span at its end with its length, so a span is [end - length,
 end]; the counters grow between two reads, and a growth whose interval straddles a span's edge
@@ -65,7 +65,9 @@ def parse_gc_log(text: str) -> list:
         elif what.startswith("Pause Full"):
             spans.append((start, end, "full", "full GC, outside its phases"))
         elif what.startswith("Pause Young"):
-            spans.append((start, end, "young", "young pauses"))
+            # G1's kinds (Normal, Concurrent Start, Prepare Mixed, Mixed) apart: a mixed pause copies old data.
+            kind = re.match(r"Pause Young \(([A-Za-z ]+)\)", what)
+            spans.append((start, end, "young", "young pauses" + (f", {kind.group(1)}" if kind else "")))
         elif what.startswith("Pause"):
             spans.append((start, end, "pause", "other pauses (remark, cleanup)"))
         elif what.startswith("Concurrent Mark Cycle"):
@@ -107,32 +109,32 @@ def with_gc_log(cmd: list, path: str) -> list:
     raise ValueError("no `java` in the command: gc_phase_io splits a JVM's paging")
 
 
-def read_counters(fd: int) -> dict:
+def read_counters(fd: int, names=COUNTERS) -> dict:
     st = resmap.read_fd(fd).hdr.stats
-    return {k: getattr(st, k) for k in COUNTERS}
+    return {k: getattr(st, k) for k in names}
 
 
-def sample(pid: int, proc: subprocess.Popen, interval: float) -> list:
+def sample(pid: int, proc: subprocess.Popen, interval: float, names=COUNTERS) -> list:
     """[(time, counters)] of the JVM's own residency map, until the command ends."""
     # The pager's counters start at zero with the JVM: what it did before the map was found is there.
-    rows, fd = [(time.time(), dict.fromkeys(COUNTERS, 0))], None
+    rows, fd = [(time.time(), dict.fromkeys(names, 0))], None
     try:
         while proc.poll() is None:
             if fd is None:
                 fd = procmap.own_map_fd(pid)
             if fd is not None:
-                rows.append((time.time(), read_counters(fd)))
+                rows.append((time.time(), read_counters(fd, names)))
             time.sleep(interval)
         if fd is not None:  # the map outlives the JVM while we hold it: its last figures
-            rows.append((time.time(), read_counters(fd)))
+            rows.append((time.time(), read_counters(fd, names)))
     finally:
         if fd is not None:
             os.close(fd)
     return rows
 
 
-def report(split: dict) -> str:
-    cols = ("seconds",) + COUNTERS
+def report(split: dict, names=COUNTERS) -> str:
+    cols = ("seconds",) + tuple(names)
     total = {c: sum(d[c] for d in split.values()) for c in cols}
     width = max(len(k) for k in split) + 2
     out = [" " * width + "".join(f"{c:>16s}" for c in cols)]
@@ -153,11 +155,19 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--interval", type=float, default=0.01, help="seconds between two reads of the counters")
     ap.add_argument("--json", metavar="F", help="also write the split as JSON to F")
+    ap.add_argument("--counter", action="append", default=[], metavar="NAME",
+                    help="one more of the residency map's counters as a column (gc_zero_fills, wp_faults, "
+                         "io_prefaults, evict_batches, ...); may be repeated")
     jvmcmd.add_command(ap)
     a = ap.parse_args()
     cmd = jvmcmd.command(ap, a)
     if a.interval <= 0:
         ap.error("--interval must be > 0")
+    known = {f[0] for f in resmap.PagerStats._fields_ if f[0] not in ("lat_hist", "reserved", "reserved2")}
+    bad = [c for c in a.counter if c not in known]
+    if bad:
+        ap.error(f"no such counter in the residency map: {', '.join(bad)}")
+    a.names = COUNTERS + tuple(c for c in a.counter if c not in COUNTERS)
     with tempfile.TemporaryDirectory(prefix="gc-phase-io-") as work:
         log = os.path.join(work, "gc.log")
         try:
@@ -168,7 +178,7 @@ def main() -> int:
 
 
 def run(cmd: list, log: str, a: argparse.Namespace) -> int:
-    rc, rows = jvmcmd.watch_jvm(cmd, "gc_phase_io", lambda pid, proc: sample(pid, proc, a.interval))
+    rc, rows = jvmcmd.watch_jvm(cmd, "gc_phase_io", lambda pid, proc: sample(pid, proc, a.interval, a.names))
     if rows is None:
         return rc
     if len(rows) < 2:
@@ -176,7 +186,7 @@ def run(cmd: list, log: str, a: argparse.Namespace) -> int:
         return rc or 1
     with open(log) as f:
         split = attribute(rows, parse_gc_log(f.read()))
-    print(report(split))
+    print(report(split, a.names))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(split, f, indent=1)

@@ -232,6 +232,8 @@ static void JNICALL on_gc_start(jvmtiEnv *env)
 	if ((p = atomic_load(&live))) {
 		fm_pager_gc_event(p, 1);
 		fm_gcmove_pause(1);
+		if (atomic_load_explicit(&discard_on, memory_order_relaxed))
+			fm_gcfree_pause_begins();
 	}
 	atomic_fetch_sub(&gc_users, 1);
 }
@@ -259,11 +261,39 @@ static void collect_range(uintptr_t addr, size_t len, void *arg)
 	nfree_ranges++;
 }
 
-/* The free ranges the walk listed. */
+/*
+ * The free ranges the walk listed: those G1 writes again soonest, at the
+ * two ends of its free space (gcfree.h), as reused; the rest as garbage.
+ */
 static void discard_listed(struct fm_pager *p)
 {
+	uint64_t top, bottom, total = 0, at = 0, middle_end;
+
+	fm_gcfree_reused_soon(&top, &bottom);
+	if (fm_pager_short_of_room(p))
+		top = 0;
 	for (int i = 0; i < nfree_ranges; i++)
-		fm_pager_discard(p, (void *)free_ranges[i].addr, free_ranges[i].len);
+		total += free_ranges[i].len;
+	bottom = bottom < total ? bottom : total;
+	top = top < total - bottom ? top : total - bottom;
+	middle_end = total - top;
+	for (int i = 0; i < nfree_ranges; i++) {
+		uintptr_t a = free_ranges[i].addr;
+		uint64_t len = free_ranges[i].len;
+
+		/* [at, at + len) of the free space, cut where the bottom and top parts end and begin. */
+		for (uint64_t o = 0; o < len;) {
+			uint64_t pos = at + o, cut = pos < bottom ? bottom : pos < middle_end ? middle_end : total;
+			uint64_t n = cut - pos < len - o ? cut - pos : len - o;
+
+			if (pos < bottom || pos >= middle_end)
+				fm_pager_discard_reused(p, (void *)(a + o), n);
+			else
+				fm_pager_discard(p, (void *)(a + o), n);
+			o += n;
+		}
+		at += len;
+	}
 }
 
 /*

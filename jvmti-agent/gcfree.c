@@ -463,3 +463,77 @@ int fm_gcfree_in_young(uintptr_t addr)
 		return -1;
 	return (ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size) & young_mask) != 0;
 }
+
+/*
+ * At the last pause's start: its young bytes, and a bit per region that was
+ * free (regions past FREE_BITS are not followed: their old allocations are
+ * not counted).
+ */
+#define FREE_BITS 65536u
+static uint64_t was_free[FREE_BITS / 64];
+static uint64_t young_at_start;
+static int noted;
+
+/* G1's region table: its base and length, or 0 when it does not read. */
+static uint64_t g1_table(uintptr_t *tbl_base)
+{
+	uintptr_t heap, tbl;
+
+	if (kind != FM_GCFREE_G1 || !young_mask || !(heap = ld_ptr(heap_ptr_addr, 0)))
+		return 0;
+	tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
+	*tbl_base = ld_ptr(tbl, o_tbl_base);
+	return *tbl_base ? *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length) : 0;
+}
+
+static int32_t g1_tag(uintptr_t hr)
+{
+	return ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size);
+}
+
+void fm_gcfree_pause_begins(void)
+{
+	uintptr_t base;
+	uint64_t len = g1_table(&base), young = 0;
+
+	noted = 0;
+	if (!len || len > (heap_hi - heap_lo) / grain)
+		return;
+	memset(was_free, 0, sizeof(was_free));
+	for (uint64_t i = 0; i < len; i++) {
+		uintptr_t hr = *(const volatile uintptr_t *)(base + i * sizeof(uintptr_t));
+		int32_t tag;
+
+		if (!hr)
+			continue;
+		tag = g1_tag(hr);
+		if (tag & young_mask)
+			young++;
+		else if (tag == free_tag && i < FREE_BITS)
+			was_free[i / 64] |= 1ull << (i % 64);
+	}
+	young_at_start = young * grain;
+	noted = 1;
+}
+
+void fm_gcfree_reused_soon(uint64_t *top, uint64_t *bottom)
+{
+	uintptr_t base;
+	uint64_t len = noted ? g1_table(&base) : 0, old = 0;
+
+	*top = *bottom = 0;
+	if (!len || len > (heap_hi - heap_lo) / grain)
+		return;
+	for (uint64_t i = 0; i < len && i < FREE_BITS; i++) {
+		uintptr_t hr = *(const volatile uintptr_t *)(base + i * sizeof(uintptr_t));
+		int32_t tag;
+
+		if (!hr || !(was_free[i / 64] & (1ull << (i % 64))))
+			continue;
+		tag = g1_tag(hr);
+		old += tag != free_tag && !(tag & young_mask);
+	}
+	*top = young_at_start;
+	*bottom = old * grain;
+	noted = 0;
+}

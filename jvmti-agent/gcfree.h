@@ -67,5 +67,20 @@ long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen);
  * is read again by the next young pause).
  */
 int fm_gcfree_in_young(uintptr_t addr);
+/*
+ * G1 takes the regions it allocates in from the two ends of its free list,
+ * which is in address order (HeapRegionManager::allocate_free_region, JDK
+ * 17): young regions from the top, old ones from the bottom. So the free
+ * space written again soonest is at its two ends: the next eden and
+ * survivors at the top, the next pause's old regions at the bottom.
+ * fm_gcfree_pause_begins, at a pause's start, notes its young regions and
+ * which regions are free; fm_gcfree_reused_soon, at its end, gives about how
+ * many bytes of the free space's top (the young regions counted at the
+ * start) and bottom (the regions this pause took from the free list for old
+ * objects) are written again before or in the next pause. Zeros where not
+ * known (not G1, no pause noted). Plain loads, at a safepoint.
+ */
+void fm_gcfree_pause_begins(void);
+void fm_gcfree_reused_soon(uint64_t *top, uint64_t *bottom);
 
 #endif

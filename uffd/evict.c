@@ -114,7 +114,7 @@ unsigned fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, uint8_
 	} else {
 		heat_set(r, i, 0);
 	}
-	return back | (gone <= 3 * HEAT_SPAN ? FM_BACK_SOON : 0);
+	return back | (gone <= 3 * HEAT_SPAN ? FM_BACK_SOON : 0) | (soon ? FM_BACK_BUDGET : 0);
 }
 
 struct victim {

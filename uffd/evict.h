@@ -29,6 +29,7 @@ void *fm_evictor_main(void *arg);
 /* What fm_heat_filled saw of a page that came back. */
 #define FM_BACK_SOON 1u /* it left at most three budgets of evictions ago (or, the clock wrapping at eight, a multiple of eight more) */
 #define FM_BACK_LOOP 2u /* the loop rule had chosen it (pick_passed, FM_PGF_LOOPED) */
+#define FM_BACK_BUDGET 4u /* it left at most one budget of evictions ago (refaults_soon) */
 /*
  * Page i of r, whose byte was was, was filled (from memd if was is REMOTE)
  * under a FILLING hold: a page back soon after it left is one the clock

@@ -156,6 +156,11 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (gc && (!f->write || remote) ? FM_PGF_GC : FM_PGF_REF) |
 		       (wr && !f->write && remote ? FM_PGF_REWRITE : 0));
 	back = fm_heat_filled(p, r, i, b);
+	if (remote && !gc) {
+		atomic_fetch_add_explicit(&p->app_remote_faults, 1, memory_order_relaxed);
+		if (back & FM_BACK_BUDGET)
+			atomic_fetch_add_explicit(&p->app_back_soon, 1, memory_order_relaxed);
+	}
 	fm_release(p, &r->pg[i], held, pg_make(wr ? FM_PG_DIRTY : FM_PG_CLEAN, fl));
 	count_fault(p, gc);
 	if (r->kernel_waits && p->in_thread)

@@ -397,10 +397,39 @@ static void garbage_quota(struct fm_pager *p)
 	atomic_store(&p->garbage_quota, (int_fast64_t)(q > lim ? lim : q));
 }
 
+/*
+ * Short of room: at least half of the program's faults on remote pages since
+ * the last verdict were on pages that had left at most a budget of
+ * evictions before. Evicted pages that come back so soon were in use: the
+ * budget holds less than the program works on. A verdict wants 64 such
+ * faults; until there are, the last one stands (cycles that fault little
+ * say little).
+ */
+#define SHORT_MIN_FAULTS 64u
+static void room_since_last_cycle(struct fm_pager *p)
+{
+	uint64_t remote = atomic_load_explicit(&p->app_remote_faults, memory_order_relaxed);
+	uint64_t soon = atomic_load_explicit(&p->app_back_soon, memory_order_relaxed);
+	uint64_t dr = remote - p->app_remote_at_gc, ds = soon - p->app_soon_at_gc;
+
+	if (dr < SHORT_MIN_FAULTS)
+		return;
+	p->app_remote_at_gc = remote;
+	p->app_soon_at_gc = soon;
+	atomic_store(&p->short_of_room, 2 * ds >= dr);
+}
+
+int fm_pager_short_of_room(struct fm_pager *p)
+{
+	return atomic_load(&p->short_of_room);
+}
+
 void fm_pager_gc_event(struct fm_pager *p, int start)
 {
-	if (start)
+	if (start) {
 		garbage_quota(p);
+		room_since_last_cycle(p);
+	}
 	__atomic_store_n(&p->hdr->gc_active, start ? 1u : 0u, __ATOMIC_RELEASE);
 	if (!start)
 		__atomic_add_fetch(&p->hdr->gc_cycles, 1, __ATOMIC_RELEASE);

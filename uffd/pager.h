@@ -199,6 +199,23 @@ int fm_pager_move_out(struct fm_pager *p, const char *why);
  * inside a GC pause). Returns the pages affected.
  */
 long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
+/*
+ * The same for free space the program writes again in a moment (G1's next
+ * eden, the old regions its next pause fills): its dirty pages stay dirty
+ * and writable even when the budget is pressed, and the evictor is not
+ * pointed at it. Protected, each run of them cost a write-protect fault and
+ * an unprotect when written again, and the protection itself, in the pause
+ * (bench/RESULTS.md, session 72).
+ */
+long fm_pager_discard_reused(struct fm_pager *p, void *addr, size_t len);
+/*
+ * Whether, since the last GC cycle's start, at least half of the program's
+ * faults on pages memd held were on pages that had left shortly before:
+ * the budget holds less than the program works on, and free space the
+ * program writes again soon is still the cheapest room there is until it
+ * does (its dirty pages are better made garbage, fm_pager_discard). 1 or 0.
+ */
+int fm_pager_short_of_room(struct fm_pager *p);
 
 /*
  * A collector moves [src, src+len) to [dst, dst+len) (SwapVA compaction):

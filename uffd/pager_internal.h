@@ -251,6 +251,15 @@ struct fm_pager {
 	 */
 	atomic_int_fast64_t garbage_quota;
 	uint64_t evictions_at_gc;
+	/*
+	 * The program's threads' faults on pages memd held, and those of them
+	 * on pages that left at most three budgets of evictions before
+	 * (FM_BACK_SOON): counted by fill, read at each GC cycle's start into
+	 * short_of_room (fm_pager_short_of_room).
+	 */
+	atomic_uint_fast64_t app_remote_faults, app_back_soon;
+	uint64_t app_remote_at_gc, app_soon_at_gc;
+	atomic_int short_of_room;
 
 	/*
 	 * Ranges unregistered in the last moments: a SIGBUS raised there before

@@ -52,13 +52,14 @@ static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint
  * the budget holds (budget.h), and a cycle's quota of garbage not used up
  * (pager.c: about what the evictor took last cycle).
  * Without pressure a heap that fits its budget pays nothing: no protection,
- * no fault on reuse. Every remote copy dies, once its page is ours. A run of
- * pages to protect costs one call.
+ * no fault on reuse. Nor does space that is reused soon (fm_pager_discard_reused).
+ * Every remote copy dies, once its page is ours. A run of pages to protect
+ * costs one call.
  */
 static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint64_t first, uint64_t end,
-			   struct fm_dead *dead)
+			   struct fm_dead *dead, int reused)
 {
-	int_fast64_t allow = fm_budget_pressed(p) ? atomic_load(&p->garbage_quota) : 0;
+	int_fast64_t allow = !reused && fm_budget_pressed(p) ? atomic_load(&p->garbage_quota) : 0;
 	uint64_t run = UINT64_MAX;
 	long affected = 0;
 
@@ -100,11 +101,12 @@ static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint6
 			run = i;
 		}
 	}
-	fm_evict_hint(p, ridx, first, end - first);
+	if (!reused)
+		fm_evict_hint(p, ridx, first, end - first);
 	return affected;
 }
 
-long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
+static long discard(struct fm_pager *p, void *addr, size_t len, int reused)
 {
 	struct fm_overlap o = { 0 };
 	struct fm_dead dead = { .n = 0, .keep = 1 }; /* free space: written again soon */
@@ -112,12 +114,22 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
 
 	rlock_rd(p);
 	while (fm_overlap_next(p, (uintptr_t)addr, (uintptr_t)addr + len, &o))
-		affected += discard_region(p, o.r, (int)(o.r - p->regions), o.first, o.first + o.n, &dead);
+		affected += discard_region(p, o.r, (int)(o.r - p->regions), o.first, o.first + o.n, &dead, reused);
 	fm_dead_flush(p, &dead);
 	rlock_un(p);
 	fm_settled(p);
 	STAT_ADD(p, discards, (uint64_t)affected);
 	return affected;
+}
+
+long fm_pager_discard(struct fm_pager *p, void *addr, size_t len)
+{
+	return discard(p, addr, len, 0);
+}
+
+long fm_pager_discard_reused(struct fm_pager *p, void *addr, size_t len)
+{
+	return discard(p, addr, len, 1);
 }
 
 #define HOME_BATCH 64
