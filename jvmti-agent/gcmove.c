@@ -47,7 +47,8 @@ static const volatile uint32_t *collections;
 static uint32_t full_at_start;
 static int counts_unreadable;
 static atomic_int refused; /* the pager cannot move in memd (its transport): memmove from now on */
-static int promote_on; /* primitive arrays' copies too: their klasses can be read (find_klass_layout) */
+static int copies_on;  /* primitive arrays' copies too: their klasses can be read (find_klass_layout) */
+static int promote_on; /* and those to pages memd holds go there: under pressure, not held */
 static uint64_t evict_batches_seen; /* the pager's eviction batches at the last pause's start */
 
 /*
@@ -252,14 +253,25 @@ static void *hook_memcpy(void *dst, const void *src, size_t n)
 	uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src, first, end;
 
 	if (n < ((size_t)(PROMOTE_MIN_PAGES + 1) << page_shift) ||
-	    !(npages = atomic_load_explicit(&pages, memory_order_acquire)) || !promote_on)
+	    !(npages = atomic_load_explicit(&pages, memory_order_acquire)) || !copies_on)
 		return real_memcpy(dst, src, n);
 	/* The header's 16 bytes stay with the first page; the last page is shared with what follows. */
 	first = (d + 16 + ((uintptr_t)1 << page_shift) - 1) & ~(((uintptr_t)1 << page_shift) - 1);
 	end = (d + n) & ~(((uintptr_t)1 << page_shift) - 1);
 	if (end < first + ((uintptr_t)PROMOTE_MIN_PAGES << page_shift) || !in_heap(s, n, npages) ||
-	    !in_heap(d, n, npages) || all_resident(first, end - first) || !type_array_at(s) ||
-	    fm_gcfree_in_young(d) != 0)
+	    !in_heap(d, n, npages))
+		return real_memcpy(dst, src, n);
+	/*
+	 * Through memd: a copy to pages memd holds (a promotion), or one from
+	 * pages it holds to resident ones (a mixed pause evacuating an old
+	 * region that left, a survivor that did): the store's bytes are copied
+	 * into the destination without a fault or a fetch of the source, whose
+	 * pages are dead after the copy. Copied here, each source page came in
+	 * with a fault, pushed a page out, and left again as garbage.
+	 */
+	if (all_resident(first, end - first) ? all_resident(s + (first - d), end - first) : !promote_on)
+		return real_memcpy(dst, src, n);
+	if (!type_array_at(s) || fm_gcfree_in_young(d) != 0)
 		return real_memcpy(dst, src, n);
 	{
 		struct fm_byte_move m = { .src = s + (first - d), .dst = first, .len = end - first };
@@ -345,7 +357,8 @@ void fm_gcmove_pause(int in_pause)
 	 * farmem JDK's G1, which promotes arrays in memd itself: what it copies
 	 * it chose to, and taken here it ran slower (GcChurn at 50%, 6.2 -> 6.5 s).
 	 */
-	promote_on = lh_off >= 0 && fm_gcfree_kind() == FM_GCFREE_G1 && !fm_gc_calls_seen();
+	copies_on = lh_off >= 0 && fm_gcfree_kind() == FM_GCFREE_G1 && !fm_gc_calls_seen();
+	promote_on = copies_on;
 	if (collections) {
 		full_at_start = collections[1];
 		if (full_at_start > collections[0]) {

@@ -12,7 +12,9 @@
  * libjvm's memcpy, with which stock G1's pauses copy surviving objects: a
  * primitive array promoted into pages of an old region that are not resident
  * has its whole pages written in memd's store (gcmove.c says which), unless
- * the program was seen reading its promoted arrays back before the next pause.
+ * the program was seen reading its promoted arrays back before the next pause;
+ * one whose source pages memd holds and whose destination is resident has
+ * those bytes copied from memd's store, its source never fetched.
  */
 #ifndef FARMEM_AGENT_GCMOVE_H
 #define FARMEM_AGENT_GCMOVE_H

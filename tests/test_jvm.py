@@ -192,6 +192,23 @@ def test_promotions_held_where_the_program_reads_them_back(farmem_cmd, java_cp, 
     assert on["remote_reads"] / on_mb < 2 * off["remote_reads"] / off_mb + 2, (on, off, on_mb, off_mb)
 
 
+def test_mixed_pauses_copy_from_memd_verified(farmem_cmd, java_cp, tmp_path, private_tmp):
+    """G1's mixed pauses evacuate old regions whose pages left for memd: an array copied from there
+    into resident pages has its bytes read from memd's store, without a fault on its source pages,
+    which are dead after the copy (jvmti-agent/gcmove.c). HotSpot verifies the heap around every
+    mixed pause, and GcChurn checks every word of its live set at the end."""
+    summary = tmp_path / "s.json"
+    cmd = java_cp[:1] + ["-Xmx256m", "-XX:+UseG1GC", "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC",
+                         "-XX:+VerifyAfterGC", "-XX:VerifyGCType=mixed", "-Xlog:gc"] + java_cp[2:] + \
+        ["GcChurn", "--live-mb", "150", "--steps", "100000"]
+    r = farmem(farmem_cmd, "run", "--local", "50%", "--summary-json", str(summary), "--", *cmd,
+               timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout[-3000:] + r.stderr
+    assert r.stdout.count("Pause Young (Mixed)") >= 5, r.stdout[-3000:]
+    s = json.loads(summary.read_text())
+    assert s["compact_moves"] > 0 and s["remote_reads"] > 0, s
+
+
 class HeapFileSampler(threading.Thread):
     """Samples the size of a JVM's -XX:AllocateHeapAt heap file (unlinked at once by HotSpot; reached
     through /proc/PID/map_files, which needs root) while it runs: the memory the heap really takes."""
