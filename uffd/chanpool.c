@@ -16,6 +16,11 @@ pid_t fm_thread_id(void)
 	return my_tid;
 }
 
+void fm_thread_id_forked(void)
+{
+	my_tid = 0;
+}
+
 int fm_pool_open(struct fm_pager *p, unsigned n)
 {
 	if (n > MAX_POOL)

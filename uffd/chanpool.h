@@ -26,11 +26,13 @@ struct fm_borrowed {
 };
 /*
  * The calling thread's id, asked of the kernel once per thread (a collector
- * asks for every header it reads where the page lies). A forked child's first
- * thread keeps its parent's value; it only names the thread for the channel
- * pool, prefetch streams and GC books.
+ * asks for every header it reads where the page lies, the shim for every
+ * system call on paged memory). It names the thread for the channel pool,
+ * prefetch streams and GC books.
  */
 pid_t fm_thread_id(void);
+/* In a forked child's only thread (fork.c): the id cached is the forking thread's, in the parent. */
+void fm_thread_id_forked(void);
 
 struct fm_chan *fm_borrow(struct fm_pager *p, struct fm_borrowed *b);
 void fm_give_back(struct fm_pager *p, struct fm_borrowed *b);

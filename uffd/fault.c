@@ -594,7 +594,7 @@ int fm_pager_io_begin(struct fm_pager *p, const void *addr, size_t len, int writ
 	if (fm_region_off_paged_stack(p, io_begin_run, &c))
 		return c.slot;
 	slot = fm_pin(p, a, e);
-	f.fc.tid = gettid();
+	f.fc.tid = fm_thread_id();
 	rlock_rd(p);
 	while (fm_overlap_next(p, a, (e + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1), &o)) {
 		int ridx = (int)(o.r - p->regions);

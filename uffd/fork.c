@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "budget.h"
+#include "chanpool.h"
 #include "evict.h"
 #include "fm_util.h"
 #include "fork.h"
@@ -262,6 +263,7 @@ static void child_reset(struct fm_fork_range *out, int *n, int max)
 	memset(fork_pagers, 0, sizeof(fork_pagers));
 	pthread_mutex_init(&fork_lock, NULL);
 	fm_monitor_child_reset();
+	fm_thread_id_forked();
 	reset_in = getpid();
 }
 
