@@ -95,7 +95,7 @@ X(epoch_pct, FM_KT_PCT, CFG(epoch_pct), "FARMEM_EPOCH_PCT", "5", 1, 100, "", FM_
 X(gc_aware, FM_KT_BOOL, CFG(gc_aware), "FARMEM_GC_AWARE", "1", 0, 1, "", FM_KS_OPT, "", "", \
   "JVM: evict pages that only GC threads touched before the others") \
 X(discard, FM_KT_BOOL, AGENT(discard), NULL, "1", 0, 1, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--[no-]discard", "", \
-  "JVM: at the end of every GC pause, discard the collector's free space: its remote copies die; resident, it stays (a heap that fits its budget pays nothing) or, when the budget is pressed, becomes garbage that leaves first with no write-back (docs/jvm.md)") \
+  "JVM: at the end of every GC pause, discard the collector's free space: its remote copies die; resident, it stays (a heap that fits its budget pays nothing) or, when the budget is pressed, becomes garbage that leaves first with no write-back, but for the ends of G1's free space, which it allocates in next (docs/jvm.md)") \
 X(heap_sizing, FM_KT_BOOL, AGENT(heap_sizing), NULL, "1", 0, 1, "", FM_KS_OPT | FM_KS_RUN, "--[no-]heap-sizing", "", \
   "JVM with G1 or Serial: hold the young generation to a quarter of the local budget unless the JVM sizes it itself: the agent sets MaxNewSize before the heap exists, in the java farmem run starts and in the JVMs a script or another JVM starts (docs/jvm.md)") \
 X(gc_moves, FM_KT_BOOL, AGENT(gc_moves), NULL, "1", 0, 1, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--[no-]gc-moves", "", \
