@@ -248,12 +248,29 @@ static int32_t ld_sized(uintptr_t addr, uint64_t size)
 	       size == 2 ? *(const volatile uint16_t *)a : *(const volatile uint8_t *)a;
 }
 
+/* G1's region table: its base and length, or 0 when it does not read (or this JVM names no young tag). */
+static uint64_t g1_table(uintptr_t *tbl_base)
+{
+	uintptr_t heap, tbl;
+
+	if (kind != FM_GCFREE_G1 || !young_mask || !(heap = ld_ptr(heap_ptr_addr, 0)))
+		return 0;
+	tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
+	*tbl_base = ld_ptr(tbl, o_tbl_base);
+	return *tbl_base ? *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length) : 0;
+}
+
+static int32_t g1_tag(uintptr_t hr)
+{
+	return ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size);
+}
+
 /* A free region of a collector's table: 1 with its bounds, 0 if it is not free. */
 typedef int (*free_region_fn)(uintptr_t region, uintptr_t *lo, uintptr_t *hi);
 
 static int g1_free(uintptr_t hr, uintptr_t *lo, uintptr_t *hi)
 {
-	if (ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size) != free_tag)
+	if (g1_tag(hr) != free_tag)
 		return 0;
 	*lo = ld_ptr(hr, o_hr_bottom);
 	*hi = ld_ptr(hr, o_hr_end);
@@ -450,18 +467,15 @@ long fm_gcfree_walk(fm_gcfree_fn fn, void *arg, char *why, size_t whylen)
 
 int fm_gcfree_in_young(uintptr_t addr)
 {
-	uintptr_t heap, tbl, hr;
-	uint64_t i;
+	uintptr_t base, hr;
+	uint64_t len, i;
 
-	if (kind != FM_GCFREE_G1 || !young_mask || addr < heap_lo || addr >= heap_hi ||
-	    !(heap = ld_ptr(heap_ptr_addr, 0)))
+	if (addr < heap_lo || addr >= heap_hi || !(len = g1_table(&base)))
 		return -1;
-	tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
 	i = (addr - heap_lo) / grain;
-	if (i >= *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length) ||
-	    !(hr = *(const volatile uintptr_t *)(ld_ptr(tbl, o_tbl_base) + i * sizeof(uintptr_t))))
+	if (i >= len || !(hr = *(const volatile uintptr_t *)(base + i * sizeof(uintptr_t))))
 		return -1;
-	return (ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size) & young_mask) != 0;
+	return (g1_tag(hr) & young_mask) != 0;
 }
 
 /*
@@ -473,23 +487,6 @@ int fm_gcfree_in_young(uintptr_t addr)
 static uint64_t was_free[FREE_BITS / 64];
 static uint64_t young_at_start;
 static int noted;
-
-/* G1's region table: its base and length, or 0 when it does not read. */
-static uint64_t g1_table(uintptr_t *tbl_base)
-{
-	uintptr_t heap, tbl;
-
-	if (kind != FM_GCFREE_G1 || !young_mask || !(heap = ld_ptr(heap_ptr_addr, 0)))
-		return 0;
-	tbl = heap + (uintptr_t)o_hrm + (uintptr_t)o_regions;
-	*tbl_base = ld_ptr(tbl, o_tbl_base);
-	return *tbl_base ? *(const volatile uint64_t *)(tbl + (uintptr_t)o_tbl_length) : 0;
-}
-
-static int32_t g1_tag(uintptr_t hr)
-{
-	return ld_sized(hr + (uintptr_t)o_hr_type + (uintptr_t)o_type_tag, tag_size);
-}
 
 void fm_gcfree_pause_begins(void)
 {

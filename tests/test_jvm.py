@@ -193,10 +193,10 @@ def test_promotions_held_where_the_program_reads_them_back(farmem_cmd, java_cp, 
 
 
 def test_mixed_pauses_copy_from_memd_verified(farmem_cmd, java_cp, tmp_path, private_tmp):
-    """G1's mixed pauses evacuate old regions whose pages left for memd: an array copied from there
-    into resident pages has its bytes read from memd's store, without a fault on its source pages,
-    which are dead after the copy (jvmti-agent/gcmove.c). HotSpot verifies the heap around every
-    mixed pause, and GcChurn checks every word of its live set at the end."""
+    """Safety of gc_moves' copies from memd's store into resident pages (jvmti-agent/gcmove.c): G1's
+    mixed pauses at 50% local evacuate old regions whose pages left for memd, and HotSpot verifies
+    the heap around every one of them; GcChurn checks every word of its live set at the end. (That
+    those copies save reads is measured, not tested: bench/RESULTS.md, session 72.)"""
     summary = tmp_path / "s.json"
     cmd = java_cp[:1] + ["-Xmx256m", "-XX:+UseG1GC", "-XX:+UnlockDiagnosticVMOptions", "-XX:+VerifyBeforeGC",
                          "-XX:+VerifyAfterGC", "-XX:VerifyGCType=mixed", "-Xlog:gc"] + java_cp[2:] + \
@@ -206,7 +206,7 @@ def test_mixed_pauses_copy_from_memd_verified(farmem_cmd, java_cp, tmp_path, pri
     assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout[-3000:] + r.stderr
     assert r.stdout.count("Pause Young (Mixed)") >= 5, r.stdout[-3000:]
     s = json.loads(summary.read_text())
-    assert s["compact_moves"] > 0 and s["remote_reads"] > 0, s
+    assert s["compact_moves"] > 0 and s["remote_reads"] > 0, s  # gc_moves at work, the old regions in memd
 
 
 class HeapFileSampler(threading.Thread):

@@ -406,7 +406,7 @@ static void garbage_quota(struct fm_pager *p)
  * say little).
  */
 #define SHORT_MIN_FAULTS 64u
-static void room_since_last_cycle(struct fm_pager *p)
+static void judge_room(struct fm_pager *p)
 {
 	uint64_t remote = atomic_load_explicit(&p->app_remote_faults, memory_order_relaxed);
 	uint64_t soon = atomic_load_explicit(&p->app_back_soon, memory_order_relaxed);
@@ -428,7 +428,7 @@ void fm_pager_gc_event(struct fm_pager *p, int start)
 {
 	if (start) {
 		garbage_quota(p);
-		room_since_last_cycle(p);
+		judge_room(p);
 	}
 	__atomic_store_n(&p->hdr->gc_active, start ? 1u : 0u, __ATOMIC_RELEASE);
 	if (!start)
