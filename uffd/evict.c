@@ -146,7 +146,28 @@ void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride
 {
 	pthread_mutex_lock(&p->clock_lock);
 	/* Full: the oldest goes, the one the run comes back to first. */
-	p->passed[p->passed_top] = (struct passed_run){ .region = ridx, .last = last, .stride = stride, .n = n };
+	p->passed[p->passed_top] = (struct passed_run){ .region = ridx, .loop = 1, .last = last, .stride = stride, .n = n };
+	p->passed_top = (p->passed_top + 1) % MAX_PASSED;
+	if (p->npassed < MAX_PASSED)
+		p->npassed++;
+	pthread_mutex_unlock(&p->clock_lock);
+}
+
+void fm_evict_done(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
+{
+	pthread_mutex_lock(&p->clock_lock);
+	if (p->npassed) {
+		/* One worker's moves hand on a page or a few each: its run grows while the other's does not interleave. */
+		struct passed_run *h = &p->passed[(p->passed_top + MAX_PASSED - 1) % MAX_PASSED];
+		if (!h->loop && h->region == ridx && h->stride == 1 && h->last + 1 == first) {
+			h->last += n;
+			h->n += n;
+			pthread_mutex_unlock(&p->clock_lock);
+			return;
+		}
+	}
+	p->passed[p->passed_top] =
+		(struct passed_run){ .region = ridx, .loop = 0, .last = first + n - 1, .stride = 1, .n = n };
 	p->passed_top = (p->passed_top + 1) % MAX_PASSED;
 	if (p->npassed < MAX_PASSED)
 		p->npassed++;
@@ -201,7 +222,8 @@ static unsigned pick_garbage(struct fm_pager *p, struct victim *v, unsigned want
 }
 
 /*
- * What a run over memory larger than the budget went through last: a loop
+ * What a run over memory larger than the budget went through last (and what
+ * a full GC's compaction passed, fm_evict_done): a loop
  * comes back to it last, so it leaves first (the newest range first), and
  * what the run finds resident when it comes round stays so. A clock, as
  * an LRU, takes what the loop needs next: 512 MiB rewritten in order four
@@ -210,7 +232,7 @@ static unsigned pick_garbage(struct fm_pager *p, struct victim *v, unsigned want
  */
 static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, unsigned want)
 {
-	unsigned first = n;
+	unsigned looped = 0;
 
 	while (n < want && p->npassed) {
 		unsigned top = (p->passed_top + MAX_PASSED - 1) % MAX_PASSED;
@@ -230,16 +252,19 @@ static unsigned pick_passed(struct fm_pager *p, struct victim *v, unsigned n, un
 				continue;
 			b = pg_load(&r->pg[i]);
 			st = fm_pg_state(b);
-			if ((st == FM_PG_CLEAN || st == FM_PG_DIRTY) && take(r, i, b, &v[n]))
-				v[n++].loop = 1;
+			if ((st == FM_PG_CLEAN || st == FM_PG_DIRTY) && take(r, i, b, &v[n])) {
+				v[n].loop = (uint8_t)h->loop;
+				looped += (unsigned)h->loop;
+				n++;
+			}
 		}
 		if (!h->n) {
 			p->passed_top = top;
 			p->npassed--;
 		}
 	}
-	if (n > first)
-		STAT_ADD(p, loop_evictions, n - first);
+	if (looped)
+		STAT_ADD(p, loop_evictions, looped);
 	return n;
 }
 

@@ -42,6 +42,12 @@ unsigned fm_heat_filled(struct fm_pager *p, struct region *r, uint64_t i, uint8_
  * they leave before the clock's (evict.c says why).
  */
 void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n);
+/*
+ * Pages [first, first+n) of region ridx are done with for now: a full GC's
+ * compaction has moved past them (fm_pager_passed). They leave with the
+ * loop rule's, before the clock's choice.
+ */
+void fm_evict_done(struct fm_pager *p, int ridx, uint64_t first, uint64_t n);
 /* Pages [first, first+n) of region ridx are garbage the program discarded: look there first. */
 void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n);
 

@@ -284,6 +284,13 @@ struct fm_byte_move {
  */
 long fm_pager_move_bytes(struct fm_pager *p, const struct fm_byte_move *m, unsigned n);
 /*
+ * A collector is done with the whole pages of [addr, addr+len) for the rest
+ * of its pause (a full GC's compaction wrote them and moves on to higher
+ * addresses): when room is needed they leave before the clock's choice,
+ * which would take pages the compaction has still to read.
+ */
+void fm_pager_passed(struct fm_pager *p, const void *addr, size_t len);
+/*
  * Read len bytes at addr (inside one page) from wherever the page lies,
  * without bringing it here: a collector reads the header of an object it is
  * about to move that way. 0, -EBUSY (another thread holds the page: read it

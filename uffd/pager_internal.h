@@ -116,6 +116,7 @@ struct garbage_hint {
 /* Pages a thread's run went through: last, last - stride, ... n of them (evict.c). */
 struct passed_run {
 	int region;
+	int loop; /* the loop rule's (its pages are marked FM_PGF_LOOPED), not a collector's */
 	uint64_t last, n;
 	int64_t stride;
 };

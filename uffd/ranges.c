@@ -106,6 +106,20 @@ static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint6
 	return affected;
 }
 
+void fm_pager_passed(struct fm_pager *p, const void *addr, size_t len)
+{
+	struct fm_overlap o = { 0 };
+	uintptr_t first = ((uintptr_t)addr + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1);
+	uintptr_t end = ((uintptr_t)addr + len) & ~(uintptr_t)(PG_SIZE - 1);
+
+	if (end <= first)
+		return;
+	rlock_rd(p);
+	while (fm_overlap_next(p, first, end, &o))
+		fm_evict_done(p, (int)(o.r - p->regions), o.first, o.n);
+	rlock_un(p);
+}
+
 static long discard(struct fm_pager *p, void *addr, size_t len, int reused)
 {
 	struct fm_overlap o = { 0 };

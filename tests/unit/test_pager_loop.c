@@ -12,7 +12,8 @@
  * thread and without; not in a JVM's heap (FM_REG_HEAP), whose collector
  * walks what the program went through. Every page is checked on every round.
  * And a copying collector's two spaces, which the rule must leave to the
- * clock. Both fault modes. Run from the repository root.
+ * clock. And the pages a full GC's compaction passed (fm_pager_passed),
+ * which leave first too. Both fault modes. Run from the repository root.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -187,6 +188,78 @@ out:
 	return reads;
 }
 
+/*
+ * fm_pager_passed: pages a full GC's compaction has moved past leave before
+ * the clock's choice. A heap twice the budget, written; of what is resident,
+ * a range is handed on as passed; reading back a quarter budget of remote
+ * pages then evicts from that range, and the rest of what was resident
+ * stays (give or take a batch). Every page is checked. Remote reads, ~0 when
+ * the pager did not start.
+ */
+#define PASSED_FIRST (BUDGET_PAGES * 3 / 2)
+#define PASSED_PAGES (BUDGET_PAGES * 3 / 8)
+#define PASSED_READS (BUDGET_PAGES / 4)
+
+static uint64_t passed_first(const char *sock, const char *fault)
+{
+	struct fm_pager *p = unit_pager_at(sock, fault, "8M",
+					   (const char *const[]){ "transport", "shm", "fault", fault, "evict_threads", "0",
+								  "prefetch", "0", NULL });
+	const uint64_t n = 2 * BUDGET_PAGES;
+	uint64_t reads = ~0ull, bad = 0, kept_before = 0, kept_after = 0, passed_before = 0, passed_after = 0;
+	const struct fm_resmap_hdr *h;
+	const uint8_t *map;
+	uint8_t *a;
+
+	if (!p)
+		return reads;
+	h = fm_pager_map(p);
+	a = unit_region(p, n * PG, FM_REG_HEAP);
+	if (!a)
+		goto out;
+	map = (const uint8_t *)h + h->regions[0].map_offset;
+	for (uint64_t i = 0; i < n; i++)
+		write_page(a, i, 1);
+	for (uint64_t i = 0; i < n; i++) {
+		int res = fm_pg_is_resident(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE));
+		if (i >= PASSED_FIRST && i < PASSED_FIRST + PASSED_PAGES)
+			passed_before += res;
+		else
+			kept_before += res;
+	}
+	CHECK(kept_before >= BUDGET_PAGES / 2 && passed_before >= PASSED_READS + 64);
+	fm_pager_passed(p, a + PASSED_FIRST * PG, PASSED_PAGES * PG);
+	reads = __atomic_load_n(&h->stats.remote_reads, __ATOMIC_RELAXED);
+	for (uint64_t i = 0, done = 0; i < n && done < PASSED_READS; i++) {
+		if (fm_pg_state(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE)) != FM_PG_REMOTE ||
+		    (i >= PASSED_FIRST && i < PASSED_FIRST + PASSED_PAGES))
+			continue;
+		bad += !page_ok(a, i, 1);
+		done++;
+	}
+	reads = __atomic_load_n(&h->stats.remote_reads, __ATOMIC_RELAXED) - reads;
+	for (uint64_t i = 0; i < n; i++) {
+		int res = fm_pg_is_resident(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE));
+		if (i >= PASSED_FIRST && i < PASSED_FIRST + PASSED_PAGES)
+			passed_after += res;
+		else
+			kept_after += res;
+	}
+	fprintf(stderr, "test_pager_loop (fault=%s, passed pages): %llu read back; resident in the passed range %llu "
+		"before, %llu after; elsewhere %llu before, %llu after\n", fault, (unsigned long long)reads,
+		(unsigned long long)passed_before, (unsigned long long)passed_after, (unsigned long long)kept_before,
+		(unsigned long long)kept_after);
+	/* What came in made room in the passed range; what else was resident is (the reads besides) still there. */
+	CHECK(reads == PASSED_READS && passed_after + PASSED_READS <= passed_before + 64);
+	CHECK(kept_after + 64 >= kept_before + PASSED_READS);
+	for (uint64_t i = 0; i < n; i++)
+		bad += !page_ok(a, i, 1);
+	unit_region_end(p, a, n * PG, bad);
+out:
+	fm_pager_stop(p);
+	return reads;
+}
+
 /* The two spaces with the rule read back no more than the clock alone, give or take a batch. */
 #define SPACES_READS_MOST(clock) ((clock) + (clock) / 50)
 
@@ -213,6 +286,7 @@ static void exercise(const char *sock, const char *fault)
 		CHECK(clock != ~0ull && clock > LOOP_READS_MOST && cc.taken == 0);
 		CHECK(heap != ~0ull && heap > LOOP_READS_MOST && hc.taken == 0);
 	}
+	CHECK(passed_first(sock, fault) != ~0ull);
 	{
 		struct loop_counts rc, cc;
 		uint64_t rule = semispace(sock, fault, "1", &rc), clock = semispace(sock, fault, "0", &cc);
