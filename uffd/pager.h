@@ -202,8 +202,9 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
 /*
  * The same for free space the program writes again in a moment (G1's next
  * eden, the old regions its next pause fills): its dirty pages stay dirty
- * and writable even when the budget is pressed, and the evictor is not
- * pointed at it. Protected, each run of them cost a write-protect fault and
+ * and writable even when the budget is pressed, the evictor is not pointed
+ * at it, and the clock passes its dirty pages once more (evicted before
+ * they are written again, their dead bytes would go to memd and back). Protected, each run of them cost a write-protect fault and
  * an unprotect when written again, and the protection itself, in the pause
  * (bench/RESULTS.md, session 72).
  */

@@ -52,7 +52,10 @@ static void protect_run(struct fm_pager *p, struct region *r, uint64_t run, uint
  * the budget holds (budget.h), and a cycle's quota of garbage not used up
  * (pager.c: about what the evictor took last cycle).
  * Without pressure a heap that fits its budget pays nothing: no protection,
- * no fault on reuse. Nor does space that is reused soon (fm_pager_discard_reused).
+ * no fault on reuse. Nor does space that is reused soon (fm_pager_discard_reused),
+ * whose dirty pages the clock passes once more besides: taken before the
+ * program writes them again, their dead bytes went to memd and came back
+ * (GcChurn at 25%: 7% more pages written to memd, 10.95 against 10.6 s).
  * Every remote copy dies, once its page is ours. A run of pages to protect
  * costs one call.
  */
@@ -75,7 +78,8 @@ static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint6
 				nb = pg_make(FM_PG_CLEAN, FM_PGF_GARBAGE);
 			else if (st == FM_PG_DIRTY)
 				nb = allow > 0 ? pg_make(FM_PG_UPDATING, b)
-					       : pg_make(FM_PG_DIRTY, (uint8_t)(b & ~FM_PGF_HAS_REMOTE));
+					       : pg_make(FM_PG_DIRTY, (uint8_t)((b & ~FM_PGF_HAS_REMOTE) |
+										(reused ? FM_PGF_REF : 0)));
 			else
 				break;
 			if (nb == b)
