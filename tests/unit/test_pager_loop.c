@@ -200,6 +200,21 @@ out:
 #define PASSED_PAGES (BUDGET_PAGES * 3 / 8)
 #define PASSED_READS (BUDGET_PAGES / 4)
 
+static int in_passed(uint64_t i)
+{
+	return i >= PASSED_FIRST && i < PASSED_FIRST + PASSED_PAGES;
+}
+
+/* Resident pages of the first n, in the passed range and elsewhere. */
+static void count_resident(const uint8_t *map, uint64_t n, uint64_t *passed, uint64_t *elsewhere)
+{
+	*passed = *elsewhere = 0;
+	for (uint64_t i = 0; i < n; i++) {
+		int res = fm_pg_is_resident(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE));
+		*(in_passed(i) ? passed : elsewhere) += (uint64_t)res;
+	}
+}
+
 static uint64_t passed_first(const char *sock, const char *fault)
 {
 	struct fm_pager *p = unit_pager_at(sock, fault, "8M",
@@ -220,31 +235,18 @@ static uint64_t passed_first(const char *sock, const char *fault)
 	map = (const uint8_t *)h + h->regions[0].map_offset;
 	for (uint64_t i = 0; i < n; i++)
 		write_page(a, i, 1);
-	for (uint64_t i = 0; i < n; i++) {
-		int res = fm_pg_is_resident(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE));
-		if (i >= PASSED_FIRST && i < PASSED_FIRST + PASSED_PAGES)
-			passed_before += res;
-		else
-			kept_before += res;
-	}
+	count_resident(map, n, &passed_before, &kept_before);
 	CHECK(kept_before >= BUDGET_PAGES / 2 && passed_before >= PASSED_READS + 64);
 	fm_pager_passed(p, a + PASSED_FIRST * PG, PASSED_PAGES * PG);
 	reads = __atomic_load_n(&h->stats.remote_reads, __ATOMIC_RELAXED);
 	for (uint64_t i = 0, done = 0; i < n && done < PASSED_READS; i++) {
-		if (fm_pg_state(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE)) != FM_PG_REMOTE ||
-		    (i >= PASSED_FIRST && i < PASSED_FIRST + PASSED_PAGES))
+		if (fm_pg_state(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE)) != FM_PG_REMOTE || in_passed(i))
 			continue;
 		bad += !page_ok(a, i, 1);
 		done++;
 	}
 	reads = __atomic_load_n(&h->stats.remote_reads, __ATOMIC_RELAXED) - reads;
-	for (uint64_t i = 0; i < n; i++) {
-		int res = fm_pg_is_resident(__atomic_load_n(&map[i], __ATOMIC_ACQUIRE));
-		if (i >= PASSED_FIRST && i < PASSED_FIRST + PASSED_PAGES)
-			passed_after += res;
-		else
-			kept_after += res;
-	}
+	count_resident(map, n, &passed_after, &kept_after);
 	fprintf(stderr, "test_pager_loop (fault=%s, passed pages): %llu read back; resident in the passed range %llu "
 		"before, %llu after; elsewhere %llu before, %llu after\n", fault, (unsigned long long)reads,
 		(unsigned long long)passed_before, (unsigned long long)passed_after, (unsigned long long)kept_before,
