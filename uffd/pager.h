@@ -204,8 +204,9 @@ long fm_pager_discard(struct fm_pager *p, void *addr, size_t len);
  * eden, the old regions its next pause fills): its dirty pages stay dirty
  * and writable even when the budget is pressed, the evictor is not pointed
  * at it, and the clock passes its dirty pages once more (evicted before
- * they are written again, their dead bytes would go to memd and back). Protected, each run of them cost a write-protect fault and
- * an unprotect when written again, and the protection itself, in the pause
+ * they are written again, their dead bytes would go to memd and back).
+ * Protected, each run of them cost a write-protect fault and an unprotect
+ * when written again, and the protection itself, in the pause
  * (bench/RESULTS.md, session 72).
  */
 long fm_pager_discard_reused(struct fm_pager *p, void *addr, size_t len);
