@@ -142,35 +142,35 @@ void fm_evict_hint(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
 	pthread_mutex_unlock(&p->clock_lock);
 }
 
-void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n)
+/* Caller holds clock_lock. Full: the oldest goes, the one a loop comes back to first. */
+static void push_passed(struct fm_pager *p, struct passed_run run)
 {
-	pthread_mutex_lock(&p->clock_lock);
-	/* Full: the oldest goes, the one the run comes back to first. */
-	p->passed[p->passed_top] = (struct passed_run){ .region = ridx, .loop = 1, .last = last, .stride = stride, .n = n };
+	p->passed[p->passed_top] = run;
 	p->passed_top = (p->passed_top + 1) % MAX_PASSED;
 	if (p->npassed < MAX_PASSED)
 		p->npassed++;
+}
+
+void fm_evict_passed(struct fm_pager *p, int ridx, uint64_t last, int64_t stride, uint64_t n)
+{
+	pthread_mutex_lock(&p->clock_lock);
+	push_passed(p, (struct passed_run){ .region = ridx, .loop = 1, .last = last, .stride = stride, .n = n });
 	pthread_mutex_unlock(&p->clock_lock);
 }
 
 void fm_evict_done(struct fm_pager *p, int ridx, uint64_t first, uint64_t n)
 {
+	struct passed_run *h;
+
 	pthread_mutex_lock(&p->clock_lock);
-	if (p->npassed) {
-		/* One worker's moves hand on a page or a few each: its run grows while the other's does not interleave. */
-		struct passed_run *h = &p->passed[(p->passed_top + MAX_PASSED - 1) % MAX_PASSED];
-		if (!h->loop && h->region == ridx && h->stride == 1 && h->last + 1 == first) {
-			h->last += n;
-			h->n += n;
-			pthread_mutex_unlock(&p->clock_lock);
-			return;
-		}
+	h = &p->passed[(p->passed_top + MAX_PASSED - 1) % MAX_PASSED];
+	/* A worker hands on a page or a few per move: its newest run grows while the other's does not come between. */
+	if (p->npassed && !h->loop && h->region == ridx && h->stride == 1 && h->last + 1 == first) {
+		h->last += n;
+		h->n += n;
+	} else {
+		push_passed(p, (struct passed_run){ .region = ridx, .loop = 0, .last = first + n - 1, .stride = 1, .n = n });
 	}
-	p->passed[p->passed_top] =
-		(struct passed_run){ .region = ridx, .loop = 0, .last = first + n - 1, .stride = 1, .n = n };
-	p->passed_top = (p->passed_top + 1) % MAX_PASSED;
-	if (p->npassed < MAX_PASSED)
-		p->npassed++;
 	pthread_mutex_unlock(&p->clock_lock);
 }
 

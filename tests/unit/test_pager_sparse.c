@@ -10,7 +10,8 @@
  *  - a heap that fits its budget makes no garbage and has nothing evicted by
  *    an evictor thread; one that outgrows it does;
  *  - free space written again soon keeps its dirty pages writable under
- *    pressure (fm_pager_discard_reused); fm_pager_short_of_room says when
+ *    pressure (fm_pager_discard_reused), referenced so that the clock
+ *    passes them once more; fm_pager_short_of_room says when
  *    evicted pages come back soon;
  *  - a reserved range (PROT_NONE, as HotSpot reserves its heap) registered
  *    FM_REG_SPARSE is paged as it is committed (mmap MAP_FIXED over it, then
@@ -334,6 +335,18 @@ static uint64_t count_state(const uint8_t *map, uint64_t first, uint64_t n, unsi
 	return k;
 }
 
+/* Dirty pages of [first, first+n) the clock would take at its next pass (no FM_PGF_REF). */
+static uint64_t count_dirty_unreferenced(const uint8_t *map, uint64_t first, uint64_t n)
+{
+	uint64_t k = 0;
+
+	for (uint64_t i = first; i < first + n; i++) {
+		uint8_t b = __atomic_load_n(&map[i], __ATOMIC_ACQUIRE);
+		k += fm_pg_state(b) == FM_PG_DIRTY && !(b & FM_PGF_REF);
+	}
+	return k;
+}
+
 /*
  * Free space written again soon (fm_pager_discard_reused: G1's next eden)
  * keeps its dirty pages dirty and writable even under pressure: no garbage
@@ -351,7 +364,7 @@ static void reused_stays_writable(const char *sock, const char *fault)
 	const uint8_t *map;
 	uint32_t *ver = calloc(npages, sizeof(*ver));
 	uint8_t *a = MAP_FAILED;
-	uint64_t dirty = 0, marked, wp, faults;
+	uint64_t dirty = 0, marked, wp, faults, unreferenced;
 
 	CHECK(ver != NULL);
 	if (!p || !ver)
@@ -365,16 +378,27 @@ static void reused_stays_writable(const char *sock, const char *fault)
 	map = (const uint8_t *)h + h->regions[0].map_offset;
 	for (uint64_t i = 0; i < npages; i++)
 		write_page(a, i, ver[i] = 1);
+	/* Reading the first pages back makes room: the hand passes the last ones written, unreferencing them. */
+	for (uint64_t i = 0; i < part / 16; i++)
+		CHECK(page_ok(a, i, ver[i]));
 	/*
 	 * Most of the last pages written are resident (a clock, not an LRU: not
 	 * all), dirty once the pager is done with them (the discard waits for that).
 	 */
 	dirty = part - count_state(map, reused, part, FM_PG_REMOTE) - count_state(map, reused, part, FM_PG_UNTOUCHED);
 	CHECK(dirty >= part / 2 && count_state(map, plain, part, FM_PG_DIRTY) >= part / 2);
+	unreferenced = count_dirty_unreferenced(map, reused, part);
 	fm_pager_gc_event(p, 1);
-	/* Its remote pages' copies die (they read as garbage now); its dirty pages stay as they are. */
-	CHECK(fm_pager_discard_reused(p, a + reused * PG, part * PG) == (long)count_state(map, reused, part, FM_PG_UNTOUCHED));
+	/*
+	 * Its remote pages' copies die (they read as garbage now); its dirty
+	 * pages stay dirty, and each is referenced: the clock passes it once more.
+	 */
+	CHECK(fm_pager_discard_reused(p, a + reused * PG, part * PG) ==
+	      (long)(count_state(map, reused, part, FM_PG_UNTOUCHED) + unreferenced));
 	CHECK(h->stats.garbage_marked == 0 && count_state(map, reused, part, FM_PG_DIRTY) == dirty);
+	CHECK(unreferenced > 0 && count_dirty_unreferenced(map, reused, part) == 0);
+	fprintf(stderr, "test_pager_sparse (fault=%s): %llu of %llu dirty pages referenced again by the discard\n", fault,
+		(unsigned long long)unreferenced, (unsigned long long)dirty);
 	CHECK(fm_pager_discard(p, a + plain * PG, part * PG) > 0);
 	fm_pager_gc_event(p, 0);
 	marked = h->stats.garbage_marked;
