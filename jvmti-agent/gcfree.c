@@ -40,7 +40,7 @@ static uintptr_t heap_ptr_addr; /* &Universe::_collectedHeap */
 static int64_t o_hrm, o_regions, o_tbl_base, o_tbl_length, o_hr_bottom, o_hr_end, o_hr_type, o_type_tag;
 static uint64_t tag_size, grain;
 static int32_t free_tag;
-static int32_t young_mask; /* HeapRegionType::YoungMask, or 0 if this JVM does not say */
+static int32_t young_mask; /* G1's YoungMask, or 0 if this JVM does not say */
 
 /* Shenandoah */
 static int64_t o_sh_regions, o_sh_num_regions, o_sh_state, o_sh_bottom, o_sh_end;
@@ -56,16 +56,19 @@ static uintptr_t young_addr, old_addr;
 static int64_t o_young_gen, o_old_gen;
 static int64_t o_eden, o_from, o_to, o_old_space, o_sp_bottom, o_sp_top, o_sp_end;
 
+/* A field of type, or of alt where a later JDK moved it there (NULL: none). */
 struct need {
 	const char *type, *name;
 	int64_t *offset;
 	uintptr_t *address;
+	const char *alt;
 };
 
 static int resolve(const struct need *n, size_t count, char *why, size_t whylen)
 {
 	for (size_t i = 0; i < count; i++) {
-		if (fm_vms_field(n[i].type, n[i].name, n[i].offset, n[i].address)) {
+		if (fm_vms_field(n[i].type, n[i].name, n[i].offset, n[i].address) &&
+		    (!n[i].alt || fm_vms_field(n[i].alt, n[i].name, n[i].offset, n[i].address))) {
 			snprintf(why, whylen, "this JVM's VMStructs lack %s::%s", n[i].type, n[i].name);
 			return -ENOENT;
 		}
@@ -104,28 +107,52 @@ static int region_facts(const char *constant, int32_t *value, const char *const 
 	return 0;
 }
 
+/*
+ * G1's region types under the names JDK 17 and 21 give them, and those of
+ * JDK 25 (HeapRegion became G1HeapRegion, and so on): the same fields.
+ */
+struct g1_names {
+	const char *manager, *region, *type, *tag_types[2], *young_mask, *free_tag, *grain;
+};
+
+static const struct g1_names g1_names[] = {
+	{ "HeapRegionManager", "HeapRegion", "HeapRegionType",
+	  { "HeapRegionType::Tag volatile", "HeapRegionType::Tag" }, "HeapRegionType::YoungMask",
+	  "HeapRegionType::FreeTag", "HeapRegion::GrainBytes" },
+	{ "G1HeapRegionManager", "G1HeapRegion", "G1HeapRegionType",
+	  { "G1HeapRegionType::Tag volatile", "G1HeapRegionType::Tag" }, "G1HeapRegionType::YoungMask",
+	  "G1HeapRegionType::FreeTag", "G1HeapRegion::GrainBytes" },
+};
+
 static int init_g1(char *why, size_t whylen)
 {
-	static const char *const tag_types[2] = { "HeapRegionType::Tag volatile", "HeapRegionType::Tag" };
+	const struct g1_names *g = &g1_names[0];
 	uintptr_t grain_addr = 0;
-	const struct need n[] = {
-		{ "G1CollectedHeap", "_hrm", &o_hrm, NULL },
-		{ "HeapRegionManager", "_regions", &o_regions, NULL },
-		{ "G1HeapRegionTable", "_base", &o_tbl_base, NULL },
-		{ "G1HeapRegionTable", "_length", &o_tbl_length, NULL },
-		{ "HeapRegion", "_bottom", &o_hr_bottom, NULL },
-		{ "HeapRegion", "_end", &o_hr_end, NULL },
-		{ "HeapRegion", "_type", &o_hr_type, NULL },
-		{ "HeapRegionType", "_tag", &o_type_tag, NULL },
-		{ "HeapRegion", "GrainBytes", NULL, &grain_addr },
-	};
+	int64_t probe;
 
-	if (resolve(n, sizeof(n) / sizeof(n[0]), why, whylen))
-		return -ENOENT;
-	if (fm_vms_int_constant("HeapRegionType::YoungMask", &young_mask))
+	for (size_t k = 1; k < sizeof(g1_names) / sizeof(g1_names[0]); k++)
+		if (fm_vms_field(g->region, "_bottom", &probe, NULL) &&
+		    !fm_vms_field(g1_names[k].region, "_bottom", &probe, NULL))
+			g = &g1_names[k];
+	{
+		const struct need n[] = {
+			{ "G1CollectedHeap", "_hrm", &o_hrm, NULL, NULL },
+			{ g->manager, "_regions", &o_regions, NULL, NULL },
+			{ "G1HeapRegionTable", "_base", &o_tbl_base, NULL, NULL },
+			{ "G1HeapRegionTable", "_length", &o_tbl_length, NULL, NULL },
+			{ g->region, "_bottom", &o_hr_bottom, NULL, NULL },
+			{ g->region, "_end", &o_hr_end, NULL, NULL },
+			{ g->region, "_type", &o_hr_type, NULL, NULL },
+			{ g->type, "_tag", &o_type_tag, NULL, NULL },
+			{ g->region, "GrainBytes", NULL, &grain_addr, NULL },
+		};
+
+		if (resolve(n, sizeof(n) / sizeof(n[0]), why, whylen))
+			return -ENOENT;
+	}
+	if (fm_vms_int_constant(g->young_mask, &young_mask))
 		young_mask = 0;
-	return region_facts("HeapRegionType::FreeTag", &free_tag, tag_types, &tag_size, "HeapRegion::GrainBytes",
-			    grain_addr, why, whylen);
+	return region_facts(g->free_tag, &free_tag, g->tag_types, &tag_size, g->grain, grain_addr, why, whylen);
 }
 
 static int init_shenandoah(char *why, size_t whylen)
@@ -133,12 +160,12 @@ static int init_shenandoah(char *why, size_t whylen)
 	static const char *const state_types[2] = { "ShenandoahHeapRegion::RegionState", NULL };
 	uintptr_t grain_addr = 0;
 	const struct need n[] = {
-		{ "ShenandoahHeap", "_regions", &o_sh_regions, NULL },
-		{ "ShenandoahHeap", "_num_regions", &o_sh_num_regions, NULL },
-		{ "ShenandoahHeapRegion", "_state", &o_sh_state, NULL },
-		{ "ShenandoahHeapRegion", "_bottom", &o_sh_bottom, NULL },
-		{ "ShenandoahHeapRegion", "_end", &o_sh_end, NULL },
-		{ "ShenandoahHeapRegion", "RegionSizeBytes", NULL, &grain_addr },
+		{ "ShenandoahHeap", "_regions", &o_sh_regions, NULL, NULL },
+		{ "ShenandoahHeap", "_num_regions", &o_sh_num_regions, NULL, NULL },
+		{ "ShenandoahHeapRegion", "_state", &o_sh_state, NULL, NULL },
+		{ "ShenandoahHeapRegion", "_bottom", &o_sh_bottom, NULL, NULL },
+		{ "ShenandoahHeapRegion", "_end", &o_sh_end, NULL, NULL },
+		{ "ShenandoahHeapRegion", "RegionSizeBytes", NULL, &grain_addr, NULL },
 	};
 
 	if (resolve(n, sizeof(n) / sizeof(n[0]), why, whylen))
@@ -150,15 +177,15 @@ static int init_shenandoah(char *why, size_t whylen)
 static int init_parallel(char *why, size_t whylen)
 {
 	const struct need n[] = {
-		{ "ParallelScavengeHeap", "_young_gen", NULL, &young_addr },
-		{ "ParallelScavengeHeap", "_old_gen", NULL, &old_addr },
-		{ "PSYoungGen", "_eden_space", &o_eden, NULL },
-		{ "PSYoungGen", "_from_space", &o_from, NULL },
-		{ "PSYoungGen", "_to_space", &o_to, NULL },
-		{ "PSOldGen", "_object_space", &o_old_space, NULL },
-		{ "MutableSpace", "_bottom", &o_sp_bottom, NULL },
-		{ "MutableSpace", "_top", &o_sp_top, NULL },
-		{ "MutableSpace", "_end", &o_sp_end, NULL },
+		{ "ParallelScavengeHeap", "_young_gen", NULL, &young_addr, NULL },
+		{ "ParallelScavengeHeap", "_old_gen", NULL, &old_addr, NULL },
+		{ "PSYoungGen", "_eden_space", &o_eden, NULL, NULL },
+		{ "PSYoungGen", "_from_space", &o_from, NULL, NULL },
+		{ "PSYoungGen", "_to_space", &o_to, NULL, NULL },
+		{ "PSOldGen", "_object_space", &o_old_space, NULL, NULL },
+		{ "MutableSpace", "_bottom", &o_sp_bottom, NULL, NULL },
+		{ "MutableSpace", "_top", &o_sp_top, NULL, NULL },
+		{ "MutableSpace", "_end", &o_sp_end, NULL, NULL },
 	};
 
 	if (fm_vms_flag_bool("UseNUMA")) {
@@ -169,18 +196,19 @@ static int init_parallel(char *why, size_t whylen)
 	return resolve(n, sizeof(n) / sizeof(n[0]), why, whylen);
 }
 
+/* JDK 25 calls Serial's heap SerialHeap, and its spaces' bounds are ContiguousSpace's own. */
 static int init_serial(char *why, size_t whylen)
 {
 	const struct need n[] = {
-		{ "GenCollectedHeap", "_young_gen", &o_young_gen, NULL },
-		{ "GenCollectedHeap", "_old_gen", &o_old_gen, NULL },
-		{ "DefNewGeneration", "_eden_space", &o_eden, NULL },
-		{ "DefNewGeneration", "_from_space", &o_from, NULL },
-		{ "DefNewGeneration", "_to_space", &o_to, NULL },
-		{ "TenuredGeneration", "_the_space", &o_old_space, NULL },
-		{ "Space", "_bottom", &o_sp_bottom, NULL },
-		{ "ContiguousSpace", "_top", &o_sp_top, NULL },
-		{ "Space", "_end", &o_sp_end, NULL },
+		{ "GenCollectedHeap", "_young_gen", &o_young_gen, NULL, "SerialHeap" },
+		{ "GenCollectedHeap", "_old_gen", &o_old_gen, NULL, "SerialHeap" },
+		{ "DefNewGeneration", "_eden_space", &o_eden, NULL, NULL },
+		{ "DefNewGeneration", "_from_space", &o_from, NULL, NULL },
+		{ "DefNewGeneration", "_to_space", &o_to, NULL, NULL },
+		{ "TenuredGeneration", "_the_space", &o_old_space, NULL, NULL },
+		{ "Space", "_bottom", &o_sp_bottom, NULL, "ContiguousSpace" },
+		{ "ContiguousSpace", "_top", &o_sp_top, NULL, NULL },
+		{ "Space", "_end", &o_sp_end, NULL, "ContiguousSpace" },
 	};
 
 	return resolve(n, sizeof(n) / sizeof(n[0]), why, whylen);

@@ -233,10 +233,19 @@ static void find_klass_layout(void)
 	if (lh_off >= 0 || klass_unreadable)
 		return;
 	compressed_klass = fm_vms_flag_bool("UseCompressedClassPointers");
-	if (fm_vms_field("oopDesc", compressed_klass ? "_metadata._compressed_klass" : "_metadata._klass", &klass_off,
+	/*
+	 * JDK 25's compact headers keep the klass in the mark word, not where
+	 * _metadata says. Its compressed klass base and shift are _base and
+	 * _shift; JDK 17's and 21's _narrow_klass._base and _narrow_klass._shift.
+	 */
+	if (fm_vms_flag_bool("UseCompactObjectHeaders") ||
+	    fm_vms_field("oopDesc", compressed_klass ? "_metadata._compressed_klass" : "_metadata._klass", &klass_off,
 			 NULL) ||
-	    (compressed_klass && (fm_vms_field("CompressedKlassPointers", "_narrow_klass._base", NULL, &base_addr) ||
-				  fm_vms_field("CompressedKlassPointers", "_narrow_klass._shift", NULL, &shift_addr))) ||
+	    (compressed_klass &&
+	     ((fm_vms_field("CompressedKlassPointers", "_narrow_klass._base", NULL, &base_addr) &&
+	       fm_vms_field("CompressedKlassPointers", "_base", NULL, &base_addr)) ||
+	      (fm_vms_field("CompressedKlassPointers", "_narrow_klass._shift", NULL, &shift_addr) &&
+	       fm_vms_field("CompressedKlassPointers", "_shift", NULL, &shift_addr)))) ||
 	    fm_vms_int_constant("Klass::_lh_array_tag_type_value", &type_value) ||
 	    fm_vms_int_constant("Klass::_lh_array_tag_shift", &shift) || shift <= 0 || shift >= 32 ||
 	    fm_vms_field("Klass", "_layout_helper", &lh_off, NULL)) {

@@ -136,11 +136,17 @@ int fm_heap_size_young(uint64_t heap_bytes, uint64_t budget, char *msg, size_t m
 	/* The collector's own bound: G1's a percentage of the heap, Serial's a ratio to the old generation. */
 	if (fm_vms_flag_addr(g1 ? "G1MaxNewSizePercent" : "NewRatio", &bound))
 		return -ENOENT;
+	/*
+	 * Four bytes, whatever the flag's type: G1MaxNewSizePercent is a uintx
+	 * in JDK 17 and 21 and a uint in JDK 25 (eight bytes read there took in
+	 * the next flag's: "grow to 439804641894 MiB"); the low half of a small
+	 * uintx or intx is its value on this little-endian machine.
+	 */
 	if (g1) {
-		pct = *(const uint64_t *)bound;
+		pct = *(const uint32_t *)bound;
 		gc_max = heap_bytes / 100 * pct;
 	} else {
-		gc_max = heap_bytes / (*(const uint64_t *)bound + 1);
+		gc_max = heap_bytes / ((uint64_t)*(const uint32_t *)bound + 1);
 	}
 	/*
 	 * G1's young generation may grow to its bound: more than a quarter of
