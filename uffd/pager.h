@@ -65,7 +65,8 @@ struct fm_pager_cfg {
 	 * its run (gc_window): 0 says not now. The agent says so in a full GC
 	 * whose object moves memd does (jvmti-agent/gcmove.h), where what the
 	 * collector reads itself is each object's header and read-ahead brings
-	 * in the bodies between them. NULL: always.
+	 * in the bodies between them. NULL: always. At a GC thread's fill too:
+	 * 0 keeps the page a pass of the clock, not let go first (fault.c).
 	 */
 	int (*gc_reads_ahead)(void);
 };

@@ -18,10 +18,11 @@
  * A pager on memd at addr ("unix:PATH", or a list) with a local budget and the
  * settings in more (key, value, ..., NULL); NULL, counted as a failure, if it
  * does not start. what names the case in the failure's message. is_gc_thread
- * stands for the JVM agent's (NULL: no collector).
+ * and gc_reads_ahead stand for the JVM agent's (NULL: no collector).
  */
-static inline struct fm_pager *unit_pager_gc(const char *what, const char *addr, const char *local,
-					     const char *const *more, int (*is_gc_thread)(pid_t tid))
+static inline struct fm_pager *unit_pager_gc_ex(const char *what, const char *addr, const char *local,
+						const char *const *more, int (*is_gc_thread)(pid_t tid),
+						int (*gc_reads_ahead)(void))
 {
 	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
@@ -34,12 +35,20 @@ static inline struct fm_pager *unit_pager_gc(const char *what, const char *addr,
 	for (; more && more[0]; more += 2)
 		CHECK(fm_pager_cfg_set(&cfg, more[0], more[1], err, sizeof(err)) == 0);
 	cfg.is_gc_thread = is_gc_thread;
+	cfg.gc_reads_ahead = gc_reads_ahead;
 	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
 		fprintf(stderr, "fm_pager_start (%s): %s\n", what, err);
 		failures++;
 		return NULL;
 	}
 	return p;
+}
+
+/* The same with the agent's gc_reads_ahead stood for too (pager.h: 0 in a full GC memd moves for). */
+static inline struct fm_pager *unit_pager_gc(const char *what, const char *addr, const char *local,
+					     const char *const *more, int (*is_gc_thread)(pid_t tid))
+{
+	return unit_pager_gc_ex(what, addr, local, more, is_gc_thread, NULL);
 }
 
 static inline struct fm_pager *unit_pager(const char *what, const char *addr, const char *local,
