@@ -251,7 +251,10 @@ static void find_klass_layout(void)
 	    fm_vms_field("Klass", "_layout_helper", &lh_off, NULL)) {
 		klass_unreadable = 1;
 		lh_off = -1;
-		fm_info("gc_moves: this JVM does not describe its classes' layout: arrays are promoted through local memory");
+		fm_info("gc_moves: %s: arrays are promoted through local memory",
+			fm_vms_flag_bool("UseCompactObjectHeaders") ? "compact object headers keep an object's class "
+								      "in its mark word"
+								    : "this JVM does not describe its classes' layout");
 		return;
 	}
 	if (compressed_klass) {

@@ -66,6 +66,20 @@ def test_g1_heap_verified_with_every_feature_on(farmem_cmd, build, tmp_path, pri
     assert m and int(m.group(2)) <= 100 and int(m.group(1)) == 512 * int(m.group(2)) // 100, r.stderr
 
 
+def test_compact_object_headers_verified(farmem_cmd, build, tmp_path, private_tmp, built, jvm_built):
+    """JDK 25's compact object headers keep an object's class in its mark word, not where VMStructs'
+    oopDesc::_metadata says: the agent does not read classes then (arrays are promoted through local
+    memory, and it says why), while full GCs' moves in memd and the discard go on; the heap is verified
+    around every collection."""
+    java = str(built("build/jdks/25/bin/java"))
+    r, s = churn(farmem_cmd, build, tmp_path, private_tmp, java,
+                 ["-XX:+UseCompactObjectHeaders", "-Xmx512m", "-Xms512m", "-XX:+UseG1GC", "-Xlog:gc", *VERIFY],
+                 "25%", 300, 40000)
+    assert "Pause Full" in r.stdout, r.stdout[-2000:]
+    assert "gc_moves: compact object headers keep an object's class in its mark word" in r.stderr, r.stderr
+    assert s["compact_moves"] > 1000 and s["discards"] > 0 and s["crc_errors"] == 0, s
+
+
 @pytest.mark.parametrize("gc,kind", [("-XX:+UseSerialGC", "Serial"), ("-XX:+UseParallelGC", "Parallel")])
 def test_serial_and_parallel_free_space_discarded(farmem_cmd, build, tmp_path, private_tmp, release, gc, kind):
     """Serial's and Parallel's free space (above each space's top) is found and discarded at every
