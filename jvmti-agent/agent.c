@@ -206,7 +206,7 @@ static int start_pager(struct fm_pager **out, char *err, size_t errlen)
 	fm_log_prefix = "farmem";
 	fm_log_level = opts.cfg.log_level;
 	opts.cfg.is_gc_thread = fm_agent_is_gc_thread;
-	opts.cfg.gc_reads_ahead = fm_gcmove_reads_ahead;
+	opts.cfg.full_gc_in_memd = fm_gcmove_full_gc;
 	if (!opts.cfg.memd[0]) {
 		snprintf(err, errlen, "no memd address: give memd=ADDR (or set FARMEM_MEMD)");
 		return -EINVAL;

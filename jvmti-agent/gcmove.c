@@ -229,16 +229,18 @@ static void find_klass_layout(void)
 {
 	int32_t type_value, shift;
 	uintptr_t base_addr, shift_addr;
+	int compact_headers;
 
 	if (lh_off >= 0 || klass_unreadable)
 		return;
 	compressed_klass = fm_vms_flag_bool("UseCompressedClassPointers");
+	compact_headers = fm_vms_flag_bool("UseCompactObjectHeaders");
 	/*
 	 * JDK 25's compact headers keep the klass in the mark word, not where
 	 * _metadata says. Its compressed klass base and shift are _base and
 	 * _shift; JDK 17's and 21's _narrow_klass._base and _narrow_klass._shift.
 	 */
-	if (fm_vms_flag_bool("UseCompactObjectHeaders") ||
+	if (compact_headers ||
 	    fm_vms_field("oopDesc", compressed_klass ? "_metadata._compressed_klass" : "_metadata._klass", &klass_off,
 			 NULL) ||
 	    (compressed_klass &&
@@ -252,9 +254,8 @@ static void find_klass_layout(void)
 		klass_unreadable = 1;
 		lh_off = -1;
 		fm_info("gc_moves: %s: arrays are promoted through local memory",
-			fm_vms_flag_bool("UseCompactObjectHeaders") ? "compact object headers keep an object's class "
-								      "in its mark word"
-								    : "this JVM does not describe its classes' layout");
+			compact_headers ? "compact object headers keep an object's class in its mark word"
+					: "this JVM does not describe its classes' layout");
 		return;
 	}
 	if (compressed_klass) {
@@ -371,10 +372,10 @@ static void *hook_memcpy(void *dst, const void *src, size_t n)
 	return dst;
 }
 
-int fm_gcmove_reads_ahead(void)
+int fm_gcmove_full_gc(void)
 {
-	return !atomic_load_explicit(&pages, memory_order_acquire) || !collections ||
-	       collections[1] == full_at_start;
+	return atomic_load_explicit(&pages, memory_order_acquire) && collections &&
+	       collections[1] != full_at_start;
 }
 
 /* The collection counts, once the heap exists; left NULL if they do not read as counts. */

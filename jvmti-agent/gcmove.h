@@ -30,11 +30,11 @@ int fm_gcmove_setup(const struct fm_pager_ref *ref, int on);
 /* A pause begins (1) or ends (0): moves are handed to the pager only inside one. */
 void fm_gcmove_pause(int in_pause);
 /*
- * The pager's gc_reads_ahead (pager.h): 0 in a full GC whose moves memd does.
- * Its phases before the compaction read each live object's header, a page
- * apart or more, and a GC thread's read-ahead fetched the object bodies
- * between them, which the compaction then moved through local memory.
+ * The pager's full_gc_in_memd (pager.h): 1 in a full GC whose moves memd
+ * does. Its phases read each live object's header, a page apart or more:
+ * a GC thread's read-ahead fetched the object bodies between them, which
+ * the compaction then moved through local memory.
  */
-int fm_gcmove_reads_ahead(void);
+int fm_gcmove_full_gc(void);
 
 #endif

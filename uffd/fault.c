@@ -99,17 +99,16 @@ static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 }
 
 /*
- * A full GC whose moves memd does is under way (the agent says no to
- * read-ahead then, pager.h). Each of its phases reads every live object's
- * header again (mark, forward, adjust, compact), so what its workers read
- * is kept a pass of the clock like the program's pages rather than let go
- * first: let go first, the clock took the marking's pages before the next
- * phase came back to them (GcChurn at 25% local: phase 2 read 258k pages
- * back under JDK 21, 98k under JDK 17).
+ * A full GC whose moves memd does is under way (pager.h). Each of its phases
+ * reads every live object's header again (mark, forward, adjust, compact),
+ * so what its workers read is kept a pass of the clock like the program's
+ * pages rather than let go first: let go first, the clock took the
+ * marking's pages before the next phase came back to them (GcChurn at 25%
+ * local: phase 2 read 258k pages back under JDK 21, 98k under JDK 17).
  */
 static int in_full_gc(struct fm_pager *p)
 {
-	return p->cfg.gc_reads_ahead && !p->cfg.gc_reads_ahead();
+	return p->cfg.full_gc_in_memd && p->cfg.full_gc_in_memd();
 }
 
 /* Page i of r is held FILLING (was b) and has room: fill it from memd or with zeros. */

@@ -61,14 +61,14 @@ struct fm_pager_cfg {
 	 */
 	int (*is_gc_thread)(pid_t tid);
 	/*
-	 * Called at a GC thread's fault before remote pages are fetched ahead of
-	 * its run (gc_window): 0 says not now. The agent says so in a full GC
-	 * whose object moves memd does (jvmti-agent/gcmove.h), where what the
-	 * collector reads itself is each object's header and read-ahead brings
-	 * in the bodies between them. NULL: always. At a GC thread's fill too:
-	 * 0 keeps the page a pass of the clock, not let go first (fault.c).
+	 * 1 while a full GC whose object moves memd does is under way
+	 * (jvmti-agent/gcmove.h); NULL: never. What such a collector reads
+	 * itself is each live object's header, again in each phase: its GC
+	 * threads fetch nothing ahead (prefetch.c: read-ahead brought in the
+	 * bodies between the headers), and what they read is kept a pass of the
+	 * clock instead of leaving first (fault.c).
 	 */
-	int (*gc_reads_ahead)(void);
+	int (*full_gc_in_memd)(void);
 };
 
 enum { FM_GC_PAUSE = 1, FM_GC_CONC = 2 };

@@ -424,12 +424,12 @@ static void open_ahead(const char *addr, const char *transport)
 	fm_pager_stop(p);
 }
 
-/* Whether a full GC whose moves memd does is under way, as the agent's gc_reads_ahead says (0: it is). */
+/* Whether a full GC whose moves memd does is under way, as the agent's full_gc_in_memd says. */
 static atomic_int full_gc;
 
-static int reads_ahead(void)
+static int full_gc_now(void)
 {
-	return !atomic_load(&full_gc);
+	return atomic_load(&full_gc);
 }
 
 /*
@@ -443,7 +443,7 @@ static void full_gc_reads_kept(const char *addr)
 {
 	struct fm_pager *p = unit_pager_gc_ex("full GC reads kept", addr, "1M",
 					      (const char *const[]){ "prefetch", "0", "fault", "signal", NULL },
-					      pause_worker_is, reads_ahead);
+					      pause_worker_is, full_gc_now);
 	struct fm_resmap_hdr *h;
 	uint8_t *a;
 

@@ -66,6 +66,14 @@ static uint64_t bad_pages(const uint8_t *a, uint64_t first, uint64_t n, const ui
 	return bad;
 }
 
+/* npages of a heap registered with p, or MAP_FAILED (counted) for done() to pass over. */
+static uint8_t *heap_region(struct fm_pager *p, uint64_t npages)
+{
+	uint8_t *a = unit_region(p, npages * PG, FM_REG_HEAP);
+
+	return a ? a : MAP_FAILED;
+}
+
 static void done(struct fm_pager *p, uint8_t *a, uint64_t npages, uint32_t *ver, const char *what, const char *fault)
 {
 	if (a != MAP_FAILED)
@@ -358,11 +366,9 @@ static void reused_stays_writable(const char *sock, const char *fault)
 	if (!p || !ver)
 		goto out;
 	h = fm_pager_map(p);
-	a = unit_region(p, npages * PG, FM_REG_HEAP);
-	if (!a) {
-		a = MAP_FAILED;
+	a = heap_region(p, npages);
+	if (a == MAP_FAILED)
 		goto out;
-	}
 	map = (const uint8_t *)h + h->regions[0].map_offset;
 	for (uint64_t i = 0; i < npages; i++)
 		write_page(a, i, ver[i] = 1);
@@ -430,11 +436,9 @@ static void reused_referenced(const char *sock, const char *fault)
 	if (!p)
 		goto out;
 	h = fm_pager_map(p);
-	a = unit_region(p, npages * PG, FM_REG_HEAP);
-	if (!a) {
-		a = MAP_FAILED;
+	a = heap_region(p, npages);
+	if (a == MAP_FAILED)
 		goto out;
-	}
 	map = (const uint8_t *)h + h->regions[0].map_offset;
 	for (uint64_t i = 0; i < npages; i++)
 		write_page(a, i, 1);
@@ -452,10 +456,7 @@ static void reused_referenced(const char *sock, const char *fault)
 	unit_region_end(p, a, npages * PG, bad);
 	a = MAP_FAILED;
 out:
-	if (a != MAP_FAILED)
-		munmap(a, npages * PG);
-	fm_pager_stop(p);
-	printf("test_pager_sparse: reused free space referenced, fault=%s done\n", fault);
+	done(p, a, npages, NULL, "reused free space referenced", fault);
 }
 
 /*
@@ -477,11 +478,9 @@ static void short_of_room(const char *sock, const char *fault)
 	CHECK(ver != NULL);
 	if (!p || !ver)
 		goto out;
-	a = unit_region(p, npages * PG, FM_REG_HEAP);
-	if (!a) {
-		a = MAP_FAILED;
+	a = heap_region(p, npages);
+	if (a == MAP_FAILED)
 		goto out;
-	}
 	for (uint64_t i = 0; i < npages; i++)
 		write_page(a, i, ver[i] = 1);
 	fm_pager_gc_event(p, 1);

@@ -18,11 +18,11 @@
  * A pager on memd at addr ("unix:PATH", or a list) with a local budget and the
  * settings in more (key, value, ..., NULL); NULL, counted as a failure, if it
  * does not start. what names the case in the failure's message. is_gc_thread
- * and gc_reads_ahead stand for the JVM agent's (NULL: no collector).
+ * and full_gc_in_memd stand for the JVM agent's (NULL: no collector).
  */
 static inline struct fm_pager *unit_pager_gc_ex(const char *what, const char *addr, const char *local,
 						const char *const *more, int (*is_gc_thread)(pid_t tid),
-						int (*gc_reads_ahead)(void))
+						int (*full_gc_in_memd)(void))
 {
 	struct fm_pager_cfg cfg;
 	struct fm_pager *p = NULL;
@@ -35,7 +35,7 @@ static inline struct fm_pager *unit_pager_gc_ex(const char *what, const char *ad
 	for (; more && more[0]; more += 2)
 		CHECK(fm_pager_cfg_set(&cfg, more[0], more[1], err, sizeof(err)) == 0);
 	cfg.is_gc_thread = is_gc_thread;
-	cfg.gc_reads_ahead = gc_reads_ahead;
+	cfg.full_gc_in_memd = full_gc_in_memd;
 	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
 		fprintf(stderr, "fm_pager_start (%s): %s\n", what, err);
 		failures++;
@@ -44,7 +44,7 @@ static inline struct fm_pager *unit_pager_gc_ex(const char *what, const char *ad
 	return p;
 }
 
-/* The same with the agent's gc_reads_ahead stood for too (pager.h: 0 in a full GC memd moves for). */
+/* The same with no full GC ever under way. */
 static inline struct fm_pager *unit_pager_gc(const char *what, const char *addr, const char *local,
 					     const char *const *more, int (*is_gc_thread)(pid_t tid))
 {
