@@ -463,6 +463,24 @@ def test_io_uring_set_up_through_syscall_keeps_pinned_pages(shim, built, tmp_pat
         assert s["heap_faults"] > 1000, s  # its pages were in glibc's heap
 
 
+def test_pages_pinned_past_the_budget_leave_once_let_go(shim, built, tmp_path, farmem_cmd):
+    """uringraw registers its whole 64 MiB mapping as an io_uring fixed buffer at a 16 MiB budget:
+    the kernel pins every page, fetching the evicted ones, and none can leave, so they come in
+    over the budget. Then it lets them go and sleeps without a fault. Where no evictor thread
+    runs (handler threads that follow, the default) nothing asked for room again and all 64 MiB
+    stayed resident to the end (before session 75; GNU dd iflag=direct the same way, once in
+    CI). The first handler now looks again after a rest: back within the budget, every page
+    right."""
+    prog = built("build/tests/uringraw")
+    r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "16M", "--", prog, 64, "registered",
+                      timeout=300)
+    assert r.returncode == 0 and "uringraw: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert s["fault_mode"] == "thread" and s["evict_pinned"] > 0, s
+    assert s["peak_resident_bytes"] > 48 << 20, s  # the pins did take it past the budget
+    m = re.search(r"uringraw: (\d+) of 16384 pages resident after the pins", r.stdout)
+    assert m and int(m.group(1)) <= 4096, r.stdout
+
+
 DD_AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
                 "id -u; f=/tmp/farmem-user-$$; head -c 200M /dev/urandom > $f; "
                 "dd if=$f bs=100M iflag=fullblock status=none | cmp - $f && echo same; rm -f $f"]

@@ -11,6 +11,7 @@
 
 struct fm_pager;
 struct fm_chan;
+struct fm_borrowed;
 struct region;
 
 /* The most pages one batch takes: its books live on the evicting thread's stack. */
@@ -26,6 +27,22 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
  */
 uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted);
 void *fm_evictor_main(void *arg);
+/*
+ * Where no evictor thread runs, pages leave when a fault asks for room. A
+ * batch that could not leave (pinned for I/O, memd full) lets the page in
+ * over the budget, and a program that faults no more after that stays over
+ * it (dd reading again into its resident buffer). A handler that sleeps
+ * between faults keeps this watch: fm_budget_watch_ms is how long it may
+ * sleep (-1: until a fault), fm_budget_watch_look evicts (over b's channel,
+ * borrowed only then) once the rest is up, a longer rest each time nothing
+ * could leave.
+ */
+struct fm_budget_watch {
+	uint64_t next_ns; /* 0: within the budget when last looked */
+	int rest_ms;
+};
+int fm_budget_watch_ms(struct fm_pager *p, struct fm_budget_watch *w);
+void fm_budget_watch_look(struct fm_pager *p, struct fm_budget_watch *w, struct fm_borrowed *b);
 /* What fm_heat_filled saw of a page that came back. */
 #define FM_BACK_SOON 1u /* it left at most three budgets of evictions ago (or, the clock wrapping at eight, a multiple of eight more) */
 #define FM_BACK_LOOP 2u /* the loop rule had chosen it (pick_passed, FM_PGF_LOOPED) */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "chanpool.h"
+#include "evict.h"
 #include "fault.h"
 #include "fm_fds.h"
 #include "fm_util.h"
@@ -310,6 +311,7 @@ static void *handler_main(void *arg)
 	 */
 	uint64_t spin_off_until = 0, slow_yield_at = 0;
 	struct fm_follower fol = { .at = -1, .seen = -1 };
+	struct fm_budget_watch watch = { 0 };
 
 	/* One handler follows the threads it serves (follow.h): the first that serves faults. */
 	if (idx == first_server(p))
@@ -323,6 +325,10 @@ static void *handler_main(void *arg)
 		if (!spin_until || fm_now_ns() >= spin_until) {
 			spin_until = 0;
 			timeout_ms = fm_follow_poll_ms(&fol);
+			if (!idx) {
+				int w = fm_budget_watch_ms(p, &watch);
+				timeout_ms = w >= 0 && (timeout_ms < 0 || w < timeout_ms) ? w : timeout_ms;
+			}
 			if (helper) {
 				uint64_t now = fm_now_ns(), until = atomic_load(&p->helpers_until);
 				if (now >= until) {
@@ -339,6 +345,10 @@ static void *handler_main(void *arg)
 			for (int k = 0; k < nready; k++)
 				if (ready[k].data.fd == p->stop_fd)
 					return NULL;
+			if (!idx) {
+				struct fm_borrowed b = { .chan = p->handler_chan[0], .tid = fm_thread_id() };
+				fm_budget_watch_look(p, &watch, &b);
+			}
 			if (nready <= 0)
 				continue;
 		}

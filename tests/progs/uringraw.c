@@ -8,7 +8,7 @@
  * memory is then written and rewritten at random over a budget smaller than
  * it, and every page checked.
  *
- *   uringraw [MiB [late] [heap]]   (prints "uringraw: ok", or what went wrong)
+ *   uringraw [MiB [late] [heap] [registered]]   (prints "uringraw: ok", or what went wrong)
  *
  * late: io_uring is set up after the memory was first written, when the
  * pager runs already: it can no longer change where faults are served, but
@@ -17,6 +17,7 @@
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/uio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -48,6 +49,30 @@ static uint64_t word_of(size_t page, unsigned round)
 	return (uint64_t)page * 0x9E3779B97F4A7C15ull ^ round;
 }
 
+/* The pages of the mapping pinned as a fixed buffer and let go again; then how many are resident 2 s on. */
+static int pin_and_let_go(long ring, size_t pages)
+{
+	struct iovec iov = { base, pages * PAGE };
+	unsigned char *in = malloc(pages);
+	size_t resident = 0;
+
+	if (!in || syscall(SYS_io_uring_register, (int)ring, 0 /* IORING_REGISTER_BUFFERS */, &iov, 1) ||
+	    syscall(SYS_io_uring_register, (int)ring, 1 /* IORING_UNREGISTER_BUFFERS */, NULL, 0)) {
+		perror("uringraw: registered buffer");
+		return -1;
+	}
+	sleep(2);
+	if (mincore(base, pages * PAGE, in)) {
+		perror("uringraw: mincore");
+		return -1;
+	}
+	for (size_t p = 0; p < pages; p++)
+		resident += in[p] & 1;
+	printf("uringraw: %zu of %zu pages resident after the pins\n", resident, pages);
+	free(in);
+	return 0;
+}
+
 static long uring_setup(void)
 {
 	struct uring_params params;
@@ -63,13 +88,18 @@ static long uring_setup(void)
 int main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64, pages = mib * (1ul << 20) / PAGE;
-	int late = 0, heap = 0;
+	int late = 0, heap = 0, registered = 0;
 	unsigned *round;
 	long ring = -1;
 
 	for (int k = 2; k < argc; k++) {
 		late |= !strcmp(argv[k], "late");
 		heap |= !strcmp(argv[k], "heap");
+		registered |= !strcmp(argv[k], "registered");
+	}
+	if (registered && heap) {
+		fprintf(stderr, "uringraw: registered is for the mapping, not the heap\n");
+		return 2;
 	}
 	if (!late && (ring = uring_setup()) < 0)
 		return 3;
@@ -99,6 +129,8 @@ int main(int argc, char **argv)
 		}
 		*word_at(p) = word_of(p, ++round[p]);
 	}
+	if (registered && pin_and_let_go(ring, pages))
+		return 3;
 	for (size_t p = 0; p < pages; p++)
 		if (*word_at(p) != word_of(p, round[p])) {
 			printf("uringraw: page %zu lost its last write\n", p);
