@@ -7,7 +7,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fm_util.h"
 #include "pager_internal.h"
+
+#define SETTLE_SPIN_NS (60ull * 1000)
 
 void fm_futex_wait(atomic_uint *word, unsigned seen, int timeout_ms)
 {
@@ -41,9 +44,12 @@ uint8_t fm_settle(struct fm_pager *p, uint8_t *b)
 	uint8_t v = pg_load(b);
 
 	/* Most holds last a few microseconds: look again a few times before sleeping. */
-	for (int spin = 0; spin < 4 && pg_is_hold(fm_pg_state(v)); spin++) {
-		sched_yield();
-		v = pg_load(b);
+	if (pg_is_hold(fm_pg_state(v))) {
+		uint64_t until = fm_now_ns() + SETTLE_SPIN_NS;
+		do {
+			sched_yield();
+			v = pg_load(b);
+		} while (pg_is_hold(fm_pg_state(v)) && fm_now_ns() < until);
 	}
 	while (pg_is_hold(fm_pg_state(v))) {
 		unsigned seen;
