@@ -527,9 +527,11 @@ def test_unreachable_memd_follows_onerror(build, jvm_built):
 
 # --- attach and detach -----------------------------------------------------------------------------
 
-def start_churn(java_cp, seconds: int, extra: tuple = ()) -> subprocess.Popen:
+def start_churn(java_cp, seconds: int, extra: tuple = (), until_eof: bool = False) -> subprocess.Popen:
+    """GcChurn for `seconds`; until_eof: until its stdin closes too (communicate() closes it)."""
     p = subprocess.Popen(java_cp[:1] + ["-Xms512m", *extra] + java_cp[1:] +
-                         ["GcChurn", "--live-mb", "200", "--seconds", str(seconds)],
+                         ["GcChurn", "--live-mb", "200", "--seconds", str(seconds)] + (["--until-eof"] if until_eof else []),
+                         stdin=subprocess.PIPE if until_eof else None,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     assert line.startswith("gcchurn: ready"), line
@@ -538,7 +540,8 @@ def start_churn(java_cp, seconds: int, extra: tuple = ()) -> subprocess.Popen:
 
 @pytest.mark.parametrize("heap", [(), ("-XX:AllocateHeapAt=/dev/shm",)], ids=["anon", "shm"])
 def test_attach_pages_a_running_jvm_and_detach_brings_it_home(farmem_cmd, java_cp, heap):
-    jvm = start_churn(java_cp, 22, heap)
+    # It churns until the test is done with it (a fixed 22 s once ended under a loaded CI's detach).
+    jvm = start_churn(java_cp, 300, heap, until_eof=True)
     try:
         r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "50%", timeout=60)
         assert r.returncode == 0, r.stderr
@@ -834,6 +837,41 @@ def test_attach_refuses_a_process_that_is_not_a_jvm(farmem_cmd, jvm_built):
     finally:
         sleeper.send_signal(signal.SIGKILL)
         sleeper.wait()
+
+
+def test_attach_refuses_a_jvm_that_turned_attach_off(farmem_cmd, java_cp):
+    """A JVM started with -XX:+DisableAttachMechanism (here through JAVA_TOOL_OPTIONS) never answers
+    jcmd: farmem says so at once, instead of jcmd's timeout and its last stack frame, and the JVM
+    runs on untouched."""
+    env = dict(os.environ, JAVA_TOOL_OPTIONS="-XX:+DisableAttachMechanism")
+    jvm = subprocess.Popen(java_cp[:1] + ["-Xms512m"] + java_cp[1:] + ["GcChurn", "--live-mb", "100", "--seconds", "4"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert jvm.stdout.readline().startswith("gcchurn: ready")
+        t0 = time.monotonic()
+        r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "50%", timeout=60)
+        assert r.returncode == 1 and "-XX:+DisableAttachMechanism" in r.stderr, r.stderr
+        assert time.monotonic() - t0 < 5
+        out, err = jvm.communicate(timeout=60)
+    finally:
+        if jvm.poll() is None:
+            jvm.kill()
+            jvm.wait()
+    assert jvm.returncode == 0 and "gcchurn: ok" in out, out[-2000:] + err[-2000:]
+
+
+def test_jcmd_failure_names_the_exception():
+    """A jcmd that could not reach its JVM prints an exception and a stack trace; the error farmem
+    gives is the exception's line, not the trace's last frame (`at ...JCmd.main`), which was all a
+    failed detach in CI said."""
+    from farmem.commands.attach import jcmd_failure
+    out = ("29792:\ncom.sun.tools.attach.AttachNotSupportedException: Unable to open socket file "
+           "/proc/29792/root/tmp/.java_pid29792: target process 29792 doesn't respond within 10500ms or "
+           "HotSpot VM not loaded\n\tat jdk.attach/sun.tools.attach.VirtualMachineImpl.<init>"
+           "(VirtualMachineImpl.java:100)\n\tat jdk.jcmd/sun.tools.jcmd.JCmd.main(JCmd.java:97)\n")
+    assert jcmd_failure(out).startswith("com.sun.tools.attach.AttachNotSupportedException: Unable to open")
+    assert jcmd_failure("29792:\nCommand executed successfully\nreturn code: -1") == \
+        "Command executed successfully; return code: -1"
 
 
 def test_attach_bad_budget_leaves_the_jvm_untouched(farmem_cmd, java_cp):

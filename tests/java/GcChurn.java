@@ -7,7 +7,7 @@
  * and checks every slot at the end. Exit 0 only if every word is right.
  *
  *   java -Xmx512m -cp build/java GcChurn [--live-mb 200] [--seconds 10 | --steps N]
- *        [--wait] [--grow-mb N] [--shrink-mb N] [--big-mb N]
+ *        [--wait] [--grow-mb N] [--shrink-mb N] [--big-mb N] [--until-eof]
  *
  * Prints "gcchurn: ready" once the live set is built (tests attach after it);
  * with --wait it then waits for a line on stdin before it churns. --grow-mb:
@@ -19,7 +19,9 @@
  * of N MiB is allocated as the churn starts and checked at the end (a
  * humongous object: a JVM started small expands its heap for it between GC
  * pauses); with --wait it waits for another line after that. Each prints the
- * committed heap (Runtime.totalMemory) when it is done.
+ * committed heap (Runtime.totalMemory) when it is done. --until-eof: the churn
+ * also ends when stdin does (a test that attaches and detaches closes it when
+ * it is done, rather than racing a fixed run's end; --seconds still bounds it).
  */
 import java.util.SplittableRandom;
 
@@ -90,7 +92,7 @@ public final class GcChurn {
     public static void main(String[] args) throws Exception {
         long liveMb = 200, steps = -1, growMb = 0, shrinkMb = -1, bigMb = 0;
         double seconds = 10;
-        boolean wait = false;
+        boolean wait = false, untilEof = false;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--live-mb": liveMb = Long.parseLong(args[++i]); break;
@@ -100,9 +102,10 @@ public final class GcChurn {
                 case "--grow-mb": growMb = Long.parseLong(args[++i]); break;
                 case "--shrink-mb": shrinkMb = Long.parseLong(args[++i]); break;
                 case "--big-mb": bigMb = Long.parseLong(args[++i]); break;
+                case "--until-eof": untilEof = true; break;
                 default:
                     System.err.println("usage: GcChurn [--live-mb N] [--seconds S | --steps N] [--wait] [--grow-mb N] "
-                                       + "[--shrink-mb N] [--big-mb N]");
+                                       + "[--shrink-mb N] [--big-mb N] [--until-eof]");
                     System.exit(2);
             }
         }
@@ -128,13 +131,26 @@ public final class GcChurn {
             }
         }
 
+        java.util.concurrent.atomic.AtomicBoolean eof = new java.util.concurrent.atomic.AtomicBoolean();
+        if (untilEof) {
+            Thread reader = new Thread(() -> {
+                try {
+                    while (in.read() >= 0) { }
+                } catch (java.io.IOException e) {
+                    // a broken stdin ends the churn as its end does
+                }
+                eof.set(true);
+            });
+            reader.setDaemon(true);
+            reader.start();
+        }
         SplittableRandom rnd = new SplittableRandom(42);
         long t0 = System.nanoTime(), deadline = t0 + (long) (seconds * 1e9);
         long shrinkAt = shrinkMb >= 0 ? t0 + (long) (seconds * 0.5e9) : Long.MAX_VALUE;
         long done = 0, checked = 0, sink = 0;
         boolean ok = true, grown = slots == target;
         while (ok) {
-            boolean more = steps >= 0 ? done < steps : System.nanoTime() < deadline;
+            boolean more = (steps >= 0 ? done < steps : System.nanoTime() < deadline) && !eof.get();
             // Steps come 256 at a time: a slow run (a loaded machine, a verified heap) can pass both
             // the halfway mark and its end in one batch. It still shrinks, once, before it ends.
             if (!more && !(grown && shrinkAt != Long.MAX_VALUE)) break;

@@ -61,7 +61,46 @@ def check_hotspot(pid: int) -> Path:
             raise FarmemError(f"no jcmd next to the JVM of pid {pid} ({jcmd}) nor on PATH: "
                               "install the JDK (not only the JRE)")
         jcmd = Path(found)
+    if attach_disabled(pid):
+        raise FarmemError(f"pid {pid} was started with -XX:+DisableAttachMechanism: it takes no agent after its "
+                          "start (no jcmd reaches it); start it under `farmem run` instead")
     return jcmd
+
+
+def attach_disabled(pid: int) -> bool:
+    """The JVM turned its attach listener off, on its command line or in the variables the launcher reads."""
+    said = []
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            said += f.read().split(b"\0")
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for var in f.read().split(b"\0"):
+                name, _, value = var.partition(b"=")
+                if name in (b"JAVA_TOOL_OPTIONS", b"JDK_JAVA_OPTIONS", b"_JAVA_OPTIONS"):
+                    said += value.split()
+    except OSError:
+        return False
+    last = [a for a in said if a in (b"-XX:+DisableAttachMechanism", b"-XX:-DisableAttachMechanism")]
+    return bool(last) and last[-1] == b"-XX:+DisableAttachMechanism"
+
+
+# jcmd waits this long for the JVM's attach listener (its default, 10 s, is short for a JVM that
+# pages and collects on a loaded machine); a JVM that did not answer is asked again, ATTACH_TRIES in all.
+ATTACH_TIMEOUT_MS = 20000
+ATTACH_TRIES = 2
+
+
+def jcmd_failure(out: str) -> str:
+    """What a failed jcmd says: its exception's line (with the cause's), not the last stack frame."""
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith(("at ", "...")) and not re.fullmatch(r"[0-9]+:", line)]
+    return "; ".join(said[-2:]) if said else (lines[-1] if lines else "")
+
+
+def _attach_unanswered(out: str) -> bool:
+    """jcmd could not reach the JVM's attach listener (not: the command ran and failed)."""
+    return "AttachNotSupportedException" in out or "doesn't respond" in out or \
+        "Connection refused" in out or "Unable to open socket file" in out
 
 
 def jcmd_agent_load(jcmd: Path, pid: int, options: str, msgfile: Path) -> None:
@@ -71,23 +110,28 @@ def jcmd_agent_load(jcmd: Path, pid: int, options: str, msgfile: Path) -> None:
         msgfile.unlink()
     except FileNotFoundError:
         pass
-    try:
-        # jcmd splits its arguments at "=" unless quoted (DCmdArgIter).
-        r = subprocess.run([str(jcmd), str(pid), "JVMTI.agent_load", str(lib), f'"{options}"'],
-                           capture_output=True, text=True, timeout=JCMD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise FarmemError(f"jcmd {pid} JVMTI.agent_load did not finish in {JCMD_TIMEOUT_S:.0f} s") from None
-    out = (r.stdout + r.stderr).strip()
-    m = re.search(r"return code: (-?[0-9]+)", out)
-    if r.returncode == 0 and m and m.group(1) == "0":
-        return
+    for attempt in range(ATTACH_TRIES):
+        try:
+            # jcmd splits its arguments at "=" unless quoted (DCmdArgIter).
+            r = subprocess.run([str(jcmd), f"-J-Dsun.tools.attach.attachTimeout={ATTACH_TIMEOUT_MS}", str(pid),
+                                "JVMTI.agent_load", str(lib), f'"{options}"'],
+                               capture_output=True, text=True, timeout=JCMD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise FarmemError(f"jcmd {pid} JVMTI.agent_load did not finish in {JCMD_TIMEOUT_S:.0f} s") from None
+        out = (r.stdout + r.stderr).strip()
+        m = re.search(r"return code: (-?[0-9]+)", out)
+        if r.returncode == 0 and m and m.group(1) == "0":
+            return
+        if m or not _attach_unanswered(out) or not Path(f"/proc/{pid}").exists():
+            break
+        print(f"farmem: pid {pid} did not answer jcmd ({jcmd_failure(out)}); asking again", file=sys.stderr)
     why = ""
     try:
         why = msgfile.read_text().strip()
     except OSError:
         pass
     if not why:
-        why = out.splitlines()[-1] if out else f"jcmd exited with status {r.returncode}"
+        why = jcmd_failure(out) or f"jcmd exited with status {r.returncode}"
     raise FarmemError(f"pid {pid}: {why}")
 
 
