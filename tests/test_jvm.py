@@ -851,7 +851,7 @@ def test_attach_refuses_a_jvm_that_turned_attach_off(farmem_cmd, java_cp):
         t0 = time.monotonic()
         r = farmem(farmem_cmd, "attach", str(jvm.pid), "--local", "50%", timeout=60)
         assert r.returncode == 1 and "-XX:+DisableAttachMechanism" in r.stderr, r.stderr
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 15  # jcmd alone waits 20 s, twice, for an answer that never comes
         out, err = jvm.communicate(timeout=60)
     finally:
         if jvm.poll() is None:

@@ -98,19 +98,6 @@ static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 	}
 }
 
-/*
- * A full GC whose moves memd does is under way (pager.h). Each of its phases
- * reads every live object's header again (mark, forward, adjust, compact),
- * so what its workers read is kept a pass of the clock like the program's
- * pages rather than let go first: let go first, the clock took the
- * marking's pages before the next phase came back to them (GcChurn at 25%
- * local: phase 2 read 258k pages back under JDK 21, 98k under JDK 17).
- */
-static int in_full_gc(struct fm_pager *p)
-{
-	return p->cfg.full_gc_in_memd && p->cfg.full_gc_in_memd();
-}
-
 /* Page i of r is held FILLING (was b) and has room: fill it from memd or with zeros. */
 static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int ridx, uint64_t i, uint8_t b)
 {
@@ -165,9 +152,12 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	 * What only a collector touched leaves first (gc_aware): what it read,
 	 * and old data it wrote (a compaction's destination is no hotter than
 	 * its source). Fresh pages it writes are the survivors it evacuates.
-	 * Not in a full GC whose moves memd does: its next phase reads it again.
+	 * Not in a full GC whose moves memd does: each of its phases reads every
+	 * live header again, and let go first the clock took the marking's
+	 * pages before the next phase came back to them (GcChurn at 25% local:
+	 * phase 2 read 258k pages back under JDK 21, 66k kept a pass).
 	 */
-	cold = gc && (!f->write || remote) && !in_full_gc(p);
+	cold = gc && (!f->write || remote) && !fm_in_full_gc(p);
 	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (cold ? FM_PGF_GC : FM_PGF_REF) |
 		       (wr && !f->write && remote ? FM_PGF_REWRITE : 0));
 	back = fm_heat_filled(p, r, i, b);

@@ -312,6 +312,7 @@ static void *handler_main(void *arg)
 	uint64_t spin_off_until = 0, slow_yield_at = 0;
 	struct fm_follower fol = { .at = -1, .seen = -1 };
 	struct fm_budget_watch watch = { 0 };
+	struct fm_borrowed watch_chan = { .chan = p->handler_chan[idx], .tid = fm_thread_id() };
 
 	/* One handler follows the threads it serves (follow.h): the first that serves faults. */
 	if (idx == first_server(p))
@@ -345,10 +346,8 @@ static void *handler_main(void *arg)
 			for (int k = 0; k < nready; k++)
 				if (ready[k].data.fd == p->stop_fd)
 					return NULL;
-			if (!idx) {
-				struct fm_borrowed b = { .chan = p->handler_chan[0], .tid = fm_thread_id() };
-				fm_budget_watch_look(p, &watch, &b);
-			}
+			if (!idx)
+				fm_budget_watch_look(p, &watch, &watch_chan);
 			if (nready <= 0)
 				continue;
 		}

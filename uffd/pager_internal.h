@@ -352,6 +352,16 @@ static inline int fm_region_installs_open(const struct region *r)
 	return r->kernel_waits && !r->alias;
 }
 
+/*
+ * A full GC whose moves memd does is under way (pager.h's full_gc_in_memd):
+ * its GC threads fetch nothing ahead (prefetch.c) and what they read is kept
+ * a pass of the clock (fault.c).
+ */
+static inline int fm_in_full_gc(const struct fm_pager *p)
+{
+	return p->cfg.full_gc_in_memd && p->cfg.full_gc_in_memd();
+}
+
 /* Pages evicted so far: every page an eviction batch drops is counted clean or dirty. */
 static inline uint64_t fm_evicted(const struct fm_pager *p)
 {

@@ -278,7 +278,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		       (back & FM_BACK_LOOP) != 0, &stride, &s);
 	/* Remote pages ahead: none of a fresh run; a GC thread's as many as gc_window allows, when it may. */
 	remote_max = fresh ? 0
-		     : gc  ? (p->cfg.full_gc_in_memd && p->cfg.full_gc_in_memd() ? 0 : p->cfg.gc_window)
+		     : gc  ? (fm_in_full_gc(p) ? 0 : p->cfg.gc_window)
 			   : p->cfg.prefetch;
 	/*
 	 * A fresh page right after a resident one extends memory in use:

@@ -17,10 +17,10 @@
  */
 #include <stdint.h>
 #include <stdio.h>
-#include <sys/uio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -59,11 +59,13 @@ static int pin_and_let_go(long ring, size_t pages)
 	if (!in || syscall(SYS_io_uring_register, (int)ring, 0 /* IORING_REGISTER_BUFFERS */, &iov, 1) ||
 	    syscall(SYS_io_uring_register, (int)ring, 1 /* IORING_UNREGISTER_BUFFERS */, NULL, 0)) {
 		perror("uringraw: registered buffer");
+		free(in);
 		return -1;
 	}
 	sleep(2);
 	if (mincore(base, pages * PAGE, in)) {
 		perror("uringraw: mincore");
+		free(in);
 		return -1;
 	}
 	for (size_t p = 0; p < pages; p++)

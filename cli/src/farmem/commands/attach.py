@@ -110,7 +110,7 @@ def jcmd_agent_load(jcmd: Path, pid: int, options: str, msgfile: Path) -> None:
         msgfile.unlink()
     except FileNotFoundError:
         pass
-    for attempt in range(ATTACH_TRIES):
+    for _ in range(ATTACH_TRIES):
         try:
             # jcmd splits its arguments at "=" unless quoted (DCmdArgIter).
             r = subprocess.run([str(jcmd), f"-J-Dsun.tools.attach.attachTimeout={ATTACH_TIMEOUT_MS}", str(pid),
