@@ -173,7 +173,11 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 		snprintf(err, errlen, "no memd secret (FARMEM_SECRET or secret=)");
 		return -EINVAL;
 	}
-	p = calloc(1, sizeof(*p));
+	/* Its channel slots are a cache line each (pager_internal.h): so is the pager. */
+	p = aligned_alloc(_Alignof(struct fm_pager), (sizeof(*p) + _Alignof(struct fm_pager) - 1) &
+						      ~(_Alignof(struct fm_pager) - 1));
+	if (p)
+		memset(p, 0, sizeof(*p));
 	if (!p) {
 		snprintf(err, errlen, "cannot start the pager: %s", strerror(ENOMEM));
 		return -ENOMEM;
