@@ -42,7 +42,7 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
         [--configs local,kswap,farmem,memliner,fjdk] [--repeats 3] [--size bench|smoke] [--heap SIZE]
         [--overhead SIZE] [--args NAME=FLAGS] [--jvm JVMFLAGS] [--variant NAME=CONFIG[@JDK]:JVMFLAGS]
-        [--build NAME=DIR]
+        [--build NAME=DIR] [--run-args NAME=ARGS]
         [--out bench/RESULTS.md] [--json raw.json]
 
 --jvm gives every configuration more JVM flags (another collector: --jvm=-XX:+UseShenandoahGC
@@ -55,7 +55,8 @@ taken to the local@JDK row of the same home, e.g. --variant "l25=local@build/jdk
 "f25=farmem@build/jdks/25:" --configs local,farmem,l25,f25. --build NAME=DIR runs
 variant NAME with the farmem libraries and memd of another build directory (FARMEM_BUILD), e.g. a
 worktree of the commit before: git worktree add /tmp/before HEAD~1 && make -C /tmp/before c, then
---variant "before=fjdk:" --build before=/tmp/before/build.
+--variant "before=fjdk:" --build before=/tmp/before/build. --run-args NAME=ARGS gives variant NAME's
+`farmem run` more options, e.g. --variant "ev=farmem:" --run-args "ev=--evict-threads 1".
 
 Needs `make all seeds` (done here) and, for memliner and fjdk, `make jdk` (not done here: ~15 min the first
 time); kswap needs root and zram. --size smoke runs each workload at its smoke-test size.
@@ -136,6 +137,7 @@ LABEL = {"local": "all local", "kswap": "Linux swap (kswap, zram)", "farmem": "f
 PATCHED = ("memliner", "fjdk")  # the configurations that run the farmem JDK
 VARIANTS: dict[str, tuple[str, list[str], str | None]] = {}  # --variant: name -> (configuration, more JVM flags, JDK)
 BUILDS: dict[str, str] = {}  # --build: variant name -> FARMEM_BUILD
+RUN_ARGS: dict[str, list[str]] = {}  # --run-args: variant name -> more `farmem run` options
 FIGURES = ("gc_faults", "gc_zero_fills", "gc_conc_faults", "app_faults", "remote_reads", "remote_writes",
            "evictions", "remote_read_bytes", "remote_write_bytes", "cgroup_limit_bytes", "peak_resident_bytes",
            "compact_moves", "compact_bytes")
@@ -237,6 +239,7 @@ class Bench:
         more = VARIANTS[config][1] if config in VARIANTS else []
         jdk = VARIANTS[config][2] if config in VARIANTS else None
         config = base_config(config)
+        run_args = RUN_ARGS.get(config, [])
         gcl = os.path.join(self.workdir, f"gc-{tag}.log")
         tmp = os.path.join(self.workdir, "tmp")  # Spark's shuffle files, Neo4j's store
         os.makedirs(tmp, exist_ok=True)
@@ -247,7 +250,7 @@ class Bench:
         if config == "local":
             return java, gcl, None
         summary = os.path.join(self.workdir, f"s-{tag}.json")
-        run = [self.farmem, "run", "--summary-json", summary]
+        run = [self.farmem, "run", "--summary-json", summary, *run_args]
         if config == "kswap":
             run += ["--mode", "kswap", "--local", str(self.kswap_limit(name, pct))]
         elif config in ("script", "scriptb"):
@@ -516,6 +519,8 @@ def main() -> int:
     ap.add_argument("--build", action="append", default=[], metavar="NAME=DIR",
                     help="run variant NAME with the farmem build in DIR (FARMEM_BUILD: its lib/ and bin/), "
                          "e.g. another worktree's build/")
+    ap.add_argument("--run-args", action="append", default=[], metavar="NAME=ARGS",
+                    help='more `farmem run` options for variant NAME, e.g. --run-args "ev=--evict-threads 1"')
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
     ap.add_argument("--out", help="append the markdown section to this file (e.g. bench/RESULTS.md)")
     ap.add_argument("--json", dest="json_out", help="write every run's record here")
@@ -532,21 +537,30 @@ def main() -> int:
             ap.error(f"bad --build {b!r}: NAME=DIR, DIR a build directory with lib/libfarmem_preload.so, "
                      "lib/libfarmem_agent.so and bin/farmem-memd")
         BUILDS[name] = os.path.abspath(d)
+    for r in a.run_args:
+        name, _, args = r.partition("=")
+        if not name or not args.strip():
+            ap.error(f"bad --run-args {r!r}: NAME=ARGS")
+        RUN_ARGS[name] = shlex.split(args)
     for v in a.variant:
         name, _, rest = v.partition("=")
         base, _, flags = rest.partition(":")
         base, _, jdk = base.partition("@")
         if (not name or name in LABEL or base not in LABEL or (base == "local" and (flags.strip() or not jdk))
-                or not (flags.strip() or jdk or name in BUILDS)
+                or not (flags.strip() or jdk or name in BUILDS or name in RUN_ARGS)
+                or (name in RUN_ARGS and base in ("local", "kswap"))
                 or (jdk and not os.access(os.path.join(jdk, "bin", "java"), os.X_OK))):
             ap.error(f"bad --variant {v!r}: NAME=CONFIG[@JDK]:JVMFLAGS, a new name, CONFIG one of "
                      f"{','.join(LABEL)} (local only @JDK), JDK a Java home: a farmem JDK for memliner or "
                      "fjdk, any for the others")
         VARIANTS[name] = (base, shlex.split(flags), jdk or None)
         LABEL[name] = f"{LABEL[base]}" + (f", {flags.strip()}" if flags.strip() else "") + (f", JDK {jdk}" if jdk else "") + \
-            (f", build {BUILDS[name]}" if name in BUILDS else "")
+            (f", build {BUILDS[name]}" if name in BUILDS else "") + \
+            (f", farmem run {' '.join(RUN_ARGS[name])}" if name in RUN_ARGS else "")
     if [n for n in BUILDS if n not in VARIANTS]:
         ap.error(f"--build names no --variant: {','.join(n for n in BUILDS if n not in VARIANTS)}")
+    if [n for n in RUN_ARGS if n not in VARIANTS]:
+        ap.error(f"--run-args names no --variant: {','.join(n for n in RUN_ARGS if n not in VARIANTS)}")
     a.budgets = [int(b) for b in a.budgets.split(",") if b]
     a.args = dict(x.split("=", 1) for x in a.args if "=" in x)
     bad = [w for w in a.workloads if w not in SIZES["bench"]] + [c for c in a.configs if c not in LABEL] + \

@@ -36,7 +36,7 @@ static void changed(struct fm_pager *p, uint64_t now, int grew)
 		return;
 	fm_raise_peak(&p->st->peak_resident_pages, now);
 	/* The evictor thread keeps ahead of faults when there is one; else faults evict themselves. */
-	if (p->evictor_started && now > atomic_load(&p->high) && !fm_budget_all_fits(p))
+	if (p->evictor_started && now > atomic_load(&p->high) && !fm_budget_all_fits(p) && !fm_in_gc_pause(p))
 		fm_evictor_kick(p);
 }
 

@@ -1080,7 +1080,7 @@ void *fm_evictor_main(void *arg)
 	while (!atomic_load(&p->stopping)) {
 		int stuck = 0;
 		fm_evictor_sleep(p, rest_ms);
-		while (!atomic_load(&p->stopping) && !atomic_load(&p->evict_broken) &&
+		while (!atomic_load(&p->stopping) && !atomic_load(&p->evict_broken) && !fm_in_gc_pause(p) &&
 		       atomic_load(&p->resident) > atomic_load(&p->low) && !fm_budget_all_fits(p)) {
 			uint64_t over = atomic_load(&p->resident) - atomic_load(&p->low);
 			unsigned want = over < p->cfg.evict_batch ? (unsigned)over : p->cfg.evict_batch;

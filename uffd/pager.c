@@ -437,6 +437,8 @@ void fm_pager_gc_event(struct fm_pager *p, int start)
 	__atomic_store_n(&p->hdr->gc_active, start ? 1u : 0u, __ATOMIC_RELEASE);
 	if (!start)
 		__atomic_add_fetch(&p->hdr->gc_cycles, 1, __ATOMIC_RELEASE);
+	if (!start && p->evictor_started)
+		fm_evictor_kick(p);
 }
 
 void fm_pager_pause(struct fm_pager *p, int begin)

@@ -367,6 +367,12 @@ static inline int fm_in_full_gc(const struct fm_pager *p)
 	return p->cfg.full_gc_in_memd && p->cfg.full_gc_in_memd();
 }
 
+/* A collector's pause is under way (a JVM's agent says so: fm_pager_gc_event). */
+static inline int fm_in_gc_pause(const struct fm_pager *p)
+{
+	return __atomic_load_n(&p->hdr->gc_active, __ATOMIC_ACQUIRE) != 0;
+}
+
 /* Pages evicted so far: every page an eviction batch drops is counted clean or dirty. */
 static inline uint64_t fm_evicted(const struct fm_pager *p)
 {

@@ -505,6 +505,62 @@ out:
 	done(p, a, npages, ver, "short of room", fault);
 }
 
+/*
+ * An evictor thread rests through a collector's pause: two GC workers on two
+ * CPUs and an evictor beside them made the pause longer (pager.c,
+ * fm_pager_gc_event). Faults at the budget evict for themselves meanwhile;
+ * the pause's end wakes the evictor, which brings resident pages down to its
+ * low mark. 8 MiB of budget, high 90%, low 50%: 8 MiB written in a pause
+ * stays resident (a resting evictor takes nothing), half of it leaves after.
+ */
+static void evictor_rests_in_pause(const char *sock, const char *fault)
+{
+	const uint64_t npages = 32 * MIB / PG;
+	char addr[128], what[64];
+	struct fm_pager *p;
+	struct fm_resmap_hdr *h;
+	uint32_t *ver = calloc(npages, sizeof(*ver));
+	uint8_t *a = MAP_FAILED;
+	uint64_t bad = 0, resident_in_pause;
+
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	snprintf(what, sizeof(what), "fault=%s", fault);
+	p = unit_pager(what, addr, "8M",
+		       (const char *const[]){ "fault", fault, "evict_threads", "1", "evict_high", "90", "evict_low",
+					      "50", "prefetch", "0", NULL });
+	CHECK(ver != NULL);
+	if (!p || !ver)
+		goto out;
+	h = fm_pager_map(p);
+	a = heap_region(p, npages);
+	if (a == MAP_FAILED)
+		goto out;
+	/* Past the budget once: every page later written in the pause is a zero fill at or over the high mark. */
+	for (uint64_t i = 0; i < 2 * BUDGET_PAGES; i++)
+		write_page(a, i, ver[i] = 1);
+	for (int t = 0; t < 200 && h->stats.resident_pages > BUDGET_PAGES / 2 + 64; t++)
+		usleep(10000);
+	fm_pager_gc_event(p, 1);
+	for (uint64_t i = 2 * BUDGET_PAGES; i < 3 * BUDGET_PAGES; i++)
+		write_page(a, i, ver[i] = 2);
+	usleep(100000); /* an evictor that did not rest would have taken its half by now */
+	resident_in_pause = h->stats.resident_pages;
+	CHECK(resident_in_pause >= BUDGET_PAGES * 95 / 100 && resident_in_pause <= BUDGET_PAGES);
+	fm_pager_gc_event(p, 0);
+	for (int t = 0; t < 200 && h->stats.resident_pages > BUDGET_PAGES / 2 + 64; t++)
+		usleep(10000);
+	CHECK(h->stats.resident_pages <= BUDGET_PAGES / 2 + 64);
+	CHECK(h->stats.peak_resident_pages <= BUDGET_PAGES);
+	bad += bad_pages(a, 0, 3 * BUDGET_PAGES, ver);
+	if (resident_in_pause < BUDGET_PAGES * 95 / 100)
+		fprintf(stderr, "evictor_rests_in_pause: %lu of %lu pages resident in the pause\n",
+			(unsigned long)resident_in_pause, (unsigned long)BUDGET_PAGES);
+	unit_region_end(p, a, npages * PG, bad);
+	a = MAP_FAILED;
+out:
+	done(p, a, npages, ver, "an evictor rests in a pause", fault);
+}
+
 static void both(const char *sock, const char *fault)
 {
 	adopt_over_budget(sock, fault);
@@ -514,6 +570,7 @@ static void both(const char *sock, const char *fault)
 	reused_stays_writable(sock, fault);
 	reused_referenced(sock, fault);
 	short_of_room(sock, fault);
+	evictor_rests_in_pause(sock, fault);
 	sparse(sock, fault);
 }
 
