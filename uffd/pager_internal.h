@@ -121,11 +121,11 @@ struct passed_run {
 	int64_t stride;
 };
 
-/* A memd channel that any faulting thread may borrow (chanpool.c). */
 /*
- * A line each: two CPUs faulting at once take and give back slots next to
- * each other, and four to a cache line its every take and give moved the
- * line between them (fm_give_back's store was 0.9% of a GcChurn run's samples).
+ * A memd channel that any faulting thread may borrow (chanpool.c), a cache
+ * line each: two CPUs faulting at once take and give back slots next to each
+ * other, and four to a line every take and give moved it between them
+ * (fm_give_back's store was 0.9% of a GcChurn run's samples).
  */
 struct chan_slot {
 	struct fm_chan *chan;

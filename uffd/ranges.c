@@ -48,9 +48,9 @@ struct protect_batch {
  * worst DIRTY and protected: its next write is a stale write-protect fault,
  * which opens it (fault.c, write_protected); a CLEAN page is never left
  * writable. A call costs its system call and a TLB flush, a resident page
- * in it a page-table entry rewritten: one call per run took 108k calls a
+ * in it a page-table entry rewritten: one call per run took 107k calls a
  * run of GcChurn at 50% local (7.7 pages each, the VM thread's, at the end
- * of every pause).
+ * of every pause), 2k since.
  */
 #define BRIDGE_PAGES 512u
 #define BRIDGE_PRESENT 16u
