@@ -238,8 +238,8 @@ class Bench:
         w = self.workloads[name]
         more = VARIANTS[config][1] if config in VARIANTS else []
         jdk = VARIANTS[config][2] if config in VARIANTS else None
+        run_args = RUN_ARGS.get(config, [])  # the variant's own name, before it gives way to its base
         config = base_config(config)
-        run_args = RUN_ARGS.get(config, [])
         gcl = os.path.join(self.workdir, f"gc-{tag}.log")
         tmp = os.path.join(self.workdir, "tmp")  # Spark's shuffle files, Neo4j's store
         os.makedirs(tmp, exist_ok=True)

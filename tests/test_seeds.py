@@ -134,7 +134,7 @@ def test_gclog_reads_allocation_and_pauses(jvm_built, tmp_path, gc, exit_line):
 def test_bench_seeds_driver(jvm_built, tmp_path):
     """The driver end to end on its smallest workload: all-local, farmem (and Linux swap where this
     machine has it) at 25%, a variant run with a build directory given, the markdown table appended
-    to --out, every run's record in --json. Linux swap's cgroup gets a fixed non-heap allowance: the
+    to --out, every run's record in --json, a variant's own `farmem run` options. Linux swap's cgroup gets a fixed non-heap allowance: the
     one measured in a 1-s all-local run can fall short of what the swapping JVM holds outside its
     heap, and the cgroup then kills it (CI, 2026-11-27: 47 MiB measured, killed at 111 MiB)."""
     configs = "local,farmem,memliner"
@@ -144,7 +144,8 @@ def test_bench_seeds_driver(jvm_built, tmp_path):
     r = subprocess.run([os.path.join(REPO, ".venv", "bin", "python"), os.path.join(REPO, "bench", "bench_seeds.py"),
                         "--size", "smoke", "--workloads", "gcchurn", "--budgets", "25", "--repeats", "1",
                         "--configs", configs + ",again", "--variant", "again=farmem:",
-                        "--build", f"again={os.path.join(REPO, 'build')}", "--overhead", "128M",
+                        "--build", f"again={os.path.join(REPO, 'build')}", "--run-args", "again=--evict-threads 1",
+                        "--overhead", "128M",
                         "--out", str(out), "--json", str(raw)],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
@@ -155,7 +156,12 @@ def test_bench_seeds_driver(jvm_built, tmp_path):
     assert recs["local"]["ok"] and recs["farmem"]["ok"], recs
     # a variant with a build directory of its own (here this checkout's): FARMEM_BUILD reaches farmem run
     assert recs["again"]["ok"] and recs["again"]["remote_reads"] > 0, recs["again"]
-    assert f"| gcchurn | farmem, stock G1, build {os.path.join(REPO, 'build')} | 25% | 1/1 |" in text
+    assert f"| gcchurn | farmem, stock G1, build {os.path.join(REPO, 'build')}, farmem run --evict-threads 1 | 25% | 1/1 |" in text
+    # --run-args reach that variant's farmem run, and only its (session 76 looked them up by the base name)
+    argv = recs["again"]["argv"]
+    opts = argv[:argv.index("--")]
+    assert "--evict-threads" in opts and opts[opts.index("--evict-threads") + 1] == "1", argv
+    assert "--evict-threads" not in recs["farmem"]["argv"][:recs["farmem"]["argv"].index("--")]
     f = recs["farmem"]
     assert f["alloc_bytes"] > 0 and f["gc_faults"] > 0 and f["paged_bytes"] > 0 and f["remote_reads"] > 0, f
     # the farmem JDK is built by `make jdk`, not here: without it the row says why, and that is no failure

@@ -176,12 +176,11 @@ int fm_pager_start(const struct fm_pager_cfg *cfg, struct fm_pager **out, char *
 	/* Its channel slots are a cache line each (pager_internal.h): so is the pager. */
 	p = aligned_alloc(_Alignof(struct fm_pager), (sizeof(*p) + _Alignof(struct fm_pager) - 1) &
 						      ~(_Alignof(struct fm_pager) - 1));
-	if (p)
-		memset(p, 0, sizeof(*p));
 	if (!p) {
 		snprintf(err, errlen, "cannot start the pager: %s", strerror(ENOMEM));
 		return -ENOMEM;
 	}
+	memset(p, 0, sizeof(*p));
 	p->cfg = *cfg;
 	p->uffd = p->uffd_waits = p->uffd_waits_spare = p->pidfd = p->map_fd = p->stop_fd = p->helpers_fd = -1;
 	for (int k = 0; k < MAX_HANDLERS; k++)
