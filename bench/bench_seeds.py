@@ -42,7 +42,7 @@ Configurations rotate every repeat, so slow drift of the machine spreads over al
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
         [--configs local,kswap,farmem,memliner,fjdk] [--repeats 3] [--size bench|smoke] [--heap SIZE]
         [--overhead SIZE] [--args NAME=FLAGS] [--jvm JVMFLAGS] [--variant NAME=CONFIG[@JDK]:JVMFLAGS]
-        [--build NAME=DIR] [--run-args NAME=ARGS]
+        [--build NAME=DIR] [--run-args NAME=ARGS] [--env NAME=VAR=VALUE]
         [--out bench/RESULTS.md] [--json raw.json]
 
 --jvm gives every configuration more JVM flags (another collector: --jvm=-XX:+UseShenandoahGC
@@ -56,7 +56,9 @@ taken to the local@JDK row of the same home, e.g. --variant "l25=local@build/jdk
 variant NAME with the farmem libraries and memd of another build directory (FARMEM_BUILD), e.g. a
 worktree of the commit before: git worktree add /tmp/before HEAD~1 && make -C /tmp/before c, then
 --variant "before=fjdk:" --build before=/tmp/before/build. --run-args NAME=ARGS gives variant NAME's
-`farmem run` more options, e.g. --variant "ev=farmem:" --run-args "ev=--evict-threads 1".
+`farmem run` more options, e.g. --variant "ev=farmem:" --run-args "ev=--evict-threads 1"; --env
+NAME=VAR=VALUE sets an environment variable for its runs, e.g. a knob that has no `farmem run` flag
+(--variant "eb=farmem:" --env eb=FARMEM_EVICT_BATCH=32) or an experiment an env-gated build reads.
 
 Needs `make all seeds` (done here) and, for memliner and fjdk, `make jdk` (not done here: ~15 min the first
 time); kswap needs root and zram. --size smoke runs each workload at its smoke-test size.
@@ -71,6 +73,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import signal
 import statistics
@@ -138,6 +141,7 @@ PATCHED = ("memliner", "fjdk")  # the configurations that run the farmem JDK
 VARIANTS: dict[str, tuple[str, list[str], str | None]] = {}  # --variant: name -> (configuration, more JVM flags, JDK)
 BUILDS: dict[str, str] = {}  # --build: variant name -> FARMEM_BUILD
 RUN_ARGS: dict[str, list[str]] = {}  # --run-args: variant name -> more `farmem run` options
+ENVS: dict[str, dict[str, str]] = {}  # --env: variant name -> more environment for its runs
 FIGURES = ("gc_faults", "gc_zero_fills", "gc_conc_faults", "app_faults", "remote_reads", "remote_writes",
            "evictions", "remote_read_bytes", "remote_write_bytes", "cgroup_limit_bytes", "peak_resident_bytes",
            "compact_moves", "compact_bytes")
@@ -273,7 +277,10 @@ class Bench:
         jdk = VARIANTS[config][2] if config in VARIANTS and VARIANTS[config][2] else self.jdk
         if base_config(config) not in PATCHED:
             jdk = None
-        env = dict(os.environ, **({"FARMEM_JDK": jdk} if jdk else {}), **({"FARMEM_BUILD": BUILDS[config]} if config in BUILDS else {}))
+        env = dict(os.environ, **({"FARMEM_JDK": jdk} if jdk else {}), **({"FARMEM_BUILD": BUILDS[config]} if config in BUILDS else {}),
+                   **ENVS.get(config, {}))
+        if config in ENVS:
+            rec["env"] = ENVS[config]
         t0 = time.monotonic()
         # A session of its own: a run that times out is killed with its JVM, not just farmem run.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
@@ -521,6 +528,8 @@ def main() -> int:
                          "e.g. another worktree's build/")
     ap.add_argument("--run-args", action="append", default=[], metavar="NAME=ARGS",
                     help='more `farmem run` options for variant NAME, e.g. --run-args "ev=--evict-threads 1"')
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VAR=VALUE",
+                    help='an environment variable for variant NAME\'s runs, e.g. --env "eb=FARMEM_EVICT_BATCH=32"')
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
     ap.add_argument("--out", help="append the markdown section to this file (e.g. bench/RESULTS.md)")
     ap.add_argument("--json", dest="json_out", help="write every run's record here")
@@ -542,13 +551,19 @@ def main() -> int:
         if not name or not args.strip():
             ap.error(f"bad --run-args {r!r}: NAME=ARGS")
         RUN_ARGS[name] = shlex.split(args)
+    for e in a.env:
+        name, _, kv = e.partition("=")
+        var, eq, val = kv.partition("=")
+        if not name or not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
+            ap.error(f"bad --env {e!r}: NAME=VAR=VALUE")
+        ENVS.setdefault(name, {})[var] = val
     for v in a.variant:
         name, _, rest = v.partition("=")
         base, _, flags = rest.partition(":")
         base, _, jdk = base.partition("@")
         if (not name or name in LABEL or base not in LABEL or (base == "local" and (flags.strip() or not jdk))
-                or not (flags.strip() or jdk or name in BUILDS or name in RUN_ARGS)
-                or (name in RUN_ARGS and base in ("local", "kswap"))
+                or not (flags.strip() or jdk or name in BUILDS or name in RUN_ARGS or name in ENVS)
+                or ((name in RUN_ARGS or name in ENVS) and base in ("local", "kswap"))
                 or (jdk and not os.access(os.path.join(jdk, "bin", "java"), os.X_OK))):
             ap.error(f"bad --variant {v!r}: NAME=CONFIG[@JDK]:JVMFLAGS, a new name, CONFIG one of "
                      f"{','.join(LABEL)} (local only @JDK), JDK a Java home: a farmem JDK for memliner or "
@@ -556,11 +571,14 @@ def main() -> int:
         VARIANTS[name] = (base, shlex.split(flags), jdk or None)
         LABEL[name] = f"{LABEL[base]}" + (f", {flags.strip()}" if flags.strip() else "") + (f", JDK {jdk}" if jdk else "") + \
             (f", build {BUILDS[name]}" if name in BUILDS else "") + \
-            (f", farmem run {' '.join(RUN_ARGS[name])}" if name in RUN_ARGS else "")
+            (f", farmem run {' '.join(RUN_ARGS[name])}" if name in RUN_ARGS else "") + \
+            "".join(f", {k}={v}" for k, v in ENVS.get(name, {}).items())
     if [n for n in BUILDS if n not in VARIANTS]:
         ap.error(f"--build names no --variant: {','.join(n for n in BUILDS if n not in VARIANTS)}")
     if [n for n in RUN_ARGS if n not in VARIANTS]:
         ap.error(f"--run-args names no --variant: {','.join(n for n in RUN_ARGS if n not in VARIANTS)}")
+    if [n for n in ENVS if n not in VARIANTS]:
+        ap.error(f"--env names no --variant: {','.join(n for n in ENVS if n not in VARIANTS)}")
     a.budgets = [int(b) for b in a.budgets.split(",") if b]
     a.args = dict(x.split("=", 1) for x in a.args if "=" in x)
     bad = [w for w in a.workloads if w not in SIZES["bench"]] + [c for c in a.configs if c not in LABEL] + \

@@ -145,6 +145,7 @@ def test_bench_seeds_driver(jvm_built, tmp_path):
                         "--size", "smoke", "--workloads", "gcchurn", "--budgets", "25", "--repeats", "1",
                         "--configs", configs + ",again", "--variant", "again=farmem:",
                         "--build", f"again={os.path.join(REPO, 'build')}", "--run-args", "again=--evict-threads 1",
+                        "--env", "again=FARMEM_EVICT_BATCH=32",
                         "--overhead", "128M",
                         "--out", str(out), "--json", str(raw)],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -156,12 +157,15 @@ def test_bench_seeds_driver(jvm_built, tmp_path):
     assert recs["local"]["ok"] and recs["farmem"]["ok"], recs
     # a variant with a build directory of its own (here this checkout's): FARMEM_BUILD reaches farmem run
     assert recs["again"]["ok"] and recs["again"]["remote_reads"] > 0, recs["again"]
-    assert f"| gcchurn | farmem, stock G1, build {os.path.join(REPO, 'build')}, farmem run --evict-threads 1 | 25% | 1/1 |" in text
+    assert f"| gcchurn | farmem, stock G1, build {os.path.join(REPO, 'build')}, farmem run --evict-threads 1, " \
+           "FARMEM_EVICT_BATCH=32 | 25% | 1/1 |" in text
     # --run-args reach that variant's farmem run, and only its (session 76 looked them up by the base name)
     argv = recs["again"]["argv"]
     opts = argv[:argv.index("--")]
     assert "--evict-threads" in opts and opts[opts.index("--evict-threads") + 1] == "1", argv
     assert "--evict-threads" not in recs["farmem"]["argv"][:recs["farmem"]["argv"].index("--")]
+    # --env reaches that variant's runs too, and only its
+    assert recs["again"]["env"] == {"FARMEM_EVICT_BATCH": "32"} and "env" not in recs["farmem"], recs["again"]
     f = recs["farmem"]
     assert f["alloc_bytes"] > 0 and f["gc_faults"] > 0 and f["paged_bytes"] > 0 and f["remote_reads"] > 0, f
     # the farmem JDK is built by `make jdk`, not here: without it the row says why, and that is no failure
