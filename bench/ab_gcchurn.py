@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Quick A/B of farmem variants on GcChurn: all local and each variant in turn, repeat after repeat,
+then each one's median wall time and its ratio to all local's.
+
+    python3 bench/ab_gcchurn.py [--reps 5] [--local 50%] [--steps 300000] \
+        --variant 'base=' --variant 'eb32=FARMEM_EVICT_BATCH=32' --variant 'pf2=:--prefetch 2' \
+        --variant 'prev=FARMEM_BUILD=/tmp/prev/build'
+
+A variant is NAME=[VAR=VALUE[,VAR=VALUE...]][:FARMEM RUN OPTIONS]: environment for its runs (a knob
+without a `farmem run` flag, an env-gated experiment, another build's FARMEM_BUILD) and more `farmem
+run` options. Lighter than bench_seeds.py (no GC log, no fault columns, no table), for a first look;
+what goes into bench/RESULTS.md as a result is measured with bench_seeds.py, which takes the same
+variants (--variant, --env, --run-args, --build). Every run must print GcChurn's own "ok".
+"""
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_variant(spec: str):
+    name, eq, rest = spec.partition("=")
+    env_part, _, opts = rest.partition(":")
+    if not name or not eq or name == "local":
+        raise argparse.ArgumentTypeError(f"bad --variant {spec!r}: NAME=[VAR=VALUE,...][:OPTIONS]")
+    env = {}
+    for kv in filter(None, env_part.split(",")):
+        var, eq, val = kv.partition("=")
+        if not var or not eq:
+            raise argparse.ArgumentTypeError(f"bad --variant {spec!r}: {kv!r} is no VAR=VALUE")
+        env[var] = val
+    return name, env, shlex.split(opts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--local", default="50%", help="farmem run --local (default 50%%)")
+    ap.add_argument("--live-mb", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=300000)
+    ap.add_argument("--heap", default="1g", help="-Xmx and -Xms (default 1g)")
+    ap.add_argument("--variant", action="append", type=parse_variant, required=True,
+                    metavar="NAME=[VAR=VALUE,...][:OPTIONS]")
+    a = ap.parse_args()
+    java = ["java", f"-Xmx{a.heap}", f"-Xms{a.heap}", "-cp", "build/java", "GcChurn",
+            "--live-mb", str(a.live_mb), "--steps", str(a.steps)]
+    runs = {"local": (dict(os.environ), java)}
+    for name, env, opts in a.variant:
+        if name in runs:
+            ap.error(f"--variant {name} given twice")
+        runs[name] = (dict(os.environ, **env), ["./farmem", "run", "--local", a.local, *opts, "--", *java])
+    walls: dict = {name: [] for name in runs}
+    for _ in range(a.reps):
+        for name, (env, argv) in runs.items():
+            t0 = time.monotonic()
+            p = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            walls[name].append(time.monotonic() - t0)
+            if p.returncode or "gcchurn: ok" not in p.stdout:
+                print(f"{name} failed (status {p.returncode}):\n{p.stdout[-2000:]}", file=sys.stderr)
+                return 1
+    local = statistics.median(walls["local"])
+    for name, w in walls.items():
+        m = statistics.median(w)
+        print(f"{name:12s} median {m:.2f} s  {m / local:.3f}x all local  runs {' '.join(f'{x:.2f}' for x in w)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
