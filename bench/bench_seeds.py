@@ -277,8 +277,8 @@ class Bench:
         jdk = VARIANTS[config][2] if config in VARIANTS and VARIANTS[config][2] else self.jdk
         if base_config(config) not in PATCHED:
             jdk = None
-        env = dict(os.environ, **({"FARMEM_JDK": jdk} if jdk else {}), **({"FARMEM_BUILD": BUILDS[config]} if config in BUILDS else {}),
-                   **ENVS.get(config, {}))
+        env = dict(os.environ, **({"FARMEM_JDK": jdk} if jdk else {}), **({"FARMEM_BUILD": BUILDS[config]} if config in BUILDS else {}))
+        env.update(ENVS.get(config, {}))  # last: an --env of the same name wins
         if config in ENVS:
             rec["env"] = ENVS[config]
         t0 = time.monotonic()
