@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -82,19 +83,32 @@ static uint8_t wait_settle(struct fm_pager *p, struct fm_fault *f, uint8_t *b)
 
 /*
  * Room for one more resident page: at the limit the faulting thread evicts a
- * batch itself. Only when nothing can be evicted (memd unusable, or every
- * page busy or pinned) does the page come in over the budget.
+ * batch itself. A batch that finds nothing is tried again a few times: each
+ * look takes a pass of heat or a reference bit off the pages it meets, and
+ * other threads' batches in flight let their pages go, so a later look finds
+ * room. Taken at its first word, a GC worker's promotion at attach came in
+ * one page over the budget (test_attach_to_a_jvm_started_the_ordinary_way,
+ * one run in five). Only when nothing can be evicted after that (memd
+ * unusable or full, every page busy or pinned) does the page come in over
+ * the budget.
  */
+#define RESERVE_LOOKS 4
+
 static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 {
+	unsigned empty = 0;
+
 	while (!fm_budget_reserve(p, atomic_load(&p->limit))) {
 		unsigned n = atomic_load(&p->evict_broken)
 				     ? 0 : fm_evict_batch(p, fm_borrow(p, &f->fc), p->cfg.evict_batch);
 		STAT_ADD(p, direct_evictions, n);
-		if (!n) {
+		if (n)
+			continue;
+		if (atomic_load(&p->evict_broken) || ++empty == RESERVE_LOOKS) {
 			fm_resident_add(p, 1);
 			return;
 		}
+		sched_yield();
 	}
 }
 
