@@ -83,14 +83,15 @@ static uint8_t wait_settle(struct fm_pager *p, struct fm_fault *f, uint8_t *b)
 
 /*
  * Room for one more resident page: at the limit the faulting thread evicts a
- * batch itself. A batch that finds nothing is tried again a few times: each
- * look takes a pass of heat or a reference bit off the pages it meets, and
- * other threads' batches in flight let their pages go, so a later look finds
- * room. Taken at its first word, a GC worker's promotion at attach came in
- * one page over the budget (test_attach_to_a_jvm_started_the_ordinary_way,
- * one run in five). Only when nothing can be evicted after that (memd
- * unusable or full, every page busy or pinned) does the page come in over
- * the budget.
+ * batch itself. A batch that finds nothing is tried again a few times, with
+ * a yield between: what it met held by other threads' batches and moves is
+ * let go meanwhile. Taken at its first word, a GC worker's promotion at
+ * attach came in one page over the budget
+ * (test_attach_to_a_jvm_started_the_ordinary_way, 4 runs in 40; why that
+ * batch found nothing was not seen, and no run since has needed a second
+ * look: bench/RESULTS.md, session 77). Only when nothing can be evicted
+ * after that (memd unusable or full, every page busy or pinned) does the
+ * page come in over the budget.
  */
 #define RESERVE_LOOKS 4
 
