@@ -46,7 +46,6 @@ static struct fm_pager_ref ref = { no_pager, no_leave, not_expected };
  * the VM thread, one at a time.
  */
 static struct fm_pager *viewing;
-static atomic_int seen;
 
 EXPORT int farmem_heap_view(struct farmem_heap_view *v)
 {
@@ -54,7 +53,6 @@ EXPORT int farmem_heap_view(struct farmem_heap_view *v)
 	const struct fm_resmap_hdr *h = p ? fm_pager_map(p) : NULL;
 	const struct fm_resmap_region *r = h ? fm_resmap_heap(h) : NULL;
 
-	atomic_store_explicit(&seen, 1, memory_order_relaxed);
 	if (r) {
 		*v = (struct farmem_heap_view){ .base = r->base, .npages = r->npages,
 						.states = (const uint8_t *)h + r->map_offset,
@@ -103,11 +101,6 @@ EXPORT int farmem_write_words(void *addr, const void *data, size_t len)
 
 	ref.leave();
 	return rc;
-}
-
-int fm_gc_calls_seen(void)
-{
-	return atomic_load_explicit(&seen, memory_order_relaxed);
 }
 
 void fm_gc_calls_export(const struct fm_pager_ref *r)

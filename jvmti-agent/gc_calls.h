@@ -36,7 +36,5 @@
 
 /* Take the pager reference and make the functions visible to dlsym(RTLD_DEFAULT). */
 void fm_gc_calls_export(const struct fm_pager_ref *ref);
-/* 1 once the JVM has asked for the heap's view: the farmem JDK, whose collector places its own objects. */
-int fm_gc_calls_seen(void);
 
 #endif

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "fm_util.h"
-#include "gc_calls.h"
 #include "gcfree.h"
 #include "got.h"
 #include "pager.h"
@@ -432,10 +431,14 @@ void fm_gcmove_pause(int in_pause)
 	 * G1's only: Serial's young collections ran slower with it (GcChurn at
 	 * 25%, 22.5 -> 24.9 s: faults 1.53M -> 1.97M), Parallel's copied few
 	 * arrays this way and no faster (bench/RESULTS.md, session 70). Not the
-	 * farmem JDK's G1, which promotes arrays in memd itself: what it copies
+	 * farmem JDK's G1 when it promotes arrays in memd itself
+	 * (-XX:+UseFarmemInPlace with -XX:+FarmemPromoteInPlace): what it copies
 	 * it chose to, and taken here it ran slower (GcChurn at 50%, 6.2 -> 6.5 s).
+	 * Read from its flags, not from its calls: its full GCs call us with
+	 * promotion off too, and then nobody promoted in memd.
 	 */
-	copies_on = lh_off >= 0 && fm_gcfree_kind() == FM_GCFREE_G1 && !fm_gc_calls_seen();
+	copies_on = lh_off >= 0 && fm_gcfree_kind() == FM_GCFREE_G1 &&
+		    !(fm_vms_flag_bool("UseFarmemInPlace") && fm_vms_flag_bool("FarmemPromoteInPlace"));
 	promote_on = copies_on;
 	if (collections) {
 		full_at_start = collections[1];

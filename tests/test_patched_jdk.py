@@ -385,6 +385,30 @@ def test_gcchurn_gc_farmem_at_25pct_verified(farmem_jdk, farmem_cmd, build, jvm_
     assert s["wp_opened_ahead"] > 0, s
 
 
+def test_gc_farmem_without_promotion_in_place_leaves_promotion_to_the_agent(farmem_jdk, farmem_cmd, build, jvm_built,
+                                                                           tmp_path):
+    """-XX:-FarmemPromoteInPlace: the farmem JDK's young pauses promote nothing into memd, so the agent
+    does, as it does for a stock JDK (its full GCs still call the pager, which once turned the agent's
+    promotions off too, and then nobody promoted there). G1 verifies the heap around every pause and
+    GcChurn checks every word."""
+    import json
+    summary = tmp_path / "s.json"
+    r = run(farmem_cmd + ["run", "--gc", "farmem", "--local", "25%", "--summary-json", summary, "--", "java",
+                          *VERIFY, "-XX:-FarmemPromoteInPlace", "-Xlog:gc+farmem", *tight_churn(6)],
+            timeout=900, cwd=REPO)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert "gcchurn: ok" in r.stdout and "hs_err" not in out
+    compact = [tuple(int(x) for x in m.groups()) for m in COMPACT_LINE.finditer(r.stdout)]
+    promoted = [tuple(int(x) for x in m.groups()) for m in PROMOTE_LINE.finditer(r.stdout)]
+    assert compact, r.stdout[-4000:]
+    assert sum(p[0] for p in promoted) == 0, promoted  # the JDK promoted nothing itself
+    s = json.loads(summary.read_text())
+    full_gc_moves = sum(c[0] for c in compact)
+    # the moves past the full GCs' own are the young pauses' promotions, done by the agent
+    assert s["compact_moves"] > full_gc_moves + 100 and s["crc_errors"] == 0, (s, full_gc_moves)
+
+
 def test_gc_farmem_with_memd_in_another_memory_cgroup_verified(farmem_jdk, farmem_cmd, build, jvm_built, tmp_path,
                                                               memory_cgroups):
     """memd in a memory cgroup of its own, as a sidecar: the collector's moves open new pages of
