@@ -706,7 +706,11 @@ def test_attach_to_a_jvm_started_the_ordinary_way(farmem_cmd, build, jvm_built, 
         assert last["adopt_evictions"] > 0
     over = [(s["peak_resident_bytes"], s["resident_bytes"]) for s in samples
             if max(s["peak_resident_bytes"], s["resident_bytes"]) > limit]
-    assert not over, over
+    # A page over the budget came in where an eviction batch found nothing (session 77, 4 runs in 40, not
+    # seen in 55 since): what could have made it so goes with the failure.
+    why = ("memd_full", "evict_pinned", "pins_refused", "peak_pins", "transport_errors", "evict_batches",
+           "direct_evictions", "adopt_evictions", "compact_moves", "compact_declined")
+    assert not over, (over, {k: last.get(k) for k in why})
 
 
 @pytest.mark.parametrize("gc", ["-XX:+UseG1GC", "-XX:+UseParallelGC", "-XX:+UseShenandoahGC"])
