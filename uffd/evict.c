@@ -331,10 +331,9 @@ static uint64_t next_resident_word(const struct region *r, uint64_t i, uint64_t 
 /*
  * Choose up to want victims: garbage first, then by a clock hand. Pages
  * filled by GC threads and never touched by the program go at once; others
- * get a second chance if their REF bit is set. *held counts the pages the
- * hand met in a hold, or lost to one. Caller holds rlock for reading.
+ * get a second chance if their REF bit is set. Caller holds rlock for reading.
  */
-static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want, unsigned *held)
+static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want)
 {
 	unsigned n;
 	uint64_t scanned = 0, total = 1;
@@ -391,10 +390,8 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want, unsign
 		scanned++;
 		b = pg_load(&r->pg[i]);
 		s = fm_pg_state(b);
-		if (s != FM_PG_CLEAN && s != FM_PG_DIRTY) {
-			*held += (unsigned)pg_is_hold(s);
+		if (s != FM_PG_CLEAN && s != FM_PG_DIRTY)
 			continue;
-		}
 		h = r->heat && !is_garbage(b) && !(b & FM_PGF_GC) ? heat_get(r, i) : 0;
 		if (h >= HEAT_LEFT)
 			h = 0;
@@ -411,8 +408,6 @@ static unsigned pick(struct fm_pager *p, struct victim *v, unsigned want, unsign
 		}
 		if (take(r, i, b, &v[n]))
 			n++;
-		else
-			(*held)++;
 	}
 	pthread_mutex_unlock(&p->clock_lock);
 	return n;
@@ -884,16 +879,14 @@ static void capture_restore(struct fm_pager *p, struct victim *v, unsigned n)
 	}
 }
 
-unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want, unsigned *held_met)
+unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want)
 {
 	struct victim v[FM_EVICT_MAX];
 	struct fm_capture *cap;
 	struct fm_stage *stage;
-	unsigned n, nd, staged, dropped = 0, clean = 0, dirty = 0, garbage = 0, pinned = 0, met = 0;
+	unsigned n, nd, staged, dropped = 0, clean = 0, dirty = 0, garbage = 0, pinned = 0;
 	uint8_t now;
 
-	if (held_met)
-		*held_met = 0;
 	if (fm_now_ns() < atomic_load(&p->full_until_ns))
 		return 0;
 	if (want > FM_EVICT_MAX)
@@ -907,9 +900,7 @@ unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want,
 	if (!stage && atomic_load(&p->move_out))
 		return 0;
 	rlock_rd(p);
-	n = pick(p, v, want, &met);
-	if (!n && held_met)
-		*held_met = met;
+	n = pick(p, v, want);
 	sort_victims(v, n);
 	n = unpin_victims(p, v, n);
 	if (!n) {
@@ -1018,7 +1009,7 @@ uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted)
 	while (!atomic_load(&p->evict_broken) && (res = atomic_load(&p->resident)) > atomic_load(&p->limit)) {
 		uint64_t over = res - atomic_load(&p->limit);
 		unsigned n = fm_evict_batch(p, p->reg_chan, over < p->cfg.evict_batch ? (unsigned)over
-										: p->cfg.evict_batch, NULL);
+										: p->cfg.evict_batch);
 		if (!n)
 			break; /* memd full, or every page busy: the faults that follow evict as usual */
 		total += n;
@@ -1062,7 +1053,7 @@ void fm_budget_watch_look(struct fm_pager *p, struct fm_budget_watch *w, struct 
 {
 	if (!w->next_ns || fm_now_ns() < w->next_ns)
 		return;
-	while (over_budget(p) && fm_evict_batch(p, fm_borrow(p, b), p->cfg.evict_batch, NULL))
+	while (over_budget(p) && fm_evict_batch(p, fm_borrow(p, b), p->cfg.evict_batch))
 		;
 	fm_give_back(p, b);
 	if (!over_budget(p)) {
@@ -1093,7 +1084,7 @@ void *fm_evictor_main(void *arg)
 		       atomic_load(&p->resident) > atomic_load(&p->low) && !fm_budget_all_fits(p)) {
 			uint64_t over = atomic_load(&p->resident) - atomic_load(&p->low);
 			unsigned want = over < p->cfg.evict_batch ? (unsigned)over : p->cfg.evict_batch;
-			if (!fm_evict_batch(p, p->ev_chan, want, NULL)) {
+			if (!fm_evict_batch(p, p->ev_chan, want)) {
 				stuck = 1;
 				break;
 			}

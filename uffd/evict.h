@@ -17,13 +17,8 @@ struct region;
 /* The most pages one batch takes: its books live on the evicting thread's stack. */
 #define FM_EVICT_MAX 64
 
-/*
- * Evict up to want (<= FM_EVICT_MAX) pages now, over chan; returns pages
- * dropped. held_met, if not NULL: when nothing was found to take, how many pages
- * the clock met in another thread's hold (a batch, a fill, a move), which
- * are resident again or gone once let go; 0 otherwise.
- */
-unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want, unsigned *held_met);
+/* Evict up to want (<= FM_EVICT_MAX) pages now, over chan; returns pages dropped. */
+unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want);
 /*
  * Evict in the calling thread until resident pages are within the budget
  * (pages a registration adopted, or a fork brought home, may pass it).

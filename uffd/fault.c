@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -82,51 +83,36 @@ static uint8_t wait_settle(struct fm_pager *p, struct fm_fault *f, uint8_t *b)
 
 /*
  * Room for one more resident page: at the limit the faulting thread evicts a
- * batch itself. A batch that finds nothing because the pages the clock met
- * are held by other threads (their batches, fills, moves) waits for one of
- * them to let go (each hold's end wakes it: count-then-look, wait.c) and
- * looks again, up to RESERVE_WAITS waits of at most RESERVE_WAIT_MS; a wait
- * that runs out (the holds are long, or the thread's own) counts one. Taken
- * at its first word, a GC worker's promotion at attach came in one page over
- * the budget (test_attach_to_a_jvm_started_the_ordinary_way, 4 runs in 40 in
- * session 77; why that batch found nothing was not seen, and no batch has
- * found nothing in that test since: 77 runs, 30 of them beside a CPU hog).
- * Only when nothing can be evicted and nothing is held (memd unusable or
- * full, every page pinned), or the waits ran out, does the page come in over
- * the budget. tests/unit/test_pager_reserve.c holds every resident page at
- * the limit and faults.
+ * batch itself. A batch that finds nothing is tried again a few times, with
+ * a yield between: what it met held by other threads' batches and moves is
+ * let go meanwhile. Taken at its first word, a GC worker's promotion at
+ * attach came in one page over the budget
+ * (test_attach_to_a_jvm_started_the_ordinary_way, 4 runs in 40; why that
+ * batch found nothing was not seen, and no batch has found nothing in that
+ * test since: 22 runs in session 77, 55 in session 78, 30 of them beside a
+ * CPU hog, with a note written at each way out of fm_evict_batch that takes
+ * nothing: bench/RESULTS.md). Only when nothing can be evicted
+ * after that (memd unusable or full, every page busy or pinned) does the
+ * page come in over the budget.
  */
-#define RESERVE_WAITS 4
-#define RESERVE_WAIT_MS 10
+#define RESERVE_LOOKS 4
 
 static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 {
-	unsigned waits = 0, seen = 0;
-	int counted = 0;
+	unsigned empty = 0;
 
 	while (!fm_budget_reserve(p, atomic_load(&p->limit))) {
-		unsigned held = 0, n = atomic_load(&p->evict_broken)
-					       ? 0 : fm_evict_batch(p, fm_borrow(p, &f->fc), p->cfg.evict_batch, &held);
+		unsigned n = atomic_load(&p->evict_broken)
+				     ? 0 : fm_evict_batch(p, fm_borrow(p, &f->fc), p->cfg.evict_batch);
 		STAT_ADD(p, direct_evictions, n);
 		if (n)
 			continue;
-		if (!held || waits == RESERVE_WAITS) {
+		if (atomic_load(&p->evict_broken) || ++empty == RESERVE_LOOKS) {
 			fm_resident_add(p, 1);
-			break;
+			return;
 		}
-		if (counted) {
-			/* seen was read before the look that found nothing: a hold let go since wakes us at once. */
-			fm_futex_wait(&p->settle_seq, seen, RESERVE_WAIT_MS);
-			waits++;
-		} else {
-			/* Counted, the holders wake us; the next look is the one a wake can follow. */
-			atomic_fetch_add(&p->settle_waiters, 1);
-			counted = 1;
-		}
-		seen = atomic_load(&p->settle_seq);
+		sched_yield();
 	}
-	if (counted)
-		atomic_fetch_sub(&p->settle_waiters, 1);
 }
 
 /* Page i of r is held FILLING (was b) and has room: fill it from memd or with zeros. */

@@ -220,7 +220,7 @@ static int reserve(struct fm_pager *p, struct fm_borrowed *fc, unsigned claimed)
 	if (fm_budget_reserve(p, atomic_load(&p->limit)))
 		return 1;
 	if ((p->evictor_started && !fm_in_gc_pause(p)) || claimed || atomic_load(&p->evict_broken) ||
-	    !fm_evict_batch(p, fm_borrow(p, fc), p->cfg.evict_batch, NULL))
+	    !fm_evict_batch(p, fm_borrow(p, fc), p->cfg.evict_batch))
 		return 0;
 	return fm_budget_reserve(p, atomic_load(&p->limit));
 }
