@@ -704,13 +704,15 @@ def test_attach_to_a_jvm_started_the_ordinary_way(farmem_cmd, build, jvm_built, 
     assert last["adopt_peak_bytes"] > 0
     if last["adopt_peak_bytes"] > limit:
         assert last["adopt_evictions"] > 0
-    over = [(s["peak_resident_bytes"], s["resident_bytes"]) for s in samples
-            if max(s["peak_resident_bytes"], s["resident_bytes"]) > limit]
-    # A page over the budget came in where an eviction batch found nothing (session 77, 4 runs in 40, not
-    # seen in 55 since): what could have made it so goes with the failure.
-    why = ("memd_full", "evict_pinned", "pins_refused", "peak_pins", "transport_errors", "evict_batches",
-           "direct_evictions", "adopt_evictions", "compact_moves", "compact_declined")
-    assert not over, (over, {k: last.get(k) for k in why})
+    over = [k for k, s in enumerate(samples) if max(s["peak_resident_bytes"], s["resident_bytes"]) > limit]
+    # One page over the budget, now and then in a whole `make test` only (sessions 77 and 78; never in 77
+    # runs of this test alone): what could explain it goes with the failure, in full (a str message is
+    # not cut short), at the first sample over and at the end.
+    why = ("peak_resident_bytes", "resident_bytes", "adopt_peak_bytes", "adopt_evictions", "memd_full",
+           "evict_pinned", "pins_refused", "peak_pins", "transport_errors", "evict_batches", "direct_evictions",
+           "faults", "evictions", "compact_moves", "compact_declined", "gc_cycles")
+    assert not over, (f"over the budget of {limit} from sample {over[0]} of {len(samples)}: "
+                      f"{ {k: samples[over[0]].get(k) for k in why} }; at the end { {k: last.get(k) for k in why} }")
 
 
 @pytest.mark.parametrize("gc", ["-XX:+UseG1GC", "-XX:+UseParallelGC", "-XX:+UseShenandoahGC"])

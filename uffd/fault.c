@@ -89,9 +89,10 @@ static uint8_t wait_settle(struct fm_pager *p, struct fm_fault *f, uint8_t *b)
  * attach came in one page over the budget
  * (test_attach_to_a_jvm_started_the_ordinary_way, 4 runs in 40; why that
  * batch found nothing was not seen, and no batch has found nothing in that
- * test since: 22 runs in session 77, 55 in session 78, 30 of them beside a
- * CPU hog, with a note written at each way out of fm_evict_batch that takes
- * nothing: bench/RESULTS.md). Only when nothing can be evicted
+ * test run alone since: 22 runs in session 77, 55 in session 78, 30 of them
+ * beside a CPU hog, with a note written at each way out of fm_evict_batch
+ * that takes nothing; but a whole make test of session 78 failed it again,
+ * the page over from the first sample after the attach: bench/RESULTS.md). Only when nothing can be evicted
  * after that (memd unusable or full, every page busy or pinned) does the
  * page come in over the budget.
  */
