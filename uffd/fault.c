@@ -84,17 +84,12 @@ static uint8_t wait_settle(struct fm_pager *p, struct fm_fault *f, uint8_t *b)
 /*
  * Room for one more resident page: at the limit the faulting thread evicts a
  * batch itself. A batch that finds nothing is tried again a few times, with
- * a yield between: what it met held by other threads' batches and moves is
- * let go meanwhile. Taken at its first word, a GC worker's promotion at
- * attach came in one page over the budget
- * (test_attach_to_a_jvm_started_the_ordinary_way, 4 runs in 40; why that
- * batch found nothing was not seen, and no batch has found nothing in that
- * test run alone since: 22 runs in session 77, 55 in session 78, 30 of them
- * beside a CPU hog, with a note written at each way out of fm_evict_batch
- * that takes nothing; but a whole make test of session 78 failed it again,
- * the page over from the first sample after the attach: bench/RESULTS.md). Only when nothing can be evicted
- * after that (memd unusable or full, every page busy or pinned) does the
- * page come in over the budget.
+ * a yield between, for holds of a few microseconds (another thread's batch
+ * or move) to be let go; a longer hold outlasts it. Only when nothing can be
+ * evicted after that (memd unusable or full, every page busy or pinned) does
+ * the page come in over the budget. A GC worker's page at attach did, now
+ * and then, in a whole make test only; why its batch found nothing is not
+ * known (bench/RESULTS.md, sessions 77 and 78).
  */
 #define RESERVE_LOOKS 4
 
