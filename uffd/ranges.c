@@ -37,6 +37,8 @@ struct protect_batch {
 	uint64_t lo[PROTECT_RUNS], hi[PROTECT_RUNS]; /* the held runs, in order */
 	unsigned n;
 	unsigned gap_present; /* resident pages in the gap after the last run */
+	struct fm_dead *dead; /* remote copies of pages in it (kills): forgotten before the pages go */
+	int kills;
 };
 
 /*
@@ -62,6 +64,9 @@ static void protect_flush(struct fm_pager *p, struct region *r, struct protect_b
 
 	if (!pb->n)
 		return;
+	if (pb->kills)
+		fm_dead_flush(p, pb->dead);
+	pb->kills = 0;
 	fm_uffd_wp(r->uffd, r->base + (pb->lo[0] << PG_SHIFT), (size_t)(pb->hi[pb->n - 1] - pb->lo[0]) << PG_SHIFT,
 		   1);
 	for (unsigned k = 0; k < pb->n; k++) {
@@ -89,19 +94,55 @@ static void protect_add(struct fm_pager *p, struct region *r, struct protect_bat
 	pb->gap_present = 0;
 }
 
-/* Page i, not held, follows the batch's last run: bridged over, or the batch is protected now. */
-static void protect_gap(struct fm_pager *p, struct region *r, struct protect_batch *pb, uint64_t i)
+/*
+ * Page i, not in the batch, follows its last run: bridged over, or the batch
+ * is protected now. s: the state the page is in, or goes to once the hold
+ * on it while its remote copy dies ends (forget_batch).
+ */
+static void protect_gap(struct fm_pager *p, struct region *r, struct protect_batch *pb, uint64_t i, unsigned s)
 {
-	unsigned s;
-
 	if (!pb->n)
 		return;
-	s = fm_pg_state(pg_load(&r->pg[i]));
 	if (s == FM_PG_CLEAN)
 		pb->gap_present++;
 	if (r->alias || (s != FM_PG_UNTOUCHED && s != FM_PG_CLEAN) || i + 1 - pb->hi[pb->n - 1] > BRIDGE_PAGES ||
 	    pb->gap_present > BRIDGE_PRESENT)
 		protect_flush(p, r, pb);
+}
+
+/*
+ * Pages a discard holds while memd forgets their remote copies: let go
+ * earlier, one the evictor wrote to memd again before the forget arrived
+ * lost that new copy to it (REMOTE in the books, nothing in memd;
+ * tests/unit/test_pager_discard_forget.c).
+ */
+#define FORGET_HOLDS 256
+struct forget_batch {
+	uint64_t i[FORGET_HOLDS];
+	uint8_t held_in[FORGET_HOLDS], then[FORGET_HOLDS];
+	unsigned n;
+};
+
+static void forget_flush(struct fm_pager *p, struct region *r, struct forget_batch *fb, struct fm_dead *dead)
+{
+	if (!fb->n)
+		return;
+	fm_dead_flush(p, dead);
+	for (unsigned k = 0; k < fb->n; k++)
+		pg_release_from(&r->pg[fb->i[k]], fb->held_in[k], fb->then[k]);
+	fm_settled(p);
+	fb->n = 0;
+}
+
+/* Page i, held in state held_in, goes to `then` once its remote copy is forgotten. */
+static void forget_hold(struct fm_pager *p, struct region *r, struct forget_batch *fb, struct fm_dead *dead,
+			uint64_t i, unsigned held_in, uint8_t then)
+{
+	if (fb->n == FORGET_HOLDS)
+		forget_flush(p, r, fb, dead);
+	fb->i[fb->n] = i;
+	fb->held_in[fb->n] = (uint8_t)held_in;
+	fb->then[fb->n++] = then;
 }
 
 /*
@@ -123,21 +164,25 @@ static void protect_gap(struct fm_pager *p, struct region *r, struct protect_bat
  * program writes them again, their dead bytes went to memd and came back
  * (without that pass GcChurn at 25% wrote a tenth more pages to memd, and
  * took 10.97 s against 10.63).
- * Every remote copy dies, once its page is ours. A run of pages to protect
- * costs one call.
+ * Every remote copy dies, once its page is ours, and the page stays held
+ * until memd has forgotten that copy (forget_batch). A run of pages to
+ * protect costs one call.
  */
 static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint64_t first, uint64_t end,
 			   struct fm_dead *dead, int reused)
 {
 	int_fast64_t allow = !reused && fm_budget_pressed(p) ? atomic_load(&p->garbage_quota) : 0;
-	struct protect_batch pb = { .n = 0 };
+	struct protect_batch pb = { .n = 0, .dead = dead };
+	struct forget_batch fb = { .n = 0 };
 	long affected = 0;
 
 	for (uint64_t i = first; i < end; i++) {
 		int held = 0;
+		unsigned now = FM_PG_UNTOUCHED;
 		for (;;) {
-			uint8_t b = fm_settle(p, &r->pg[i]), nb;
+			uint8_t b = fm_settle(p, &r->pg[i]), nb, hold;
 			unsigned st = fm_pg_state(b);
+			now = st;
 			if (st == FM_PG_REMOTE)
 				nb = pg_make(FM_PG_UNTOUCHED, 0); /* the next touch is a zero-fill */
 			else if (st == FM_PG_CLEAN)
@@ -150,14 +195,21 @@ static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint6
 				break;
 			if (nb == b)
 				break; /* garbage already, or dirty with nothing remote */
-			if (!pg_cas(&r->pg[i], &b, nb))
+			/* A page whose copy dies is held till memd forgot it (or the protect batch is). */
+			hold = (b & FM_PGF_HAS_REMOTE) && fm_pg_state(nb) != FM_PG_UPDATING
+				       ? pg_make(st == FM_PG_REMOTE ? FM_PG_FILLING : FM_PG_UPDATING, b)
+				       : nb;
+			if (!pg_cas(&r->pg[i], &b, hold))
 				continue;
-			/* The page is ours now (or its copy dead to us): only now may the remote copy die. */
+			now = fm_pg_state(nb);
 			if (b & FM_PGF_HAS_REMOTE)
 				fm_dead_add(p, dead, r->space, i);
+			if (hold != nb)
+				forget_hold(p, r, &fb, dead, i, fm_pg_state(hold), nb);
 			if (fm_pg_state(nb) == FM_PG_UPDATING) {
 				held = 1;
 				allow--;
+				pb.kills |= !!(b & FM_PGF_HAS_REMOTE);
 			}
 			else if (nb & FM_PGF_GARBAGE)
 				STAT_ADD(p, garbage_marked, 1);
@@ -167,9 +219,10 @@ static long discard_region(struct fm_pager *p, struct region *r, int ridx, uint6
 		if (held)
 			protect_add(p, r, &pb, i);
 		else
-			protect_gap(p, r, &pb, i);
+			protect_gap(p, r, &pb, i, now);
 	}
 	protect_flush(p, r, &pb);
+	forget_flush(p, r, &fb, dead);
 	if (!reused)
 		fm_evict_hint(p, ridx, first, end - first);
 	return affected;

@@ -173,41 +173,51 @@ static void release_everything(struct fm_pager *p)
 			release_kept(p, p->regions[i].space, (struct fm_range){ 0, p->regions[i].npages });
 }
 
-/*
- * How much free space memd keeps for reuse: half of what is registered, at
- * least 16 MiB, counted exactly by the transport (a slot kept, written again
- * and kept again is one slot; memd never holds more for a region than its
- * size, kept or not). Past it the oldest ranges go back, down to half of
- * that; all of it once memd has refused a page. The list only orders what
- * goes first: a range that falls off its end while the store is under the
- * bound keeps its memory, reclaimed by a later discard of its pages or a
- * give-back.
- */
-static void keep(struct fm_pager *p, uint32_t space, const struct fm_range *rg, unsigned n)
+/* Count what went back since `before`, and what memd keeps now. */
+static void count_kept(struct fm_pager *p, uint64_t before)
 {
-	uint64_t bound = atomic_load(&p->registered) / 2, before = fm_xport_kept_pages(p->x), after;
-	int give_back = atomic_exchange(&p->kept_give_back, 0);
+	uint64_t after = fm_xport_kept_pages(p->x);
 
-	if (bound < 4096)
-		bound = 4096;
-	for (unsigned k = 0; k < n; k++) {
-		if (p->nkept == MAX_KEPT)
-			pop_oldest(p, give_back || fm_xport_kept_pages(p->x) > bound);
-		unsigned t = (p->kept_head + p->nkept++) % MAX_KEPT;
-		p->kept[t] = rg[k];
-		p->kept_space[t] = space;
-	}
-	if (give_back)
-		release_everything(p);
-	else if (fm_xport_kept_pages(p->x) > bound)
-		while (p->nkept && fm_xport_kept_pages(p->x) > bound / 2)
-			pop_oldest(p, 1);
-	after = fm_xport_kept_pages(p->x);
 	if (after < before)
 		STAT_ADD(p, discard_released, before - after);
 	p->st->discard_kept = after;
 }
 
+/*
+ * How much free space memd keeps for reuse: half of what is registered, at
+ * least 16 MiB, counted exactly by the transport (a slot kept, written again
+ * and kept again is one slot; memd never holds more for a region than its
+ * size, kept or not). Past it the oldest ranges go back, down to half of
+ * that; all of it once memd has refused a page (fm_dead_flush). The list
+ * only orders what goes first: a range that falls off its end while the
+ * store is under the bound keeps its memory, reclaimed by a later discard
+ * of its pages or a give-back.
+ */
+static void keep(struct fm_pager *p, uint32_t space, const struct fm_range *rg, unsigned n)
+{
+	uint64_t bound = atomic_load(&p->registered) / 2, before = fm_xport_kept_pages(p->x);
+
+	if (bound < 4096)
+		bound = 4096;
+	for (unsigned k = 0; k < n; k++) {
+		if (p->nkept == MAX_KEPT)
+			pop_oldest(p, fm_xport_kept_pages(p->x) > bound);
+		unsigned t = (p->kept_head + p->nkept++) % MAX_KEPT;
+		p->kept[t] = rg[k];
+		p->kept_space[t] = space;
+	}
+	if (fm_xport_kept_pages(p->x) > bound)
+		while (p->nkept && fm_xport_kept_pages(p->x) > bound / 2)
+			pop_oldest(p, 1);
+	count_kept(p, before);
+}
+
+/*
+ * Once memd has refused a page, the discard that flushes next gives its own
+ * pages' memory back with their copies, and the rest of this discard's
+ * too, and everything memd keeps besides (release_everything skips pages
+ * held, as the caller's still are).
+ */
 void fm_dead_flush(struct fm_pager *p, struct fm_dead *d)
 {
 	int kept = 0;
@@ -215,10 +225,18 @@ void fm_dead_flush(struct fm_pager *p, struct fm_dead *d)
 	if (!d->n)
 		return;
 	pthread_mutex_lock(&p->misc_lock);
-	if (!d->keep)
+	if (d->keep && atomic_exchange(&p->kept_give_back, 0)) {
+		uint64_t before = fm_xport_kept_pages(p->x);
+
+		d->keep = 0;
 		fm_chan_discard(p->misc_chan, d->space, d->rg, d->n);
-	else if (!fm_chan_forget(p->misc_chan, d->space, d->rg, d->n, &kept) && kept)
+		release_everything(p);
+		count_kept(p, before);
+	} else if (!d->keep) {
+		fm_chan_discard(p->misc_chan, d->space, d->rg, d->n);
+	} else if (!fm_chan_forget(p->misc_chan, d->space, d->rg, d->n, &kept) && kept) {
 		keep(p, d->space, d->rg, d->n);
+	}
 	pthread_mutex_unlock(&p->misc_lock);
 	d->n = 0;
 }
