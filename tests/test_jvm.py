@@ -710,7 +710,8 @@ def test_attach_to_a_jvm_started_the_ordinary_way(farmem_cmd, build, jvm_built, 
     # not cut short), at the first sample over and at the end.
     why = ("peak_resident_bytes", "resident_bytes", "adopt_peak_bytes", "adopt_evictions", "memd_full",
            "evict_pinned", "pins_refused", "peak_pins", "transport_errors", "evict_batches", "direct_evictions",
-           "faults", "evictions", "compact_moves", "compact_declined", "gc_cycles")
+           "faults", "evictions", "compact_moves", "compact_declined", "gc_cycles", "over_budget_fills",
+           "over_budget_adopted")
     assert not over, (f"over the budget of {limit} from sample {over[0]} of {len(samples)}: "
                       f"{ {k: samples[over[0]].get(k) for k in why} }; at the end { {k: last.get(k) for k in why} }")
 

@@ -180,6 +180,9 @@ def test_memd_full_keeps_pages_local(progs, memd, tmp_path, farmem_cmd):
     s = summary(out)
     assert s["memd_full"] > 0, s
     assert s["peak_resident_bytes"] > s["local_limit_bytes"], "refused pages stay resident, over the budget"
+    # And the summary says which way they came in: fills that found nothing to evict, none adopted.
+    over = s["peak_resident_bytes"] - s["local_limit_bytes"]
+    assert s["over_budget_fills"] * 4096 >= over and s["over_budget_adopted"] == 0, s
 
 
 @pytest.mark.parametrize("transport", ["shm", "stream"])

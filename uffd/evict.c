@@ -999,9 +999,18 @@ books:
 	return dropped;
 }
 
+/*
+ * A batch that found nothing is tried again a few times, with a yield
+ * between, as a fault at the limit does (fault.c, reserve_room): the clock
+ * may have met only pages in holds of a few microseconds, or the one victim
+ * of a batch of one pinned.
+ */
+#define TO_BUDGET_LOOKS 4
+
 uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted)
 {
 	uint64_t total = 0, res;
+	unsigned empty = 0;
 
 	if (atomic_load(&p->resident) <= atomic_load(&p->limit))
 		return 0;
@@ -1010,8 +1019,13 @@ uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted)
 		uint64_t over = res - atomic_load(&p->limit);
 		unsigned n = fm_evict_batch(p, p->reg_chan, over < p->cfg.evict_batch ? (unsigned)over
 										: p->cfg.evict_batch);
-		if (!n)
-			break; /* memd full, or every page busy: the faults that follow evict as usual */
+		if (!n) {
+			/* memd full, or every page busy: the faults that follow evict as usual */
+			if (++empty == TO_BUDGET_LOOKS)
+				break;
+			sched_yield();
+			continue;
+		}
 		total += n;
 		/* Batch by batch: a GC cycle's garbage quota leaves these out (pager.c). */
 		if (adopted)

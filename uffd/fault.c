@@ -104,6 +104,7 @@ static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 		if (n)
 			continue;
 		if (atomic_load(&p->evict_broken) || ++empty == RESERVE_LOOKS) {
+			STAT_ADD(p, over_budget_fills, 1);
 			fm_resident_add(p, 1);
 			return;
 		}

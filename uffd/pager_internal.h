@@ -51,9 +51,13 @@ FM_COUNTER_AT(servers_live, fourth);
 FM_COUNTER_AT(rereplicated, fifth);
 FM_COUNTER_AT(degraded_writes, sixth);
 _Static_assert(sizeof(struct fm_xport_counters) == 6 * sizeof(uint64_t), "six counters, no more");
-/* Tools mirror the layout (cli/src/farmem/resmap.py): a new counter takes a reserved2[] word. */
-_Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 64) * sizeof(uint64_t),
-	       "the counters after lat_hist are two 32-word blocks: take reserved2[] words, keep the size");
+/*
+ * Tools mirror the layout (cli/src/farmem/resmap.py): a new counter takes a
+ * reserved3[] word. A new block changes where more_regions lies: a new
+ * FM_RESMAP_VERSION.
+ */
+_Static_assert(sizeof(struct fm_pager_stats) == (24 + FM_LAT_BUCKETS + 64 + 8) * sizeof(uint64_t),
+	       "the counters after lat_hist are two 32-word blocks and one of 8: take reserved3[] words, keep the size");
 
 _Static_assert(FM_RESMAP_SLOTS <= FM_XPORT_MAX_SPACES, "a memd space for every region slot");
 

@@ -477,11 +477,17 @@ static int off_paged_stack(struct off_call *c)
  */
 static void settle_adopted(struct fm_pager *p, uint64_t present)
 {
+	uint64_t res, lim;
+
 	if (!present)
 		return;
 	fm_resident_adopt(p, present);
 	fm_evict_to_budget(p, 1);
 	fm_resident_settled(p);
+	res = atomic_load(&p->resident);
+	lim = atomic_load(&p->limit);
+	if (res > lim)
+		STAT_ADD(p, over_budget_adopted, res - lim);
 }
 
 void fm_pager_settle(struct fm_pager *p)

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #define FM_RESMAP_MAGIC        0x50414d52u /* "RMAP" */
-#define FM_RESMAP_VERSION      2
+#define FM_RESMAP_VERSION      3
 /*
  * Region slots: the first 64 in regions[], where readers that predate
  * more_regions[] look (the farmem JDK's collector among them), the rest in
@@ -296,6 +296,16 @@ struct fm_pager_stats {
 	 */
 	uint64_t loop_back_run;
 	uint64_t loop_back_random;
+	/*
+	 * Pages booked over the budget: a fill at the limit whose evictions
+	 * found nothing to take, a few times over (every page held or pinned,
+	 * memd full or lost: uffd/fault.c, reserve_room), and pages adopted at
+	 * a registration that its eviction could not bring under the budget
+	 * (uffd/region.c, settle_adopted).
+	 */
+	uint64_t over_budget_fills;
+	uint64_t over_budget_adopted;
+	uint64_t reserved3[6];
 };
 
 struct fm_resmap_hdr {

@@ -10,7 +10,7 @@ import mmap
 import os
 
 MAGIC = 0x50414D52  # "RMAP"
-VERSION = 2
+VERSION = 3
 MAX_REGIONS = 64           # slots in regions[], where readers of version 2 before the table grew look
 MORE_REGIONS = 448         # the rest, in more_regions[] after the counters
 SLOTS = MAX_REGIONS + MORE_REGIONS
@@ -119,6 +119,9 @@ SPIN_FIELDS = ("spin_crowded", "helped_faults")
 # Then pages chosen to leave because a thread's run going round more than the budget had passed them
 # (loop_evict, uffd/evict.c).
 LOOP_FIELDS = ("loop_evictions", "loop_back_run", "loop_back_random")
+# Then pages booked over the budget: fills whose evictions found nothing to take, and pages adopted at a
+# registration that its eviction could not bring under the budget (with room for more after them).
+OVER_FIELDS = ("over_budget_fills", "over_budget_adopted")
 
 
 class PagerStats(ctypes.Structure):
@@ -131,6 +134,8 @@ class PagerStats(ctypes.Structure):
         ("reserved2", u64 * (32 - len(JVM_FIELDS) - len(BUDGET_FIELDS) - len(REFUSED_FIELDS) - len(REFAULT_FIELDS)
                              - len(REGISTERED_FIELDS) - len(MOVE_FIELDS) - len(PIN_FIELDS) - len(LEND_FIELDS)
                              - len(SPIN_FIELDS) - len(LOOP_FIELDS))),
+    ] + [(name, u64) for name in OVER_FIELDS] + [
+        ("reserved3", u64 * (8 - len(OVER_FIELDS))),
     ]
 
 
@@ -200,6 +205,7 @@ def layout() -> dict:
         "offsetof_loop_evictions": PagerStats.loop_evictions.offset,
         "offsetof_loop_back_run": PagerStats.loop_back_run.offset,
         "offsetof_loop_back_random": PagerStats.loop_back_random.offset,
+        "offsetof_over_budget_adopted": PagerStats.over_budget_adopted.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
@@ -289,7 +295,7 @@ SUMMED = (
     "memd_rereplicated", "memd_degraded_writes",
 ) + SWAPVA_FIELDS + SHMEM_FIELDS + SPLIT_FIELDS + SWAPVA_COPY_FIELDS + GC_FIELDS + FAULT_PATH_FIELDS[1:] \
     + GARBAGE_FIELDS + ("adopt_evictions",) + FORK_FIELDS + EVICT_FIELDS + JVM_FIELDS + REFUSED_FIELDS + REFAULT_FIELDS \
-    + MOVE_FIELDS + ("pins_refused",) + LEND_FIELDS + SPIN_FIELDS + LOOP_FIELDS
+    + MOVE_FIELDS + ("pins_refused",) + LEND_FIELDS + SPIN_FIELDS + LOOP_FIELDS + OVER_FIELDS
 FAULT_MODES = {1: "signal", 2: "thread"}
 # Page gauges, reported in bytes. Summed over processes; a process that exec'd has a map for each of
 # its images: the last one's gauges are the process's, and a peak is the highest of them.
