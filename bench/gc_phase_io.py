@@ -163,7 +163,7 @@ def main() -> int:
     cmd = jvmcmd.command(ap, a)
     if a.interval <= 0:
         ap.error("--interval must be > 0")
-    known = {f[0] for f in resmap.PagerStats._fields_ if f[0] not in ("lat_hist", "reserved", "reserved2")}
+    known = {f[0] for f in resmap.PagerStats._fields_ if f[0] not in ("lat_hist", "reserved", "reserved2", "reserved3")}
     bad = [c for c in a.counter if c not in known]
     if bad:
         ap.error(f"no such counter in the residency map: {', '.join(bad)}")
