@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -999,14 +1000,6 @@ books:
 	return dropped;
 }
 
-/*
- * A batch that found nothing is tried again a few times, with a yield
- * between, as a fault at the limit does (fault.c, reserve_room): the clock
- * may have met only pages in holds of a few microseconds, or the one victim
- * of a batch of one pinned.
- */
-#define TO_BUDGET_LOOKS 4
-
 uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted)
 {
 	uint64_t total = 0, res;
@@ -1021,7 +1014,7 @@ uint64_t fm_evict_to_budget(struct fm_pager *p, int adopted)
 										: p->cfg.evict_batch);
 		if (!n) {
 			/* memd full, or every page busy: the faults that follow evict as usual */
-			if (++empty == TO_BUDGET_LOOKS)
+			if (++empty == FM_EVICT_LOOKS)
 				break;
 			sched_yield();
 			continue;

@@ -17,6 +17,15 @@ struct region;
 /* The most pages one batch takes: its books live on the evicting thread's stack. */
 #define FM_EVICT_MAX 64
 
+/*
+ * A batch that found nothing is looked at again this many times, with a
+ * yield between, before its caller gives up and lets a page come in (or
+ * stay) over the budget: the clock may have met only pages in holds of a
+ * few microseconds (other threads' batches and moves), or a batch of one
+ * its one victim pinned.
+ */
+#define FM_EVICT_LOOKS 4
+
 /* Evict up to want (<= FM_EVICT_MAX) pages now, over chan; returns pages dropped. */
 unsigned fm_evict_batch(struct fm_pager *p, struct fm_chan *chan, unsigned want);
 /*

@@ -83,16 +83,11 @@ static uint8_t wait_settle(struct fm_pager *p, struct fm_fault *f, uint8_t *b)
 
 /*
  * Room for one more resident page: at the limit the faulting thread evicts a
- * batch itself. A batch that finds nothing is tried again a few times, with
- * a yield between, for holds of a few microseconds (another thread's batch
- * or move) to be let go; a longer hold outlasts it. Only when nothing can be
- * evicted after that (memd unusable or full, every page busy or pinned) does
- * the page come in over the budget. A GC worker's page at attach did, now
- * and then, in a whole make test only; why its batch found nothing is not
- * known (bench/RESULTS.md, sessions 77 and 78).
+ * batch itself, looking again FM_EVICT_LOOKS times if it finds nothing. Only
+ * then (memd unusable or full, every page busy or pinned) does the page come
+ * in over the budget (over_budget_fills). A GC worker's page at attach did,
+ * now and then, in a whole make test only (bench/RESULTS.md, sessions 77-79).
  */
-#define RESERVE_LOOKS 4
-
 static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 {
 	unsigned empty = 0;
@@ -103,7 +98,7 @@ static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 		STAT_ADD(p, direct_evictions, n);
 		if (n)
 			continue;
-		if (atomic_load(&p->evict_broken) || ++empty == RESERVE_LOOKS) {
+		if (atomic_load(&p->evict_broken) || ++empty == FM_EVICT_LOOKS) {
 			STAT_ADD(p, over_budget_fills, 1);
 			fm_resident_add(p, 1);
 			return;

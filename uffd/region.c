@@ -475,13 +475,10 @@ static int off_paged_stack(struct off_call *c)
  * heap at attach: most of it, for as long as the program touches only
  * resident pages).
  */
-static void settle_adopted(struct fm_pager *p, uint64_t present)
+static void settle(struct fm_pager *p)
 {
 	uint64_t res, lim;
 
-	if (!present)
-		return;
-	fm_resident_adopt(p, present);
 	fm_evict_to_budget(p, 1);
 	fm_resident_settled(p);
 	res = atomic_load(&p->resident);
@@ -490,14 +487,21 @@ static void settle_adopted(struct fm_pager *p, uint64_t present)
 		STAT_ADD(p, over_budget_adopted, res - lim);
 }
 
+static void settle_adopted(struct fm_pager *p, uint64_t present)
+{
+	if (!present)
+		return;
+	fm_resident_adopt(p, present);
+	settle(p);
+}
+
 void fm_pager_settle(struct fm_pager *p)
 {
 	struct off_call c = { .op = OFF_SETTLE, .p = p };
 
 	if (off_paged_stack(&c))
 		return;
-	fm_evict_to_budget(p, 1);
-	fm_resident_settled(p);
+	settle(p);
 }
 
 /*

@@ -300,8 +300,8 @@ struct fm_pager_stats {
 	 * Pages booked over the budget: a fill at the limit whose evictions
 	 * found nothing to take, a few times over (every page held or pinned,
 	 * memd full or lost: uffd/fault.c, reserve_room), and pages adopted at
-	 * a registration that its eviction could not bring under the budget
-	 * (uffd/region.c, settle_adopted).
+	 * a registration (or settled later, fm_pager_settle) that its eviction
+	 * could not bring under the budget (uffd/region.c, settle).
 	 */
 	uint64_t over_budget_fills;
 	uint64_t over_budget_adopted;

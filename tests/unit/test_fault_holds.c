@@ -48,11 +48,6 @@ static void *read_page(void *arg)
 	return NULL;
 }
 
-static uint8_t *state_byte(struct fm_resmap_hdr *h, uint64_t i)
-{
-	return (uint8_t *)h + h->regions[0].map_offset + i;
-}
-
 /*
  * Hold page i FILLING, fault it from another thread, let the hold go as it
  * was, with nothing installed: the reader must finish and read ver's bytes.
@@ -61,7 +56,7 @@ static void held_then_let_go(struct fm_pager *p, struct fm_resmap_hdr *h, const 
 			     uint32_t ver, const char *what)
 {
 	struct reader rd = { .a = a, .page = i, .ver = ver };
-	uint8_t *b = state_byte(h, i), was = __atomic_load_n(b, __ATOMIC_ACQUIRE), held;
+	uint8_t *b = unit_state_byte(h, i), was = __atomic_load_n(b, __ATOMIC_ACQUIRE), held;
 	struct timespec until;
 	pthread_t th;
 
@@ -108,17 +103,17 @@ static void exercise(const char *sock, const char *fault)
 
 	/* A page never touched, held and let go untouched (a stale write-protect fault's hold). */
 	snprintf(what, sizeof(what), "fault=%s, untouched", fault);
-	CHECK(fm_pg_state(__atomic_load_n(state_byte(h, 3000), __ATOMIC_ACQUIRE)) == FM_PG_UNTOUCHED);
+	CHECK(fm_pg_state(__atomic_load_n(unit_state_byte(h, 3000), __ATOMIC_ACQUIRE)) == FM_PG_UNTOUCHED);
 	held_then_let_go(p, h, a, 3000, 0, what);
 
 	/* A page only memd holds, held and let go remote (a compaction's hold on a remote page). */
 	write_page(a, 10, 7);
-	for (uint64_t i = 100; i < NPAGES && fm_pg_state(__atomic_load_n(state_byte(h, 10), __ATOMIC_ACQUIRE)) !=
+	for (uint64_t i = 100; i < NPAGES && fm_pg_state(__atomic_load_n(unit_state_byte(h, 10), __ATOMIC_ACQUIRE)) !=
 						     FM_PG_REMOTE; i++)
 		sink += a[i * PG];
 	(void)sink;
 	snprintf(what, sizeof(what), "fault=%s, remote", fault);
-	CHECK(fm_pg_state(__atomic_load_n(state_byte(h, 10), __ATOMIC_ACQUIRE)) == FM_PG_REMOTE);
+	CHECK(fm_pg_state(__atomic_load_n(unit_state_byte(h, 10), __ATOMIC_ACQUIRE)) == FM_PG_REMOTE);
 	held_then_let_go(p, h, a, 10, 7, what);
 
 	CHECK(h->stats.crc_errors == 0 && h->stats.transport_errors == 0);

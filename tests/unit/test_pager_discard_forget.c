@@ -46,15 +46,10 @@ static void *discard_two(void *arg)
 	return NULL;
 }
 
-static uint8_t *state_byte(struct fm_resmap_hdr *h, uint64_t i)
-{
-	return (uint8_t *)h + h->regions[0].map_offset + i;
-}
-
 /* Settled: a handler thread lets the page go only after the faulting thread is woken. */
 static int dirty_with_copy(struct fm_pager *p, struct fm_resmap_hdr *h)
 {
-	uint8_t b = fm_settle(p, state_byte(h, DIRTY_PAGE));
+	uint8_t b = fm_settle(p, unit_state_byte(h, DIRTY_PAGE));
 
 	return fm_pg_state(b) == FM_PG_DIRTY && (b & FM_PGF_HAS_REMOTE);
 }
@@ -94,7 +89,7 @@ static void exercise(const char *sock, const char *fault)
 		write_page(a, DIRTY_PAGE, 7);
 		churn(a, 100, 1);
 		usleep(50 * 1000);
-		if (fm_pg_state(fm_settle(p, state_byte(h, DIRTY_PAGE))) != FM_PG_REMOTE)
+		if (fm_pg_state(fm_settle(p, unit_state_byte(h, DIRTY_PAGE))) != FM_PG_REMOTE)
 			continue;
 		sink = a[DIRTY_PAGE * PG];
 		(void)sink;
@@ -105,7 +100,7 @@ static void exercise(const char *sock, const char *fault)
 	CHECK(dirty_with_copy(p, h));
 
 	/* The discard of pages 10 and 11 stops at 11, which the test holds. */
-	b = state_byte(h, DIRTY_PAGE + 1);
+	b = unit_state_byte(h, DIRTY_PAGE + 1);
 	was = fm_settle(p, b);
 	held = pg_make(FM_PG_UPDATING, was);
 	if (fm_pg_state(was) == FM_PG_REMOTE || fm_pg_state(was) == FM_PG_UNTOUCHED)

@@ -68,6 +68,12 @@ static inline struct fm_pager *unit_pager_at(const char *sock, const char *fault
 	return unit_pager(what, addr, local, more);
 }
 
+/* The state byte of page i of the first region in the residency map h. */
+static inline uint8_t *unit_state_byte(struct fm_resmap_hdr *h, uint64_t i)
+{
+	return (uint8_t *)h + h->regions[0].map_offset + i;
+}
+
 /* len bytes of fresh anonymous memory, registered with p (flags: FM_REG_*); NULL, counted, if not. */
 static inline uint8_t *unit_region(struct fm_pager *p, size_t len, uint32_t flags)
 {
