@@ -39,6 +39,7 @@
 #include "resmap.h"
 #include "gc_calls.h"
 #include "gcmove.h"
+#include "klass.h"
 #include "swapva_move.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -207,6 +208,8 @@ static int start_pager(struct fm_pager **out, char *err, size_t errlen)
 	fm_log_level = opts.cfg.log_level;
 	opts.cfg.is_gc_thread = fm_agent_is_gc_thread;
 	opts.cfg.full_gc_in_memd = fm_gcmove_full_gc;
+	if (opts.object_reads)
+		opts.cfg.object_end = fm_klass_array_end;
 	if (!opts.cfg.memd[0]) {
 		snprintf(err, errlen, "no memd address: give memd=ADDR (or set FARMEM_MEMD)");
 		return -EINVAL;
@@ -231,6 +234,8 @@ static void JNICALL on_gc_start(jvmtiEnv *env)
 	atomic_fetch_add(&gc_users, 1);
 	if ((p = atomic_load(&live))) {
 		fm_pager_gc_event(p, 1);
+		if (opts.object_reads)
+			fm_klass_setup(); /* the first pause's: the JVM is up, and this thread alone reads the layout */
 		fm_gcmove_pause(1);
 		if (atomic_load_explicit(&discard_on, memory_order_relaxed))
 			fm_gcfree_pause_begins();

@@ -14,6 +14,7 @@
 #include "fm_util.h"
 #include "gcfree.h"
 #include "got.h"
+#include "klass.h"
 #include "pager.h"
 #include "resmap.h"
 #include "vmstructs.h"
@@ -46,7 +47,7 @@ static const volatile uint32_t *collections;
 static uint32_t full_at_start;
 static int counts_unreadable;
 static atomic_int refused; /* the pager cannot move in memd (its transport): memmove from now on */
-static int copies_on;  /* primitive arrays' copies too: their klasses can be read (find_klass_layout) */
+static int copies_on;  /* primitive arrays' copies too: their klasses can be read (klass.h) */
 static int promote_on; /* and those to pages memd holds go there: under pressure, not held */
 static uint64_t evict_batches_seen; /* the pager's eviction batches at the last pause's start */
 
@@ -211,98 +212,6 @@ static void *hook_memmove(void *dst, const void *src, size_t n)
  */
 #define PROMOTE_MIN_PAGES 1u /* whole destination pages, not resident, for a copy to go to memd */
 
-static int64_t klass_off = -1, lh_off = -1;
-static const uintptr_t *narrow_klass_base;
-static const int32_t *narrow_klass_shift;
-static int compressed_klass;
-static uint32_t lh_type_array; /* a layout helper at or above it is a primitive array's */
-static int klass_unreadable;
-static pid_t self;
-
-/* Klass pointers seen, with bit 0 set for a primitive array's: few kinds of objects are copied this large. */
-#define KLASS_CACHE 32u
-static _Atomic uintptr_t klass_cache[KLASS_CACHE];
-static atomic_uint klass_cache_next;
-
-static void find_klass_layout(void)
-{
-	int32_t type_value, shift;
-	uintptr_t base_addr, shift_addr;
-	int compact_headers;
-
-	if (lh_off >= 0 || klass_unreadable)
-		return;
-	compressed_klass = fm_vms_flag_bool("UseCompressedClassPointers");
-	compact_headers = fm_vms_flag_bool("UseCompactObjectHeaders");
-	/*
-	 * JDK 25's compact headers keep the klass in the mark word, not where
-	 * _metadata says. Its compressed klass base and shift are _base and
-	 * _shift; JDK 17's and 21's _narrow_klass._base and _narrow_klass._shift.
-	 */
-	if (compact_headers ||
-	    fm_vms_field("oopDesc", compressed_klass ? "_metadata._compressed_klass" : "_metadata._klass", &klass_off,
-			 NULL) ||
-	    (compressed_klass &&
-	     ((fm_vms_field("CompressedKlassPointers", "_narrow_klass._base", NULL, &base_addr) &&
-	       fm_vms_field("CompressedKlassPointers", "_base", NULL, &base_addr)) ||
-	      (fm_vms_field("CompressedKlassPointers", "_narrow_klass._shift", NULL, &shift_addr) &&
-	       fm_vms_field("CompressedKlassPointers", "_shift", NULL, &shift_addr)))) ||
-	    fm_vms_int_constant("Klass::_lh_array_tag_type_value", &type_value) ||
-	    fm_vms_int_constant("Klass::_lh_array_tag_shift", &shift) || shift <= 0 || shift >= 32 ||
-	    fm_vms_field("Klass", "_layout_helper", &lh_off, NULL)) {
-		klass_unreadable = 1;
-		lh_off = -1;
-		fm_info("gc_moves: %s: arrays are promoted through local memory",
-			compact_headers ? "compact object headers keep an object's class in its mark word"
-					: "this JVM does not describe its classes' layout");
-		return;
-	}
-	if (compressed_klass) {
-		narrow_klass_base = (const uintptr_t *)base_addr;
-		narrow_klass_shift = (const int32_t *)shift_addr;
-	}
-	lh_type_array = (uint32_t)type_value << shift;
-	self = getpid();
-}
-
-/*
- * Is the object at src a primitive array? Its klass pointer is read from its
- * header, which the collector has just read itself; the klass's layout
- * helper through process_vm_readv, which fails on an address that is not
- * mapped instead of faulting: a copy that is not of a whole object (none is
- * known) reads a word that is no klass. Either way the answer only picks the
- * way the bytes are copied, and both copy them the same.
- */
-static int type_array_at(uintptr_t src)
-{
-	uintptr_t k;
-	int32_t lh;
-	struct iovec local = { &lh, sizeof(lh) }, remote;
-
-	if (compressed_klass) {
-		int32_t shift = *narrow_klass_shift;
-		uint32_t nk = *(const uint32_t *)(src + (uintptr_t)klass_off);
-		if (!nk || shift < 0 || shift > 8)
-			return 0;
-		k = *narrow_klass_base + ((uintptr_t)nk << shift);
-	} else {
-		k = *(const uintptr_t *)(src + (uintptr_t)klass_off);
-	}
-	if (!k || (k & 7))
-		return 0;
-	for (unsigned i = 0; i < KLASS_CACHE; i++) {
-		uintptr_t c = atomic_load_explicit(&klass_cache[i], memory_order_relaxed);
-		if ((c & ~(uintptr_t)1) == k)
-			return (int)(c & 1);
-	}
-	remote = (struct iovec){ (void *)(k + (uintptr_t)lh_off), sizeof(lh) };
-	if (syscall(SYS_process_vm_readv, self, &local, 1UL, &remote, 1UL, 0UL) != (long)sizeof(lh))
-		return 0;
-	atomic_store_explicit(&klass_cache[atomic_fetch_add(&klass_cache_next, 1) % KLASS_CACHE],
-			      k | ((uint32_t)lh >= lh_type_array), memory_order_relaxed);
-	return (uint32_t)lh >= lh_type_array;
-}
-
 /*
  * A promotion's first page that the move left in memd (a page that was
  * resident, zeros filled ahead of the collector's copies, was written here).
@@ -347,7 +256,7 @@ static void *hook_memcpy(void *dst, const void *src, size_t n)
 	 */
 	if (all_resident(first, end - first) ? all_resident(s + (first - d), end - first) : !promote_on)
 		return real_memcpy(dst, src, n);
-	if (!type_array_at(s) || fm_gcfree_in_young(d) != 0)
+	if (!fm_klass_type_array_at(s) || fm_gcfree_in_young(d) != 0)
 		return real_memcpy(dst, src, n);
 	{
 		struct fm_byte_move m = { .src = s + (first - d), .dst = first, .len = end - first };
@@ -426,7 +335,6 @@ void fm_gcmove_pause(int in_pause)
 	if (!in_pause || !atomic_load(&enabled) || atomic_load(&refused))
 		return;
 	find_collections();
-	find_klass_layout();
 	/*
 	 * G1's only: Serial's young collections ran slower with it (GcChurn at
 	 * 25%, 22.5 -> 24.9 s: faults 1.53M -> 1.97M), Parallel's copied few
@@ -437,7 +345,7 @@ void fm_gcmove_pause(int in_pause)
 	 * Read from its flags, not from its calls: its full GCs call us with
 	 * promotion off too, and then nobody promoted in memd.
 	 */
-	copies_on = lh_off >= 0 && fm_gcfree_kind() == FM_GCFREE_G1 &&
+	copies_on = fm_klass_setup() && fm_gcfree_kind() == FM_GCFREE_G1 &&
 		    !(fm_vms_flag_bool("UseFarmemInPlace") && fm_vms_flag_bool("FarmemPromoteInPlace"));
 	promote_on = copies_on;
 	if (collections) {

@@ -40,6 +40,9 @@ static int is_gc(struct fm_pager *p, pid_t tid)
 	return p->cfg.is_gc_thread && tid > 0 ? p->cfg.is_gc_thread(tid) : 0;
 }
 
+/* An access this near a page's start walked in from the page before (a loop over an array). */
+#define OBJECT_WALKED_IN 64u
+
 static void count_fault(struct fm_pager *p, int gc)
 {
 	STAT_ADD(p, faults, 1);
@@ -107,6 +110,34 @@ static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 	}
 }
 
+/*
+ * A program thread's fault on remote page i, which is filled and still
+ * held: the end of the array it touched, if the agent finds the array's
+ * header on this page before the address touched, or on the page before
+ * when the thread walked into this one from there (an access at this
+ * page's start). That page is held meanwhile, so that the agent reads
+ * only pages nobody can take away. 0: no array found, or not a heap.
+ */
+static uintptr_t object_end(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i)
+{
+	uintptr_t page = r->base + (i << PG_SHIFT), end;
+	uint8_t b, held;
+	unsigned s;
+
+	if (!p->cfg.object_end || !p->cfg.prefetch ||
+	    !(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP))
+		return 0;
+	if (i == 0 || f->addr - page >= OBJECT_WALKED_IN)
+		return p->cfg.object_end(f->addr, page);
+	b = pg_load(&r->pg[i - 1]);
+	s = fm_pg_state(b);
+	if ((s != FM_PG_CLEAN && s != FM_PG_DIRTY) || !pg_cas(&r->pg[i - 1], &b, held = pg_make(FM_PG_UPDATING, b)))
+		return p->cfg.object_end(f->addr, page);
+	end = p->cfg.object_end(f->addr, page - PG_SIZE);
+	fm_release(p, &r->pg[i - 1], held, b);
+	return end;
+}
+
 /* Page i of r is held FILLING (was b) and has room: fill it from memd or with zeros. */
 static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int ridx, uint64_t i, uint8_t b)
 {
@@ -115,6 +146,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	int remote = fm_pg_state(b) == FM_PG_REMOTE, gc = is_gc(p, f->fc.tid), wr, cold;
 	unsigned back;
 	uint64_t t_xport = 0, t_copy, skipped;
+	uintptr_t end;
 	const void *src;
 
 	if (remote) {
@@ -170,6 +202,8 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	fl = (uint8_t)((b & FM_PGF_HAS_REMOTE) | (cold ? FM_PGF_GC : FM_PGF_REF) |
 		       (wr && !f->write && remote ? FM_PGF_REWRITE : 0));
 	back = fm_heat_filled(p, r, i, b);
+	/* Asked while the page is held: nobody can take it from under the agent's reads. */
+	end = remote && !gc ? object_end(p, f, r, i) : 0;
 	if (remote && !gc) {
 		atomic_fetch_add_explicit(&p->app_remote_faults, 1, memory_order_relaxed);
 		if (back & FM_BACK_BUDGET)
@@ -179,6 +213,10 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	count_fault(p, gc);
 	if (r->kernel_waits && p->in_thread)
 		STAT_ADD(p, heap_faults, 1);
+	if (end > addr + PG_SIZE && end <= r->base + (r->npages << PG_SHIFT)) {
+		fm_prefetch_object(p, &f->fc, r, i, (end - 1 - r->base) >> PG_SHIFT, !f->in_thread);
+		return;
+	}
 	if (p->cfg.prefetch)
 		fm_prefetch(p, &f->fc, ridx, r, i, f->write, !remote, gc, back, !f->in_thread);
 }

@@ -100,6 +100,8 @@ X(heap_sizing, FM_KT_BOOL, AGENT(heap_sizing), NULL, "1", 0, 1, "", FM_KS_OPT | 
   "JVM with G1 or Serial: hold the young generation to a quarter of the local budget unless the JVM sizes it itself: the agent sets MaxNewSize before the heap exists, in the java farmem run starts and in the JVMs a script or another JVM starts (docs/jvm.md)") \
 X(gc_moves, FM_KT_BOOL, AGENT(gc_moves), NULL, "1", 0, 1, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--[no-]gc-moves", "", \
   "JVM with a stock collector: in a GC pause, libjvm's memmove of heap bytes (the full GCs' compaction of G1, Serial and Parallel) that touches pages memd holds is done where the pages lie, inside memd's store, instead of fetching the source and faulting in the destination; and G1's copy of a primitive array into an old region's pages that are not resident (libjvm's memcpy) writes them in memd's store (docs/jvm.md)") \
+X(object_reads, FM_KT_BOOL, AGENT(object_reads), NULL, "1", 0, 1, "", FM_KS_OPT | FM_KS_RUN | FM_KS_ATTACH, "--[no-]object-reads", "", \
+  "JVM: a program thread's fault on a heap page memd holds, where it reads an array's length or walks into the page from its array's header, brings the array's other pages in with it, in one read, rather than a fault or a run of faults each (jvmti-agent/klass.h, docs/jvm.md)") \
 X(threshold, FM_KT_SIZE, CFG(threshold), "FARMEM_THRESHOLD", "64M", 4096, 0, "", FM_KS_RUN, "--threshold", "SIZE", \
   "the preload shim pages private anonymous mappings (and malloc blocks) of at least this size, and glibc's malloc heaps once together they pass it; the agent pages the Java heap whatever its size") \
 X(reservations, FM_KT_BOOL, CFG(reservations), "FARMEM_RESERVATIONS", "1", 0, 1, "", FM_KS_RUN, "--[no-]reservations", "", \

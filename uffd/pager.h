@@ -69,6 +69,16 @@ struct fm_pager_cfg {
 	 * clock instead of leaving first (fault.c).
 	 */
 	int (*full_gc_in_memd)(void);
+	/*
+	 * Called in a program thread's fault on a remote page of the heap, once
+	 * it is filled, with the address it touched (exact under fault=signal):
+	 * the end of the array that holds addr, if its header lies in
+	 * [from, addr), else 0. The pager keeps [from, addr] mapped meanwhile
+	 * (held: the faulted page, and the page before when from is on it).
+	 * The array's other remote pages are read with the fault's (prefetch.h,
+	 * fm_prefetch_object). NULL: never (jvmti-agent/gcmove.h).
+	 */
+	uintptr_t (*object_end)(uintptr_t addr, uintptr_t from);
 };
 
 enum { FM_GC_PAUSE = 1, FM_GC_CONC = 2 };

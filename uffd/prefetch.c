@@ -225,6 +225,82 @@ static int reserve(struct fm_pager *p, struct fm_borrowed *fc, unsigned claimed)
 	return fm_budget_reserve(p, atomic_load(&p->limit));
 }
 
+/*
+ * Pages claimed (held FILLING, room reserved): the remote ones (remote[],
+ * a subset of want[], both ascending) read from memd in one call, then all
+ * installed in runs. A remote page goes in with remote_flags (what a guess
+ * is worth: FM_PGF_PREFETCH, or FM_PGF_REF when the program reads it now).
+ * Returns the pages filled from memd; *zeros_out those filled with zeros.
+ */
+static unsigned install_claimed(struct fm_pager *p, struct fm_borrowed *fc, struct region *r, const uint64_t *want,
+				const uint8_t *was, unsigned nw, const uint64_t *remote, unsigned nr, int open_remote,
+				int open_fresh, uint8_t remote_flags, int wake, unsigned *zeros_out)
+{
+	const void *src[MAX_AHEAD];
+	unsigned got = 0, zeros = 0;
+
+	if (nr) {
+		int rc = fm_chan_read(fm_borrow(p, fc), r->space, remote, nr, src);
+		if (rc)
+			fm_fatal("a read ahead of %u pages from memd failed: %s", nr, fm_strerror(-rc));
+		STAT_ADD(p, remote_reads, nr);
+		STAT_ADD(p, remote_read_bytes, (uint64_t)nr * PG_SIZE);
+		fm_churn(p, nr);
+	}
+	for (unsigned k = 0, ri = 0; k < nw;) {
+		/* A run: consecutive pages of one kind whose sources are consecutive too. */
+		int is_remote = ri < nr && remote[ri] == want[k];
+		const uint8_t *from = is_remote ? src[ri] : p->zero_run;
+		/* A remote page written in its last stay goes in writable, as its own fault would put it (fault.c). */
+		int open = is_remote && (open_remote || (was[k] & FM_PGF_REWRITE));
+		unsigned n = 1;
+		uint64_t skipped;
+
+		while (k + n < nw && want[k + n] == want[k] + n &&
+		       (is_remote ? (ri + n < nr && remote[ri + n] == want[k + n] &&
+				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT) &&
+				     (open_remote || !(was[k + n] & FM_PGF_REWRITE) == !open))
+				  : fm_pg_state(was[k + n]) == FM_PG_UNTOUCHED && n < ZERO_RUN_PAGES))
+			n++;
+		fm_uffd_install(r->uffd, r->base + (want[k] << PG_SHIFT), from, n,
+				is_remote ? !open : !open_fresh, wake, &skipped);
+		for (unsigned q = 0; q < n; q++) {
+			uint8_t b = was[k + q], held = pg_make(FM_PG_FILLING, b);
+			/*
+			 * A page that was there already holds bytes we did not put
+			 * there: booking it as our copy (CLEAN) would let a clean
+			 * eviction throw them away. It goes back as it was; its own
+			 * fault sorts it out.
+			 */
+			if (skipped & (1ull << q)) {
+				pg_release(&r->pg[want[k + q]], held, b);
+				fm_resident_add(p, -1);
+			} else {
+				pg_release(&r->pg[want[k + q]], held, is_remote
+				 ? pg_make(open ? FM_PG_DIRTY : FM_PG_CLEAN,
+					   (uint8_t)((b & FM_PGF_HAS_REMOTE) | remote_flags |
+						     (open ? FM_PGF_REWRITE : 0)))
+				 : pg_make(open_fresh ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
+			}
+		}
+		/*
+		 * One wake for the run: with anyone waiting on any page, each
+		 * release's wake is a system call that rouses every waiter (a
+		 * collector's other worker, faulting on a page of this run).
+		 */
+		fm_settled(p);
+		if (is_remote) {
+			got += n;
+			ri += n;
+		} else {
+			zeros += n;
+		}
+		k += n;
+	}
+	*zeros_out = zeros;
+	return got;
+}
+
 void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct region *r, uint64_t idx,
 		 int write, int fresh, int gc, unsigned back, int wake)
 {
@@ -254,7 +330,6 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	int open_all = fm_region_installs_open(r);
 	int open_remote = (gc && (write || p->cfg.gc_writable)) || open_all;
 	int open_fresh = write || open_all;
-	const void *src[MAX_AHEAD];
 	struct stream *s = NULL;
 	int64_t stride = 0;
 	int looped;
@@ -322,64 +397,8 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		loop_judge(p, 1, looped_ahead);
 	if (!nw)
 		return;
-	if (nr) {
-		int rc = fm_chan_read(fm_borrow(p, fc), r->space, remote, nr, src);
-		if (rc)
-			fm_fatal("prefetch of %u pages from memd failed: %s", nr, fm_strerror(-rc));
-		STAT_ADD(p, remote_reads, nr);
-		STAT_ADD(p, remote_read_bytes, (uint64_t)nr * PG_SIZE);
-		fm_churn(p, nr);
-	}
-	for (unsigned k = 0, ri = 0; k < nw;) {
-		/* A run: consecutive pages of one kind whose sources are consecutive too. */
-		int is_remote = ri < nr && remote[ri] == want[k];
-		const uint8_t *from = is_remote ? src[ri] : p->zero_run;
-		/* A remote page written in its last stay goes in writable, as its own fault would put it (fault.c). */
-		int open = is_remote && (open_remote || (was[k] & FM_PGF_REWRITE));
-		unsigned n = 1;
-		uint64_t skipped;
-
-		while (k + n < nw && want[k + n] == want[k] + n &&
-		       (is_remote ? (ri + n < nr && remote[ri + n] == want[k + n] &&
-				     (const uint8_t *)src[ri + n] == from + ((size_t)n << PG_SHIFT) &&
-				     (open_remote || !(was[k + n] & FM_PGF_REWRITE) == !open))
-				  : fm_pg_state(was[k + n]) == FM_PG_UNTOUCHED && n < ZERO_RUN_PAGES))
-			n++;
-		fm_uffd_install(r->uffd, r->base + (want[k] << PG_SHIFT), from, n,
-				is_remote ? !open : !open_fresh, wake, &skipped);
-		for (unsigned q = 0; q < n; q++) {
-			uint8_t b = was[k + q], held = pg_make(FM_PG_FILLING, b);
-			/*
-			 * A page that was there already holds bytes we did not put
-			 * there: booking it as our copy (CLEAN) would let a clean
-			 * eviction throw them away. It goes back as it was; its own
-			 * fault sorts it out.
-			 */
-			if (skipped & (1ull << q)) {
-				pg_release(&r->pg[want[k + q]], held, b);
-				fm_resident_add(p, -1);
-			} else {
-				pg_release(&r->pg[want[k + q]], held, is_remote
-				 ? pg_make(open ? FM_PG_DIRTY : FM_PG_CLEAN,
-					   (uint8_t)((b & FM_PGF_HAS_REMOTE) | FM_PGF_PREFETCH | cold |
-						     (open ? FM_PGF_REWRITE : 0)))
-				 : pg_make(open_fresh ? FM_PG_DIRTY : FM_PG_CLEAN, FM_PGF_REF));
-			}
-		}
-		/*
-		 * One wake for the run: with anyone waiting on any page, each
-		 * release's wake is a system call that rouses every waiter (a
-		 * collector's other worker, faulting on a page of this run).
-		 */
-		fm_settled(p);
-		if (is_remote) {
-			got += n;
-			ri += n;
-		} else {
-			zeros += n;
-		}
-		k += n;
-	}
+	got = install_claimed(p, fc, r, want, was, nw, remote, nr, open_remote, open_fresh,
+			      (uint8_t)(FM_PGF_PREFETCH | cold), wake, &zeros);
 	if (got)
 		STAT_ADD(p, prefetch_issued, got);
 	if (zeros)
@@ -390,4 +409,36 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		s->pf_next = (uint64_t)((int64_t)idx + stride * (int64_t)(nw + 1));
 	}
 	pthread_mutex_unlock(&p->stream_lock);
+}
+
+void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct region *r, uint64_t idx, uint64_t last,
+			int wake)
+{
+	uint64_t want[MAX_AHEAD];
+	uint8_t was[MAX_AHEAD];
+	unsigned nw = 0, got, zeros;
+	int open = fm_region_installs_open(r);
+
+	if (last >= r->npages)
+		last = r->npages - 1;
+	/* Its remote pages only: a resident one is there, a held one its holder fills. */
+	for (uint64_t j = idx + 1; j <= last && nw < MAX_AHEAD; j++) {
+		uint8_t b = pg_load(&r->pg[j]);
+
+		if (fm_pg_state(b) != FM_PG_REMOTE)
+			continue;
+		/* Room as for a fault's page: the program reads these now. */
+		if (!reserve(p, fc, 0))
+			break;
+		if (!pg_cas(&r->pg[j], &b, pg_make(FM_PG_FILLING, b))) {
+			fm_resident_add(p, -1);
+			continue;
+		}
+		was[nw] = b;
+		want[nw++] = j;
+	}
+	if (!nw)
+		return;
+	got = install_claimed(p, fc, r, want, was, nw, want, nw, open, open, FM_PGF_REF, wake, &zeros);
+	STAT_ADD(p, object_reads, got);
 }

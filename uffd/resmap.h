@@ -305,7 +305,13 @@ struct fm_pager_stats {
 	 */
 	uint64_t over_budget_fills;
 	uint64_t over_budget_adopted;
-	uint64_t reserved3[6];
+	/*
+	 * Pages of an object that a program thread's fault on its first page
+	 * touched, read with that page (the JVM agent read the object's
+	 * header: pager.h, object_end; prefetch.c).
+	 */
+	uint64_t object_reads;
+	uint64_t reserved3[5];
 };
 
 struct fm_resmap_hdr {

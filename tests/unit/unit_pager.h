@@ -14,6 +14,9 @@
 #include "resmap.h"
 #include "unit.h"
 
+/* The pager's object_end for the pagers made below (pager.h): a test's own layout of objects, or none. */
+static uintptr_t (*unit_object_end)(uintptr_t addr, uintptr_t from);
+
 /*
  * A pager on memd at addr ("unix:PATH", or a list) with a local budget and the
  * settings in more (key, value, ..., NULL); NULL, counted as a failure, if it
@@ -36,6 +39,7 @@ static inline struct fm_pager *unit_pager_gc_ex(const char *what, const char *ad
 		CHECK(fm_pager_cfg_set(&cfg, more[0], more[1], err, sizeof(err)) == 0);
 	cfg.is_gc_thread = is_gc_thread;
 	cfg.full_gc_in_memd = full_gc_in_memd;
+	cfg.object_end = unit_object_end;
 	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
 		fprintf(stderr, "fm_pager_start (%s): %s\n", what, err);
 		failures++;

@@ -120,8 +120,9 @@ SPIN_FIELDS = ("spin_crowded", "helped_faults")
 # (loop_evict, uffd/evict.c).
 LOOP_FIELDS = ("loop_evictions", "loop_back_run", "loop_back_random")
 # Then pages booked over the budget: fills whose evictions found nothing to take, and pages adopted at a
-# registration that its eviction could not bring under the budget (with room for more after them).
-OVER_FIELDS = ("over_budget_fills", "over_budget_adopted")
+# registration that its eviction could not bring under the budget. Then pages of an object a program
+# thread's fault touched, read with that fault's page (the agent read the object's header: object_end).
+OVER_FIELDS = ("over_budget_fills", "over_budget_adopted", "object_reads")
 
 
 class PagerStats(ctypes.Structure):
@@ -206,6 +207,7 @@ def layout() -> dict:
         "offsetof_loop_back_run": PagerStats.loop_back_run.offset,
         "offsetof_loop_back_random": PagerStats.loop_back_random.offset,
         "offsetof_over_budget_adopted": PagerStats.over_budget_adopted.offset,
+        "offsetof_object_reads": PagerStats.object_reads.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }

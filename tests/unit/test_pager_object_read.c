@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * A program thread's fault on an object's page brings the object's other
+ * remote pages with it, in one read (uffd/prefetch.c, fm_prefetch_object),
+ * against a real memd, with ASan and UBSan.
+ *
+ * The heap here is a region registered as a Java heap whose "objects" the
+ * test lays out itself (the pager asks object_end, which the JVM agent
+ * answers from an array's header, jvmti-agent/gcmove.c): one in each block
+ * of BLOCK pages, from OBJ_AT bytes into its first page to the end of its
+ * OBJ_PAGES-th. Each object is read in order from its header on; in half the
+ * blocks the first page comes in alone first (a read before the header), so
+ * that the fault on the second page walked in from a resident page that
+ * holds the header. object_end checks what the pager promises it: the
+ * pages it may read ([from, addr]) are held, so that nobody can take them.
+ * Every page read back is checked.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "page.h"
+#include "pager.h"
+#include "resmap.h"
+#include "unit.h"
+#include "unit_pager.h"
+
+#define PG 4096ul
+#define REGION (64ul << 20)
+#define BLOCK 8ul
+#define OBJ_PAGES 6ul
+#define OBJ_AT 200ul
+#define BLOCKS 256ul /* 8 MiB read back: in memd by the time the region is written */
+
+static uint8_t *heap;
+static struct fm_resmap_hdr *map;
+static int calls, unheld;
+
+static int held(uintptr_t a)
+{
+	unsigned s = fm_pg_state(*unit_state_byte(map, (a - (uintptr_t)heap) / PG));
+
+	return s == FM_PG_FILLING || s == FM_PG_UPDATING;
+}
+
+/* The end of the object holding addr, if its header lies in [from, addr). */
+static uintptr_t object_end(uintptr_t addr, uintptr_t from)
+{
+	uintptr_t block = (uintptr_t)heap + (addr - (uintptr_t)heap) / (BLOCK * PG) * (BLOCK * PG);
+	uintptr_t obj = block + OBJ_AT, end = block + OBJ_PAGES * PG - 8;
+
+	__atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
+	if (!held(addr) || !held(from))
+		__atomic_fetch_add(&unheld, 1, __ATOMIC_RELAXED);
+	if (obj < from || obj >= addr || addr >= end)
+		return 0;
+	return end;
+}
+
+static void exercise(const char *sock, const char *fault)
+{
+	struct fm_pager *p;
+	uint64_t f0, r0, faults, reads, bad = 0, want, resident0 = 0;
+	int signal_mode = !strcmp(fault, "signal");
+	volatile uint8_t sink = 0;
+	/* Blocks in a shuffled order: in address order, or strided, the faults would make a run (prefetch.h). */
+	static uint64_t order[BLOCKS];
+
+	unit_object_end = object_end;
+	p = unit_pager_at(sock, fault, "16M",
+			  (const char *const[]){ "transport", "shm", "prefetch", "8", "fault", fault, "fill_follow", "0",
+						 "evict_threads", "0", NULL });
+	if (!p)
+		return;
+	map = (struct fm_resmap_hdr *)fm_pager_map(p);
+	calls = unheld = 0;
+	heap = unit_region(p, REGION, FM_REG_HEAP);
+	if (!heap)
+		goto out;
+	for (uint64_t i = 0; i < REGION / PG; i++)
+		write_page(heap, i, 7);
+	for (uint64_t i = 0; i < BLOCKS * BLOCK; i++)
+		resident0 += fm_pg_is_resident(*unit_state_byte(map, i));
+	f0 = __atomic_load_n(&map->stats.faults, __ATOMIC_RELAXED);
+	r0 = __atomic_load_n(&map->stats.object_reads, __ATOMIC_RELAXED);
+	for (uint64_t k = 0; k < BLOCKS; k++)
+		order[k] = k;
+	for (uint64_t k = BLOCKS - 1, x = 88172645463325252ull; k > 0; k--) {
+		uint64_t j, t;
+
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		j = x % (k + 1), t = order[k], order[k] = order[j], order[j] = t;
+	}
+	for (uint64_t n = 0; n < BLOCKS; n++) {
+		uint64_t b = order[n];
+		uint8_t *obj = heap + b * BLOCK * PG + OBJ_AT;
+
+		if (b & 1)
+			sink += heap[b * BLOCK * PG]; /* the first page alone: before the object */
+		sink += obj[12];                      /* its length, read first */
+		for (uint64_t k = 1; k < OBJ_PAGES; k++)
+			sink += obj[k * PG - OBJ_AT];   /* each page from its start on */
+		for (uint64_t k = 0; k < OBJ_PAGES; k++)
+			bad += !page_ok(heap, b * BLOCK + k, 7);
+	}
+	faults = __atomic_load_n(&map->stats.faults, __ATOMIC_RELAXED) - f0;
+	reads = __atomic_load_n(&map->stats.object_reads, __ATOMIC_RELAXED) - r0;
+	fprintf(stderr, "test_pager_object_read (fault=%s): %lu objects, %llu faults, %llu pages read with them, "
+		"%d calls, %llu pages resident before\n", fault, BLOCKS, (unsigned long long)faults,
+		(unsigned long long)reads, calls, (unsigned long long)resident0);
+	/*
+	 * With the exact address (fault=signal) an even block's object comes in
+	 * at its header's fault, and an odd block's at the walk into its second
+	 * page: 1 and 2 faults, 5 and 4 pages read with them. A handler thread
+	 * sees only the page: the header's fault asks from the page's start, in
+	 * no object, and every object comes in at the walk: 2 faults, 4 pages.
+	 */
+	want = signal_mode ? BLOCKS / 2 * 5 + BLOCKS / 2 * 4 : BLOCKS * 4;
+	CHECK(reads == want);
+	CHECK(faults == (signal_mode ? BLOCKS / 2 * 3 : BLOCKS * 2));
+	CHECK(unheld == 0);
+	unit_region_end(p, heap, REGION, bad);
+out:
+	fm_pager_stop(p);
+	unit_object_end = NULL;
+	(void)sink;
+}
+
+int main(void)
+{
+	return unit_main("test_pager_object_read", exercise);
+}
