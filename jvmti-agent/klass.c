@@ -21,6 +21,7 @@ static pid_t self;
 /* An array klass's layout helper: where its header's bytes and log2 of its element's sit. */
 static int32_t lh_hsize_shift, lh_hsize_mask, lh_esize_shift, lh_esize_mask;
 static atomic_int arrays_known; /* those fields read, with compressed class pointers */
+static uintptr_t page_size;
 
 /*
  * Layout helpers by narrow klass, the pair in one word so that readers need
@@ -72,6 +73,7 @@ int fm_klass_setup(void)
 	}
 	lh_type_array = (uint32_t)type_value << shift;
 	self = getpid();
+	page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
 	if (compressed_klass && !fm_vms_int_constant("Klass::_lh_header_size_shift", &lh_hsize_shift) &&
 	    !fm_vms_int_constant("Klass::_lh_header_size_mask", &lh_hsize_mask) &&
 	    !fm_vms_int_constant("Klass::_lh_log2_element_size_shift", &lh_esize_shift) &&
@@ -189,7 +191,14 @@ uintptr_t fm_klass_array_end(uintptr_t addr, uintptr_t from)
 	/* The thread read the length: the array's header is just before it. */
 	if (!(addr & 3) && !((addr - len_off) & 7) && array_at(addr - len_off, len_off, 1, &end))
 		return end > addr ? end : 0;
-	/* An element: the nearest header below is the array's, unless the object it starts ends first. */
+	/*
+	 * An element. Only where the thread walked in from the page before
+	 * (from is on it): an element read anywhere else may be one of a few
+	 * read at random, and the array's other pages no use. The nearest
+	 * header below is the array's, unless the object it starts ends first.
+	 */
+	if (addr - from < page_size)
+		return 0;
 	for (uintptr_t obj = (addr - len_off) & ~(uintptr_t)7;; obj -= 8) {
 		if (array_at(obj, len_off, 0, &end))
 			return end > addr ? end : 0;

@@ -29,10 +29,12 @@ int fm_klass_type_array_at(uintptr_t obj);
 /*
  * The pager's object_end (pager.h): the end of the array that holds addr,
  * found by its header in [from, addr): where addr is an array's length (read
- * before its elements, as every loop over one does), or where the nearest
- * header below an element is an array's that reaches past addr (a loop
- * walked into addr's page). 0 otherwise, before fm_klass_setup has read the
- * layout, or without compressed class pointers. [from, addr] must be mapped.
+ * before its elements, as every loop over one does), or, when from lies a
+ * page or more below addr (the thread walked into addr's page from there),
+ * where the nearest header below the element at addr is an array's that
+ * reaches past addr. 0 otherwise (an element read elsewhere may be one of a
+ * few read at random), before fm_klass_setup has read the layout, or without
+ * compressed class pointers. [from, addr] must be mapped.
  */
 uintptr_t fm_klass_array_end(uintptr_t addr, uintptr_t from);
 

@@ -73,8 +73,10 @@ struct fm_pager_cfg {
 	 * Called in a program thread's fault on a remote page of the heap, once
 	 * it is filled, with the address it touched (exact under fault=signal):
 	 * the end of the array that holds addr, if its header lies in
-	 * [from, addr), else 0. The pager keeps [from, addr] mapped meanwhile
-	 * (held: the faulted page, and the page before when from is on it).
+	 * [from, addr), else 0. from is the faulted page's start, or the page
+	 * before's when the access is at the page's start and that page is
+	 * resident (a loop walked in). The pager keeps [from, addr] mapped
+	 * meanwhile (held: the faulted page, and the page before).
 	 * The array's other remote pages are read with the fault's (prefetch.h,
 	 * fm_prefetch_object). NULL: never (jvmti-agent/gcmove.h).
 	 */

@@ -42,9 +42,10 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 
 /*
  * A program thread's fault on remote page idx of r touched an object that
- * goes on to page last (the agent read its header: pager.h, object_end):
- * its other remote pages, up to MAX_AHEAD, in one read, installed as the
- * fault's page is (clean, referenced). Caller holds rlock.
+ * goes on to page last (the agent read its header: pager.h, object_end;
+ * the caller bounds it by `prefetch`): its other remote pages, up to
+ * MAX_AHEAD, in one read, installed as the fault's page is (clean unless
+ * the region's installs are open, referenced). Caller holds rlock.
  */
 void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct region *r, uint64_t idx, uint64_t last,
 			int wake);

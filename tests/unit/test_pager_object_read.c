@@ -31,6 +31,12 @@
 #define OBJ_PAGES 6ul
 #define OBJ_AT 200ul
 #define BLOCKS 256ul /* 8 MiB read back: in memd by the time the region is written */
+/* From LONG_OFF on, longer objects: LONG_PAGES in each block of LONG_BLOCK pages. */
+#define LONG_OFF (16ul << 20)
+#define LONG_BLOCK 32ul
+#define LONG_PAGES 24ul
+#define LONGS 32ul
+#define AHEAD 8ul /* the pagers' prefetch: an object's pages read with a fault, at most */
 
 static uint8_t *heap;
 static struct fm_resmap_hdr *map;
@@ -46,8 +52,9 @@ static int held(uintptr_t a)
 /* The end of the object holding addr, if its header lies in [from, addr). */
 static uintptr_t object_end(uintptr_t addr, uintptr_t from)
 {
-	uintptr_t block = (uintptr_t)heap + (addr - (uintptr_t)heap) / (BLOCK * PG) * (BLOCK * PG);
-	uintptr_t obj = block + OBJ_AT, end = block + OBJ_PAGES * PG - 8;
+	uintptr_t off = addr - (uintptr_t)heap, size = off < LONG_OFF ? BLOCK * PG : LONG_BLOCK * PG;
+	uintptr_t block = (uintptr_t)heap + (off < LONG_OFF ? off / size * size : LONG_OFF + (off - LONG_OFF) / size * size);
+	uintptr_t obj = block + OBJ_AT, end = block + (off < LONG_OFF ? OBJ_PAGES : LONG_PAGES) * PG - 8;
 
 	__atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
 	if (!held(addr) || !held(from))
@@ -118,6 +125,29 @@ static void exercise(const char *sock, const char *fault)
 	want = signal_mode ? BLOCKS / 2 * 5 + BLOCKS / 2 * 4 : BLOCKS * 4;
 	CHECK(reads == want);
 	CHECK(faults == (signal_mode ? BLOCKS / 2 * 3 : BLOCKS * 2));
+	/*
+	 * A long object whose length is read (a hash table's lookup reads one
+	 * element more): AHEAD of its pages come with the fault, not all of
+	 * them. With a handler thread, which sees no exact address, they come
+	 * with the fault on the second page, the walk in from the first.
+	 */
+	for (uint64_t i = LONG_OFF / PG; i < LONG_OFF / PG + LONGS * LONG_BLOCK; i++)
+		resident0 += fm_pg_is_resident(*unit_state_byte(map, i));
+	r0 = __atomic_load_n(&map->stats.object_reads, __ATOMIC_RELAXED);
+	for (uint64_t n = 0; n < LONGS; n++) {
+		uint64_t first = LONG_OFF / PG + n * 7 % LONGS * LONG_BLOCK;
+
+		sink += heap[first * PG + OBJ_AT + 12];
+		for (uint64_t k = 0; k <= AHEAD; k++)
+			bad += !page_ok(heap, first + k, 7);
+		if (!signal_mode)
+			bad += !page_ok(heap, first + AHEAD + 1, 7);
+	}
+	reads = __atomic_load_n(&map->stats.object_reads, __ATOMIC_RELAXED) - r0;
+	fprintf(stderr, "test_pager_object_read (fault=%s): %lu long objects, %llu pages read with them\n", fault,
+		LONGS, (unsigned long long)reads);
+	CHECK(reads == LONGS * AHEAD);
+	CHECK(resident0 == 0);
 	CHECK(unheld == 0);
 	unit_region_end(p, heap, REGION, bad);
 out:
