@@ -111,6 +111,19 @@ static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 }
 
 /*
+ * An array whose header is on the fault's page (its length was read):
+ * read whole with the fault only if it ends within `prefetch` pages. A
+ * longer one may be a table read at random after its length (a hash
+ * lookup); read in order, its fault on the next page walks in and brings
+ * the pages after it (Neo4j at 25% read 9% more pages back when a long
+ * array's length brought `prefetch` pages).
+ */
+static uintptr_t short_object(struct fm_pager *p, uintptr_t page, uintptr_t end)
+{
+	return end && end - page <= ((uintptr_t)p->cfg.prefetch + 1) << PG_SHIFT ? end : 0;
+}
+
+/*
  * A program thread's fault on remote page i, which is filled and still
  * held: the end of the array it touched, if the agent finds the array's
  * header on this page before the address touched, or on the page before
@@ -128,11 +141,11 @@ static uintptr_t object_end(struct fm_pager *p, struct fm_fault *f, struct regio
 	    !(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP))
 		return 0;
 	if (i == 0 || f->addr - page >= OBJECT_WALKED_IN)
-		return p->cfg.object_end(f->addr, page);
+		return short_object(p, page, p->cfg.object_end(f->addr, page));
 	b = pg_load(&r->pg[i - 1]);
 	s = fm_pg_state(b);
 	if ((s != FM_PG_CLEAN && s != FM_PG_DIRTY) || !pg_cas(&r->pg[i - 1], &b, held = pg_make(FM_PG_UPDATING, b)))
-		return p->cfg.object_end(f->addr, page);
+		return short_object(p, page, p->cfg.object_end(f->addr, page));
 	end = p->cfg.object_end(f->addr, page - PG_SIZE);
 	fm_release(p, &r->pg[i - 1], held, b);
 	return end;
