@@ -416,7 +416,7 @@ void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct regio
 {
 	uint64_t want[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
-	unsigned nw = 0, got, zeros;
+	unsigned nw = 0, got, zeros, back_soon = 0;
 	int open = fm_region_installs_open(r);
 
 	if (last >= r->npages)
@@ -434,11 +434,22 @@ void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct regio
 			fm_resident_add(p, -1);
 			continue;
 		}
+		/*
+		 * Read now, as if each had faulted: its heat, and the program's
+		 * record of pages back soon that the discard's verdict reads
+		 * (fm_pager_short_of_room). Left out, the faults that remained
+		 * were mostly such pages, and the verdict took a budget that
+		 * holds GcChurn's arrays for one too small (test_discard.py,
+		 * test_next_eden_left_writable: 58% of the garbage written again).
+		 */
+		back_soon += (fm_heat_filled(p, r, j, b) & FM_BACK_BUDGET) != 0;
 		was[nw] = b;
 		want[nw++] = j;
 	}
 	if (!nw)
 		return;
+	atomic_fetch_add_explicit(&p->app_remote_faults, nw, memory_order_relaxed);
+	atomic_fetch_add_explicit(&p->app_back_soon, back_soon, memory_order_relaxed);
 	got = install_claimed(p, fc, r, want, was, nw, want, nw, open, open, FM_PGF_REF, wake, &zeros);
 	STAT_ADD(p, object_reads, got);
 }
