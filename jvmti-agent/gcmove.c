@@ -7,8 +7,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "fm_util.h"

@@ -40,9 +40,6 @@ static int is_gc(struct fm_pager *p, pid_t tid)
 	return p->cfg.is_gc_thread && tid > 0 ? p->cfg.is_gc_thread(tid) : 0;
 }
 
-/* An access this near a page's start walked in from the page before (a loop over an array). */
-#define OBJECT_WALKED_IN 64u
-
 static void count_fault(struct fm_pager *p, int gc)
 {
 	STAT_ADD(p, faults, 1);
@@ -109,6 +106,9 @@ static void reserve_room(struct fm_pager *p, struct fm_fault *f)
 		sched_yield();
 	}
 }
+
+/* An access this near a page's start walked in from the page before (a loop over an array). */
+#define OBJECT_WALKED_IN 64u
 
 /*
  * An array whose header is on the fault's page (its length was read):

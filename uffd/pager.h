@@ -78,7 +78,7 @@ struct fm_pager_cfg {
 	 * resident (a loop walked in). The pager keeps [from, addr] mapped
 	 * meanwhile (held: the faulted page, and the page before).
 	 * The array's other remote pages are read with the fault's (prefetch.h,
-	 * fm_prefetch_object). NULL: never (jvmti-agent/gcmove.h).
+	 * fm_prefetch_object). NULL: never (jvmti-agent/klass.h).
 	 */
 	uintptr_t (*object_end)(uintptr_t addr, uintptr_t from);
 };
