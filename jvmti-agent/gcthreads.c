@@ -25,8 +25,9 @@ static const char *const pause_names[] = { "GC Thread#", "VM Thread", "ParGC Thr
  * runs beside the program, so they count as concurrent. Its control thread
  * is "Shenandoah Control Thread".
  */
-static const char *const conc_names[] = { "G1 Conc#", "G1 Main Marker", "G1 Refine#", "G1 Service", "G1 Young RemSet",
-					  "Shenandoah GC T", "Shenandoah Cont" };
+static const char *const conc_names[] = { "Shenandoah GC T", "Shenandoah Cont" };
+/* G1's concurrent threads mark, refine and sample: they read the heap and write only their own tables. */
+static const char *const scan_names[] = { "G1 Conc#", "G1 Main Marker", "G1 Refine#", "G1 Service", "G1 Young RemSet" };
 
 #define TID_SLOTS 4096 /* power of two */
 static _Atomic uint64_t tid_cache[TID_SLOTS]; /* tid << 2 | kind; 0 = empty */
@@ -39,6 +40,9 @@ static int gc_kind(const char *n)
 	for (size_t i = 0; i < sizeof(conc_names) / sizeof(conc_names[0]); i++)
 		if (!strncmp(n, conc_names[i], strlen(conc_names[i])))
 			return FM_GC_CONC;
+	for (size_t i = 0; i < sizeof(scan_names) / sizeof(scan_names[0]); i++)
+		if (!strncmp(n, scan_names[i], strlen(scan_names[i])))
+			return FM_GC_SCAN;
 	return 0;
 }
 

@@ -11,8 +11,9 @@
 
 /*
  * Whether thread tid of this process is a GC thread: 0, FM_GC_PAUSE (the pause
- * workers, the VM thread) or FM_GC_CONC (marking, refinement, G1's service
- * thread); uffd/pager.h. Safe in a fault handler; cached by tid.
+ * workers, the VM thread), FM_GC_CONC (Shenandoah's workers and control
+ * thread) or FM_GC_SCAN (G1's marking, refinement and service threads, which
+ * write no heap); uffd/pager.h. Safe in a fault handler; cached by tid.
  */
 int fm_agent_is_gc_thread(pid_t tid);
 

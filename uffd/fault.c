@@ -47,7 +47,7 @@ static void count_fault(struct fm_pager *p, int gc)
 		STAT_ADD(p, gc_faults, 1);
 	else
 		STAT_ADD(p, app_faults, 1);
-	if (gc == FM_GC_CONC)
+	if (gc == FM_GC_CONC || gc == FM_GC_SCAN)
 		STAT_ADD(p, gc_conc_faults, 1);
 }
 
@@ -178,7 +178,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	 * then it goes in writable, a guess that costs a write-back if wrong.
 	 */
 	wr = f->write || fm_region_installs_open(r) ||
-	     (remote && ((b & FM_PGF_REWRITE) || (gc && p->cfg.gc_writable)));
+	     (remote && ((b & FM_PGF_REWRITE) || fm_gc_read_opens(p, gc)));
 	t_copy = fm_now_ns();
 	fm_uffd_install(r->uffd, addr, src, 1, !wr, !f->in_thread, &skipped);
 	if (skipped) {

@@ -57,7 +57,10 @@ struct fm_pager_cfg {
 	/*
 	 * Called with the faulting thread's id (the agent sets it): 0 for the
 	 * program's threads, FM_GC_PAUSE for a collector's pause workers,
-	 * FM_GC_CONC for its concurrent threads (marking, refinement).
+	 * FM_GC_CONC for its concurrent threads (Shenandoah's, which evacuate),
+	 * FM_GC_SCAN for concurrent threads that read the heap and write none
+	 * of it (G1's marking, refinement and service threads): gc_writable's
+	 * guess is not made for them.
 	 */
 	int (*is_gc_thread)(pid_t tid);
 	/*
@@ -83,7 +86,7 @@ struct fm_pager_cfg {
 	uintptr_t (*object_end)(uintptr_t addr, uintptr_t from);
 };
 
-enum { FM_GC_PAUSE = 1, FM_GC_CONC = 2 };
+enum { FM_GC_PAUSE = 1, FM_GC_CONC = 2, FM_GC_SCAN = 3 };
 
 /* Defaults, then FARMEM_* from the environment. Returns 0, or -EINVAL with err set. */
 int fm_pager_cfg_from_env(struct fm_pager_cfg *cfg, char *err, size_t errlen);

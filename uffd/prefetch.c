@@ -328,7 +328,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	 * any page written in its last stay (below).
 	 */
 	int open_all = fm_region_installs_open(r);
-	int open_remote = (gc && (write || p->cfg.gc_writable)) || open_all;
+	int open_remote = (gc && write) || fm_gc_read_opens(p, gc) || open_all;
 	int open_fresh = write || open_all;
 	struct stream *s = NULL;
 	int64_t stride = 0;

@@ -19,7 +19,8 @@
  * EDIT, on a Unix socket and over TCP); several memds, which cannot EDIT.
  * A move memd stops (full) after a page it opened to overwrite leaves that
  * page as it was. A pause worker's write to a clean page opens the clean
- * pages after it (uffd/fault.c).
+ * pages after it (uffd/fault.c). A collector thread's read of a remote page
+ * goes in writable, except a thread that writes no heap (G1's marking).
  * Run from the repository root.
  */
 #include <errno.h>
@@ -471,6 +472,73 @@ static void full_gc_reads_kept(const char *addr)
 	fm_pager_stop(p);
 }
 
+/* The kind of collector thread the pause worker's tid stands for (is_gc_thread's answer). */
+static atomic_int worker_kind;
+
+static int worker_kind_is(pid_t tid)
+{
+	return tid == atomic_load(&pause_worker) ? atomic_load(&worker_kind) : 0;
+}
+
+/*
+ * A collector's read of a page memd holds goes in writable (gc_writable: a
+ * pause worker, or Shenandoah's concurrent workers, mostly write soon what
+ * they read), but write-protected for G1's marking, refinement and service
+ * threads (FM_GC_SCAN), which write no heap: booked DIRTY, each such page
+ * went out through a capture and a compare with memd's copy. Their faults
+ * count as concurrent ones.
+ */
+static void gc_reads_by_kind(const char *addr)
+{
+	static const int kinds[] = { FM_GC_PAUSE, FM_GC_CONC, FM_GC_SCAN, 0 };
+	struct fm_pager *p = unit_pager_gc("GC reads by kind", addr, "1M",
+					   (const char *const[]){ "prefetch", "0", "fault", "signal", "transport", "shm",
+								   NULL },
+					   worker_kind_is);
+	struct fm_resmap_hdr *h;
+	uint64_t wp, conc, bad = 0;
+	uint8_t *a;
+
+	if (!p)
+		return;
+	h = fm_pager_map(p);
+	a = unit_region_written(p, 1024 * PG, 9);
+	if (!a) {
+		fm_pager_stop(p);
+		return;
+	}
+	/* Written in their last stay, pages go in writable for any reader: one stay read only, then out again. */
+	for (unsigned k = 0; k < 4; k++)
+		CHECK(page_ok(a, 10 + 10 * k, 9));
+	for (uint64_t i = 0; i < 1024; i++)
+		if (i % 10 || i > 40)
+			write_page(a, i, 9);
+	atomic_store(&pause_worker, (long)syscall(SYS_gettid));
+	conc = h->stats.gc_conc_faults;
+	for (unsigned k = 0; k < 4; k++) {
+		uint64_t i = 10 + 10 * k;
+		int opens = kinds[k] == FM_GC_PAUSE || kinds[k] == FM_GC_CONC;
+		CHECK(state_at(h, i) == FM_PG_REMOTE && !(byte_at(h, i) & FM_PGF_REWRITE));
+		atomic_store(&worker_kind, kinds[k]);
+		CHECK(page_ok(a, i, 9));
+		/* Looked at at once: what a collector read leaves first, and the next read needs room. */
+		CHECK(state_at(h, i) == (opens ? FM_PG_DIRTY : FM_PG_CLEAN));
+		CHECK(!(byte_at(h, i) & FM_PGF_REWRITE) == !opens);
+		/* The page written next: a write-protect fault only where it went in protected. */
+		wp = h->stats.wp_faults;
+		a[i * PG + 1] = (uint8_t)k;
+		CHECK(h->stats.wp_faults == wp + !opens && state_at(h, i) == FM_PG_DIRTY);
+		CHECK(a[i * PG + 1] == k);
+		write_page(a, i, 9);
+	}
+	atomic_store(&pause_worker, 0);
+	CHECK(h->stats.gc_conc_faults == conc + 2);
+	for (uint64_t i = 0; i < 1024; i++)
+		bad += !page_ok(a, i, 9);
+	unit_region_end(p, a, 1024 * PG, bad);
+	fm_pager_stop(p);
+}
+
 /*
  * A page is let go as soon as the next move does not use it, sealed first:
  * a page a later move of the same call writes again is held, checked and
@@ -703,6 +771,7 @@ int main(void)
 	open_ahead(tcp, "stream");
 	let_go_between_moves(unix_addr);
 	full_gc_reads_kept(unix_addr);
+	gc_reads_by_kind(unix_addr);
 	snprintf(sock2, sizeof(sock2), "/tmp/farmem-unit-compact2-%d.sock", getpid());
 	memd2 = unit_start_memd(sock2, "64M");
 	if (memd2 > 0) {
