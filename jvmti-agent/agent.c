@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "fm_util.h"
+#include "gccounts.h"
 #include "gcfree.h"
 #include "gcthreads.h"
 #include "heap.h"
@@ -228,12 +229,22 @@ static int start_pager(struct fm_pager **out, char *err, size_t errlen)
 
 /* --- JVMTI --------------------------------------------------------------------------- */
 
+/* The JVM's collection counts at this pause's start (gccounts.h): what it was, seen at its end. */
+static uint32_t total_at_start, full_at_start;
+static int counts_at_start; /* read at this pause's start (an agent attached in a pause saw none) */
+
 static void JNICALL on_gc_start(jvmtiEnv *env)
 {
 	struct fm_pager *p;
+	const volatile uint32_t *counts;
 	atomic_fetch_add(&gc_users, 1);
 	if ((p = atomic_load(&live))) {
 		fm_pager_gc_event(p, 1);
+		counts_at_start = (counts = fm_gc_counts()) != NULL;
+		if (counts) {
+			total_at_start = counts[0];
+			full_at_start = counts[1];
+		}
 		if (opts.object_reads)
 			fm_klass_setup(); /* the first pause's: the JVM is up, and this thread alone reads the layout */
 		fm_gcmove_pause(1);
@@ -309,9 +320,13 @@ static void discard_listed(struct fm_pager *p)
 static void JNICALL on_gc_finish(jvmtiEnv *env)
 {
 	struct fm_pager *p;
+	const volatile uint32_t *counts;
 	atomic_fetch_add(&gc_users, 1);
 	fm_gcmove_pause(0);
 	if ((p = atomic_load(&live))) {
+		if (counts_at_start && (counts = fm_gc_counts()))
+			fm_pager_gc_pause_was(p, counts[1] != full_at_start, counts[0] != total_at_start);
+		counts_at_start = 0;
 		fm_heap_follow(p);
 		if (atomic_load_explicit(&discard_on, memory_order_relaxed)) {
 			char why[300];

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "fm_util.h"
+#include "gccounts.h"
 #include "gcfree.h"
 #include "got.h"
 #include "klass.h"
@@ -33,17 +34,9 @@ static uint64_t base;
 static const volatile uint8_t *states;
 static unsigned page_shift;
 static atomic_int enabled; /* gc_moves=1 and libjvm's memmove is ours */
-/*
- * CollectedHeap::_total_collections and the _total_full_collections declared
- * right after it (JDK 17's collectedHeap.hpp: both unsigned int; VMStructs
- * lists only the first). Each collection counts itself once it has begun,
- * after GarbageCollectionStart, so a full count that moved since the pause
- * began says a full GC is under way in it (Serial's may follow its young
- * collection in the same pause).
- */
+/* The collection counts (gccounts.h): a full count that moved since the pause began says a full GC is under way. */
 static const volatile uint32_t *collections;
 static uint32_t full_at_start;
-static int counts_unreadable;
 static atomic_int refused; /* the pager cannot move in memd (its transport): memmove from now on */
 static int copies_on;  /* primitive arrays' copies too: their klasses can be read (klass.h) */
 static int promote_on; /* and those to pages memd holds go there: under pressure, not held */
@@ -144,7 +137,7 @@ static void compacted(struct fm_pager *p, uintptr_t dst, size_t n)
  * in address order, into the same or earlier ones): such a page's old bytes
  * are dead. It comes in as zeros, the move writes its tail there, and the
  * next header's page is resident. Only where the JDK 17 collection counts
- * read right (find_collections): a full GC must be known to be under way.
+ * read right (gccounts.h): a full GC must be known to be under way.
  */
 static void fresh_tail(struct fm_pager *p, uintptr_t dst, uintptr_t src, size_t n)
 {
@@ -284,18 +277,6 @@ int fm_gcmove_full_gc(void)
 	       collections[1] != full_at_start;
 }
 
-/* The collection counts, once the heap exists; left NULL if they do not read as counts. */
-static void find_collections(void)
-{
-	int64_t off;
-	uintptr_t heap_ptr_addr, heap;
-
-	if (collections || counts_unreadable || fm_vms_field("CollectedHeap", "_total_collections", &off, NULL) ||
-	    fm_vms_field("Universe", "_collectedHeap", NULL, &heap_ptr_addr) ||
-	    !(heap = *(const uintptr_t *)heap_ptr_addr))
-		return;
-	collections = (const volatile uint32_t *)(heap + (uintptr_t)off);
-}
 
 /*
  * At a pause's start, before its workers run (the last pause's promotions
@@ -332,7 +313,7 @@ void fm_gcmove_pause(int in_pause)
 	atomic_fetch_add_explicit(&pause_seq, 1, memory_order_relaxed);
 	if (!in_pause || !atomic_load(&enabled) || atomic_load(&refused))
 		return;
-	find_collections();
+	collections = fm_gc_counts();
 	/*
 	 * G1's only: Serial's young collections ran slower with it (GcChurn at
 	 * 25%, 22.5 -> 24.9 s: faults 1.53M -> 1.97M), Parallel's copied few
@@ -346,15 +327,8 @@ void fm_gcmove_pause(int in_pause)
 	copies_on = fm_klass_setup() && fm_gcfree_kind() == FM_GCFREE_G1 &&
 		    !(fm_vms_flag_bool("UseFarmemInPlace") && fm_vms_flag_bool("FarmemPromoteInPlace"));
 	promote_on = copies_on;
-	if (collections) {
+	if (collections)
 		full_at_start = collections[1];
-		if (full_at_start > collections[0]) {
-			fm_warn("gc_moves: this JVM's collection counts are not where JDK 17 keeps them: "
-				"its GC threads read ahead in full GCs too");
-			collections = NULL;
-			counts_unreadable = 1;
-		}
-	}
 	p = ref.enter();
 	h = p ? fm_pager_map(p) : NULL;
 	if (h && (r = fm_resmap_heap(h))) {

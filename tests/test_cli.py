@@ -954,6 +954,15 @@ def test_gc_hint_only_when_the_collector_paged_most():
     hint = gc_hint({**base, "gc_faults": 300_000, "gc_conc_faults": 100_000})
     assert "concurrent marking took 100000 of them" in hint and "InitiatingHeapOccupancyPercent=100" in hint
     assert "InitiatingHeapOccupancyPercent" not in gc_hint({**base, "gc_faults": 300_000, "gc_conc_faults": 70_000})
+    # Marking whose cycles end in a full GC (about one for each remark, or none) is named at a lower share.
+    cut = {**base, "gc_faults": 300_000, "gc_conc_faults": 60_000, "full_gcs": 11, "remark_pauses": 2}
+    hint = gc_hint(cut)
+    assert "its cycles ended in a full GC (11 full GCs, 2 remarks)" in hint, hint
+    assert "InitiatingHeapOccupancyPercent=100" in hint and "took 60000 of them" in hint, hint
+    assert "InitiatingHeapOccupancyPercent=100" in gc_hint({**cut, "remark_pauses": 12})  # each cycle, then a full GC
+    assert "InitiatingHeapOccupancyPercent" not in gc_hint({**cut, "remark_pauses": 13})  # mixed collections helped
+    assert "InitiatingHeapOccupancyPercent" not in gc_hint({**cut, "full_gcs": 2, "remark_pauses": 0})
+    assert "InitiatingHeapOccupancyPercent" not in gc_hint({**cut, "gc_conc_faults": 20_000})  # marking paged little
     assert gc_hint({**base, "gc_faults": 150_000}) is None      # under half of the faults
     assert gc_hint({"processes": 1, "faults": 60_000, "gc_faults": 50_000}) is None  # too few to matter
     assert gc_hint({"processes": 0, "faults": 0, "gc_faults": 0}) is None

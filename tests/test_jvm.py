@@ -113,6 +113,23 @@ def test_gc_window_and_gc_writable_cut_full_gc_faults(farmem_cmd, java_cp, tmp_p
     assert on["wp_faults"] < off["wp_faults"] / 4, (on, off)
 
 
+def test_summary_counts_full_gcs_and_remark_pauses(farmem_cmd, java_cp, tmp_path, private_tmp):
+    """The agent tells a pause's kind from the JVM's collection counts (jvmti-agent/gccounts.c): the
+    summary's full_gcs and remark_pauses (G1's remarks, which end a concurrent marking that no full GC
+    cut short) must match what the JVM's own GC log says it did. GcChurn with 300 of 512 MiB live has
+    both."""
+    summary = tmp_path / "s.json"
+    cmd = java_cp[:1] + ["-Xlog:gc:stdout"] + java_cp[1:] + ["GcChurn", "--live-mb", "300", "--steps", "60000"]
+    r = farmem(farmem_cmd, "run", "--local", "50%", "--summary-json", str(summary), "--", *cmd,
+               timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
+    s = json.loads(summary.read_text())
+    full = len(re.findall(r"\] GC\(\d+\) Pause Full ", r.stdout))
+    remarks = len(re.findall(r"\] GC\(\d+\) Pause Remark ", r.stdout))
+    assert full > 0 and remarks > 0, r.stdout
+    assert s["full_gcs"] == full and s["remark_pauses"] == remarks, (s["full_gcs"], s["remark_pauses"], r.stdout)
+
+
 def test_object_reads_bring_an_array_with_its_first_fault(farmem_cmd, java_cp, tmp_path, private_tmp):
     """GcChurn's checks read whole arrays of 2-32 KiB at random, most of them in memd at 25% local. With
     object_reads (the default) the program's fault where it reads an array's length, or walks into a

@@ -422,6 +422,14 @@ static void judge_room(struct fm_pager *p)
 	atomic_store(&p->short_of_room, 2 * ds >= dr);
 }
 
+void fm_pager_gc_pause_was(struct fm_pager *p, int full_gc, int collected)
+{
+	if (full_gc)
+		STAT_ADD(p, full_gcs, 1);
+	else if (!collected)
+		STAT_ADD(p, remark_pauses, 1);
+}
+
 int fm_pager_short_of_room(struct fm_pager *p)
 {
 	return atomic_load(&p->short_of_room);

@@ -387,6 +387,13 @@ int fm_pager_owns_nolock(struct fm_pager *p, const void *addr, size_t len);
 /* GC cycle boundaries, from the agent. */
 void fm_pager_gc_event(struct fm_pager *p, int start);
 /*
+ * What a pause that ended was, from the agent's reading of the JVM's counts
+ * (jvmti-agent/gccounts.h): a full collection, or one that counted no
+ * collection (G1's remark). Counted in the map (resmap.h, full_gcs and
+ * remark_pauses) for the summary's hint on G1's concurrent marking.
+ */
+void fm_pager_gc_pause_was(struct fm_pager *p, int full_gc, int collected);
+/*
  * A collector's pause begins (begin=1) or ends: until it ends only its
  * workers touch the heap, and a page in memd's store checked once is not
  * checked again (fm_xport_pause, transport.h). Pauses may nest.

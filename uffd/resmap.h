@@ -311,7 +311,15 @@ struct fm_pager_stats {
 	 * header: pager.h, object_end; prefetch.c).
 	 */
 	uint64_t object_reads;
-	uint64_t reserved3[5];
+	/*
+	 * A JVM's pauses, as its agent read the JVM's collection counts: full
+	 * collections, and pauses that counted no collection (G1's remarks: a
+	 * concurrent marking that ran to its end, not cut short by a full GC;
+	 * JDK 17's cleanup pause counts itself a collection).
+	 */
+	uint64_t full_gcs;
+	uint64_t remark_pauses;
+	uint64_t reserved3[3];
 };
 
 struct fm_resmap_hdr {

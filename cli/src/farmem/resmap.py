@@ -122,7 +122,7 @@ LOOP_FIELDS = ("loop_evictions", "loop_back_run", "loop_back_random")
 # Then pages booked over the budget: fills whose evictions found nothing to take, and pages adopted at a
 # registration that its eviction could not bring under the budget. Then pages of an object a program
 # thread's fault touched, read with that fault's page (the agent read the object's header: object_end).
-OVER_FIELDS = ("over_budget_fills", "over_budget_adopted", "object_reads")
+OVER_FIELDS = ("over_budget_fills", "over_budget_adopted", "object_reads", "full_gcs", "remark_pauses")
 
 
 class PagerStats(ctypes.Structure):
@@ -208,6 +208,7 @@ def layout() -> dict:
         "offsetof_loop_back_random": PagerStats.loop_back_random.offset,
         "offsetof_over_budget_adopted": PagerStats.over_budget_adopted.offset,
         "offsetof_object_reads": PagerStats.object_reads.offset,
+        "offsetof_remark_pauses": PagerStats.remark_pauses.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }

@@ -485,6 +485,11 @@ GC_HINT_SHARE = 0.5
 GC_HINT_FAULTS = 100_000
 # Of those, this share taken by G1's concurrent threads (its marking) names the flags that stop it.
 MARK_HINT_SHARE = 0.25
+# Or this share, where at least CUT_SHORT_FULL_GCS full GCs came, about one for each marking cycle (at most one
+# remark pause more than them): its cycles ended in a full GC, cut short or before a mixed collection could help,
+# and what they read from memd went for nothing.
+CUT_SHORT_SHARE = 0.1
+CUT_SHORT_FULL_GCS = 3
 
 
 def gc_hint(s: dict, collector: str = "G1") -> str | None:
@@ -508,7 +513,15 @@ def gc_hint(s: dict, collector: str = "G1") -> str | None:
             "--gc farmem` runs the farmem JDK (`make jdk`), whose G1 postpones marking pages that are in memd "
             "and does a full GC's work where its pages lie (docs/patched-jdk.md)")
     conc = s.get("gc_conc_faults", 0)
-    if conc >= MARK_HINT_SHARE * gc:
+    full, marks = s.get("full_gcs", 0), s.get("remark_pauses", 0)
+    if full >= CUT_SHORT_FULL_GCS and marks <= full + 1 and conc >= CUT_SHORT_SHARE * gc:
+        # GcChurn at 50% local: 11 full GCs, 12 remarks, no mixed collection; at 25%: 11 and 2-4. Marking took
+        # 20-23% of the collector's faults; 14% faster without it (bench/RESULTS.md, sessions 71 and 81).
+        hint += (f"; with this JDK, G1's concurrent marking took {conc} of them, and its cycles ended in a full "
+                 f"GC ({full} full GCs, {marks} remarks): what it read from memd went for nothing. "
+                 "`-XX:-G1UseAdaptiveIHOP -XX:InitiatingHeapOccupancyPercent=100` stops it; the full GCs "
+                 "come anyway, and farmem does their moves in memd (docs/jvm.md)")
+    elif conc >= MARK_HINT_SHARE * gc:
         # GcChurn, Spark at 25% local: 14% and 8% faster without marking, G1's pauses longer (bench/RESULTS.md, session 71).
         hint += (f"; with this JDK, G1's concurrent marking took {conc} of them: `-XX:-G1UseAdaptiveIHOP "
                  "-XX:InitiatingHeapOccupancyPercent=100` stops it and leaves the old generation's garbage to "
