@@ -277,7 +277,6 @@ int fm_gcmove_full_gc(void)
 	       collections[1] != full_at_start;
 }
 
-
 /*
  * At a pause's start, before its workers run (the last pause's promotions
  * are all noted): were they read back since (1), or not (0)? -1: too few
