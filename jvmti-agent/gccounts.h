@@ -7,7 +7,7 @@
  * says a full GC ran in it (Serial's may follow its young collection in the
  * same pause), a total that did not says the pause counted no collection
  * (G1's remark, which ends a concurrent marking; JDK 17's cleanup pause
- * after it counts itself one).
+ * after it counts itself one, unless a full GC aborted that marking since).
  */
 #ifndef FARMEM_AGENT_GCCOUNTS_H
 #define FARMEM_AGENT_GCCOUNTS_H

@@ -116,8 +116,10 @@ def test_gc_window_and_gc_writable_cut_full_gc_faults(farmem_cmd, java_cp, tmp_p
 def test_summary_counts_full_gcs_and_remark_pauses(farmem_cmd, java_cp, tmp_path, private_tmp):
     """The agent tells a pause's kind from the JVM's collection counts (jvmti-agent/gccounts.c): the
     summary's full_gcs and remark_pauses (G1's remarks, which end a concurrent marking that no full GC
-    cut short) must match what the JVM's own GC log says it did. GcChurn with 300 of 512 MiB live has
-    both."""
+    cut short) must match what the JVM's own GC log says it did. A cleanup pause counts itself a
+    collection unless a full GC aborted its marking after the remark: such a one counts with the
+    remarks (JDK 17's G1ConcurrentMark::cleanup returns first). GcChurn with 300 of 512 MiB live has
+    full GCs and remarks."""
     summary = tmp_path / "s.json"
     cmd = java_cp[:1] + ["-Xlog:gc:stdout"] + java_cp[1:] + ["GcChurn", "--live-mb", "300", "--steps", "60000"]
     r = farmem(farmem_cmd, "run", "--local", "50%", "--summary-json", str(summary), "--", *cmd,
@@ -126,8 +128,10 @@ def test_summary_counts_full_gcs_and_remark_pauses(farmem_cmd, java_cp, tmp_path
     s = json.loads(summary.read_text())
     full = len(re.findall(r"\] GC\(\d+\) Pause Full ", r.stdout))
     remarks = len(re.findall(r"\] GC\(\d+\) Pause Remark ", r.stdout))
+    cleanups = len(re.findall(r"\] GC\(\d+\) Pause Cleanup ", r.stdout))
     assert full > 0 and remarks > 0, r.stdout
-    assert s["full_gcs"] == full and s["remark_pauses"] == remarks, (s["full_gcs"], s["remark_pauses"], r.stdout)
+    assert s["full_gcs"] == full, (s["full_gcs"], r.stdout)
+    assert remarks <= s["remark_pauses"] <= remarks + cleanups, (s["remark_pauses"], r.stdout)
 
 
 def test_object_reads_bring_an_array_with_its_first_fault(farmem_cmd, java_cp, tmp_path, private_tmp):

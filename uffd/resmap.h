@@ -315,7 +315,8 @@ struct fm_pager_stats {
 	 * A JVM's pauses, as its agent read the JVM's collection counts: full
 	 * collections, and pauses that counted no collection (G1's remarks: a
 	 * concurrent marking that ran to its end, not cut short by a full GC;
-	 * JDK 17's cleanup pause counts itself a collection).
+	 * JDK 17's cleanup pause counts itself a collection, unless a full GC
+	 * aborted its marking after the remark).
 	 */
 	uint64_t full_gcs;
 	uint64_t remark_pauses;
