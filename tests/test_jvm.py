@@ -118,7 +118,8 @@ def test_summary_counts_full_gcs_and_remark_pauses(farmem_cmd, java_cp, tmp_path
     summary's full_gcs and remark_pauses (G1's remarks, which end a concurrent marking that no full GC
     cut short) must match what the JVM's own GC log says it did. A cleanup pause counts itself a
     collection unless a full GC aborted its marking after the remark: such a one counts with the
-    remarks (JDK 17's G1ConcurrentMark::cleanup returns first). GcChurn with 300 of 512 MiB live has
+    remarks (JDK 17's G1ConcurrentMark::cleanup returns first; seen once in 14 runs beside two busy
+    loops, and in a clean-clone CI). GcChurn with 300 of 512 MiB live has
     full GCs and remarks."""
     summary = tmp_path / "s.json"
     cmd = java_cp[:1] + ["-Xlog:gc:stdout"] + java_cp[1:] + ["GcChurn", "--live-mb", "300", "--steps", "60000"]
@@ -126,12 +127,17 @@ def test_summary_counts_full_gcs_and_remark_pauses(farmem_cmd, java_cp, tmp_path
                timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
     assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
     s = json.loads(summary.read_text())
-    full = len(re.findall(r"\] GC\(\d+\) Pause Full ", r.stdout))
-    remarks = len(re.findall(r"\] GC\(\d+\) Pause Remark ", r.stdout))
-    cleanups = len(re.findall(r"\] GC\(\d+\) Pause Cleanup ", r.stdout))
-    assert full > 0 and remarks > 0, r.stdout
+    full, remark_at, aborted = 0, {}, 0
+    for m in re.finditer(r"\] GC\((\d+)\) Pause (Full|Remark|Cleanup) ", r.stdout):
+        if m[2] == "Full":
+            full += 1
+        elif m[2] == "Remark":
+            remark_at[m[1]] = full
+        elif m[1] in remark_at and remark_at[m[1]] != full:
+            aborted += 1  # a full GC between this cycle's remark and its cleanup
+    assert full > 0 and remark_at, r.stdout
     assert s["full_gcs"] == full, (s["full_gcs"], r.stdout)
-    assert remarks <= s["remark_pauses"] <= remarks + cleanups, (s["remark_pauses"], r.stdout)
+    assert s["remark_pauses"] == len(remark_at) + aborted, (s["remark_pauses"], aborted, r.stdout)
 
 
 def test_object_reads_bring_an_array_with_its_first_fault(farmem_cmd, java_cp, tmp_path, private_tmp):

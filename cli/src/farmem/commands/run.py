@@ -516,7 +516,7 @@ def gc_hint(s: dict, collector: str = "G1") -> str | None:
     full, marks = s.get("full_gcs", 0), s.get("remark_pauses", 0)
     if full >= CUT_SHORT_FULL_GCS and marks <= full + 1 and conc >= CUT_SHORT_SHARE * gc:
         # GcChurn at 50% local: 11 full GCs, 12 remarks, no mixed collection; at 25%: 11 and 2-4. Marking took
-        # 20-23% of the collector's faults; 14% faster without it (bench/RESULTS.md, sessions 71 and 81).
+        # 20-23% of the collector's faults; 7% (50%) and 13% (25%) faster without it (bench/RESULTS.md, session 81).
         hint += (f"; with this JDK, G1's concurrent marking took {conc} of them, and its cycles ended in a full "
                  f"GC ({full} full GCs, {marks} remarks): what it read from memd went for nothing. "
                  "`-XX:-G1UseAdaptiveIHOP -XX:InitiatingHeapOccupancyPercent=100` stops it; the full GCs "
