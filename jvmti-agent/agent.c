@@ -211,6 +211,8 @@ static int start_pager(struct fm_pager **out, char *err, size_t errlen)
 	opts.cfg.full_gc_in_memd = fm_gcmove_full_gc;
 	if (opts.object_reads)
 		opts.cfg.object_end = fm_klass_array_end;
+	if (opts.gc_referents)
+		opts.cfg.referents = fm_klass_referents;
 	if (!opts.cfg.memd[0]) {
 		snprintf(err, errlen, "no memd address: give memd=ADDR (or set FARMEM_MEMD)");
 		return -EINVAL;
@@ -245,7 +247,7 @@ static void JNICALL on_gc_start(jvmtiEnv *env)
 			total_at_start = counts[0];
 			full_at_start = counts[1];
 		}
-		if (opts.object_reads)
+		if (opts.object_reads || opts.cfg.referents)
 			fm_klass_setup(); /* the first pause's: the JVM is up, and this thread alone reads the layout */
 		fm_gcmove_pause(1);
 		if (atomic_load_explicit(&discard_on, memory_order_relaxed))

@@ -22,6 +22,11 @@ static pid_t self;
 static int32_t lh_hsize_shift, lh_hsize_mask, lh_esize_shift, lh_esize_mask;
 static atomic_int arrays_known; /* those fields read, with compressed class pointers */
 static uintptr_t page_size;
+/* How a reference is stored: narrow (4 bytes, base + (n << shift)) or a plain address. */
+static int compressed_oops;
+static const uintptr_t *narrow_oop_base;
+static const int32_t *narrow_oop_shift;
+static atomic_int references_known;
 
 /*
  * Layout helpers by narrow klass, the pair in one word so that readers need
@@ -33,6 +38,25 @@ static _Atomic uint64_t lh_cache[LH_CACHE];
 #define KLASS_CACHE 32u
 static _Atomic uintptr_t klass_cache[KLASS_CACHE];
 static atomic_uint klass_cache_next;
+
+/* Where a narrow reference's base and shift are: JDK 17's _narrow_oop, JDK 21's and 25's _base and _shift. */
+static void references_setup(void)
+{
+	uintptr_t base_addr, shift_addr;
+
+	compressed_oops = fm_vms_flag_bool("UseCompressedOops");
+	if (compressed_oops &&
+	    ((fm_vms_field("CompressedOops", "_narrow_oop._base", NULL, &base_addr) &&
+	      fm_vms_field("CompressedOops", "_base", NULL, &base_addr)) ||
+	     (fm_vms_field("CompressedOops", "_narrow_oop._shift", NULL, &shift_addr) &&
+	      fm_vms_field("CompressedOops", "_shift", NULL, &shift_addr))))
+		return;
+	if (compressed_oops) {
+		narrow_oop_base = (const uintptr_t *)base_addr;
+		narrow_oop_shift = (const int32_t *)shift_addr;
+	}
+	atomic_store_explicit(&references_known, 1, memory_order_release);
+}
 
 int fm_klass_setup(void)
 {
@@ -72,6 +96,7 @@ int fm_klass_setup(void)
 		narrow_klass_shift = (const int32_t *)shift_addr;
 	}
 	lh_type_array = (uint32_t)type_value << shift;
+	references_setup();
 	self = getpid();
 	page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
 	if (compressed_klass && !fm_vms_int_constant("Klass::_lh_header_size_shift", &lh_hsize_shift) &&
@@ -205,4 +230,45 @@ uintptr_t fm_klass_array_end(uintptr_t addr, uintptr_t from)
 		if (obj < from + 8)
 			return 0;
 	}
+}
+
+/* The reference stored at slot (aligned, mapped): the object's address, 0 for null. */
+static uintptr_t reference_at(uintptr_t slot)
+{
+	uint32_t n;
+	int32_t shift;
+
+	if (!compressed_oops)
+		return *(const uintptr_t *)slot;
+	n = *(const uint32_t *)slot;
+	shift = *narrow_oop_shift;
+	return n && shift >= 0 && shift <= 8 ? *narrow_oop_base + ((uintptr_t)n << shift) : 0;
+}
+
+unsigned fm_klass_referents(uintptr_t addr, uintptr_t slot, uintptr_t end, uintptr_t *out, unsigned max)
+{
+	uintptr_t width = compressed_oops ? 4 : 8, obj;
+	unsigned n = 0;
+
+	if (!atomic_load_explicit(&references_known, memory_order_acquire) || (slot & (width - 1)) ||
+	    end - slot < width)
+		return 0;
+	/* The slot holds the object whose header the thread touched: a mark word, a class, a length. */
+	obj = reference_at(slot);
+	if (!obj || addr < obj || addr - obj >= (uintptr_t)klass_off + 12)
+		return 0;
+	/*
+	 * The loop's own end is not known: an object array's slots run on to
+	 * its end, an instance's few fields stop at the next object's header,
+	 * whose mark word is no reference (its low bits are set). So read up to
+	 * the first word that is none; the pager stops at one outside the heap.
+	 */
+	for (slot += width; slot + width <= end && n < max; slot += width) {
+		if (!(obj = reference_at(slot)))
+			continue;
+		if (obj & 7)
+			break;
+		out[n++] = obj;
+	}
+	return n;
 }

@@ -37,5 +37,14 @@ int fm_klass_type_array_at(uintptr_t obj);
  * compressed class pointers. [from, addr] must be mapped.
  */
 uintptr_t fm_klass_array_end(uintptr_t addr, uintptr_t from);
+/*
+ * The pager's referents (pager.h): whether slot holds a reference to the
+ * object whose header addr lies in (a collector following references, its
+ * loop at slot); if so, the objects the slots after it in [slot, end)
+ * refer to, up to max, nulls left out. 0 otherwise, or before
+ * fm_klass_setup has read how references are stored. [slot, end) must be
+ * mapped.
+ */
+unsigned fm_klass_referents(uintptr_t addr, uintptr_t slot, uintptr_t end, uintptr_t *out, unsigned max);
 
 #endif

@@ -24,6 +24,7 @@ struct fm_agent_opts {
 	unsigned heap_sizing;     /* the young generation held to a quarter of the budget (heap.h) */
 	unsigned gc_moves;        /* a pause's memmove (and G1's memcpy of arrays) of remote heap pages done in memd (gcmove.h) */
 	unsigned object_reads;    /* a program thread's fault on an array brings the array's other remote pages (klass.h) */
+	unsigned gc_referents;    /* a full GC's fault through a reference brings the next references' objects (klass.h) */
 	int detach;               /* detach: given (set to 1 by the parser, not by knobs.h) */
 	char msgfile[256];
 	char secret_file[256];

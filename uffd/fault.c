@@ -151,6 +151,90 @@ static uintptr_t object_end(struct fm_pager *p, struct fm_fault *f, struct regio
 	return end;
 }
 
+/*
+ * A full GC follows references twice over the whole heap: its marking, and
+ * its pointer adjustment, which reads the header (the forwarding pointer) of
+ * every object a moved reference points at. Each walks an object's slots in
+ * a loop and reads a header for each: scattered pages, a fault each. The
+ * loop's slot is in a register at the fault: the agent says which holds a
+ * reference to the object touched (pager.h, referents), and the objects the
+ * slots after it refer to come in with the fault's page. Not G1's concurrent
+ * marking, which reads an object only the first time it is marked: objects
+ * shared or marked already, the next slots' objects were mostly read for
+ * nothing (Neo4j at 25%: twice the pages read back), and GcChurn's gain
+ * came from its full GCs. Not a young pause, which reads only the young objects its old
+ * slots refer to.
+ */
+static int follows_references(struct fm_pager *p, struct fm_fault *f, int gc)
+{
+	return p->cfg.referents && f->regs && p->cfg.gc_window && gc == FM_GC_PAUSE && fm_in_full_gc(p);
+}
+
+/* pages[0..m) ascending, each once (at most MAX_REFERENTS: no allocation in a signal handler). */
+static unsigned sort_unique(uint64_t *pages, unsigned m)
+{
+	unsigned u = 0;
+
+	for (unsigned k = 1; k < m; k++) {
+		uint64_t v = pages[k];
+		unsigned q = k;
+
+		for (; q > 0 && pages[q - 1] > v; q--)
+			pages[q] = pages[q - 1];
+		pages[q] = v;
+	}
+	for (unsigned k = 0; k < m; k++)
+		if (!u || pages[k] != pages[u - 1])
+			pages[u++] = pages[k];
+	return u;
+}
+
+/*
+ * A full GC worker's fault on remote page i of heap region r, filled and held:
+ * the pages of r, other than i, of the objects the references after the
+ * loop's slot refer to (ascending, each once), if a register holds that
+ * slot. The slot's page is held while the agent reads it.
+ */
+static unsigned referent_pages(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i,
+			       uint64_t *pages)
+{
+	uintptr_t end = r->base + (r->npages << PG_SHIFT), obj[MAX_REFERENTS];
+	unsigned n = 0, m = 0;
+
+	if (!(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP))
+		return 0;
+	for (unsigned k = 0; k < f->nregs && !n; k++) {
+		uintptr_t v = f->regs[k];
+		uint64_t j;
+		uint8_t b, held;
+		unsigned s;
+
+		if (v < r->base || v >= end)
+			continue;
+		j = (v - r->base) >> PG_SHIFT;
+		if (j == i) {
+			n = p->cfg.referents(f->addr, v, r->base + ((j + 1) << PG_SHIFT), obj, MAX_REFERENTS);
+			continue;
+		}
+		b = pg_load(&r->pg[j]);
+		s = fm_pg_state(b);
+		if ((s != FM_PG_CLEAN && s != FM_PG_DIRTY) || !pg_cas(&r->pg[j], &b, held = pg_make(FM_PG_UPDATING, b)))
+			continue;
+		n = p->cfg.referents(f->addr, v, r->base + ((j + 1) << PG_SHIFT), obj, MAX_REFERENTS);
+		fm_release(p, &r->pg[j], held, b);
+	}
+	for (unsigned k = 0; k < n; k++) {
+		uint64_t j;
+
+		/* A word that points out of the heap is no reference: the loop's slots ended before it. */
+		if (obj[k] < r->base || obj[k] >= end)
+			break;
+		if ((j = (obj[k] - r->base) >> PG_SHIFT) != i)
+			pages[m++] = j;
+	}
+	return sort_unique(pages, m);
+}
+
 /* Page i of r is held FILLING (was b) and has room: fill it from memd or with zeros. */
 static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int ridx, uint64_t i, uint8_t b)
 {
@@ -161,6 +245,8 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	uint64_t t_xport = 0, t_copy, skipped;
 	uintptr_t end;
 	const void *src;
+	uint64_t referents[MAX_REFERENTS];
+	unsigned nref;
 
 	if (remote) {
 		t_xport = fm_now_ns();
@@ -217,6 +303,7 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 	back = fm_heat_filled(p, r, i, b);
 	/* Asked while the page is held: nobody can take it from under the agent's reads. */
 	end = remote && !gc ? object_end(p, f, r, i) : 0;
+	nref = remote && follows_references(p, f, gc) ? referent_pages(p, f, r, i, referents) : 0;
 	if (remote && !gc) {
 		atomic_fetch_add_explicit(&p->app_remote_faults, 1, memory_order_relaxed);
 		if (back & FM_BACK_BUDGET)
@@ -236,6 +323,11 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 
 		fm_prefetch_object(p, &f->fc, r, i, last - i > p->cfg.prefetch ? i + p->cfg.prefetch : last,
 				   !f->in_thread);
+		return;
+	}
+	if (nref) {
+		fm_prefetch_referents(p, &f->fc, r, referents, nref,
+				      fm_gc_read_opens(p, gc) || fm_region_installs_open(r), cold ? FM_PGF_GC : FM_PGF_REF, !f->in_thread);
 		return;
 	}
 	if (p->cfg.prefetch)

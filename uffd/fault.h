@@ -27,6 +27,8 @@ struct fm_fault {
 	int in_thread;          /* served in the faulting thread: nobody sleeps in the kernel */
 	uint64_t t0;            /* when the fault was taken off the uffd or the signal arrived */
 	struct fm_borrowed fc;  /* the memd channel it uses; fc.tid is the faulting thread */
+	const uintptr_t *regs;  /* fault=signal: the thread's general registers at the fault (NULL: unknown) */
+	unsigned nregs;
 };
 
 /* Serve one fault. Returns 0, or -ENOENT when addr is in no region (not ours). */

@@ -117,6 +117,9 @@ static void serve_sigbus(void *v)
 			unsigned long ec = (unsigned long)((ucontext_t *)c->uc)->uc_mcontext.gregs[REG_ERR];
 			f.kind = (ec & 1) ? FM_FAULT_WP : FM_FAULT_MISSING;
 			f.write = !!(ec & 2);
+			/* REG_R8 to REG_RCX: the general registers but the stack pointer. */
+			f.regs = (const uintptr_t *)(const void *)((ucontext_t *)c->uc)->uc_mcontext.gregs;
+			f.nregs = REG_RSP;
 		}
 #else
 		f.kind = FM_FAULT_GUESS;

@@ -84,6 +84,18 @@ struct fm_pager_cfg {
 	 * fm_prefetch_object). NULL: never (jvmti-agent/klass.h).
 	 */
 	uintptr_t (*object_end)(uintptr_t addr, uintptr_t from);
+	/*
+	 * Called in a fault of a full GC's workers (full_gc_in_memd says one is
+	 * under way) on a remote page of the heap, once it is filled and held, with the
+	 * address touched and a register's value, slot: whether slot holds a
+	 * reference to the object whose header addr lies in (the collector's
+	 * loop over an object's references is at slot); if so, the objects
+	 * that the slots after it up to end (slot's page's end) refer to, up
+	 * to max, in out. The pager keeps [slot, end) mapped meanwhile. Their
+	 * remote pages are read with the fault's (prefetch.h,
+	 * fm_prefetch_referents). NULL: never (jvmti-agent/klass.h).
+	 */
+	unsigned (*referents)(uintptr_t addr, uintptr_t slot, uintptr_t end, uintptr_t *out, unsigned max);
 };
 
 enum { FM_GC_PAUSE = 1, FM_GC_CONC = 2, FM_GC_SCAN = 3 };

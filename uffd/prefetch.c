@@ -453,3 +453,30 @@ void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct regio
 	got = install_claimed(p, fc, r, want, was, nw, want, nw, open, open, FM_PGF_REF, wake, &zeros);
 	STAT_ADD(p, object_reads, got);
 }
+
+void fm_prefetch_referents(struct fm_pager *p, struct fm_borrowed *fc, struct region *r, const uint64_t *pages,
+			   unsigned n, int open, uint8_t flags, int wake)
+{
+	uint64_t want[MAX_REFERENTS];
+	uint8_t was[MAX_REFERENTS];
+	unsigned nw = 0, got, zeros;
+
+	for (unsigned k = 0; k < n && nw < MAX_REFERENTS; k++) {
+		uint8_t b = pg_load(&r->pg[pages[k]]);
+
+		if (fm_pg_state(b) != FM_PG_REMOTE)
+			continue;
+		if (!reserve(p, fc, nw))
+			break;
+		if (!pg_cas(&r->pg[pages[k]], &b, pg_make(FM_PG_FILLING, b))) {
+			fm_resident_add(p, -1);
+			continue;
+		}
+		was[nw] = b;
+		want[nw++] = pages[k];
+	}
+	if (!nw)
+		return;
+	got = install_claimed(p, fc, r, want, was, nw, want, nw, open, open, flags, wake, &zeros);
+	STAT_ADD(p, referent_reads, got);
+}

@@ -320,7 +320,13 @@ struct fm_pager_stats {
 	 */
 	uint64_t full_gcs;
 	uint64_t remark_pauses;
-	uint64_t reserved3[3];
+	/*
+	 * Pages of objects read with a collector's fault on another object's
+	 * header, found by the references after the one it followed (pager.h,
+	 * referents; prefetch.c).
+	 */
+	uint64_t referent_reads;
+	uint64_t reserved3[2];
 };
 
 struct fm_resmap_hdr {

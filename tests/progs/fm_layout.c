@@ -53,6 +53,7 @@ int main(void)
 	printf("  \"offsetof_over_budget_adopted\": %zu,\n", offsetof(struct fm_pager_stats, over_budget_adopted));
 	printf("  \"offsetof_object_reads\": %zu,\n", offsetof(struct fm_pager_stats, object_reads));
 	printf("  \"offsetof_remark_pauses\": %zu,\n", offsetof(struct fm_pager_stats, remark_pauses));
+	printf("  \"offsetof_referent_reads\": %zu,\n", offsetof(struct fm_pager_stats, referent_reads));
 	printf("  \"sizeof_region\": %zu,\n", sizeof(struct fm_resmap_region));
 	printf("  \"sizeof_stats\": %zu,\n", sizeof(struct fm_pager_stats));
 	printf("  \"magic\": %u,\n", FM_RESMAP_MAGIC);

@@ -16,6 +16,8 @@
 
 /* The pager's object_end for the pagers made below (pager.h): a test's own layout of objects, or none. */
 static uintptr_t (*unit_object_end)(uintptr_t addr, uintptr_t from);
+/* Its referents (pager.h): a test's own references, or none. */
+static unsigned (*unit_referents)(uintptr_t addr, uintptr_t slot, uintptr_t end, uintptr_t *out, unsigned max);
 
 /*
  * A pager on memd at addr ("unix:PATH", or a list) with a local budget and the
@@ -40,6 +42,7 @@ static inline struct fm_pager *unit_pager_gc_ex(const char *what, const char *ad
 	cfg.is_gc_thread = is_gc_thread;
 	cfg.full_gc_in_memd = full_gc_in_memd;
 	cfg.object_end = unit_object_end;
+	cfg.referents = unit_referents;
 	if (fm_pager_start(&cfg, &p, err, sizeof(err))) {
 		fprintf(stderr, "fm_pager_start (%s): %s\n", what, err);
 		failures++;

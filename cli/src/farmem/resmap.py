@@ -122,7 +122,8 @@ LOOP_FIELDS = ("loop_evictions", "loop_back_run", "loop_back_random")
 # Then pages booked over the budget: fills whose evictions found nothing to take, and pages adopted at a
 # registration that its eviction could not bring under the budget. Then pages of an object a program
 # thread's fault touched, read with that fault's page (the agent read the object's header: object_end).
-OVER_FIELDS = ("over_budget_fills", "over_budget_adopted", "object_reads", "full_gcs", "remark_pauses")
+OVER_FIELDS = ("over_budget_fills", "over_budget_adopted", "object_reads", "full_gcs", "remark_pauses",
+               "referent_reads")
 
 
 class PagerStats(ctypes.Structure):
@@ -209,6 +210,7 @@ def layout() -> dict:
         "offsetof_over_budget_adopted": PagerStats.over_budget_adopted.offset,
         "offsetof_object_reads": PagerStats.object_reads.offset,
         "offsetof_remark_pauses": PagerStats.remark_pauses.offset,
+        "offsetof_referent_reads": PagerStats.referent_reads.offset,
         "sizeof_region": ctypes.sizeof(ResmapRegion),
         "sizeof_stats": ctypes.sizeof(PagerStats),
     }
