@@ -253,10 +253,21 @@ unsigned fm_klass_referents(uintptr_t addr, uintptr_t slot, uintptr_t end, uintp
 	if (!atomic_load_explicit(&references_known, memory_order_acquire) || (slot & (width - 1)) ||
 	    end - slot < width)
 		return 0;
-	/* The slot holds the object whose header the thread touched: a mark word, a class, a length. */
+	/*
+	 * The slot holds the object whose header the thread touched (a mark
+	 * word, a class, a length), or the slot before it does: a loop that
+	 * moved on to its next slot before it called what reads the object
+	 * (JDK 21's full GC marking, whose mark_and_push is a call).
+	 */
 	obj = reference_at(slot);
-	if (!obj || addr < obj || addr - obj >= (uintptr_t)klass_off + 12)
-		return 0;
+	if (!obj || addr < obj || addr - obj >= (uintptr_t)klass_off + 12) {
+		if ((slot & (page_size - 1)) < width)
+			return 0;
+		obj = reference_at(slot - width);
+		if (!obj || addr < obj || addr - obj >= (uintptr_t)klass_off + 12)
+			return 0;
+		slot -= width;
+	}
 	/*
 	 * The loop's own end is not known: an object array's slots run on to
 	 * its end, an instance's few fields stop at the next object's header,

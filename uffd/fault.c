@@ -170,6 +170,19 @@ static int follows_references(struct fm_pager *p, struct fm_fault *f, int gc)
 	return p->cfg.referents && f->regs && p->cfg.gc_window && gc == FM_GC_PAUSE && fm_in_full_gc(p);
 }
 
+/* Words at the top of a faulting thread's stack looked at for the loop's slot (referent_pages). */
+#define STACK_WORDS 16u
+
+/*
+ * A word of the faulting thread's stack above its stack pointer: its
+ * callers' frames, which a sanitizer has poisoned in parts (redzones) that
+ * are still memory this thread may read.
+ */
+__attribute__((no_sanitize("address"))) static uintptr_t stack_word(uintptr_t sp, unsigned k)
+{
+	return __atomic_load_n((const uintptr_t *)sp + k, __ATOMIC_RELAXED);
+}
+
 /* pages[0..m) ascending, each once (at most MAX_REFERENTS: no allocation in a signal handler). */
 static unsigned sort_unique(uint64_t *pages, unsigned m)
 {
@@ -199,12 +212,19 @@ static unsigned referent_pages(struct fm_pager *p, struct fm_fault *f, struct re
 			       uint64_t *pages)
 {
 	uintptr_t end = r->base + (r->npages << PG_SHIFT), obj[MAX_REFERENTS];
-	unsigned n = 0, m = 0;
+	/*
+	 * The stack's top words too: a function the loop calls for each slot
+	 * (JDK 21's full GC marking, mark_and_push) saves the loop's registers
+	 * there before it takes them for its own. Not a stack in paged memory,
+	 * whose words could fault here.
+	 */
+	unsigned n = 0, m = 0, nstack = f->sp && !(f->sp & 7) && !fm_region_maybe(p, f->sp, f->sp + STACK_WORDS * 8)
+						? STACK_WORDS : 0;
 
 	if (!(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP))
 		return 0;
-	for (unsigned k = 0; k < f->nregs && !n; k++) {
-		uintptr_t v = f->regs[k];
+	for (unsigned k = 0; k < f->nregs + nstack && !n; k++) {
+		uintptr_t v = k < f->nregs ? f->regs[k] : stack_word(f->sp, k - f->nregs);
 		uint64_t j;
 		uint8_t b, held;
 		unsigned s;

@@ -29,6 +29,7 @@ struct fm_fault {
 	struct fm_borrowed fc;  /* the memd channel it uses; fc.tid is the faulting thread */
 	const uintptr_t *regs;  /* fault=signal: the thread's general registers at the fault (NULL: unknown) */
 	unsigned nregs;
+	uintptr_t sp;           /* and its stack pointer: the words above it hold its callers' registers */
 };
 
 /* Serve one fault. Returns 0, or -ENOENT when addr is in no region (not ours). */

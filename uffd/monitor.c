@@ -120,6 +120,7 @@ static void serve_sigbus(void *v)
 			/* REG_R8 to REG_RCX: the general registers but the stack pointer. */
 			f.regs = (const uintptr_t *)(const void *)((ucontext_t *)c->uc)->uc_mcontext.gregs;
 			f.nregs = REG_RSP;
+			f.sp = (uintptr_t)((ucontext_t *)c->uc)->uc_mcontext.gregs[REG_RSP];
 		}
 #else
 		f.kind = FM_FAULT_GUESS;

@@ -100,7 +100,7 @@ static uint64_t read_through(const uintptr_t *slot)
 static uint64_t target_page(unsigned c, unsigned k)
 {
 	/* Scattered, away from the slot pages and the forgotten pages, a band of pages for each case c. */
-	return 64 + (uint64_t)c * 1200 + (uint64_t)k * 5;
+	return 64 + (uint64_t)c * 1000 + (uint64_t)k * 4;
 }
 
 static uint64_t stat_of(size_t off)
@@ -110,42 +110,84 @@ static uint64_t stat_of(size_t off)
 
 #define STAT(f) stat_of(offsetof(struct fm_pager_stats, f))
 
+/* How a case's read finds its slot: in rbx, in rbx but referring to another object, on the stack. */
+enum { SLOT_IN_RBX, SLOT_OTHER, SLOT_ON_STACK };
+
+/*
+ * The klass word of the object slot refers to, read with slot's address
+ * on the top of the stack and in no register (a called function saved the
+ * caller's register there and took it: JDK 21's mark_and_push). Every
+ * general register but the one read through is zeroed first.
+ */
+__attribute__((noinline)) static uint64_t read_through_stack(const uintptr_t *slot)
+{
+	uint64_t v;
+	const uint8_t *obj = (const uint8_t *)*slot + 8;
+
+	/* Below the red zone; the signal's frame goes on the alternate stack. */
+	__asm__ volatile("sub $128, %%rsp\n\t"
+			 "push %%rdi\n\t"
+			 "xor %%edi, %%edi\n\t"
+			 "xor %%ebx, %%ebx\n\t"
+			 "xor %%ecx, %%ecx\n\t"
+			 "xor %%edx, %%edx\n\t"
+			 "xor %%esi, %%esi\n\t"
+			 "xor %%r8d, %%r8d\n\t"
+			 "xor %%r9d, %%r9d\n\t"
+			 "xor %%r10d, %%r10d\n\t"
+			 "xor %%r11d, %%r11d\n\t"
+			 "xor %%r12d, %%r12d\n\t"
+			 "xor %%r13d, %%r13d\n\t"
+			 "xor %%r14d, %%r14d\n\t"
+			 "xor %%r15d, %%r15d\n\t"
+			 "movq (%%rax), %%rax\n\t"
+			 "add $136, %%rsp"
+			 : "=a"(v), "+D"(slot)
+			 : "a"(obj)
+			 : "rbx", "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "memory");
+	return v;
+}
+
 /*
  * Case c: slot page c laid out with SLOTS references (the one at stop, if
- * any, out of the heap), its first object's header read through slot 0 by
- * a thread of kind k (full: in a full GC). want: whether the objects after
- * it come with the fault. Returns pages read back wrong.
+ * any, out of the heap), an object's header read through a slot (how) by a
+ * thread of kind k (full: in a full GC): slot 0's, or slot 1's with the
+ * slot on the stack. want: whether the objects of the slots after it come
+ * with the fault. Returns pages read back wrong.
  */
-static uint64_t one_case(unsigned c, int k, int full, int stop, int other, int want, int signal_mode)
+static uint64_t one_case(unsigned c, int k, int full, int stop, int how, int want, int signal_mode)
 {
 	uintptr_t *slots = (uintptr_t *)(heap + (uint64_t)(c + 1) * PG);
 	uint64_t remote_after = 0, reads0, faults0, bad = 0, expect;
 	volatile uint64_t sink = 0;
-	unsigned last = stop > 0 ? (unsigned)stop : MAXREF + 1;
+	unsigned at = how == SLOT_ON_STACK ? 1 : 0, last = stop > 0 ? (unsigned)stop : at + MAXREF + 1;
+	uintptr_t other = (uintptr_t)heap + target_page(c + 1, 0) * PG + OBJ_AT; /* no object the read touches */
 
 	for (unsigned s = 0; s < SLOTS; s++)
 		slots[s] = (uintptr_t)heap + target_page(c, s) * PG + OBJ_AT;
 	if (stop > 0)
 		slots[stop] = (uintptr_t)&outside;
-	if (other)
-		slots[0] = (uintptr_t)heap + target_page(c + 1, 0) * PG + OBJ_AT; /* no object the read touches */
+	if (how == SLOT_OTHER)
+		slots[0] = other;
 	/* The referents' pages as they are now: those in memd come with the fault, if any do. */
-	for (unsigned s = 1; s < last && s < SLOTS; s++)
+	for (unsigned s = at + 1; s < last && s < SLOTS; s++)
 		remote_after += fm_pg_state(*unit_state_byte(map, target_page(c, s))) == FM_PG_REMOTE;
-	CHECK(fm_pg_state(*unit_state_byte(map, target_page(c, 0))) == FM_PG_REMOTE);
+	CHECK(fm_pg_state(*unit_state_byte(map, target_page(c, at))) == FM_PG_REMOTE);
 	atomic_store(&kind, k);
 	atomic_store(&full_gc, full);
 	atomic_store(&gc_tid, (long)syscall(SYS_gettid));
 	sink += slots[0] + slots[SLOTS - 1]; /* the slot page resident, referenced */
 	reads0 = STAT(referent_reads);
 	faults0 = STAT(faults);
-	if (other) {
-		const uintptr_t *at = slots;
+	if (how == SLOT_OTHER) {
+		const uintptr_t *first = slots;
 		uint64_t v;
 		const uint8_t *obj = heap + target_page(c, 0) * PG + OBJ_AT + 8;
 
-		__asm__ volatile("movq (%2), %0" : "=r"(v) : "b"(at), "r"(obj) : "memory");
+		__asm__ volatile("movq (%2), %0" : "=r"(v) : "b"(first), "r"(obj) : "memory");
 		sink += v;
+	} else if (how == SLOT_ON_STACK) {
+		sink += read_through_stack(slots + 1);
 	} else {
 		sink += read_through(slots);
 	}
@@ -156,18 +198,18 @@ static uint64_t one_case(unsigned c, int k, int full, int stop, int other, int w
 	CHECK(STAT(referent_reads) - reads0 == expect);
 	CHECK(STAT(faults) - faults0 == 1);
 	if (expect) {
-		for (unsigned s = 1; s < last && s < SLOTS; s++)
+		for (unsigned s = at + 1; s < last && s < SLOTS; s++)
 			CHECK(fm_pg_is_resident(*unit_state_byte(map, target_page(c, s))));
 		/* Read through each slot in turn: they are all here, no fault. */
 		faults0 = STAT(faults);
-		for (unsigned s = 1; s < last && s < SLOTS; s++)
+		for (unsigned s = at + 1; s < last && s < SLOTS; s++)
 			sink += read_through(slots + s);
 		CHECK(STAT(faults) == faults0);
 	}
 	atomic_store(&gc_tid, 0);
 	for (unsigned s = 0; s < SLOTS; s++)
 		bad += slots[s] != (s == (unsigned)stop && stop > 0 ? (uintptr_t)&outside
-				     : s == 0 && other ? (uintptr_t)heap + target_page(c + 1, 0) * PG + OBJ_AT
+				     : s == 0 && how == SLOT_OTHER ? other
 				     : (uintptr_t)heap + target_page(c, s) * PG + OBJ_AT);
 	(void)sink;
 	return bad;
@@ -199,12 +241,13 @@ static void exercise(const char *sock, const char *fault)
 	CHECK(fm_pager_forget(p, heap + (NPAGES - FORGOTTEN) * PG, FORGOTTEN * PG) == 0);
 	CHECK(madvise(heap + (NPAGES - FORGOTTEN) * PG, FORGOTTEN * PG, MADV_DONTNEED) == 0);
 	/* Slot pages 1-8; every case's targets in memd: the region was written past them since. */
-	bad += one_case(0, FM_GC_PAUSE, 1, 0, 0, 1, signal_mode);      /* a full GC's worker: MAXREF objects */
-	bad += one_case(1, 0, 1, 0, 0, 0, signal_mode);                /* a program thread */
-	bad += one_case(2, FM_GC_PAUSE, 0, 0, 0, 0, signal_mode);      /* a young pause's worker */
-	bad += one_case(3, FM_GC_SCAN, 1, 0, 0, 0, signal_mode);       /* G1's concurrent marking */
-	bad += one_case(4, FM_GC_PAUSE, 1, 20, 0, 1, signal_mode);     /* slot 20 points out of the heap */
-	bad += one_case(5, FM_GC_PAUSE, 1, 0, 1, 0, signal_mode);      /* slot 0 refers to another object */
+	bad += one_case(0, FM_GC_PAUSE, 1, 0, SLOT_IN_RBX, 1, signal_mode);   /* a full GC's worker: MAXREF objects */
+	bad += one_case(1, 0, 1, 0, SLOT_IN_RBX, 0, signal_mode);             /* a program thread */
+	bad += one_case(2, FM_GC_PAUSE, 0, 0, SLOT_IN_RBX, 0, signal_mode);   /* a young pause's worker */
+	bad += one_case(3, FM_GC_SCAN, 1, 0, SLOT_IN_RBX, 0, signal_mode);    /* G1's concurrent marking */
+	bad += one_case(4, FM_GC_PAUSE, 1, 20, SLOT_IN_RBX, 1, signal_mode);  /* slot 20 points out of the heap */
+	bad += one_case(5, FM_GC_PAUSE, 1, 0, SLOT_OTHER, 0, signal_mode);    /* slot 0 refers to another object */
+	bad += one_case(6, FM_GC_PAUSE, 1, 0, SLOT_ON_STACK, 1, signal_mode); /* slot 1's address on the stack */
 	CHECK(unheld == 0);
 	CHECK(!signal_mode || calls > 0);
 	for (uint64_t i = 64; i < NPAGES; i++)
