@@ -45,10 +45,11 @@ def main() -> int:
     ap.add_argument("--live-mb", type=int, default=600)
     ap.add_argument("--steps", type=int, default=300000)
     ap.add_argument("--heap", default="1g", help="-Xmx and -Xms (default 1g)")
+    ap.add_argument("--java", default="java", help="the java command (default: java on PATH, Debian's 17)")
     ap.add_argument("--variant", action="append", type=parse_variant, required=True,
                     metavar="NAME=[VAR=VALUE,...][:OPTIONS]")
     a = ap.parse_args()
-    java = ["java", f"-Xmx{a.heap}", f"-Xms{a.heap}", "-cp", "build/java", "GcChurn",
+    java = [a.java, f"-Xmx{a.heap}", f"-Xms{a.heap}", "-cp", "build/java", "GcChurn",
             "--live-mb", str(a.live_mb), "--steps", str(a.steps)]
     runs = {"local": (dict(os.environ), java)}
     for name, env, opts in a.variant:
