@@ -140,6 +140,21 @@ def test_summary_counts_full_gcs_and_remark_pauses(farmem_cmd, java_cp, tmp_path
     assert s["remark_pauses"] == len(remark_at) + aborted, (s["remark_pauses"], aborted, r.stdout)
 
 
+def churn_on_off_wide(farmem_cmd, java_cp, tmp_path, private_tmp, off_flag, wide_jvm_flag) -> dict:
+    """GcChurn, 300 MiB live, at 25% local three ways: as is ("on"), with farmem's off_flag ("off"), and
+    with the JVM's wide_jvm_flag ("wide"); each run must pass its own check of every word. Their
+    summaries by name."""
+    stats = {}
+    for name, flags, jvm in [("on", [], []), ("off", [off_flag], []), ("wide", [], [wide_jvm_flag])]:
+        summary = tmp_path / f"{name}.json"
+        cmd = java_cp[:1] + jvm + java_cp[1:] + ["GcChurn", "--live-mb", "300", "--steps", "60000"]
+        r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), *flags, "--", *cmd,
+                   timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
+        assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
+        stats[name] = json.loads(summary.read_text())
+    return stats
+
+
 def test_object_reads_bring_an_array_with_its_first_fault(farmem_cmd, java_cp, tmp_path, private_tmp):
     """GcChurn's checks read whole arrays of 2-32 KiB at random, most of them in memd at 25% local. With
     object_reads (the default) the program's fault where it reads an array's length, or walks into a
@@ -147,15 +162,8 @@ def test_object_reads_bring_an_array_with_its_first_fault(farmem_cmd, java_cp, t
     (jvmti-agent/klass.c, uffd/prefetch.c): far fewer faults by the program than without. Without
     compressed class pointers the agent does not read arrays' headers: none read so. Every run checks
     every word of its arrays."""
-    stats = {}
-    for name, flags, jvm in [("on", [], []), ("off", ["--no-object-reads"], []),
-                             ("wide", [], ["-XX:-UseCompressedClassPointers"])]:
-        summary = tmp_path / f"{name}.json"
-        cmd = java_cp[:1] + jvm + java_cp[1:] + ["GcChurn", "--live-mb", "300", "--steps", "60000"]
-        r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), *flags, "--", *cmd,
-                   timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
-        assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
-        stats[name] = json.loads(summary.read_text())
+    stats = churn_on_off_wide(farmem_cmd, java_cp, tmp_path, private_tmp, "--no-object-reads",
+                              "-XX:-UseCompressedClassPointers")
     on, off, wide = stats["on"], stats["off"], stats["wide"]
     assert on["object_reads"] > 10000 and on["crc_errors"] == 0, on
     assert off["object_reads"] == 0 and wide["object_reads"] == 0, (off, wide)
@@ -170,15 +178,8 @@ def test_gc_referents_bring_the_next_references_objects(farmem_cmd, java_cp, tmp
     faults by the pause workers (here about 115k against 150k), about the same pages read, with
     narrow references and with full-width ones (-XX:-UseCompressedOops). Every run checks every word
     of its arrays."""
-    stats = {}
-    for name, flags, jvm in [("on", [], []), ("off", ["--no-gc-referents"], []),
-                             ("wide", [], ["-XX:-UseCompressedOops"])]:
-        summary = tmp_path / f"{name}.json"
-        cmd = java_cp[:1] + jvm + java_cp[1:] + ["GcChurn", "--live-mb", "300", "--steps", "60000"]
-        r = farmem(farmem_cmd, "run", "--local", "25%", "--summary-json", str(summary), *flags, "--", *cmd,
-                   timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
-        assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout + r.stderr
-        stats[name] = json.loads(summary.read_text())
+    stats = churn_on_off_wide(farmem_cmd, java_cp, tmp_path, private_tmp, "--no-gc-referents",
+                              "-XX:-UseCompressedOops")
     on, off, wide = stats["on"], stats["off"], stats["wide"]
     assert on["referent_reads"] > 10000 and wide["referent_reads"] > 10000, (on, wide)
     assert off["referent_reads"] == 0, off
