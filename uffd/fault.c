@@ -156,14 +156,14 @@ static uintptr_t object_end(struct fm_pager *p, struct fm_fault *f, struct regio
  * its pointer adjustment, which reads the header (the forwarding pointer) of
  * every object a moved reference points at. Each walks an object's slots in
  * a loop and reads a header for each: scattered pages, a fault each. The
- * loop's slot is in a register at the fault: the agent says which holds a
- * reference to the object touched (pager.h, referents), and the objects the
- * slots after it refer to come in with the fault's page. Not G1's concurrent
- * marking, which reads an object only the first time it is marked: objects
- * shared or marked already, the next slots' objects were mostly read for
- * nothing (Neo4j at 25%: twice the pages read back), and GcChurn's gain
- * came from its full GCs. Not a young pause, which reads only the young objects its old
- * slots refer to.
+ * loop's slot is in a register at the fault, or on the stack: the agent says
+ * which holds a reference to the object touched (pager.h, referents), and the
+ * objects the slots after it refer to come in with the fault's page. Not G1's
+ * concurrent marking, which reads an object only the first time it is
+ * marked: objects shared or marked already, the next slots' objects were
+ * mostly read for nothing (Neo4j at 25%: twice the pages read back), and
+ * GcChurn's gain came from its full GCs. Not a young pause, which reads only
+ * the young objects its old slots refer to.
  */
 static int follows_references(struct fm_pager *p, struct fm_fault *f, int gc)
 {
@@ -205,8 +205,9 @@ static unsigned sort_unique(uint64_t *pages, unsigned m)
 /*
  * A full GC worker's fault on remote page i of heap region r, filled and held:
  * the pages of r, other than i, of the objects the references after the
- * loop's slot refer to (ascending, each once), if a register holds that
- * slot. The slot's page is held while the agent reads it.
+ * loop's slot refer to (ascending, each once), if a register or a word at
+ * the top of the stack holds that slot. The slot's page is held while the
+ * agent reads it.
  */
 static unsigned referent_pages(struct fm_pager *p, struct fm_fault *f, struct region *r, uint64_t i,
 			       uint64_t *pages)
@@ -218,8 +219,8 @@ static unsigned referent_pages(struct fm_pager *p, struct fm_fault *f, struct re
 	 * there before it takes them for its own. Not a stack in paged memory,
 	 * whose words could fault here.
 	 */
-	unsigned n = 0, m = 0, nstack = f->sp && !(f->sp & 7) && !fm_region_maybe(p, f->sp, f->sp + STACK_WORDS * 8)
-						? STACK_WORDS : 0;
+	int stack_ok = f->sp && !(f->sp & 7) && !fm_region_maybe(p, f->sp, f->sp + STACK_WORDS * 8);
+	unsigned n = 0, m = 0, nstack = stack_ok ? STACK_WORDS : 0;
 
 	if (!(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP))
 		return 0;
@@ -346,8 +347,10 @@ static void fill(struct fm_pager *p, struct fm_fault *f, struct region *r, int r
 		return;
 	}
 	if (nref) {
-		fm_prefetch_referents(p, &f->fc, r, referents, nref,
-				      fm_gc_read_opens(p, gc) || fm_region_installs_open(r), cold ? FM_PGF_GC : FM_PGF_REF, !f->in_thread);
+		int open = fm_gc_read_opens(p, gc) || fm_region_installs_open(r);
+
+		fm_prefetch_referents(p, &f->fc, r, referents, nref, open, cold ? FM_PGF_GC : FM_PGF_REF,
+				      !f->in_thread);
 		return;
 	}
 	if (p->cfg.prefetch)
