@@ -69,9 +69,10 @@ def test_g1_heap_verified_with_every_feature_on(farmem_cmd, build, tmp_path, pri
 
 def test_full_gcs_read_through_references(farmem_cmd, build, tmp_path, private_tmp, release):
     """A full GC's marking here calls mark_and_push for each slot, which takes the register the loop
-    kept its slot in and saves it on the stack: gc_referents finds the slot there (uffd/fault.c), and
-    the objects the next slots refer to come with the fault (about 57k pages a run, ~100 when only the
-    registers were looked at), the pause workers' faults far fewer than with --no-gc-referents.
+    kept its slot in and saves it on the stack, already moved on to the next slot: gc_referents finds
+    it there (uffd/fault.c) and takes the slot before it (jvmti-agent/klass.c), and the objects the
+    next slots refer to come with the fault (about 57k pages a run; ~100 with the registers alone, or
+    without the slot before), the pause workers' faults far fewer than with --no-gc-referents.
     Without heap verification, which reads the heap before each collection and leaves fewer faults
     to take (600-2,200 pages read so under JDK 21, 18k under 25)."""
     version, java = release

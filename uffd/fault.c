@@ -167,6 +167,7 @@ static uintptr_t object_end(struct fm_pager *p, struct fm_fault *f, struct regio
  */
 static int follows_references(struct fm_pager *p, struct fm_fault *f, int gc)
 {
+	/* gc_window bounds a collector's reads ahead: up to it (MAX_REFERENTS), none at 0. */
 	return p->cfg.referents && f->regs && p->cfg.gc_window && gc == FM_GC_PAUSE && fm_in_full_gc(p);
 }
 
@@ -221,6 +222,7 @@ static unsigned referent_pages(struct fm_pager *p, struct fm_fault *f, struct re
 	 */
 	int stack_ok = f->sp && !(f->sp & 7) && !fm_region_maybe(p, f->sp, f->sp + STACK_WORDS * 8);
 	unsigned n = 0, m = 0, nstack = stack_ok ? STACK_WORDS : 0;
+	unsigned max = p->cfg.gc_window < MAX_REFERENTS ? p->cfg.gc_window : MAX_REFERENTS;
 
 	if (!(fm_resmap_slot(p->hdr, (unsigned)r->slot)->flags & FM_REGION_F_HEAP))
 		return 0;
@@ -234,14 +236,14 @@ static unsigned referent_pages(struct fm_pager *p, struct fm_fault *f, struct re
 			continue;
 		j = (v - r->base) >> PG_SHIFT;
 		if (j == i) {
-			n = p->cfg.referents(f->addr, v, r->base + ((j + 1) << PG_SHIFT), obj, MAX_REFERENTS);
+			n = p->cfg.referents(f->addr, v, r->base + ((j + 1) << PG_SHIFT), obj, max);
 			continue;
 		}
 		b = pg_load(&r->pg[j]);
 		s = fm_pg_state(b);
 		if ((s != FM_PG_CLEAN && s != FM_PG_DIRTY) || !pg_cas(&r->pg[j], &b, held = pg_make(FM_PG_UPDATING, b)))
 			continue;
-		n = p->cfg.referents(f->addr, v, r->base + ((j + 1) << PG_SHIFT), obj, MAX_REFERENTS);
+		n = p->cfg.referents(f->addr, v, r->base + ((j + 1) << PG_SHIFT), obj, max);
 		fm_release(p, &r->pg[j], held, b);
 	}
 	for (unsigned k = 0; k < n; k++) {

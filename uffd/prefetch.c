@@ -411,6 +411,29 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 	pthread_mutex_unlock(&p->stream_lock);
 }
 
+/*
+ * Remote page j of r, which its thread reads now, claimed as a fault's page
+ * would be: room made (an eviction batch if need be), then held FILLING.
+ * 1: claimed (*was: its byte before); 0: not remote, or another thread got
+ * it first (it fills it); -1: no room.
+ */
+static int claim_read_now(struct fm_pager *p, struct fm_borrowed *fc, struct region *r, uint64_t j, uint8_t *was)
+{
+	uint8_t b = pg_load(&r->pg[j]);
+
+	/* Its remote pages only: a resident one is there, a held one its holder fills. */
+	if (fm_pg_state(b) != FM_PG_REMOTE)
+		return 0;
+	if (!reserve(p, fc, 0))
+		return -1;
+	if (!pg_cas(&r->pg[j], &b, pg_make(FM_PG_FILLING, b))) {
+		fm_resident_add(p, -1);
+		return 0;
+	}
+	*was = b;
+	return 1;
+}
+
 void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct region *r, uint64_t idx, uint64_t last,
 			int wake)
 {
@@ -421,19 +444,13 @@ void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct regio
 
 	if (last >= r->npages)
 		last = r->npages - 1;
-	/* Its remote pages only: a resident one is there, a held one its holder fills. */
 	for (uint64_t j = idx + 1; j <= last && nw < MAX_AHEAD; j++) {
-		uint8_t b = pg_load(&r->pg[j]);
+		int c = claim_read_now(p, fc, r, j, &was[nw]);
 
-		if (fm_pg_state(b) != FM_PG_REMOTE)
-			continue;
-		/* Room as for a fault's page: the program reads these now. */
-		if (!reserve(p, fc, 0))
+		if (c < 0)
 			break;
-		if (!pg_cas(&r->pg[j], &b, pg_make(FM_PG_FILLING, b))) {
-			fm_resident_add(p, -1);
+		if (!c)
 			continue;
-		}
 		/*
 		 * Read now, as if each had faulted: its heat, and the program's
 		 * record of pages back soon that the discard's verdict reads
@@ -442,8 +459,7 @@ void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct regio
 		 * holds GcChurn's arrays for one too small (test_discard.py,
 		 * test_next_eden_left_writable: 58% of the garbage written again).
 		 */
-		back_soon += (fm_heat_filled(p, r, j, b) & FM_BACK_BUDGET) != 0;
-		was[nw] = b;
+		back_soon += (fm_heat_filled(p, r, j, was[nw]) & FM_BACK_BUDGET) != 0;
 		want[nw++] = j;
 	}
 	if (!nw)
@@ -461,19 +477,14 @@ void fm_prefetch_referents(struct fm_pager *p, struct fm_borrowed *fc, struct re
 	uint8_t was[MAX_REFERENTS];
 	unsigned nw = 0, got, zeros;
 
+	/* The collector reads each of them next: claimed as its fault's page would be. */
 	for (unsigned k = 0; k < n && nw < MAX_REFERENTS; k++) {
-		uint8_t b = pg_load(&r->pg[pages[k]]);
+		int c = claim_read_now(p, fc, r, pages[k], &was[nw]);
 
-		if (fm_pg_state(b) != FM_PG_REMOTE)
-			continue;
-		if (!reserve(p, fc, nw))
+		if (c < 0)
 			break;
-		if (!pg_cas(&r->pg[pages[k]], &b, pg_make(FM_PG_FILLING, b))) {
-			fm_resident_add(p, -1);
-			continue;
-		}
-		was[nw] = b;
-		want[nw++] = pages[k];
+		if (c)
+			want[nw++] = pages[k];
 	}
 	if (!nw)
 		return;

@@ -50,16 +50,16 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 void fm_prefetch_object(struct fm_pager *p, struct fm_borrowed *fc, struct region *r, uint64_t idx, uint64_t last,
 			int wake);
 
-/* At most this many objects a GC thread's fault on one's header brings with it (fm_prefetch_referents). */
+/* At most this many objects a full GC worker's fault on one's header brings with it (fm_prefetch_referents). */
 #define MAX_REFERENTS 64u
 
 /*
- * A GC thread's fault on an object's header, taken in a loop over a
- * reference slots that goes on to the objects of pages[] (n, ascending,
- * of r: the agent read the slots, pager.h, referents): their remote pages,
- * up to MAX_REFERENTS, in one read, installed as the fault's page was
- * (open: writable; flags: FM_PGF_GC, cold, or FM_PGF_REF). Caller holds
- * rlock.
+ * A full GC worker's fault on an object's header, taken in a loop over
+ * reference slots that goes on to the objects of pages[] (n, ascending, of
+ * r: the agent read the slots, pager.h, referents): their remote pages, up
+ * to MAX_REFERENTS, in one read, each claimed with room as the fault's page
+ * was, and installed as it was (open: writable; flags: FM_PGF_GC, cold, or
+ * FM_PGF_REF). Caller holds rlock.
  */
 void fm_prefetch_referents(struct fm_pager *p, struct fm_borrowed *fc, struct region *r, const uint64_t *pages,
 			   unsigned n, int open, uint8_t flags, int wake);
