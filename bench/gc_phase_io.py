@@ -42,7 +42,9 @@ MARKING = "outside pauses, in a mark cycle"
 # Innermost first: a phase of a full GC is inside its pause, a pause inside a mark cycle.
 RANK = {"phase": 0, "full": 1, "young": 1, "pause": 1, "cycle": 2}
 
-LINE = re.compile(r"^\[(?P<t>\d{4}-\d\d-\d\dT[\d:.]+[+-]\d{4})\].*?GC\(\d+\) (?P<what>.*?) (?P<ms>[\d.]+)ms\s*$")
+# `time` (the wall clock) or `timenanos` (the JVM's System.nanoTime, CLOCK_MONOTONIC on Linux).
+LINE = re.compile(r"^\[(?:(?P<t>\d{4}-\d\d-\d\dT[\d:.]+[+-]\d{4})|(?P<ns>\d+)ns)\]"
+                  r".*?GC\(\d+\) (?P<what>.*?) (?P<ms>[\d.]+)ms\s*$")
 
 
 def log_time(stamp: str) -> float:
@@ -57,7 +59,8 @@ def parse_gc_log(text: str) -> list:
         m = LINE.match(line)
         if not m:
             continue
-        end, what = log_time(m.group("t")), m.group("what")
+        end = log_time(m.group("t")) if m.group("t") else int(m.group("ns")) / 1e9
+        what = m.group("what")
         start = end - float(m.group("ms")) / 1000
         ph = re.match(r"(Phase \d: [A-Za-z ]+?)$", what)
         if ph:
@@ -101,11 +104,12 @@ def attribute(samples: list, spans: list) -> dict:
     return out
 
 
-def with_gc_log(cmd: list, path: str) -> list:
-    """cmd with -Xlog for the pause and phase spans after its `java`."""
+def with_gc_log(cmd: list, path: str, clock: str = "time") -> list:
+    """cmd with -Xlog for the pause and phase spans after its `java`, stamped with clock (an -Xlog
+    decorator: time or timenanos)."""
     for i, arg in enumerate(cmd):
         if os.path.basename(arg) == "java":
-            return cmd[:i + 1] + [f"-Xlog:gc,gc+phases=info:file={path}:time"] + cmd[i + 1:]
+            return cmd[:i + 1] + [f"-Xlog:gc,gc+phases=info:file={path}:{clock}"] + cmd[i + 1:]
     raise ValueError("no `java` in the command: gc_phase_io splits a JVM's paging")
 
 
