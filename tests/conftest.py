@@ -104,6 +104,20 @@ def wait_paging(farmem_cmd):
     return wait
 
 
+def run_jvm_tool(tool, tool_args, build, private_tmp, run_args=(), steps=100000):
+    """bench/TOOL.py TOOL_ARGS -- farmem run --local 50% RUN_ARGS -- java ... GcChurn (150 MiB live
+    in a 256 MiB heap), as the JVM-watching tools' tests run them: the finished process, checked to
+    have exited 0 with GcChurn's own "ok"."""
+    cmd = [sys.executable, str(REPO / "bench" / f"{tool}.py"), *map(str, tool_args), "--",
+           str(REPO / "farmem"), "run", "--local", "50%", *map(str, run_args), "--",
+           "java", "-Xmx256m", "-Xms256m", "-cp", str(build / "java"), "GcChurn", "--live-mb", "150",
+           "--steps", str(steps)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "gcchurn: ok" in r.stdout
+    return r
+
+
 def in_cgroup(cg, argv):
     """argv run inside the memory cgroup cg (farmem.swap's): the shell joins it, then becomes argv."""
     return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs, *map(str, argv)]

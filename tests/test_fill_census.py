@@ -5,13 +5,11 @@ checks them against what farmem run's summary counted (skipped where perf cannot
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_jvm_tool
 from test_gc_profile import perf_records
 
 spec = importlib.util.spec_from_file_location("fill_census", REPO / "bench" / "fill_census.py")
@@ -83,13 +81,7 @@ def test_counts_a_jvms_fills_as_its_summary_counted_its_faults(build, jvm_built,
     if not uprobes_work(build / "lib" / "libfarmem_agent.so"):
         pytest.skip("perf cannot place a uprobe on the agent here (no tracefs, or no debug information)")
     out, summary = tmp_path / "census.json", tmp_path / "summary.json"
-    cmd = [sys.executable, str(REPO / "bench" / "fill_census.py"), "--json", str(out), "--",
-           str(REPO / "farmem"), "run", "--local", "50%", "--summary-json", str(summary), "--",
-           "java", "-Xmx256m", "-Xms256m", "-cp", str(build / "java"), "GcChurn", "--live-mb", "150",
-           "--steps", "100000"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "gcchurn: ok" in r.stdout
+    run_jvm_tool("fill_census", ["--json", out], build, private_tmp, run_args=["--summary-json", summary])
     rows, s = json.loads(out.read_text()), json.loads(summary.read_text())
     total = sum(x["fills"] for x in rows)
     # Each fault fills its page once; a fill the kernel skipped (the page was there already) is no fault.

@@ -7,11 +7,10 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_jvm_tool
 
 spec = importlib.util.spec_from_file_location("gc_phase_io", REPO / "bench" / "gc_phase_io.py")
 gc_phase_io = importlib.util.module_from_spec(spec)
@@ -88,13 +87,7 @@ def test_follows_no_map_of_a_process_gone_or_unpaged():
 @pytest.mark.memd
 def test_splits_a_jvm_under_farmem_into_what_its_summary_counted(build, jvm_built, tmp_path, private_tmp):
     out, summary = tmp_path / "split.json", tmp_path / "summary.json"
-    cmd = [sys.executable, str(REPO / "bench" / "gc_phase_io.py"), "--json", str(out), "--",
-           str(REPO / "farmem"), "run", "--local", "50%", "--summary-json", str(summary), "--",
-           "java", "-Xmx256m", "-Xms256m", "-cp", str(build / "java"), "GcChurn", "--live-mb", "150",
-           "--steps", "100000"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "gcchurn: ok" in r.stdout
+    r = run_jvm_tool("gc_phase_io", ["--json", out], build, private_tmp, run_args=["--summary-json", summary])
     split, s = json.loads(out.read_text()), json.loads(summary.read_text())
     # Every fault and transfer the pager counted is in some row, once.
     for k in ("faults", "remote_reads", "remote_writes", "zero_fills", "gc_faults"):

@@ -5,13 +5,11 @@ one samples a real JVM under farmem with perf (skipped where perf cannot record 
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_jvm_tool
 
 spec = importlib.util.spec_from_file_location("gc_profile", REPO / "bench" / "gc_profile.py")
 gc_profile = importlib.util.module_from_spec(spec)
@@ -76,14 +74,8 @@ def test_profiles_a_jvm_under_farmem(build, jvm_built, tmp_path, private_tmp):
     if not perf_records():
         pytest.skip("perf cannot record here (linux-perf missing, or perf_event_paranoid)")
     out = tmp_path / "p.json"
-    cmd = [sys.executable, str(REPO / "bench" / "gc_profile.py"), "--after", "0.5", "--seconds", "1",
-           "--freq", "200", "--json", str(out), "--",
-           str(REPO / "farmem"), "run", "--local", "50%", "--",
-           "java", "-Xmx256m", "-Xms256m", "-cp", str(build / "java"), "GcChurn", "--live-mb", "150",
-           "--steps", "200000"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "gcchurn: ok" in r.stdout
+    r = run_jvm_tool("gc_profile", ["--after", "0.5", "--seconds", "1", "--freq", "200", "--json", out], build,
+                     private_tmp, steps=200000)
     p = json.loads(out.read_text())
     assert p["samples"] > 20
     assert p["threads"].get("GC Thread", 0) > 0 and p["threads"].get("java", 0) > 0

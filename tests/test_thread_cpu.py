@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_jvm_tool
 
 spec = importlib.util.spec_from_file_location("thread_cpu", REPO / "bench" / "thread_cpu.py")
 thread_cpu = importlib.util.module_from_spec(spec)
@@ -33,13 +33,7 @@ def test_sums_threads_by_kind():
 @pytest.mark.memd
 def test_reads_a_jvm_under_farmem(build, jvm_built, tmp_path, private_tmp):
     out = tmp_path / "t.json"
-    cmd = [sys.executable, str(REPO / "bench" / "thread_cpu.py"), "--json", str(out), "--",
-           str(REPO / "farmem"), "run", "--local", "50%", "--",
-           "java", "-Xmx256m", "-Xms256m", "-cp", str(build / "java"), "GcChurn", "--live-mb", "150",
-           "--steps", "100000"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=private_tmp))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "gcchurn: ok" in r.stdout
+    r = run_jvm_tool("thread_cpu", ["--json", out], build, private_tmp)
     t = json.loads(out.read_text())
     kinds = t["kinds"]
     for kind in ("java", "GC Thread", "VM Thread"):
