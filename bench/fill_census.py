@@ -18,6 +18,7 @@ Needs perf (linux-perf), root, and the agent's debug information (the build's -g
 probe's arguments. The probe is removed at the end. The exit status is the command's.
 """
 import argparse
+import bisect
 import collections
 import importlib.util
 import json
@@ -58,12 +59,22 @@ def parse_fills(text: str) -> list:
 
 
 def census(fills: list, spans: list) -> collections.Counter:
-    """{(span, thread kind, how): fills}: each fill in the innermost span over its time."""
-    spans = sorted(spans, key=lambda s: (phase_io.RANK[s[2]], s[0]))
+    """{(span, thread kind, how): fills}: each fill in the innermost span over its time. Spans of one
+    nesting rank (phases, pauses, mark cycles) do not overlap: each rank is searched by bisection."""
+    ranks: dict = {}
+    for s in spans:
+        ranks.setdefault(phase_io.RANK[s[2]], []).append(s)
+    levels = [sorted(ranks[r]) for r in sorted(ranks)]
+    starts = [[s[0] for s in lv] for lv in levels]
     out: collections.Counter = collections.Counter()
     for t, kind, how in fills:
-        over = next((s for s in spans if s[0] <= t < s[1]), None)
-        out[(over[3] if over else phase_io.OUTSIDE, kind, how)] += 1
+        label = phase_io.OUTSIDE
+        for lv, st in zip(levels, starts):
+            i = bisect.bisect_right(st, t) - 1
+            if i >= 0 and t < lv[i][1]:
+                label = lv[i][3]
+                break
+        out[(label, kind, how)] += 1
     return out
 
 
