@@ -117,10 +117,14 @@ def main() -> int:
                 cmd = phase_io.with_gc_log(cmd, log, "timenanos")
             except ValueError as e:
                 ap.error(str(e))
-            rc = subprocess.run(["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-e", f"{group}:{EVENT}",
-                                 "-o", data, "--", *cmd]).returncode
+            # 4 MiB of ring a CPU (the default is 512 KiB): room for bursts of faults while perf drains it.
+            rc = subprocess.run(["perf", "record", "-q", "-m", "1024", "-k", "CLOCK_MONOTONIC", "-e",
+                                 f"{group}:{EVENT}", "-o", data, "--", *cmd]).returncode
             script = subprocess.run(["perf", "script", "-i", data, "-F", "comm,time,event,trace", "--ns"],
                                     capture_output=True, text=True)
+            if not os.path.exists(log):
+                print("fill_census: the JVM wrote no GC log (it did not start?)", file=sys.stderr)
+                return rc or 1
             with open(log) as f:
                 spans = phase_io.parse_gc_log(f.read())
     finally:

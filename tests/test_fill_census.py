@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, run_jvm_tool
-from test_gc_profile import perf_records
+from test_gc_profile import perf_records, perf_succeeds
 
 spec = importlib.util.spec_from_file_location("fill_census", REPO / "bench" / "fill_census.py")
 fill_census = importlib.util.module_from_spec(spec)
@@ -65,11 +65,9 @@ def test_places_each_fill_in_the_innermost_span_at_its_time():
 
 def uprobes_work(lib) -> bool:
     """Can perf put a uprobe on the agent's fill here (tracefs, root, the agent's debug information)?"""
-    add = subprocess.run(["perf", "probe", "-q", "-x", str(lib), "--add", "fm_census_check=fill"],
-                         capture_output=True, timeout=60)
-    subprocess.run(["perf", "probe", "-q", "-d", "probe_libfarmem_agent:fm_census_check"], capture_output=True,
-                   timeout=60)
-    return add.returncode == 0
+    added = perf_succeeds("probe", "-q", "-x", lib, "--add", "fm_census_check=fill")
+    perf_succeeds("probe", "-q", "-d", "probe_libfarmem_agent:fm_census_check")
+    return added
 
 
 @pytest.mark.jvm

@@ -59,12 +59,17 @@ def test_sorts_samples_by_thread_kind_task_and_pager_function():
     assert "4 samples" in text and "25.0%" in line and "intact 100%" in line and "farmem_read_words 100%" in line
 
 
-def perf_records() -> bool:
+def perf_succeeds(*args) -> bool:
+    """Does `perf ARGS` exit 0 here (perf installed, and allowed to)?"""
     try:
-        r = subprocess.run(["perf", "record", "-q", "-o", "/dev/null", "--", "true"], capture_output=True, timeout=30)
+        r = subprocess.run(["perf", *map(str, args)], capture_output=True, timeout=60)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
+
+
+def perf_records() -> bool:
+    return perf_succeeds("record", "-q", "-o", "/dev/null", "--", "true")
 
 
 @pytest.mark.jvm
