@@ -118,6 +118,39 @@ def run_jvm_tool(tool, tool_args, build, private_tmp, run_args=(), steps=100000)
     return r
 
 
+def threads_of_session(sid: int, backtraces: bool = True) -> str:
+    """Each thread of the processes in session sid: pid, tid, name, state, kernel wait channel and
+    kernel stack; with BACKTRACES, each process's user stacks too (gdb, where installed). For a
+    run that hung, before it is killed: a thread asleep on a page nobody wakes shows up as
+    handle_userfault in its kernel stack, one waiting on another as a futex in its backtrace."""
+    rows, pids = [], []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[3]) != sid:
+                continue
+            pids.append(pid)
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                t = f"/proc/{pid}/task/{tid}"
+                state = open(f"{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                rows.append(f"{pid} {tid} {open(f'{t}/comm').read().strip()} {state} {open(f'{t}/wchan').read()}")
+                try:
+                    rows += ["    " + line for line in open(f"{t}/stack").read().splitlines()]
+                except OSError:
+                    pass  # not root: the wait channel alone
+        except (OSError, IndexError, ValueError):
+            continue
+    if backtraces and shutil.which("gdb"):
+        for pid in pids:
+            try:
+                g = subprocess.run(["gdb", "-p", pid, "-batch", "-nx", "-ex", "thread apply all bt 20"],
+                                   capture_output=True, text=True, timeout=60)
+                rows.append(f"--- gdb, pid {pid}:\n" + "\n".join(
+                    line for line in g.stdout.splitlines() if line.startswith(("#", "Thread"))))
+            except (OSError, subprocess.TimeoutExpired):
+                rows.append(f"--- gdb, pid {pid}: no backtrace")
+    return "\n".join(rows)
+
+
 def in_cgroup(cg, argv):
     """argv run inside the memory cgroup cg (farmem.swap's): the shell joins it, then becomes argv."""
     return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs, *map(str, argv)]

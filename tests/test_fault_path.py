@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from conftest import threads_of_session
+
 pytestmark = [pytest.mark.pager, pytest.mark.memd]
 
 
@@ -42,22 +44,6 @@ def run(farmem_cmd, tmp_path, argv, local="32M", env_extra=None, timeout=300, pe
     r = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     s = json.loads(summary.read_text()) if summary.exists() else {}
     return r, s
-
-
-def threads_of_session(sid: int) -> str:
-    """Each thread of the processes in session sid: pid, tid, name, state and kernel wait channel."""
-    rows = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[3]) != sid:
-                continue
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                t = f"/proc/{pid}/task/{tid}"
-                state = open(f"{t}/stat").read().rsplit(")", 1)[1].split()[0]
-                rows.append(f"{pid} {tid} {open(f'{t}/comm').read().strip()} {state} {open(f'{t}/wchan').read()}")
-        except (OSError, IndexError, ValueError):
-            continue
-    return "\n".join(rows)
 
 
 @pytest.mark.parametrize("fault", ["signal", "thread"])
