@@ -23,6 +23,8 @@ PKGS=(
 	time jq bzip2 zstd ruby lua5.4 tcl
 	# bench/bench_fault.py's perf stat -a, bench/gc_profile.py's perf record
 	linux-perf
+	# a test run that hangs prints each thread's backtrace (tests/conftest.py threads_of_session)
+	gdb
 )
 
 missing=()
