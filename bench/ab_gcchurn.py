@@ -6,7 +6,7 @@ then each one's median wall time and its ratio to all local's.
         --variant 'base=' --variant 'eb32=FARMEM_EVICT_BATCH=32' --variant 'pf2=:--prefetch 2' \
         --variant 'prev=FARMEM_BUILD=/tmp/prev/build'
 
-A variant is NAME=[VAR=VALUE[,VAR=VALUE...]][:FARMEM RUN OPTIONS]: environment for its runs (a knob
+A variant is NAME=[VAR=VALUE[,VAR=VALUE...]][:--FARMEM RUN OPTIONS]: environment for its runs (a knob
 without a `farmem run` flag, an env-gated experiment, another build's FARMEM_BUILD) and more `farmem
 run` options. Lighter than bench_seeds.py (no GC log, no fault columns, no table), for a first look;
 what goes into bench/RESULTS.md as a result is measured with bench_seeds.py, which takes the same
@@ -26,7 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def parse_variant(spec: str):
     name, eq, rest = spec.partition("=")
-    env_part, _, opts = rest.partition(":")
+    # OPTIONS start at ":--", so an environment value may hold colons (JAVA_TOOL_OPTIONS=-XX:...).
+    env_part, sep, opts = rest.partition(":--")
+    opts = "--" + opts if sep else ""
     if not name or not eq or name == "local":
         raise argparse.ArgumentTypeError(f"bad --variant {spec!r}: NAME=[VAR=VALUE,...][:OPTIONS]")
     env = {}
