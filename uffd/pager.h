@@ -205,6 +205,11 @@ int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
  */
 int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
 /*
+ * The same with the program's madvise(addr, len, advice) made inside it,
+ * every page of the range held across the call: 0, or -errno of the call.
+ */
+int fm_pager_forget_advise(struct fm_pager *p, void *addr, size_t len, int advice);
+/*
  * Pages may be shared copy-on-write from now on (a fork, KSM): eviction
  * write-protects (capture.h), and in the regions there are now a refused
  * move is taken for sharing, not a pin (evict_move).

@@ -46,6 +46,7 @@
 #include "fm_util.h"
 #include "fork.h"
 #include "monitor.h"
+#include "page.h"
 #include "pager.h"
 #include "preload.h"
 #include "uffd_ops.h"
@@ -1921,8 +1922,16 @@ static int madvise_cover(void *addr, size_t len, int advice)
 	if (pager && atomic_load(&state) == 2 && !in_farmem &&
 	    (advice == MADV_DONTNEED || advice == MADV_FREE || advice == MADV_REMOVE ||
 	     advice == MADV_DONTNEED_LOCKED) &&
-	    fm_pager_owns(pager, addr, len))
-		fm_pager_forget(pager, addr, len);
+	    !((uintptr_t)addr & (PG_SIZE - 1)) && fm_pager_owns(pager, addr, len)) {
+		/* The kernel's drop made while the pager holds the pages (ranges.c says why). */
+		int rc = fm_pager_forget_advise(pager, addr, len, advice);
+
+		if (rc) {
+			errno = -rc;
+			return -1;
+		}
+		return 0;
+	}
 	if (pager && atomic_load(&state) == 2 && !in_farmem && advice == MADV_MERGEABLE)
 		fm_pager_no_capture(pager, "the program asked KSM to merge paged memory (MADV_MERGEABLE)");
 	/*

@@ -29,6 +29,35 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
 }
 
 /*
+ * Taken apart, a forget and then the program's madvise left a window in
+ * which a fault's run of zero fills ahead took a page of the range again,
+ * an eviction chose it, and the madvise dropped it under the eviction: its
+ * capture (vmsplice) then faulted on the missing page and, where the kernel
+ * waits for faults, waited for a handler that waited on the eviction's
+ * hold. jemalloc_prog hung so in one clean-clone CI run of session 83 and
+ * once in 150 runs beside two busy loops in session 84.
+ */
+int fm_pager_forget_advise(struct fm_pager *p, void *addr, size_t len, int advice)
+{
+	struct fm_overlap o = { 0 };
+	struct fm_dead dead = { .n = 0 };
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;
+	int rc;
+
+	rlock_rd(p);
+	while (fm_overlap_next(p, a, e, &o))
+		fm_region_hold_dropped(p, o.r, o.first, o.n, &dead);
+	/* Each copy is forgotten before its page is ours again: a write and an eviction would put a new one there. */
+	fm_dead_flush(p, &dead);
+	rc = fm_sys_madvise(addr, len, advice) ? -errno : 0;
+	o = (struct fm_overlap){ 0 };
+	while (fm_overlap_next(p, a, e, &o))
+		fm_region_release_dropped(p, o.r, o.first, o.n);
+	rlock_un(p);
+	return rc;
+}
+
+/*
  * A discard's dirty pages to write-protect, as runs of them held UPDATING,
  * protected in one call across the gaps between them (protect_batch).
  */

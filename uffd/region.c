@@ -318,6 +318,40 @@ void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint
 	}
 }
 
+void fm_region_hold_dropped(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, struct fm_dead *dead)
+{
+	int64_t res = 0;
+
+	for (uint64_t i = first; i < first + n;) {
+		uint8_t b = fm_settle(p, &r->pg[i]);
+
+		if (fm_pg_state(b) != FM_PG_UNMANAGED) {
+			if (!pg_cas(&r->pg[i], &b, pg_make(fm_pg_is_resident(b) ? FM_PG_UPDATING : FM_PG_FILLING, b)))
+				continue; /* changed under us: look again */
+			res -= fm_pg_is_resident(b);
+			if (b & FM_PGF_HAS_REMOTE)
+				fm_dead_add(p, dead, r->space, i);
+		}
+		i++;
+	}
+	STAT_ADD(p, discards, (uint64_t)-res);
+	if (res)
+		fm_resident_add(p, res);
+}
+
+void fm_region_release_dropped(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n)
+{
+	/* Held by us: a managed page of the range is nobody else's, and the rlock keeps the region as it was. */
+	for (uint64_t i = first; i < first + n; i++) {
+		uint8_t b = pg_load(&r->pg[i]);
+		unsigned s = fm_pg_state(b);
+
+		if (s != FM_PG_UNMANAGED)
+			pg_release_from(&r->pg[i], s, pg_make(FM_PG_UNTOUCHED, 0));
+	}
+	fm_settled(p);
+}
+
 int fm_pager_owns(struct fm_pager *p, const void *addr, size_t len)
 {
 	struct fm_overlap o = { 0 };

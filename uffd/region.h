@@ -95,6 +95,16 @@ void fm_dead_flush(struct fm_pager *p, struct fm_dead *d);
  * are the caller's to drop. Caller holds rlock.
  */
 void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, unsigned to);
+/*
+ * The same for a drop the program makes itself (madvise), in two steps
+ * around it: hold takes every managed page of [first, first+n) (each once
+ * it settles), counts the resident ones out and gathers remote copies into
+ * dead; release makes them UNTOUCHED once the kernel has dropped them and
+ * memd has forgotten the copies. Between the two no fault fills a page of
+ * the range and no eviction takes one. Caller holds rlock across both.
+ */
+void fm_region_hold_dropped(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, struct fm_dead *dead);
+void fm_region_release_dropped(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n);
 
 /*
  * Every page of [first, end) of r that is in memd comes home, read in
