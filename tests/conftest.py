@@ -123,7 +123,7 @@ def threads_of_session(sid: int, backtraces: bool = True) -> str:
     kernel stack; with BACKTRACES, each process's user stacks too (gdb, where installed). For a
     run that hung, before it is killed: a thread asleep on a page nobody wakes shows up as
     handle_userfault in its kernel stack, one waiting on another as a futex in its backtrace."""
-    rows, pids = [], []
+    rows, pids, stuck = [], [], set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[3]) != sid:
@@ -133,6 +133,8 @@ def threads_of_session(sid: int, backtraces: bool = True) -> str:
                 t = f"/proc/{pid}/task/{tid}"
                 state = open(f"{t}/stat").read().rsplit(")", 1)[1].split()[0]
                 rows.append(f"{pid} {tid} {open(f'{t}/comm').read().strip()} {state} {open(f'{t}/wchan').read()}")
+                if state == "D":
+                    stuck.add(pid)
                 try:
                     rows += ["    " + line for line in open(f"{t}/stack").read().splitlines()]
                 except OSError:
@@ -141,6 +143,9 @@ def threads_of_session(sid: int, backtraces: bool = True) -> str:
             continue
     if backtraces and shutil.which("gdb"):
         for pid in pids:
+            if pid in stuck:  # gdb's attach waits for every thread to stop, and one in D state does not
+                rows.append(f"--- gdb, pid {pid}: not attached (a thread in D state)")
+                continue
             try:
                 g = subprocess.run(["gdb", "-p", pid, "-batch", "-nx", "-ex", "thread apply all bt 20"],
                                    capture_output=True, text=True, timeout=60)
