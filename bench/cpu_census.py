@@ -19,7 +19,6 @@ status is the command's.
 """
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import re
@@ -27,19 +26,11 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fill_census  # noqa: E402  (its innermost-span placement, and the modules it loads)
 
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-phase_io = load("gc_phase_io")    # the GC log's spans and the `-Xlog` it adds
-fill_census = load("fill_census")  # the innermost-span placement
-profile = load("gc_profile")       # the thread kinds
+phase_io = fill_census.phase_io  # the GC log's spans and the `-Xlog` it adds
+profile = fill_census.profile    # the thread kinds
 
 BEFORE, AFTER, IDLE = "before the first GC", "after the last GC", "idle"
 LINE = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<tid>-?\d+)\s+(?P<t>\d+\.\d+):")

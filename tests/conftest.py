@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,22 @@ def run_jvm_tool(tool, tool_args, build, private_tmp, run_args=(), steps=100000)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "gcchurn: ok" in r.stdout
     return r
+
+
+def run_or_show_hang(cmd, timeout, **popen_kw) -> subprocess.CompletedProcess:
+    """cmd to its end in a session of its own; past timeout s, the test fails with where each thread of
+    the session sleeps (threads_of_session) and what the command said, and the session is killed."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **popen_kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            where = threads_of_session(proc.pid)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"{cmd} hung for {timeout} s; its threads:\n{where}\nstdout:\n{out[-3000:]}\n"
+                        f"stderr:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def threads_of_session(sid: int, backtraces: bool = True) -> str:

@@ -13,14 +13,13 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import start_unix_memd, threads_of_session
+from conftest import run_or_show_hang, start_unix_memd
 
 pytestmark = [pytest.mark.memd, pytest.mark.pager]
 
@@ -32,21 +31,9 @@ def shim(built):
 
 def farmem_run(farmem_cmd, summary, *args, timeout=600, **kw):
     """`farmem run --summary-json summary ARGS` to completion; (CompletedProcess, summary dict)."""
-    cmd = [*farmem_cmd, "run", "--summary-json", str(summary), *map(str, args)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True, **kw) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # jemalloc_prog hung once in session 83's clean-clone runs (180 s, normally 2 s) and
-            # never again in 80 repeats: where each thread sleeps, before the run is killed.
-            where = threads_of_session(proc.pid)
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            pytest.fail(f"{cmd} hung for {timeout} s; its threads:\n{where}\nstdout:\n{out[-3000:]}\n"
-                        f"stderr:\n{err[-3000:]}")
-    return (subprocess.CompletedProcess(cmd, proc.returncode, out, err),
-            json.loads(summary.read_text()) if summary.exists() else None)
+    # jemalloc_prog hung once in session 83's clean-clone runs: a hang shows where each thread slept.
+    r = run_or_show_hang([*farmem_cmd, "run", "--summary-json", str(summary), *map(str, args)], timeout, **kw)
+    return r, (json.loads(summary.read_text()) if summary.exists() else None)
 
 
 def assert_paged(s, what):

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import threads_of_session
+from conftest import run_or_show_hang
 
 pytestmark = [pytest.mark.pager, pytest.mark.memd]
 
@@ -29,19 +29,8 @@ def run(farmem_cmd, tmp_path, argv, local="32M", env_extra=None, timeout=300, pe
     env.update(env_extra or {})
     perf = ["perf", "stat", "-x,", "-o", str(perf_counts), "-e", "syscalls:sys_enter_tgkill", "--"] if perf_counts else []
     cmd = [*perf, *farmem_cmd, "run", "--local", local, "--summary-json", str(summary), "--", *argv]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # A hang (once in session 52's third clean-clone run, under fault=thread): where every
-            # thread of the run sleeps, and what the program said before, before it is killed.
-            where = threads_of_session(proc.pid)
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            pytest.fail(f"{argv[0]} hung for {timeout} s; its threads:\n{where}\nstdout:\n{out[-3000:]}\n"
-                        f"stderr:\n{err[-3000:]}")
-    r = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    # A hang (once in session 52's third clean-clone run, under fault=thread) shows where each thread slept.
+    r = run_or_show_hang(cmd, timeout, env=env)
     s = json.loads(summary.read_text()) if summary.exists() else {}
     return r, s
 
