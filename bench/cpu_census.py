@@ -100,7 +100,9 @@ def main() -> int:
             cmd = phase_io.with_gc_log(cmd, log, "timenanos")
         except ValueError as e:
             ap.error(str(e))
-        rc = subprocess.run(["perf", "record", "-q", "-a", "-F", str(a.freq), "-k", "CLOCK_MONOTONIC", "-o", data,
+        # cpu-clock, not perf's default of cycles where the CPU counts them: a halted CPU counts none,
+        # and its idle time would be missing from every span's wall time.
+        rc = subprocess.run(["perf", "record", "-q", "-a", "-e", "cpu-clock", "-F", str(a.freq), "-k", "CLOCK_MONOTONIC", "-o", data,
                              "--", *cmd]).returncode
         script = subprocess.run(["perf", "script", "-i", data, "-F", "comm,tid,time", "--ns"],
                                 capture_output=True, text=True)

@@ -135,9 +135,9 @@ def run_or_show_hang(cmd, timeout, **popen_kw) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def threads_of_session(sid: int, backtraces: bool = True) -> str:
+def threads_of_session(sid: int) -> str:
     """Each thread of the processes in session sid: pid, tid, name, state, kernel wait channel and
-    kernel stack; with BACKTRACES, each process's user stacks too (gdb, where installed). For a
+    kernel stack, and each process's user stacks (gdb, where installed). For a
     run that hung, before it is killed: a thread asleep on a page nobody wakes shows up as
     handle_userfault in its kernel stack, one waiting on another as a futex in its backtrace."""
     rows, pids, stuck = [], [], set()
@@ -158,7 +158,7 @@ def threads_of_session(sid: int, backtraces: bool = True) -> str:
                     pass  # not root: the wait channel alone
         except (OSError, IndexError, ValueError):
             continue
-    if backtraces and shutil.which("gdb"):
+    if shutil.which("gdb"):
         for pid in pids:
             if pid in stuck:  # gdb's attach waits for every thread to stop, and one in D state does not
                 rows.append(f"--- gdb, pid {pid}: not attached (a thread in D state)")

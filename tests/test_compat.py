@@ -63,12 +63,12 @@ def test_jemalloc_program_starts_and_keeps_its_allocator(shim, built, tmp_path, 
 @pytest.mark.parametrize("fault", ["signal", "thread"])
 def test_memory_the_program_drops_beside_its_own_faults_and_evictions(shim, built, tmp_path, farmem_cmd, fault):
     """Threads in pairs drop halves of shared pieces with MADV_DONTNEED while the other half's thread
-    faults runs of zero fills ahead into them and eviction runs at an 8 MiB budget: every dropped half
-    reads zeros, every other byte its own. The shim's madvise holds the range's pages across the kernel's
-    drop (fm_pager_forget_advise): a forget made before the madvise and apart from it let a page of the
-    range be filled and chosen for eviction in between, and the drop under that eviction hung
-    jemalloc_prog (once in a clean-clone run of session 83, once in 150 loaded runs of session 84).
-    This program did not hang the build before; it checks that the drop's contents are right."""
+    faults beside them and eviction runs at an 8 MiB budget: every dropped half reads zeros, every other
+    byte its own. The shim's madvise holds the range's pages across the kernel's drop (fm_pager_forget):
+    a forget made before the madvise and apart from it let a page of the range be filled and chosen for
+    eviction in between, and the drop under that eviction hung jemalloc_prog (once in a clean-clone run
+    of session 83, once in 92 loaded runs of session 84). This program did not hang the build before
+    (20 runs); it checks that the drop's contents are right."""
     prog = built("build/tests/purgerace")
     r, s = farmem_run(farmem_cmd, tmp_path / "s.json", "--local", "8M", "--threshold", "1M", "--fault", fault, "--",
                       prog, "--mib", 64, "--threads", 4, "--rounds", 10, timeout=180)

@@ -200,15 +200,13 @@ int fm_pager_unregister(struct fm_pager *p, void *addr, size_t len);
  */
 int fm_pager_fetch_all(struct fm_pager *p, void *addr, size_t len);
 /*
- * The program dropped [addr, addr+len) (MADV_DONTNEED and friends): its
- * contents are now zero. Forget remote copies; call it before the madvise.
+ * The program drops [addr, addr+len) (MADV_DONTNEED and friends): the
+ * pager forgets the pages' remote copies and makes madvise(addr, len,
+ * advice) itself, every page of the range held across the call, so that
+ * no fill or eviction takes one in between (ranges.c). 0, or -errno of the
+ * call.
  */
-int fm_pager_forget(struct fm_pager *p, void *addr, size_t len);
-/*
- * The same with the program's madvise(addr, len, advice) made inside it,
- * every page of the range held across the call: 0, or -errno of the call.
- */
-int fm_pager_forget_advise(struct fm_pager *p, void *addr, size_t len, int advice);
+int fm_pager_forget(struct fm_pager *p, void *addr, size_t len, int advice);
 /*
  * Pages may be shared copy-on-write from now on (a fork, KSM): eviction
  * write-protects (capture.h), and in the regions there are now a refused

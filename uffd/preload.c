@@ -1924,7 +1924,7 @@ static int madvise_cover(void *addr, size_t len, int advice)
 	     advice == MADV_DONTNEED_LOCKED) &&
 	    !((uintptr_t)addr & (PG_SIZE - 1)) && fm_pager_owns(pager, addr, len)) {
 		/* The kernel's drop made while the pager holds the pages (ranges.c says why). */
-		int rc = fm_pager_forget_advise(pager, addr, len, advice);
+		int rc = fm_pager_forget(pager, addr, len, advice);
 
 		if (rc) {
 			errno = -rc;

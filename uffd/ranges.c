@@ -16,18 +16,6 @@
 #include "uffd_ops.h"
 #include "wait.h"
 
-int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
-{
-	struct fm_overlap o = { 0 };
-
-	/* Only whole pages are dropped by madvise: the iterator keeps whole pages. */
-	rlock_rd(p);
-	while (fm_overlap_next(p, (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), (uintptr_t)addr + len, &o))
-		fm_region_forget(p, o.r, o.first, o.n, FM_PG_UNTOUCHED);
-	rlock_un(p);
-	return 0;
-}
-
 /*
  * Taken apart, a forget and then the program's madvise left a window in
  * which a fault's run of zero fills ahead took a page of the range again,
@@ -35,9 +23,9 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len)
  * capture (vmsplice) then faulted on the missing page and, where the kernel
  * waits for faults, waited for a handler that waited on the eviction's
  * hold. jemalloc_prog hung so in one clean-clone CI run of session 83 and
- * once in 150 runs beside two busy loops in session 84.
+ * once in 92 runs beside two busy loops in session 84.
  */
-int fm_pager_forget_advise(struct fm_pager *p, void *addr, size_t len, int advice)
+int fm_pager_forget(struct fm_pager *p, void *addr, size_t len, int advice)
 {
 	struct fm_overlap o = { 0 };
 	struct fm_dead dead = { .n = 0 };

@@ -1,23 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * Threads that drop their memory with madvise while they and the evictor
- * work beside it, as jemalloc purges its free extents: jemalloc_prog hung
- * under farmem once in session 83's clean-clone runs and once in 150 runs
- * beside two busy loops in session 84. The pager forgot a dropped range
- * before the program's madvise reached the kernel; in between, a fault's
- * run of zero fills ahead took a page of the range again, an eviction chose
- * it, and the madvise dropped it under the eviction, whose capture then
- * waited in the kernel for a fault that the eviction's own hold kept anyone
- * from serving.
+ * Threads that drop their memory with madvise while other threads fault
+ * beside it and the evictor runs, as jemalloc purges its free extents.
+ * jemalloc_prog hung under farmem once in session 83's clean-clone runs and
+ * once in 92 runs beside two busy loops in session 84: the pager forgot a
+ * dropped range before the program's madvise reached the kernel; in
+ * between, a fault's run of zero fills ahead took a page of the range
+ * again, an eviction chose it, and the madvise dropped it under the
+ * eviction, whose capture then waited in the kernel for a fault that the
+ * eviction's own hold kept anyone from serving. This program did not hang
+ * the build before (20 runs): it checks what a drop leaves, in both modes.
  *
  *   purgerace --mib M --threads N --rounds R
  *
- * Each thread owns a block of M/N MiB (mmap'd: paged from the first byte)
- * cut into 64 KiB pieces. A round, for each piece: write it, drop its second
- * half with MADV_DONTNEED, write the page just before that half (a fault
- * whose run ahead reaches into the dropped pages) and check that the half
- * reads zeros and the first half its bytes. Prints "purgerace ok" and exits
- * 0, or names the first wrong word and exits 1; a hang is the bug.
+ * The threads work in pairs (N even), each pair on a block of 2M/N MiB
+ * (mmap'd: paged from the first byte) cut into 64 KiB pieces; in each
+ * piece the lower half is the low thread's, the upper half the high
+ * thread's. A round, for each piece: the high thread writes its half,
+ * checks it and drops it with MADV_DONTNEED; the low thread drops its half,
+ * checks that it reads zeros while writing it again from its start, and
+ * checks it. Prints "purgerace ok" and exits 0, or names the first wrong
+ * word and exits 1.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -30,18 +33,10 @@
 
 #define PIECE (64u << 10)
 #define HALF (PIECE / 2)
-#define PAGE 4096u
 
 static size_t block_bytes;
 static int rounds = 20;
 
-/*
- * Threads in pairs share a block: in each 64 KiB piece the lower half is
- * the low thread's, the upper half the high thread's. The high one writes
- * its half, checks it and drops it; the low one drops its half and writes
- * it again from its start, so that its faults' runs of zero fills ahead
- * reach into the upper half just when it is being dropped.
- */
 struct worker {
 	int id, high;
 	uint8_t *block;

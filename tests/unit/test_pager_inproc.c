@@ -240,8 +240,7 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 	}
 	rewrite_guess(h, a, ver, strcmp(transport, "shm") == 0, &seed);
 	/* Forget a range as MADV_DONTNEED would: it reads back as zeros afterwards. */
-	CHECK(fm_pager_forget(p, a + 100 * PG, 50 * PG) == 0);
-	CHECK(madvise(a + 100 * PG, 50 * PG, MADV_DONTNEED) == 0);
+	CHECK(fm_pager_forget(p, a + 100 * PG, 50 * PG, MADV_DONTNEED) == 0);
 	for (uint64_t i = 100; i < 150; i++)
 		ver[i] = 0;
 	for (uint64_t i = 0; i < NPAGES; i++)

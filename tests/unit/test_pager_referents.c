@@ -238,8 +238,7 @@ static void exercise(const char *sock, const char *fault)
 		goto out;
 	for (uint64_t i = 0; i < NPAGES; i++)
 		write_page(heap, i, 7);
-	CHECK(fm_pager_forget(p, heap + (NPAGES - FORGOTTEN) * PG, FORGOTTEN * PG) == 0);
-	CHECK(madvise(heap + (NPAGES - FORGOTTEN) * PG, FORGOTTEN * PG, MADV_DONTNEED) == 0);
+	CHECK(fm_pager_forget(p, heap + (NPAGES - FORGOTTEN) * PG, FORGOTTEN * PG, MADV_DONTNEED) == 0);
 	/* Slot pages 1-8; every case's targets in memd: the region was written past them since. */
 	bad += one_case(0, FM_GC_PAUSE, 1, 0, SLOT_IN_RBX, 1, signal_mode);   /* a full GC's worker: MAXREF objects */
 	bad += one_case(1, 0, 1, 0, SLOT_IN_RBX, 0, signal_mode);             /* a program thread */

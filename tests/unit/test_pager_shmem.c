@@ -232,9 +232,8 @@ static void exercise(const char *sock, const char *transport, const char *fault)
 		CHECK(settle(h, high));
 		for (int tries = 1;; tries++) {
 			uint64_t res;
-			/* What a program does to drop pages: the pager forgets them, then they leave the file. */
-			CHECK(fm_pager_forget(p, a + 2 * PG, REGION - 2 * PG) == 0);
-			CHECK(madvise(a + 2 * PG, REGION - 2 * PG, MADV_REMOVE) == 0);
+			/* What a program does to drop pages: the pager forgets them and makes them leave the file, in one call. */
+			CHECK(fm_pager_forget(p, a + 2 * PG, REGION - 2 * PG, MADV_REMOVE) == 0);
 			res = h->stats.resident_pages;
 			if (in_file() == 2 || res <= 2 || tries == 10)
 				break;
