@@ -994,3 +994,22 @@ def test_adoption_over_the_budget_is_said_against_its_highest():
     assert resmap.adopt_note(over) == "60.0 MiB resident when registered, over the limit: 2304 pages evicted at once"
     older_map = {"adopt_peak_bytes": 8 * mib, "adopt_evictions": 1024, "local_limit_bytes": 4 * mib}
     assert "over the limit: 1024 pages" in resmap.adopt_note(older_map)
+
+
+def test_memd_stop_wakes_at_the_exit_and_times_out_on_a_process_that_stays():
+    """embedded_memd.wait_exit: the exit status as soon as the process is gone (woken by its pidfd, not
+    a polling sleep), TimeoutExpired with the process still running when it outlasts the timeout."""
+    from farmem.embedded_memd import wait_exit
+    quick = subprocess.Popen(["sh", "-c", "sleep 0.3; exit 7"])
+    t0 = time.monotonic()
+    assert wait_exit(quick, 10) == 7
+    assert 0.25 <= time.monotonic() - t0 < 5
+    slow = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            wait_exit(slow, 0.2)
+        assert slow.poll() is None
+    finally:
+        slow.kill()
+        slow.wait()
+    assert wait_exit(slow, 1) == -signal.SIGKILL  # reaped already: Popen's own status
