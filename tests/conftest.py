@@ -119,6 +119,14 @@ def run_jvm_tool(tool, tool_args, build, private_tmp, run_args=(), steps=100000)
     return r
 
 
+def bench_module(name: str):
+    """bench/NAME.py as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_or_show_hang(cmd, timeout, **popen_kw) -> subprocess.CompletedProcess:
     """cmd to its end in a session of its own; past timeout s, the test fails with where each thread of
     the session sleeps (threads_of_session) and what the command said, and the session is killed."""

@@ -3,18 +3,15 @@
 places samples whose answer is known; one samples a real JVM under farmem and checks the table against
 the run's own length and threads (skipped where perf cannot sample every CPU here)."""
 
-import importlib.util
 import json
 import time
 
 import pytest
 
-from conftest import REPO, run_jvm_tool
+from conftest import bench_module, run_jvm_tool
 from test_gc_profile import perf_succeeds
 
-spec = importlib.util.spec_from_file_location("cpu_census", REPO / "bench" / "cpu_census.py")
-cpu_census = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cpu_census)
+cpu_census = bench_module("cpu_census")
 
 # `-Xlog:gc,gc+phases=info:file=F:timenanos`: each span at its end (CLOCK_MONOTONIC ns), with its length.
 LOG = """\

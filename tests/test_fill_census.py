@@ -3,18 +3,15 @@
 test places fills whose answer is known; one counts a real JVM's fills under farmem with a uprobe and
 checks them against what farmem run's summary counted (skipped where perf cannot record here)."""
 
-import importlib.util
 import json
 import subprocess
 
 import pytest
 
-from conftest import REPO, run_jvm_tool
+from conftest import bench_module, run_jvm_tool
 from test_gc_profile import perf_records, perf_succeeds
 
-spec = importlib.util.spec_from_file_location("fill_census", REPO / "bench" / "fill_census.py")
-fill_census = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fill_census)
+fill_census = bench_module("fill_census")
 
 # `-Xlog:gc,gc+phases=info:file=F:timenanos`: each span at its end (CLOCK_MONOTONIC ns), with its length.
 LOG = """\

@@ -3,18 +3,15 @@
 a GC log and counter samples whose answer is known; one splits a real JVM's paging under farmem and
 checks that the split adds up to what farmem run's summary counted."""
 
-import importlib.util
 import json
 import os
 import subprocess
 
 import pytest
 
-from conftest import REPO, run_jvm_tool
+from conftest import bench_module, run_jvm_tool
 
-spec = importlib.util.spec_from_file_location("gc_phase_io", REPO / "bench" / "gc_phase_io.py")
-gc_phase_io = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gc_phase_io)
+gc_phase_io = bench_module("gc_phase_io")
 
 # Lines as `-Xlog:gc,gc+phases=info:file=F:time` writes them: each span at its end, with its length.
 LOG = """\

@@ -3,17 +3,14 @@
 pager's functions on each task's stacks. One test sorts a perf script text whose answer is known;
 one samples a real JVM under farmem with perf (skipped where perf cannot record here)."""
 
-import importlib.util
 import json
 import subprocess
 
 import pytest
 
-from conftest import REPO, run_jvm_tool
+from conftest import bench_module, run_jvm_tool
 
-spec = importlib.util.spec_from_file_location("gc_profile", REPO / "bench" / "gc_profile.py")
-gc_profile = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gc_profile)
+gc_profile = bench_module("gc_profile")
 
 # Three samples as `perf script -F comm,tid,ip,sym` prints them: frames leaf first, the root last.
 SCRIPT = """\

@@ -3,7 +3,6 @@
 reads a real JVM, paged by farmem, whose threads must all be there and whose seconds must fit the
 machine; one passes on the command's exit status."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,11 +10,9 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_jvm_tool
+from conftest import REPO, bench_module, run_jvm_tool
 
-spec = importlib.util.spec_from_file_location("thread_cpu", REPO / "bench" / "thread_cpu.py")
-thread_cpu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(thread_cpu)
+thread_cpu = bench_module("thread_cpu")
 
 
 def test_sums_threads_by_kind():

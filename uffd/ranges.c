@@ -29,7 +29,9 @@ int fm_pager_forget(struct fm_pager *p, void *addr, size_t len, int advice)
 {
 	struct fm_overlap o = { 0 };
 	struct fm_dead dead = { .n = 0 };
-	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1), e = (uintptr_t)addr + len;
+	/* The kernel's madvise drops the page its length ends in too (it rounds the length up). */
+	uintptr_t a = (uintptr_t)addr & ~(uintptr_t)(PG_SIZE - 1);
+	uintptr_t e = ((uintptr_t)addr + len + PG_SIZE - 1) & ~(uintptr_t)(PG_SIZE - 1);
 	int rc;
 
 	rlock_rd(p);

@@ -253,60 +253,37 @@ void fm_dead_add(struct fm_pager *p, struct fm_dead *d, uint32_t space, uint64_t
 	d->rg[d->n++] = (struct fm_range){ .first = i, .npages = 1 };
 }
 
-/* Pages fm_region_forget holds until memd has forgotten their copies. */
-#define FORGET_HELD 256
-
-static void let_go_forgotten(struct fm_pager *p, struct region *r, const uint64_t *held, const uint8_t *was,
-			     unsigned n, struct fm_dead *dead)
-{
-	fm_dead_flush(p, dead);
-	for (unsigned k = 0; k < n; k++)
-		pg_release_from(&r->pg[held[k]], fm_pg_is_resident(was[k]) ? FM_PG_UPDATING : FM_PG_FILLING,
-				pg_make(FM_PG_UNTOUCHED, 0));
-	if (n)
-		fm_settled(p);
-}
-
 void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, unsigned to)
 {
 	struct fm_dead dead = { .n = 0 };
-	uint64_t held[FORGET_HELD] = { 0 };
-	uint8_t was[FORGET_HELD] = { 0 };
-	unsigned nheld = 0;
 	int64_t res = 0;
 	uint64_t let_go = 0;
 
+	/*
+	 * A page that stays ours is held until memd has forgotten its copy: a
+	 * write and an eviction in between would put a new copy in the slot,
+	 * and the forget would drop it.
+	 */
+	if (to == FM_PG_UNTOUCHED) {
+		fm_region_hold_dropped(p, r, first, n, &dead);
+		fm_dead_flush(p, &dead);
+		fm_region_release_dropped(p, r, first, n);
+		return;
+	}
 	for (uint64_t i = first; i < first + n;) {
 		uint8_t b = fm_settle(p, &r->pg[i]);
 		if (fm_pg_state(b) != FM_PG_UNMANAGED) {
-			/*
-			 * A page that stays ours (to UNTOUCHED) and has a copy in memd
-			 * is held until memd has forgotten that copy: a write and an
-			 * eviction in between would put a new copy in the slot, and the
-			 * forget would drop it.
-			 */
-			int hold = (b & FM_PGF_HAS_REMOTE) && to == FM_PG_UNTOUCHED;
-			uint8_t nb = hold ? pg_make(fm_pg_is_resident(b) ? FM_PG_UPDATING : FM_PG_FILLING, b)
-					  : pg_make(to, 0);
-			if (!pg_cas(&r->pg[i], &b, nb))
+			if (!pg_cas(&r->pg[i], &b, pg_make(to, 0)))
 				continue; /* changed under us: look again */
 			if (fm_pg_is_resident(b))
 				res--;
 			if (b & FM_PGF_HAS_REMOTE)
 				fm_dead_add(p, &dead, r->space, i);
-			if (hold) {
-				held[nheld] = i;
-				was[nheld++] = b;
-				if (nheld == FORGET_HELD) {
-					let_go_forgotten(p, r, held, was, nheld, &dead);
-					nheld = 0;
-				}
-			}
-			let_go += to == FM_PG_UNMANAGED;
+			let_go++;
 		}
 		i++;
 	}
-	let_go_forgotten(p, r, held, was, nheld, &dead);
+	fm_dead_flush(p, &dead);
 	STAT_ADD(p, discards, (uint64_t)-res);
 	if (res)
 		fm_resident_add(p, res);

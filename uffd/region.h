@@ -91,17 +91,19 @@ void fm_dead_flush(struct fm_pager *p, struct fm_dead *d);
 /*
  * Pages [first, first+n) of r leave the books: each waits until it settles,
  * then becomes `to` (UNTOUCHED or UNMANAGED); remote copies die, and a page
- * that stays ours is held until memd has forgotten its copy. Local copies
- * are the caller's to drop. Caller holds rlock.
+ * that stays ours (UNTOUCHED) is held until memd has forgotten its copy:
+ * hold_dropped, the flush, release_dropped. Local copies are the caller's
+ * to drop. Caller holds rlock.
  */
 void fm_region_forget(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, unsigned to);
 /*
- * The same for a drop the program makes itself (madvise), in two steps
- * around it: hold takes every managed page of [first, first+n) (each once
- * it settles), counts the resident ones out and gathers remote copies into
- * dead; release makes them UNTOUCHED once the kernel has dropped them and
- * memd has forgotten the copies. Between the two no fault fills a page of
- * the range and no eviction takes one. Caller holds rlock across both.
+ * The same to UNTOUCHED in two steps, for a drop the program makes itself
+ * (madvise) between them: hold takes every managed page of [first,
+ * first+n) (each once it settles), counts the resident ones out and gathers
+ * remote copies into dead; release makes them UNTOUCHED once memd has
+ * forgotten the copies (the caller flushes dead) and the kernel has dropped
+ * the pages. Between the two no fault fills a page of the range and no
+ * eviction takes one. Caller holds rlock across both.
  */
 void fm_region_hold_dropped(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n, struct fm_dead *dead);
 void fm_region_release_dropped(struct fm_pager *p, struct region *r, uint64_t first, uint64_t n);
