@@ -59,6 +59,11 @@ def main() -> int:
             ap.error(f"--variant {name} given twice")
         runs[name] = (dict(os.environ, **env), ["./farmem", "run", "--local", a.local, *opts, "--", *java])
     walls: dict = {name: [] for name in runs}
+    # Untimed first: a sitting's first large JVM ran slow (bench_seeds.py's warm-up says more).
+    env, argv = runs["local"]
+    if subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
+        print("the all-local warm-up run failed", file=sys.stderr)
+        return 1
     for _ in range(a.reps):
         for name, (env, argv) in runs.items():
             t0 = time.monotonic()

@@ -17,10 +17,10 @@ Configurations, per workload and budget (PCT of -Xmx local):
   kswap     `farmem run --mode kswap --local BYTES`: Linux swap (zram) under a memory cgroup of PCT of
             the heap plus the workload's non-heap allowance (metaspace, code, GC structures, threads,
             Neo4j's page cache: the memory farmem leaves unpaged), so both page the same heap. The
-            allowance is measured: the most the JVM held resident outside its heap in the all-local
-            runs (/proc/PID/smaps every second, every 0.1 s in the first; the heap's range from its
-            exit log); --overhead sets it, and the presets below serve when no all-local run
-            succeeded
+            allowance is measured: the most the JVM held resident outside its heap in the warm-up run
+            below (/proc/PID/smaps every second, every 0.1 s in the first; the heap's range from its
+            exit log; the timed runs are not sampled, a sample costs tens of ms of CPU); --overhead
+            sets it, and the presets below serve when that run failed
   farmem    `farmem run --local PCT%`: the pager, the system's JDK 17 (stock G1)
   memliner  `farmem run --gc memliner --local PCT%`: the farmem JDK (`make jdk`), MemLiner marking
   fjdk      `farmem run --gc farmem --local PCT%`: the farmem JDK, everything it does for far memory
@@ -37,7 +37,9 @@ collections come from it. The table shows the median over --repeats of wall time
 all-local, the pager's fault split (GC threads, of which zero fills, and application threads),
 remote reads and writes, and paged MB per GB allocated (farmem: bytes read from and written to
 memd; kswap: pages swapped in and out, x 4 KiB).
-Configurations rotate every repeat, so slow drift of the machine spreads over all of them.
+Configurations rotate every repeat, so slow drift of the machine spreads over all of them. Before
+the timed runs each workload runs all local once, untimed: a sitting's first large JVM ran slow,
+and the rotation puts an all-local run, the reference, first.
 
     .venv/bin/python bench/bench_seeds.py [--workloads spark,neo4j,h2,gcchurn] [--budgets 50,25]
         [--configs local,kswap,farmem,memliner,fjdk] [--repeats 3] [--size bench|smoke] [--heap SIZE]
@@ -164,11 +166,11 @@ def size_bytes(text: str) -> int:
 
 
 class RssSampler(threading.Thread):
-    """Every second while a JVM runs, every tenth of a second in its first second (a read of a
-    large JVM's smaps costs about 25 ms of CPU, so more often would slow the reference run; a
-    young JVM's is small, and a smoke run of 0.4 s sampled once at 0.2 s saw its non-heap memory
-    before it had grown: Linux swap's cgroup, sized from it, killed GcChurn): the resident bytes
-    of each of its mappings.
+    """Every second while a JVM runs, every tenth of a second in its first second (a young JVM's
+    smaps is small, and a smoke run of 0.4 s sampled once at 0.2 s saw its non-heap memory before
+    it had grown: Linux swap's cgroup, sized from it, killed GcChurn): the resident bytes of each of
+    its mappings. Only in a run that is not timed (Bench.warm_up): a read of a large JVM's smaps
+    costs 25-55 ms of CPU.
     Afterwards, with the heap's range from its log, the most it held outside the heap: what a
     memory cgroup must allow beyond the heap's share for Linux swap to page the same heap."""
 
@@ -213,7 +215,8 @@ class Bench:
         self.jdk = None
         self.unavailable: dict[str, str] = {}
         self.records: list[dict] = []
-        self.non_heap: dict[str, int] = {}  # per workload, measured in its all-local runs
+        self.non_heap: dict[str, int] = {}  # per workload, measured in an untimed all-local run
+        self.warm_ups: list[dict] = []  # untimed all-local runs before the timed ones
 
     def check_available(self) -> None:
         if "kswap" in self.a.configs and os.geteuid() != 0:
@@ -228,8 +231,8 @@ class Bench:
                 self.jdk = str(home)
 
     def allowance(self, name: str) -> int:
-        """Non-heap bytes the kswap cgroup allows: measured in the all-local runs (the first run of
-        each workload is one), else the preset."""
+        """Non-heap bytes the kswap cgroup allows: --overhead, else measured in the warm-up run,
+        else the preset."""
         if self.a.overhead:
             return size_bytes(self.a.overhead)
         return self.non_heap.get(name, self.workloads[name].overhead)
@@ -266,12 +269,38 @@ class Bench:
             run += ["--local", f"{pct}%"] + (["--gc", gc] if gc else [])
         return run + ["--", *java], gcl, summary
 
-    def run_one(self, name: str, config: str, pct: int, rep: int) -> dict:
+    def needs_allowance(self) -> bool:
+        """Linux swap runs here with no --overhead: its cgroup's non-heap allowance is measured."""
+        return not self.a.overhead and any(base_config(c) == "kswap" and c not in self.unavailable
+                                           for c in self.a.configs)
+
+    def warm_up(self, name: str) -> dict:
+        """One all-local run of the workload before the timed ones, untimed. The first large JVM of
+        a sitting ran slow (GcChurn at -Xmx8g, session 86: 11.7 and 8.7 s against 5.8-6.2 s after),
+        and the rotation of configurations makes every sitting's first run an all-local one, the
+        reference every ratio divides by. Where Linux swap runs without --overhead this run is also
+        the one whose smaps are sampled for the non-heap allowance: not a timed run, since a sample
+        of a large JVM's smaps costs 25-55 ms of CPU, ten of them in the first second. Its record is
+        kept apart (--json lists it first) and counts in no median."""
+        sample = self.needs_allowance()
+        rec = self.run_one(name, "local", 100, -1, sample=sample)
+        rec["purpose"] = "warm-up (untimed)" + (", non-heap allowance" if sample else "")
+        self.warm_ups.append(rec)
+        if not rec["ok"]:
+            log(f"[warm-up] {name}: FAILED: {rec.get('error')}")
+        elif sample and name in self.non_heap:
+            log(f"[warm-up] {name}: {rec['wall_s']:.1f} s, {self.non_heap[name] / MIB:.0f} MiB resident "
+                "outside the heap (Linux swap's non-heap allowance)")
+        else:
+            log(f"[warm-up] {name}: {rec['wall_s']:.1f} s")
+        return rec
+
+    def run_one(self, name: str, config: str, pct: int, rep: int, sample: bool = False) -> dict:
         rec: dict = {"workload": name, "config": config, "pct": pct, "repeat": rep, "ok": False}
         if config in self.unavailable:
             rec["error"] = self.unavailable[config]
             return rec
-        tag = f"{name}-{config}-{pct}-{rep}"
+        tag = f"{name}-{config}-{pct}-{rep}" if rep >= 0 else f"{name}-{config}-warm-up"
         argv, gcl, summary = self.command(name, config, pct, tag)
         rec["argv"] = argv
         jdk = VARIANTS[config][2] if config in VARIANTS and VARIANTS[config][2] else self.jdk
@@ -285,7 +314,7 @@ class Bench:
         # A session of its own: a run that times out is killed with its JVM, not just farmem run.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
                              start_new_session=True)
-        sampler = RssSampler(p.pid) if base_config(config) == "local" else None  # local's argv is the JVM itself
+        sampler = RssSampler(p.pid) if sample and base_config(config) == "local" else None  # local's argv is the JVM itself
         if sampler:
             sampler.start()
         try:
@@ -361,6 +390,8 @@ class Bench:
         plan = self.plan()
         total = self.a.repeats * len(self.workloads) * len(plan)
         n = 0
+        for name in self.workloads:
+            self.warm_up(name)
         for rep in range(self.a.repeats):
             for name in self.workloads:
                 k = rep % len(plan)
@@ -408,8 +439,9 @@ class Bench:
                f"{self.jdk or 'not built (' + self.unavailable.get('memliner', 'not asked for') + ')'}",
                f"- median of {a.repeats} interleaved repeat(s); local = share of -Xmx; Linux swap's cgroup "
                "limit = that share of the heap + the workload's non-heap allowance below (measured: the most "
-               "the JVM held resident outside its heap in the all-local runs, from /proc/PID/smaps every second, "
-               "every 0.1 s in the first)",
+               "the JVM held resident outside its heap in the untimed warm-up run, from /proc/PID/smaps every "
+               "second, every 0.1 s in the first; the timed runs are not sampled); each workload's first run, "
+               "all local, is an untimed warm-up",
                "- paged MB / GB alloc: farmem, bytes read from and written to memd; kswap, pages swapped in "
                "and out x 4 KiB; per GB the program allocated (-Xlog:gc occupancy)"]
         out.append("- workloads:")
@@ -514,7 +546,7 @@ def main() -> int:
                     help="bench (default) or smoke: the sizes of tests/test_seeds.py")
     ap.add_argument("--heap", help="-Xmx of every workload (default: each workload's own)")
     ap.add_argument("--overhead", help="non-heap allowance of the kswap cgroup for every workload "
-                                       "(default: measured in the all-local runs)")
+                                       "(default: measured in the untimed warm-up run)")
     ap.add_argument("--args", action="append", default=[], metavar="NAME=FLAGS",
                     help='a workload\'s own flags instead of the preset, e.g. --args "gcchurn=--live-mb 200 --steps 150000"')
     ap.add_argument("--jvm", default="", metavar="JVMFLAGS",
@@ -608,7 +640,7 @@ def main() -> int:
         log(f"bench_seeds: appended to {a.out}")
     if a.json_out:
         with open(a.json_out, "w") as f:
-            json.dump(b.records, f, indent=1)
+            json.dump(b.warm_ups + b.records, f, indent=1)
     # A configuration this machine lacks (no root, no farmem JDK) is said in the table, not a failure;
     # nor is Linux swap killed by its cgroup's OOM killer.
     return 0 if all(r["ok"] or r["config"] in b.unavailable or r.get("baseline_killed") for r in b.records) else 1

@@ -13,6 +13,7 @@ build.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -178,6 +179,36 @@ def test_bench_seeds_driver(jvm_built, tmp_path):
             assert "| gcchurn | Linux swap (kswap, zram) | 25% | 0/1 | failed: killed (SIGKILL" in text, text
         else:
             assert k["ok"] and k["remote_writes"] > 0, k
+
+
+def test_bench_seeds_times_unsampled_runs(jvm_built, tmp_path):
+    """The timed all-local runs, the reference of every ratio, are not sampled (a read of a large
+    JVM's smaps costs tens of ms of CPU, ten of them in its first second); each workload's untimed
+    warm-up run is, and only when Linux swap runs without --overhead: its non-heap allowance."""
+    import argparse
+    bs = _bench_seeds_module()
+    a = argparse.Namespace(size="smoke", workloads=["gcchurn"], heap=None, args={}, budgets=[25],
+                           configs=["local", "farmem"], overhead=None, jvm=[], timeout=300)
+    b = bs.Bench(a)
+    try:
+        assert not b.needs_allowance()
+        w = b.warm_up("gcchurn")
+        assert w["ok"] and "non_heap_bytes" not in w and w["purpose"] == "warm-up (untimed)", w
+        rec = b.run_one("gcchurn", "local", 100, 0)
+        assert rec["ok"], rec
+        assert "non_heap_bytes" not in rec and "gcchurn" not in b.non_heap, rec
+        b.a.configs = ["local", "kswap", "farmem"]
+        assert b.needs_allowance()
+        b.a.overhead = "128M"
+        assert not b.needs_allowance()
+        b.a.overhead = None
+        m = b.warm_up("gcchurn")
+        assert m["ok"] and m["non_heap_bytes"] > 0 and m["purpose"].endswith("non-heap allowance"), m
+        assert b.non_heap["gcchurn"] == m["non_heap_bytes"] == b.allowance("gcchurn")
+        assert b.warm_ups == [w, m] and b.records == []
+        assert b.medians("gcchurn", "local", 100)["runs"] == 0  # warm-ups count in no median
+    finally:
+        shutil.rmtree(b.workdir, ignore_errors=True)
 
 
 def _bench_seeds_module():
