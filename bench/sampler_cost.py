@@ -9,22 +9,15 @@ moved it there (bench/RESULTS.md, session 86). Every run must print GcChurn's ow
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
 import subprocess
 import sys
 import time
 
+from bench_seeds import RssSampler  # this script's directory, bench/, is first on sys.path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def bench_seeds():
-    spec = importlib.util.spec_from_file_location("bench_seeds", os.path.join(ROOT, "bench", "bench_seeds.py"))
-    bs = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bs  # its dataclasses look their module up
-    spec.loader.exec_module(bs)
-    return bs
 
 
 def main() -> int:
@@ -34,7 +27,6 @@ def main() -> int:
     ap.add_argument("--steps", default="300000")
     ap.add_argument("--reps", type=int, default=4)
     a = ap.parse_args()
-    sampler = bench_seeds().RssSampler
     argv = ["java", f"-Xmx{a.heap}", f"-Xms{a.heap}", "-cp", os.path.join(ROOT, "build", "java"), "GcChurn",
             "--live-mb", a.live_mb, "--steps", a.steps]
     walls: dict = {"plain": [], "sampled": []}
@@ -42,7 +34,7 @@ def main() -> int:
         for kind in ("plain", "sampled") if rep % 2 == 0 else ("sampled", "plain"):
             t0 = time.monotonic()
             p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-            s = sampler(p.pid) if kind == "sampled" else None
+            s = RssSampler(p.pid) if kind == "sampled" else None
             if s:
                 s.start()
             out, _ = p.communicate()
