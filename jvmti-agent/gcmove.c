@@ -361,7 +361,15 @@ void fm_gcmove_pause(int in_pause)
 			hold_pauses--;
 			promote_on = 0;
 		}
-		atomic_store_explicit(&pages, r->npages, memory_order_release);
+		/*
+		 * Every registered page fits the budget: nothing has to leave, and
+		 * a move through memd would only put there what is read back. The
+		 * hooks pass the pause's copies through untouched; each of them
+		 * cost a fitting heap's full GCs a look at the residency bytes and
+		 * a hand-on to the clock (GcChurn at --local 100%).
+		 */
+		if (!limit || h->stats.registered_pages > limit)
+			atomic_store_explicit(&pages, r->npages, memory_order_release);
 	}
 	ref.leave();
 }

@@ -76,6 +76,18 @@ def test_alloc_race_small_young_many_pauses(farmem_cmd, build, jvm_built, tmp_pa
     assert s["discards"] > 0, s
 
 
+def test_a_heap_that_fits_is_left_alone(farmem_cmd, build, jvm_built, tmp_path, private_tmp):
+    """The whole heap local (--local 100%): nothing can ever have to leave, so no pause walks its free
+    space (nothing is in memd to kill) and no full GC moves an object through memd (what goes there is
+    read back); GcChurn checks its live set and HotSpot the heap around every pause all the same."""
+    r, s = run_java(farmem_cmd, build, tmp_path, private_tmp, [*VERIFY, "-Xmx256m", "-Xms256m", "-Xlog:gc"],
+                    ["GcChurn", "--live-mb", "150", "--steps", "60000"], local="100%")
+    assert r.returncode == 0 and "gcchurn: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Pause Young" in r.stdout and "Pause Full" in r.stdout, r.stdout[-2000:]
+    assert s["discards"] == 0 and s["garbage_marked"] == 0 and s["compact_moves"] == 0, s
+    assert s["evictions"] == 0 and s["remote_writes"] == 0 and s["zero_fills"] > 0, s
+
+
 # --- what it is for -----------------------------------------------------------------------------------
 
 def test_discard_cuts_memd_traffic(farmem_cmd, build, jvm_built, tmp_path, private_tmp):

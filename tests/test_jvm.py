@@ -53,6 +53,29 @@ def stat_json(farmem_cmd, pid: int) -> dict:
 
 # --- farmem run -- java ---------------------------------------------------------------------------
 
+def fd_table(stdout: str) -> int:
+    return int(re.search(r"^FDSize:\s+(\d+)$", stdout, re.M).group(1))
+
+
+def test_programs_start_with_the_descriptor_table_grown(farmem_cmd, private_tmp):
+    """The agent keeps its descriptors from 512 up. Grown to hold them by the agent itself, with the JVM's
+    threads sharing the table, the kernel waited out an RCU grace period first (14-29 ms of each JVM's
+    start). farmem run grows it in CMD's child before exec, and the shim in each process it is loaded into
+    (a script's JVM), while one thread runs; exec keeps a table. Seen from a static busybox, which the shim
+    cannot reach: run by farmem run, and exec'd by a shell (with the shim) that a shell forked, whose
+    table fork sized to the descriptors open."""
+    status = ["busybox", "grep", "FDSize", "/proc/self/status"]
+    script = ["sh", "-c", 'sh -c "exec busybox grep FDSize /proc/self/status"; true']
+    plain = subprocess.run(script, capture_output=True, text=True, timeout=30)
+    assert plain.returncode == 0, plain.stderr
+    if fd_table(plain.stdout) >= 1024:
+        pytest.skip(f"a table of {fd_table(plain.stdout)} already without farmem: nothing to tell apart")
+    for cmd in (status, script):
+        r = farmem(farmem_cmd, "run", "--local", "50%", "--", *cmd, env=dict(os.environ, TMPDIR=private_tmp))
+        assert r.returncode == 0, r.stderr
+        assert fd_table(r.stdout) >= 1024, (cmd, r.stdout, fd_table(plain.stdout))
+
+
 @pytest.mark.parametrize("gc", ["-XX:+UseG1GC", "-XX:+UseParallelGC", "-XX:+UseShenandoahGC"])
 def test_heap_integrity_at_25_percent(farmem_cmd, java_cp, tmp_path, private_tmp, gc):
     summary = tmp_path / "s.json"

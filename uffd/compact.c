@@ -201,10 +201,12 @@ static void let_go(struct call *c, const struct held *e)
 {
 	uint8_t *b = &c->r->pg[e->i];
 
-	if (e->kind == HELD_LOCAL)
+	if (e->kind == HELD_LOCAL) {
 		pg_release_from(b, FM_PG_UPDATING, e->old);
-	else
+	} else {
+		fm_memd_holds(c->p);
 		pg_release_from(b, FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
+	}
 }
 
 /*
@@ -509,12 +511,14 @@ static void release_edit(struct call *c, int applied)
 	for (unsigned k = 0; k < c->n; k++) {
 		struct held *e = &c->h[k];
 		uint8_t *b = &c->r->pg[e->i];
-		if (e->kind == HELD_LOCAL)
+		if (e->kind == HELD_LOCAL) {
 			pg_release_from(b, FM_PG_UPDATING, e->old);
-		else if (applied && e->write)
+		} else if (applied && e->write) {
+			fm_memd_holds(c->p);
 			pg_release_from(b, FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
-		else
+		} else {
 			pg_release_from(b, FM_PG_FILLING, e->old);
+		}
 	}
 	c->n = 0;
 	memset(c->where, 0, sizeof(c->where));
@@ -819,12 +823,14 @@ static int words_shm(struct fm_pager *p, uintptr_t a, void *buf, size_t len, int
 			STAT_ADD(p, compact_pages, write && e->kind == HELD_STORE);
 		}
 		/* A read leaves the page as it was: nothing changed, so no seal. */
-		if (e->kind == HELD_LOCAL)
+		if (e->kind == HELD_LOCAL) {
 			pg_release_from(&c.r->pg[e->i], FM_PG_UPDATING, e->old);
-		else if (write && (!rc || e->bytes))
+		} else if (write && (!rc || e->bytes)) {
+			fm_memd_holds(p);
 			pg_release_from(&c.r->pg[e->i], FM_PG_FILLING, pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE));
-		else
+		} else {
 			pg_release_from(&c.r->pg[e->i], FM_PG_FILLING, e->old);
+		}
 	}
 	rlock_un(p);
 	chan_done(&c);

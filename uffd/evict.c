@@ -961,6 +961,7 @@ books:
 			/* Seen written this stay (not only guessed to be): the next read installs it writable. */
 			b = (uint8_t)(!(b & FM_PGF_REWRITE) || v[k].compared ? b | FM_PGF_REWRITE : b & ~FM_PGF_REWRITE);
 			b |= FM_PGF_HAS_REMOTE;
+			fm_memd_holds(p);
 		} else if (b & FM_PGF_GARBAGE) {
 			garbage++;
 		} else {

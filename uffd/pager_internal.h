@@ -317,6 +317,12 @@ struct fm_pager {
 	uint8_t *bounce;                /* FM_MAX_BATCH pages for fm_pager_move, under misc_lock */
 	atomic_int memd_copy;           /* fm_pager_move asks memd to copy remote pages (COPY) */
 	atomic_int evict_broken;        /* memd cannot take writes: keep pages local */
+	/*
+	 * Set (never cleared) before the first page has a copy in memd: an
+	 * eviction's write-back, a move whose bytes land there. Until then no
+	 * page is REMOTE or HAS_REMOTE, and a discard has no copy to kill.
+	 */
+	atomic_int memd_holds;
 	atomic_uint_fast64_t full_until_ns; /* memd refused a whole batch: no eviction until then */
 	uint8_t *zero_run;              /* ZERO_RUN_PAGES of zeros */
 	atomic_int forking;             /* a fork() is under way: nothing is evicted (fork.c) */
@@ -390,6 +396,12 @@ static inline int fm_in_gc_pause(const struct fm_pager *p)
 }
 
 /* Pages evicted so far: every page an eviction batch drops is counted clean or dirty. */
+static inline void fm_memd_holds(struct fm_pager *p)
+{
+	if (!atomic_load_explicit(&p->memd_holds, memory_order_relaxed))
+		atomic_store_explicit(&p->memd_holds, 1, memory_order_relaxed);
+}
+
 static inline uint64_t fm_evicted(const struct fm_pager *p)
 {
 	return __atomic_load_n(&p->st->evictions_clean, __ATOMIC_RELAXED) +

@@ -793,6 +793,8 @@ static void atfork_once(void)
 __attribute__((constructor)) static void preload_init(void)
 {
 	fm_io_bind();
+	/* Before the program's threads: in a JVM, before the agent's first descriptor. */
+	fm_fds_widen();
 	/* The main thread; the pager may start later, in another thread (which unblocks it too). */
 	fm_monitor_unblock_sigbus();
 	load_config();

@@ -267,6 +267,14 @@ static long discard(struct fm_pager *p, void *addr, size_t len, int reused)
 	struct fm_dead dead = { .n = 0, .keep = 1 }; /* free space: written again soon */
 	long affected = 0;
 
+	/*
+	 * Nothing in memd to kill and nothing that could ever have to leave
+	 * (every registered page fits the budget): the pages stay as they are.
+	 * Walked, the state of every free page cost a heap that fits its
+	 * budget at each pause, in the VM thread, which ends the pause.
+	 */
+	if (!atomic_load_explicit(&p->memd_holds, memory_order_relaxed) && fm_budget_all_fits(p))
+		return 0;
 	rlock_rd(p);
 	while (fm_overlap_next(p, (uintptr_t)addr, (uintptr_t)addr + len, &o))
 		affected += discard_region(p, o.r, (int)(o.r - p->regions), o.first, o.first + o.n, &dead, reused);

@@ -71,15 +71,32 @@ int fm_fd_close(int fd)
 	return (int)syscall(SYS_close, fd);
 }
 
-int fm_fd_keep(int fd)
+static long fds_base(void)
 {
 	struct rlimit nofile;
-	long base = FDS_HIGH, hi;
+	long base = FDS_HIGH;
+
+	if (!getrlimit(RLIMIT_NOFILE, &nofile) && nofile.rlim_cur != RLIM_INFINITY && (long)nofile.rlim_cur / 2 < base)
+		base = (long)nofile.rlim_cur / 2;
+	return base;
+}
+
+void fm_fds_widen(void)
+{
+	long wide = -1;
+
+	for (int fd = 0; fd < 3 && wide < 0; fd++)
+		wide = syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, fds_base());
+	if (wide >= 0)
+		syscall(SYS_close, wide);
+}
+
+int fm_fd_keep(int fd)
+{
+	long base = fds_base(), hi;
 
 	if (fd < 0)
 		return fd;
-	if (!getrlimit(RLIMIT_NOFILE, &nofile) && nofile.rlim_cur != RLIM_INFINITY && (long)nofile.rlim_cur / 2 < base)
-		base = (long)nofile.rlim_cur / 2;
 	if (fd < base && (hi = syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, base)) >= 0) {
 		syscall(SYS_close, fd);
 		fd = (int)hi;

@@ -21,6 +21,15 @@ void fm_fd_own(int fd);
  * number to use from now on (fd itself if it cannot be moved).
  */
 int fm_fd_keep(int fd);
+/*
+ * Grow the process's descriptor table to hold the numbers fm_fd_keep picks,
+ * now, while one thread runs. Grown later, with threads sharing the table,
+ * the kernel waits out an RCU grace period first (14-29 ms here: most of
+ * what the JVM agent added to a JVM's start). A table survives exec, so a
+ * program this process execs starts with it too. Best effort: with fds 0
+ * to 2 closed it does nothing.
+ */
+void fm_fds_widen(void);
 /* fd is about to be closed by farmem. */
 void fm_fd_disown(int fd);
 /*

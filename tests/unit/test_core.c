@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -222,6 +224,53 @@ static void test_fds(void)
 	CHECK(fm_fd_close(fd) == 0 && fcntl(fd, F_GETFD) == -1 && !fm_fd_owned(fd));
 }
 
+static long fd_table_size(void)
+{
+	char line[256];
+	long size = -1;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, "FDSize:", 7))
+			size = strtol(line + 7, NULL, 10);
+	if (f)
+		fclose(f);
+	return size;
+}
+
+/*
+ * The table grown to hold farmem's numbers (at most 512: half the limit), and
+ * nothing left open there; in a child, whose table fork sized to the
+ * descriptors open, so that it starts no larger than those need.
+ */
+static void test_fds_widen(void)
+{
+	struct rlimit nofile;
+	long base = 512;
+	int status = -1;
+	pid_t pid;
+
+	if (!getrlimit(RLIMIT_NOFILE, &nofile) && nofile.rlim_cur != RLIM_INFINITY && (long)nofile.rlim_cur / 2 < base)
+		base = (long)nofile.rlim_cur / 2;
+	pid = fork();
+	if (pid == 0) {
+		long before = fd_table_size(), after;
+		int ok, fd;
+
+		fm_fds_widen();
+		after = fd_table_size();
+		/* The number that grew it is free again. */
+		ok = before > 0 && before <= base && after > base && fcntl((int)base, F_GETFD) == -1;
+		/* farmem's next descriptor lands in the grown table. */
+		fd = fm_fd_keep(eventfd(0, EFD_CLOEXEC));
+		ok = ok && fd >= base && fd < after && fm_fd_close(fd) == 0;
+		if (!ok)
+			fprintf(stderr, "fd table %ld -> %ld entries, base %ld, fd %d\n", before, after, base, fd);
+		_exit(ok ? 0 : 1);
+	}
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
 	test_units();
@@ -233,6 +282,7 @@ int main(void)
 	test_fmt();
 	test_memory_cgroup();
 	test_page_bytes();
+	test_fds_widen();
 	test_fds();
 	if (failures) {
 		fprintf(stderr, "test_core: %d checks failed\n", failures);

@@ -22,6 +22,7 @@ The end-of-run figures come from the residency maps the pagers passed over FARME
 """
 
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -334,14 +335,29 @@ def build_env(args, base, address: str, secret: str, control_path: str) -> dict:
     return env
 
 
+FDS_HIGH = 512  # where farmem's C parts put their descriptors (memd/common/fm_fds.c)
+
+
 def die_with_launcher(launcher: int):
-    """In CMD's child, before exec: SIGTERM when farmem run dies, even by SIGKILL (which it cannot forward)."""
+    """In CMD's child, before exec: SIGTERM when farmem run dies, even by SIGKILL (which it cannot forward);
+    and a descriptor table wide enough for the numbers farmem's C parts keep their descriptors at."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    high = FDS_HIGH if soft == resource.RLIM_INFINITY else min(FDS_HIGH, soft // 2)
 
     def arm() -> None:
         prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG; kept across exec and the --user switch before it
         if os.getppid() != launcher:  # it died before the prctl
             os.kill(os.getpid(), signal.SIGTERM)
+        # Grown here, with one thread, the table costs nothing, and exec keeps it. Grown by the JVM agent at
+        # its first descriptor, with the JVM's threads sharing it, the kernel waited out an RCU grace period
+        # first: 14-29 ms of every JVM's start (fm_fds_widen in memd/common/fm_fds.h).
+        for fd in (2, 1, 0):
+            try:
+                os.close(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high))
+                break
+            except OSError:
+                pass
     return arm
 
 
