@@ -14,6 +14,8 @@
 #include "wait.h"
 
 #define MAX_AHEAD ZERO_RUN_PAGES
+/* Pages, a power of two: how far a fresh run goes when everything fits (2 MiB, a huge page's worth). */
+#define FRESH_WINDOW 512u
 
 /* Pages a stream ran through without faulting were used: referenced now, their marks cleared, counted. */
 static unsigned count_used(struct region *r, uint64_t first, int64_t stride, unsigned n)
@@ -306,7 +308,7 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 {
 	uint64_t want[MAX_AHEAD], remote[MAX_AHEAD];
 	uint8_t was[MAX_AHEAD];
-	unsigned nw = 0, nr = 0, got = 0, zeros = 0, looped_ahead = 0, ahead, remote_max;
+	unsigned nw = 0, nr = 0, got = 0, zeros = 0, looped_ahead = 0, ahead, remote_max, total;
 	/*
 	 * A page fetched ahead has not been used: it goes in unreferenced, so
 	 * that the hand's next pass takes it unless it is written or its
@@ -399,14 +401,45 @@ void fm_prefetch(struct fm_pager *p, struct fm_borrowed *fc, int ridx, struct re
 		return;
 	got = install_claimed(p, fc, r, want, was, nw, remote, nr, open_remote, open_fresh,
 			      (uint8_t)(FM_PGF_PREFETCH | cold), wake, &zeros);
+	total = nw;
+	/*
+	 * Fresh memory in order while every registered page fits the budget:
+	 * nothing will ever make it leave, so the run goes on to the end of its
+	 * FRESH_WINDOW, a call per MAX_AHEAD pages and a fault per window.
+	 */
+	while (fresh && stride == 1 && nw == MAX_AHEAD && !nr && fm_budget_all_fits(p)) {
+		uint64_t next = want[nw - 1] + 1, end = (next + FRESH_WINDOW) & ~(uint64_t)(FRESH_WINDOW - 1);
+		unsigned more;
+
+		if (!(next & (FRESH_WINDOW - 1)))
+			break; /* the window ended with the last call */
+		nw = 0;
+		for (uint64_t j = next; j < end && j < r->npages && nw < MAX_AHEAD; j++) {
+			uint8_t b = pg_load(&r->pg[j]);
+
+			if (fm_pg_state(b) != FM_PG_UNTOUCHED || !fm_budget_reserve(p, atomic_load(&p->limit)))
+				break;
+			if (!pg_cas(&r->pg[j], &b, pg_make(FM_PG_FILLING, b))) {
+				fm_resident_add(p, -1);
+				break;
+			}
+			was[nw] = b;
+			want[nw++] = j;
+		}
+		if (!nw)
+			break;
+		install_claimed(p, fc, r, want, was, nw, remote, 0, open_remote, open_fresh, 0, wake, &more);
+		zeros += more;
+		total += nw;
+	}
 	if (got)
 		STAT_ADD(p, prefetch_issued, got);
 	if (zeros)
 		STAT_ADD(p, zero_fills, zeros);
 	pthread_mutex_lock(&p->stream_lock);
 	if (s && s->tid == fc->tid) {
-		s->pf_count = nw;
-		s->pf_next = (uint64_t)((int64_t)idx + stride * (int64_t)(nw + 1));
+		s->pf_count = total;
+		s->pf_next = (uint64_t)((int64_t)idx + stride * (int64_t)(total + 1));
 	}
 	pthread_mutex_unlock(&p->stream_lock);
 }

@@ -113,9 +113,47 @@ out:
 	fm_pager_stop(p);
 }
 
+/*
+ * Fresh memory written in order: while every registered page fits the
+ * budget a run goes on to the end of its 2 MiB window (a fault per 512
+ * pages, and one to start it); with less room than the region, 64 pages
+ * at a time (a fault per 65). Every page is checked after.
+ */
+static void fresh_run(const char *sock, const char *fault, const char *local, uint64_t most, uint64_t least)
+{
+	const uint64_t n = 4096; /* 16 MiB */
+	struct fm_pager *p = unit_pager_at(sock, fault, local,
+					   (const char *const[]){ "transport", "shm", "fill_follow", "0",
+								  "evict_threads", "0", NULL });
+	const struct fm_resmap_hdr *h;
+	uint64_t f0, faults, bad = 0;
+	uint8_t *a;
+
+	if (!p)
+		return;
+	h = fm_pager_map(p);
+	a = unit_region(p, n * PG, 0);
+	if (!a)
+		goto out;
+	f0 = __atomic_load_n(&h->stats.faults, __ATOMIC_RELAXED);
+	for (uint64_t i = 0; i < n; i++)
+		write_page(a, i, 7);
+	faults = __atomic_load_n(&h->stats.faults, __ATOMIC_RELAXED) - f0;
+	for (uint64_t i = 0; i < n; i++)
+		bad += !page_ok(a, i, 7);
+	fprintf(stderr, "test_pager_prefetch_run (fault=%s, fresh, local %s): %llu pages, %llu faults\n", fault, local,
+		(unsigned long long)n, (unsigned long long)faults);
+	CHECK(faults >= least && faults <= most);
+	unit_region_end(p, a, n * PG, bad);
+out:
+	fm_pager_stop(p);
+}
+
 static void exercise(const char *sock, const char *fault)
 {
 	through_resident(sock, fault);
+	fresh_run(sock, fault, "16M", 4096 / 512 * 2 + 8, 1);
+	fresh_run(sock, fault, "8M", 4096 / 16, 4096 / 65);
 	/* 0: faults make their own room; 1: an evictor thread does. */
 	for (int e = 0; e < 2; e++) {
 		const char *evict_threads = e ? "1" : "0";
