@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Quick A/B of farmem variants on GcChurn: all local and each variant in turn, repeat after repeat,
-then each one's median wall time and its ratio to all local's.
+then each one's median wall time and its ratio to all local's, and the median of each repeat's own
+ratio (paired: a host that drifts between repeats moves both sides of it).
 
     python3 bench/ab_gcchurn.py [--reps 5] [--local 50%] [--steps 300000] \
         --variant 'base=' --variant 'eb32=FARMEM_EVICT_BATCH=32' --variant 'pf2=:--prefetch 2' \
@@ -75,8 +76,11 @@ def main() -> int:
     if subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
         print("the all-local warm-up run failed", file=sys.stderr)
         return 1
-    for _ in range(a.reps):
-        for name, (env, argv) in runs.items():
+    names = list(runs)
+    for rep in range(a.reps):
+        # Each repeat in another order: a configuration always run right after another paid for its state.
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            env, argv = runs[name]
             t0 = time.monotonic()
             p = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             walls[name].append(time.monotonic() - t0)
@@ -98,7 +102,9 @@ def main() -> int:
     local_fixed = statistics.median(fixed["local"]) if a.fixed else 0.0
     for name, w in walls.items():
         m = statistics.median(w)
-        line = f"{name:12s} median {m:.2f} s  {m / local:.3f}x all local"
+        # Each repeat's ratio to its own all-local run, then their median: drift between repeats cancels.
+        paired = statistics.median(x / y for x, y in zip(w, walls["local"]))
+        line = f"{name:12s} median {m:.2f} s  {m / local:.3f}x all local (paired {paired:.3f}x)"
         if a.fixed:
             f = statistics.median(fixed[name])
             line += f"  fixed {f * 1000:.0f} ms, less fixed {(m - f) / (local - local_fixed):.3f}x"
