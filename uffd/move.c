@@ -298,10 +298,11 @@ static void move_batch(struct fm_pager *p, struct region *rd, uint64_t di0, stru
 
 	for (unsigned k = 0; k < n; k++) {
 		int has = fm_pg_is_resident(sb[k]) || fm_pg_state(sb[k]) == FM_PG_REMOTE;
-		if (now_remote[k])
-			fm_memd_holds(p);
 		uint8_t nb = now_remote[k] ? pg_make(FM_PG_REMOTE, FM_PGF_HAS_REMOTE)
 			   : has ? pg_make(FM_PG_DIRTY, FM_PGF_REF) : pg_make(FM_PG_UNTOUCHED, 0);
+
+		if (now_remote[k])
+			fm_memd_holds(p);
 		pg_release_from(&rd->pg[di0 + k], FM_PG_FILLING, nb);
 		pg_release_from(&rs->pg[si0 + k], FM_PG_FILLING, pg_make(FM_PG_UNTOUCHED, 0));
 	}

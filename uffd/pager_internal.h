@@ -395,13 +395,14 @@ static inline int fm_in_gc_pause(const struct fm_pager *p)
 	return __atomic_load_n(&p->hdr->gc_active, __ATOMIC_ACQUIRE) != 0;
 }
 
-/* Pages evicted so far: every page an eviction batch drops is counted clean or dirty. */
+/* Called before a page's copy goes to memd (memd_holds). */
 static inline void fm_memd_holds(struct fm_pager *p)
 {
 	if (!atomic_load_explicit(&p->memd_holds, memory_order_relaxed))
 		atomic_store_explicit(&p->memd_holds, 1, memory_order_relaxed);
 }
 
+/* Pages evicted so far: every page an eviction batch drops is counted clean or dirty. */
 static inline uint64_t fm_evicted(const struct fm_pager *p)
 {
 	return __atomic_load_n(&p->st->evictions_clean, __ATOMIC_RELAXED) +

@@ -269,9 +269,10 @@ static long discard(struct fm_pager *p, void *addr, size_t len, int reused)
 
 	/*
 	 * Nothing in memd to kill and nothing that could ever have to leave
-	 * (every registered page fits the budget): the pages stay as they are.
-	 * Walked, the state of every free page cost a heap that fits its
-	 * budget at each pause, in the VM thread, which ends the pause.
+	 * (every registered page fits the budget): the pages stay as they are,
+	 * and the walk over every free page's state, in the VM thread that
+	 * ends the pause, would change nothing (its cost was not seen in
+	 * GcChurn's pause totals; bench/RESULTS.md, session 87).
 	 */
 	if (!atomic_load_explicit(&p->memd_holds, memory_order_relaxed) && fm_budget_all_fits(p))
 		return 0;
